@@ -1,0 +1,91 @@
+/* cualloc.h — the public API of libcualloc.so, a CUDA caching allocator.
+ *
+ * Device memory comes from expandable virtual-memory segments (CUDA VMM) or, where VMM is off or
+ * unsupported, from cuMemAlloc'd segments managed like PyTorch's native allocator. Configuration
+ * comes from the environment variable CUALLOC_CONF (see README.md); nothing here needs a CUDA header.
+ *
+ * Thread-safety: every function may be called from any thread. Each device's heap has one lock;
+ * calls on different devices do not contend.
+ */
+#ifndef CUALLOC_H
+#define CUALLOC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define CUALLOC_API __attribute__((visibility("default")))
+#else
+#define CUALLOC_API
+#endif
+
+/* Statistics, per device. Gauges (bytes; each with its peak since start) and counters that only
+ * grow. Listed once, as X-macros, so the struct, the JSON writer and the text table agree.
+ *   requested  : sizes callers asked for, of live allocations
+ *   allocated  : the same allocations after rounding (512 B multiples)
+ *   active     : allocated plus blocks freed but still waiting on stream work before reuse
+ *   reserved   : bytes backed by physical memory (mapped chunks, or cuMemAlloc'd segments)
+ *   inactive_split : free bytes that cannot be released because a live block shares their chunk
+ *                    (VMM) or segment (classic)
+ *   largest_free_block : the largest request servable now from reserved memory without mapping more
+ * Invariant (after every operation): allocated + cached free == reserved, where cached free are the
+ * free blocks backed by physical memory; inactive_split <= cached free.
+ */
+#define CUALLOC_STATS_GAUGES(X) \
+    X(requested_bytes, requested_peak) \
+    X(allocated_bytes, allocated_peak) \
+    X(active_bytes, active_peak) \
+    X(reserved_bytes, reserved_peak) \
+    X(inactive_split_bytes, inactive_split_peak)
+
+#define CUALLOC_STATS_COUNTERS(X) \
+    X(num_allocs)        /* successful allocations */ \
+    X(num_frees)         /* frees of cualloc-owned pointers */ \
+    X(num_maps)          /* chunks mapped (VMM) or segments cuMemAlloc'd (classic) */ \
+    X(num_unmaps)        /* chunks unmapped or segments freed */ \
+    X(num_alloc_retries) /* allocations that released cache and tried again */ \
+    X(num_ooms)          /* allocations that failed */ \
+    X(num_syncs)         /* stream or device synchronizations the allocator performed */ \
+    X(num_trims)         /* explicit cache releases (cualloc_trim) */
+
+#define CUALLOC_STATS_GAUGE_FIELDS_(cur, peak) size_t cur; size_t peak;
+#define CUALLOC_STATS_COUNTER_FIELDS_(name) uint64_t name;
+
+typedef struct cualloc_stats {
+    CUALLOC_STATS_GAUGES(CUALLOC_STATS_GAUGE_FIELDS_)
+    size_t largest_free_block;
+    size_t capacity_bytes; /* what the heap may reserve: the device, or the cap configured */
+    CUALLOC_STATS_COUNTERS(CUALLOC_STATS_COUNTER_FIELDS_)
+} cualloc_stats;
+
+/* Allocates `size` bytes of device memory on `device` (an ordinal), ordered on `stream` (a
+ * CUstream / cudaStream_t; NULL is the legacy default stream). The pointer is 256-byte aligned.
+ * size 0 returns a unique pointer. Returns NULL when the request cannot be served even after
+ * releasing cached memory; the failure is counted in num_ooms and reported on stderr.
+ * Cost: O(1) when served from cached memory; driver calls when the heap grows. */
+CUALLOC_API void *cualloc_malloc(size_t size, int device, void *stream);
+
+/* Frees `ptr` (from cualloc_malloc), ordered on `stream`: the memory is reusable at once by work on
+ * that stream, by other streams only once the stream's work up to this free has completed.
+ * NULL ptr is ignored; a pointer cualloc does not own is reported on stderr and ignored. O(1). */
+CUALLOC_API void cualloc_free(void *ptr, void *stream);
+
+/* Copies `device`'s statistics into *out. Returns 0, or -1 for a device that is not valid. */
+CUALLOC_API int cualloc_get_stats(int device, cualloc_stats *out);
+
+/* Unmaps every cached free chunk (VMM) or frees every unused segment (classic) of `device`,
+ * synchronizing only the streams whose work may still touch them. Like torch.cuda.empty_cache(). */
+CUALLOC_API void cualloc_trim(int device);
+
+/* Checks every invariant of `device`'s heap and returns the number of violations (0 =
+ * consistent), printing each on stderr. O(heap size); for tests and debugging. */
+CUALLOC_API int cualloc_check(int device);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

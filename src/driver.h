@@ -1,0 +1,79 @@
+/* driver.h — the table of device operations the heap is written against.
+ *
+ * Everything the CUDA driver does for cualloc goes through one `driver_ops_t`. There are two
+ * implementations: driver_cuda.c (libcuda.so.1, dlopened) and driver_sim.c (a host-simulated
+ * device for tests, replay and the demo). The heap never calls CUDA directly.
+ *
+ * Contract, for every operation: returns 0 (CUA_SUCCESS) on success, otherwise a CUDA error code
+ * (CUA_ERROR_*) and leaves no partial effect behind. `dev` is a device ordinal in [0, device_count).
+ * Operations are thread-safe; the backend makes the device's primary context current around each
+ * call and restores the caller's context. Sizes and addresses of VMM operations are multiples of
+ * the device's granularity. None of them is called during stream capture.
+ */
+#ifndef CUALLOC_DRIVER_H
+#define CUALLOC_DRIVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cuda_decls.h"
+
+typedef struct driver_device_info_s {
+    char name[96];
+    size_t total_bytes;       /* physical memory of the device */
+    size_t granularity;       /* minimum VMM granularity; a power of two */
+    bool vmm_supported;       /* cuMemCreate/cuMemMap usable */
+    bool rdma_capable;        /* chunks may be created gpuDirectRDMACapable */
+} driver_device_info_t;
+
+typedef struct driver_ops_s {
+    const char *name; /* "cuda" or "sim" */
+
+    /* Once, before anything else. Fails with CUA_ERROR_NO_DEVICE when no device is usable. */
+    cua_result (*init)(void);
+    cua_result (*device_count)(int *count);
+    cua_result (*device_info)(int dev, driver_device_info_t *out);
+    /* Free and total bytes as the device reports them (other processes included). */
+    cua_result (*mem_get_info)(int dev, size_t *free_bytes, size_t *total_bytes);
+
+    /* VMM. va_reserve: `size` bytes of address space aligned to `align`, no memory behind it. */
+    cua_result (*va_reserve)(int dev, size_t size, size_t align, cua_devptr *out);
+    /* va_free: a whole range returned by va_reserve, with nothing mapped in it. */
+    cua_result (*va_free)(int dev, cua_devptr va, size_t size);
+    /* phys_create: a physical handle of `size` bytes; CUA_ERROR_OUT_OF_MEMORY when the device is full. */
+    cua_result (*phys_create)(int dev, size_t size, cua_memhandle *out);
+    /* phys_release: a handle from phys_create that is no longer mapped anywhere. */
+    cua_result (*phys_release)(int dev, cua_memhandle handle);
+    /* map: the whole handle (offset 0, `size` == its size) at `va` inside a reservation, where
+     * nothing is mapped. Access is not granted until set_access. */
+    cua_result (*map)(int dev, cua_devptr va, size_t size, cua_memhandle handle);
+    /* unmap: exactly one earlier mapping, whole. Work still in flight on it must be finished
+     * (the heap synchronizes the streams concerned first). */
+    cua_result (*unmap)(int dev, cua_devptr va, size_t size);
+    /* set_access: read-write for `dev` (and its enabled peers) over mapped [va, va+size), which may
+     * span several mappings. */
+    cua_result (*set_access)(int dev, cua_devptr va, size_t size);
+
+    /* Classic allocation (cuMemAlloc/cuMemFree), for the non-VMM mode. */
+    cua_result (*mem_alloc)(int dev, size_t size, cua_devptr *out);
+    cua_result (*mem_free)(int dev, cua_devptr ptr);
+
+    /* Streams and events. Events are created without timing. event_query returns 0 when all work
+     * recorded before the event has completed, CUA_ERROR_NOT_READY while it has not. */
+    cua_result (*event_create)(int dev, cua_event *out);
+    cua_result (*event_destroy)(int dev, cua_event event);
+    cua_result (*event_record)(int dev, cua_event event, cua_stream stream);
+    cua_result (*event_query)(int dev, cua_event event);
+    cua_result (*stream_synchronize)(int dev, cua_stream stream);
+    cua_result (*device_synchronize)(int dev);
+} driver_ops_t;
+
+/* The backends (driver_cuda.c, driver_sim.c). */
+extern const driver_ops_t driver_cuda_ops;
+extern const driver_ops_t driver_sim_ops;
+
+/* A short name for a CUDA error code ("CUDA_ERROR_OUT_OF_MEMORY"), for messages. */
+const char *driver_error_name(cua_result r);
+
+#endif

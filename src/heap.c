@@ -1,0 +1,1250 @@
+/* heap.c — one device's caching allocator: blocks, their splitting and coalescing, the free
+ * indexes per pool and stream tag, the stream-reuse rule, the growth and release of physical
+ * memory in both modes, and exact accounting. It owns the heap lock. It does not own how sizes are
+ * binned (sizeclass.c, tree.c), where block records come from (slab.c), or the device (driver.h).
+ *
+ * Two modes, chosen per device at creation:
+ *   VMM (expandable, the default): each pool is one large VA reservation that blocks tile. Chunks
+ *     of physical memory are mapped on demand under FREE/ALLOCATED blocks and unmapped from the
+ *     chunk-aligned interior of FREE blocks under pressure; address-space fragmentation therefore
+ *     costs no physical memory.
+ *   classic: PyTorch's native policy — cuMemAlloc'd segments (2 MiB for small requests, 20 MiB
+ *     for requests under 10 MiB, else the request rounded to 2 MiB), exact best fit on
+ *     (stream, size, address), its splitting rules, max_split_size_mb, garbage collection and its
+ *     release-and-retry order — so a replay in this mode predicts PyTorch's reserved memory.
+ *
+ * Stream rule (DESIGN.md decision 5): a block freed on stream S is tagged S and reusable at once by
+ * S. Another stream may take it once an event recorded on S after the free has completed; then the
+ * block is "settled" to TAG_ANY. Events are recorded lazily, only when another stream is short of
+ * memory, never once per free. Before physical memory is unmapped or released, the streams whose
+ * freed blocks lie on it are synchronized. Classic mode keeps PyTorch's rule: blocks never move
+ * between streams.
+ *
+ * Invariants (heap_check), per pool:
+ *   blocks tile every segment in address order; no two adjacent FREE blocks have compatible tags
+ *   (equal, or one of them ANY); no two adjacent UNMAPPED blocks;
+ *   allocated + free_mapped == mapped, and summed over pools, mapped == stats.reserved_bytes;
+ *   VMM: a chunk is mapped iff an ALLOCATED or FREE block touches it; UNMAPPED blocks are
+ *   chunk-aligned;
+ *   every FREE block is in exactly the index of its (pool, tag); every ALLOCATED block is in
+ *   `live` under its address.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "internal.h"
+
+/* PyTorch's native allocator constants (CUDACachingAllocator.cpp), for classic mode. */
+#define PT_SMALL_BUFFER ((size_t)2 << 20)   /* small requests share 2 MiB segments */
+#define PT_LARGE_BUFFER ((size_t)20 << 20)  /* requests under 10 MiB share 20 MiB segments */
+#define PT_MIN_LARGE_ALLOC ((size_t)10 << 20)
+#define PT_ROUND_LARGE ((size_t)2 << 20)
+
+#define HEAP_PENDING_RELEASES 64
+
+/* A free index: TLSF in VMM mode, a (size, addr) treap in classic mode. */
+typedef union findex_u {
+    sizeclass_t sc;
+    tree_t tree;
+} findex_t;
+
+typedef struct stream_rec_s {
+    cua_stream handle;
+    bool used;
+    bool event_in_flight;       /* event recorded on the stream, not yet seen complete */
+    cua_event event;            /* created on first need */
+    uint64_t frees_since_record; /* frees on this stream since the event was last recorded */
+    size_t free_bytes;          /* bytes of FREE blocks with this tag, both pools */
+} stream_rec_t;
+
+typedef struct pool_s {
+    pool_id_t id;
+    size_t chunk;                /* VMM: bytes per physical handle; a multiple of the granularity */
+    uintptr_t va_base;           /* VMM: the reservation */
+    size_t va_size;
+    cua_memhandle *chunks;       /* VMM: handle per chunk, 0 = not mapped (mmap'd array) */
+    size_t nchunks;
+    block_t *segments;           /* first block of every segment (VMM: the one reservation) */
+    sizeclass_t unmapped;        /* VMM: UNMAPPED blocks */
+    findex_t *index[HEAP_MAX_TAGS]; /* FREE blocks per tag, created on first use */
+    uint32_t free_block_searches; /* classic GC clock (PyTorch's get_free_blocks_call_count) */
+    size_t mapped;               /* bytes backed by physical memory */
+    size_t allocated;            /* bytes of ALLOCATED blocks */
+    size_t free_mapped;          /* bytes of FREE blocks; allocated + free_mapped == mapped */
+    size_t releasable;           /* bytes of FREE blocks that could be unmapped/freed now */
+} pool_t;
+
+struct heap_s {
+    pthread_mutex_t lock;        /* guards everything below */
+    int dev;
+    bool vmm;
+    conf_t conf;
+    const driver_ops_t *drv;
+    size_t granularity;
+    size_t total;                /* device memory */
+    size_t cap;                  /* most bytes the heap may have mapped */
+    pool_t pools[POOL_COUNT];
+    stream_rec_t tags[HEAP_MAX_TAGS]; /* tags[TAG_ANY] is the "settled" pseudo-stream */
+    cua_stream last_stream;      /* one-entry cache of tag_of */
+    unsigned last_tag;
+    ptrmap_t live;               /* ALLOCATED blocks by address */
+    slab_t blocks;               /* block records */
+    size_t free_mapped;          /* sums over pools, for the inactive-split gauge */
+    size_t releasable;
+    cualloc_stats stats;
+    unsigned oom_reports;        /* reports printed, to keep a failing loop from flooding */
+    cua_memhandle pending_release[HEAP_PENDING_RELEASES]; /* unmapped handles the driver would not release yet */
+    size_t npending;
+};
+
+static inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+static inline size_t align_down(size_t v, size_t a) { return v / a * a; }
+static inline unsigned floor_log2(uint64_t v) { return 63u - (unsigned)__builtin_clzll(v); }
+
+/* ------------------------------------------------------------------ rounding */
+
+static size_t round_to_division(size_t size, unsigned divisions) {
+    if ((size & (size - 1)) == 0) return size;
+    size_t floor_pow2 = (size_t)1 << floor_log2(size);
+    size_t step = floor_pow2 >> floor_log2(divisions);
+    if (step == 0) return floor_pow2 << 1;
+    size_t floor = size & ~(step - 1);
+    return floor == size ? size : floor + step;
+}
+
+size_t heap_round_size(const conf_t *c, size_t size) {
+    if (size < CUALLOC_ALIGN) return CUALLOC_ALIGN;
+    int idx = (int)floor_log2(size) - 20; /* intervals start at 1 MiB */
+    if (idx < 0) idx = 0;
+    if (idx >= CONF_ROUNDUP_INTERVALS) idx = CONF_ROUNDUP_INTERVALS - 1;
+    unsigned div = c->roundup_power2_divisions[idx];
+    if (div > 1 && size > (size_t)CUALLOC_ALIGN * div) return round_to_division(size, div);
+    if (size > SIZE_MAX - CUALLOC_ALIGN) return 0;
+    return align_up(size, CUALLOC_ALIGN);
+}
+
+/* ------------------------------------------------------------------ free indexes */
+
+static findex_t *index_get(heap_t *h, pool_t *p, unsigned tag) {
+    findex_t *ix = p->index[tag];
+    if (ix) return ix;
+    void *mem = mmap(NULL, sizeof(findex_t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) return NULL;
+    ix = mem;
+    if (h->vmm) sizeclass_init(&ix->sc);
+    else tree_init(&ix->tree);
+    p->index[tag] = ix;
+    return ix;
+}
+
+/* Bytes of a FREE block that a release could return to the device right now. */
+static size_t block_releasable(const heap_t *h, const pool_t *p, const block_t *b) {
+    if (!h->vmm) return (!b->prev && !b->next) ? b->size : 0;
+    size_t lo = align_up(b->addr, p->chunk), hi = align_down(b->addr + b->size, p->chunk);
+    return hi > lo ? hi - lo : 0;
+}
+
+/* Puts a FREE block (tag and size final) into its index and the accounting. The index exists:
+ * free_insert's callers made it with index_get when they took the tag. */
+static void free_insert(heap_t *h, pool_t *p, block_t *b) {
+    findex_t *ix = p->index[b->tag];
+    if (h->vmm) sizeclass_insert(&ix->sc, b);
+    else tree_insert(&ix->tree, b);
+    size_t rel = block_releasable(h, p, b);
+    p->free_mapped += b->size;
+    p->releasable += rel;
+    h->free_mapped += b->size;
+    h->releasable += rel;
+    h->tags[b->tag].free_bytes += b->size;
+    b->gc_base = p->free_block_searches;
+}
+
+static void free_remove(heap_t *h, pool_t *p, block_t *b) {
+    findex_t *ix = p->index[b->tag];
+    if (h->vmm) sizeclass_remove(&ix->sc, b);
+    else tree_remove(&ix->tree, b);
+    size_t rel = block_releasable(h, p, b);
+    p->free_mapped -= b->size;
+    p->releasable -= rel;
+    h->free_mapped -= b->size;
+    h->releasable -= rel;
+    h->tags[b->tag].free_bytes -= b->size;
+}
+
+static inline bool tags_compatible(unsigned a, unsigned b) { return a == b || a == TAG_ANY || b == TAG_ANY; }
+
+/* Merges FREE block b (in no index) with compatible FREE neighbours; returns the merged block
+ * (not in any index). The lower block's record survives, which keeps segment heads stable. */
+static block_t *coalesce_free(heap_t *h, pool_t *p, block_t *b) {
+    block_t *n = b->next;
+    if (n && n->state == BLOCK_FREE && tags_compatible(b->tag, n->tag)) {
+        free_remove(h, p, n);
+        if (b->tag == TAG_ANY) b->tag = n->tag;
+        b->size += n->size;
+        b->next = n->next;
+        if (b->next) b->next->prev = b;
+        slab_free(&h->blocks, n);
+    }
+    block_t *pr = b->prev;
+    if (pr && pr->state == BLOCK_FREE && tags_compatible(pr->tag, b->tag)) {
+        free_remove(h, p, pr);
+        if (pr->tag == TAG_ANY) pr->tag = b->tag;
+        pr->size += b->size;
+        pr->next = b->next;
+        if (pr->next) pr->next->prev = pr;
+        slab_free(&h->blocks, b);
+        b = pr;
+    }
+    return b;
+}
+
+/* Merges UNMAPPED block b (in no index) with UNMAPPED neighbours. */
+static block_t *coalesce_unmapped(heap_t *h, pool_t *p, block_t *b) {
+    block_t *n = b->next;
+    if (n && n->state == BLOCK_UNMAPPED) {
+        sizeclass_remove(&p->unmapped, n);
+        b->size += n->size;
+        b->next = n->next;
+        if (b->next) b->next->prev = b;
+        slab_free(&h->blocks, n);
+    }
+    block_t *pr = b->prev;
+    if (pr && pr->state == BLOCK_UNMAPPED) {
+        sizeclass_remove(&p->unmapped, pr);
+        pr->size += b->size;
+        pr->next = b->next;
+        if (pr->next) pr->next->prev = pr;
+        slab_free(&h->blocks, b);
+        b = pr;
+    }
+    return b;
+}
+
+/* Cuts b at `size` bytes; the back part becomes a new block after b, in state `state`, tag `tag`,
+ * in no index. Returns it, or NULL when no record could be had (b is then unchanged). */
+static block_t *block_split(heap_t *h, block_t *b, size_t size, uint8_t state, unsigned tag) {
+    block_t *r = slab_alloc(&h->blocks);
+    if (!r) return NULL;
+    r->addr = b->addr + size;
+    r->size = b->size - size;
+    r->pool = b->pool;
+    r->state = state;
+    r->tag = (uint16_t)tag;
+    r->prev = b;
+    r->next = b->next;
+    if (r->next) r->next->prev = r;
+    b->next = r;
+    b->size = size;
+    return r;
+}
+
+/* ------------------------------------------------------------------ streams */
+
+/* The tag of `stream`, registering it on first sight; 0 (TAG_ANY) never names a stream. Returns
+ * HEAP_MAX_TAGS when the table is full even after recycling. */
+static void settle_all(heap_t *h, bool sync);
+
+static unsigned tag_of(heap_t *h, cua_stream stream) {
+    if (stream == h->last_stream && h->last_tag) return h->last_tag;
+    unsigned free_slot = 0;
+    for (unsigned t = 1; t < HEAP_MAX_TAGS; t++) {
+        if (h->tags[t].used) {
+            if (h->tags[t].handle == stream) {
+                h->last_stream = stream;
+                h->last_tag = t;
+                return t;
+            }
+        } else if (!free_slot) {
+            free_slot = t;
+        }
+    }
+    if (!free_slot) {
+        /* Every slot names a stream: settle everything (synchronizing) and forget the streams that
+         * then hold nothing. Allocated blocks remember stream handles, not tags, so this is safe. */
+        settle_all(h, true);
+        for (unsigned t = 1; t < HEAP_MAX_TAGS; t++) {
+            if (h->tags[t].free_bytes == 0 && !h->tags[t].event_in_flight) {
+                h->tags[t].used = false;
+                if (!free_slot) free_slot = t;
+            }
+        }
+        if (!free_slot) return HEAP_MAX_TAGS;
+    }
+    stream_rec_t *r = &h->tags[free_slot];
+    cua_event ev = r->event;
+    memset(r, 0, sizeof *r);
+    r->event = ev;
+    r->used = true;
+    r->handle = stream;
+    h->last_stream = stream;
+    h->last_tag = free_slot;
+    return free_slot;
+}
+
+/* Moves every FREE block tagged `tag` to TAG_ANY, merging as it goes (a merged block takes a
+ * compatible neighbour's tag, which is at least as safe as its own). */
+static void settle_tag(heap_t *h, unsigned tag) {
+    for (int pi = 0; pi < POOL_COUNT; pi++) {
+        pool_t *p = &h->pools[pi];
+        findex_t *ix = p->index[tag];
+        if (!ix) continue;
+        for (;;) {
+            block_t *b = h->vmm ? sizeclass_find(&ix->sc, CUALLOC_ALIGN) : tree_lower_bound(&ix->tree, 0);
+            if (!b) break;
+            free_remove(h, p, b);
+            b->tag = TAG_ANY;
+            b = coalesce_free(h, p, b);
+            free_insert(h, p, b);
+        }
+    }
+}
+
+static cua_result stream_sync(heap_t *h, cua_stream s) {
+    h->stats.num_syncs++;
+    return h->drv->stream_synchronize(h->dev, s);
+}
+
+/* Settles every stream's free blocks: after synchronizing the streams (sync), or only those whose
+ * recorded event has completed with no free since (!sync). Classic mode never moves blocks. */
+static void settle_all(heap_t *h, bool sync) {
+    for (unsigned t = 1; t < HEAP_MAX_TAGS; t++) {
+        stream_rec_t *r = &h->tags[t];
+        if (!r->used || (r->free_bytes == 0 && !r->event_in_flight)) continue;
+        if (sync) {
+            if (stream_sync(h, r->handle) != CUA_SUCCESS) continue; /* cannot prove it idle */
+            r->event_in_flight = false;
+            r->frees_since_record = 0;
+        }
+        if (h->vmm && r->free_bytes && !r->event_in_flight && r->frees_since_record == 0) settle_tag(h, t);
+    }
+}
+
+/* The cheap way to find memory other streams freed: for each other stream holding free blocks,
+ * look at its event (recording one when frees are not yet covered). Returns true when something
+ * was settled. Never synchronizes. */
+static bool settle_completed(heap_t *h, unsigned self) {
+    bool settled = false;
+    for (unsigned t = 1; t < HEAP_MAX_TAGS; t++) {
+        stream_rec_t *r = &h->tags[t];
+        if (t == self || !r->used || r->free_bytes == 0) continue;
+        if (r->event_in_flight) {
+            cua_result q = h->drv->event_query(h->dev, r->event);
+            if (q == CUA_SUCCESS) r->event_in_flight = false;
+            else if (q != CUA_ERROR_NOT_READY) continue;
+        }
+        if (!r->event_in_flight && r->frees_since_record > 0) {
+            if (!r->event && h->drv->event_create(h->dev, &r->event) != CUA_SUCCESS) continue;
+            if (h->drv->event_record(h->dev, r->event, r->handle) != CUA_SUCCESS) continue;
+            r->frees_since_record = 0;
+            r->event_in_flight = true;
+            if (h->drv->event_query(h->dev, r->event) == CUA_SUCCESS) r->event_in_flight = false;
+        }
+        if (!r->event_in_flight && r->frees_since_record == 0) {
+            settle_tag(h, t);
+            settled = true;
+        }
+    }
+    return settled;
+}
+
+/* ------------------------------------------------------------------ VMM physical memory */
+
+static inline size_t chunk_index(const pool_t *p, uintptr_t addr) { return (addr - p->va_base) / p->chunk; }
+
+/* Unmaps and releases chunks [first, first+n) of p (all mapped), stopping at the first chunk the
+ * driver refuses to unmap, which stays mapped and counted. Returns how many were unmapped. A handle
+ * that unmaps but will not release is kept for a later try (pending_release), so nothing leaks. */
+static void retry_pending_releases(heap_t *h);
+
+static size_t chunks_unmap(heap_t *h, pool_t *p, size_t first, size_t n) {
+    size_t done = 0;
+    for (; done < n; done++) {
+        size_t i = first + done;
+        uintptr_t va = p->va_base + i * p->chunk;
+        cua_result r = h->drv->unmap(h->dev, va, p->chunk);
+        if (r != CUA_SUCCESS) {
+            cua_error("device %d: unmapping chunk at %#lx failed (%s); it stays mapped", h->dev, (unsigned long)va,
+                      driver_error_name(r));
+            break;
+        }
+        r = h->drv->phys_release(h->dev, p->chunks[i]);
+        if (r != CUA_SUCCESS) {
+            if (h->npending < HEAP_PENDING_RELEASES) {
+                h->pending_release[h->npending++] = p->chunks[i];
+            } else {
+                cua_error("device %d: releasing a chunk failed (%s); %zu B are lost", h->dev, driver_error_name(r), p->chunk);
+            }
+        }
+        p->chunks[i] = 0;
+    }
+    p->mapped -= done * p->chunk;
+    h->stats.reserved_bytes -= done * p->chunk;
+    h->stats.num_unmaps += done;
+    if (h->npending) retry_pending_releases(h);
+    return done;
+}
+
+static void retry_pending_releases(heap_t *h) {
+    size_t keep = 0;
+    for (size_t i = 0; i < h->npending; i++)
+        if (h->drv->phys_release(h->dev, h->pending_release[i]) != CUA_SUCCESS) h->pending_release[keep++] = h->pending_release[i];
+    h->npending = keep;
+}
+
+/* Maps [addr, addr+len) (chunk-aligned, nothing mapped there) chunk by chunk, then grants access
+ * with one call. All or nothing: on failure everything mapped here is undone and the driver's error
+ * returned. */
+static cua_result chunks_map(heap_t *h, pool_t *p, uintptr_t addr, size_t len) {
+    size_t first = chunk_index(p, addr), n = len / p->chunk, done = 0;
+    cua_result r = CUA_SUCCESS;
+    for (; done < n; done++) {
+        uintptr_t va = addr + done * p->chunk;
+        cua_memhandle handle = 0;
+        r = h->drv->phys_create(h->dev, p->chunk, &handle);
+        if (r != CUA_SUCCESS) break;
+        r = h->drv->map(h->dev, va, p->chunk, handle);
+        if (r != CUA_SUCCESS) {
+            h->drv->phys_release(h->dev, handle);
+            break;
+        }
+        p->chunks[first + done] = handle;
+    }
+    if (r == CUA_SUCCESS) r = h->drv->set_access(h->dev, addr, len);
+    p->mapped += done * p->chunk;
+    h->stats.reserved_bytes += done * p->chunk;
+    h->stats.num_maps += done;
+    if (r != CUA_SUCCESS) {
+        chunks_unmap(h, p, first, done);
+        return r;
+    }
+    if (h->stats.reserved_bytes > h->stats.reserved_peak) h->stats.reserved_peak = h->stats.reserved_bytes;
+    return CUA_SUCCESS;
+}
+
+/* Unmaps the chunk-aligned interior of FREE block b (tag ANY, or its stream synchronized by the
+ * caller). Returns the last block of what b became, so a walk can go on from its `next`. */
+static block_t *vmm_release_block(heap_t *h, pool_t *p, block_t *b) {
+    uintptr_t lo = align_up(b->addr, p->chunk), hi = align_down(b->addr + b->size, p->chunk);
+    if (hi <= lo) return b;
+    /* Records for the pieces first, so a failure leaves b whole. */
+    block_t *spare[2] = {slab_alloc(&h->blocks), slab_alloc(&h->blocks)};
+    if (!spare[0] || !spare[1]) {
+        slab_free(&h->blocks, spare[0]);
+        slab_free(&h->blocks, spare[1]);
+        return b;
+    }
+    unsigned tag = b->tag;
+    free_remove(h, p, b);
+    size_t done = chunks_unmap(h, p, chunk_index(p, lo), (hi - lo) / p->chunk);
+    if (done == 0) {
+        free_insert(h, p, b);
+        slab_free(&h->blocks, spare[0]);
+        slab_free(&h->blocks, spare[1]);
+        return b;
+    }
+    hi = lo + done * p->chunk; /* chunks past a refused unmap stay mapped, in the tail piece */
+    /* b becomes [b.addr, lo) FREE + [lo, hi) UNMAPPED + [hi, end) FREE, the empty ones omitted. */
+    block_t *mid = b, *last;
+    if (lo > b->addr) {
+        mid = spare[0];
+        spare[0] = NULL;
+        mid->addr = lo;
+        mid->size = b->addr + b->size - lo;
+        mid->pool = b->pool;
+        mid->prev = b;
+        mid->next = b->next;
+        if (mid->next) mid->next->prev = mid;
+        b->next = mid;
+        b->size = lo - b->addr;
+        free_insert(h, p, b); /* b keeps its tag */
+    }
+    mid->state = BLOCK_UNMAPPED;
+    mid->tag = TAG_ANY;
+    last = mid;
+    if (hi < mid->addr + mid->size) {
+        block_t *tail = spare[1];
+        spare[1] = NULL;
+        tail->addr = hi;
+        tail->size = mid->addr + mid->size - hi;
+        tail->pool = mid->pool;
+        tail->state = BLOCK_FREE;
+        tail->tag = (uint16_t)tag;
+        tail->prev = mid;
+        tail->next = mid->next;
+        if (tail->next) tail->next->prev = tail;
+        mid->next = tail;
+        mid->size = hi - mid->addr;
+        free_insert(h, p, tail);
+        last = tail;
+    }
+    block_t *merged = coalesce_unmapped(h, p, mid);
+    sizeclass_insert(&p->unmapped, merged);
+    if (last == mid) last = merged;
+    slab_free(&h->blocks, spare[0]);
+    slab_free(&h->blocks, spare[1]);
+    return last;
+}
+
+/* Unmaps free chunks of every pool, at least `target` bytes if there are that many (SIZE_MAX:
+ * all). Streams are synchronized first (chunks may still be in use by their work). */
+static size_t vmm_release(heap_t *h, size_t target) {
+    settle_all(h, true);
+    size_t before = h->stats.reserved_bytes;
+    for (int pi = 0; pi < POOL_COUNT && before - h->stats.reserved_bytes < target; pi++) {
+        pool_t *p = &h->pools[pi];
+        for (block_t *b = p->segments; b && before - h->stats.reserved_bytes < target; b = b->next) {
+            /* Only settled blocks: a stream that could not be synchronized may still use its own. */
+            if (b->state == BLOCK_FREE && b->tag == TAG_ANY && block_releasable(h, p, b)) b = vmm_release_block(h, p, b);
+        }
+    }
+    return before - h->stats.reserved_bytes;
+}
+
+/* Backs more of pool p's address space so that a request of rsize for `tag` fits: takes the best
+ * fitting UNMAPPED range, maps what is needed at its start, and returns the resulting FREE block
+ * (merged with a compatible free neighbour before it, whose bytes then count toward the request).
+ * NULL when the cap, the driver or the address space says no. */
+static block_t *vmm_grow(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
+    size_t need = align_up(rsize, p->chunk);
+    block_t *u = sizeclass_find(&p->unmapped, need);
+    if (!u) return NULL;
+    block_t *before = u->prev;
+    if (before && before->state == BLOCK_FREE && tags_compatible(before->tag, tag) && before->size < rsize)
+        need = align_up(rsize - before->size, p->chunk);
+    if (h->stats.reserved_bytes + need > h->cap) return NULL;
+    sizeclass_remove(&p->unmapped, u);
+    if (u->size > need) {
+        block_t *rest = block_split(h, u, need, BLOCK_UNMAPPED, TAG_ANY);
+        if (!rest) {
+            sizeclass_insert(&p->unmapped, u);
+            return NULL;
+        }
+        sizeclass_insert(&p->unmapped, rest);
+    }
+    if (chunks_map(h, p, u->addr, need) != CUA_SUCCESS) {
+        u = coalesce_unmapped(h, p, u);
+        sizeclass_insert(&p->unmapped, u);
+        return NULL;
+    }
+    /* Fresh memory has no work in flight; tagging it with the requesting stream keeps the
+     * single-stream case to one index. */
+    u->state = BLOCK_FREE;
+    u->tag = (uint16_t)tag;
+    u = coalesce_free(h, p, u);
+    free_insert(h, p, u);
+    return u;
+}
+
+/* ------------------------------------------------------------------ classic segments */
+
+static size_t classic_segment_size(size_t rsize) {
+    if (rsize <= CUALLOC_SMALL_MAX) return PT_SMALL_BUFFER;
+    if (rsize < PT_MIN_LARGE_ALLOC) return PT_LARGE_BUFFER;
+    return align_up(rsize, PT_ROUND_LARGE);
+}
+
+static void segment_link(pool_t *p, block_t *head) {
+    head->seg_prev = NULL;
+    head->seg_next = p->segments;
+    if (p->segments) p->segments->seg_prev = head;
+    p->segments = head;
+}
+
+static void segment_unlink(pool_t *p, block_t *head) {
+    if (head->seg_prev) head->seg_prev->seg_next = head->seg_next;
+    else p->segments = head->seg_next;
+    if (head->seg_next) head->seg_next->seg_prev = head->seg_prev;
+}
+
+/* PyTorch's alloc_block: a new segment for the request, inserted FREE. */
+static block_t *classic_alloc_segment(heap_t *h, pool_t *p, unsigned tag, size_t rsize, bool retry) {
+    if (retry) h->stats.num_alloc_retries++;
+    size_t size = classic_segment_size(rsize);
+    if (h->stats.reserved_bytes + size > h->cap) return NULL;
+    block_t *b = slab_alloc(&h->blocks);
+    if (!b) return NULL;
+    cua_devptr ptr = 0;
+    if (h->drv->mem_alloc(h->dev, size, &ptr) != CUA_SUCCESS) {
+        slab_free(&h->blocks, b);
+        return NULL;
+    }
+    b->addr = (uintptr_t)ptr;
+    b->size = size;
+    b->pool = (uint8_t)p->id;
+    b->state = BLOCK_FREE;
+    b->tag = (uint16_t)tag;
+    segment_link(p, b);
+    p->mapped += size;
+    h->stats.reserved_bytes += size;
+    h->stats.num_maps++;
+    if (h->stats.reserved_bytes > h->stats.reserved_peak) h->stats.reserved_peak = h->stats.reserved_bytes;
+    free_insert(h, p, b);
+    return b;
+}
+
+/* PyTorch's release_block: frees a whole-segment FREE block. When the driver refuses, the segment
+ * stays cached (and counted) and false is returned. */
+static bool classic_release_segment(heap_t *h, pool_t *p, block_t *b) {
+    cua_result r = h->drv->mem_free(h->dev, (cua_devptr)b->addr);
+    if (r != CUA_SUCCESS) {
+        cua_error("device %d: freeing segment at %#lx failed (%s); it stays cached", h->dev, (unsigned long)b->addr,
+                  driver_error_name(r));
+        return false;
+    }
+    free_remove(h, p, b);
+    segment_unlink(p, b);
+    p->mapped -= b->size;
+    h->stats.reserved_bytes -= b->size;
+    h->stats.num_unmaps++;
+    slab_free(&h->blocks, b);
+    return true;
+}
+
+/* PyTorch's release_cached_blocks: every wholly free segment of every pool and stream. cuMemFree
+ * waits for the device itself, so no stream is synchronized here. */
+static size_t classic_release_all(heap_t *h) {
+    size_t before = h->stats.reserved_bytes;
+    for (int pi = 0; pi < POOL_COUNT; pi++) {
+        pool_t *p = &h->pools[pi];
+        block_t *next;
+        for (block_t *b = p->segments; b; b = next) {
+            next = b->seg_next;
+            if (b->state == BLOCK_FREE && !b->next) classic_release_segment(h, p, b);
+        }
+    }
+    return before - h->stats.reserved_bytes;
+}
+
+/* PyTorch's release_available_cached_blocks: with max_split_size set, free one oversize cached
+ * block of the stream large enough for the request, or else the largest ones until enough. */
+static bool classic_release_available(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
+    size_t max_split = h->conf.max_split_size;
+    if (max_split == SIZE_MAX || !p->index[tag]) return false;
+    tree_t *t = &p->index[tag]->tree;
+    size_t key = rsize < max_split ? max_split : rsize;
+    block_t *b = tree_lower_bound(t, key);
+    if (b) {
+        if (b->prev || b->next) return false; /* oversize blocks are whole segments */
+        return classic_release_segment(h, p, b);
+    }
+    size_t released = 0;
+    while (released < key) {
+        b = tree_largest(t);
+        if (!b || b->size < max_split || b->prev || b->next) break;
+        size_t size = b->size;
+        if (!classic_release_segment(h, p, b)) break;
+        released += size;
+    }
+    return released >= key;
+}
+
+/* PyTorch's garbage_collect_cached_blocks: above garbage_collection_threshold of the cap, free the
+ * wholly free large segments that have waited longest (unused through more free-block searches than
+ * the average), round after round, until under the threshold. */
+static void classic_garbage_collect(heap_t *h) {
+    size_t threshold = (size_t)(h->conf.garbage_collection_threshold * (double)h->cap);
+    if (h->stats.reserved_bytes <= threshold) return;
+    size_t target = h->stats.reserved_bytes - threshold, reclaimed = 0;
+    pool_t *p = &h->pools[POOL_LARGE];
+    double total_age = 0;
+    size_t freeable = 0;
+    for (block_t *b = p->segments; b; b = b->seg_next) {
+        if (b->state == BLOCK_FREE && !b->next) {
+            total_age += (double)(uint32_t)(p->free_block_searches - b->gc_base);
+            freeable++;
+        }
+    }
+    bool freed = true;
+    while (reclaimed < target && freed && freeable > 0) {
+        double age_threshold = total_age / (double)freeable;
+        freed = false;
+        block_t *next;
+        for (block_t *b = p->segments; b; b = next) {
+            next = b->seg_next;
+            if (b->state != BLOCK_FREE || b->next) continue;
+            double age = (double)(uint32_t)(p->free_block_searches - b->gc_base);
+            size_t size = b->size;
+            if (age >= age_threshold && classic_release_segment(h, p, b)) {
+                freed = true;
+                reclaimed += size;
+                total_age -= age;
+                freeable--;
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ allocation */
+
+static block_t *find_free(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
+    if (h->vmm) {
+        findex_t *own = p->index[tag], *any = p->index[TAG_ANY];
+        block_t *a = own ? sizeclass_find(&own->sc, rsize) : NULL;
+        block_t *b = any && any->sc.count ? sizeclass_find(&any->sc, rsize) : NULL;
+        if (!a) return b;
+        return (b && b->size < a->size) ? b : a;
+    }
+    /* PyTorch's get_free_block, including its refusals under max_split_size. */
+    findex_t *ix = p->index[tag];
+    p->free_block_searches++;
+    block_t *b = ix ? tree_lower_bound(&ix->tree, rsize) : NULL;
+    if (!b) return NULL;
+    size_t max_split = h->conf.max_split_size;
+    if (rsize < max_split && b->size >= max_split) return NULL;
+    if (rsize >= max_split && b->size >= rsize + PT_LARGE_BUFFER) return NULL;
+    return b;
+}
+
+static block_t *alloc_slow_vmm(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
+    block_t *b;
+    if (settle_completed(h, tag) && (b = find_free(h, p, tag, rsize))) return b;
+    if (h->conf.garbage_collection_threshold > 0) {
+        /* Growing past the threshold: return cached chunks first (PyTorch's GC, for chunks). */
+        size_t threshold = (size_t)(h->conf.garbage_collection_threshold * (double)h->cap);
+        size_t need = align_up(rsize, p->chunk);
+        if (h->stats.reserved_bytes + need > threshold && vmm_release(h, h->stats.reserved_bytes + need - threshold) &&
+            (b = find_free(h, p, tag, rsize)))
+            return b;
+    }
+    if ((b = vmm_grow(h, p, tag, rsize)) || (b = find_free(h, p, tag, rsize))) return b;
+    /* Pressure: synchronize, settle everything, and look again before unmapping anything. */
+    h->stats.num_alloc_retries++;
+    settle_all(h, true);
+    if ((b = find_free(h, p, tag, rsize))) return b;
+    vmm_release(h, SIZE_MAX);
+    if ((b = find_free(h, p, tag, rsize))) return b;
+    return vmm_grow(h, p, tag, rsize);
+}
+
+/* PyTorch's malloc after a failed get_free_block: GC, new segment, release oversize blocks and
+ * retry, release every cached segment and retry. */
+static block_t *alloc_slow_classic(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
+    block_t *b;
+    if (h->conf.garbage_collection_threshold > 0) classic_garbage_collect(h);
+    if ((b = classic_alloc_segment(h, p, tag, rsize, false))) return b;
+    if (classic_release_available(h, p, tag, rsize) && (b = classic_alloc_segment(h, p, tag, rsize, false))) return b;
+    classic_release_all(h);
+    return classic_alloc_segment(h, p, tag, rsize, true);
+}
+
+static bool should_split(const heap_t *h, const pool_t *p, size_t block_size, size_t rsize) {
+    size_t remaining = block_size - rsize;
+    if (h->vmm || p->id == POOL_SMALL) return remaining >= CUALLOC_ALIGN;
+    return rsize < h->conf.max_split_size && remaining > CUALLOC_SMALL_MAX;
+}
+
+static void update_inactive_split(heap_t *h) {
+    size_t v = h->free_mapped - h->releasable;
+    h->stats.inactive_split_bytes = v;
+    if (v > h->stats.inactive_split_peak) h->stats.inactive_split_peak = v;
+}
+
+static size_t largest_free_locked(heap_t *h) {
+    size_t best = 0;
+    for (int pi = 0; pi < POOL_COUNT; pi++) {
+        for (unsigned t = 0; t < HEAP_MAX_TAGS; t++) {
+            findex_t *ix = h->pools[pi].index[t];
+            if (!ix) continue;
+            block_t *b = h->vmm ? sizeclass_largest(&ix->sc) : tree_largest(&ix->tree);
+            if (b && b->size > best) best = b->size;
+        }
+    }
+    return best;
+}
+
+static void report_oom(heap_t *h, size_t size, size_t rsize) {
+    if (h->oom_reports >= 8) {
+        if (h->oom_reports++ == 8) cua_error("device %d: further out-of-memory reports suppressed (see num_ooms)", h->dev);
+        return;
+    }
+    h->oom_reports++;
+    char req[32], cap[32], alloc[32], resv[32], cached[32], largest[32], devfree[32];
+    size_t lf = largest_free_locked(h), dfree = 0, dtotal = 0;
+    h->drv->mem_get_info(h->dev, &dfree, &dtotal);
+    size_t allocated = h->stats.allocated_bytes, reserved = h->stats.reserved_bytes;
+    cua_error("device %d: out of memory: tried to allocate %s (%zu B requested). The heap may use %s; "
+              "%s is allocated, %s reserved (%s of it cached free, largest free block %s); the device "
+              "reports %s free.",
+              h->dev, fmt_bytes(rsize, req, sizeof req), size, fmt_bytes(h->cap, cap, sizeof cap),
+              fmt_bytes(allocated, alloc, sizeof alloc), fmt_bytes(reserved, resv, sizeof resv),
+              fmt_bytes(reserved - allocated, cached, sizeof cached), fmt_bytes(lf, largest, sizeof largest),
+              fmt_bytes(dfree, devfree, sizeof devfree));
+    if (allocated + rsize <= h->cap)
+        cua_error("device %d: diagnosis: fragmentation — live blocks total %s, so the request would fit in %s, "
+                  "but no free range is large enough. %s",
+                  h->dev, alloc, cap,
+                  h->vmm ? "Address space is exhausted; raise va_factor."
+                         : "Use expandable segments (expandable_segments:True, the default) or lower max_split_size_mb.");
+    else
+        cua_error("device %d: diagnosis: genuine shortage — live blocks plus this request exceed %s. Reduce the "
+                  "batch size or sequence length, or use activation checkpointing.",
+                  h->dev, cap);
+}
+
+cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
+    size_t rsize = heap_round_size(&h->conf, size);
+    *out = NULL;
+    if (rsize == 0 || rsize > ((size_t)1 << 48)) {
+        pthread_mutex_lock(&h->lock);
+        h->stats.num_ooms++;
+        report_oom(h, size, size);
+        pthread_mutex_unlock(&h->lock);
+        return CUA_ERROR_OUT_OF_MEMORY;
+    }
+    pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
+    pthread_mutex_lock(&h->lock);
+    unsigned tag = tag_of(h, stream);
+    block_t *b = NULL;
+    if (tag < HEAP_MAX_TAGS && index_get(h, p, tag) && index_get(h, p, TAG_ANY)) {
+        b = find_free(h, p, tag, rsize);
+        if (!b) b = h->vmm ? alloc_slow_vmm(h, p, tag, rsize) : alloc_slow_classic(h, p, tag, rsize);
+    }
+    if (b) {
+        free_remove(h, p, b);
+        if (should_split(h, p, b->size, rsize)) {
+            block_t *rest = block_split(h, b, rsize, BLOCK_FREE, b->tag);
+            if (rest) free_insert(h, p, rest);
+        }
+        if (!ptrmap_insert(&h->live, b->addr, b)) {
+            b = coalesce_free(h, p, b);
+            free_insert(h, p, b);
+            b = NULL;
+        }
+    }
+    if (!b) {
+        h->stats.num_ooms++;
+        report_oom(h, size, rsize);
+        update_inactive_split(h);
+        pthread_mutex_unlock(&h->lock);
+        return CUA_ERROR_OUT_OF_MEMORY;
+    }
+    b->state = BLOCK_ALLOCATED;
+    b->requested = size;
+    b->stream = stream;
+    p->allocated += b->size;
+    cualloc_stats *s = &h->stats;
+    s->num_allocs++;
+    s->requested_bytes += size;
+    if (s->requested_bytes > s->requested_peak) s->requested_peak = s->requested_bytes;
+    s->allocated_bytes += b->size;
+    if (s->allocated_bytes > s->allocated_peak) s->allocated_peak = s->allocated_bytes;
+    s->active_bytes = s->allocated_bytes;
+    if (s->active_bytes > s->active_peak) s->active_peak = s->active_bytes;
+    update_inactive_split(h);
+    pthread_mutex_unlock(&h->lock);
+    *out = (void *)b->addr;
+    return CUA_SUCCESS;
+}
+
+bool heap_free(heap_t *h, void *ptr, cua_stream stream) {
+    pthread_mutex_lock(&h->lock);
+    block_t *b = ptrmap_remove(&h->live, (uintptr_t)ptr);
+    if (!b) {
+        pthread_mutex_unlock(&h->lock);
+        return false;
+    }
+    pool_t *p = &h->pools[b->pool];
+    cualloc_stats *s = &h->stats;
+    s->num_frees++;
+    s->requested_bytes -= b->requested;
+    s->allocated_bytes -= b->size;
+    s->active_bytes = s->allocated_bytes;
+    p->allocated -= b->size;
+    if (!h->vmm && stream != b->stream) {
+        /* Classic mode keeps PyTorch's rule that a segment serves one stream: the block returns to
+         * its allocation stream, which may reuse it only after the freeing stream's work. */
+        stream_sync(h, stream);
+        stream = b->stream;
+    }
+    unsigned tag = tag_of(h, stream);
+    if (tag >= HEAP_MAX_TAGS) {
+        /* No stream slot even after recycling: make the block safe for everyone the slow way. */
+        stream_sync(h, stream);
+        tag = TAG_ANY;
+    } else {
+        h->tags[tag].frees_since_record++;
+    }
+    b->state = BLOCK_FREE;
+    b->tag = (uint16_t)tag;
+    b->requested = 0;
+    if (!index_get(h, p, tag)) {
+        /* Cannot make the index: keep the block findable by merging into a neighbour's. */
+        stream_sync(h, stream);
+        b->tag = TAG_ANY;
+    }
+    b = coalesce_free(h, p, b);
+    if (!p->index[b->tag]) index_get(h, p, b->tag);
+    free_insert(h, p, b);
+    update_inactive_split(h);
+    pthread_mutex_unlock(&h->lock);
+    return true;
+}
+
+/* ------------------------------------------------------------------ lifecycle */
+
+static cua_result pool_init_vmm(heap_t *h, pool_t *p, size_t chunk, size_t va_size) {
+    p->chunk = chunk;
+    p->va_size = align_up(va_size, chunk);
+    p->nchunks = p->va_size / chunk;
+    size_t table = align_up(p->nchunks * sizeof(cua_memhandle), 4096);
+    void *mem = mmap(NULL, table, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mem == MAP_FAILED) return CUA_ERROR_OUT_OF_MEMORY;
+    p->chunks = mem;
+    cua_devptr va = 0;
+    cua_result r = h->drv->va_reserve(h->dev, p->va_size, chunk, &va);
+    if (r != CUA_SUCCESS) return r;
+    p->va_base = (uintptr_t)va;
+    block_t *all = slab_alloc(&h->blocks);
+    if (!all) return CUA_ERROR_OUT_OF_MEMORY;
+    all->addr = p->va_base;
+    all->size = p->va_size;
+    all->pool = (uint8_t)p->id;
+    all->state = BLOCK_UNMAPPED;
+    segment_link(p, all);
+    sizeclass_insert(&p->unmapped, all);
+    return CUA_SUCCESS;
+}
+
+heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_result *err) {
+    driver_device_info_t info;
+    cua_result r = drv->device_info(dev, &info);
+    if (r != CUA_SUCCESS) {
+        if (err) *err = r;
+        cua_error("device %d: cannot query the device (%s)", dev, driver_error_name(r));
+        return NULL;
+    }
+    void *mem = mmap(NULL, sizeof(heap_t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) {
+        if (err) *err = CUA_ERROR_OUT_OF_MEMORY;
+        return NULL;
+    }
+    heap_t *h = mem;
+    pthread_mutex_init(&h->lock, NULL);
+    h->dev = dev;
+    h->conf = *conf;
+    h->drv = drv;
+    h->total = info.total_bytes;
+    h->granularity = info.granularity ? info.granularity : 2 * MiB;
+    h->cap = info.total_bytes;
+    if (conf->per_process_memory_fraction > 0) {
+        size_t f = (size_t)(conf->per_process_memory_fraction * (double)info.total_bytes);
+        if (f < h->cap) h->cap = f;
+    }
+    if (conf->max_memory && conf->max_memory < h->cap) h->cap = conf->max_memory;
+    h->stats.capacity_bytes = h->cap;
+    h->vmm = conf->expandable_segments && info.vmm_supported;
+    slab_init(&h->blocks, sizeof(block_t));
+    h->tags[TAG_ANY].used = true;
+    if (!ptrmap_init(&h->live)) r = CUA_ERROR_OUT_OF_MEMORY;
+    for (int pi = 0; pi < POOL_COUNT; pi++) {
+        h->pools[pi].id = (pool_id_t)pi;
+        sizeclass_init(&h->pools[pi].unmapped);
+    }
+    if (r == CUA_SUCCESS && h->vmm) {
+        size_t large_chunk = conf->chunk_size ? align_up(conf->chunk_size, h->granularity) : h->granularity;
+        size_t factor = conf->va_factor >= 2 ? conf->va_factor : 2;
+        r = pool_init_vmm(h, &h->pools[POOL_SMALL], h->granularity, align_up(h->total, h->granularity));
+        if (r == CUA_SUCCESS) r = pool_init_vmm(h, &h->pools[POOL_LARGE], large_chunk, factor * align_up(h->total, large_chunk));
+    }
+    if (r != CUA_SUCCESS) {
+        cua_error("device %d: cannot set up the heap (%s)", dev, driver_error_name(r));
+        heap_destroy(h);
+        if (err) *err = r;
+        return NULL;
+    }
+    if (err) *err = CUA_SUCCESS;
+    return h;
+}
+
+void heap_destroy(heap_t *h) {
+    if (!h) return;
+    for (int pi = 0; pi < POOL_COUNT; pi++) {
+        pool_t *p = &h->pools[pi];
+        block_t *seg = p->segments;
+        while (seg) {
+            block_t *next_seg = seg->seg_next;
+            if (h->vmm) {
+                for (size_t i = 0; i < p->nchunks; i++)
+                    if (p->chunks[i]) chunks_unmap(h, p, i, 1);
+                h->drv->va_free(h->dev, (cua_devptr)p->va_base, p->va_size);
+            } else {
+                h->drv->mem_free(h->dev, (cua_devptr)seg->addr);
+            }
+            for (block_t *b = seg, *n; b; b = n) {
+                n = b->next;
+                slab_free(&h->blocks, b);
+            }
+            seg = next_seg;
+        }
+        if (p->chunks) munmap(p->chunks, align_up(p->nchunks * sizeof(cua_memhandle), 4096));
+        for (unsigned t = 0; t < HEAP_MAX_TAGS; t++)
+            if (p->index[t]) munmap(p->index[t], sizeof(findex_t));
+    }
+    retry_pending_releases(h);
+    for (unsigned t = 1; t < HEAP_MAX_TAGS; t++)
+        if (h->tags[t].event) h->drv->event_destroy(h->dev, h->tags[t].event);
+    ptrmap_destroy(&h->live);
+    slab_destroy(&h->blocks);
+    pthread_mutex_destroy(&h->lock);
+    munmap(h, sizeof(heap_t));
+}
+
+/* ------------------------------------------------------------------ queries */
+
+bool heap_owns(heap_t *h, const void *ptr) {
+    uintptr_t a = (uintptr_t)ptr;
+    if (h->vmm) {
+        for (int pi = 0; pi < POOL_COUNT; pi++) {
+            const pool_t *p = &h->pools[pi];
+            if (a >= p->va_base && a - p->va_base < p->va_size) return true;
+        }
+        return false;
+    }
+    pthread_mutex_lock(&h->lock);
+    bool owned = ptrmap_get(&h->live, a) != NULL;
+    pthread_mutex_unlock(&h->lock);
+    return owned;
+}
+
+size_t heap_block_size(heap_t *h, const void *ptr) {
+    pthread_mutex_lock(&h->lock);
+    block_t *b = ptrmap_get(&h->live, (uintptr_t)ptr);
+    size_t n = b ? b->requested : SIZE_MAX;
+    pthread_mutex_unlock(&h->lock);
+    return n;
+}
+
+block_t *heap_test_find_block(heap_t *h, const void *ptr) { return ptrmap_get(&h->live, (uintptr_t)ptr); }
+bool heap_is_vmm(const heap_t *h) { return h->vmm; }
+size_t heap_chunk_size(const heap_t *h, pool_id_t pool) { return h->pools[pool].chunk; }
+
+void heap_get_stats(heap_t *h, cualloc_stats *out) {
+    pthread_mutex_lock(&h->lock);
+    *out = h->stats;
+    out->largest_free_block = largest_free_locked(h);
+    pthread_mutex_unlock(&h->lock);
+}
+
+void heap_trim(heap_t *h) {
+    pthread_mutex_lock(&h->lock);
+    h->stats.num_trims++;
+    if (h->vmm) vmm_release(h, SIZE_MAX);
+    else classic_release_all(h);
+    update_inactive_split(h);
+    pthread_mutex_unlock(&h->lock);
+}
+
+void heap_stream_destroyed(heap_t *h, cua_stream stream) {
+    pthread_mutex_lock(&h->lock);
+    for (unsigned t = 1; t < HEAP_MAX_TAGS; t++) {
+        stream_rec_t *r = &h->tags[t];
+        if (!r->used || r->handle != stream) continue;
+        if (r->free_bytes) {
+            /* The handle may come back for a new stream: its blocks must not stay tied to it. */
+            stream_sync(h, stream);
+            r->event_in_flight = false;
+            r->frees_since_record = 0;
+            if (h->vmm) settle_tag(h, t);
+        }
+        if (!r->free_bytes) r->used = false;
+        if (h->last_tag == t) h->last_tag = 0;
+    }
+    pthread_mutex_unlock(&h->lock);
+}
+
+/* ------------------------------------------------------------------ checker */
+
+typedef struct {
+    heap_t *h;
+    FILE *report;
+    int bad;
+    size_t allocated_blocks;
+} check_ctx_t;
+
+#define CHECK(ctx, cond, ...)                                   \
+    do {                                                        \
+        if (!(cond)) {                                          \
+            (ctx)->bad++;                                       \
+            if ((ctx)->report) {                                \
+                fprintf((ctx)->report, "heap %d: ", (ctx)->h->dev); \
+                fprintf((ctx)->report, __VA_ARGS__);            \
+                fputc('\n', (ctx)->report);                     \
+            }                                                   \
+        }                                                       \
+    } while (0)
+
+typedef struct { check_ctx_t *c; pool_t *p; unsigned tag; } index_check_t;
+
+static void check_index_entry(block_t *b, void *arg) {
+    index_check_t *ic = arg;
+    CHECK(ic->c, b->state == BLOCK_FREE && b->tag == ic->tag && b->pool == ic->p->id,
+          "block %#lx in free index (pool %d, tag %u) is state %d tag %u pool %d", (unsigned long)b->addr,
+          ic->p->id, ic->tag, b->state, b->tag, b->pool);
+}
+
+static void check_live_entry(block_t *b, void *arg) {
+    check_ctx_t *c = arg;
+    CHECK(c, b->state == BLOCK_ALLOCATED, "live map holds block %#lx in state %d", (unsigned long)b->addr, b->state);
+}
+
+static void check_pool(check_ctx_t *c, pool_t *p, size_t *mapped_sum) {
+    heap_t *h = c->h;
+    size_t allocated = 0, free_mapped = 0, releasable = 0, unmapped_bytes = 0, unmapped_count = 0;
+    size_t free_count[HEAP_MAX_TAGS] = {0}, free_bytes[HEAP_MAX_TAGS] = {0};
+    size_t segments = 0;
+    for (block_t *seg = p->segments; seg; seg = seg->seg_next) {
+        if (++segments > ((size_t)1 << 32)) break;
+        CHECK(c, seg->prev == NULL, "segment head %#lx has a previous block", (unsigned long)seg->addr);
+        CHECK(c, !seg->seg_next || seg->seg_next->seg_prev == seg, "segment list broken after %#lx", (unsigned long)seg->addr);
+        size_t seg_size = 0;
+        for (block_t *b = seg; b; b = b->next) {
+            CHECK(c, b->size > 0 && b->size % CUALLOC_ALIGN == 0 && b->addr % CUALLOC_ALIGN == 0,
+                  "block %#lx size %zu not aligned", (unsigned long)b->addr, b->size);
+            CHECK(c, b->pool == p->id, "block %#lx of pool %d found in pool %d", (unsigned long)b->addr, b->pool, p->id);
+            if (b->next) {
+                CHECK(c, b->next->prev == b, "block %#lx: next's prev link is wrong", (unsigned long)b->addr);
+                CHECK(c, b->addr + b->size == b->next->addr, "block %#lx + %zu does not meet next at %#lx",
+                      (unsigned long)b->addr, b->size, (unsigned long)b->next->addr);
+                if (b->state == BLOCK_FREE && b->next->state == BLOCK_FREE)
+                    CHECK(c, !tags_compatible(b->tag, b->next->tag), "free blocks %#lx and %#lx should have merged",
+                          (unsigned long)b->addr, (unsigned long)b->next->addr);
+                CHECK(c, !(b->state == BLOCK_UNMAPPED && b->next->state == BLOCK_UNMAPPED),
+                      "unmapped blocks %#lx and %#lx should have merged", (unsigned long)b->addr, (unsigned long)b->next->addr);
+            }
+            seg_size += b->size;
+            switch (b->state) {
+            case BLOCK_ALLOCATED:
+                allocated += b->size;
+                c->allocated_blocks++;
+                CHECK(c, ptrmap_get(&h->live, b->addr) == b, "allocated block %#lx missing from the live map", (unsigned long)b->addr);
+                break;
+            case BLOCK_FREE:
+                free_mapped += b->size;
+                releasable += block_releasable(h, p, b);
+                if (b->tag < HEAP_MAX_TAGS) {
+                    free_count[b->tag]++;
+                    free_bytes[b->tag] += b->size;
+                }
+                CHECK(c, b->tag < HEAP_MAX_TAGS && h->tags[b->tag].used, "free block %#lx has unknown tag %u", (unsigned long)b->addr, b->tag);
+                break;
+            case BLOCK_UNMAPPED:
+                CHECK(c, h->vmm, "unmapped block %#lx in classic mode", (unsigned long)b->addr);
+                unmapped_bytes += b->size;
+                unmapped_count++;
+                if (h->vmm)
+                    CHECK(c, (b->addr - p->va_base) % p->chunk == 0 && b->size % p->chunk == 0,
+                          "unmapped block %#lx size %zu not chunk-aligned", (unsigned long)b->addr, b->size);
+                break;
+            default:
+                CHECK(c, false, "block %#lx has bad state %d", (unsigned long)b->addr, b->state);
+            }
+            if (h->vmm && b->addr >= p->va_base && b->addr + b->size <= p->va_base + p->va_size) {
+                size_t first = chunk_index(p, b->addr), last = chunk_index(p, b->addr + b->size - 1);
+                for (size_t i = first; i <= last; i++) {
+                    bool mapped = p->chunks[i] != 0;
+                    if (b->state == BLOCK_UNMAPPED)
+                        CHECK(c, !mapped, "chunk %zu mapped under unmapped block %#lx", i, (unsigned long)b->addr);
+                    else
+                        CHECK(c, mapped, "chunk %zu not mapped under %s block %#lx", i,
+                              b->state == BLOCK_ALLOCATED ? "allocated" : "free", (unsigned long)b->addr);
+                }
+            }
+        }
+        if (h->vmm) {
+            CHECK(c, seg->addr == p->va_base && seg_size == p->va_size, "blocks cover %zu B of the %zu B reservation",
+                  seg_size, p->va_size);
+        }
+    }
+    if (h->vmm) {
+        size_t mapped_chunks = 0;
+        for (size_t i = 0; i < p->nchunks; i++) mapped_chunks += p->chunks[i] != 0;
+        CHECK(c, mapped_chunks * p->chunk == p->mapped, "pool %d: %zu chunks mapped, accounting says %zu B", p->id,
+              mapped_chunks, p->mapped);
+        CHECK(c, p->unmapped.count == unmapped_count && p->unmapped.bytes == unmapped_bytes,
+              "pool %d: unmapped index holds %zu blocks / %zu B, the block list %zu / %zu", p->id, p->unmapped.count,
+              p->unmapped.bytes, unmapped_count, unmapped_bytes);
+        c->bad += sizeclass_check(&p->unmapped, c->report);
+    }
+    CHECK(c, allocated == p->allocated, "pool %d: allocated blocks total %zu, accounting says %zu", p->id, allocated, p->allocated);
+    CHECK(c, free_mapped == p->free_mapped, "pool %d: free blocks total %zu, accounting says %zu", p->id, free_mapped, p->free_mapped);
+    CHECK(c, releasable == p->releasable, "pool %d: releasable %zu, accounting says %zu", p->id, releasable, p->releasable);
+    CHECK(c, p->allocated + p->free_mapped == p->mapped, "pool %d: allocated %zu + free %zu != mapped %zu", p->id,
+          p->allocated, p->free_mapped, p->mapped);
+    for (unsigned t = 0; t < HEAP_MAX_TAGS; t++) {
+        findex_t *ix = p->index[t];
+        size_t n = ix ? (h->vmm ? ix->sc.count : ix->tree.count) : 0;
+        size_t bytes = ix ? (h->vmm ? ix->sc.bytes : ix->tree.bytes) : 0;
+        CHECK(c, n == free_count[t] && bytes == free_bytes[t],
+              "pool %d tag %u: index holds %zu blocks / %zu B, the block list %zu / %zu", p->id, t, n, bytes,
+              free_count[t], free_bytes[t]);
+        if (!ix) continue;
+        index_check_t ic = {c, p, t};
+        if (h->vmm) {
+            c->bad += sizeclass_check(&ix->sc, c->report);
+            sizeclass_foreach(&ix->sc, check_index_entry, &ic);
+        } else {
+            c->bad += tree_check(&ix->tree, c->report);
+            tree_foreach(&ix->tree, check_index_entry, &ic);
+        }
+    }
+    *mapped_sum += p->mapped;
+}
+
+int heap_check(heap_t *h, FILE *report) {
+    pthread_mutex_lock(&h->lock);
+    check_ctx_t c = {h, report, 0, 0};
+    size_t mapped = 0, allocated = 0, free_mapped = 0, releasable = 0;
+    for (int pi = 0; pi < POOL_COUNT; pi++) {
+        check_pool(&c, &h->pools[pi], &mapped);
+        allocated += h->pools[pi].allocated;
+        free_mapped += h->pools[pi].free_mapped;
+        releasable += h->pools[pi].releasable;
+    }
+    for (unsigned t = 0; t < HEAP_MAX_TAGS; t++) {
+        size_t bytes = 0;
+        for (int pi = 0; pi < POOL_COUNT; pi++) {
+            findex_t *ix = h->pools[pi].index[t];
+            if (ix) bytes += h->vmm ? ix->sc.bytes : ix->tree.bytes;
+        }
+        CHECK(&c, bytes == h->tags[t].free_bytes, "tag %u: indexes hold %zu B, the stream record says %zu", t, bytes,
+              h->tags[t].free_bytes);
+    }
+    CHECK(&c, mapped == h->stats.reserved_bytes, "pools map %zu B, reserved_bytes says %zu", mapped, h->stats.reserved_bytes);
+    CHECK(&c, allocated == h->stats.allocated_bytes, "pools allocate %zu B, allocated_bytes says %zu", allocated,
+          h->stats.allocated_bytes);
+    CHECK(&c, free_mapped == h->free_mapped && releasable == h->releasable, "heap free/releasable totals are stale");
+    CHECK(&c, h->stats.reserved_bytes <= h->cap, "reserved %zu exceeds the cap %zu", h->stats.reserved_bytes, h->cap);
+    CHECK(&c, h->stats.inactive_split_bytes == h->free_mapped - h->releasable, "inactive_split_bytes is stale");
+    CHECK(&c, h->stats.requested_bytes <= h->stats.allocated_bytes, "requested exceeds allocated");
+    CHECK(&c, c.allocated_blocks == h->live.count, "%zu allocated blocks, live map holds %zu", c.allocated_blocks, h->live.count);
+    CHECK(&c, h->stats.num_allocs - h->stats.num_frees == h->live.count, "allocs - frees = %llu, live blocks %zu",
+          (unsigned long long)(h->stats.num_allocs - h->stats.num_frees), h->live.count);
+    c.bad += ptrmap_check(&h->live, report);
+    ptrmap_foreach(&h->live, check_live_entry, &c);
+    CHECK(&c, h->blocks.live >= h->live.count, "slab hands out fewer records than live blocks");
+    pthread_mutex_unlock(&h->lock);
+    return c.bad;
+}
+
+void heap_dump(heap_t *h, FILE *out) {
+    pthread_mutex_lock(&h->lock);
+    static const char *state_names[] = {"?", "allocated", "free", "unmapped"};
+    for (int pi = 0; pi < POOL_COUNT; pi++) {
+        pool_t *p = &h->pools[pi];
+        fprintf(out, "pool %s: mapped %zu allocated %zu free %zu releasable %zu\n", pi == POOL_SMALL ? "small" : "large",
+                p->mapped, p->allocated, p->free_mapped, p->releasable);
+        for (block_t *seg = p->segments; seg; seg = seg->seg_next) {
+            fprintf(out, " segment %#lx\n", (unsigned long)seg->addr);
+            for (block_t *b = seg; b; b = b->next)
+                fprintf(out, "  %#lx %12zu %-9s tag %u\n", (unsigned long)b->addr, b->size,
+                        state_names[b->state < 4 ? b->state : 0], b->tag);
+        }
+    }
+    for (unsigned t = 0; t < HEAP_MAX_TAGS; t++)
+        if (h->tags[t].used)
+            fprintf(out, "tag %u: stream %p free %zu in-flight %d frees-since-record %llu\n", t, (void *)h->tags[t].handle,
+                    h->tags[t].free_bytes, h->tags[t].event_in_flight, (unsigned long long)h->tags[t].frees_since_record);
+    pthread_mutex_unlock(&h->lock);
+}

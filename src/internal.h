@@ -1,0 +1,298 @@
+/* internal.h — declarations shared between cualloc's source files, grouped under a heading naming
+ * the file that defines them. Nothing here is exported (the library builds with hidden visibility;
+ * only include/cualloc.h's CUALLOC_API names leave the .so).
+ *
+ * Glossary (device → pool → segment → chunk → block):
+ *   device   one GPU or sim device; owns one heap_t with one lock.
+ *   pool     SMALL (rounded requests <= 1 MiB) or LARGE. Pools never share memory, so a few live
+ *            small blocks cannot pin the chunks large blocks need.
+ *   segment  classic mode: one cuMemAlloc'd range. VMM mode: the pool's whole VA reservation.
+ *   chunk    VMM mode: one physical handle, mapped whole at a fixed place in the segment; the unit
+ *            of map and unmap (the driver cannot map or unmap part of a handle).
+ *   block    a range of a segment: ALLOCATED, FREE (backed by physical memory) or UNMAPPED (VMM
+ *            address space with nothing behind it). Blocks tile each segment in address order.
+ *   tag      a free block remembers the stream it was freed on (tag > 0); tag 0 (ANY) means no
+ *            work in flight can touch it, so any stream may reuse it.
+ */
+#ifndef CUALLOC_INTERNAL_H
+#define CUALLOC_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cualloc.h"
+#include "driver.h"
+
+#define CUALLOC_MAX_DEVICES 64
+#define CUALLOC_ALIGN 512                  /* every block size and address is a multiple */
+#define CUALLOC_SMALL_MAX ((size_t)1 << 20) /* largest request served by the SMALL pool */
+#define KiB ((size_t)1024)
+#define MiB ((size_t)1024 * 1024)
+#define GiB ((size_t)1024 * 1024 * 1024)
+
+/* ======================================================================== error.c */
+
+/* The one path for user-visible messages: "cualloc: " + text + newline, to stderr or to the
+ * callback installed with error_set_callback. Async-signal-unsafe; never called with a heap lock
+ * held while calling back into the heap. */
+void cua_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void cua_verror(const char *fmt, va_list ap);
+typedef void (*cua_error_fn)(const char *line, void *arg);
+void error_set_callback(cua_error_fn fn, void *arg); /* NULL restores stderr */
+/* Human size: "512 B", "1.50 KiB", "20.00 MiB", "3.25 GiB". Returns buf. */
+const char *fmt_bytes(size_t bytes, char *buf, size_t len);
+
+/* ======================================================================== conf.c */
+
+typedef enum { DRIVER_CUDA = 0, DRIVER_SIM = 1 } driver_kind_t;
+
+typedef enum {
+    SIM_OP_VA_RESERVE, SIM_OP_VA_FREE, SIM_OP_PHYS_CREATE, SIM_OP_PHYS_RELEASE, SIM_OP_MAP,
+    SIM_OP_UNMAP, SIM_OP_SET_ACCESS, SIM_OP_MEM_ALLOC, SIM_OP_MEM_FREE, SIM_OP_EVENT_CREATE,
+    SIM_OP_EVENT_RECORD, SIM_OP_EVENT_QUERY, SIM_OP_STREAM_SYNC, SIM_OP_DEVICE_SYNC, SIM_OP_COUNT
+} sim_op_t;
+
+/* Number of roundup_power2_divisions intervals: [1 MiB, 2 MiB), [2, 4), ..., [32 GiB, ...) — as
+ * PyTorch's allocator config. Index 0 also covers sizes below 1 MiB. */
+#define CONF_ROUNDUP_INTERVALS 16
+
+/* The configuration in force. Built by conf_parse from CUALLOC_CONF; every field has its
+ * descriptor in conf.c's table (key, type, default, doc), from which README's table is made. */
+typedef struct conf_s {
+    /* allocator policy (PyTorch's spelling where the meaning is the same) */
+    bool expandable_segments;             /* VMM chunks (default) vs classic cuMemAlloc segments */
+    size_t max_split_size;                /* bytes; SIZE_MAX = unlimited (classic mode) */
+    double garbage_collection_threshold;  /* fraction of the cap; 0 = off */
+    unsigned roundup_power2_divisions[CONF_ROUNDUP_INTERVALS]; /* 0 or 1 = plain 512 B rounding */
+    double per_process_memory_fraction;   /* of device memory; 0 = not set */
+    size_t max_memory;                    /* absolute cap in bytes; 0 = not set */
+    size_t chunk_size;                    /* VMM chunk bytes for the LARGE pool; 0 = granularity */
+    size_t va_factor;                     /* LARGE pool VA reservation = va_factor x device memory */
+    bool summary;                         /* print a stats table per device at exit */
+    /* driver */
+    driver_kind_t driver;
+    /* sim device */
+    size_t sim_memory;                    /* bytes per sim device */
+    bool sim_host_backed;                 /* pointers are real host memory */
+    size_t sim_granularity;               /* bytes, power of two */
+    bool sim_vmm;                         /* the sim device supports VMM */
+    int sim_devices;
+    unsigned sim_latency_us;              /* added to every map/unmap/create/release call */
+    uint64_t sim_va_base;                 /* first address handed out (deterministic reports) */
+    /* injected failure: the (sim_fail_after+1)-th call of sim_fail_op fails, sim_fail_count
+     * times in a row (sim_fail_op == SIM_OP_COUNT: none) */
+    sim_op_t sim_fail_op;
+    unsigned sim_fail_after;
+    unsigned sim_fail_count;
+} conf_t;
+
+/* Fills *out with every default. */
+void conf_defaults(conf_t *out);
+/* Parses "key:value,key:value" (PyTorch syntax too: True/False, [a:b,c:d] lists) over the values
+ * already in *out. An unknown key or bad value is reported through cua_error naming it and
+ * leaves that field as it was. Returns the number of problems (0 = all applied). NULL text = "". */
+int conf_parse(const char *text, conf_t *out);
+/* conf_defaults + conf_parse(getenv("CUALLOC_CONF")). */
+void conf_load(conf_t *out);
+/* Writes the configuration as "key:value,..." (all keys), for traces and summaries. */
+size_t conf_format(const conf_t *c, char *buf, size_t len);
+/* Writes the descriptor table as a Markdown table (key | default | meaning), for the README. */
+void conf_write_markdown(FILE *out);
+const char *sim_op_name(sim_op_t op);
+
+/* ======================================================================== driver_sim.c */
+
+/* The sim device is configured from conf_t's sim_* fields. sim_configure drops every sim device,
+ * handle, mapping, stream and event and builds new ones; nothing may be using the old ones. */
+void sim_configure(const conf_t *c);
+/* A stream whose work completes only when sim_stream_complete says (held), or at once (!held).
+ * Unknown stream handles (including NULL, the legacy stream) behave as !held streams. */
+cua_stream sim_stream_create(int dev, bool held);
+void sim_stream_complete(cua_stream s);    /* all work recorded on s so far completes */
+void sim_stream_destroy(cua_stream s);
+/* Injected failures: the (after+1)-th next call of op fails `count` times with `err`. */
+void sim_fail(sim_op_t op, unsigned after, unsigned count, cua_result err);
+uint64_t sim_calls(sim_op_t op);           /* calls so far, failed ones included */
+size_t sim_used_bytes(int dev);            /* physical bytes in use (handles + mem_alloc) */
+size_t sim_live_handles(int dev);          /* physical handles not yet released */
+size_t sim_live_mappings(int dev);
+/* For the fake libcuda (tests/fakecuda), whose entry points name no device: the device a live
+ * physical handle, event or stream belongs to, or whose reservation or mem_alloc range holds
+ * `va`; -1 when none does. */
+int sim_handle_device(cua_memhandle handle);
+int sim_event_device(cua_event e);
+int sim_stream_device(cua_stream s);
+int sim_address_device(cua_devptr va);
+/* Host-backed only: is [va, va+size) inside one mem_alloc range, or mapped with access granted
+ * throughout (so the host may touch it)? */
+bool sim_range_accessible(cua_devptr va, size_t size);
+
+/* ======================================================================== slab.c */
+
+/* Fixed-size records from 64 KiB mmap'd slabs, a free list threaded through them. Not
+ * thread-safe: each slab belongs to one heap and is used under its lock. Built with
+ * -DCUALLOC_SLAB_MALLOC (sanitizer builds), records come from calloc/free instead, so
+ * use-after-free is caught. */
+typedef struct slab_s {
+    size_t rec_size;
+    void *free_list;
+    char *cur, *end;     /* unused tail of the newest slab */
+    void *slabs;         /* list of slabs, for slab_destroy */
+    size_t live;         /* records handed out and not returned */
+} slab_t;
+void slab_init(slab_t *s, size_t rec_size);
+void *slab_alloc(slab_t *s);   /* zeroed record, or NULL when mmap fails */
+void slab_free(slab_t *s, void *rec);
+void slab_destroy(slab_t *s);  /* returns every slab to the system */
+
+/* ======================================================================== block (heap.c) */
+
+typedef enum { BLOCK_ALLOCATED = 1, BLOCK_FREE = 2, BLOCK_UNMAPPED = 3 } block_state_t;
+typedef enum { POOL_SMALL = 0, POOL_LARGE = 1, POOL_COUNT = 2 } pool_id_t;
+#define TAG_ANY 0
+#define HEAP_MAX_TAGS 64
+
+typedef struct block_s block_t;
+struct block_s {
+    uintptr_t addr;          /* device address; multiple of CUALLOC_ALIGN */
+    size_t size;             /* bytes; multiple of CUALLOC_ALIGN; > 0 */
+    block_t *prev, *next;    /* address-order neighbours in the same segment; NULL at its ends,
+                              * and addr + size == next->addr */
+    union {                  /* links of the free index the block is in (FREE, UNMAPPED) */
+        struct { block_t *prev_free, *next_free; } list;  /* TLSF bin list */
+        struct { block_t *left, *right; } tree;           /* classic treap */
+    } link;
+    block_t *seg_prev, *seg_next; /* first block of each segment: the pool's segment list. The
+                              * first block of a segment keeps its record for the segment's life
+                              * (splits keep the front, merges keep the lower block). */
+    size_t requested;        /* ALLOCATED: the caller's size */
+    cua_stream stream;       /* ALLOCATED: the stream it was allocated on */
+    uint32_t prio;           /* treap priority (classic) */
+    uint32_t gc_base;        /* classic GC: pool's free-block-search count when freed */
+    uint16_t tag;            /* FREE: stream tag (TAG_ANY = safe for every stream) */
+    uint8_t state;           /* block_state_t */
+    uint8_t pool;            /* pool_id_t */
+};
+
+/* ======================================================================== ptrmap.c */
+
+/* Allocated blocks by address: open addressing with linear probing and backward-shift deletion,
+ * table memory from mmap, grown at half full. Not thread-safe (used under the heap lock).
+ * Invariant (ptrmap_check): every key sits in its probe run, count equals the occupied slots. */
+typedef struct ptrmap_entry_s { uintptr_t key; block_t *val; } ptrmap_entry_t;
+typedef struct ptrmap_s {
+    ptrmap_entry_t *slots;
+    size_t mask;        /* capacity - 1; capacity a power of two */
+    unsigned shift;     /* 64 - log2(capacity) */
+    size_t count;
+} ptrmap_t;
+bool ptrmap_init(ptrmap_t *m);
+void ptrmap_destroy(ptrmap_t *m);
+bool ptrmap_insert(ptrmap_t *m, uintptr_t key, block_t *val); /* false when growing failed */
+block_t *ptrmap_get(const ptrmap_t *m, uintptr_t key);
+block_t *ptrmap_remove(ptrmap_t *m, uintptr_t key);
+void ptrmap_foreach(const ptrmap_t *m, void (*fn)(block_t *, void *), void *arg);
+int ptrmap_check(const ptrmap_t *m, FILE *report);
+
+/* ======================================================================== sizeclass.c */
+
+/* A TLSF-style segregated free index: sizes (multiples of 512 B) fall into bins of 32 per power
+ * of two, each bin a doubly linked list, two levels of bitmaps saying which bins are non-empty.
+ * insert/remove/search are O(1). Invariant (sizeclass_check): a bin's bit is set iff its list is
+ * non-empty, every block in a bin maps to that bin, `count` and `bytes` equal the lists' totals. */
+#define SC_SL_LOG2 5
+#define SC_SL_COUNT (1u << SC_SL_LOG2)
+#define SC_FL_COUNT 40
+typedef struct sizeclass_s {
+    uint64_t fl_bitmap;
+    uint32_t sl_bitmap[SC_FL_COUNT];
+    block_t *bins[SC_FL_COUNT][SC_SL_COUNT];
+    size_t count, bytes;
+} sizeclass_t;
+void sizeclass_init(sizeclass_t *sc);
+void sizeclass_insert(sizeclass_t *sc, block_t *b);
+void sizeclass_remove(sizeclass_t *sc, block_t *b);
+/* A block of size >= size: the best fit among a few of the request's own bin, else the first of
+ * the next non-empty bin (every block there is larger). NULL when none. Does not remove it. */
+block_t *sizeclass_find(const sizeclass_t *sc, size_t size);
+/* The largest block (scans the top non-empty bin). NULL when empty. */
+block_t *sizeclass_largest(const sizeclass_t *sc);
+/* Bin of a size, exposed for tests. */
+void sizeclass_mapping(size_t size, unsigned *fl, unsigned *sl);
+/* Calls fn on every block (order unspecified); fn must not modify the index. */
+void sizeclass_foreach(const sizeclass_t *sc, void (*fn)(block_t *, void *), void *arg);
+int sizeclass_check(const sizeclass_t *sc, FILE *report);
+
+/* ======================================================================== tree.c */
+
+/* The classic-mode free index: a treap ordered by (size, addr), giving PyTorch's exact best fit
+ * (the smallest block not smaller than the request, lowest address first). O(log n) expected. */
+typedef struct tree_s {
+    block_t *root;
+    size_t count, bytes;
+    uint32_t rng;   /* priority generator state */
+} tree_t;
+void tree_init(tree_t *t);
+void tree_insert(tree_t *t, block_t *b);
+void tree_remove(tree_t *t, block_t *b);
+block_t *tree_lower_bound(const tree_t *t, size_t size); /* smallest (size, addr) with size >= size */
+block_t *tree_largest(const tree_t *t);
+/* In-order traversal (ascending size, then address). fn may not modify the tree. */
+void tree_foreach(const tree_t *t, void (*fn)(block_t *, void *), void *arg);
+/* In-order list of up to `max` blocks into out[], returns the count (for loops that release). */
+size_t tree_collect(const tree_t *t, block_t **out, size_t max);
+int tree_check(const tree_t *t, FILE *report);
+
+/* ======================================================================== heap.c */
+
+typedef struct heap_s heap_t;
+
+/* Creates device `dev`'s heap over `drv` (which must be initialized). NULL on failure, with *err
+ * the driver's error and a message printed. */
+heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_result *err);
+/* Frees every block, unmaps and releases everything, returns the VA. Live pointers die. */
+void heap_destroy(heap_t *h);
+/* 0 and *out on success; CUA_ERROR_OUT_OF_MEMORY (after releasing cache and retrying) or the
+ * driver's error otherwise. Thread-safe. */
+cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out);
+/* Frees ptr ordered on stream. Returns false (and does nothing) when h does not own ptr. */
+bool heap_free(heap_t *h, void *ptr, cua_stream stream);
+/* Does ptr fall in memory this heap manages? (Exact for VMM; allocated-block lookup for classic.) */
+bool heap_owns(heap_t *h, const void *ptr);
+/* The requested size of an allocated block, or SIZE_MAX when ptr is not one of h's. */
+size_t heap_block_size(heap_t *h, const void *ptr);
+void heap_get_stats(heap_t *h, cualloc_stats *out);
+void heap_trim(heap_t *h);
+/* The stream is being destroyed: settle its free blocks so its handle can be reused. */
+void heap_stream_destroyed(heap_t *h, cua_stream stream);
+/* Number of invariant violations, each described on `report` (may be NULL). */
+int heap_check(heap_t *h, FILE *report);
+/* Every block of every pool, one per line, and the stream records (debugging). */
+void heap_dump(heap_t *h, FILE *out);
+/* Test support: the block records, for corruption tests of heap_check. */
+block_t *heap_test_find_block(heap_t *h, const void *ptr);
+bool heap_is_vmm(const heap_t *h);
+size_t heap_chunk_size(const heap_t *h, pool_id_t pool);
+
+/* Size rounding as PyTorch's round_size: 512 B minimum and multiple, or the next of
+ * roundup_power2_divisions steps. */
+size_t heap_round_size(const conf_t *c, size_t size);
+
+/* ======================================================================== stats.c */
+
+/* Writes stats as one JSON object (every field of cualloc_stats), or as an aligned text table. */
+void stats_write_json(const cualloc_stats *s, FILE *out);
+void stats_write_text(const cualloc_stats *s, int device, FILE *out);
+
+/* ======================================================================== api.c */
+
+/* The process-wide state behind the public API: configuration, driver, one heap per device. */
+const conf_t *api_conf(void);
+const driver_ops_t *api_driver(void);
+/* The device's heap, created on first use. NULL when the device is not valid. */
+heap_t *api_heap(int device);
+
+#endif

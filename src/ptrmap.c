@@ -1,0 +1,121 @@
+/* ptrmap.c — the map from an allocated block's address to its record, used by every free. Open
+ * addressing, linear probing, backward-shift deletion (no tombstones, so probe runs stay short
+ * under the alloc/free churn of training). It owns only its table; blocks belong to heap.c. */
+#include <string.h>
+#include <sys/mman.h>
+
+#include "internal.h"
+
+#define PTRMAP_MIN_CAPACITY 1024
+
+static inline size_t ptrmap_home(const ptrmap_t *m, uintptr_t key) {
+    /* Fibonacci hashing of the address without its always-zero low bits. */
+    return (size_t)(((uint64_t)(key >> 8) * 0x9E3779B97F4A7C15ull) >> m->shift);
+}
+
+static ptrmap_entry_t *ptrmap_table(size_t capacity) {
+    void *p = mmap(NULL, capacity * sizeof(ptrmap_entry_t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+bool ptrmap_init(ptrmap_t *m) {
+    memset(m, 0, sizeof *m);
+    m->slots = ptrmap_table(PTRMAP_MIN_CAPACITY);
+    if (!m->slots) return false;
+    m->mask = PTRMAP_MIN_CAPACITY - 1;
+    m->shift = 64 - (unsigned)__builtin_ctzll(PTRMAP_MIN_CAPACITY);
+    return true;
+}
+
+void ptrmap_destroy(ptrmap_t *m) {
+    if (m->slots) munmap(m->slots, (m->mask + 1) * sizeof(ptrmap_entry_t));
+    memset(m, 0, sizeof *m);
+}
+
+static void ptrmap_place(ptrmap_t *m, uintptr_t key, block_t *val) {
+    size_t i = ptrmap_home(m, key);
+    while (m->slots[i].key) i = (i + 1) & m->mask;
+    m->slots[i].key = key;
+    m->slots[i].val = val;
+}
+
+static bool ptrmap_grow(ptrmap_t *m) {
+    size_t old_cap = m->mask + 1, cap = old_cap * 2;
+    ptrmap_entry_t *old = m->slots, *fresh = ptrmap_table(cap);
+    if (!fresh) return false;
+    m->slots = fresh;
+    m->mask = cap - 1;
+    m->shift--;
+    for (size_t i = 0; i < old_cap; i++)
+        if (old[i].key) ptrmap_place(m, old[i].key, old[i].val);
+    munmap(old, old_cap * sizeof(ptrmap_entry_t));
+    return true;
+}
+
+bool ptrmap_insert(ptrmap_t *m, uintptr_t key, block_t *val) {
+    if ((m->count + 1) * 2 > m->mask + 1 && !ptrmap_grow(m)) return false;
+    ptrmap_place(m, key, val);
+    m->count++;
+    return true;
+}
+
+block_t *ptrmap_get(const ptrmap_t *m, uintptr_t key) {
+    for (size_t i = ptrmap_home(m, key);; i = (i + 1) & m->mask) {
+        if (m->slots[i].key == key) return m->slots[i].val;
+        if (!m->slots[i].key) return NULL;
+    }
+}
+
+block_t *ptrmap_remove(ptrmap_t *m, uintptr_t key) {
+    if (!key) return NULL;
+    size_t i = ptrmap_home(m, key);
+    while (m->slots[i].key != key) {
+        if (!m->slots[i].key) return NULL;
+        i = (i + 1) & m->mask;
+    }
+    block_t *val = m->slots[i].val;
+    /* Shift later entries of the run back unless their home lies after the hole. */
+    for (size_t j = (i + 1) & m->mask; m->slots[j].key; j = (j + 1) & m->mask) {
+        size_t h = ptrmap_home(m, m->slots[j].key);
+        if (((j - h) & m->mask) >= ((j - i) & m->mask)) {
+            m->slots[i] = m->slots[j];
+            i = j;
+        }
+    }
+    m->slots[i].key = 0;
+    m->slots[i].val = NULL;
+    m->count--;
+    return val;
+}
+
+void ptrmap_foreach(const ptrmap_t *m, void (*fn)(block_t *, void *), void *arg) {
+    for (size_t i = 0; i <= m->mask; i++)
+        if (m->slots[i].key) fn(m->slots[i].val, arg);
+}
+
+int ptrmap_check(const ptrmap_t *m, FILE *report) {
+    int bad = 0;
+    size_t count = 0;
+    for (size_t i = 0; i <= m->mask; i++) {
+        uintptr_t key = m->slots[i].key;
+        if (!key) continue;
+        count++;
+        /* Every slot from the key's home up to i must be occupied, or lookups would stop early. */
+        for (size_t j = ptrmap_home(m, key); j != i; j = (j + 1) & m->mask) {
+            if (!m->slots[j].key) {
+                bad++;
+                if (report) fprintf(report, "ptrmap: key %#lx unreachable from its home slot\n", (unsigned long)key);
+                break;
+            }
+        }
+        if (!m->slots[i].val || m->slots[i].val->addr != key) {
+            bad++;
+            if (report) fprintf(report, "ptrmap: key %#lx maps to a block at another address\n", (unsigned long)key);
+        }
+    }
+    if (count != m->count) {
+        bad++;
+        if (report) fprintf(report, "ptrmap: %zu occupied slots, count says %zu\n", count, m->count);
+    }
+    return bad;
+}

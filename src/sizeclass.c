@@ -1,0 +1,158 @@
+/* sizeclass.c — the TLSF-style free index of expandable (VMM) pools: segregated bins with two
+ * levels of bitmaps, O(1) insert, remove and search. It owns only the bin lists and bitmaps; the
+ * blocks and their splitting and coalescing belong to heap.c.
+ *
+ * Sizes are multiples of 512 B, counted in units u = size / 512. Units below 32 each have an exact
+ * bin (first level 0); above, each power of two [2^f, 2^(f+1)) is cut into 32 equal bins.
+ */
+#include <string.h>
+
+#include "internal.h"
+
+#define SC_UNIT_SHIFT 9
+/* How many blocks of the request's own bin are examined for a closer fit before moving on to the
+ * next non-empty bin, whose every block is large enough. Bounds search at O(1). */
+#define SC_OWN_BIN_SCAN 8
+
+static inline unsigned floor_log2(uint64_t v) { return 63u - (unsigned)__builtin_clzll(v); }
+
+void sizeclass_mapping(size_t size, unsigned *fl, unsigned *sl) {
+    uint64_t u = size >> SC_UNIT_SHIFT;
+    if (u < SC_SL_COUNT) {
+        *fl = 0;
+        *sl = (unsigned)u;
+    } else {
+        unsigned f = floor_log2(u);
+        *fl = f - SC_SL_LOG2 + 1;
+        *sl = (unsigned)(u >> (f - SC_SL_LOG2)) - SC_SL_COUNT;
+    }
+}
+
+void sizeclass_init(sizeclass_t *sc) { memset(sc, 0, sizeof *sc); }
+
+void sizeclass_insert(sizeclass_t *sc, block_t *b) {
+    unsigned fl, sl;
+    sizeclass_mapping(b->size, &fl, &sl);
+    block_t *head = sc->bins[fl][sl];
+    b->link.list.prev_free = NULL;
+    b->link.list.next_free = head;
+    if (head) head->link.list.prev_free = b;
+    sc->bins[fl][sl] = b;
+    sc->sl_bitmap[fl] |= 1u << sl;
+    sc->fl_bitmap |= 1ull << fl;
+    sc->count++;
+    sc->bytes += b->size;
+}
+
+void sizeclass_remove(sizeclass_t *sc, block_t *b) {
+    block_t *p = b->link.list.prev_free, *n = b->link.list.next_free;
+    if (n) n->link.list.prev_free = p;
+    if (p) {
+        p->link.list.next_free = n;
+    } else {
+        unsigned fl, sl;
+        sizeclass_mapping(b->size, &fl, &sl);
+        sc->bins[fl][sl] = n;
+        if (!n) {
+            sc->sl_bitmap[fl] &= ~(1u << sl);
+            if (!sc->sl_bitmap[fl]) sc->fl_bitmap &= ~(1ull << fl);
+        }
+    }
+    b->link.list.prev_free = b->link.list.next_free = NULL;
+    sc->count--;
+    sc->bytes -= b->size;
+}
+
+block_t *sizeclass_find(const sizeclass_t *sc, size_t size) {
+    unsigned fl, sl;
+    sizeclass_mapping(size, &fl, &sl);
+    if (!sc->fl_bitmap) return NULL;
+    /* Own bin: it may hold blocks both smaller and larger than the request. */
+    block_t *best = NULL;
+    int scanned = 0;
+    for (block_t *b = sc->bins[fl][sl]; b && scanned < SC_OWN_BIN_SCAN; b = b->link.list.next_free, scanned++) {
+        if (b->size == size) return b;
+        if (b->size > size && (!best || b->size < best->size)) best = b;
+    }
+    if (best) return best;
+    /* Every block of a higher bin is larger than the request. */
+    uint32_t sl_map = (uint32_t)(((uint64_t)sc->sl_bitmap[fl] >> (sl + 1)) << (sl + 1));
+    if (sl_map) return sc->bins[fl][__builtin_ctz(sl_map)];
+    uint64_t fl_map = fl + 1 < 64 ? (sc->fl_bitmap >> (fl + 1)) << (fl + 1) : 0;
+    if (fl_map) {
+        unsigned f = (unsigned)__builtin_ctzll(fl_map);
+        return sc->bins[f][__builtin_ctz(sc->sl_bitmap[f])];
+    }
+    /* Nothing larger anywhere: the rest of the own bin is the last chance, so NULL always means
+     * that no block is large enough. */
+    for (block_t *b = sc->bins[fl][sl]; b; b = b->link.list.next_free)
+        if (b->size >= size && (!best || b->size < best->size)) best = b;
+    return best;
+}
+
+block_t *sizeclass_largest(const sizeclass_t *sc) {
+    if (!sc->fl_bitmap) return NULL;
+    unsigned fl = floor_log2(sc->fl_bitmap);
+    unsigned sl = 31u - (unsigned)__builtin_clz(sc->sl_bitmap[fl]);
+    block_t *best = NULL;
+    for (block_t *b = sc->bins[fl][sl]; b; b = b->link.list.next_free)
+        if (!best || b->size > best->size) best = b;
+    return best;
+}
+
+void sizeclass_foreach(const sizeclass_t *sc, void (*fn)(block_t *, void *), void *arg) {
+    for (unsigned fl = 0; fl < SC_FL_COUNT; fl++) {
+        if (!(sc->fl_bitmap & (1ull << fl))) continue;
+        for (unsigned sl = 0; sl < SC_SL_COUNT; sl++) {
+            block_t *b = sc->bins[fl][sl];
+            while (b) {
+                block_t *next = b->link.list.next_free;
+                fn(b, arg);
+                b = next;
+            }
+        }
+    }
+}
+
+int sizeclass_check(const sizeclass_t *sc, FILE *report) {
+    int bad = 0;
+    size_t count = 0, bytes = 0;
+    for (unsigned fl = 0; fl < SC_FL_COUNT; fl++) {
+        for (unsigned sl = 0; sl < SC_SL_COUNT; sl++) {
+            block_t *head = sc->bins[fl][sl];
+            bool bit = (sc->sl_bitmap[fl] >> sl) & 1u;
+            if (bit != (head != NULL)) {
+                bad++;
+                if (report) fprintf(report, "sizeclass: bin (%u,%u) bitmap bit %d but list %s\n", fl, sl, bit, head ? "non-empty" : "empty");
+            }
+            block_t *prev = NULL;
+            size_t guard = 0;
+            for (block_t *b = head; b; prev = b, b = b->link.list.next_free) {
+                if (++guard > ((size_t)1 << 40)) { bad++; break; }
+                unsigned bfl, bsl;
+                sizeclass_mapping(b->size, &bfl, &bsl);
+                if (bfl != fl || bsl != sl) {
+                    bad++;
+                    if (report) fprintf(report, "sizeclass: block %#lx size %zu in bin (%u,%u), belongs in (%u,%u)\n",
+                                        (unsigned long)b->addr, b->size, fl, sl, bfl, bsl);
+                }
+                if (b->link.list.prev_free != prev) {
+                    bad++;
+                    if (report) fprintf(report, "sizeclass: block %#lx has a broken back link\n", (unsigned long)b->addr);
+                }
+                count++;
+                bytes += b->size;
+            }
+        }
+        bool fbit = (sc->fl_bitmap >> fl) & 1u;
+        if (fbit != (sc->sl_bitmap[fl] != 0)) {
+            bad++;
+            if (report) fprintf(report, "sizeclass: first-level bit %u is %d but second level is %#x\n", fl, fbit, sc->sl_bitmap[fl]);
+        }
+    }
+    if (count != sc->count || bytes != sc->bytes) {
+        bad++;
+        if (report) fprintf(report, "sizeclass: lists hold %zu blocks / %zu B, counters say %zu / %zu\n", count, bytes, sc->count, sc->bytes);
+    }
+    return bad;
+}

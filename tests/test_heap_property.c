@@ -1,0 +1,256 @@
+/* test_heap_property.c — random allocation sequences against a simple model, under several
+ * configurations (VMM and classic, caps, max_split_size, power-of-two rounding, chunk sizes, held
+ * streams, host-backed memory with a pattern written into every block), with the heap's checker
+ * after every operation. Then the same under injected driver failures: every failing operation
+ * leaves a consistent heap and, once everything is freed and trimmed, nothing held on the device.
+ *
+ * Model: the live allocations (pointer, requested size, stream). Checked after every operation:
+ * blocks do not overlap and are 512-byte aligned; requested/allocated bytes and alloc/free counts
+ * equal the model's; reserved equals what the sim device has handed out and never exceeds the cap;
+ * an out-of-memory in VMM mode happens only when the live bytes plus the request leave no more
+ * than partial chunks of room, and leaves no cached chunk mapped.
+ */
+#include "internal.h"
+#include "testutil.h"
+
+#define MAX_LIVE 512
+#define NSTREAMS 3
+
+typedef struct {
+    uintptr_t ptr;
+    size_t size;    /* requested */
+    size_t block;   /* the block's actual size */
+    int stream;
+} live_t;
+
+typedef struct {
+    const char *name;
+    const char *conf;      /* CUALLOC_CONF text over the defaults */
+    size_t max_request;
+    bool held_streams;
+    int ops;
+} variant_t;
+
+typedef struct {
+    heap_t *h;
+    conf_t conf;
+    cua_stream streams[NSTREAMS];
+    live_t live[MAX_LIVE];
+    int nlive;
+    size_t requested, allocated;
+    uint64_t allocs, frees;
+    bool host_backed;
+    bool exact_device; /* reserved == the device's usage (false while releases are made to fail) */
+} world_t;
+
+static void world_open(world_t *w, const char *conf_text, bool held) {
+    memset(w, 0, sizeof *w);
+    conf_defaults(&w->conf);
+    w->conf.driver = DRIVER_SIM;
+    EXPECT(conf_parse(conf_text, &w->conf) == 0, "bad test configuration '%s'", conf_text);
+    sim_configure(&w->conf);
+    EXPECT(driver_sim_ops.init() == CUA_SUCCESS, "sim init");
+    cua_result err;
+    w->h = heap_create(0, &w->conf, &driver_sim_ops, &err);
+    EXPECT(w->h, "heap_create failed: %d", err);
+    w->host_backed = w->conf.sim_host_backed;
+    w->exact_device = true;
+    w->streams[0] = NULL; /* the legacy stream */
+    for (int i = 1; i < NSTREAMS; i++) w->streams[i] = sim_stream_create(0, held);
+}
+
+static unsigned char pattern_of(uintptr_t p) { return (unsigned char)((p >> 9) * 131u + 7u); }
+
+/* Writes (or verifies) the block's pattern at its start, end and a stride between. */
+static void pattern(const live_t *l, bool verify) {
+    if (!l->size) return;
+    unsigned char v = pattern_of(l->ptr);
+    unsigned char *base = (unsigned char *)l->ptr;
+    size_t step = l->size > 65536 ? l->size / 16 : 1;
+    for (size_t off = 0; off < l->size; off += step) {
+        if (verify) EXPECT(base[off] == v, "block %#lx byte %zu was overwritten", (unsigned long)l->ptr, off);
+        else base[off] = v;
+    }
+    if (verify) EXPECT(base[l->size - 1] == v, "block %#lx last byte was overwritten", (unsigned long)l->ptr);
+    else base[l->size - 1] = v;
+}
+
+static void world_verify(world_t *w, const char *what) {
+    int bad = heap_check(w->h, stderr);
+    EXPECT(bad == 0, "heap_check found %d violations after %s", bad, what);
+    cualloc_stats s;
+    heap_get_stats(w->h, &s);
+    EXPECT(s.requested_bytes == w->requested, "requested %zu, model %zu", s.requested_bytes, w->requested);
+    EXPECT(s.allocated_bytes == w->allocated, "allocated %zu, model %zu", s.allocated_bytes, w->allocated);
+    EXPECT(s.num_allocs == w->allocs && s.num_frees == w->frees, "counts %llu/%llu, model %llu/%llu",
+           (unsigned long long)s.num_allocs, (unsigned long long)s.num_frees, (unsigned long long)w->allocs,
+           (unsigned long long)w->frees);
+    EXPECT(s.reserved_bytes <= s.capacity_bytes, "reserved %zu over the cap %zu", s.reserved_bytes, s.capacity_bytes);
+    EXPECT(s.reserved_bytes >= s.allocated_bytes, "reserved below allocated");
+    EXPECT(w->exact_device ? s.reserved_bytes == sim_used_bytes(0) : s.reserved_bytes <= sim_used_bytes(0), "reserved %zu but the device hands out %zu", s.reserved_bytes,
+           sim_used_bytes(0));
+    EXPECT(s.requested_peak >= s.requested_bytes && s.allocated_peak >= s.allocated_bytes &&
+               s.reserved_peak >= s.reserved_bytes,
+           "a peak below its current value");
+}
+
+static bool world_alloc(world_t *w, rng_t *r, size_t size, int stream) {
+    void *p = NULL;
+    size_t rsize = heap_round_size(&w->conf, size);
+    cua_result res = heap_alloc(w->h, size, w->streams[stream], &p);
+    if (res != CUA_SUCCESS) {
+        EXPECT(p == NULL, "failed allocation returned a pointer");
+        return false;
+    }
+    EXPECT(p && ((uintptr_t)p % 512) == 0, "pointer %p not 512-aligned", p);
+    block_t *b = heap_test_find_block(w->h, p);
+    EXPECT(b && b->size >= rsize, "block of %zu for a rounded request of %zu", b ? b->size : 0, rsize);
+    if (heap_is_vmm(w->h)) EXPECT(b->size == rsize, "VMM blocks are exactly the rounded size");
+    for (int i = 0; i < w->nlive; i++) {
+        const live_t *o = &w->live[i];
+        EXPECT((uintptr_t)p + b->size <= o->ptr || o->ptr + o->block <= (uintptr_t)p,
+               "new block %p+%zu overlaps live %#lx+%zu", p, b->size, (unsigned long)o->ptr, o->block);
+    }
+    live_t *l = &w->live[w->nlive++];
+    *l = (live_t){(uintptr_t)p, size, b->size, stream};
+    if (w->host_backed) pattern(l, false);
+    w->requested += size;
+    w->allocated += b->size;
+    w->allocs++;
+    (void)r;
+    return true;
+}
+
+static void world_free(world_t *w, int i, int stream) {
+    live_t l = w->live[i];
+    if (w->host_backed) pattern(&l, true);
+    EXPECT(heap_free(w->h, (void *)l.ptr, w->streams[stream]), "free of a live block refused");
+    w->live[i] = w->live[--w->nlive];
+    w->requested -= l.size;
+    w->allocated -= l.block;
+    w->frees++;
+}
+
+static void world_close(world_t *w, bool expect_clean) {
+    while (w->nlive) world_free(w, w->nlive - 1, w->live[w->nlive - 1].stream);
+    for (int i = 1; i < NSTREAMS; i++) sim_stream_complete(w->streams[i]);
+    heap_trim(w->h);
+    world_verify(w, "freeing everything and trimming");
+    cualloc_stats s;
+    heap_get_stats(w->h, &s);
+    if (expect_clean && s.reserved_bytes) heap_dump(w->h, stderr);
+    if (expect_clean) EXPECT(s.reserved_bytes == 0, "%zu B still reserved after trim", s.reserved_bytes);
+    heap_destroy(w->h);
+    if (expect_clean) {
+        EXPECT(sim_used_bytes(0) == 0, "device still has %zu B in use", sim_used_bytes(0));
+        EXPECT(sim_live_handles(0) == 0 && sim_live_mappings(0) == 0, "handles or mappings leaked");
+    }
+    for (int i = 1; i < NSTREAMS; i++) sim_stream_destroy(w->streams[i]);
+}
+
+/* After an OOM in VMM mode the heap has released every cached chunk it could and the request
+ * still did not fit: only partial chunks around live blocks may remain. */
+static void check_vmm_oom(world_t *w, size_t size) {
+    cualloc_stats s;
+    heap_get_stats(w->h, &s);
+    size_t chunk = heap_chunk_size(w->h, POOL_LARGE);
+    if (heap_chunk_size(w->h, POOL_SMALL) > chunk) chunk = heap_chunk_size(w->h, POOL_SMALL);
+    size_t slack = 2 * chunk * (size_t)(w->nlive + 2);
+    size_t rsize = heap_round_size(&w->conf, size);
+    EXPECT(s.reserved_bytes - s.allocated_bytes <= slack, "OOM with %zu B cached beyond live blocks (slack %zu)",
+           s.reserved_bytes - s.allocated_bytes, slack);
+    EXPECT(w->allocated + rsize + slack > s.capacity_bytes, "OOM for %zu B with %zu B live of %zu", rsize, w->allocated,
+           s.capacity_bytes);
+}
+
+static void run_variant(const variant_t *v, rng_t *r) {
+    world_t w;
+    world_open(&w, v->conf, v->held_streams);
+    bool vmm = heap_is_vmm(w.h);
+    int ooms = 0;
+    for (int op = 0; op < v->ops; op++) {
+        uint64_t dice = rng_below(r, 100);
+        if (w.nlive < MAX_LIVE && (dice < 55 || w.nlive == 0)) {
+            size_t size = rng_below(r, 50) == 0 ? 0 : rng_tensor_size(r, v->max_request);
+            int stream = (int)rng_below(r, NSTREAMS);
+            if (!world_alloc(&w, r, size, stream)) {
+                ooms++;
+                if (vmm) check_vmm_oom(&w, size);
+            }
+        } else if (dice < 97) {
+            int i = (int)rng_below(r, (uint64_t)w.nlive);
+            /* mostly on the allocating stream, sometimes on another (cross-stream free) */
+            int stream = rng_below(r, 10) ? w.live[i].stream : (int)rng_below(r, NSTREAMS);
+            world_free(&w, i, stream);
+        } else if (dice < 98) {
+            heap_trim(w.h);
+        } else {
+            sim_stream_complete(w.streams[1 + rng_below(r, NSTREAMS - 1)]);
+        }
+        world_verify(&w, "an operation");
+    }
+    printf("  %-28s %d ops, %d OOMs, %s\n", v->name, v->ops, ooms, vmm ? "vmm" : "classic");
+    fflush(stdout);
+    world_close(&w, true);
+}
+
+static const variant_t variants[] = {
+    {"vmm", "sim_memory_mb:1024", 64 << 20, false, 6000},
+    {"vmm host-backed", "sim_memory_mb:256,sim_host_backed:1", 16 << 20, false, 3000},
+    {"vmm tight cap", "sim_memory_mb:1024,max_memory_mb:160", 32 << 20, false, 6000},
+    {"vmm held streams", "sim_memory_mb:256", 16 << 20, true, 6000},
+    {"vmm 8 MiB chunks, pow2", "sim_memory_mb:1024,chunk_size_mb:8,roundup_power2_divisions:4", 64 << 20, false, 4000},
+    {"vmm gc", "sim_memory_mb:512,garbage_collection_threshold:0.5", 32 << 20, false, 4000},
+    {"classic", "sim_memory_mb:1024,expandable_segments:False", 64 << 20, false, 6000},
+    {"classic tight", "sim_memory_mb:256,expandable_segments:0", 32 << 20, false, 6000},
+    {"classic max_split gc", "sim_memory_mb:1024,expandable_segments:0,max_split_size_mb:40,"
+                             "garbage_collection_threshold:0.6,per_process_memory_fraction:0.5", 96 << 20, false, 6000},
+    {"classic host-backed", "sim_memory_mb:256,expandable_segments:0,sim_host_backed:1", 16 << 20, false, 3000},
+    {"no vmm on device", "sim_memory_mb:512,sim_vmm:0", 32 << 20, true, 4000},
+};
+
+/* Every driver operation fails at some point of a random sequence; the heap stays consistent. */
+static void run_faults(rng_t *r) {
+    static const sim_op_t ops[] = {SIM_OP_PHYS_CREATE, SIM_OP_MAP,        SIM_OP_SET_ACCESS,  SIM_OP_UNMAP,
+                                   SIM_OP_PHYS_RELEASE, SIM_OP_MEM_ALLOC, SIM_OP_MEM_FREE,    SIM_OP_EVENT_CREATE,
+                                   SIM_OP_EVENT_RECORD, SIM_OP_EVENT_QUERY, SIM_OP_STREAM_SYNC};
+    static const char *confs[] = {"sim_memory_mb:128", "sim_memory_mb:128,expandable_segments:0"};
+    int runs = 0;
+    for (size_t oi = 0; oi < sizeof ops / sizeof ops[0]; oi++) {
+        for (int ci = 0; ci < 2; ci++) {
+            for (int trial = 0; trial < 3; trial++) {
+                world_t w;
+                world_open(&w, confs[ci], trial == 2);
+                unsigned after = (unsigned)rng_below(r, 40);
+                unsigned count = 1 + (unsigned)rng_below(r, 3);
+                cua_result err = (ops[oi] == SIM_OP_PHYS_CREATE || ops[oi] == SIM_OP_MEM_ALLOC) ? CUA_ERROR_OUT_OF_MEMORY
+                                                                                                : CUA_ERROR_UNKNOWN;
+                sim_fail(ops[oi], after, count, err);
+                w.exact_device = ops[oi] != SIM_OP_PHYS_RELEASE;
+                for (int op = 0; op < 400; op++) {
+                    if (w.nlive < MAX_LIVE && (rng_below(r, 100) < 55 || w.nlive == 0)) {
+                        world_alloc(&w, r, rng_tensor_size(r, 24 << 20), (int)rng_below(r, NSTREAMS));
+                    } else if (rng_below(r, 30) == 0) {
+                        heap_trim(w.h);
+                    } else {
+                        int i = (int)rng_below(r, (uint64_t)w.nlive);
+                        world_free(&w, i, w.live[i].stream);
+                    }
+                    world_verify(&w, sim_op_name(ops[oi]));
+                }
+                sim_fail(ops[oi], 0, 0, CUA_SUCCESS);
+                world_close(&w, true);
+                runs++;
+            }
+        }
+    }
+    printf("  fault injection: %d runs over %zu operations\n", runs, sizeof ops / sizeof ops[0]);
+}
+
+int main(void) {
+    rng_t r = {test_seed("test_heap_property")};
+    for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) run_variant(&variants[i], &r);
+    run_faults(&r);
+    printf("test_heap_property: ok\n");
+    return 0;
+}

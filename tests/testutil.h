@@ -1,0 +1,55 @@
+/* testutil.h — the few helpers every test shares: failing assertions that say where, a seeded
+ * random generator whose seed is printed (CUALLOC_SEED=N repeats a run), and sim-heap set-up. */
+#ifndef CUALLOC_TESTUTIL_H
+#define CUALLOC_TESTUTIL_H
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define EXPECT(cond, ...)                                                           \
+    do {                                                                            \
+        if (!(cond)) {                                                              \
+            fprintf(stderr, "%s:%d: expectation failed: %s\n  ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                           \
+            fputc('\n', stderr);                                                    \
+            abort();                                                                \
+        }                                                                           \
+    } while (0)
+
+/* splitmix64: tiny, fast, good enough to drive property tests. */
+typedef struct { uint64_t s; } rng_t;
+static inline uint64_t rng_next(rng_t *r) {
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static inline uint64_t rng_below(rng_t *r, uint64_t n) { return n ? rng_next(r) % n : 0; }
+static inline double rng_unit(rng_t *r) { return (double)(rng_next(r) >> 11) / 9007199254740992.0; }
+
+/* The seed: CUALLOC_SEED if set, else the clock; printed so a failure can be replayed. */
+static inline uint64_t test_seed(const char *name) {
+    const char *e = getenv("CUALLOC_SEED");
+    uint64_t seed = e ? strtoull(e, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
+    printf("%s: seed %" PRIu64 " (repeat with CUALLOC_SEED=%" PRIu64 ")\n", name, seed, seed);
+    fflush(stdout);
+    return seed;
+}
+
+/* A request size drawn like a training job's tensors: log-uniform from 1 B to max_bytes, with a
+ * bias toward a few recurring sizes (the same layer shapes come back every step). */
+static inline size_t rng_tensor_size(rng_t *r, size_t max_bytes) {
+    static const size_t common[] = {512, 4096, 3 * 1024 * 1024, 768 * 4 * 1024, 12 * 1024 * 1024, 65536};
+    if (rng_below(r, 4) == 0) {
+        size_t s = common[rng_below(r, sizeof common / sizeof common[0])];
+        return s <= max_bytes ? s : max_bytes;
+    }
+    double lo = 0, hi = __builtin_log((double)max_bytes);
+    size_t s = (size_t)__builtin_exp(lo + (hi - lo) * rng_unit(r));
+    return s ? s : 1;
+}
+
+#endif
