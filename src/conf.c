@@ -4,8 +4,11 @@
  *
  * Syntax: "key:value,key:value", PyTorch's PYTORCH_CUDA_ALLOC_CONF spelling where the meaning is
  * the same. Commas inside [...] do not split entries; whitespace around keys and values is
- * ignored; empty entries are skipped; a later entry for a key wins. The parser never allocates
- * (fixed buffers on the stack; too-long keys and values are errors) and accepts any byte string.
+ * ignored; empty entries are skipped; a later entry for a key wins. The parser never allocates:
+ * it reads spans of the input in place, copying only into small fixed stack buffers (too-long
+ * keys and values are errors), and it accepts any byte string (tests/fuzz/fuzz_conf.c).
+ * One deliberate difference from PyTorch: a '>' item before any size in a roundup list sets
+ * every interval (PyTorch leaves interval 0 alone).
  */
 #include <limits.h>
 #include <locale.h>
@@ -142,7 +145,7 @@ const char *sim_op_name(sim_op_t op)
 {
     if (op == SIM_OP_COUNT)
         return "none";
-    if ((unsigned)op >= SIM_OP_COUNT)
+    if ((unsigned)op >= SIM_OP_COUNT || !sim_op_names[op])
         return "?";
     return sim_op_names[op];
 }
@@ -506,7 +509,7 @@ static const char *opt_parse(const opt_t *o, const char *val, size_t len, conf_t
         size_t op_len = (size_t)(at - val);
         sim_op_t op = SIM_OP_COUNT;
         for (unsigned i = 0; i < SIM_OP_COUNT; i++)
-            if (span_is(val, op_len, sim_op_names[i], false))
+            if (sim_op_names[i] && span_is(val, op_len, sim_op_names[i], false))
                 op = (sim_op_t)i;
         if (op == SIM_OP_COUNT) {
             size_t n = (size_t)snprintf(why, why_len, "unknown operation (one of");

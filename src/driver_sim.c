@@ -20,9 +20,6 @@
 
 #include "internal.h"
 
-#ifndef MAP_FIXED_NOREPLACE
-#define MAP_FIXED_NOREPLACE 0x100000
-#endif
 #ifndef FALLOC_FL_KEEP_SIZE
 #define FALLOC_FL_KEEP_SIZE 0x01
 #endif
@@ -271,18 +268,24 @@ static size_t align_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
 /* ------------------------------------------------------------------ host backing */
 
 /* Maps `size` bytes with `prot` at the next bump address (aligned to `align`) when that place is
- * free, otherwise wherever the kernel puts it (aligned by over-reserving and trimming). */
+ * free, otherwise wherever the kernel puts it (aligned by over-reserving and trimming). The bump
+ * address is passed as a hint, not MAP_FIXED_NOREPLACE: sanitizers drop hints outside their
+ * application ranges, and a fixed-noreplace mapping at address 0 would then succeed (as root). */
 static bool host_reserve(size_t size, size_t align, int prot, cua_devptr *out) {
     int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
     cua_devptr want = align_up(sim.va_next, align);
     if (want >= sim.va_next && want + size > want) {
-        void *p = mmap((void *)(uintptr_t)want, size, prot, flags | MAP_FIXED_NOREPLACE, -1, 0);
+        void *p = mmap((void *)(uintptr_t)want, size, prot, flags, -1, 0);
         if (p == (void *)(uintptr_t)want) {
             sim.va_next = want + size;
             *out = want;
             return true;
         }
-        if (p != MAP_FAILED) munmap(p, size); /* a kernel that took the address as a hint */
+        if (p != MAP_FAILED && (uintptr_t)p % align == 0) {
+            *out = (uintptr_t)p; /* the place was taken; aligned anyway */
+            return true;
+        }
+        if (p != MAP_FAILED) munmap(p, size);
     }
     size_t span = size + align;
     if (span < size) return false;
@@ -988,6 +991,8 @@ void sim_stream_destroy(cua_stream s) {
     pthread_mutex_unlock(&sim_lock);
 }
 
+/* err 0 picks the op's usual failure: CUA_ERROR_OUT_OF_MEMORY for create/alloc ops, else
+ * CUA_ERROR_UNKNOWN (as sim_fail_op in the configuration). count 0 cancels. */
 void sim_fail(sim_op_t op, unsigned after, unsigned count, cua_result err) {
     if ((int)op < 0 || op >= SIM_OP_COUNT) return;
     pthread_mutex_lock(&sim_lock);

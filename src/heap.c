@@ -309,11 +309,18 @@ static cua_result stream_sync(heap_t *h, cua_stream s) {
 /* Settles every stream's free blocks: after synchronizing the streams (sync), or only those whose
  * recorded event has completed with no free since (!sync). Classic mode never moves blocks. */
 static void settle_all(heap_t *h, bool sync) {
+    bool device_synced = false;
     for (unsigned t = 1; t < HEAP_MAX_TAGS; t++) {
         stream_rec_t *r = &h->tags[t];
         if (!r->used || (r->free_bytes == 0 && !r->event_in_flight)) continue;
+        if (sync && !device_synced && stream_sync(h, r->handle) != CUA_SUCCESS) {
+            /* A stream the driver will not synchronize (destroyed, or another device's): wait for
+             * the whole device instead, once. */
+            h->stats.num_syncs++;
+            if (h->drv->device_synchronize(h->dev) != CUA_SUCCESS) continue; /* cannot prove it idle */
+            device_synced = true;
+        }
         if (sync) {
-            if (stream_sync(h, r->handle) != CUA_SUCCESS) continue; /* cannot prove it idle */
             r->event_in_flight = false;
             r->frees_since_record = 0;
         }
@@ -1247,4 +1254,15 @@ void heap_dump(heap_t *h, FILE *out) {
             fprintf(out, "tag %u: stream %p free %zu in-flight %d frees-since-record %llu\n", t, (void *)h->tags[t].handle,
                     h->tags[t].free_bytes, h->tags[t].event_in_flight, (unsigned long long)h->tags[t].frees_since_record);
     pthread_mutex_unlock(&h->lock);
+}
+
+cualloc_stats *heap_test_stats(heap_t *h) { return &h->stats; }
+
+cua_memhandle *heap_test_chunk(heap_t *h, const void *ptr) {
+    for (int pi = 0; pi < POOL_COUNT; pi++) {
+        pool_t *p = &h->pools[pi];
+        uintptr_t a = (uintptr_t)ptr;
+        if (h->vmm && a >= p->va_base && a - p->va_base < p->va_size) return &p->chunks[chunk_index(p, a)];
+    }
+    return NULL;
 }

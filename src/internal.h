@@ -274,6 +274,8 @@ int heap_check(heap_t *h, FILE *report);
 void heap_dump(heap_t *h, FILE *out);
 /* Test support: the block records, for corruption tests of heap_check. */
 block_t *heap_test_find_block(heap_t *h, const void *ptr);
+cualloc_stats *heap_test_stats(heap_t *h);               /* the heap's own counters */
+cua_memhandle *heap_test_chunk(heap_t *h, const void *ptr); /* chunk table entry under ptr (VMM) */
 bool heap_is_vmm(const heap_t *h);
 size_t heap_chunk_size(const heap_t *h, pool_id_t pool);
 

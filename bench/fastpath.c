@@ -1,0 +1,592 @@
+/* fastpath.c — the fast-path benchmark: nanoseconds (and, where the CPU's counters are readable,
+ * instructions) per cached alloc+free pair, for cualloc through its public API on the sim device and
+ * for jemalloc's mallocx/sdallocx, on one fixed, seeded tensor-size mix (512 B .. 12 MiB). It is a
+ * benchmark, not a test: it prints numbers and checks only that cualloc's timed loop made no driver
+ * map (every request served from cache). Repeatable instruction counts come from running it under
+ * callgrind (bench/fastpath.sh), which collects only inside the bench_loop_* functions.
+ *
+ * Patterns (K live slots, K = 64):
+ *   random  steady state: each pair frees a random live slot and allocates the next size into it.
+ *   stack   a training step: allocate K sizes ("activations"), free them in reverse; K pairs/step.
+ * The size sequence (period 16384) and the slot choices are generated once from the seed, so every
+ * allocator sees the same requests in the same order. Threads each run their own slots from their
+ * own offset in the sequence; for cualloc each thread uses its own stream handle (t + 1).
+ *
+ * Usage: fastpath [--pairs N] [--threads T] [--allocator cualloc|jemalloc|all]
+ *                 [--pattern random|stack|all] [--seed S] [--json] [--quiet]
+ *   --pairs   timed pairs per thread (default 200000); --threads T runs only T (default: 1 and 8).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <linux/perf_event.h>
+#include <sys/syscall.h>
+#endif
+
+#include "cualloc.h"
+
+#ifdef HAVE_JEMALLOC
+#include <jemalloc/jemalloc.h>
+#endif
+#ifdef HAVE_CALLGRIND_H
+/* Run under callgrind with --instr-atstart=no, only the timed loops are instrumented, so the call
+ * counts in its profile are those of the timed pairs alone (warm-up and drain excluded). */
+#include <valgrind/callgrind.h>
+#define INSTRUMENT_START() CALLGRIND_START_INSTRUMENTATION
+#define INSTRUMENT_STOP() CALLGRIND_STOP_INSTRUMENTATION
+#else
+#define INSTRUMENT_START() ((void)0)
+#define INSTRUMENT_STOP() ((void)0)
+#endif
+
+#ifdef HAVE_JEMALLOC
+#define HAVE_JEMALLOC_ 1
+#else
+#define HAVE_JEMALLOC_ 0
+#endif
+#ifdef HAVE_CALLGRIND_H
+#define HAVE_CALLGRIND_H_ 1
+#else
+#define HAVE_CALLGRIND_H_ 0
+#endif
+
+#define NOINLINE __attribute__((noinline, noclone))
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+#define SLOTS 64                     /* live slots (random) = activations per step (stack) */
+#define SEQ_LOG2 14
+#define SEQ_LEN ((size_t)1 << SEQ_LOG2) /* period of the size sequence */
+#define SEQ_MASK (SEQ_LEN - 1)
+#define MIX_MIN ((size_t)512)
+#define MIX_MAX ((size_t)12 << 20)
+#define MIX_COMMON 48                /* distinct "common" tensor sizes */
+#define MIX_FRESH_PCT 15             /* % of requests drawn fresh (log-uniform) instead */
+#define WARM_ROUNDS_MIN 2            /* warm-up rounds (of SEQ_LEN pairs per thread) at least... */
+#define WARM_QUIET_ROUNDS 4          /* ...and for cualloc until this many in a row mapped nothing */
+#define WARM_ROUNDS_MAX 64
+#define MAX_THREADS 64
+
+typedef enum { A_CUALLOC, A_JEMALLOC, A_NULL, A_COUNT } alloc_kind_t;
+typedef enum { P_RANDOM, P_STACK, P_COUNT } pattern_t;
+
+static const char *const alloc_names[A_COUNT] = {"cualloc", "jemalloc", "null"};
+static const char *const pattern_names[P_COUNT] = {"random", "stack"};
+
+/* ------------------------------------------------------------------ the request sequence */
+
+static size_t seq_sizes[SEQ_LEN];
+static uint8_t seq_victims[SEQ_LEN]; /* random pattern: the slot freed and refilled by pair i */
+
+static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static double rng_unit(uint64_t *s) { return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
+
+/* Log-uniform in [MIX_MIN, MIX_MAX], a multiple of 4 bytes (fp32 / bf16 pairs of elements). */
+static size_t mix_draw(uint64_t *s) {
+    double lo = log2((double)MIX_MIN), hi = log2((double)MIX_MAX);
+    size_t v = (size_t)exp2(lo + (hi - lo) * rng_unit(s)) & ~(size_t)3;
+    return v < MIX_MIN ? MIX_MIN : v > MIX_MAX ? MIX_MAX : v;
+}
+
+/* A model's handful of tensor shapes recur constantly: 85% of requests come from MIX_COMMON sizes
+ * with skewed popularity (index = floor(n * u^2), so the most popular few dominate), 15% are fresh
+ * log-uniform sizes (odd shapes, last batches). Popularity is independent of size. */
+static void seq_build(uint64_t seed) {
+    uint64_t s = seed;
+    size_t common[MIX_COMMON];
+    for (int i = 0; i < MIX_COMMON; i++) common[i] = mix_draw(&s);
+    for (size_t i = 0; i < SEQ_LEN; i++) {
+        if (rng_next(&s) % 100 < MIX_FRESH_PCT) {
+            seq_sizes[i] = mix_draw(&s);
+        } else {
+            double u = rng_unit(&s);
+            seq_sizes[i] = common[(size_t)(u * u * MIX_COMMON)];
+        }
+        seq_victims[i] = (uint8_t)(rng_next(&s) % SLOTS);
+    }
+}
+
+/* ------------------------------------------------------------------ allocators */
+
+typedef void *(*alloc_fn)(size_t size, void *stream);
+typedef void (*free_fn)(void *p, size_t size, void *stream);
+
+static ALWAYS_INLINE void *cua_alloc(size_t size, void *stream) { return cualloc_malloc(size, 0, stream); }
+static ALWAYS_INLINE void cua_free(void *p, size_t size, void *stream) { (void)size; cualloc_free(p, stream); }
+
+#ifdef HAVE_JEMALLOC
+static ALWAYS_INLINE void *je_alloc(size_t size, void *stream) { (void)stream; return mallocx(size, 0); }
+static ALWAYS_INLINE void je_free(void *p, size_t size, void *stream) { (void)stream; sdallocx(p, size, 0); }
+#endif
+
+/* The baseline: calls that do nothing, so callgrind can measure the loop's own instructions. */
+static char null_block[16];
+static NOINLINE void *null_alloc(size_t size, void *stream) {
+    __asm__ volatile("" ::"r"(size), "r"(stream) : "memory");
+    return null_block;
+}
+static NOINLINE void null_free(void *p, size_t size, void *stream) { __asm__ volatile("" ::"r"(p), "r"(size), "r"(stream) : "memory"); }
+
+/* ------------------------------------------------------------------ workers and loops */
+
+typedef struct worker_s {
+    int id;
+    void *stream;            /* cualloc: the thread's stream handle */
+    pattern_t pattern;
+    size_t pos;              /* next index into the sequence (masked) */
+    void *ptr[SLOTS];
+    size_t size[SLOTS];
+    size_t live;             /* slots holding an allocation (random pattern, between calls) */
+    double ns;               /* timed loop */
+    int64_t instructions;    /* timed loop, from the CPU counter; -1 when not readable */
+    struct timespec t0, t1;
+} worker_t;
+
+static NOINLINE __attribute__((cold, noreturn)) void alloc_failed(size_t size) {
+    fprintf(stderr, "fastpath: allocation of %zu B failed\n", size);
+    exit(1);
+}
+
+static ALWAYS_INLINE void run_random(worker_t *w, size_t pairs, alloc_fn A, free_fn F) {
+    void *stream = w->stream;
+    size_t pos = w->pos;
+    for (size_t i = 0; i < pairs; i++, pos++) {
+        unsigned k = seq_victims[pos & SEQ_MASK];
+        F(w->ptr[k], w->size[k], stream);
+        size_t s = seq_sizes[pos & SEQ_MASK];
+        void *p = A(s, stream);
+        if (__builtin_expect(p == NULL, 0)) alloc_failed(s);
+        w->ptr[k] = p;
+        w->size[k] = s;
+    }
+    w->pos = pos;
+}
+
+/* Whole steps of SLOTS allocations then SLOTS frees in reverse; pairs is rounded up to steps. */
+static ALWAYS_INLINE void run_stack(worker_t *w, size_t pairs, alloc_fn A, free_fn F) {
+    void *stream = w->stream;
+    size_t pos = w->pos;
+    for (size_t done = 0; done < pairs; done += SLOTS) {
+        for (unsigned k = 0; k < SLOTS; k++, pos++) {
+            size_t s = seq_sizes[pos & SEQ_MASK];
+            void *p = A(s, stream);
+            if (__builtin_expect(p == NULL, 0)) alloc_failed(s);
+            w->ptr[k] = p;
+            w->size[k] = s;
+        }
+        for (unsigned k = SLOTS; k-- > 0;) F(w->ptr[k], w->size[k], stream);
+    }
+    w->pos = pos;
+}
+
+static ALWAYS_INLINE void run_pattern(worker_t *w, size_t pairs, alloc_fn A, free_fn F) {
+    if (w->pattern == P_RANDOM) run_random(w, pairs, A, F);
+    else run_stack(w, pairs, A, F);
+}
+
+/* The timed loops (bench_loop_*: what callgrind's --toggle-collect=bench_loop_* counts) and the
+ * identical warm-up loops under other names, so warm-up is never counted. Non-static so that their
+ * symbols keep these names. */
+void bench_loop_cualloc(worker_t *w, size_t pairs);
+void warm_loop_cualloc(worker_t *w, size_t pairs);
+void bench_loop_jemalloc(worker_t *w, size_t pairs);
+void warm_loop_jemalloc(worker_t *w, size_t pairs);
+void bench_loop_null(worker_t *w, size_t pairs);
+void warm_loop_null(worker_t *w, size_t pairs);
+
+NOINLINE void bench_loop_cualloc(worker_t *w, size_t pairs) { run_pattern(w, pairs, cua_alloc, cua_free); }
+NOINLINE void warm_loop_cualloc(worker_t *w, size_t pairs) { run_pattern(w, pairs, cua_alloc, cua_free); }
+#ifdef HAVE_JEMALLOC
+NOINLINE void bench_loop_jemalloc(worker_t *w, size_t pairs) { run_pattern(w, pairs, je_alloc, je_free); }
+NOINLINE void warm_loop_jemalloc(worker_t *w, size_t pairs) { run_pattern(w, pairs, je_alloc, je_free); }
+#else
+NOINLINE void bench_loop_jemalloc(worker_t *w, size_t pairs) { (void)w; (void)pairs; abort(); }
+NOINLINE void warm_loop_jemalloc(worker_t *w, size_t pairs) { (void)w; (void)pairs; abort(); }
+#endif
+NOINLINE void bench_loop_null(worker_t *w, size_t pairs) { run_pattern(w, pairs, null_alloc, null_free); }
+NOINLINE void warm_loop_null(worker_t *w, size_t pairs) { run_pattern(w, pairs, null_alloc, null_free); }
+
+typedef struct {
+    void (*bench)(worker_t *, size_t);
+    void (*warm)(worker_t *, size_t);
+    alloc_fn alloc;   /* untimed fill and drain */
+    free_fn free;
+} alloc_ops_t;
+
+static void *cua_alloc_call(size_t size, void *stream) { return cua_alloc(size, stream); }
+static void cua_free_call(void *p, size_t size, void *stream) { cua_free(p, size, stream); }
+#ifdef HAVE_JEMALLOC
+static void *je_alloc_call(size_t size, void *stream) { return je_alloc(size, stream); }
+static void je_free_call(void *p, size_t size, void *stream) { je_free(p, size, stream); }
+#endif
+
+static const alloc_ops_t ops[A_COUNT] = {
+    [A_CUALLOC] = {bench_loop_cualloc, warm_loop_cualloc, cua_alloc_call, cua_free_call},
+#ifdef HAVE_JEMALLOC
+    [A_JEMALLOC] = {bench_loop_jemalloc, warm_loop_jemalloc, je_alloc_call, je_free_call},
+#endif
+    [A_NULL] = {bench_loop_null, warm_loop_null, null_alloc, null_free},
+};
+
+/* Random pattern: every slot holds an allocation between calls. */
+static void worker_fill(worker_t *w, const alloc_ops_t *o) {
+    if (w->pattern != P_RANDOM) return;
+    for (unsigned k = 0; k < SLOTS; k++, w->pos++) {
+        size_t s = seq_sizes[w->pos & SEQ_MASK];
+        w->ptr[k] = o->alloc(s, w->stream);
+        if (!w->ptr[k]) alloc_failed(s);
+        w->size[k] = s;
+    }
+    w->live = SLOTS;
+}
+
+static void worker_drain(worker_t *w, const alloc_ops_t *o) {
+    for (unsigned k = 0; k < w->live; k++) o->free(w->ptr[k], w->size[k], w->stream);
+    w->live = 0;
+}
+
+/* ------------------------------------------------------------------ CPU instruction counter */
+
+/* User-space instructions of the calling thread, or -1 where perf events are not available. */
+static int perf_open(void) {
+#ifdef __linux__
+    struct perf_event_attr attr;
+    memset(&attr, 0, sizeof attr);
+    attr.size = sizeof attr;
+    attr.type = PERF_TYPE_HARDWARE;
+    attr.config = PERF_COUNT_HW_INSTRUCTIONS;
+    attr.exclude_kernel = 1;
+    attr.exclude_hv = 1;
+    return (int)syscall(SYS_perf_event_open, &attr, 0, -1, -1, 0);
+#else
+    return -1;
+#endif
+}
+
+static int64_t perf_read(int fd) {
+    uint64_t v = 0;
+    if (fd < 0 || read(fd, &v, sizeof v) != (ssize_t)sizeof v) return -1;
+    return (int64_t)v;
+}
+
+/* ------------------------------------------------------------------ one run */
+
+typedef struct run_s {
+    alloc_kind_t alloc;
+    pattern_t pattern;
+    int threads;
+    size_t pairs;              /* per thread, after rounding (stack: whole steps) */
+    const alloc_ops_t *o;
+    worker_t *workers;
+    pthread_barrier_t barrier;
+    volatile int warm_done;    /* written by the main thread between barriers */
+    int warm_rounds;
+    /* results */
+    double ns_per_pair;        /* mean over threads of the thread's own ns per pair */
+    double pairs_per_s;        /* all threads' pairs over the wall time from first start to last end */
+    double instr_per_pair;     /* CPU counter; < 0 when not available */
+    bool have_stats;
+    cualloc_stats before, after;
+    uint64_t warm_maps;        /* cualloc: maps during the last warm-up round */
+} run_t;
+
+static void *worker_main(void *arg) {
+    worker_t *w = arg;
+    run_t *r = (run_t *)(void *)w->ptr[0]; /* smuggled in; replaced by worker_fill */
+    w->ptr[0] = NULL;
+    worker_fill(w, r->o);
+    /* Warm-up rounds of one full period each, until the main thread sees a round without maps. */
+    for (;;) {
+        pthread_barrier_wait(&r->barrier);
+        if (r->warm_done) break;
+        r->o->warm(w, SEQ_LEN);
+        pthread_barrier_wait(&r->barrier);
+    }
+    int fd = perf_open();
+    pthread_barrier_wait(&r->barrier); /* the main thread has taken the "before" stats */
+    int64_t i0 = perf_read(fd);
+    clock_gettime(CLOCK_MONOTONIC, &w->t0);
+    r->o->bench(w, r->pairs);
+    clock_gettime(CLOCK_MONOTONIC, &w->t1);
+    int64_t i1 = perf_read(fd);
+    if (fd >= 0) close(fd);
+    w->instructions = (i0 >= 0 && i1 >= 0) ? i1 - i0 : -1;
+    w->ns = (double)(w->t1.tv_sec - w->t0.tv_sec) * 1e9 + (double)(w->t1.tv_nsec - w->t0.tv_nsec);
+    pthread_barrier_wait(&r->barrier); /* the main thread takes the "after" stats */
+    pthread_barrier_wait(&r->barrier);
+    worker_drain(w, r->o);
+    return NULL;
+}
+
+static double ts_ns(struct timespec t) { return (double)t.tv_sec * 1e9 + (double)t.tv_nsec; }
+
+static void run_one(run_t *r) {
+    r->o = &ops[r->alloc];
+    if (r->pattern == P_STACK) r->pairs = (r->pairs + SLOTS - 1) / SLOTS * SLOTS;
+    r->workers = calloc((size_t)r->threads, sizeof(worker_t));
+    pthread_t *tids = calloc((size_t)r->threads, sizeof(pthread_t));
+    if (!r->workers || !tids) alloc_failed(sizeof(worker_t));
+    pthread_barrier_init(&r->barrier, NULL, (unsigned)r->threads + 1);
+    r->warm_done = 0;
+    for (int t = 0; t < r->threads; t++) {
+        worker_t *w = &r->workers[t];
+        w->id = t;
+        w->stream = (void *)(uintptr_t)(t + 1);
+        w->pattern = r->pattern;
+        w->pos = (size_t)t * (SEQ_LEN / (size_t)r->threads); /* threads start apart in the sequence */
+        w->ptr[0] = r;
+        if (pthread_create(&tids[t], NULL, worker_main, w) != 0) {
+            fprintf(stderr, "fastpath: cannot create thread %d\n", t);
+            exit(1);
+        }
+    }
+    /* Warm-up: at least WARM_ROUNDS_MIN rounds; for cualloc, until a round maps nothing. */
+    bool is_cua = r->alloc == A_CUALLOC;
+    cualloc_stats s0, s1;
+    r->warm_rounds = 0;
+    int quiet_rounds = 0;
+    for (;;) {
+        if (is_cua) cualloc_get_stats(0, &s0);
+        pthread_barrier_wait(&r->barrier); /* round starts */
+        pthread_barrier_wait(&r->barrier); /* round done */
+        r->warm_rounds++;
+        quiet_rounds++;
+        if (is_cua) {
+            cualloc_get_stats(0, &s1);
+            r->warm_maps = s1.num_maps - s0.num_maps;
+            if (r->warm_maps) quiet_rounds = 0;
+            if (getenv("FASTPATH_DEBUG"))
+                fprintf(stderr, "warm-up round %d: %" PRIu64 " maps, %zu MiB reserved\n", r->warm_rounds, r->warm_maps,
+                        s1.reserved_bytes >> 20);
+        }
+        if (r->warm_rounds >= WARM_ROUNDS_MAX ||
+            (r->warm_rounds >= WARM_ROUNDS_MIN && (!is_cua || quiet_rounds >= WARM_QUIET_ROUNDS)))
+            break;
+    }
+    r->warm_done = 1;
+    pthread_barrier_wait(&r->barrier); /* workers leave the warm-up loop */
+    r->have_stats = is_cua;
+    if (is_cua) cualloc_get_stats(0, &r->before);
+    INSTRUMENT_START();
+    pthread_barrier_wait(&r->barrier); /* timed loops start */
+    pthread_barrier_wait(&r->barrier); /* timed loops done */
+    INSTRUMENT_STOP();
+    if (is_cua) cualloc_get_stats(0, &r->after);
+    pthread_barrier_wait(&r->barrier);
+    for (int t = 0; t < r->threads; t++) pthread_join(tids[t], NULL);
+    pthread_barrier_destroy(&r->barrier);
+
+    double sum_ns_pp = 0, first = 0, last = 0;
+    int64_t instr = 0;
+    bool instr_ok = true;
+    for (int t = 0; t < r->threads; t++) {
+        worker_t *w = &r->workers[t];
+        sum_ns_pp += w->ns / (double)r->pairs;
+        double a = ts_ns(w->t0), b = ts_ns(w->t1);
+        if (t == 0 || a < first) first = a;
+        if (t == 0 || b > last) last = b;
+        if (w->instructions < 0) instr_ok = false;
+        else instr += w->instructions;
+    }
+    r->ns_per_pair = sum_ns_pp / r->threads;
+    r->pairs_per_s = (double)r->pairs * r->threads / ((last - first) * 1e-9);
+    r->instr_per_pair = instr_ok ? (double)instr / ((double)r->pairs * r->threads) : -1;
+    free(tids);
+    free(r->workers);
+    r->workers = NULL;
+}
+
+/* ------------------------------------------------------------------ main */
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: fastpath [--pairs N] [--threads T] [--allocator cualloc|jemalloc|all] [--pattern random|stack|all]\n"
+            "                [--seed S] [--json] [--quiet]\n"
+            "  --pairs N      timed alloc+free pairs per thread (default 200000; stack rounds up to %d)\n"
+            "  --threads T    run with T threads only (default: 1 and 8)\n"
+            "  --allocator    which allocator(s) (default all; 'null' is the loop-overhead baseline)\n"
+            "  --pattern      random: free a random live slot of %d and refill it; stack: allocate %d, free in\n"
+            "                 reverse (default all)\n"
+            "  --json         one JSON array of results instead of the table\n"
+            "  --quiet        no description of the mix\n"
+            "  --features     print what this build measures (cualloc null [jemalloc] [callgrind-markers])\n",
+            SLOTS, SLOTS, SLOTS);
+}
+
+static bool parse_size(const char *s, size_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || v == 0) return false;
+    *out = (size_t)v;
+    return true;
+}
+
+static int size_cmp(const void *a, const void *b) {
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void describe_mix(FILE *out, uint64_t seed) {
+    size_t small = 0, distinct = 0;
+    double total = 0;
+    size_t *copy = malloc(sizeof seq_sizes);
+    if (!copy) return;
+    memcpy(copy, seq_sizes, sizeof seq_sizes);
+    qsort(copy, SEQ_LEN, sizeof *copy, size_cmp);
+    for (size_t i = 0; i < SEQ_LEN; i++) {
+        if (i == 0 || copy[i] != copy[i - 1]) distinct++;
+        if (seq_sizes[i] <= ((size_t)1 << 20)) small++;
+        total += (double)seq_sizes[i];
+    }
+    fprintf(out,
+            "size mix: seed %" PRIu64 ", period %zu requests, %zu distinct sizes in [%zu B, %zu MiB], %d common sizes "
+            "(%d%% of requests), %.0f%% <= 1 MiB, mean %.2f MiB, median %.1f KiB; %d slots\n",
+            seed, SEQ_LEN, distinct, copy[0], copy[SEQ_LEN - 1] >> 20, MIX_COMMON, 100 - MIX_FRESH_PCT,
+            100.0 * (double)small / SEQ_LEN, total / SEQ_LEN / (1 << 20), (double)copy[SEQ_LEN / 2] / 1024, SLOTS);
+    free(copy);
+}
+
+int main(int argc, char **argv) {
+    size_t pairs = 200000;
+    int thread_list[2] = {1, 8}, nthread_list = 2;
+    bool want_alloc[A_COUNT] = {true, true, false}, want_pat[P_COUNT] = {true, true}, json = false, quiet = false;
+    uint64_t seed = 20240611;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--quiet")) quiet = true;
+        else if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
+        else if (!strcmp(a, "--features")) { /* for bench/fastpath.sh */
+            printf("cualloc null%s%s\n", HAVE_JEMALLOC_ ? " jemalloc" : "", HAVE_CALLGRIND_H_ ? " callgrind-markers" : "");
+            return 0;
+        }
+        else if (v && !strcmp(a, "--pairs")) { if (!parse_size(v, &pairs)) goto bad; i++; }
+        else if (v && !strcmp(a, "--seed")) { size_t s; if (!parse_size(v, &s)) goto bad; seed = s; i++; }
+        else if (v && !strcmp(a, "--threads")) {
+            size_t t;
+            if (!parse_size(v, &t) || t > MAX_THREADS) goto bad;
+            thread_list[0] = (int)t;
+            nthread_list = 1;
+            i++;
+        } else if (v && !strcmp(a, "--allocator")) {
+            memset(want_alloc, 0, sizeof want_alloc);
+            if (!strcmp(v, "all")) want_alloc[A_CUALLOC] = want_alloc[A_JEMALLOC] = true;
+            else {
+                int k = -1;
+                for (int j = 0; j < A_COUNT; j++) if (!strcmp(v, alloc_names[j])) k = j;
+                if (k < 0) goto bad;
+                want_alloc[k] = true;
+            }
+            i++;
+        } else if (v && !strcmp(a, "--pattern")) {
+            memset(want_pat, 0, sizeof want_pat);
+            if (!strcmp(v, "all")) want_pat[P_RANDOM] = want_pat[P_STACK] = true;
+            else if (!strcmp(v, "random")) want_pat[P_RANDOM] = true;
+            else if (!strcmp(v, "stack")) want_pat[P_STACK] = true;
+            else goto bad;
+            i++;
+        } else {
+            goto bad;
+        }
+        continue;
+    bad:
+        fprintf(stderr, "fastpath: bad argument '%s'%s%s\n", a, v ? " " : "", v ? v : "");
+        usage(stderr);
+        return 2;
+    }
+#ifndef HAVE_JEMALLOC
+    if (want_alloc[A_JEMALLOC]) {
+        if (!quiet && !json) fprintf(stderr, "fastpath: built without jemalloc; its column is skipped\n");
+        want_alloc[A_JEMALLOC] = false;
+    }
+#endif
+    /* The sim device, large enough that nothing is ever released under pressure. */
+    if (!getenv("CUALLOC_CONF")) setenv("CUALLOC_CONF", "driver:sim,sim_memory_mb:65536", 1);
+    seq_build(seed);
+    if (!quiet && !json) {
+        describe_mix(stdout, seed);
+        printf("CUALLOC_CONF=%s\n\n", getenv("CUALLOC_CONF"));
+    }
+    if (want_alloc[A_CUALLOC]) {
+        void *p = cualloc_malloc(1, 0, NULL); /* start-up outside every measurement */
+        if (!p) {
+            fprintf(stderr, "fastpath: cualloc cannot allocate on device 0 (CUALLOC_CONF=%s)\n", getenv("CUALLOC_CONF"));
+            return 1;
+        }
+        cualloc_free(p, NULL);
+    }
+
+    if (!json) {
+        printf("%-9s %-7s %7s %10s %10s %13s %11s %s\n", "allocator", "pattern", "threads", "pairs", "ns/pair",
+               "pairs/s", "instr/pair", "cualloc maps in timed loop (warm-up rounds)");
+    } else {
+        printf("[");
+    }
+    int nres = 0, unclean = 0;
+    for (int ti = 0; ti < nthread_list; ti++) {
+        for (int pi = 0; pi < P_COUNT; pi++) {
+            if (!want_pat[pi]) continue;
+            for (int ai = 0; ai < A_COUNT; ai++) {
+                if (!want_alloc[ai]) continue;
+                run_t r;
+                memset(&r, 0, sizeof r);
+                r.alloc = (alloc_kind_t)ai;
+                r.pattern = (pattern_t)pi;
+                r.threads = thread_list[ti];
+                r.pairs = pairs;
+                run_one(&r);
+                uint64_t maps = r.have_stats ? r.after.num_maps - r.before.num_maps : 0;
+                uint64_t retries = r.have_stats ? r.after.num_alloc_retries - r.before.num_alloc_retries : 0;
+                uint64_t syncs = r.have_stats ? r.after.num_syncs - r.before.num_syncs : 0;
+                uint64_t allocs = r.have_stats ? r.after.num_allocs - r.before.num_allocs : 0;
+                if (r.have_stats && (maps || allocs != (uint64_t)r.pairs * (uint64_t)r.threads)) unclean++;
+                if (json) {
+                    printf("%s\n  {\"allocator\": \"%s\", \"pattern\": \"%s\", \"threads\": %d, \"pairs_per_thread\": %zu, "
+                           "\"ns_per_pair\": %.2f, \"pairs_per_s\": %.0f, ",
+                           nres ? "," : "", alloc_names[ai], pattern_names[pi], r.threads, r.pairs, r.ns_per_pair,
+                           r.pairs_per_s);
+                    if (r.instr_per_pair >= 0) printf("\"instructions_per_pair\": %.1f, ", r.instr_per_pair);
+                    else printf("\"instructions_per_pair\": null, ");
+                    printf("\"warmup_rounds\": %d", r.warm_rounds);
+                    if (r.have_stats)
+                        printf(", \"timed_num_maps\": %" PRIu64 ", \"timed_num_alloc_retries\": %" PRIu64
+                               ", \"timed_num_syncs\": %" PRIu64 ", \"timed_num_allocs\": %" PRIu64 ", \"reserved_bytes\": %zu",
+                               maps, retries, syncs, allocs, r.after.reserved_bytes);
+                    printf("}");
+                } else {
+                    char instr[32] = "-", extra[96] = "";
+                    if (r.instr_per_pair >= 0) snprintf(instr, sizeof instr, "%.0f", r.instr_per_pair);
+                    if (r.have_stats)
+                        snprintf(extra, sizeof extra, "%" PRIu64 " maps, %" PRIu64 " syncs (%d rounds, %zu MiB reserved)%s", maps,
+                                 syncs, r.warm_rounds, r.after.reserved_bytes >> 20, maps ? "  NOT ALL CACHED" : "");
+                    printf("%-9s %-7s %7d %10zu %10.1f %13.0f %11s %s\n", alloc_names[ai], pattern_names[pi], r.threads,
+                           r.pairs * (size_t)r.threads, r.ns_per_pair, r.pairs_per_s, instr, extra);
+                }
+                fflush(stdout);
+                nres++;
+            }
+        }
+    }
+    if (json) printf("\n]\n");
+    else if (nthread_list == 1 ? thread_list[0] > 1 : true)
+        printf("\nns/pair is per thread (each thread's own time over its pairs); pairs/s counts every thread.\n");
+    if (unclean) {
+        fprintf(stderr, "fastpath: %d cualloc run(s) mapped memory during the timed loop: not all requests were cached\n", unclean);
+        return 3;
+    }
+    return 0;
+}

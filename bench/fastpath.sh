@@ -1,0 +1,128 @@
+#!/bin/sh
+# fastpath.sh — the fast-path benchmark in one go: builds bench/fastpath if needed, prints the
+# ns/pair table from a native run, then instructions per cached alloc+free pair for cualloc and
+# jemalloc side by side, counted by callgrind (repeatable, unlike time), and where cualloc's
+# instructions go, function by function.
+#
+# usage: bench/fastpath.sh [builddir]       (default: build-bench; set up with meson if missing)
+# environment:
+#   FASTPATH_PAIRS      timed pairs per thread, native run (default 200000)
+#   FASTPATH_CG_PAIRS   timed pairs under callgrind, a multiple of 64 (default 20480)
+#   FASTPATH_CG_THREADS cualloc thread count also counted under callgrind (default 8; 0 = skip)
+#   FASTPATH_NATIVE=0   skip the native run;  FASTPATH_PROFILE=0  skip the per-function profile
+# The callgrind profiles stay in <builddir>/fastpath-callgrind/ for callgrind_annotate.
+set -eu
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build-bench}
+pairs=${FASTPATH_PAIRS:-200000}
+cg_pairs=${FASTPATH_CG_PAIRS:-20480}
+cg_threads=${FASTPATH_CG_THREADS:-8}
+
+if [ ! -f "$build/build.ninja" ]; then
+    meson setup "$build" "$root" >/dev/null || { echo "fastpath.sh: meson setup $build failed" >&2; exit 1; }
+fi
+ninja -C "$build" bench/fastpath >/dev/null || { echo "fastpath.sh: building bench/fastpath failed" >&2; exit 1; }
+exe=$build/bench/fastpath
+features=$("$exe" --features)
+case " $features " in *" jemalloc "*) allocs="cualloc jemalloc" ;; *) allocs="cualloc" ;; esac
+case " $features " in *" callgrind-markers "*) instr_opt="--instr-atstart=no" ;; *) instr_opt="" ;; esac
+if grep -q '"name": "b_sanitize", "value": "none"' "$build/meson-info/intro-buildoptions.json" 2>/dev/null; then :; else
+    echo "fastpath.sh: warning: $build is a sanitizer build; numbers will not mean much" >&2
+fi
+
+echo "== fast path (cached alloc+free): $(date -u +%F), $(nproc) cpus, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')"
+status=0
+if [ "${FASTPATH_NATIVE:-1}" != 0 ]; then
+    echo "== native: $exe --pairs $pairs"
+    "$exe" --pairs "$pairs" || status=$?
+    echo
+fi
+
+if ! command -v valgrind >/dev/null 2>&1; then
+    echo "fastpath.sh: valgrind is not installed; no instruction counts" >&2
+    exit "$status"
+fi
+
+out=$build/fastpath-callgrind
+mkdir -p "$out"
+
+# Runs one configuration under callgrind, collecting only inside bench_loop_* (the timed loop);
+# prints the instructions collected.
+cg_run() { # allocator pattern threads
+    f=$out/cg.$1.$2.t$3
+    valgrind --tool=callgrind $instr_opt --toggle-collect='bench_loop_*' --callgrind-out-file="$f" \
+        "$exe" --allocator "$1" --pattern "$2" --threads "$3" --pairs "$cg_pairs" --quiet >"$f.log" 2>&1 || {
+        echo "fastpath.sh: callgrind run $1/$2/$3 failed (exit $?; see $f.log):" >&2
+        tail -5 "$f.log" >&2
+        status=1
+    }
+    grep -q 'NOT ALL CACHED' "$f.log" && echo "fastpath.sh: $1/$2/$3 mapped memory in the timed loop" >&2
+    sed -n 's/^totals: *//p' "$f" | head -1
+}
+
+per_pair() { # instructions pairs -> per pair, one decimal
+    awk -v i="${1:-0}" -v n="$2" 'BEGIN { printf "%.1f", i / n }'
+}
+
+echo "== instructions per alloc+free pair (callgrind Ir inside the timed loop, $cg_pairs pairs after warm-up)"
+echo "   'loop' is the benchmark loop itself (a do-nothing allocator); 'net' subtracts it."
+printf '%-8s %7s %10s %10s %8s %12s %12s\n' pattern threads cualloc jemalloc loop cualloc-net jemalloc-net
+for pat in random stack; do
+    loop=$(per_pair "$(cg_run null "$pat" 1)" "$cg_pairs")
+    cua=$(per_pair "$(cg_run cualloc "$pat" 1)" "$cg_pairs")
+    je=-
+    case "$allocs" in *jemalloc*) je=$(per_pair "$(cg_run jemalloc "$pat" 1)" "$cg_pairs") ;; esac
+    cua_net=$(awk -v a="$cua" -v b="$loop" 'BEGIN { printf "%.1f", a - b }')
+    je_net=-
+    [ "$je" != - ] && je_net=$(awk -v a="$je" -v b="$loop" 'BEGIN { printf "%.1f", a - b }')
+    printf '%-8s %7d %10s %10s %8s %12s %12s\n' "$pat" 1 "$cua" "$je" "$loop" "$cua_net" "$je_net"
+done
+if [ "$cg_threads" -gt 1 ]; then
+    for pat in random stack; do
+        total=$(cg_run cualloc "$pat" "$cg_threads")
+        cua=$(per_pair "$total" $((cg_pairs * cg_threads)))
+        printf '%-8s %7d %10s %10s %8s %12s %12s\n' "$pat" "$cg_threads" "$cua" - - - -
+    done
+    echo "   ($cg_threads threads: callgrind serializes threads, so this is the instruction cost without contention)"
+fi
+
+# Self instructions and calls per pair, by function, from a callgrind profile (call counts are
+# exact when the build has the callgrind markers: only the timed loop is instrumented).
+cg_profile() { # file pairs
+    awk -v pairs="$2" '
+    function fname(line, key,    rest, id, name) {
+        rest = substr(line, length(key) + 2)
+        if (rest ~ /^\(/) {
+            id = substr(rest, 1, index(rest, ")"))
+            name = substr(rest, length(id) + 2)
+            if (name != "") names[id] = name
+            else name = names[id]
+            return name
+        }
+        return rest
+    }
+    /^fn=/   { cur = fname($0, "fn"); next }
+    /^cfn=/  { callee = fname($0, "cfn"); next }
+    /^calls=/ { split(substr($0, 7), a, " "); calls[callee] += a[1]; incall = 1; next }
+    /^[0-9+*-]/ { if (incall) incall = 0; else self[cur] += $2; next }
+    END {
+        for (f in self) if (self[f] > 0) printf "%10.1f %9.2f %9.1f  %s\n", self[f] / pairs, calls[f] / pairs,
+            calls[f] ? self[f] / calls[f] : 0, f
+    }' "$1" | sort -rn | head -"${3:-30}"
+}
+
+if [ "${FASTPATH_PROFILE:-1}" != 0 ]; then
+    for pat in random stack; do
+        f=$out/cg.cualloc.$pat.t1
+        [ -s "$f" ] || continue
+        echo
+        echo "== where cualloc's instructions go ($pat, 1 thread): self instructions per pair, by function"
+        [ -n "$instr_opt" ] || echo "   (built without valgrind/callgrind.h: call counts include warm-up)"
+        printf '%10s %9s %9s  %s\n' Ir/pair calls/pair Ir/call function
+        cg_profile "$f" "$cg_pairs"
+    done
+    echo
+    echo "profiles: $out/cg.<allocator>.<pattern>.t<threads> (callgrind_annotate --inclusive=yes <file>)"
+fi
+exit "$status"

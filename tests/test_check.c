@@ -1,0 +1,82 @@
+/* test_check.c — the checker is tested too: starting from a consistent heap with allocated, free
+ * and unmapped blocks, each field that an invariant binds is corrupted in turn, heap_check must
+ * report it, and once the field is restored it must report nothing. */
+#include "internal.h"
+#include "testutil.h"
+
+static int corruptions;
+
+#define CORRUPT(h, lvalue, bad_value, what)                                              \
+    do {                                                                                 \
+        __typeof__(lvalue) saved_ = (lvalue);                                            \
+        (lvalue) = (bad_value);                                                          \
+        EXPECT(heap_check((h), NULL) > 0, "corruption not caught: %s", (what));          \
+        (lvalue) = saved_;                                                               \
+        EXPECT(heap_check((h), stderr) == 0, "restored heap not clean after: %s", (what)); \
+        corruptions++;                                                                   \
+    } while (0)
+
+static heap_t *build(const char *text, void **ptrs, int n) {
+    conf_t c;
+    conf_defaults(&c);
+    c.driver = DRIVER_SIM;
+    EXPECT(conf_parse(text, &c) == 0, "configuration");
+    sim_configure(&c);
+    EXPECT(driver_sim_ops.init() == CUA_SUCCESS, "sim init");
+    heap_t *h = heap_create(0, &c, &driver_sim_ops, NULL);
+    EXPECT(h, "heap_create");
+    size_t sizes[] = {3 << 20, 512, 6 << 20, 100 << 10, 5 << 20, 2 << 20, 40 << 20, 7000};
+    for (int i = 0; i < n; i++) EXPECT(heap_alloc(h, sizes[i % 8], NULL, &ptrs[i]) == CUA_SUCCESS, "alloc");
+    for (int i = 0; i < n; i += 3) EXPECT(heap_free(h, ptrs[i], NULL), "free");
+    EXPECT(heap_check(h, stderr) == 0, "built heap is consistent");
+    return h;
+}
+
+static void corrupt_blocks(heap_t *h, void **ptrs, int n) {
+    block_t *b = heap_test_find_block(h, ptrs[1]);
+    EXPECT(b, "live block");
+    CORRUPT(h, b->size, b->size + 512, "allocated block grown into its neighbour");
+    CORRUPT(h, b->addr, b->addr + 512, "allocated block moved");
+    CORRUPT(h, b->state, BLOCK_FREE, "allocated block marked free");
+    CORRUPT(h, b->pool, (uint8_t)(b->pool ^ 1), "block claims the other pool");
+    if (b->next) CORRUPT(h, b->next->prev, NULL, "broken back link");
+    CORRUPT(h, b->next, NULL, "segment cut short");
+    /* A free neighbour: its tag and state. */
+    block_t *f = NULL;
+    for (int i = 1; i < n && !f; i++) {
+        if (i % 3 == 0) continue;
+        block_t *x = heap_test_find_block(h, ptrs[i]);
+        if (x && x->next && x->next->state == BLOCK_FREE) f = x->next;
+    }
+    EXPECT(f, "a free block next to a live one");
+    CORRUPT(h, f->tag, (uint16_t)(f->tag + 7), "free block with a tag it is not indexed under");
+    CORRUPT(h, f->state, BLOCK_ALLOCATED, "free block marked allocated");
+    CORRUPT(h, f->size, f->size - 512, "free block shrunk");
+}
+
+static void corrupt_stats(heap_t *h) {
+    cualloc_stats *s = heap_test_stats(h);
+    CORRUPT(h, s->allocated_bytes, s->allocated_bytes + 512, "allocated_bytes off by 512");
+    CORRUPT(h, s->reserved_bytes, s->reserved_bytes - 2 * MiB, "reserved_bytes off by a chunk");
+    CORRUPT(h, s->requested_bytes, s->allocated_bytes + 1, "requested above allocated");
+    CORRUPT(h, s->num_frees, s->num_frees + 1, "free count off by one");
+    CORRUPT(h, s->inactive_split_bytes, s->inactive_split_bytes + 512, "inactive split stale");
+}
+
+int main(void) {
+    void *ptrs[24];
+    heap_t *h = build("sim_memory_mb:512", ptrs, 24);
+    corrupt_blocks(h, ptrs, 24);
+    corrupt_stats(h);
+    cua_memhandle *chunk = heap_test_chunk(h, ptrs[1]);
+    EXPECT(chunk && *chunk, "chunk under a live block is mapped");
+    CORRUPT(h, *chunk, 0, "chunk under a live block forgotten");
+    heap_destroy(h);
+
+    h = build("sim_memory_mb:512,expandable_segments:0", ptrs, 24);
+    corrupt_blocks(h, ptrs, 24);
+    corrupt_stats(h);
+    heap_destroy(h);
+    printf("test_check: %d corruptions caught\n", corruptions);
+    return 0;
+}

@@ -1,0 +1,219 @@
+/* test_streams.c — the stream rule (DESIGN.md decision 5) with events whose completion the test
+ * controls: a block freed on stream S is reused at once by S, by another stream only after S's
+ * work up to the free has completed, and memory pressure synchronizes instead of failing. Also the
+ * fragmentation trap of the heap issue, in both modes. */
+#include "internal.h"
+#include "testutil.h"
+
+static heap_t *open_heap(const char *text, conf_t *c) {
+    conf_defaults(c);
+    c->driver = DRIVER_SIM;
+    EXPECT(conf_parse(text, c) == 0, "bad configuration %s", text);
+    sim_configure(c);
+    EXPECT(driver_sim_ops.init() == CUA_SUCCESS, "sim init");
+    heap_t *h = heap_create(0, c, &driver_sim_ops, NULL);
+    EXPECT(h, "heap_create");
+    return h;
+}
+
+static void *must_alloc(heap_t *h, size_t size, cua_stream s) {
+    void *p = NULL;
+    EXPECT(heap_alloc(h, size, s, &p) == CUA_SUCCESS && p, "allocation of %zu failed", size);
+    EXPECT(heap_check(h, stderr) == 0, "heap_check after alloc");
+    return p;
+}
+
+static void must_free(heap_t *h, void *p, cua_stream s) {
+    EXPECT(heap_free(h, p, s), "free refused");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check after free");
+}
+
+static cualloc_stats stats(heap_t *h) {
+    cualloc_stats s;
+    heap_get_stats(h, &s);
+    return s;
+}
+
+static void test_same_stream_reuse(void) {
+    conf_t c;
+    heap_t *h = open_heap("sim_memory_mb:64", &c);
+    cua_stream s = sim_stream_create(0, true);
+    void *a = must_alloc(h, 4 << 20, s);
+    must_free(h, a, s);
+    uint64_t syncs = stats(h).num_syncs, queries = sim_calls(SIM_OP_EVENT_QUERY), records = sim_calls(SIM_OP_EVENT_RECORD);
+    void *b = must_alloc(h, 4 << 20, s);
+    EXPECT(a == b, "the same stream reuses its freed block at once");
+    EXPECT(stats(h).num_syncs == syncs && sim_calls(SIM_OP_EVENT_QUERY) == queries &&
+               sim_calls(SIM_OP_EVENT_RECORD) == records,
+           "same-stream reuse touches no event and no synchronization");
+    must_free(h, b, s);
+    heap_destroy(h);
+    sim_stream_destroy(s);
+}
+
+static void test_cross_stream_waits_for_event(void) {
+    conf_t c;
+    heap_t *h = open_heap("sim_memory_mb:64", &c);
+    cua_stream s = sim_stream_create(0, true), t = sim_stream_create(0, true);
+    void *a = must_alloc(h, 4 << 20, s);
+    must_free(h, a, s); /* S's work on `a` is still in flight: S is held */
+    void *b = must_alloc(h, 4 << 20, t);
+    EXPECT(b != a, "another stream must not get a block whose stream has not finished");
+    EXPECT(sim_calls(SIM_OP_EVENT_RECORD) >= 1, "an event was recorded on S to find out when it finishes");
+    EXPECT(stats(h).num_syncs == 0, "no synchronization without memory pressure");
+    sim_stream_complete(s); /* S's work completes: the event fires */
+    void *d = must_alloc(h, 4 << 20, t);
+    EXPECT(d == a, "after S completed, T reuses S's block (got %p, expected %p)", d, a);
+    EXPECT(stats(h).num_syncs == 0, "reuse after completion needs no synchronization");
+    must_free(h, b, t);
+    must_free(h, d, t);
+    heap_destroy(h);
+    sim_stream_destroy(s);
+    sim_stream_destroy(t);
+}
+
+/* A free on S after the event was recorded is not covered by it: the block stays S's. */
+static void test_event_covers_only_earlier_frees(void) {
+    conf_t c;
+    heap_t *h = open_heap("sim_memory_mb:64", &c);
+    cua_stream s = sim_stream_create(0, true), t = sim_stream_create(0, true);
+    void *a = must_alloc(h, 4 << 20, s), *a2 = must_alloc(h, 4 << 20, s);
+    must_free(h, a, s);
+    void *b = must_alloc(h, 4 << 20, t); /* records the event on S covering a's free */
+    EXPECT(b != a, "a not yet reusable");
+    must_free(h, a2, s);                 /* a later free on S, not covered by that event */
+    sim_stream_complete(s);              /* ...completes everything, but the heap only knows the event */
+    void *d = must_alloc(h, 8 << 20, t);
+    EXPECT(d != a && d != a2, "a merged block with an uncovered free must not move to T");
+    must_free(h, b, t);
+    must_free(h, d, t);
+    heap_destroy(h);
+    sim_stream_destroy(s);
+    sim_stream_destroy(t);
+}
+
+/* Under memory pressure the heap synchronizes the stream holding free memory instead of failing. */
+static void test_pressure_synchronizes(void) {
+    conf_t c;
+    heap_t *h = open_heap("sim_memory_mb:16", &c);
+    cua_stream s = sim_stream_create(0, true), t = sim_stream_create(0, true);
+    void *a = must_alloc(h, 12 << 20, s);
+    must_free(h, a, s);
+    void *b = must_alloc(h, 12 << 20, t); /* only 4 MiB left unmapped: S's 12 MiB must be reused */
+    EXPECT(b == a, "pressure makes the heap wait for S and reuse its memory");
+    EXPECT(stats(h).num_syncs >= 1 && sim_calls(SIM_OP_STREAM_SYNC) >= 1, "and that cost one synchronization");
+    EXPECT(stats(h).num_ooms == 0, "no OOM");
+    must_free(h, b, t);
+    heap_destroy(h);
+    sim_stream_destroy(s);
+    sim_stream_destroy(t);
+}
+
+/* Chunks freed on a held stream are not unmapped until that stream is synchronized. */
+static void test_trim_synchronizes_first(void) {
+    conf_t c;
+    heap_t *h = open_heap("sim_memory_mb:64", &c);
+    cua_stream s = sim_stream_create(0, true);
+    void *a = must_alloc(h, 8 << 20, s);
+    must_free(h, a, s);
+    uint64_t before = sim_calls(SIM_OP_STREAM_SYNC);
+    heap_trim(h);
+    EXPECT(sim_calls(SIM_OP_STREAM_SYNC) == before + 1, "trim synchronized the stream whose memory it unmapped");
+    EXPECT(stats(h).reserved_bytes == 0, "and then released everything");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check after trim");
+    heap_destroy(h);
+    sim_stream_destroy(s);
+}
+
+/* A destroyed stream's handle can come back for a new stream: its free blocks are settled. */
+static void test_stream_destroyed(void) {
+    conf_t c;
+    heap_t *h = open_heap("sim_memory_mb:64", &c);
+    cua_stream s = sim_stream_create(0, true), t = sim_stream_create(0, true);
+    void *a = must_alloc(h, 4 << 20, s);
+    must_free(h, a, s);
+    heap_stream_destroyed(h, s);
+    EXPECT(heap_check(h, stderr) == 0, "heap_check after stream destruction");
+    void *b = must_alloc(h, 4 << 20, t);
+    EXPECT(b == a, "the destroyed stream's memory is free for everyone");
+    must_free(h, b, t);
+    heap_destroy(h);
+    sim_stream_destroy(s);
+    sim_stream_destroy(t);
+}
+
+/* More streams than tag slots: records are recycled, nothing breaks. */
+static void test_many_streams(void) {
+    conf_t c;
+    heap_t *h = open_heap("sim_memory_mb:1024", &c);
+    void *ptrs[200];
+    for (int i = 0; i < 200; i++) ptrs[i] = must_alloc(h, 1 << 20, (cua_stream)(uintptr_t)(0x1000 + 16 * i));
+    for (int i = 0; i < 200; i++) must_free(h, ptrs[i], (cua_stream)(uintptr_t)(0x1000 + 16 * i));
+    for (int i = 0; i < 200; i++) ptrs[i] = must_alloc(h, 1 << 20, (cua_stream)(uintptr_t)(0x9000 + 16 * i));
+    for (int i = 0; i < 200; i++) must_free(h, ptrs[i], (cua_stream)(uintptr_t)(0x9000 + 16 * i));
+    heap_trim(h);
+    EXPECT(stats(h).reserved_bytes == 0, "all released");
+    heap_destroy(h);
+}
+
+/* The fragmentation trap: 4 GiB device, 3 GiB held; one 1000 MiB block allocated and freed, then
+ * carved into 9 x 100 MiB blocks interleaved with 9 x 2 MiB pins; the 100 MiB blocks freed; a
+ * 900 MiB request. Expandable segments unmap the holes and remap them; classic mode, like
+ * PyTorch's default allocator, is stuck with one pinned 1000 MiB segment and must fail cleanly. */
+static bool fragmentation_trap(const char *text, bool *usable_after) {
+    conf_t c;
+    heap_t *h = open_heap(text, &c);
+    cua_stream s = NULL;
+    void *held[3], *big, *pieces[9], *pins[9];
+    for (int i = 0; i < 3; i++) held[i] = must_alloc(h, (size_t)1 << 30, s);
+    big = must_alloc(h, (size_t)1000 << 20, s);
+    must_free(h, big, s);
+    for (int i = 0; i < 9; i++) {
+        pieces[i] = must_alloc(h, (size_t)100 << 20, s);
+        pins[i] = must_alloc(h, (size_t)2 << 20, s);
+    }
+    for (int i = 0; i < 9; i++) must_free(h, pieces[i], s);
+    cualloc_stats before = stats(h);
+    void *p = NULL;
+    cua_result r = heap_alloc(h, (size_t)900 << 20, s, &p);
+    EXPECT(heap_check(h, stderr) == 0, "heap_check after the 900 MiB request");
+    cualloc_stats after = stats(h);
+    if (r == CUA_SUCCESS) {
+        EXPECT(p, "success with a pointer");
+        EXPECT(after.num_ooms == before.num_ooms, "no OOM counted");
+        EXPECT(after.reserved_bytes <= (size_t)4 << 30, "within the device");
+        must_free(h, p, s);
+    } else {
+        EXPECT(!p, "failure returns NULL");
+        EXPECT(after.num_ooms == before.num_ooms + 1, "the OOM is counted");
+        EXPECT(after.allocated_bytes == before.allocated_bytes, "nothing changed hands");
+    }
+    /* Still usable: a small and a medium allocation succeed and free. */
+    void *q = NULL;
+    *usable_after = heap_alloc(h, 1 << 20, s, &q) == CUA_SUCCESS;
+    if (q) must_free(h, q, s);
+    for (int i = 0; i < 9; i++) must_free(h, pins[i], s);
+    for (int i = 0; i < 3; i++) must_free(h, held[i], s);
+    heap_trim(h);
+    EXPECT(stats(h).reserved_bytes == 0, "everything released");
+    heap_destroy(h);
+    return r == CUA_SUCCESS;
+}
+
+int main(void) {
+    test_same_stream_reuse();
+    test_cross_stream_waits_for_event();
+    test_event_covers_only_earlier_frees();
+    test_pressure_synchronizes();
+    test_trim_synchronizes_first();
+    test_stream_destroyed();
+    test_many_streams();
+    bool usable;
+    EXPECT(fragmentation_trap("sim_memory_mb:4096", &usable), "expandable segments serve the 900 MiB request");
+    EXPECT(usable, "and the heap goes on");
+    EXPECT(!fragmentation_trap("sim_memory_mb:4096,expandable_segments:False", &usable),
+           "classic mode fails the 900 MiB request, as PyTorch's default allocator would");
+    EXPECT(usable, "and the heap is still usable after its OOM");
+    printf("test_streams: ok\n");
+    return 0;
+}
