@@ -13,8 +13,10 @@
  * own offset in the sequence; for cualloc each thread uses its own stream handle (t + 1).
  *
  * Usage: fastpath [--pairs N] [--threads T] [--allocator cualloc|jemalloc|all]
- *                 [--pattern random|stack|all] [--seed S] [--json] [--quiet]
+ *                 [--pattern random|stack|repeat|all] [--seed S] [--json] [--quiet]
  *   --pairs   timed pairs per thread (default 200000); --threads T runs only T (default: 1 and 8).
+ * Warm-up runs whole periods until cualloc has mapped nothing for WARM_QUIET_ROUNDS periods in a row
+ * (FASTPATH_DEBUG=1 prints each round). Exit status 3: a cualloc timed loop still mapped memory.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -76,10 +78,10 @@
 #define MAX_THREADS 64
 
 typedef enum { A_CUALLOC, A_JEMALLOC, A_NULL, A_COUNT } alloc_kind_t;
-typedef enum { P_RANDOM, P_STACK, P_COUNT } pattern_t;
+typedef enum { P_RANDOM, P_STACK, P_REPEAT, P_COUNT } pattern_t;
 
 static const char *const alloc_names[A_COUNT] = {"cualloc", "jemalloc", "null"};
-static const char *const pattern_names[P_COUNT] = {"random", "stack"};
+static const char *const pattern_names[P_COUNT] = {"random", "stack", "repeat"};
 
 /* ------------------------------------------------------------------ the request sequence */
 
@@ -192,9 +194,26 @@ static ALWAYS_INLINE void run_stack(worker_t *w, size_t pairs, alloc_fn A, free_
     w->pos = pos;
 }
 
+/* Fixed-shape training steps: the same SLOTS sizes every step (the first SLOTS of the sequence),
+ * allocated in order and freed in reverse — what a model with static shapes does step after step. */
+static ALWAYS_INLINE void run_repeat(worker_t *w, size_t pairs, alloc_fn A, free_fn F) {
+    void *stream = w->stream;
+    for (size_t done = 0; done < pairs; done += SLOTS) {
+        for (unsigned k = 0; k < SLOTS; k++) {
+            size_t s = seq_sizes[k];
+            void *p = A(s, stream);
+            if (__builtin_expect(p == NULL, 0)) alloc_failed(s);
+            w->ptr[k] = p;
+            w->size[k] = s;
+        }
+        for (unsigned k = SLOTS; k-- > 0;) F(w->ptr[k], w->size[k], stream);
+    }
+}
+
 static ALWAYS_INLINE void run_pattern(worker_t *w, size_t pairs, alloc_fn A, free_fn F) {
     if (w->pattern == P_RANDOM) run_random(w, pairs, A, F);
-    else run_stack(w, pairs, A, F);
+    else if (w->pattern == P_STACK) run_stack(w, pairs, A, F);
+    else run_repeat(w, pairs, A, F);
 }
 
 /* The timed loops (bench_loop_*: what callgrind's --toggle-collect=bench_loop_* counts) and the
@@ -335,7 +354,7 @@ static double ts_ns(struct timespec t) { return (double)t.tv_sec * 1e9 + (double
 
 static void run_one(run_t *r) {
     r->o = &ops[r->alloc];
-    if (r->pattern == P_STACK) r->pairs = (r->pairs + SLOTS - 1) / SLOTS * SLOTS;
+    if (r->pattern != P_RANDOM) r->pairs = (r->pairs + SLOTS - 1) / SLOTS * SLOTS;
     r->workers = calloc((size_t)r->threads, sizeof(worker_t));
     pthread_t *tids = calloc((size_t)r->threads, sizeof(pthread_t));
     if (!r->workers || !tids) alloc_failed(sizeof(worker_t));
@@ -413,17 +432,18 @@ static void run_one(run_t *r) {
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: fastpath [--pairs N] [--threads T] [--allocator cualloc|jemalloc|all] [--pattern random|stack|all]\n"
+            "usage: fastpath [--pairs N] [--threads T] [--allocator cualloc|jemalloc|all] [--pattern random|stack|repeat|all]\n"
             "                [--seed S] [--json] [--quiet]\n"
             "  --pairs N      timed alloc+free pairs per thread (default 200000; stack rounds up to %d)\n"
             "  --threads T    run with T threads only (default: 1 and 8)\n"
             "  --allocator    which allocator(s) (default all; 'null' is the loop-overhead baseline)\n"
             "  --pattern      random: free a random live slot of %d and refill it; stack: allocate %d, free in\n"
-            "                 reverse (default all)\n"
+            "                 reverse; repeat: the same %d sizes every step, like a fixed-shape training step\n"
+            "                 (default all)\n"
             "  --json         one JSON array of results instead of the table\n"
             "  --quiet        no description of the mix\n"
             "  --features     print what this build measures (cualloc null [jemalloc] [callgrind-markers])\n",
-            SLOTS, SLOTS, SLOTS);
+            SLOTS, SLOTS, SLOTS, SLOTS);
 }
 
 static bool parse_size(const char *s, size_t *out) {
@@ -441,7 +461,7 @@ static int size_cmp(const void *a, const void *b) {
 }
 
 static void describe_mix(FILE *out, uint64_t seed) {
-    size_t small = 0, distinct = 0;
+    size_t small = 0, tiny = 0, distinct = 0;
     double total = 0;
     size_t *copy = malloc(sizeof seq_sizes);
     if (!copy) return;
@@ -450,20 +470,23 @@ static void describe_mix(FILE *out, uint64_t seed) {
     for (size_t i = 0; i < SEQ_LEN; i++) {
         if (i == 0 || copy[i] != copy[i - 1]) distinct++;
         if (seq_sizes[i] <= ((size_t)1 << 20)) small++;
+        if (seq_sizes[i] <= ((size_t)32 << 10)) tiny++;
         total += (double)seq_sizes[i];
     }
     fprintf(out,
             "size mix: seed %" PRIu64 ", period %zu requests, %zu distinct sizes in [%zu B, %zu MiB], %d common sizes "
-            "(%d%% of requests), %.0f%% <= 1 MiB, mean %.2f MiB, median %.1f KiB; %d slots\n",
+            "(%d%% of requests), %.0f%% <= 1 MiB (cualloc's small pool), %.0f%% <= 32 KiB (jemalloc's thread cache), mean %.2f MiB, "
+            "median %.1f KiB; %d slots\n",
             seed, SEQ_LEN, distinct, copy[0], copy[SEQ_LEN - 1] >> 20, MIX_COMMON, 100 - MIX_FRESH_PCT,
-            100.0 * (double)small / SEQ_LEN, total / SEQ_LEN / (1 << 20), (double)copy[SEQ_LEN / 2] / 1024, SLOTS);
+            100.0 * (double)small / SEQ_LEN, 100.0 * (double)tiny / SEQ_LEN, total / SEQ_LEN / (1 << 20),
+            (double)copy[SEQ_LEN / 2] / 1024, SLOTS);
     free(copy);
 }
 
 int main(int argc, char **argv) {
     size_t pairs = 200000;
     int thread_list[2] = {1, 8}, nthread_list = 2;
-    bool want_alloc[A_COUNT] = {true, true, false}, want_pat[P_COUNT] = {true, true}, json = false, quiet = false;
+    bool want_alloc[A_COUNT] = {true, true, false}, want_pat[P_COUNT] = {true, true, true}, json = false, quiet = false;
     uint64_t seed = 20240611;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -494,9 +517,10 @@ int main(int argc, char **argv) {
             i++;
         } else if (v && !strcmp(a, "--pattern")) {
             memset(want_pat, 0, sizeof want_pat);
-            if (!strcmp(v, "all")) want_pat[P_RANDOM] = want_pat[P_STACK] = true;
+            if (!strcmp(v, "all")) want_pat[P_RANDOM] = want_pat[P_STACK] = want_pat[P_REPEAT] = true;
             else if (!strcmp(v, "random")) want_pat[P_RANDOM] = true;
             else if (!strcmp(v, "stack")) want_pat[P_STACK] = true;
+            else if (!strcmp(v, "repeat")) want_pat[P_REPEAT] = true;
             else goto bad;
             i++;
         } else {

@@ -51,13 +51,17 @@ mkdir -p "$out"
 # prints the instructions collected.
 cg_run() { # allocator pattern threads
     f=$out/cg.$1.$2.t$3
+    rc=0
     valgrind --tool=callgrind $instr_opt --toggle-collect='bench_loop_*' --callgrind-out-file="$f" \
-        "$exe" --allocator "$1" --pattern "$2" --threads "$3" --pairs "$cg_pairs" --quiet >"$f.log" 2>&1 || {
-        echo "fastpath.sh: callgrind run $1/$2/$3 failed (exit $?; see $f.log):" >&2
+        "$exe" --allocator "$1" --pattern "$2" --threads "$3" --pairs "$cg_pairs" --quiet >"$f.log" 2>&1 || rc=$?
+    if [ "$rc" = 3 ]; then # ran, but cualloc mapped memory inside the timed loop
+        echo "fastpath.sh: note: $1/$2/$3 threads under callgrind: $(sed -n 's/.* \([0-9]* maps\), .*/\1/p' "$f.log") in the timed loop" >&2
+    elif [ "$rc" != 0 ]; then
+        echo "fastpath.sh: callgrind run $1/$2/$3 failed (exit $rc; see $f.log):" >&2
         tail -5 "$f.log" >&2
-        status=1
-    }
-    grep -q 'NOT ALL CACHED' "$f.log" && echo "fastpath.sh: $1/$2/$3 mapped memory in the timed loop" >&2
+        echo 0
+        return
+    fi
     sed -n 's/^totals: *//p' "$f" | head -1
 }
 
@@ -68,7 +72,7 @@ per_pair() { # instructions pairs -> per pair, one decimal
 echo "== instructions per alloc+free pair (callgrind Ir inside the timed loop, $cg_pairs pairs after warm-up)"
 echo "   'loop' is the benchmark loop itself (a do-nothing allocator); 'net' subtracts it."
 printf '%-8s %7s %10s %10s %8s %12s %12s\n' pattern threads cualloc jemalloc loop cualloc-net jemalloc-net
-for pat in random stack; do
+for pat in random stack repeat; do
     loop=$(per_pair "$(cg_run null "$pat" 1)" "$cg_pairs")
     cua=$(per_pair "$(cg_run cualloc "$pat" 1)" "$cg_pairs")
     je=-
@@ -79,7 +83,7 @@ for pat in random stack; do
     printf '%-8s %7d %10s %10s %8s %12s %12s\n' "$pat" 1 "$cua" "$je" "$loop" "$cua_net" "$je_net"
 done
 if [ "$cg_threads" -gt 1 ]; then
-    for pat in random stack; do
+    for pat in random stack repeat; do
         total=$(cg_run cualloc "$pat" "$cg_threads")
         cua=$(per_pair "$total" $((cg_pairs * cg_threads)))
         printf '%-8s %7d %10s %10s %8s %12s %12s\n' "$pat" "$cg_threads" "$cua" - - - -
@@ -107,20 +111,25 @@ cg_profile() { # file pairs
     /^calls=/ { split(substr($0, 7), a, " "); calls[callee] += a[1]; incall = 1; next }
     /^[0-9+*-]/ { if (incall) incall = 0; else self[cur] += $2; next }
     END {
-        for (f in self) if (self[f] > 0) printf "%10.1f %9.2f %9.1f  %s\n", self[f] / pairs, calls[f] / pairs,
-            calls[f] ? self[f] / calls[f] : 0, f
+        for (f in self) {
+            if (self[f] <= 0) continue
+            if (calls[f] > 0) printf "%10.1f %10.2f %9.1f  %s\n", self[f] / pairs, calls[f] / pairs, self[f] / calls[f], f
+            else printf "%10.1f %10s %9s  %s\n", self[f] / pairs, "-", "-", f
+        }
     }' "$1" | sort -rn | head -"${3:-30}"
 }
 
 if [ "${FASTPATH_PROFILE:-1}" != 0 ]; then
-    for pat in random stack; do
-        f=$out/cg.cualloc.$pat.t1
-        [ -s "$f" ] || continue
-        echo
-        echo "== where cualloc's instructions go ($pat, 1 thread): self instructions per pair, by function"
-        [ -n "$instr_opt" ] || echo "   (built without valgrind/callgrind.h: call counts include warm-up)"
-        printf '%10s %9s %9s  %s\n' Ir/pair calls/pair Ir/call function
-        cg_profile "$f" "$cg_pairs"
+    for a in $allocs; do
+        for pat in random stack repeat; do
+            f=$out/cg.$a.$pat.t1
+            [ -s "$f" ] || continue
+            echo
+            echo "== where $a's instructions go ($pat, 1 thread): self instructions per pair, by function"
+            [ -n "$instr_opt" ] || echo "   (built without valgrind/callgrind.h: call counts include warm-up)"
+            printf '%10s %10s %9s  %s\n' Ir/pair calls/pair Ir/call function
+            if [ "$a" = cualloc ]; then cg_profile "$f" "$cg_pairs" 30; else cg_profile "$f" "$cg_pairs" 12; fi
+        done
     done
     echo
     echo "profiles: $out/cg.<allocator>.<pattern>.t<threads> (callgrind_annotate --inclusive=yes <file>)"

@@ -19,7 +19,18 @@ static struct {
     bool disabled;           /* CUALLOC_DISABLE=1: straight to the driver, no caching */
     pthread_mutex_t create_lock; /* serializes heap creation; ranks above every heap lock */
     _Atomic(heap_t *) heaps[CUALLOC_MAX_DEVICES];
+    _Atomic bool ready;      /* api_init has run: the fast paths skip pthread_once */
+    bool heap_failed[CUALLOC_MAX_DEVICES]; /* heap_create failed; guarded by create_lock */
+    /* VMM address ranges per device, published with the heap, so a free finds its device without
+     * a call or a lock. */
+    struct { uintptr_t lo, hi; } ranges[CUALLOC_MAX_DEVICES][POOL_COUNT];
 } g = {.once = PTHREAD_ONCE_INIT, .create_lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void api_init(void);
+
+static inline void api_ensure_init(void) {
+    if (__builtin_expect(!atomic_load_explicit(&g.ready, memory_order_acquire), 0)) pthread_once(&g.once, api_init);
+}
 
 static void api_print_summary(void) {
     for (int d = 0; d < g.device_count && d < CUALLOC_MAX_DEVICES; d++) {
@@ -44,6 +55,7 @@ static void api_init(void) {
         g.device_count = 0;
     }
     if (g.conf.summary) atexit(api_print_summary);
+    atomic_store_explicit(&g.ready, true, memory_order_release);
 }
 
 const conf_t *api_conf(void) {
@@ -68,8 +80,15 @@ heap_t *api_heap(int device) {
     if (h) return h;
     pthread_mutex_lock(&g.create_lock);
     h = atomic_load_explicit(&g.heaps[device], memory_order_relaxed);
-    if (!h) {
+    if (!h && !g.heap_failed[device]) {
         h = heap_create(device, &g.conf, g.drv, NULL);
+        /* A device whose heap cannot be set up says so once (heap_create did), not per call. */
+        if (!h) g.heap_failed[device] = true;
+        if (h && heap_is_vmm(h)) {
+            for (int pi = 0; pi < POOL_COUNT; pi++) {
+                heap_pool_range(h, (pool_id_t)pi, &g.ranges[device][pi].lo, &g.ranges[device][pi].hi);
+            }
+        }
         atomic_store_explicit(&g.heaps[device], h, memory_order_release);
     }
     pthread_mutex_unlock(&g.create_lock);
@@ -77,15 +96,17 @@ heap_t *api_heap(int device) {
 }
 
 CUALLOC_API void *cualloc_malloc(size_t size, int device, void *stream) {
-    pthread_once(&g.once, api_init);
-    if (g.disabled) {
+    api_ensure_init();
+    if (__builtin_expect(g.disabled, 0)) {
         cua_devptr p = 0;
         if (device < 0 || device >= g.device_count) return NULL;
         return g.drv->mem_alloc(device, size ? size : 1, &p) == CUA_SUCCESS ? (void *)(uintptr_t)p : NULL;
     }
-    heap_t *h = api_heap(device);
-    if (!h) {
-        if (g.init_error == CUA_SUCCESS)
+    heap_t *h = NULL;
+    if (__builtin_expect((unsigned)device < CUALLOC_MAX_DEVICES, 1))
+        h = atomic_load_explicit(&g.heaps[device], memory_order_acquire);
+    if (__builtin_expect(!h, 0) && !(h = api_heap(device))) {
+        if (g.init_error == CUA_SUCCESS && (device < 0 || device >= g.device_count))
             cua_error("cualloc_malloc: device %d is not valid (%d device%s)", device, g.device_count,
                       g.device_count == 1 ? "" : "s");
         return NULL;
@@ -97,19 +118,30 @@ CUALLOC_API void *cualloc_malloc(size_t size, int device, void *stream) {
 
 CUALLOC_API void cualloc_free(void *ptr, void *stream) {
     if (!ptr) return;
-    pthread_once(&g.once, api_init);
-    if (g.disabled) {
+    api_ensure_init();
+    if (__builtin_expect(g.disabled, 0)) {
         for (int d = 0; d < g.device_count; d++)
             if (g.drv->mem_free(d, (cua_devptr)(uintptr_t)ptr) == CUA_SUCCESS) return;
         return;
     }
-    /* VMM heaps answer ownership from their address range without locking; classic heaps by
-     * looking the block up, which heap_free does anyway. */
-    for (int d = 0; d < g.device_count && d < CUALLOC_MAX_DEVICES; d++) {
-        heap_t *h = api_existing_heap(d);
-        if (!h || (heap_is_vmm(h) && !heap_owns(h, ptr))) continue;
-        if (heap_free(h, ptr, (cua_stream)stream)) return;
+    uintptr_t a = (uintptr_t)ptr;
+    int n = g.device_count < CUALLOC_MAX_DEVICES ? g.device_count : CUALLOC_MAX_DEVICES;
+    /* VMM heaps: the address range names the device. */
+    for (int d = 0; d < n; d++) {
+        for (int pi = 0; pi < POOL_COUNT; pi++) {
+            if (a - g.ranges[d][pi].lo < g.ranges[d][pi].hi - g.ranges[d][pi].lo) {
+                heap_t *h = atomic_load_explicit(&g.heaps[d], memory_order_acquire);
+                if (h && heap_free(h, ptr, (cua_stream)stream)) return;
+                goto not_owned;
+            }
+        }
     }
+    /* Classic heaps: the block lookup says. */
+    for (int d = 0; d < n; d++) {
+        heap_t *h = api_existing_heap(d);
+        if (h && !heap_is_vmm(h) && heap_free(h, ptr, (cua_stream)stream)) return;
+    }
+not_owned:
     cua_error("cualloc_free: %p was not allocated by cualloc (or was already freed); ignored", ptr);
 }
 

@@ -38,6 +38,7 @@ typedef enum {
     OPT_ROUNDUP,  /* unsigned[CONF_ROUNDUP_INTERVALS]: one N, or PyTorch's [size_mb:N,...,>:N] */
     OPT_DRIVER,   /* driver_kind_t: cuda | sim */
     OPT_SIM_FAIL, /* sim_fail_op/_after/_count: none | OP@AFTER | OP@AFTER*COUNT */
+    OPT_PATH,     /* char[CONF_PATH_MAX]: a file path, may be empty; no ',', '[', ']' or controls */
 } opt_type_t;
 
 /* flags */
@@ -96,6 +97,25 @@ static const opt_t opts[] = {
     {"summary", OPT_BOOL, "False",
      "At exit, print a statistics table for each device on stderr.",
      OFF(summary), 0, 1, 0},
+    {"trace", OPT_PATH, "",
+     "Record every allocation event to this file (cualloc_trace.h; read it with allocview). `%p` "
+     "is replaced by the pid, `%r` by the rank (RANK or LOCAL_RANK; 0 when unset), `%h` by the "
+     "host name, `%%` by `%`. An existing file is never overwritten (`.1`, `.2` ... is appended) "
+     "and a symlink at the path is refused. After fork a child writes its own file when the path "
+     "has `%p`, else stops tracing. Empty: off.",
+     OFF(trace), 0, CONF_PATH_MAX - 1, 0},
+    {"trace_stack_depth", OPT_UINT, "16",
+     "Native frames recorded per allocation call stack (0 to 64), plus the Python frames of a "
+     "thread holding the GIL. `0`: no stacks.",
+     OFF(trace_stack_depth), 0, 64, 0},
+    {"trace_max_mb", OPT_MIB, "0",
+     "Bound the trace file to this many MiB: tracing stops there (the trace ends with a record "
+     "saying so), or with trace_ring keeps the newest events. `0`: unbounded.",
+     OFF(trace_max), 1, (uint64_t)1 << 30, OPT_ZERO_OK},
+    {"trace_ring", OPT_BOOL, "False",
+     "With trace_max_mb: when the file is full, overwrite the oldest event blocks (a ring) instead "
+     "of stopping. Definitions (stacks, threads, devices) are kept.",
+     OFF(trace_ring), 0, 1, 0},
     {"driver", OPT_DRIVER, "cuda",
      "`cuda`: the CUDA driver (libcuda.so.1). `sim`: the host-simulated device, for tests, replay "
      "and demos without a GPU.",
@@ -488,6 +508,22 @@ static const char *opt_parse(const opt_t *o, const char *val, size_t len, conf_t
         memcpy(field, div, sizeof div);
         return NULL;
     }
+    case OPT_PATH: {
+        if (len > o->hi) {
+            snprintf(why, why_len, "too long (at most %llu bytes)", (unsigned long long)o->hi);
+            return why;
+        }
+        for (size_t i = 0; i < len; i++) {
+            unsigned char ch = (unsigned char)val[i];
+            if (ch < 0x20 || ch == 0x7f)
+                return "a path may not hold control characters";
+            if (ch == ',' || ch == '[' || ch == ']')
+                return "a path may not hold ',', '[' or ']' (they separate CUALLOC_CONF entries)";
+        }
+        memcpy(field, val, len);
+        field[len] = '\0';
+        return NULL;
+    }
     case OPT_DRIVER:
         if (span_is(val, len, "cuda", true))
             *(driver_kind_t *)field = DRIVER_CUDA;
@@ -585,6 +621,8 @@ static int opt_format(const opt_t *o, const conf_t *c, char *buf, size_t len)
         n += snprintf(room ? buf + n : NULL, room, "]");
         return n;
     }
+    case OPT_PATH:
+        return snprintf(buf, len, "%s", field);
     case OPT_DRIVER:
         return snprintf(buf, len, "%s", *(const driver_kind_t *)field == DRIVER_SIM ? "sim" : "cuda");
     case OPT_SIM_FAIL:
@@ -647,7 +685,7 @@ static int conf_apply(const char *s, size_t len, conf_t *c)
     const char *err;
     if (!colon)
         err = "missing ':' and a value";
-    else if (val_len == 0)
+    else if (val_len == 0 && o->type != OPT_PATH) /* an empty path turns its feature off */
         err = "empty value";
     else if (val_len > CONF_VALUE_MAX)
         err = "too long";
@@ -743,5 +781,6 @@ void conf_write_markdown(FILE *out)
 {
     fprintf(out, "| key | default | meaning |\n| --- | --- | --- |\n");
     for (size_t i = 0; i < NOPTS; i++)
-        fprintf(out, "| `%s` | `%s` | %s |\n", opts[i].key, opts[i].def, opts[i].doc);
+        fprintf(out, "| `%s` | `%s` | %s |\n", opts[i].key, opts[i].def[0] ? opts[i].def : "\"\"",
+                opts[i].doc);
 }

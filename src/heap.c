@@ -31,10 +31,12 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
 #include "internal.h"
+#include "lock.h"
 
 /* PyTorch's native allocator constants (CUDACachingAllocator.cpp), for classic mode. */
 #define PT_SMALL_BUFFER ((size_t)2 << 20)   /* small requests share 2 MiB segments */
@@ -59,9 +61,26 @@ typedef struct stream_rec_s {
     size_t free_bytes;          /* bytes of FREE blocks with this tag, both pools */
 } stream_rec_t;
 
+/* Quick lists (VMM mode): freed blocks parked unmerged by exact (size, tag), so the sizes a
+ * training step allocates again and again skip search, split and merge. A bucket belongs to one
+ * (size, tag) while it holds blocks; a free whose bucket is taken by another key, or full, takes
+ * the ordinary path. Parked blocks are merged back (flushed) before a search that misses them can
+ * grow the heap, before anything is settled or released, so they never cost physical memory.
+ * Invariant: every CACHED block is on exactly the list of its (size, tag); quick_bytes is their
+ * total. */
+#define QUICK_BUCKETS 256
+#define QUICK_DEPTH 64
+typedef struct quick_s {
+    size_t size;
+    block_t *head;               /* newest first, linked through link.list.next_free */
+    uint16_t tag;
+    uint16_t count;
+} quick_t;
+
 typedef struct pool_s {
     pool_id_t id;
-    size_t chunk;                /* VMM: bytes per physical handle; a multiple of the granularity */
+    size_t chunk;                /* VMM: bytes per physical handle; a power-of-two multiple of the granularity */
+    size_t chunk_mask;           /* chunk - 1 */
     uintptr_t va_base;           /* VMM: the reservation */
     size_t va_size;
     cua_memhandle *chunks;       /* VMM: handle per chunk, 0 = not mapped (mmap'd array) */
@@ -77,7 +96,7 @@ typedef struct pool_s {
 } pool_t;
 
 struct heap_s {
-    pthread_mutex_t lock;        /* guards everything below */
+    cua_lock_t lock;             /* guards everything below */
     int dev;
     bool vmm;
     conf_t conf;
@@ -95,6 +114,8 @@ struct heap_s {
     size_t releasable;
     cualloc_stats stats;
     unsigned oom_reports;        /* reports printed, to keep a failing loop from flooding */
+    quick_t quick[QUICK_BUCKETS];
+    size_t quick_bytes;          /* bytes of CACHED blocks, all buckets */
     cua_memhandle pending_release[HEAP_PENDING_RELEASES]; /* unmapped handles the driver would not release yet */
     size_t npending;
 };
@@ -142,9 +163,13 @@ static findex_t *index_get(heap_t *h, pool_t *p, unsigned tag) {
 /* Bytes of a FREE block that a release could return to the device right now. */
 static size_t block_releasable(const heap_t *h, const pool_t *p, const block_t *b) {
     if (!h->vmm) return (!b->prev && !b->next) ? b->size : 0;
-    size_t lo = align_up(b->addr, p->chunk), hi = align_down(b->addr + b->size, p->chunk);
+    if (b->size < p->chunk) return 0; /* holds no whole chunk: the common case, decided at once */
+    size_t lo = (b->addr + p->chunk_mask) & ~p->chunk_mask, hi = (b->addr + b->size) & ~p->chunk_mask;
     return hi > lo ? hi - lo : 0;
 }
+
+static inline void free_account_add(heap_t *h, pool_t *p, const block_t *b);
+static inline void free_account_sub(heap_t *h, pool_t *p, const block_t *b);
 
 /* Puts a FREE block (tag and size final) into its index and the accounting. The index exists:
  * free_insert's callers made it with index_get when they took the tag. */
@@ -152,12 +177,7 @@ static void free_insert(heap_t *h, pool_t *p, block_t *b) {
     findex_t *ix = p->index[b->tag];
     if (h->vmm) sizeclass_insert(&ix->sc, b);
     else tree_insert(&ix->tree, b);
-    size_t rel = block_releasable(h, p, b);
-    p->free_mapped += b->size;
-    p->releasable += rel;
-    h->free_mapped += b->size;
-    h->releasable += rel;
-    h->tags[b->tag].free_bytes += b->size;
+    free_account_add(h, p, b);
     b->gc_base = p->free_block_searches;
 }
 
@@ -165,12 +185,7 @@ static void free_remove(heap_t *h, pool_t *p, block_t *b) {
     findex_t *ix = p->index[b->tag];
     if (h->vmm) sizeclass_remove(&ix->sc, b);
     else tree_remove(&ix->tree, b);
-    size_t rel = block_releasable(h, p, b);
-    p->free_mapped -= b->size;
-    p->releasable -= rel;
-    h->free_mapped -= b->size;
-    h->releasable -= rel;
-    h->tags[b->tag].free_bytes -= b->size;
+    free_account_sub(h, p, b);
 }
 
 static inline bool tags_compatible(unsigned a, unsigned b) { return a == b || a == TAG_ANY || b == TAG_ANY; }
@@ -240,6 +255,85 @@ static block_t *block_split(heap_t *h, block_t *b, size_t size, uint8_t state, u
     return r;
 }
 
+
+/* ------------------------------------------------------------------ quick lists */
+
+static block_t *coalesce_free(heap_t *h, pool_t *p, block_t *b);
+
+static inline quick_t *quick_bucket(heap_t *h, size_t size, unsigned tag) {
+    uint32_t key = (uint32_t)(size >> 9) ^ ((uint32_t)tag << 26);
+    return &h->quick[(key * 2654435761u) >> 24];
+}
+
+/* Accounting shared by FREE and CACHED blocks: both are free physical memory of their tag. */
+static inline void free_account_add(heap_t *h, pool_t *p, const block_t *b) {
+    size_t rel = block_releasable(h, p, b);
+    p->free_mapped += b->size;
+    p->releasable += rel;
+    h->free_mapped += b->size;
+    h->releasable += rel;
+    h->tags[b->tag].free_bytes += b->size;
+}
+
+static inline void free_account_sub(heap_t *h, pool_t *p, const block_t *b) {
+    size_t rel = block_releasable(h, p, b);
+    p->free_mapped -= b->size;
+    p->releasable -= rel;
+    h->free_mapped -= b->size;
+    h->releasable -= rel;
+    h->tags[b->tag].free_bytes -= b->size;
+}
+
+/* Parks a just-freed block (tag and size final) on its quick list; false when the bucket is taken
+ * by another (size, tag) or full. */
+static inline bool quick_push(heap_t *h, pool_t *p, block_t *b) {
+    quick_t *q = quick_bucket(h, b->size, b->tag);
+    if (q->head) {
+        if (q->size != b->size || q->tag != b->tag || q->count >= QUICK_DEPTH) return false;
+    } else {
+        q->size = b->size;
+        q->tag = b->tag;
+    }
+    b->state = BLOCK_CACHED;
+    b->link.list.next_free = q->head;
+    q->head = b;
+    q->count++;
+    h->quick_bytes += b->size;
+    free_account_add(h, p, b);
+    return true;
+}
+
+static inline block_t *quick_pop(heap_t *h, pool_t *p, size_t size, unsigned tag) {
+    quick_t *q = quick_bucket(h, size, tag);
+    block_t *b = q->head;
+    if (!b || q->size != size || q->tag != tag) return NULL;
+    q->head = b->link.list.next_free;
+    q->count--;
+    h->quick_bytes -= b->size;
+    free_account_sub(h, p, b);
+    return b;
+}
+
+/* Merges every CACHED block back into the free indexes, restoring "no two adjacent compatible
+ * FREE blocks" (a flushed block merges with neighbours flushed before it). */
+static void quick_flush(heap_t *h) {
+    if (!h->quick_bytes) return;
+    for (int i = 0; i < QUICK_BUCKETS; i++) {
+        quick_t *q = &h->quick[i];
+        while (q->head) {
+            block_t *b = q->head;
+            pool_t *p = &h->pools[b->pool];
+            q->head = b->link.list.next_free;
+            q->count--;
+            h->quick_bytes -= b->size;
+            free_account_sub(h, p, b);
+            b->state = BLOCK_FREE;
+            b = coalesce_free(h, p, b);
+            free_insert(h, p, b);
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ streams */
 
 /* The tag of `stream`, registering it on first sight; 0 (TAG_ANY) never names a stream. Returns
@@ -272,6 +366,8 @@ static unsigned tag_of(heap_t *h, cua_stream stream) {
         }
         if (!free_slot) return HEAP_MAX_TAGS;
     }
+    for (int pi = 0; pi < POOL_COUNT; pi++)
+        if (!index_get(h, &h->pools[pi], free_slot)) return HEAP_MAX_TAGS;
     stream_rec_t *r = &h->tags[free_slot];
     cua_event ev = r->event;
     memset(r, 0, sizeof *r);
@@ -310,6 +406,7 @@ static cua_result stream_sync(heap_t *h, cua_stream s) {
  * recorded event has completed with no free since (!sync). Classic mode never moves blocks. */
 static void settle_all(heap_t *h, bool sync) {
     bool device_synced = false;
+    quick_flush(h);
     for (unsigned t = 1; t < HEAP_MAX_TAGS; t++) {
         stream_rec_t *r = &h->tags[t];
         if (!r->used || (r->free_bytes == 0 && !r->event_in_flight)) continue;
@@ -333,6 +430,7 @@ static void settle_all(heap_t *h, bool sync) {
  * was settled. Never synchronizes. */
 static bool settle_completed(heap_t *h, unsigned self) {
     bool settled = false;
+    quick_flush(h);
     for (unsigned t = 1; t < HEAP_MAX_TAGS; t++) {
         stream_rec_t *r = &h->tags[t];
         if (t == self || !r->used || r->free_bytes == 0) continue;
@@ -758,6 +856,8 @@ static size_t largest_free_locked(heap_t *h) {
             if (b && b->size > best) best = b->size;
         }
     }
+    for (int i = 0; i < QUICK_BUCKETS; i++)
+        if (h->quick[i].head && h->quick[i].size > best) best = h->quick[i].size;
     return best;
 }
 
@@ -790,42 +890,46 @@ static void report_oom(heap_t *h, size_t size, size_t rsize) {
                   h->dev, cap);
 }
 
+/* The slow part of an allocation: flush the quick lists, search, grow or release; then carve the
+ * block. Returns the ALLOCATED-to-be block (in no index) or NULL. */
+static block_t *alloc_search(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
+    block_t *b = find_free(h, p, tag, rsize);
+    if (!b && h->quick_bytes) {
+        quick_flush(h);
+        b = find_free(h, p, tag, rsize);
+    }
+    if (!b) b = h->vmm ? alloc_slow_vmm(h, p, tag, rsize) : alloc_slow_classic(h, p, tag, rsize);
+    if (!b) return NULL;
+    free_remove(h, p, b);
+    if (should_split(h, p, b->size, rsize)) {
+        block_t *rest = block_split(h, b, rsize, BLOCK_FREE, b->tag);
+        if (rest) free_insert(h, p, rest);
+    }
+    return b;
+}
+
+static cua_result alloc_fail(heap_t *h, size_t size, size_t rsize) {
+    h->stats.num_ooms++;
+    report_oom(h, size, rsize);
+    update_inactive_split(h);
+    cua_unlock(&h->lock);
+    return CUA_ERROR_OUT_OF_MEMORY;
+}
+
 cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
     size_t rsize = heap_round_size(&h->conf, size);
     *out = NULL;
-    if (rsize == 0 || rsize > ((size_t)1 << 48)) {
-        pthread_mutex_lock(&h->lock);
-        h->stats.num_ooms++;
-        report_oom(h, size, size);
-        pthread_mutex_unlock(&h->lock);
-        return CUA_ERROR_OUT_OF_MEMORY;
-    }
+    cua_lock(&h->lock);
+    if (__builtin_expect(rsize == 0 || rsize > ((size_t)1 << 48), 0)) return alloc_fail(h, size, size);
     pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
-    pthread_mutex_lock(&h->lock);
-    unsigned tag = tag_of(h, stream);
-    block_t *b = NULL;
-    if (tag < HEAP_MAX_TAGS && index_get(h, p, tag) && index_get(h, p, TAG_ANY)) {
-        b = find_free(h, p, tag, rsize);
-        if (!b) b = h->vmm ? alloc_slow_vmm(h, p, tag, rsize) : alloc_slow_classic(h, p, tag, rsize);
-    }
-    if (b) {
-        free_remove(h, p, b);
-        if (should_split(h, p, b->size, rsize)) {
-            block_t *rest = block_split(h, b, rsize, BLOCK_FREE, b->tag);
-            if (rest) free_insert(h, p, rest);
-        }
-        if (!ptrmap_insert(&h->live, b->addr, b)) {
-            b = coalesce_free(h, p, b);
-            free_insert(h, p, b);
-            b = NULL;
-        }
-    }
-    if (!b) {
-        h->stats.num_ooms++;
-        report_oom(h, size, rsize);
-        update_inactive_split(h);
-        pthread_mutex_unlock(&h->lock);
-        return CUA_ERROR_OUT_OF_MEMORY;
+    unsigned tag = (stream == h->last_stream && h->last_tag) ? h->last_tag : tag_of(h, stream);
+    if (__builtin_expect(tag >= HEAP_MAX_TAGS, 0)) return alloc_fail(h, size, rsize);
+    block_t *b = h->vmm ? quick_pop(h, p, rsize, tag) : NULL;
+    if (!b && !(b = alloc_search(h, p, tag, rsize))) return alloc_fail(h, size, rsize);
+    if (__builtin_expect(!ptrmap_insert(&h->live, b->addr, b), 0)) {
+        b = coalesce_free(h, p, b);
+        free_insert(h, p, b);
+        return alloc_fail(h, size, rsize);
     }
     b->state = BLOCK_ALLOCATED;
     b->requested = size;
@@ -838,18 +942,18 @@ cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
     s->allocated_bytes += b->size;
     if (s->allocated_bytes > s->allocated_peak) s->allocated_peak = s->allocated_bytes;
     s->active_bytes = s->allocated_bytes;
-    if (s->active_bytes > s->active_peak) s->active_peak = s->active_bytes;
+    s->active_peak = s->allocated_peak;
     update_inactive_split(h);
-    pthread_mutex_unlock(&h->lock);
+    cua_unlock(&h->lock);
     *out = (void *)b->addr;
     return CUA_SUCCESS;
 }
 
 bool heap_free(heap_t *h, void *ptr, cua_stream stream) {
-    pthread_mutex_lock(&h->lock);
+    cua_lock(&h->lock);
     block_t *b = ptrmap_remove(&h->live, (uintptr_t)ptr);
     if (!b) {
-        pthread_mutex_unlock(&h->lock);
+        cua_unlock(&h->lock);
         return false;
     }
     pool_t *p = &h->pools[b->pool];
@@ -865,7 +969,7 @@ bool heap_free(heap_t *h, void *ptr, cua_stream stream) {
         stream_sync(h, stream);
         stream = b->stream;
     }
-    unsigned tag = tag_of(h, stream);
+    unsigned tag = (stream == h->last_stream && h->last_tag) ? h->last_tag : tag_of(h, stream);
     if (tag >= HEAP_MAX_TAGS) {
         /* No stream slot even after recycling: make the block safe for everyone the slow way. */
         stream_sync(h, stream);
@@ -873,19 +977,15 @@ bool heap_free(heap_t *h, void *ptr, cua_stream stream) {
     } else {
         h->tags[tag].frees_since_record++;
     }
-    b->state = BLOCK_FREE;
     b->tag = (uint16_t)tag;
     b->requested = 0;
-    if (!index_get(h, p, tag)) {
-        /* Cannot make the index: keep the block findable by merging into a neighbour's. */
-        stream_sync(h, stream);
-        b->tag = TAG_ANY;
+    if (!h->vmm || !quick_push(h, p, b)) {
+        b->state = BLOCK_FREE;
+        b = coalesce_free(h, p, b);
+        free_insert(h, p, b);
     }
-    b = coalesce_free(h, p, b);
-    if (!p->index[b->tag]) index_get(h, p, b->tag);
-    free_insert(h, p, b);
     update_inactive_split(h);
-    pthread_mutex_unlock(&h->lock);
+    cua_unlock(&h->lock);
     return true;
 }
 
@@ -893,6 +993,7 @@ bool heap_free(heap_t *h, void *ptr, cua_stream stream) {
 
 static cua_result pool_init_vmm(heap_t *h, pool_t *p, size_t chunk, size_t va_size) {
     p->chunk = chunk;
+    p->chunk_mask = chunk - 1;
     p->va_size = align_up(va_size, chunk);
     p->nchunks = p->va_size / chunk;
     size_t table = align_up(p->nchunks * sizeof(cua_memhandle), 4096);
@@ -914,6 +1015,25 @@ static cua_result pool_init_vmm(heap_t *h, pool_t *p, size_t chunk, size_t va_si
     return CUA_SUCCESS;
 }
 
+/* The heap record itself: mmap'd like all metadata, except in sanitizer builds, where it comes from
+ * calloc so that LeakSanitizer scans it and sees the block records it reaches. */
+static void *heap_mem_alloc(void) {
+#ifdef CUALLOC_SLAB_MALLOC
+    return calloc(1, sizeof(heap_t));
+#else
+    void *mem = mmap(NULL, sizeof(heap_t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return mem == MAP_FAILED ? NULL : mem;
+#endif
+}
+
+static void heap_mem_free(heap_t *h) {
+#ifdef CUALLOC_SLAB_MALLOC
+    free(h);
+#else
+    munmap(h, sizeof(heap_t));
+#endif
+}
+
 heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_result *err) {
     driver_device_info_t info;
     cua_result r = drv->device_info(dev, &info);
@@ -922,13 +1042,13 @@ heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_re
         cua_error("device %d: cannot query the device (%s)", dev, driver_error_name(r));
         return NULL;
     }
-    void *mem = mmap(NULL, sizeof(heap_t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (mem == MAP_FAILED) {
+    void *mem = heap_mem_alloc();
+    if (!mem) {
         if (err) *err = CUA_ERROR_OUT_OF_MEMORY;
         return NULL;
     }
     heap_t *h = mem;
-    pthread_mutex_init(&h->lock, NULL);
+    cua_lock_init(&h->lock);
     h->dev = dev;
     h->conf = *conf;
     h->drv = drv;
@@ -949,8 +1069,13 @@ heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_re
         h->pools[pi].id = (pool_id_t)pi;
         sizeclass_init(&h->pools[pi].unmapped);
     }
+    for (int pi = 0; pi < POOL_COUNT && r == CUA_SUCCESS; pi++)
+        if (!index_get(h, &h->pools[pi], TAG_ANY)) r = CUA_ERROR_OUT_OF_MEMORY;
     if (r == CUA_SUCCESS && h->vmm) {
-        size_t large_chunk = conf->chunk_size ? align_up(conf->chunk_size, h->granularity) : h->granularity;
+        /* Chunks are a power-of-two multiple of the granularity: the reservation is aligned to them
+         * and chunk arithmetic on the fast path is a mask. */
+        size_t large_chunk = h->granularity;
+        while (large_chunk < conf->chunk_size) large_chunk <<= 1;
         size_t factor = conf->va_factor >= 2 ? conf->va_factor : 2;
         r = pool_init_vmm(h, &h->pools[POOL_SMALL], h->granularity, align_up(h->total, h->granularity));
         if (r == CUA_SUCCESS) r = pool_init_vmm(h, &h->pools[POOL_LARGE], large_chunk, factor * align_up(h->total, large_chunk));
@@ -994,8 +1119,7 @@ void heap_destroy(heap_t *h) {
         if (h->tags[t].event) h->drv->event_destroy(h->dev, h->tags[t].event);
     ptrmap_destroy(&h->live);
     slab_destroy(&h->blocks);
-    pthread_mutex_destroy(&h->lock);
-    munmap(h, sizeof(heap_t));
+    heap_mem_free(h);
 }
 
 /* ------------------------------------------------------------------ queries */
@@ -1009,42 +1133,48 @@ bool heap_owns(heap_t *h, const void *ptr) {
         }
         return false;
     }
-    pthread_mutex_lock(&h->lock);
+    cua_lock(&h->lock);
     bool owned = ptrmap_get(&h->live, a) != NULL;
-    pthread_mutex_unlock(&h->lock);
+    cua_unlock(&h->lock);
     return owned;
 }
 
 size_t heap_block_size(heap_t *h, const void *ptr) {
-    pthread_mutex_lock(&h->lock);
+    cua_lock(&h->lock);
     block_t *b = ptrmap_get(&h->live, (uintptr_t)ptr);
     size_t n = b ? b->requested : SIZE_MAX;
-    pthread_mutex_unlock(&h->lock);
+    cua_unlock(&h->lock);
     return n;
 }
 
 block_t *heap_test_find_block(heap_t *h, const void *ptr) { return ptrmap_get(&h->live, (uintptr_t)ptr); }
 bool heap_is_vmm(const heap_t *h) { return h->vmm; }
+
+void heap_pool_range(const heap_t *h, pool_id_t pool, uintptr_t *lo, uintptr_t *hi) {
+    *lo = h->pools[pool].va_base;
+    *hi = h->pools[pool].va_base + h->pools[pool].va_size;
+}
 size_t heap_chunk_size(const heap_t *h, pool_id_t pool) { return h->pools[pool].chunk; }
 
 void heap_get_stats(heap_t *h, cualloc_stats *out) {
-    pthread_mutex_lock(&h->lock);
+    cua_lock(&h->lock);
     *out = h->stats;
     out->largest_free_block = largest_free_locked(h);
-    pthread_mutex_unlock(&h->lock);
+    cua_unlock(&h->lock);
 }
 
 void heap_trim(heap_t *h) {
-    pthread_mutex_lock(&h->lock);
+    cua_lock(&h->lock);
     h->stats.num_trims++;
     if (h->vmm) vmm_release(h, SIZE_MAX);
     else classic_release_all(h);
     update_inactive_split(h);
-    pthread_mutex_unlock(&h->lock);
+    cua_unlock(&h->lock);
 }
 
 void heap_stream_destroyed(heap_t *h, cua_stream stream) {
-    pthread_mutex_lock(&h->lock);
+    cua_lock(&h->lock);
+    quick_flush(h);
     for (unsigned t = 1; t < HEAP_MAX_TAGS; t++) {
         stream_rec_t *r = &h->tags[t];
         if (!r->used || r->handle != stream) continue;
@@ -1058,7 +1188,7 @@ void heap_stream_destroyed(heap_t *h, cua_stream stream) {
         if (!r->free_bytes) r->used = false;
         if (h->last_tag == t) h->last_tag = 0;
     }
-    pthread_mutex_unlock(&h->lock);
+    cua_unlock(&h->lock);
 }
 
 /* ------------------------------------------------------------------ checker */
@@ -1068,6 +1198,8 @@ typedef struct {
     FILE *report;
     int bad;
     size_t allocated_blocks;
+    size_t cached_blocks;
+    size_t cached_bytes[HEAP_MAX_TAGS]; /* CACHED bytes per tag, both pools */
 } check_ctx_t;
 
 #define CHECK(ctx, cond, ...)                                   \
@@ -1100,6 +1232,7 @@ static void check_pool(check_ctx_t *c, pool_t *p, size_t *mapped_sum) {
     heap_t *h = c->h;
     size_t allocated = 0, free_mapped = 0, releasable = 0, unmapped_bytes = 0, unmapped_count = 0;
     size_t free_count[HEAP_MAX_TAGS] = {0}, free_bytes[HEAP_MAX_TAGS] = {0};
+    size_t *cached_bytes = c->cached_bytes;
     size_t segments = 0;
     for (block_t *seg = p->segments; seg; seg = seg->seg_next) {
         if (++segments > ((size_t)1 << 32)) break;
@@ -1135,6 +1268,13 @@ static void check_pool(check_ctx_t *c, pool_t *p, size_t *mapped_sum) {
                     free_bytes[b->tag] += b->size;
                 }
                 CHECK(c, b->tag < HEAP_MAX_TAGS && h->tags[b->tag].used, "free block %#lx has unknown tag %u", (unsigned long)b->addr, b->tag);
+                break;
+            case BLOCK_CACHED:
+                CHECK(c, h->vmm, "cached block %#lx in classic mode", (unsigned long)b->addr);
+                free_mapped += b->size;
+                releasable += block_releasable(h, p, b);
+                if (b->tag < HEAP_MAX_TAGS) cached_bytes[b->tag] += b->size;
+                c->cached_blocks++;
                 break;
             case BLOCK_UNMAPPED:
                 CHECK(c, h->vmm, "unmapped block %#lx in classic mode", (unsigned long)b->addr);
@@ -1200,8 +1340,8 @@ static void check_pool(check_ctx_t *c, pool_t *p, size_t *mapped_sum) {
 }
 
 int heap_check(heap_t *h, FILE *report) {
-    pthread_mutex_lock(&h->lock);
-    check_ctx_t c = {h, report, 0, 0};
+    cua_lock(&h->lock);
+    check_ctx_t c = {h, report, 0, 0, 0, {0}};
     size_t mapped = 0, allocated = 0, free_mapped = 0, releasable = 0;
     for (int pi = 0; pi < POOL_COUNT; pi++) {
         check_pool(&c, &h->pools[pi], &mapped);
@@ -1215,9 +1355,27 @@ int heap_check(heap_t *h, FILE *report) {
             findex_t *ix = h->pools[pi].index[t];
             if (ix) bytes += h->vmm ? ix->sc.bytes : ix->tree.bytes;
         }
-        CHECK(&c, bytes == h->tags[t].free_bytes, "tag %u: indexes hold %zu B, the stream record says %zu", t, bytes,
-              h->tags[t].free_bytes);
+        bytes += c.cached_bytes[t];
+        CHECK(&c, bytes == h->tags[t].free_bytes, "tag %u: indexes and quick lists hold %zu B, the stream record says %zu",
+              t, bytes, h->tags[t].free_bytes);
     }
+    size_t listed = 0, listed_bytes = 0;
+    for (int i = 0; i < QUICK_BUCKETS; i++) {
+        quick_t *q = &h->quick[i];
+        size_t n = 0;
+        for (block_t *b = q->head; b && n <= QUICK_DEPTH; b = b->link.list.next_free, n++) {
+            CHECK(&c, b->state == BLOCK_CACHED && b->size == q->size && b->tag == q->tag,
+                  "quick list %d (%zu B, tag %u) holds block %#lx: state %d, %zu B, tag %u", i, q->size, q->tag,
+                  (unsigned long)b->addr, b->state, b->size, b->tag);
+            CHECK(&c, quick_bucket(h, b->size, b->tag) == q, "block %#lx is on the wrong quick list", (unsigned long)b->addr);
+            listed_bytes += b->size;
+        }
+        CHECK(&c, n == q->count, "quick list %d holds %zu blocks, its count says %u", i, n, q->count);
+        listed += n;
+    }
+    CHECK(&c, listed == c.cached_blocks && listed_bytes == h->quick_bytes,
+          "quick lists hold %zu blocks / %zu B; segments have %zu cached blocks, quick_bytes says %zu", listed,
+          listed_bytes, c.cached_blocks, h->quick_bytes);
     CHECK(&c, mapped == h->stats.reserved_bytes, "pools map %zu B, reserved_bytes says %zu", mapped, h->stats.reserved_bytes);
     CHECK(&c, allocated == h->stats.allocated_bytes, "pools allocate %zu B, allocated_bytes says %zu", allocated,
           h->stats.allocated_bytes);
@@ -1231,13 +1389,13 @@ int heap_check(heap_t *h, FILE *report) {
     c.bad += ptrmap_check(&h->live, report);
     ptrmap_foreach(&h->live, check_live_entry, &c);
     CHECK(&c, h->blocks.live >= h->live.count, "slab hands out fewer records than live blocks");
-    pthread_mutex_unlock(&h->lock);
+    cua_unlock(&h->lock);
     return c.bad;
 }
 
 void heap_dump(heap_t *h, FILE *out) {
-    pthread_mutex_lock(&h->lock);
-    static const char *state_names[] = {"?", "allocated", "free", "unmapped"};
+    cua_lock(&h->lock);
+    static const char *state_names[] = {"?", "allocated", "free", "unmapped", "cached"};
     for (int pi = 0; pi < POOL_COUNT; pi++) {
         pool_t *p = &h->pools[pi];
         fprintf(out, "pool %s: mapped %zu allocated %zu free %zu releasable %zu\n", pi == POOL_SMALL ? "small" : "large",
@@ -1246,14 +1404,14 @@ void heap_dump(heap_t *h, FILE *out) {
             fprintf(out, " segment %#lx\n", (unsigned long)seg->addr);
             for (block_t *b = seg; b; b = b->next)
                 fprintf(out, "  %#lx %12zu %-9s tag %u\n", (unsigned long)b->addr, b->size,
-                        state_names[b->state < 4 ? b->state : 0], b->tag);
+                        state_names[b->state < 5 ? b->state : 0], b->tag);
         }
     }
     for (unsigned t = 0; t < HEAP_MAX_TAGS; t++)
         if (h->tags[t].used)
             fprintf(out, "tag %u: stream %p free %zu in-flight %d frees-since-record %llu\n", t, (void *)h->tags[t].handle,
                     h->tags[t].free_bytes, h->tags[t].event_in_flight, (unsigned long long)h->tags[t].frees_since_record);
-    pthread_mutex_unlock(&h->lock);
+    cua_unlock(&h->lock);
 }
 
 cualloc_stats *heap_test_stats(heap_t *h) { return &h->stats; }

@@ -58,6 +58,8 @@ typedef enum {
 /* Number of roundup_power2_divisions intervals: [1 MiB, 2 MiB), [2, 4), ..., [32 GiB, ...) — as
  * PyTorch's allocator config. Index 0 also covers sizes below 1 MiB. */
 #define CONF_ROUNDUP_INTERVALS 16
+/* Longest path value (the trace file template) plus its NUL. */
+#define CONF_PATH_MAX 256
 
 /* The configuration in force. Built by conf_parse from CUALLOC_CONF; every field has its
  * descriptor in conf.c's table (key, type, default, doc), from which README's table is made. */
@@ -72,6 +74,11 @@ typedef struct conf_s {
     size_t chunk_size;                    /* VMM chunk bytes for the LARGE pool; 0 = granularity */
     size_t va_factor;                     /* LARGE pool VA reservation = va_factor x device memory */
     bool summary;                         /* print a stats table per device at exit */
+    /* trace recorder (trace.c) */
+    char trace[CONF_PATH_MAX];            /* trace file template (%p %r %h); "" = off */
+    unsigned trace_stack_depth;           /* native frames per stack, 0..64; 0 = no stacks */
+    size_t trace_max;                     /* bytes the trace file may take; 0 = unbounded */
+    bool trace_ring;                      /* at trace_max keep the newest events (else stop) */
     /* driver */
     driver_kind_t driver;
     /* sim device */
@@ -150,7 +157,9 @@ void slab_destroy(slab_t *s);  /* returns every slab to the system */
 
 /* ======================================================================== block (heap.c) */
 
-typedef enum { BLOCK_ALLOCATED = 1, BLOCK_FREE = 2, BLOCK_UNMAPPED = 3 } block_state_t;
+/* CACHED: free, parked unmerged on an exact-size quick list for its (size, tag) — the fast path
+ * for the sizes a training step repeats. Merged back (flushed) before any search that misses. */
+typedef enum { BLOCK_ALLOCATED = 1, BLOCK_FREE = 2, BLOCK_UNMAPPED = 3, BLOCK_CACHED = 4 } block_state_t;
 typedef enum { POOL_SMALL = 0, POOL_LARGE = 1, POOL_COUNT = 2 } pool_id_t;
 #define TAG_ANY 0
 #define HEAP_MAX_TAGS 64
@@ -161,7 +170,7 @@ struct block_s {
     size_t size;             /* bytes; multiple of CUALLOC_ALIGN; > 0 */
     block_t *prev, *next;    /* address-order neighbours in the same segment; NULL at its ends,
                               * and addr + size == next->addr */
-    union {                  /* links of the free index the block is in (FREE, UNMAPPED) */
+    union {                  /* links of the free index or quick list the block is in */
         struct { block_t *prev_free, *next_free; } list;  /* TLSF bin list */
         struct { block_t *left, *right; } tree;           /* classic treap */
     } link;
@@ -277,6 +286,8 @@ block_t *heap_test_find_block(heap_t *h, const void *ptr);
 cualloc_stats *heap_test_stats(heap_t *h);               /* the heap's own counters */
 cua_memhandle *heap_test_chunk(heap_t *h, const void *ptr); /* chunk table entry under ptr (VMM) */
 bool heap_is_vmm(const heap_t *h);
+/* The VA range [lo, hi) of a VMM pool (empty in classic mode). Fixed for the heap's life. */
+void heap_pool_range(const heap_t *h, pool_id_t pool, uintptr_t *lo, uintptr_t *hi);
 size_t heap_chunk_size(const heap_t *h, pool_id_t pool);
 
 /* Size rounding as PyTorch's round_size: 512 B minimum and multiple, or the next of

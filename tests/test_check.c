@@ -54,6 +54,21 @@ static void corrupt_blocks(heap_t *h, void **ptrs, int n) {
     CORRUPT(h, f->size, f->size - 512, "free block shrunk");
 }
 
+/* VMM mode parks freed blocks on quick lists: their fields are bound too. */
+static void corrupt_cached(heap_t *h, void **ptrs, int n) {
+    block_t *q = NULL;
+    for (int i = 0; i < n && !q; i++) {
+        block_t *x = heap_test_find_block(h, ptrs[i]);
+        if (!x) continue;
+        if (x->next && x->next->state == BLOCK_CACHED) q = x->next;
+        else if (x->prev && x->prev->state == BLOCK_CACHED) q = x->prev;
+    }
+    EXPECT(q, "a cached block next to a live one");
+    CORRUPT(h, q->tag, (uint16_t)(q->tag + 3), "cached block on the list of another tag");
+    CORRUPT(h, q->state, BLOCK_FREE, "cached block marked free but not indexed");
+    CORRUPT(h, q->link.list.next_free, q, "quick list looping on itself");
+}
+
 static void corrupt_stats(heap_t *h) {
     cualloc_stats *s = heap_test_stats(h);
     CORRUPT(h, s->allocated_bytes, s->allocated_bytes + 512, "allocated_bytes off by 512");
@@ -67,6 +82,7 @@ int main(void) {
     void *ptrs[24];
     heap_t *h = build("sim_memory_mb:512", ptrs, 24);
     corrupt_blocks(h, ptrs, 24);
+    corrupt_cached(h, ptrs, 24);
     corrupt_stats(h);
     cua_memhandle *chunk = heap_test_chunk(h, ptrs[1]);
     EXPECT(chunk && *chunk, "chunk under a live block is mapped");

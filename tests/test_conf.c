@@ -76,6 +76,11 @@ static bool conf_equal(const conf_t *a, const conf_t *b, const char **which)
     SAME(summary) SAME(driver) SAME(sim_memory) SAME(sim_host_backed) SAME(sim_granularity)
     SAME(sim_vmm) SAME(sim_devices) SAME(sim_latency_us) SAME(sim_va_base) SAME(sim_fail_op)
     SAME(sim_fail_after) SAME(sim_fail_count)
+    SAME(trace_stack_depth) SAME(trace_max) SAME(trace_ring)
+    if (strcmp(a->trace, b->trace) != 0) {
+        *which = "trace";
+        return false;
+    }
 #undef SAME
     *which = NULL;
     return true;
@@ -91,7 +96,8 @@ static bool conf_equal(const conf_t *a, const conf_t *b, const char **which)
 static const char *const all_keys[] = {
     "expandable_segments", "max_split_size_mb", "garbage_collection_threshold",
     "roundup_power2_divisions", "per_process_memory_fraction", "max_memory_mb",
-    "chunk_size_mb", "va_factor", "summary", "driver", "sim_memory_mb", "sim_host_backed",
+    "chunk_size_mb", "va_factor", "summary", "trace", "trace_stack_depth", "trace_max_mb",
+    "trace_ring", "driver", "sim_memory_mb", "sim_host_backed",
     "sim_granularity_kb", "sim_vmm", "sim_devices", "sim_latency_us", "sim_va_base", "sim_fail",
 };
 #define NKEYS (sizeof all_keys / sizeof all_keys[0])
@@ -114,6 +120,10 @@ static void test_defaults(void)
     CHECK(c.chunk_size == 0);
     CHECK(c.va_factor == 4);
     CHECK(c.summary == false);
+    CHECK(c.trace[0] == '\0');
+    CHECK(c.trace_stack_depth == 16);
+    CHECK(c.trace_max == 0);
+    CHECK(c.trace_ring == false);
     CHECK(c.driver == DRIVER_CUDA);
     CHECK(c.sim_memory == 16384 * MiB);
     CHECK(c.sim_host_backed == false);
@@ -132,7 +142,8 @@ static void test_defaults(void)
     const char *want =
         "expandable_segments:True,max_split_size_mb:unlimited,garbage_collection_threshold:0,"
         "roundup_power2_divisions:0,per_process_memory_fraction:0,max_memory_mb:0,"
-        "chunk_size_mb:0,va_factor:4,summary:False,driver:cuda,sim_memory_mb:16384,"
+        "chunk_size_mb:0,va_factor:4,summary:False,trace:,trace_stack_depth:16,trace_max_mb:0,"
+        "trace_ring:False,driver:cuda,sim_memory_mb:16384,"
         "sim_host_backed:False,sim_granularity_kb:2048,sim_vmm:True,sim_devices:1,"
         "sim_latency_us:0,sim_va_base:0x7f0000000000,sim_fail:none";
     CHECK_MSG(strcmp(buf, want) == 0, "got %s", buf);
@@ -198,6 +209,14 @@ static void test_good_values(void)
     CHECK(good("sim_devices:64").sim_devices == 64);
     CHECK(good("sim_latency_us:250").sim_latency_us == 250);
     CHECK(good("sim_va_base:0x100000000").sim_va_base == 0x100000000ull);
+    CHECK(strcmp(good("trace:/tmp/t-%p-%r-%h.bin").trace, "/tmp/t-%p-%r-%h.bin") == 0);
+    CHECK(strcmp(good("trace:/tmp/x.bin,trace:").trace, "") == 0); /* empty: off */
+    CHECK(strcmp(good("trace: rel/a b:c ").trace, "rel/a b:c") == 0);
+    CHECK(good("trace_stack_depth:0").trace_stack_depth == 0);
+    CHECK(good("trace_stack_depth:64").trace_stack_depth == 64);
+    CHECK(good("trace_max_mb:1").trace_max == MiB);
+    CHECK(good("trace_max_mb:0").trace_max == 0);
+    CHECK(good("trace_ring:1").trace_ring);
     CHECK(good("sim_va_base:4294967296").sim_va_base == 0x100000000ull);
     CHECK(good("sim_va_base:0X7F0000200000").sim_va_base == 0x7f0000200000ull);
     /* The granularity set first allows a finer base. */
@@ -324,6 +343,14 @@ static void test_bad_values(void)
         {"sim_fail:map@1*2*3", "sim_fail"},
         {"sim_fail:map@4294967296", "sim_fail"},
         {"sim_fail:MAP@1", "sim_fail"},
+        {"trace:/tmp/a[1]", "trace"},
+        {"trace:/tmp/\x01x", "trace"},
+        {"trace_stack_depth:65", "trace_stack_depth"},
+        {"trace_stack_depth:-1", "trace_stack_depth"},
+        {"trace_stack_depth:", "trace_stack_depth"},
+        {"trace_max_mb:lots", "trace_max_mb"},
+        {"trace_max_mb:1073741825", "trace_max_mb"},
+        {"trace_ring:ring", "trace_ring"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         bad(cases[i].text, cases[i].key);
@@ -500,6 +527,11 @@ static void random_conf(conf_t *c)
     c->chunk_size = (rnd() & 1) ? 0 : (size_t)(2 * (1 + rnd_below(1u << 19))) * MiB;
     c->va_factor = 2 + rnd_below(1023);
     c->summary = rnd() & 1;
+    static const char *const paths[] = {"", "/tmp/trace.bin", "t-%p-%r-%h.bin", "a b:c/%%d"};
+    snprintf(c->trace, sizeof c->trace, "%s", paths[rnd_below(4)]);
+    c->trace_stack_depth = (unsigned)rnd_below(65);
+    c->trace_max = (rnd() & 1) ? 0 : (size_t)(1 + rnd_below(1u << 30)) * MiB;
+    c->trace_ring = rnd() & 1;
     c->driver = (rnd() & 1) ? DRIVER_SIM : DRIVER_CUDA;
     c->sim_memory = (size_t)(1 + rnd_below(1u << 30)) * MiB;
     c->sim_host_backed = rnd() & 1;

@@ -77,11 +77,13 @@ static size_t param_numel(int p) {
     }
 }
 
-static void param_name(int p, char *buf, size_t len) {
+/* "<prefix> wte", "<prefix> h.3.mlp.c_fc.weight", ... */
+static void param_name(const char *prefix, int p, char *buf, size_t len) {
     if (p < P_GLOBAL)
-        snprintf(buf, len, "param %s", global_param_names[p]);
+        snprintf(buf, len, "%s %s", prefix, global_param_names[p]);
     else
-        snprintf(buf, len, "param h.%d.%s", (p - P_GLOBAL) / PER_LAYER, layer_param_names[(p - P_GLOBAL) % PER_LAYER]);
+        snprintf(buf, len, "%s h.%d.%s", prefix, (p - P_GLOBAL) / PER_LAYER,
+                 layer_param_names[(p - P_GLOBAL) % PER_LAYER]);
 }
 
 /* ------------------------------------------------------------------ options */
@@ -295,8 +297,8 @@ typedef struct run_s {
     size_t step_peak_req, step_peak_alloc, step_peak_resv;
     uint64_t n_alloc_calls, n_free_calls;
     size_t max_T;
+    unsigned accounting_mismatches;
 } run_t;
-
 
 static void json_string(FILE *out, const char *s) {
     fputc('"', out);
@@ -317,7 +319,6 @@ static void print_summary(run_t *r, int heap_violations, size_t leftover);
 
 static tensor_t talloc(run_t *r, const char *what, int layer, size_t bytes) {
     tensor_t t = {cualloc_malloc(bytes, r->o->device, NULL), bytes};
-    r->n_alloc_calls++;
     if (!t.p) {
         r->failed = true;
         r->failed_step = r->step;
@@ -332,6 +333,7 @@ static tensor_t talloc(run_t *r, const char *what, int layer, size_t bytes) {
         print_summary(r, -1, 0);
         exit(1);
     }
+    r->n_alloc_calls++;
     r->live_requested += bytes;
     cualloc_stats s;
     get_stats(r, &s);
@@ -356,12 +358,10 @@ static void grad_produced(run_t *r, int p) {
     size_t bytes = param_numel(p) * BF16;
     char name[96];
     if (!r->grads[p].p) {
-        param_name(p, name, sizeof name);
-        memcpy(name, "grad ", 5); /* "param x" -> "grad  x" */
+        param_name("grad", p, name, sizeof name);
         r->grads[p] = talloc(r, name, -1, bytes);
     } else {
-        param_name(p, name, sizeof name);
-        memcpy(name, "gtmp ", 5);
+        param_name("grad (to accumulate)", p, name, sizeof name);
         tensor_t tmp = talloc(r, name, -1, bytes);
         tfree(r, &tmp);
     }
@@ -371,7 +371,7 @@ static void alloc_params(run_t *r) {
     char name[96];
     r->phase = "parameters";
     for (int p = 0; p < N_PARAMS; p++) {
-        param_name(p, name, sizeof name);
+        param_name("param", p, name, sizeof name);
         r->params[p] = talloc(r, name, -1, param_numel(p) * BF16);
     }
 }
@@ -541,15 +541,13 @@ static void train_step(run_t *r) {
     for (int p = 0; p < N_PARAMS; p++) {
         size_t n = param_numel(p);
         if (!r->exp_avg[p].p) {
-            param_name(p, name, sizeof name);
-            size_t k = strlen("param ");
-            char full[128];
-            snprintf(full, sizeof full, "adam exp_avg %s", name + k);
-            r->exp_avg[p] = talloc(r, full, -1, n * FP32);
-            snprintf(full, sizeof full, "adam exp_avg_sq %s", name + k);
-            r->exp_avg_sq[p] = talloc(r, full, -1, n * FP32);
+            param_name("AdamW exp_avg", p, name, sizeof name);
+            r->exp_avg[p] = talloc(r, name, -1, n * FP32);
+            param_name("AdamW exp_avg_sq", p, name, sizeof name);
+            r->exp_avg_sq[p] = talloc(r, name, -1, n * FP32);
         }
-        tensor_t upd = talloc(r, "adam fp32 update temporary", -1, n * FP32);
+        param_name("AdamW fp32 update of", p, name, sizeof name);
+        tensor_t upd = talloc(r, name, -1, n * FP32);
         tfree(r, &upd);
     }
     tfree(r, &loss);
@@ -590,10 +588,25 @@ static void print_header(const run_t *r, const char *conf) {
     fflush(stdout);
 }
 
+/* The library's gauges must agree with what the demo itself asked for and still holds. */
+static void check_accounting(run_t *r, const cualloc_stats *s) {
+    if (s->requested_bytes != r->live_requested || s->num_allocs != r->n_alloc_calls ||
+        s->num_frees != r->n_free_calls) {
+        r->accounting_mismatches++;
+        if (r->accounting_mismatches <= 5)
+            fprintf(stderr,
+                    "cualloc-demo: step %d: statistics disagree with the demo's own accounting: requested %zu "
+                    "(demo: %zu), num_allocs %" PRIu64 " (demo: %" PRIu64 "), num_frees %" PRIu64 " (demo: %" PRIu64 ")\n",
+                    r->step, s->requested_bytes, r->live_requested, s->num_allocs, r->n_alloc_calls, s->num_frees,
+                    r->n_free_calls);
+    }
+}
+
 static void print_step(run_t *r) {
-    if (r->o->quiet) return;
     cualloc_stats s;
     get_stats(r, &s);
+    check_accounting(r, &s);
+    if (r->o->quiet) return;
     if (r->o->json) {
         printf("%s{\"step\":%d,\"seq_len\":%zu,\"requested\":%zu,\"requested_peak\":%zu,\"allocated\":%zu,"
                "\"allocated_peak\":%zu,\"reserved\":%zu,\"reserved_peak\":%zu,\"step_peak_requested\":%zu,"
@@ -640,7 +653,9 @@ static void print_summary(run_t *r, int heap_violations, size_t leftover) {
                ",\"num_syncs\":%" PRIu64 ",\"max_seq_len\":%zu",
                s.requested_peak, s.allocated_peak, s.reserved_peak, util, s.capacity_bytes, s.num_allocs,
                s.num_frees, s.num_maps, s.num_unmaps, s.num_alloc_retries, s.num_ooms, s.num_syncs, r->max_T);
-        if (heap_violations >= 0) printf(",\"heap_check_violations\":%d,\"leftover_requested\":%zu", heap_violations, leftover);
+        if (heap_violations >= 0)
+            printf(",\"heap_check_violations\":%d,\"leftover_requested\":%zu,\"accounting_mismatches\":%u",
+                   heap_violations, leftover, r->accounting_mismatches);
         printf("}\n");
         fflush(stdout);
         return;
@@ -658,6 +673,9 @@ static void print_summary(run_t *r, int heap_violations, size_t leftover) {
     if (heap_violations >= 0)
         printf("  heap check       %s%s\n", heap_violations == 0 ? "consistent" : "VIOLATIONS (see stderr)",
                leftover ? " (requested bytes left after freeing everything!)" : "");
+    if (heap_violations >= 0)
+        printf("  accounting       %s\n", r->accounting_mismatches ? "MISMATCH with the demo's own counts (see stderr)"
+                                                                   : "stats agree with the demo's own counts");
     if (completed)
         printf("  completed        yes (%d steps)\n", done);
     else
@@ -688,12 +706,12 @@ static int run_training(const opts_t *o) {
     memset(r, 0, sizeof *r);
     r->o = o;
     r->phase = "set-up";
-    print_header(r, getenv("CUALLOC_CONF"));
     cualloc_stats s0;
     if (cualloc_get_stats(o->device, &s0) != 0) {
         fprintf(stderr, "cualloc-demo: device %d is not valid (CUALLOC_CONF=%s)\n", o->device, getenv("CUALLOC_CONF"));
         return 2;
     }
+    print_header(r, getenv("CUALLOC_CONF"));
     uint64_t rng = o->seed;
     alloc_params(r);
     r->B = (size_t)o->batch;
@@ -715,9 +733,10 @@ static int run_training(const opts_t *o) {
     }
     cualloc_stats s;
     get_stats(r, &s);
+    check_accounting(r, &s);
     int violations = cualloc_check(o->device);
     print_summary(r, violations, s.requested_bytes);
-    return violations || s.requested_bytes ? 3 : 0;
+    return violations || s.requested_bytes || r->accounting_mismatches ? 3 : 0;
 }
 
 /* ------------------------------------------------------------------ --min-fit */

@@ -1,0 +1,70 @@
+"""FAKE torch.cuda — a test double (see tests/fake_torch/README.md). `_state` is what the tests
+inspect and set; `_fake_empty` stands for creating a CUDA tensor."""
+import ctypes
+
+_state = {
+    "initialized": False,      # torch.cuda.is_initialized()
+    "device": 0,               # the current device
+    "device_count": 1,
+    "allocators": [],          # (path, alloc_fn_name, free_fn_name) of every CUDAPluggableAllocator made
+    "changed_to": [],          # allocators passed to change_current_allocator that it accepted
+    "change_calls": 0,
+    "current": None,           # the pluggable allocator in use, or None for the native one
+    "native_used": False,      # the native allocator was initialized (PyTorch then refuses a swap)
+    "empty_cache_calls": 0,
+}
+
+
+def is_available():
+    return True
+
+
+def is_initialized():
+    return _state["initialized"]
+
+
+def _lazy_init():
+    # Like PyTorch: CUDA initialization initializes the current allocator.
+    if not _state["initialized"]:
+        _state["initialized"] = True
+        if _state["current"] is None:
+            _state["native_used"] = True
+
+
+def current_device():
+    _lazy_init()
+    return _state["device"]
+
+
+def device_count():
+    return _state["device_count"]  # does not initialize CUDA, as in PyTorch
+
+
+class _FakeTensor:
+    def __init__(self, ptr, nbytes, free):
+        self.ptr, self.nbytes, self._free = ptr, nbytes, free
+
+    def free(self):
+        if self._free:
+            self._free()
+            self._free = None
+
+
+def _fake_empty(nbytes):
+    """Creating a CUDA tensor: initializes CUDA, then allocates through the current allocator (a
+    pluggable one is called through its function pointers, as c10 does)."""
+    _lazy_init()
+    alloc = _state["current"]
+    if alloc is None:
+        return _FakeTensor(None, nbytes, None)
+    dev = _state["device"]
+    ptr = alloc._malloc(nbytes, dev, None)
+    return _FakeTensor(ptr, nbytes, lambda: alloc._free(ptr, nbytes, dev, None))
+
+
+from . import memory  # noqa: E402
+from .memory import (  # noqa: E402,F401  (PyTorch: `from .memory import *`)
+    empty_cache, max_memory_allocated, max_memory_reserved, memory_allocated, memory_reserved,
+    memory_stats, memory_summary, reset_peak_memory_stats, reset_max_memory_allocated,
+    reset_accumulated_memory_stats,
+)

@@ -1,0 +1,458 @@
+#!/usr/bin/env python3
+"""test_cualloc_torch.py — tools/cualloc_torch.py (the PyTorch helper) without PyTorch.
+
+A FAKE `torch` package (tests/fake_torch, a test double that records calls and mimics the PyTorch
+2.x behaviour the helper relies on) goes first on sys.path; the library is the real one, on the
+sim device (meson runs this with CUALLOC_CONF=driver:sim,sim_memory_mb:256):
+
+  - enable() registers libcualloc_torch.so with the right symbol names, loads it once, refuses
+    clearly after CUDA initialization (ours and PyTorch's own refusal), and is idempotent;
+  - stats() returns libcualloc.so's own figures (moved with cualloc_malloc through ctypes, and
+    through the shim's function pointer as PyTorch would call it), from the same copy of the
+    library the shim links;
+  - the stand-ins answer under PyTorch's key names with cualloc's values, and disable_standins()
+    puts PyTorch's functions back;
+  - empty_cache() trims; reset_peak_memory_stats() warns once; mark() works or warns once;
+    step marks per optimizer and for all optimizers;
+  - the ctypes struct against the header and the C compiler (--layout), and --selftest.
+
+What this cannot show — that the real PyTorch loads the shim, turns its std::runtime_error into
+RuntimeError, and trains under cualloc with the stand-ins — is the GPU check, done on a lent GPU.
+
+  python3 tests/test_cualloc_torch.py --lib build/src/libcualloc.so \
+      [--torch-lib build/src/libcualloc_torch.so] [--header include/cualloc.h] [--layout sizeof=160,...]
+"""
+import argparse
+import ctypes
+import importlib
+import io
+import os
+import subprocess
+import sys
+import unittest
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+FAKE_TORCH = os.path.join(HERE, "fake_torch")
+TOOLS = os.path.join(ROOT, "tools")
+
+ARGS = None  # parsed command line, set in __main__
+MiB = 1 << 20
+
+sys.path.insert(0, FAKE_TORCH)
+sys.path.insert(1, TOOLS)
+
+
+def fresh_modules():
+    """A new fake torch and a freshly imported helper for each test (module state reset). The
+    shared libraries stay loaded: one process, one heap, as in a real job."""
+    for name in [n for n in sys.modules if n == "torch" or n.startswith("torch.") or n == "cualloc_torch"]:
+        del sys.modules[name]
+    import torch  # the fake
+    import cualloc_torch
+    assert getattr(torch, "IS_FAKE_TORCH", False), "tests must run against tests/fake_torch, not a real torch"
+    return torch, cualloc_torch
+
+
+def direct_lib():
+    """libcualloc.so opened by its own path, independently of the helper."""
+    lib = ctypes.CDLL(ARGS.lib)
+    lib.cualloc_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    lib.cualloc_malloc.restype = ctypes.c_void_p
+    lib.cualloc_free.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.cualloc_free.restype = None
+    lib.cualloc_check.argtypes = [ctypes.c_int]
+    lib.cualloc_check.restype = ctypes.c_int
+    return lib
+
+
+def addr(fn):
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+class TorchLibCase(unittest.TestCase):
+    """Tests that need libcualloc_torch.so (skipped where it was not built: no C++ compiler)."""
+
+    def setUp(self):
+        if not ARGS.torch_lib:
+            self.skipTest("libcualloc_torch.so not built (no C++ compiler)")
+
+
+class StructLayout(unittest.TestCase):
+    def test_matches_header(self):
+        _, ct = fresh_modules()
+        self.assertEqual(ct.check_struct_against_header(ARGS.header), [])
+        self.assertEqual([n for n, _ in ct.header_fields(ARGS.header)], list(ct.STATS_FIELDS))
+
+    def test_matches_compiler(self):
+        if not ARGS.layout:
+            self.skipTest("no --layout from the C compiler")
+        _, ct = fresh_modules()
+        for item in ARGS.layout.split(","):
+            key, _, value = item.partition("=")
+            have = ctypes.sizeof(ct.CuallocStats) if key == "sizeof" else getattr(ct.CuallocStats, key).offset
+            self.assertEqual(have, int(value), "%s: ctypes %d, C compiler %s" % (key, have, value))
+
+    def test_header_parser_catches_a_change(self):
+        """The header check is not vacuous: a header with a field added must be reported."""
+        _, ct = fresh_modules()
+        with open(ARGS.header, encoding="utf-8") as f:
+            text = f.read()
+        changed = text.replace("X(num_trims)", "X(num_trims) \\\n    X(num_new_counter)")
+        self.assertNotEqual(changed, text)
+        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "cualloc_h_changed_%d.h" % os.getpid())
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(changed)
+            problems = ct.check_struct_against_header(path)
+        finally:
+            os.unlink(path)
+        self.assertTrue(any("field order" in p for p in problems), problems)
+        self.assertTrue(any("sizeof" in p for p in problems), problems)
+
+
+class Discovery(unittest.TestCase):
+    def setUp(self):
+        self.saved = os.environ.pop("CUALLOC_TORCH_LIB", None)
+
+    def tearDown(self):
+        os.environ.pop("CUALLOC_TORCH_LIB", None)
+        if self.saved is not None:
+            os.environ["CUALLOC_TORCH_LIB"] = self.saved
+
+    def test_explicit_missing_path_is_named(self):
+        _, ct = fresh_modules()
+        with self.assertRaises(FileNotFoundError) as cm:
+            ct.find_library("/nonexistent/dir/libcualloc_torch.so")
+        self.assertIn("/nonexistent/dir/libcualloc_torch.so", str(cm.exception))
+
+    def test_every_place_is_named(self):
+        _, ct = fresh_modules()
+        os.environ["CUALLOC_TORCH_LIB"] = "/nonexistent/env/libcualloc_torch.so"
+        ct._candidate_dirs = lambda: ["/nonexistent/a", "/nonexistent/b"]
+        saved = ct.ctypes.util.find_library
+        ct.ctypes.util.find_library = lambda name: None  # as if the loader cache had no copy
+        try:
+            with self.assertRaises(FileNotFoundError) as cm:
+                ct.find_library()
+        finally:
+            ct.ctypes.util.find_library = saved
+        msg = str(cm.exception)
+        for place in ("/nonexistent/env/libcualloc_torch.so (from CUALLOC_TORCH_LIB)",
+                      "/nonexistent/a/libcualloc_torch.so", "/nonexistent/b/libcualloc_torch.so", "ldconfig"):
+            self.assertIn(place, msg)
+        self.assertIn("meson compile", msg)
+
+    def test_sanitizer_builds_are_passed_over(self):
+        """A build-asan/src copy would abort an unsanitized python at load: skip it, and say so."""
+        _, ct = fresh_modules()
+        d = os.path.join(os.environ.get("TMPDIR", "/tmp"), "cualloc_fake_asan_%d" % os.getpid())
+        os.makedirs(d, exist_ok=True)
+        fake = os.path.join(d, "libcualloc_torch.so")
+        try:
+            with open(fake, "wb") as f:
+                f.write(b"\x7fELF...libasan.so.8\0...")
+            ct._candidate_dirs = lambda: [d, "/nonexistent/c"]
+            saved = ct.ctypes.util.find_library
+            ct.ctypes.util.find_library = lambda name: None
+            try:
+                with self.assertRaises(FileNotFoundError) as cm:
+                    ct.find_library()
+            finally:
+                ct.ctypes.util.find_library = saved
+            self.assertIn("%s (skipped: built with a sanitizer, needs libasan.so preloaded)" % fake, str(cm.exception))
+            self.assertEqual(ct.find_library(fake), fake)  # an explicit path is the user's choice
+        finally:
+            os.unlink(fake)
+            os.rmdir(d)
+
+    def test_default_places(self):
+        _, ct = fresh_modules()
+        dirs = ct._candidate_dirs()
+        self.assertEqual(dirs[0], os.path.join(ROOT, "build", "src"))
+        self.assertIn(ROOT, dirs)  # installed: module in <libdir>/cualloc, library in <libdir>
+        self.assertIn("/usr/local/lib", dirs)
+
+    def test_env_and_explicit(self):
+        if not ARGS.torch_lib:
+            self.skipTest("libcualloc_torch.so not built (no C++ compiler)")
+        _, ct = fresh_modules()
+        os.environ["CUALLOC_TORCH_LIB"] = ARGS.torch_lib
+        self.assertEqual(ct.find_library(), os.path.abspath(ARGS.torch_lib))
+        os.environ["CUALLOC_TORCH_LIB"] = os.path.dirname(ARGS.torch_lib)  # a directory works too
+        self.assertEqual(ct.find_library(), os.path.abspath(ARGS.torch_lib))
+        del os.environ["CUALLOC_TORCH_LIB"]
+        self.assertEqual(ct.find_library(os.path.dirname(ARGS.torch_lib)), os.path.abspath(ARGS.torch_lib))
+
+    def test_imports_without_torch(self):
+        """The module itself must not import torch."""
+        code = ("import sys; sys.path.insert(0, %r); import cualloc_torch; "
+                "assert 'torch' not in sys.modules, 'imported torch'; print('ok')" % TOOLS)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+
+class Enable(TorchLibCase):
+    def test_registers_the_library_and_symbols(self):
+        torch, ct = fresh_modules()
+        alloc = ct.enable(ARGS.torch_lib)
+        st = torch.cuda._state
+        self.assertEqual(st["allocators"], [(os.path.abspath(ARGS.torch_lib), "cualloc_torch_malloc", "cualloc_torch_free")])
+        self.assertEqual(st["changed_to"], [alloc])
+        self.assertIs(st["current"], alloc)
+        self.assertTrue(ct.is_enabled())
+        # Enable does not initialize CUDA (that would have been too late for the swap).
+        self.assertFalse(torch.cuda.is_initialized())
+        # Again: a no-op, no second registration.
+        self.assertIs(ct.enable(ARGS.torch_lib), alloc)
+        self.assertEqual(st["change_calls"], 1)
+
+    def test_after_initialization_is_a_clear_error(self):
+        torch, ct = fresh_modules()
+        torch.cuda._fake_empty(1024)  # a CUDA tensor under the native allocator
+        self.assertTrue(torch.cuda.is_initialized())
+        with self.assertRaises(RuntimeError) as cm:
+            ct.enable(ARGS.torch_lib)
+        msg = str(cm.exception)
+        self.assertIn("after CUDA was initialized", msg)
+        self.assertIn("before creating any CUDA tensor", msg)
+        self.assertIn("LD_PRELOAD", msg)
+        self.assertEqual(torch.cuda._state["change_calls"], 0)
+        self.assertFalse(ct.is_enabled())
+        self.assertEqual(ct._originals, {})
+
+    def test_pytorch_refusal_is_rewrapped(self):
+        """is_initialized() says no but PyTorch still refuses (its allocator was used another way):
+        the user gets our advice and PyTorch's words."""
+        torch, ct = fresh_modules()
+        torch.cuda._state["native_used"] = True
+        with self.assertRaises(RuntimeError) as cm:
+            ct.enable(ARGS.torch_lib)
+        msg = str(cm.exception)
+        self.assertIn("before creating any CUDA tensor", msg)
+        self.assertIn("Can't swap an already initialized allocator", msg)
+        self.assertIsInstance(cm.exception.__cause__, RuntimeError)
+        self.assertFalse(ct.is_enabled())
+
+    def test_missing_library(self):
+        torch, ct = fresh_modules()
+        with self.assertRaises(FileNotFoundError):
+            ct.enable("/nonexistent/libcualloc_torch.so")
+        self.assertEqual(torch.cuda._state["change_calls"], 0)
+
+
+class Stats(TorchLibCase):
+    def setUp(self):
+        super().setUp()
+        self.torch, self.ct = fresh_modules()
+        self.ct.enable(ARGS.torch_lib)
+        self.lib = direct_lib()
+
+    def tearDown(self):
+        self.assertEqual(self.lib.cualloc_check(0), 0)
+
+    def test_same_copy_of_the_library(self):
+        helper = self.ct.library()
+        self.assertEqual(addr(helper.cualloc_get_stats), addr(self.lib.cualloc_get_stats))
+        self.assertEqual(addr(helper.cualloc_malloc), addr(self.lib.cualloc_malloc))
+
+    def test_fields_and_real_figures(self):
+        s0 = self.ct.stats()
+        self.assertEqual(set(s0), set(self.ct.STATS_FIELDS))
+        self.assertEqual(len(s0), 20)
+        self.assertEqual(s0, self.ct.stats(0))
+        self.assertEqual(s0, self.ct.stats("cuda:0"))
+        self.assertEqual(s0, self.ct.stats(self.torch.device("cuda", 0)))
+        p = self.lib.cualloc_malloc(8 * MiB + 100, 0, None)
+        self.assertTrue(p)
+        try:
+            s1 = self.ct.stats()
+            self.assertEqual(s1["requested_bytes"] - s0["requested_bytes"], 8 * MiB + 100)
+            self.assertEqual(s1["allocated_bytes"] - s0["allocated_bytes"], 8 * MiB + 512)
+            self.assertEqual(s1["num_allocs"] - s0["num_allocs"], 1)
+            self.assertGreaterEqual(s1["reserved_bytes"], s1["allocated_bytes"])
+            self.assertGreaterEqual(s1["allocated_peak"], s1["allocated_bytes"])
+            self.assertEqual(s1["capacity_bytes"], 256 * MiB)  # sim_memory_mb:256
+        finally:
+            self.lib.cualloc_free(p, None)
+        s2 = self.ct.stats()
+        self.assertEqual(s2["allocated_bytes"], s0["allocated_bytes"])
+        self.assertEqual(s2["num_frees"] - s0["num_frees"], 1)
+
+    def test_through_the_shim_as_pytorch_calls_it(self):
+        s0 = self.ct.stats()
+        t = self.torch.cuda._fake_empty(3 * MiB)
+        self.assertTrue(t.ptr)
+        self.assertEqual(self.ct.stats()["allocated_bytes"] - s0["allocated_bytes"], 3 * MiB)
+        t.free()
+        self.assertEqual(self.ct.stats()["allocated_bytes"], s0["allocated_bytes"])
+
+    def test_bad_device(self):
+        with self.assertRaises(ValueError):
+            self.ct.stats(5)
+        with self.assertRaises(ValueError):
+            self.ct.stats("cpu")
+
+    def test_empty_cache_trims(self):
+        p = self.lib.cualloc_malloc(64 * MiB, 0, None)
+        self.lib.cualloc_free(p, None)
+        before = self.ct.stats()
+        self.assertGreaterEqual(before["reserved_bytes"] - before["allocated_bytes"], 64 * MiB)
+        self.torch.cuda.empty_cache()  # the stand-in
+        after = self.ct.stats()
+        self.assertEqual(after["num_trims"], before["num_trims"] + 1)
+        self.assertLess(after["reserved_bytes"], before["reserved_bytes"])
+        self.assertEqual(self.torch.cuda._state["empty_cache_calls"], 0)  # PyTorch's was not used
+        self.ct.empty_cache(0)
+        self.assertEqual(self.ct.stats()["num_trims"], before["num_trims"] + 2)
+
+
+class Standins(TorchLibCase):
+    def setUp(self):
+        super().setUp()
+        self.torch, self.ct = fresh_modules()
+        self.original_stats = self.torch.cuda.memory_stats
+        self.ct.enable(ARGS.torch_lib)
+        self.lib = direct_lib()
+        self.p = self.lib.cualloc_malloc(5 * MiB, 0, None)
+
+    def tearDown(self):
+        self.lib.cualloc_free(self.p, None)
+
+    def test_pytorch_key_names_with_cualloc_values(self):
+        c = self.torch.cuda
+        s = self.ct.stats()
+        ms = c.memory_stats()
+        self.assertIs(c.memory.memory_stats, self.ct.memory_stats)
+        expected = {
+            "allocated_bytes.all.current": s["allocated_bytes"], "allocated_bytes.all.peak": s["allocated_peak"],
+            "reserved_bytes.all.current": s["reserved_bytes"], "reserved_bytes.all.peak": s["reserved_peak"],
+            "requested_bytes.all.current": s["requested_bytes"], "requested_bytes.all.peak": s["requested_peak"],
+            "active_bytes.all.current": s["active_bytes"], "active_bytes.all.peak": s["active_peak"],
+            "inactive_split_bytes.all.current": s["inactive_split_bytes"],
+            "inactive_split_bytes.all.peak": s["inactive_split_peak"],
+            "num_alloc_retries": s["num_alloc_retries"], "num_ooms": s["num_ooms"],
+            "num_device_alloc": s["num_maps"], "num_device_free": s["num_unmaps"],
+            "allocation.all.current": s["num_allocs"] - s["num_frees"],
+        }
+        for k, v in expected.items():
+            self.assertEqual(ms[k], v, k)
+        self.assertEqual(list(ms), sorted(ms))  # PyTorch returns its keys sorted
+        self.assertGreaterEqual(ms["allocated_bytes.all.current"], 5 * MiB)
+        self.assertEqual(c.memory_allocated(), s["allocated_bytes"])
+        self.assertEqual(c.memory_allocated(0), s["allocated_bytes"])
+        self.assertEqual(c.memory.memory_allocated(device=0), s["allocated_bytes"])
+        self.assertEqual(c.max_memory_allocated(), s["allocated_peak"])
+        self.assertEqual(c.memory_reserved(), s["reserved_bytes"])
+        self.assertEqual(c.max_memory_reserved(), s["reserved_peak"])
+        self.assertIn("allocated_bytes", c.memory_summary())
+
+    def test_reset_peaks_warns_once(self):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            self.torch.cuda.reset_peak_memory_stats()
+            self.torch.cuda.reset_peak_memory_stats(0)
+            self.torch.cuda.memory.reset_max_memory_allocated()
+        self.assertEqual(len(w), 1, [str(x.message) for x in w])
+        self.assertIn("cannot reset peak", str(w[0].message))
+
+    def test_disable_standins_restores_pytorch(self):
+        self.assertIn("torch.cuda.memory_stats", self.ct._originals)
+        self.assertIn("torch.cuda.memory.memory_stats", self.ct._originals)
+        self.assertIs(self.ct._originals["torch.cuda.memory_stats"], self.original_stats)
+        self.ct.disable_standins()
+        self.assertEqual(self.ct._originals, {})
+        self.assertIs(self.torch.cuda.memory_stats, self.original_stats)
+        # ...which is why the stand-ins exist: PyTorch's raise under a pluggable allocator.
+        with self.assertRaisesRegex(RuntimeError, "does not yet support getDeviceStats"):
+            self.torch.cuda.memory_allocated()
+        self.ct.install_standins()
+        self.assertEqual(self.torch.cuda.memory_allocated(), self.ct.stats()["allocated_bytes"])
+
+    def test_standins_off(self):
+        torch, ct = fresh_modules()
+        original = torch.cuda.memory_stats
+        ct.enable(ARGS.torch_lib, standins=False)
+        self.assertIs(torch.cuda.memory_stats, original)
+        self.assertEqual(ct._originals, {})
+
+
+class Marks(TorchLibCase):
+    def setUp(self):
+        super().setUp()
+        self.torch, self.ct = fresh_modules()
+
+    def test_mark_works_or_warns_once(self):
+        self.ct.enable(ARGS.torch_lib)
+        has_mark = hasattr(ctypes.CDLL(ARGS.lib), "cualloc_mark")
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            self.ct.mark("phase one")
+            self.ct.mark("phase two")
+        if has_mark:
+            self.assertEqual(w, [], "cualloc_mark exists, so no warning")
+        else:
+            self.assertEqual(len(w), 1, [str(x.message) for x in w])
+            self.assertIn("no cualloc_mark", str(w[0].message))
+
+    def _record_marks(self):
+        marks = []
+        self.ct.mark = marks.append  # the hooks call the module's mark()
+        return marks
+
+    def test_watch_optimizer(self):
+        marks = self._record_marks()
+        opt = self.torch.optim.Optimizer()
+        handle = self.ct.watch_optimizer(opt)
+        opt.step()
+        opt.step()
+        self.assertEqual(marks, ["step 1", "step 2"])
+        handle.remove()
+        opt.step()
+        self.assertEqual(marks, ["step 1", "step 2"])
+
+    def test_step_marks_for_all_optimizers(self):
+        marks = self._record_marks()
+        self.ct.enable(ARGS.torch_lib, step_marks=True)
+        g, d = self.torch.optim.Optimizer(), self.torch.optim.Optimizer()
+        g.step()
+        d.step()
+        g.step()
+        self.assertEqual(marks, ["step 1", "step 1 (optimizer 1)", "step 2"])
+        # An optimizer also watched explicitly is marked once per step, not twice.
+        marks.clear()
+        self.ct.watch_optimizer(g)
+        g.step()
+        self.assertEqual(marks, ["step 3"])
+        self.ct._global_hook_handle.remove()
+
+
+class SelfTest(unittest.TestCase):
+    def test_selftest_passes(self):
+        cmd = [sys.executable, os.path.join(TOOLS, "cualloc_torch.py"), "--selftest", "--header", ARGS.header]
+        if ARGS.layout:
+            cmd += ["--layout", ARGS.layout]
+        if ARGS.torch_lib:
+            cmd += ["--lib", ARGS.torch_lib]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("cualloc_torch selftest: ok", r.stdout)
+        self.assertNotIn("FAIL", r.stdout)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True, help="libcualloc.so")
+    ap.add_argument("--torch-lib", help="libcualloc_torch.so (tests needing it skip without)")
+    ap.add_argument("--header", default=os.path.join(ROOT, "include", "cualloc.h"))
+    ap.add_argument("--layout", help="sizeof=N,field=OFFSET,... from the C compiler")
+    ARGS, rest = ap.parse_known_args()
+    ARGS.lib = os.path.abspath(ARGS.lib)
+    if ARGS.torch_lib:
+        ARGS.torch_lib = os.path.abspath(ARGS.torch_lib)
+    if "driver:sim" not in os.environ.get("CUALLOC_CONF", ""):
+        print("test_cualloc_torch: needs CUALLOC_CONF=driver:sim,sim_memory_mb:256 (meson sets it)", file=sys.stderr)
+        sys.exit(2)
+    prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2)
+    sys.exit(0 if prog.result.wasSuccessful() else 1)

@@ -1,0 +1,28 @@
+/* cualloc-conf — prints cualloc's configuration keys from the one descriptor table in conf.c:
+ *   cualloc-conf --markdown     the README's table
+ *   cualloc-conf [CONF]         the configuration CONF (default: $CUALLOC_CONF) resolves to
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+int main(int argc, char **argv) {
+    if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        printf("usage: cualloc-conf --markdown | cualloc-conf [CONF]\n"
+               "  --markdown  print every configuration key as a Markdown table\n"
+               "  CONF        print the full configuration that CONF (default $CUALLOC_CONF) resolves to\n");
+        return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "--markdown") == 0) {
+        conf_write_markdown(stdout);
+        return 0;
+    }
+    conf_t c;
+    conf_defaults(&c);
+    int problems = conf_parse(argc > 1 ? argv[1] : getenv("CUALLOC_CONF"), &c);
+    char buf[4096];
+    conf_format(&c, buf, sizeof buf);
+    printf("%s\n", buf);
+    return problems ? 1 : 0;
+}

@@ -1,0 +1,740 @@
+#!/usr/bin/env python3
+"""cualloc_torch — use cualloc as PyTorch's CUDA allocator (the pluggable-allocator way in).
+
+    import cualloc_torch
+    cualloc_torch.enable()          # before the first CUDA tensor is created
+    ...                             # train as usual; torch.cuda.memory_allocated() & co. keep working
+    print(cualloc_torch.stats())    # cualloc's own figures, per device
+
+enable() registers libcualloc_torch.so (src/torch_abi.cc) through
+torch.cuda.memory.CUDAPluggableAllocator, loads the same libcualloc.so through ctypes for
+statistics, and replaces torch.cuda's statistics functions — which raise under any pluggable
+allocator ("CUDAPluggableAllocator does not yet support getDeviceStats") — with stand-ins that
+answer from cualloc, under PyTorch's key names.
+
+The other way in needs no code change: LD_PRELOAD=build/src/libcualloc.so
+PYTORCH_NO_CUDA_MEMORY_CACHING=1 python train.py (see README.md).
+
+This module needs only the standard library; torch is imported inside the functions that use it,
+so the module imports, and `python3 cualloc_torch.py --selftest` runs, where torch is missing.
+
+What is verified where: tests/test_cualloc_torch.py checks this module against a fake `torch`
+package and the real libcualloc.so on the sim device; tests/test_torch_abi.cc checks the C++ shim.
+That PyTorch itself loads the shim, turns its exception into RuntimeError and trains under it is
+a GPU check, done on a lent GPU with a real PyTorch.
+"""
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import re
+import sys
+import sysconfig
+import threading
+import warnings
+import weakref
+from collections import OrderedDict
+
+__all__ = [
+    "enable", "is_enabled", "find_library", "load", "library", "stats", "empty_cache", "mark",
+    "watch_optimizer", "install_standins", "disable_standins", "memory_stats", "CuallocStats",
+]
+
+TORCH_LIB_NAME = "libcualloc_torch.so"
+MALLOC_SYMBOL = "cualloc_torch_malloc"
+FREE_SYMBOL = "cualloc_torch_free"
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# ----------------------------------------------------------------------------------------------
+# cualloc_stats, mirrored from include/cualloc.h. The header lists the fields once, as X-macros:
+# the gauges (size_t current, size_t peak), then largest_free_block and capacity_bytes (size_t),
+# then the counters (uint64_t). Keep this in the header's order; tests/test_cualloc_torch.py and
+# --selftest compare it with the header and with the C compiler's sizeof/offsetof.
+
+_GAUGES = [
+    ("requested_bytes", "requested_peak"),
+    ("allocated_bytes", "allocated_peak"),
+    ("active_bytes", "active_peak"),
+    ("reserved_bytes", "reserved_peak"),
+    ("inactive_split_bytes", "inactive_split_peak"),
+]
+_COUNTERS = [
+    "num_allocs", "num_frees", "num_maps", "num_unmaps", "num_alloc_retries", "num_ooms",
+    "num_syncs", "num_trims",
+]
+
+
+class CuallocStats(ctypes.Structure):
+    """struct cualloc_stats (include/cualloc.h), field for field."""
+    _fields_ = ([(name, ctypes.c_size_t) for pair in _GAUGES for name in pair]
+                + [("largest_free_block", ctypes.c_size_t), ("capacity_bytes", ctypes.c_size_t)]
+                + [(name, ctypes.c_uint64) for name in _COUNTERS])
+
+
+STATS_FIELDS = tuple(name for name, _ in CuallocStats._fields_)
+
+
+def header_fields(header_path):
+    """Parses cualloc.h — the X-macro lists and the struct that expands them — and returns
+    [(field, C type)] in struct order: what the ctypes mirror above must equal."""
+    with open(header_path, encoding="utf-8") as f:
+        text = f.read()
+
+    def macro_body(name):
+        m = re.search(r"#define\s+" + name + r"\(X\)((?:[^\n]*\\\n)*[^\n]*)", text)
+        if not m:
+            raise ValueError("%s: no #define %s(X)" % (header_path, name))
+        return re.sub(r"/\*.*?\*/", "", m.group(1).replace("\\\n", "\n"), flags=re.S)
+
+    m = re.search(r"typedef struct cualloc_stats\s*\{(.*?)\}\s*cualloc_stats;", text, re.S)
+    if not m:
+        raise ValueError("%s: no typedef struct cualloc_stats" % header_path)
+    def expand(list_macro, field_macro):
+        """CUALLOC_STATS_X(FIELD_MACRO): each X(a, b, ...) of the list, through FIELD_MACRO's
+        `type param;` declarations."""
+        fm = re.search(r"#define\s+" + field_macro + r"\(([^)]*)\)\s*([^\n]*)", text)
+        if not fm:
+            raise ValueError("%s: no #define %s" % (header_path, field_macro))
+        params = [x.strip() for x in fm.group(1).split(",")]
+        decls = re.findall(r"(\w+)\s+(\w+)\s*;", fm.group(2))
+        out = []
+        for args in re.findall(r"X\(([^)]*)\)", macro_body(list_macro)):
+            binding = dict(zip(params, [a.strip() for a in args.split(",")]))
+            out += [(binding[param], ctype) for ctype, param in decls]
+        return out
+
+    fields = []
+    for line in re.sub(r"/\*.*?\*/", "", m.group(1), flags=re.S).splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        xm = re.fullmatch(r"(CUALLOC_STATS_\w+)\(\s*(\w+)\s*\)", line)
+        if xm:
+            fields += expand(xm.group(1), xm.group(2))
+            continue
+        dm = re.fullmatch(r"(size_t|uint64_t|uint32_t|int|unsigned)\s+(\w+)\s*;", line)
+        if not dm:
+            raise ValueError("%s: cannot read struct cualloc_stats line %r" % (header_path, line))
+        fields.append((dm.group(2), dm.group(1)))
+    return fields
+
+
+def check_struct_against_header(header_path):
+    """Returns a list of mismatches between CuallocStats and the header (empty when they agree)."""
+    problems = []
+    want = header_fields(header_path)
+    ctype_of = {"size_t": ctypes.c_size_t, "uint64_t": ctypes.c_uint64}
+    have = [(n, t) for n, t in CuallocStats._fields_]
+    if [n for n, _ in want] != [n for n, _ in have]:
+        problems.append("field order differs: header %s, ctypes %s" % ([n for n, _ in want], [n for n, _ in have]))
+    for (wn, wt), (hn, ht) in zip(want, have):
+        if wn == hn and ctypes.sizeof(ctype_of.get(wt, ctypes.c_char)) != ctypes.sizeof(ht):
+            problems.append("field %s: header type %s, ctypes %s" % (wn, wt, ht.__name__))
+    size = 0
+    for _, t in want:
+        c = ctype_of.get(t)
+        if c is None:
+            problems.append("header type %s has no ctypes mapping here" % t)
+            continue
+        a = ctypes.alignment(c)
+        size = (size + a - 1) // a * a + ctypes.sizeof(c)
+    if size != ctypes.sizeof(CuallocStats):
+        problems.append("sizeof: header implies %d bytes, ctypes has %d" % (size, ctypes.sizeof(CuallocStats)))
+    return problems
+
+
+# ----------------------------------------------------------------------------------------------
+# Finding and loading the library.
+
+def _candidate_dirs():
+    """Where libcualloc_torch.so may be, in the order searched (after an explicit path and
+    CUALLOC_TORCH_LIB): the build tree next to this file, then installed library directories."""
+    root = os.path.dirname(_HERE)
+    dirs = [os.path.join(root, "build", "src")]
+    # Other build directories of a source checkout (build-*, newest first).
+    others = [d for d in glob.glob(os.path.join(root, "build*", "src")) if d not in dirs]
+    others.sort(key=lambda d: os.path.getmtime(d) if os.path.exists(d) else 0, reverse=True)
+    dirs += others
+    # Installed: meson installs this module under <libdir>/cualloc, the library in <libdir>.
+    dirs += [os.path.dirname(_HERE), _HERE]
+    multiarch = sysconfig.get_config_var("MULTIARCH") or ""
+    for prefix in [sys.prefix, "/usr/local", "/usr"]:
+        for sub in (["lib", multiarch] if multiarch else None, ["lib64"], ["lib"]):
+            if sub:
+                dirs.append(os.path.join(prefix, *sub))
+    seen, out = set(), []
+    for d in dirs:
+        d = os.path.normpath(d)
+        if d not in seen:
+            seen.add(d)
+            out.append(d)
+    return out
+
+
+def find_library(path=None):
+    """Returns the path of libcualloc_torch.so: `path` if given (a file, or a directory holding
+    it), else $CUALLOC_TORCH_LIB, else the first of the build tree and installed library
+    directories that has it, else what the dynamic loader's cache knows. Raises FileNotFoundError
+    naming every place looked in."""
+    looked = []
+    if path is not None:
+        p = os.fspath(path)
+        if os.path.isdir(p):
+            p = os.path.join(p, TORCH_LIB_NAME)
+        if os.path.isfile(p):
+            return os.path.abspath(p)
+        raise FileNotFoundError(
+            "cualloc_torch: %s does not exist (the path given to enable()/find_library()). "
+            "Build the library with `meson setup build && meson compile -C build` (it is "
+            "build/src/%s), or pass its path." % (p, TORCH_LIB_NAME))
+    env = os.environ.get("CUALLOC_TORCH_LIB")
+    if env:
+        p = os.path.join(env, TORCH_LIB_NAME) if os.path.isdir(env) else env
+        if os.path.isfile(p):
+            return os.path.abspath(p)
+        looked.append("%s (from CUALLOC_TORCH_LIB)" % p)
+    else:
+        looked.append("$CUALLOC_TORCH_LIB (not set)")
+    for d in _candidate_dirs():
+        p = os.path.join(d, TORCH_LIB_NAME)
+        if os.path.isfile(p):
+            runtime = _sanitizer_runtime(p)
+            if runtime is None:
+                return p
+            looked.append("%s (skipped: built with a sanitizer, needs %s preloaded)" % (p, runtime))
+            continue
+        looked.append(p)
+    found = ctypes.util.find_library("cualloc_torch")
+    if found:
+        return found  # a name the loader resolves (ldconfig cache)
+    looked.append("the dynamic loader's cache (ldconfig -p)")
+    raise FileNotFoundError(
+        "cualloc_torch: cannot find %s. Looked in:\n  %s\nBuild it with `meson setup build && "
+        "meson compile -C build` (it needs a C++ compiler), install it with `meson install -C "
+        "build`, or name it: cualloc_torch.enable(path=...) or CUALLOC_TORCH_LIB=/path/to/%s."
+        % (TORCH_LIB_NAME, "\n  ".join(looked), TORCH_LIB_NAME))
+
+
+def _sanitizer_runtime(path):
+    """The sanitizer runtime a library needs (e.g. "libasan.so"), or None. A sanitizer build dir
+    is passed over in the search: its library cannot load into an unsanitized python. (Reads the
+    file's strings; the dynamic section names the runtime.)"""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(64 << 20)
+    except OSError:
+        return None
+    for runtime in (b"libasan.so", b"libtsan.so", b"libubsan.so", b"libhwasan.so", b"libmsan.so"):
+        if runtime in data:
+            return runtime.decode()
+    return None
+
+
+_state_lock = threading.RLock()
+_lib = None          # ctypes handle of libcualloc_torch.so (its cualloc_* symbols resolve to libcualloc.so)
+_lib_path = None
+_allocator = None    # the torch CUDAPluggableAllocator, kept alive
+_warned = set()
+
+
+def _warn_once(key, message, category=RuntimeWarning):
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, category, stacklevel=3)
+
+
+def load(path=None):
+    """Loads libcualloc_torch.so (found as find_library does) with ctypes and returns the handle;
+    idempotent. Its cualloc_* symbols resolve through its dependency to libcualloc.so — the very
+    copy PyTorch's allocator calls — so the statistics read here are the allocator's own. A
+    libcualloc.so path also works (stats only, no PyTorch registration)."""
+    global _lib, _lib_path
+    with _state_lock:
+        if _lib is not None and (path is None or _norm(find_library(path)) == _lib_path):
+            return _lib
+        p = find_library(path)
+        lib = ctypes.CDLL(p)
+        _declare(lib)
+        _lib, _lib_path = lib, _norm(p)
+        return lib
+
+
+def _norm(p):
+    """A library path as compared here: resolved when it is a path, as is when it is a bare name
+    the loader resolves (ldconfig cache)."""
+    return os.path.realpath(p) if os.path.sep in p else p
+
+
+def library():
+    """The loaded ctypes handle (loading it on first use)."""
+    return _lib if _lib is not None else load()
+
+
+def _declare(lib):
+    lib.cualloc_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    lib.cualloc_malloc.restype = ctypes.c_void_p
+    lib.cualloc_free.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.cualloc_free.restype = None
+    lib.cualloc_get_stats.argtypes = [ctypes.c_int, ctypes.POINTER(CuallocStats)]
+    lib.cualloc_get_stats.restype = ctypes.c_int
+    lib.cualloc_trim.argtypes = [ctypes.c_int]
+    lib.cualloc_trim.restype = None
+    lib.cualloc_check.argtypes = [ctypes.c_int]
+    lib.cualloc_check.restype = ctypes.c_int
+    mark_fn = _optional_symbol(lib, "cualloc_mark")
+    if mark_fn is not None:
+        mark_fn.argtypes = [ctypes.c_char_p]
+        mark_fn.restype = None
+
+
+def _optional_symbol(lib, name):
+    try:
+        return getattr(lib, name)
+    except AttributeError:
+        return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Devices.
+
+def _device_index(device):
+    """PyTorch's device argument (None, int, "cuda", "cuda:1", torch.device) → an ordinal. None and
+    an index-less device mean the current device; asking torch for it only when CUDA is already
+    initialized, so reading statistics never initializes CUDA (which would forbid enable())."""
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        m = re.fullmatch(r"\s*cuda\s*(?::\s*(\d+))?\s*", device)
+        if not m:
+            raise ValueError("cualloc_torch: %r is not a CUDA device" % device)
+        return int(m.group(1)) if m.group(1) is not None else _current_device()
+    if device is None:
+        return _current_device()
+    index = getattr(device, "index", None)
+    dtype = getattr(device, "type", "cuda")
+    if dtype != "cuda":
+        raise ValueError("cualloc_torch: %r is not a CUDA device" % (device,))
+    return index if index is not None else _current_device()
+
+
+def _current_device():
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return 0
+    try:
+        if torch.cuda.is_initialized():
+            return int(torch.cuda.current_device())
+    except Exception:  # a partial or CPU-only torch: device 0
+        pass
+    return 0
+
+
+def _device_range():
+    """Devices cualloc knows (cualloc_get_stats answers 0 for each valid ordinal)."""
+    lib = library()
+    s = CuallocStats()
+    n = 0
+    while n < 1024 and lib.cualloc_get_stats(n, ctypes.byref(s)) == 0:
+        n += 1
+    return range(n)
+
+
+# ----------------------------------------------------------------------------------------------
+# Statistics, cache, marks.
+
+def stats(device=None):
+    """cualloc's statistics for `device` (default: the current device) as a dict of every field
+    of struct cualloc_stats (include/cualloc.h): bytes for the gauges and their peaks since start,
+    counts for the counters. Raises ValueError for a device cualloc does not have."""
+    dev = _device_index(device)
+    s = CuallocStats()
+    if library().cualloc_get_stats(dev, ctypes.byref(s)) != 0:
+        raise ValueError("cualloc_torch: device %d is not a device cualloc can use" % dev)
+    return {name: int(getattr(s, name)) for name in STATS_FIELDS}
+
+
+def empty_cache(device=None):
+    """Releases cualloc's cached free memory (cualloc_trim): on `device`, or on every device when
+    None — what torch.cuda.empty_cache() does for PyTorch's own allocator."""
+    lib = library()
+    if device is None:
+        for d in _device_range():
+            lib.cualloc_trim(d)
+    else:
+        lib.cualloc_trim(_device_index(device))
+
+
+def mark(label):
+    """Writes a mark (e.g. "step 12", "eval") into cualloc's trace, so allocview can split reports
+    by phase. A no-op, with a one-time warning, where the library has no trace API (cualloc_mark)
+    or cannot be loaded."""
+    try:
+        lib = library()
+    except (OSError, FileNotFoundError) as e:
+        _warn_once("mark-nolib", "cualloc_torch.mark(): library not loaded (%s); marks are ignored" % e)
+        return
+    fn = _optional_symbol(lib, "cualloc_mark")
+    if fn is None:
+        _warn_once("mark-nosym", "cualloc_torch.mark(): this libcualloc.so has no cualloc_mark (no trace "
+                   "API); marks are ignored")
+        return
+    fn(str(label).encode("utf-8", "replace"))
+
+
+# Step marks: "step N" after each optimizer step. Counted per optimizer; the first optimizer seen
+# writes "step N", any other "step N (optimizer K)" so a GAN's two optimizers stay apart.
+_step_counts = weakref.WeakKeyDictionary()
+_optimizer_ids = weakref.WeakKeyDictionary()
+_watched = weakref.WeakSet()
+_global_hook_handle = None
+
+
+def _step_label(opt):
+    with _state_lock:
+        n = _step_counts.get(opt, 0) + 1
+        _step_counts[opt] = n
+        if opt not in _optimizer_ids:
+            _optimizer_ids[opt] = len(_optimizer_ids)
+        k = _optimizer_ids[opt]
+    return "step %d" % n if k == 0 else "step %d (optimizer %d)" % (n, k)
+
+
+def _on_step(opt, args=None, kwargs=None):
+    mark(_step_label(opt))
+
+
+def _on_step_global(opt, args=None, kwargs=None):
+    if opt not in _watched:  # watch_optimizer already marks this one
+        mark(_step_label(opt))
+
+
+def watch_optimizer(opt):
+    """Marks "step N" in the trace after each opt.step() (Optimizer.register_step_post_hook,
+    PyTorch >= 2.0). Returns the hook's handle (handle.remove() stops it)."""
+    if not hasattr(opt, "register_step_post_hook"):
+        raise RuntimeError("cualloc_torch.watch_optimizer(): this optimizer has no register_step_post_hook "
+                           "(PyTorch >= 2.0 needed); call cualloc_torch.mark('step N') yourself")
+    _watched.add(opt)
+    return opt.register_step_post_hook(_on_step)
+
+
+def _watch_all_optimizers():
+    global _global_hook_handle
+    if _global_hook_handle is not None:
+        return True
+    import torch.optim.optimizer as optimizer_mod  # noqa: E402 (lazy: torch may be absent)
+    register = getattr(optimizer_mod, "register_optimizer_step_post_hook", None)
+    if register is None:
+        _warn_once("step-marks", "cualloc_torch: this PyTorch has no torch.optim.optimizer."
+                   "register_optimizer_step_post_hook; use cualloc_torch.watch_optimizer(opt) for step marks")
+        return False
+    _global_hook_handle = register(_on_step_global)
+    return True
+
+
+# ----------------------------------------------------------------------------------------------
+# Stand-ins for torch.cuda's statistics, which raise under a pluggable allocator.
+
+def memory_stats(device=None):
+    """torch.cuda.memory_stats() under cualloc: an OrderedDict with PyTorch's key names ("all" pool
+    only) and cualloc's values. num_device_alloc/free count chunk maps/unmaps (VMM) or segment
+    allocations/frees (classic); num_sync_all_streams counts the allocator's synchronizations."""
+    s = stats(device)
+    d = {}
+    for cur, peak in _GAUGES:
+        key = cur[: -len("_bytes")] if cur.endswith("_bytes") else cur
+        d["%s_bytes.all.current" % key] = s[cur]
+        d["%s_bytes.all.peak" % key] = s[peak]
+    d["allocation.all.current"] = s["num_allocs"] - s["num_frees"]
+    d["allocation.all.allocated"] = s["num_allocs"]
+    d["allocation.all.freed"] = s["num_frees"]
+    d["num_alloc_retries"] = s["num_alloc_retries"]
+    d["num_ooms"] = s["num_ooms"]
+    d["num_device_alloc"] = s["num_maps"]
+    d["num_device_free"] = s["num_unmaps"]
+    d["num_sync_all_streams"] = s["num_syncs"]
+    return OrderedDict(sorted(d.items()))
+
+
+def _memory_allocated(device=None):
+    return stats(device)["allocated_bytes"]
+
+
+def _max_memory_allocated(device=None):
+    return stats(device)["allocated_peak"]
+
+
+def _memory_reserved(device=None):
+    return stats(device)["reserved_bytes"]
+
+
+def _max_memory_reserved(device=None):
+    return stats(device)["reserved_peak"]
+
+
+def _reset_peaks(device=None):
+    """cualloc keeps peaks since the process started and cannot reset them: a no-op, with a
+    one-time warning, so scripts that reset between phases keep running."""
+    _warn_once("reset-peaks", "cualloc_torch: cualloc cannot reset peak statistics; "
+               "torch.cuda.reset_peak_memory_stats() and friends are no-ops under cualloc (peaks are "
+               "since process start; use cualloc_torch.mark() and allocview for per-phase peaks)")
+
+
+def _empty_cache():
+    empty_cache(None)
+
+
+def _memory_summary(device=None, abbreviated=False):
+    s = stats(device)
+    mib = float(1 << 20)
+    lines = ["cualloc memory summary, device %d" % _device_index(device),
+             "  %-22s %14s %14s" % ("MiB", "current", "peak")]
+    for cur, peak in _GAUGES:
+        lines.append("  %-22s %14.2f %14.2f" % (cur, s[cur] / mib, s[peak] / mib))
+    lines.append("  %-22s %14.2f" % ("largest_free_block", s["largest_free_block"] / mib))
+    lines.append("  %-22s %14.2f" % ("capacity_bytes", s["capacity_bytes"] / mib))
+    for c in _COUNTERS:
+        lines.append("  %-22s %14d" % (c, s[c]))
+    return "\n".join(lines) + "\n"
+
+
+# name → stand-in; each is installed on torch.cuda and torch.cuda.memory where the name exists.
+_STANDINS = {
+    "memory_stats": memory_stats,
+    "memory_allocated": _memory_allocated,
+    "max_memory_allocated": _max_memory_allocated,
+    "memory_reserved": _memory_reserved,
+    "max_memory_reserved": _max_memory_reserved,
+    "memory_cached": _memory_reserved,            # deprecated aliases, where torch still has them
+    "max_memory_cached": _max_memory_reserved,
+    "memory_summary": _memory_summary,
+    "reset_peak_memory_stats": _reset_peaks,
+    "reset_max_memory_allocated": _reset_peaks,
+    "reset_max_memory_cached": _reset_peaks,
+    "reset_accumulated_memory_stats": _reset_peaks,
+    "empty_cache": _empty_cache,
+}
+
+# "torch.cuda.memory_stats" → the original function, while the stand-ins are installed.
+_originals = {}
+
+
+def install_standins():
+    """Replaces torch.cuda's statistics functions (see _STANDINS) with cualloc's; the originals
+    are kept in cualloc_torch._originals. Idempotent."""
+    import torch  # noqa: E402
+    modules = [("torch.cuda", torch.cuda)]
+    mem = getattr(torch.cuda, "memory", None)
+    if mem is not None:
+        modules.append(("torch.cuda.memory", mem))
+    with _state_lock:
+        for modname, mod in modules:
+            for name, fn in _STANDINS.items():
+                key = "%s.%s" % (modname, name)
+                if key in _originals or not hasattr(mod, name):
+                    continue
+                _originals[key] = getattr(mod, name)
+                setattr(mod, name, fn)
+
+
+def disable_standins():
+    """Puts back torch.cuda's own statistics functions."""
+    with _state_lock:
+        for key, fn in list(_originals.items()):
+            modname, name = key.rsplit(".", 1)
+            mod = sys.modules.get(modname)
+            if mod is not None:
+                setattr(mod, name, fn)
+            del _originals[key]
+
+
+# ----------------------------------------------------------------------------------------------
+# enable()
+
+def is_enabled():
+    return _allocator is not None
+
+
+def enable(path=None, peer_access=True, step_marks=False, standins=True):
+    """Makes cualloc PyTorch's CUDA allocator. Call it before the first CUDA tensor: PyTorch
+    cannot swap an allocator it has already initialized.
+
+    path        libcualloc_torch.so (default: found as find_library() says)
+    peer_access accepted for the future; cualloc does not yet grant other GPUs access to its
+                memory (a warning says so where more than one GPU is visible)
+    step_marks  mark "step N" in cualloc's trace after every optimizer step, for all optimizers
+                (torch.optim.optimizer.register_optimizer_step_post_hook); watch_optimizer(opt)
+                does it for one
+    standins    replace torch.cuda.memory_stats & co. with cualloc's figures (default)
+
+    Returns the torch CUDAPluggableAllocator. Calling it again with the same library is a no-op.
+    Raises RuntimeError when CUDA is already initialized, FileNotFoundError when the library is
+    not found."""
+    global _allocator
+    import torch  # noqa: E402 (lazy: the module imports without torch)
+
+    with _state_lock:
+        lib_path = find_library(path)
+        if _allocator is not None:
+            if _norm(lib_path) != _lib_path:
+                raise RuntimeError("cualloc_torch.enable(): already enabled with %s; cannot switch to %s"
+                                   % (_lib_path, lib_path))
+            _finish_enable(torch, step_marks, standins)
+            return _allocator
+        memory = getattr(torch.cuda, "memory", None)
+        if memory is None or not hasattr(memory, "CUDAPluggableAllocator") \
+                or not hasattr(memory, "change_current_allocator"):
+            raise RuntimeError("cualloc_torch.enable(): this PyTorch has no torch.cuda.memory."
+                               "CUDAPluggableAllocator (PyTorch >= 2.0 with CUDA is needed); use "
+                               "LD_PRELOAD=libcualloc.so PYTORCH_NO_CUDA_MEMORY_CACHING=1 instead")
+        if _cuda_in_use(torch):
+            raise RuntimeError(_too_late_message())
+        allocator = memory.CUDAPluggableAllocator(lib_path, MALLOC_SYMBOL, FREE_SYMBOL)
+        try:
+            memory.change_current_allocator(allocator)
+        except Exception as e:  # PyTorch: "Can't swap an already initialized allocator"
+            raise RuntimeError("%s (PyTorch said: %s)" % (_too_late_message(), e)) from e
+        _allocator = allocator
+        load(lib_path)
+        if peer_access:
+            try:
+                if torch.cuda.device_count() > 1:  # does not initialize CUDA
+                    _warn_once("peers", "cualloc_torch: with expandable segments (the default) cualloc grants "
+                               "each device access to its own memory only; direct peer-to-peer access "
+                               "from other GPUs (P2P copies, NCCL's P2P transport) is not set up yet")
+            except Exception:
+                pass
+        _finish_enable(torch, step_marks, standins)
+        return allocator
+
+
+def _finish_enable(torch, step_marks, standins):
+    if standins:
+        install_standins()
+    if step_marks:
+        _watch_all_optimizers()
+
+
+def _cuda_in_use(torch):
+    try:
+        if torch.cuda.is_initialized():
+            return True
+    except Exception:
+        pass
+    return False
+
+
+def _too_late_message():
+    return ("cualloc_torch.enable() was called after CUDA was initialized in this process, and "
+            "PyTorch cannot swap its allocator once it has been initialized. Call "
+            "`import cualloc_torch; cualloc_torch.enable()` at the top of the script, before "
+            "creating any CUDA tensor or model.cuda() and before torch.cuda calls that initialize "
+            "CUDA (current_device, set_device, synchronize, ...). Or use the no-code-change way: "
+            "LD_PRELOAD=libcualloc.so PYTORCH_NO_CUDA_MEMORY_CACHING=1 python train.py")
+
+
+# ----------------------------------------------------------------------------------------------
+# --selftest: the checks that need no torch.
+
+def _selftest(header=None, layout=None, lib=None):
+    failures = []
+
+    def check(ok, what):
+        print("%s: %s" % ("ok  " if ok else "FAIL", what))
+        if not ok:
+            failures.append(what)
+
+    # 1. The ctypes mirror against the header (and the compiler's layout when given).
+    header = header or os.path.join(os.path.dirname(_HERE), "include", "cualloc.h")
+    if os.path.isfile(header):
+        problems = check_struct_against_header(header)
+        check(not problems, "CuallocStats matches %s%s" % (header, (": " + "; ".join(problems)) if problems else ""))
+    else:
+        print("skip: %s not found (not a source checkout); struct not compared with the header" % header)
+    if layout:
+        for item in layout.split(","):
+            key, _, value = item.partition("=")
+            want = int(value)
+            have = ctypes.sizeof(CuallocStats) if key == "sizeof" else getattr(CuallocStats, key).offset
+            check(have == want, "%s: ctypes %d, C compiler %d" % ("sizeof(cualloc_stats)" if key == "sizeof"
+                                                                  else "offsetof(cualloc_stats, %s)" % key, have, want))
+
+    # 2. Discovery: a wrong explicit path and a wrong CUALLOC_TORCH_LIB are named in the errors,
+    #    and the not-found error lists every place looked in.
+    bogus = os.path.join(os.sep, "nonexistent-cualloc-dir", TORCH_LIB_NAME)
+    try:
+        find_library(bogus)
+        check(False, "find_library(%s) should fail" % bogus)
+    except FileNotFoundError as e:
+        check(bogus in str(e), "a missing explicit path is named in the error")
+    saved_env = os.environ.get("CUALLOC_TORCH_LIB")
+    saved_dirs = globals()["_candidate_dirs"]
+    try:
+        os.environ["CUALLOC_TORCH_LIB"] = bogus
+        globals()["_candidate_dirs"] = lambda: [os.path.join(os.sep, "nonexistent-a"), os.path.join(os.sep, "nonexistent-b")]
+        found = None
+        try:
+            found = find_library()
+        except FileNotFoundError as e:
+            msg = str(e)
+            check(all(s in msg for s in (bogus, "CUALLOC_TORCH_LIB", os.path.join(os.sep, "nonexistent-a", TORCH_LIB_NAME),
+                                         os.path.join(os.sep, "nonexistent-b", TORCH_LIB_NAME), "ldconfig")),
+                  "the not-found error names every place looked in")
+        if found is not None:
+            print("skip: %s is in the loader cache; not-found message not checked" % found)
+    finally:
+        globals()["_candidate_dirs"] = saved_dirs
+        if saved_env is None:
+            os.environ.pop("CUALLOC_TORCH_LIB", None)
+        else:
+            os.environ["CUALLOC_TORCH_LIB"] = saved_env
+    root = os.path.dirname(_HERE)
+    check(_candidate_dirs()[0] == os.path.join(root, "build", "src"), "the build tree is searched first")
+
+    # 3. The library itself, where built: both torch symbols and the cualloc_ API resolve.
+    try:
+        p = find_library(lib)
+    except FileNotFoundError as e:
+        print("skip: library not built (%s)" % str(e).splitlines()[0])
+    else:
+        try:
+            h = ctypes.CDLL(p)
+            missing = [s for s in (MALLOC_SYMBOL, FREE_SYMBOL, "cualloc_malloc", "cualloc_free",
+                                   "cualloc_get_stats", "cualloc_trim") if _optional_symbol(h, s) is None]
+            check(not missing, "%s exports the torch functions and reaches the cualloc_ API%s"
+                  % (p, (": missing " + ", ".join(missing)) if missing else ""))
+        except OSError as e:
+            check(False, "loading %s: %s" % (p, e))
+
+    print("cualloc_torch selftest: %s" % ("%d failure(s)" % len(failures) if failures else "ok"))
+    return 1 if failures else 0
+
+
+def main(argv=None):
+    import argparse
+    ap = argparse.ArgumentParser(description="cualloc's PyTorch helper. Import it as a module "
+                                 "(import cualloc_torch; cualloc_torch.enable()); run it for the self-test.")
+    ap.add_argument("--selftest", action="store_true", help="run the checks that need no torch")
+    ap.add_argument("--header", help="include/cualloc.h to compare the ctypes struct with")
+    ap.add_argument("--layout", help="sizeof=N,field=OFFSET,... from the C compiler")
+    ap.add_argument("--lib", help="libcualloc_torch.so to check")
+    ap.add_argument("--find", action="store_true", help="print the library path enable() would use")
+    args = ap.parse_args(argv)
+    if args.find:
+        try:
+            print(find_library(args.lib))
+            return 0
+        except FileNotFoundError as e:
+            print(e, file=sys.stderr)
+            return 1
+    if args.selftest:
+        return _selftest(args.header, args.layout, args.lib)
+    ap.print_help()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
