@@ -6,7 +6,7 @@ expected=$("$conf_tool" --markdown)
 actual=$(sed -n '/<!-- conf-table-begin -->/,/<!-- conf-table-end -->/p' "$readme" | sed '1d;$d')
 if [ "$expected" != "$actual" ]; then
     echo "README.md's configuration table differs from the descriptor table in src/conf.c."
-    echo "Regenerate it with: build/tools/cualloc-conf --markdown"
+    echo "Regenerate it with: tools/update-readme-conf.sh"
     diff <(echo "$expected") <(echo "$actual") || true
     exit 1
 fi
