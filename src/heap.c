@@ -878,7 +878,7 @@ static void report_oom(heap_t *h, size_t size, size_t rsize) {
               fmt_bytes(allocated, alloc, sizeof alloc), fmt_bytes(reserved, resv, sizeof resv),
               fmt_bytes(reserved - allocated, cached, sizeof cached), fmt_bytes(lf, largest, sizeof largest),
               fmt_bytes(dfree, devfree, sizeof devfree));
-    if (allocated + rsize <= h->cap)
+    if (rsize <= h->cap && allocated <= h->cap - rsize) /* no wrap-around for huge requests */
         cua_error("device %d: diagnosis: fragmentation — live blocks total %s, so the request would fit in %s, "
                   "but no free range is large enough. %s",
                   h->dev, alloc, cap,

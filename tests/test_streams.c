@@ -200,7 +200,71 @@ static bool fragmentation_trap(const char *text, bool *usable_after) {
     return r == CUA_SUCCESS;
 }
 
+/* Split and coalesce, block by block, in both modes: three neighbours carved from one free range,
+ * freed in every order, always merge back into one free range. */
+static void test_split_coalesce(const char *text) {
+    static const int orders[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2}, {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
+    for (int o = 0; o < 6; o++) {
+        conf_t c;
+        heap_t *h = open_heap(text, &c);
+        void *big = must_alloc(h, 12 << 20, NULL);
+        must_free(h, big, NULL);
+        heap_trim(h); /* start from nothing cached, then one 12 MiB free range */
+        big = must_alloc(h, 12 << 20, NULL);
+        must_free(h, big, NULL);
+        void *p[3];
+        for (int i = 0; i < 3; i++) p[i] = must_alloc(h, 3 << 20, NULL);
+        EXPECT(p[1] == (char *)p[0] + (3 << 20) && p[2] == (char *)p[1] + (3 << 20), "split carves neighbours in order");
+        block_t *b = heap_test_find_block(h, p[2]);
+        EXPECT(b->next && b->next->state != BLOCK_ALLOCATED && b->next->size == (3 << 20), "the 3 MiB rest is free");
+        for (int i = 0; i < 3; i++) must_free(h, p[orders[o][i]], NULL);
+        heap_trim(h);
+        cualloc_stats s = stats(h);
+        EXPECT(s.reserved_bytes == 0, "order %d: everything merged and released (%zu B left)", o, s.reserved_bytes);
+        heap_destroy(h);
+    }
+}
+
+/* PyTorch's expandable segments with max_split_size_mb can grow reserved memory without bound. Here a
+ * long pattern of mixed large requests under that configuration reaches its reserved peak early
+ * and stays there: the cache is reused, not grown, and never exceeds twice the live peak. */
+static void test_max_split_bounded(void) {
+    conf_t c;
+    heap_t *h = open_heap("sim_memory_mb:8192,max_split_size_mb:64", &c);
+    rng_t r = {12345};
+    void *live[8] = {0};
+    size_t live_bytes = 0, peak_live = 0, sizes[8] = {0}, reserved_at_quarter = 0;
+    const int rounds = 40000;
+    for (int i = 0; i < rounds; i++) {
+        int k = (int)rng_below(&r, 8);
+        if (live[k]) {
+            must_free(h, live[k], NULL);
+            live_bytes -= sizes[k];
+            live[k] = NULL;
+        } else {
+            sizes[k] = heap_round_size(&c, (size_t)(rng_below(&r, 200) + 1) << 20);
+            live[k] = must_alloc(h, sizes[k], NULL);
+            live_bytes += sizes[k];
+            if (live_bytes > peak_live) peak_live = live_bytes;
+        }
+        if (i == rounds / 4) reserved_at_quarter = stats(h).reserved_peak;
+    }
+    cualloc_stats s = stats(h);
+    printf("  max_split_size_mb with expandable segments: live peak %zu MiB, reserved peak %zu MiB after %d "
+           "rounds (%zu MiB after %d)\n", peak_live >> 20, s.reserved_peak >> 20, rounds, reserved_at_quarter >> 20,
+           rounds / 4);
+    EXPECT(s.reserved_peak <= 2 * peak_live, "reserved peaked at %zu B for a live peak of %zu B", s.reserved_peak, peak_live);
+    EXPECT(s.reserved_peak <= reserved_at_quarter + (64u << 20), "reserved kept growing: %zu B, %zu B at a quarter",
+           s.reserved_peak, reserved_at_quarter);
+    EXPECT(s.num_ooms == 0, "no OOM");
+    for (int k = 0; k < 8; k++) if (live[k]) must_free(h, live[k], NULL);
+    heap_destroy(h);
+}
+
 int main(void) {
+    test_split_coalesce("sim_memory_mb:64");
+    test_split_coalesce("sim_memory_mb:64,expandable_segments:0");
+    test_max_split_bounded();
     test_same_stream_reuse();
     test_cross_stream_waits_for_event();
     test_event_covers_only_earlier_frees();
