@@ -85,6 +85,39 @@ CUALLOC_API void cualloc_trim(int device);
  * consistent), printing each on stderr. O(heap size); for tests and debugging. */
 CUALLOC_API int cualloc_check(int device);
 
+/* Pluggable mode (which never sees cudaDeviceEnablePeerAccess): lets every device reach every other
+ * device's cualloc memory where the hardware allows it — for each ordered pair (owner, accessor)
+ * the driver reports cuDeviceCanAccessPeer for, existing mappings are re-granted and later ones
+ * granted to the accessor too (cuMemSetAccess; no effect on classic segments, whose peer access is
+ * CUDA's cudaDeviceEnablePeerAccess). Returns the number of pairs enabled (0 with one device or no
+ * peer-capable pair), or -1 when cualloc has no usable driver. Cost: one cuMemSetAccess per run of
+ * mapped chunks per device, under each heap's lock, so call it once at start-up. Thread-safe; may
+ * be called again (idempotent). */
+CUALLOC_API int cualloc_enable_peer_access_all(void);
+
+/* ---- Tracing: every allocation event to a binary file (format: cualloc_trace.h; read it with
+ * allocview). Also started by `trace:PATH` in CUALLOC_CONF, at the first call into cualloc. */
+
+/* Starts recording to `path`, in which %p is replaced by the process id, %r by the rank (RANK or
+ * LOCAL_RANK; 0 when unset), %h by the host name and %% by %. The file is created mode 0600; it
+ * is never written through a symbolic link (refused) nor over an existing file (PATH.1, PATH.2
+ * ... is used instead, and a message says so). Blocks already allocated and memory already
+ * mapped are recorded first, as the trace's initial state. Returns 0, or -1 with a message when
+ * tracing is already on, the path is empty or refused, or the file cannot be created.
+ * Cost: O(live blocks) once; afterwards, per allocation, a stack capture of trace_stack_depth
+ * frames and one small record. Thread-safe; at most one trace at a time. */
+CUALLOC_API int cualloc_trace_start(const char *path);
+
+/* Writes the final statistics (the END record) and closes the trace. Called at exit too; a
+ * process that dies without it leaves a trace whose complete records are all readable. No-op
+ * when not tracing. Thread-safe; O(devices). */
+CUALLOC_API void cualloc_trace_stop(void);
+
+/* Records a mark named `label` (a training step, a phase: "step 3", "optimizer") into the trace,
+ * with the time and thread, so reports can be cut by it. Labels longer than 1024 bytes are cut.
+ * No-op when not tracing; never fails. Thread-safe; O(length of label). */
+CUALLOC_API void cualloc_mark(const char *label);
+
 #ifdef __cplusplus
 }
 #endif

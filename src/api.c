@@ -42,7 +42,67 @@ static void api_print_summary(void) {
     }
 }
 
+/* fork: the child must not inherit a heap whose locks another parent thread may hold, nor
+ * device memory it cannot use. prepare takes the create lock (no heap is being made while the
+ * process is copied); the parent releases it; the child forgets every heap (abandoned, not
+ * freed: their memory belongs to the parent's device context) and resets the state, so its next
+ * call initializes afresh. A heap or sim lock held by another parent thread at the fork stays
+ * held in the child's copy of that abandoned heap, which is never touched again. */
+static bool api_atfork_registered; /* survives the child's reset: register once per process */
+
+static void api_atfork_prepare(void) { pthread_mutex_lock(&g.create_lock); }
+
+static void api_atfork_parent(void) { pthread_mutex_unlock(&g.create_lock); }
+
+/* Tracing across fork: the child never writes the parent's file. When the template has %p it
+ * opens its own at its next initialization (its heaps start empty, so nothing needs a snapshot);
+ * otherwise it does not trace. */
+static bool api_forked_child;
+static char api_child_trace[CONF_PATH_MAX];
+/* The parent's heaps, kept reachable in the child (never used again), so that leak checkers do not
+ * report their records as lost. */
+static heap_t *api_abandoned_heaps[CUALLOC_MAX_DEVICES];
+
+static void api_atfork_child(void) {
+    api_forked_child = true;
+    if (!trace_after_fork_child(api_child_trace, sizeof api_child_trace)) api_child_trace[0] = '\0';
+    for (int d = 0; d < CUALLOC_MAX_DEVICES; d++) {
+        heap_t *old = atomic_load_explicit(&g.heaps[d], memory_order_relaxed);
+        if (old) api_abandoned_heaps[d] = old;
+        atomic_store_explicit(&g.heaps[d], NULL, memory_order_relaxed);
+        g.heap_failed[d] = false;
+    }
+    memset(g.ranges, 0, sizeof g.ranges);
+    g.device_count = 0;
+    g.init_error = CUA_SUCCESS;
+    atomic_store_explicit(&g.ready, false, memory_order_relaxed);
+    g.once = (pthread_once_t)PTHREAD_ONCE_INIT;
+    g.create_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+}
+
+/* The END record: every device's statistics, then the file is closed. */
+static void api_trace_end(void) {
+    cualloc_stats stats[CUALLOC_MAX_DEVICES];
+    const cualloc_stats *per[CUALLOC_MAX_DEVICES] = {0};
+    int n = g.device_count < CUALLOC_MAX_DEVICES ? g.device_count : CUALLOC_MAX_DEVICES;
+    for (int d = 0; d < n; d++) {
+        heap_t *h = atomic_load_explicit(&g.heaps[d], memory_order_acquire);
+        if (!h) continue;
+        heap_get_stats(h, &stats[d]);
+        per[d] = &stats[d];
+    }
+    trace_stop(per, n);
+}
+
+static void api_trace_atexit(void) {
+    if (trace_active()) api_trace_end();
+}
+
 static void api_init(void) {
+    if (!api_atfork_registered) {
+        api_atfork_registered = true;
+        pthread_atfork(api_atfork_prepare, api_atfork_parent, api_atfork_child);
+    }
     conf_load(&g.conf);
     const char *disable = getenv("CUALLOC_DISABLE");
     g.disabled = disable && disable[0] && strcmp(disable, "0") != 0;
@@ -54,7 +114,18 @@ static void api_init(void) {
         cua_error("the %s driver is not usable (%s); allocations will fail", g.drv->name, driver_error_name(g.init_error));
         g.device_count = 0;
     }
-    if (g.conf.summary) atexit(api_print_summary);
+    static bool summary_registered; /* not again in a forked child */
+    if (g.conf.summary && !summary_registered) {
+        summary_registered = true;
+        atexit(api_print_summary);
+    }
+    static bool trace_registered;
+    if (!trace_registered) {
+        trace_registered = true;
+        atexit(api_trace_atexit);
+    }
+    const char *trace = api_forked_child ? api_child_trace : g.conf.trace;
+    if (trace[0] && !g.disabled) trace_start(trace, &g.conf); /* no heap exists yet: no snapshot */
     atomic_store_explicit(&g.ready, true, memory_order_release);
 }
 
@@ -95,7 +166,31 @@ heap_t *api_heap(int device) {
     return h;
 }
 
-CUALLOC_API void *cualloc_malloc(size_t size, int device, void *stream) {
+bool api_started(void) { return atomic_load_explicit(&g.ready, memory_order_acquire); }
+
+int api_device_count(void) { return api_started() ? g.device_count : 0; }
+
+heap_t *api_heap_if_created(int device) { return api_started() ? api_existing_heap(device) : NULL; }
+
+heap_t *api_owner(const void *ptr) {
+    if (!ptr || !api_started() || g.disabled) return NULL;
+    uintptr_t a = (uintptr_t)ptr;
+    int n = g.device_count < CUALLOC_MAX_DEVICES ? g.device_count : CUALLOC_MAX_DEVICES;
+    for (int d = 0; d < n; d++) {
+        for (int pi = 0; pi < POOL_COUNT; pi++) {
+            if (a - g.ranges[d][pi].lo < g.ranges[d][pi].hi - g.ranges[d][pi].lo)
+                return atomic_load_explicit(&g.heaps[d], memory_order_acquire);
+        }
+    }
+    for (int d = 0; d < n; d++) {
+        heap_t *h = api_existing_heap(d);
+        if (h && !heap_is_vmm(h) && heap_owns(h, ptr)) return h;
+    }
+    return NULL;
+}
+
+/* noinline: the recorder skips exactly this frame (trace_capture_stack(0)), inlined or not. */
+CUALLOC_API __attribute__((noinline)) void *cualloc_malloc(size_t size, int device, void *stream) {
     api_ensure_init();
     if (__builtin_expect(g.disabled, 0)) {
         cua_devptr p = 0;
@@ -111,6 +206,8 @@ CUALLOC_API void *cualloc_malloc(size_t size, int device, void *stream) {
                       g.device_count == 1 ? "" : "s");
         return NULL;
     }
+    /* The call stack, before any heap lock is taken (it may define new stack records). */
+    if (trace_enabled()) trace_capture_stack(0);
     void *p = NULL;
     heap_alloc(h, size, (cua_stream)stream, &p);
     return p;
@@ -165,4 +262,76 @@ CUALLOC_API int cualloc_check(int device) {
     pthread_once(&g.once, api_init);
     heap_t *h = api_existing_heap(device);
     return h ? heap_check(h, stderr) : 0;
+}
+
+CUALLOC_API int cualloc_enable_peer_access_all(void) {
+    api_ensure_init();
+    if (g.init_error != CUA_SUCCESS || !g.drv->peer_enable) return -1;
+    if (g.disabled) return 0;
+    int n = g.device_count < CUALLOC_MAX_DEVICES ? g.device_count : CUALLOC_MAX_DEVICES, pairs = 0;
+    for (int owner = 0; owner < n; owner++) {
+        int here = 0;
+        for (int acc = 0; acc < n; acc++)
+            if (acc != owner && g.drv->peer_enable(owner, acc) == CUA_SUCCESS) here++;
+        heap_t *h = api_existing_heap(owner);
+        if (here && h) heap_peer_enabled(h);
+        pairs += here;
+    }
+    return pairs;
+}
+
+/* ------------------------------------------------------------------ tracing */
+
+static void api_snap_map(int dev, uintptr_t addr, size_t size, void *arg) {
+    (void)arg;
+    trace_on_initial_map(dev, addr, size);
+}
+
+static void api_snap_block(int dev, const block_t *b, void *arg) {
+    (void)arg;
+    trace_on_initial_block(dev, b->stream, b->addr, b->size, b->requested);
+}
+
+static void api_snap_done(int dev, void *arg) {
+    (void)arg;
+    trace_device_begin(dev);
+}
+
+CUALLOC_API int cualloc_trace_start(const char *path) {
+    api_ensure_init();
+    return api_trace_start(path, &g.conf);
+}
+
+int api_trace_start(const char *path, const conf_t *conf) {
+    api_ensure_init();
+    if (!path || !path[0]) {
+        cua_error("cualloc_trace_start: no path given");
+        return -1;
+    }
+    if (g.disabled) {
+        cua_error("cualloc_trace_start: cualloc is disabled (CUALLOC_DISABLE); nothing to trace");
+        return -1;
+    }
+    /* Under the create lock no heap appears meanwhile: each existing one is snapshotted (its
+     * live blocks and mapped memory become INIT records), each later one records itself. */
+    pthread_mutex_lock(&g.create_lock);
+    int r = trace_start(path, conf);
+    if (r == 0) {
+        int n = g.device_count < CUALLOC_MAX_DEVICES ? g.device_count : CUALLOC_MAX_DEVICES;
+        for (int d = 0; d < n; d++) {
+            heap_t *h = atomic_load_explicit(&g.heaps[d], memory_order_acquire);
+            if (h && !trace_device_begun(d)) heap_snapshot(h, api_snap_map, api_snap_block, api_snap_done, NULL);
+        }
+    }
+    pthread_mutex_unlock(&g.create_lock);
+    return r;
+}
+
+CUALLOC_API void cualloc_trace_stop(void) {
+    if (!api_started() || !trace_active()) return;
+    api_trace_end();
+}
+
+CUALLOC_API void cualloc_mark(const char *label) {
+    if (trace_enabled()) trace_mark(label ? label : "");
 }

@@ -47,6 +47,8 @@ typedef enum {
 #define OPT_EVEN 4u      /* a nonzero value must be a multiple of 2 */
 #define OPT_UNLIMITED 8u /* "unlimited" is accepted and stored as SIZE_MAX */
 #define OPT_OPEN_HI 16u  /* fraction: hi itself is not accepted */
+#define OPT_OMIT_EMPTY 32u /* conf_format leaves the key out while its value is empty (keys added
+                            * later, so traces and summaries of unchanged settings stay as they were) */
 
 typedef struct opt_s {
     const char *key;
@@ -97,6 +99,12 @@ static const opt_t opts[] = {
     {"summary", OPT_BOOL, "False",
      "At exit, print a statistics table for each device on stderr.",
      OFF(summary), 0, 1, 0},
+    {"exclude", OPT_PATH, "",
+     "LD_PRELOAD only: allocations whose caller is a library matching one of these globs (separated "
+     "by `;` or a vertical bar, matched against the file name, e.g. `libnccl*;libmpi*`) go to CUDA unchanged "
+     "(cudaMalloc memory: IPC, NCCL buffer registration and RDMA work as without cualloc); their "
+     "frees follow as foreign pointers. Empty: none.",
+     OFF(exclude), 0, CONF_PATH_MAX - 1, OPT_OMIT_EMPTY},
     {"trace", OPT_PATH, "",
      "Record every allocation event to this file (cualloc_trace.h; read it with allocview). `%p` "
      "is replaced by the pid, `%r` by the rank (RANK or LOCAL_RANK; 0 when unset), `%h` by the "
@@ -770,8 +778,10 @@ size_t conf_format(const conf_t *c, char *buf, size_t len)
     for (size_t i = 0; i < NOPTS; i++) {
         char val[CONF_VALUE_MAX];
         opt_format(&opts[i], c, val, sizeof val);
+        if ((opts[i].flags & OPT_OMIT_EMPTY) && !val[0])
+            continue;
         size_t room = n < len ? len - n : 0;
-        n += (size_t)snprintf(room ? buf + n : NULL, room, "%s%s:%s", i ? "," : "", opts[i].key,
+        n += (size_t)snprintf(room ? buf + n : NULL, room, "%s%s:%s", n ? "," : "", opts[i].key,
                               val);
     }
     return n;

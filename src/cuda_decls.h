@@ -52,6 +52,12 @@ typedef struct cua_event_s *cua_event;  /* CUevent */
 #define CUA_GET_PROC_ADDRESS_DEFAULT 0
 #define CUA_GET_PROC_ADDRESS_LEGACY_STREAM 1
 #define CUA_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
+/* CUstreamCaptureStatus; stream creation flags */
+#define CUA_STREAM_CAPTURE_STATUS_NONE 0
+#define CUA_STREAM_CAPTURE_STATUS_ACTIVE 1
+#define CUA_STREAM_CAPTURE_STATUS_INVALIDATED 2
+#define CUA_STREAM_NON_BLOCKING 1
+#define CUA_ERROR_PEER_ACCESS_ALREADY_ENABLED 704
 
 /* CUmemLocation */
 typedef struct cua_mem_location_s {
@@ -114,5 +120,11 @@ typedef cua_result (*cua_pfn_cuEventDestroy_v2)(cua_event event);
 typedef cua_result (*cua_pfn_cuEventRecord)(cua_event event, cua_stream stream);
 typedef cua_result (*cua_pfn_cuEventQuery)(cua_event event);
 typedef cua_result (*cua_pfn_cuStreamSynchronize)(cua_stream stream);
+typedef cua_result (*cua_pfn_cuStreamIsCapturing)(cua_stream stream, int *status /* CUstreamCaptureStatus */);
+typedef cua_result (*cua_pfn_cuDeviceCanAccessPeer)(int *can_access, cua_device dev, cua_device peer);
+typedef cua_result (*cua_pfn_cuMemGetAddressRange_v2)(cua_devptr *base, size_t *size, cua_devptr dptr);
+typedef cua_result (*cua_pfn_cuStreamCreate)(cua_stream *stream, unsigned int flags);
+typedef cua_result (*cua_pfn_cuStreamCreateWithPriority)(cua_stream *stream, unsigned int flags, int priority);
+typedef cua_result (*cua_pfn_cuCtxEnablePeerAccess)(cua_ctx peer_ctx, unsigned int flags);
 
 #endif

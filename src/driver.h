@@ -8,7 +8,7 @@
  * (CUA_ERROR_*) and leaves no partial effect behind. `dev` is a device ordinal in [0, device_count).
  * Operations are thread-safe; the backend makes the device's primary context current around each
  * call and restores the caller's context. Sizes and addresses of VMM operations are multiples of
- * the device's granularity. None of them is called during stream capture.
+ * the device's granularity. No stream or event operation is called on a capturing stream.
  */
 #ifndef CUALLOC_DRIVER_H
 #define CUALLOC_DRIVER_H
@@ -67,6 +67,22 @@ typedef struct driver_ops_s {
     cua_result (*event_query)(int dev, cua_event event);
     cua_result (*stream_synchronize)(int dev, cua_stream stream);
     cua_result (*device_synchronize)(int dev);
+
+    /* The device ordinal of the calling thread's current context (the interposed entry points'
+     * notion of "the device a request is for"). Never creates or changes a context: CUDA answers
+     * from cuCtxGetCurrent + cuCtxGetDevice (CUA_ERROR_INVALID_CONTEXT when none is current); the
+     * sim answers the thread's device set with sim_set_current_device (default 0). */
+    cua_result (*current_device)(int *dev);
+
+    /* Is `s` capturing (CUDA graphs)? *capturing true while a capture is active or invalidated.
+     * An error (e.g. the legacy stream while another stream captures, CUDA's
+     * ..._STREAM_CAPTURE_IMPLICIT) means the caller must treat the stream as capturing. The heap
+     * never records an event on, queries or synchronizes a capturing stream. */
+    cua_result (*stream_is_capturing)(int dev, cua_stream s, bool *capturing);
+    /* Adds `peer` to the devices set_access grants on dev's memory (dev's memory becomes readable
+     * and writable from peer). CUA_ERROR_INVALID_DEVICE / CUA_ERROR_NOT_SUPPORTED when peer
+     * cannot access dev. Does not touch existing mappings (heap_peer_enabled re-grants them). */
+    cua_result (*peer_enable)(int dev, int peer);
 } driver_ops_t;
 
 /* The backends (driver_cuda.c, driver_sim.c). */

@@ -13,6 +13,11 @@
 #define CUDA_LIBRARY "libcuda.so.1"
 #define CUDA_API_VERSION 12000 /* the ABI version asked of cuGetProcAddress */
 
+/* Context queries for the front doors' current_device (not in cuda_decls.h; same signatures as
+ * cuda.h's cuCtxGetCurrent / cuCtxGetDevice). */
+typedef cua_result (*cua_pfn_cuCtxGetCurrent)(cua_ctx *ctx);
+typedef cua_result (*cua_pfn_cuCtxGetDevice)(cua_device *dev);
+
 /* Every entry point: X(name cuGetProcAddress knows, versioned symbol for dlsym, required).
  * The pointer type is cua_pfn_<versioned symbol> (cuda_decls.h). The VMM entry points are
  * optional: a driver without them runs in classic mode (vmm_supported false). */
@@ -36,6 +41,8 @@
     X(cuEventRecord, cuEventRecord, true) \
     X(cuEventQuery, cuEventQuery, true) \
     X(cuStreamSynchronize, cuStreamSynchronize, true) \
+    X(cuCtxGetCurrent, cuCtxGetCurrent, false) \
+    X(cuCtxGetDevice, cuCtxGetDevice, false) \
     X(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity, false) \
     X(cuMemAddressReserve, cuMemAddressReserve, false) \
     X(cuMemAddressFree, cuMemAddressFree, false) \
@@ -43,7 +50,9 @@
     X(cuMemRelease, cuMemRelease, false) \
     X(cuMemMap, cuMemMap, false) \
     X(cuMemUnmap, cuMemUnmap, false) \
-    X(cuMemSetAccess, cuMemSetAccess, false)
+    X(cuMemSetAccess, cuMemSetAccess, false) \
+    X(cuStreamIsCapturing, cuStreamIsCapturing, false) \
+    X(cuDeviceCanAccessPeer, cuDeviceCanAccessPeer, false)
 
 typedef struct cuda_fns_s {
 #define CUDA_FIELD_(name, sym, required) cua_pfn_##sym name;
@@ -56,6 +65,7 @@ typedef struct cuda_device_s {
     cua_ctx ctx;        /* primary context; NULL until first needed (atomic) */
     bool vmm;           /* VMM entry points present and the device supports them */
     bool rdma;          /* GPUDirect RDMA with VMM */
+    uint64_t peers;     /* devices set_access grants besides this one (bit d; atomic) */
 } cuda_device_t;
 
 static pthread_mutex_t cuda_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -70,9 +80,13 @@ static struct {
     cuda_device_t dev[CUALLOC_MAX_DEVICES];
 } cu;
 
-/* The one place a symbol is looked up in the driver library by name (a later interposition of
- * dlsym routes this through the real dlsym). */
-static void *cuda_sym(const char *name) { return dlsym(cu.lib, name); }
+/* The one place a symbol is looked up in the driver library by name: through the real dlsym,
+ * since libcualloc.so interposes dlsym (interpose.c) and would otherwise hand back its own
+ * cuGetProcAddress. The real cuGetProcAddress found so answers with the driver's own functions. */
+static void *cuda_sym(const char *name) {
+    if (interpose_real_dlsym) return interpose_real_dlsym(cu.lib, name);
+    return dlsym(cu.lib, name);
+}
 
 /* An entry point: through cuGetProcAddress by its unversioned name, else by its versioned symbol. */
 static void *cuda_proc(const char *name, const char *versioned) {
@@ -315,17 +329,53 @@ static cua_result cudaop_unmap(int dev, cua_devptr va, size_t size) {
     return r;
 }
 
+/* One CUmemAccessDesc per device: dev itself, then each enabled peer. */
 static cua_result cudaop_set_access(int dev, cua_devptr va, size_t size) {
     cua_result r = ctx_enter(dev, true);
     if (r != CUA_SUCCESS) return r;
-    cua_mem_access_desc desc;
-    memset(&desc, 0, sizeof desc);
-    desc.location.type = CUA_MEM_LOCATION_TYPE_DEVICE;
-    desc.location.id = cu.dev[dev].cudev;
-    desc.flags = CUA_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    r = cu.fn.cuMemSetAccess(va, size, &desc, 1);
+    cua_mem_access_desc desc[CUALLOC_MAX_DEVICES];
+    size_t n = 0;
+    uint64_t peers = __atomic_load_n(&cu.dev[dev].peers, __ATOMIC_ACQUIRE);
+    memset(desc, 0, sizeof desc);
+    for (int d = -1; d < cu.ndev; d++) {
+        if (d >= 0 && (d == dev || !((peers >> d) & 1))) continue;
+        desc[n].location.type = CUA_MEM_LOCATION_TYPE_DEVICE;
+        desc[n].location.id = cu.dev[d < 0 ? dev : d].cudev;
+        desc[n].flags = CUA_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        n++;
+    }
+    r = cu.fn.cuMemSetAccess(va, size, desc, n);
     ctx_leave();
     return r;
+}
+
+static cua_result cudaop_stream_is_capturing(int dev, cua_stream s, bool *capturing) {
+    if (!capturing) return CUA_ERROR_INVALID_VALUE;
+    *capturing = false;
+    cua_result r = cuda_check(dev, false);
+    if (r != CUA_SUCCESS) return r;
+    if (!cu.fn.cuStreamIsCapturing) return CUA_SUCCESS; /* a driver without graphs never captures */
+    r = ctx_enter(dev, false);
+    if (r != CUA_SUCCESS) return r;
+    int status = CUA_STREAM_CAPTURE_STATUS_NONE;
+    r = cu.fn.cuStreamIsCapturing(s, &status);
+    ctx_leave();
+    if (r == CUA_SUCCESS) *capturing = status != CUA_STREAM_CAPTURE_STATUS_NONE;
+    return r;
+}
+
+/* peer may access dev's memory from now on (set_access grants it). */
+static cua_result cudaop_peer_enable(int dev, int peer) {
+    cua_result r = cuda_check(dev, false);
+    if (r != CUA_SUCCESS) return r;
+    if (peer < 0 || peer >= cu.ndev || peer == dev) return CUA_ERROR_INVALID_DEVICE;
+    if (!cu.fn.cuDeviceCanAccessPeer) return CUA_ERROR_NOT_SUPPORTED;
+    int can = 0;
+    r = cu.fn.cuDeviceCanAccessPeer(&can, cu.dev[peer].cudev, cu.dev[dev].cudev);
+    if (r != CUA_SUCCESS) return r;
+    if (!can) return CUA_ERROR_NOT_SUPPORTED;
+    __atomic_fetch_or(&cu.dev[dev].peers, (uint64_t)1 << peer, __ATOMIC_ACQ_REL);
+    return CUA_SUCCESS;
 }
 
 static cua_result cudaop_mem_alloc(int dev, size_t size, cua_devptr *out) {
@@ -394,6 +444,27 @@ static cua_result cudaop_device_synchronize(int dev) {
     return r;
 }
 
+/* The calling thread's current context's device; never creates or changes a context. */
+static cua_result cudaop_current_device(int *dev) {
+    if (!dev) return CUA_ERROR_INVALID_VALUE;
+    if (!__atomic_load_n(&cu.ready, __ATOMIC_ACQUIRE)) return CUA_ERROR_NOT_INITIALIZED;
+    if (!cu.fn.cuCtxGetCurrent || !cu.fn.cuCtxGetDevice) return CUA_ERROR_NOT_SUPPORTED;
+    cua_ctx ctx = NULL;
+    cua_result r = cu.fn.cuCtxGetCurrent(&ctx);
+    if (r != CUA_SUCCESS) return r;
+    if (!ctx) return CUA_ERROR_INVALID_CONTEXT;
+    cua_device cudev = 0;
+    r = cu.fn.cuCtxGetDevice(&cudev);
+    if (r != CUA_SUCCESS) return r;
+    for (int i = 0; i < cu.ndev; i++) {
+        if (cu.dev[i].cudev == cudev) {
+            *dev = i;
+            return CUA_SUCCESS;
+        }
+    }
+    return CUA_ERROR_INVALID_DEVICE;
+}
+
 const driver_ops_t driver_cuda_ops = {
     .name = "cuda",
     .init = cudaop_init,
@@ -415,6 +486,9 @@ const driver_ops_t driver_cuda_ops = {
     .event_query = cudaop_event_query,
     .stream_synchronize = cudaop_stream_synchronize,
     .device_synchronize = cudaop_device_synchronize,
+    .current_device = cudaop_current_device,
+    .stream_is_capturing = cudaop_stream_is_capturing,
+    .peer_enable = cudaop_peer_enable,
 };
 
 const char *driver_error_name(cua_result r) {
@@ -436,6 +510,7 @@ const char *driver_error_name(cua_result r) {
     case CUA_ERROR_NOT_FOUND: return "CUDA_ERROR_NOT_FOUND";
     case CUA_ERROR_NOT_READY: return "CUDA_ERROR_NOT_READY";
     case 700: return "CUDA_ERROR_ILLEGAL_ADDRESS";
+    case CUA_ERROR_PEER_ACCESS_ALREADY_ENABLED: return "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED";
     case 719: return "CUDA_ERROR_LAUNCH_FAILED";
     case CUA_ERROR_NOT_PERMITTED: return "CUDA_ERROR_NOT_PERMITTED";
     case CUA_ERROR_NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";

@@ -116,6 +116,7 @@ typedef struct sim_range_s {
     size_t size;
     sim_handle_t *handle; /* mappings: the handle mapped here */
     bool access;          /* mappings: set_access granted read-write */
+    uint64_t access_mask; /* mappings: the devices granted (bit d), at the last set_access */
 } sim_range_t;
 
 /* Ranges sorted by va, pairwise disjoint. */
@@ -200,6 +201,7 @@ struct sim_handle_s {
 typedef struct sim_stream_s {
     int dev;
     bool held;           /* work completes only through sim_stream_complete or a synchronize */
+    bool capturing;      /* sim_stream_set_capturing: a CUDA graph capture is active */
     uint64_t submitted;  /* events recorded on it so far */
     uint64_t completed;  /* of those, the ones that completed */
 } sim_stream_t;
@@ -211,6 +213,7 @@ typedef struct sim_event_s {
 } sim_event_t;
 
 typedef struct sim_device_s {
+    uint64_t peers;       /* devices set_access grants besides this one (peer_enable); bit d */
     size_t used;          /* bytes of live handles (until released and unmapped) + mem_alloc */
     size_t live_handles;  /* handles not yet released by the caller */
     range_list_t resv;    /* reservations */
@@ -671,7 +674,11 @@ static cua_result set_access_locked(int dev, cua_devptr va, size_t size) {
     if (cur != end) return CUA_ERROR_INVALID_VALUE;
     if (sim.host_backed && mprotect((void *)(uintptr_t)va, size, PROT_READ | PROT_WRITE) != 0)
         return CUA_ERROR_UNKNOWN;
-    for (size_t j = first; j < k; j++) d->maps.v[j].access = true;
+    uint64_t mask = d->peers | (dev < 64 ? (uint64_t)1 << dev : 0);
+    for (size_t j = first; j < k; j++) {
+        d->maps.v[j].access = true;
+        d->maps.v[j].access_mask = mask;
+    }
     return 0;
 }
 
@@ -782,6 +789,28 @@ static cua_result device_sync_locked(int dev) {
         if (st && st->dev == dev) st->completed = st->submitted;
     }
     return 0;
+}
+
+static cua_result simop_stream_is_capturing(int dev, cua_stream s, bool *capturing) {
+    if (!capturing) return CUA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&sim_lock);
+    sim_device_t *d;
+    cua_result r = dev_get(dev, false, &d);
+    sim_stream_t *st = r ? NULL : stream_get(s);
+    *capturing = st && st->capturing; /* the legacy and unknown streams never capture */
+    pthread_mutex_unlock(&sim_lock);
+    return r;
+}
+
+/* Sim devices can always access each other. */
+static cua_result simop_peer_enable(int dev, int peer) {
+    pthread_mutex_lock(&sim_lock);
+    sim_device_t *d;
+    cua_result r = dev_get(dev, false, &d);
+    if (!r && (peer < 0 || peer >= sim.ndev || peer == dev || peer >= 64)) r = CUA_ERROR_INVALID_DEVICE;
+    if (!r) d->peers |= (uint64_t)1 << peer;
+    pthread_mutex_unlock(&sim_lock);
+    return r;
 }
 
 /* ------------------------------------------------------------------ the ops table */
@@ -931,6 +960,17 @@ static cua_result simop_device_synchronize(int dev) {
     return sim_end(r, false);
 }
 
+/* The sim's "current context": one device per thread, chosen by sim_set_current_device. */
+static __thread int sim_current_dev;
+
+void sim_set_current_device(int dev) { sim_current_dev = dev; }
+
+static cua_result simop_current_device(int *dev) {
+    if (!dev) return CUA_ERROR_INVALID_VALUE;
+    *dev = sim_current_dev;
+    return CUA_SUCCESS;
+}
+
 const driver_ops_t driver_sim_ops = {
     .name = "sim",
     .init = simop_init,
@@ -952,6 +992,9 @@ const driver_ops_t driver_sim_ops = {
     .event_query = simop_event_query,
     .stream_synchronize = simop_stream_synchronize,
     .device_synchronize = simop_device_synchronize,
+    .current_device = simop_current_device,
+    .stream_is_capturing = simop_stream_is_capturing,
+    .peer_enable = simop_peer_enable,
 };
 
 /* ------------------------------------------------------------------ control API */
@@ -979,6 +1022,20 @@ void sim_stream_complete(cua_stream s) {
     sim_stream_t *st = stream_get(s);
     if (st) st->completed = st->submitted;
     pthread_mutex_unlock(&sim_lock);
+}
+
+void sim_stream_set_capturing(cua_stream s, bool capturing) {
+    pthread_mutex_lock(&sim_lock);
+    sim_stream_t *st = stream_get(s);
+    if (st) st->capturing = capturing;
+    pthread_mutex_unlock(&sim_lock);
+}
+
+uint64_t sim_peer_mask(int dev) {
+    pthread_mutex_lock(&sim_lock);
+    uint64_t m = dev >= 0 && dev < sim.ndev ? sim.devs[dev].peers : 0;
+    pthread_mutex_unlock(&sim_lock);
+    return m;
 }
 
 void sim_stream_destroy(cua_stream s) {
@@ -1086,6 +1143,35 @@ bool sim_range_accessible(cua_devptr va, size_t size) {
     pthread_mutex_lock(&sim_lock);
     if (sim.host_backed && size > 0 && va + size > va) {
         for (int i = 0; i < sim.ndev && !ok; i++) ok = range_accessible_locked(&sim.devs[i], va, size);
+    }
+    pthread_mutex_unlock(&sim_lock);
+    return ok;
+}
+
+bool sim_range_accessible_from(int dev, cua_devptr va, size_t size) {
+    bool ok = false;
+    pthread_mutex_lock(&sim_lock);
+    if (size > 0 && va + size > va && dev >= 0 && dev < 64) {
+        for (int i = 0; i < sim.ndev && !ok; i++) {
+            const sim_device_t *d = &sim.devs[i];
+            if (ranges_containing(&d->allocs, va)) {
+                ok = range_accessible_locked(d, va, size) && (i == dev || ((d->peers >> dev) & 1));
+                continue;
+            }
+            size_t k = ranges_upper(&d->maps, va);
+            if (k == 0) continue;
+            cua_devptr cur = va, end = va + size;
+            bool all = true;
+            for (k = k - 1; cur < end; k++) {
+                const sim_range_t *m = k < d->maps.n ? &d->maps.v[k] : NULL;
+                if (!m || !m->access || cur < m->va || cur >= m->va + m->size || !((m->access_mask >> dev) & 1)) {
+                    all = false;
+                    break;
+                }
+                cur = m->va + m->size;
+            }
+            ok = all;
+        }
     }
     pthread_mutex_unlock(&sim_lock);
     return ok;

@@ -45,6 +45,10 @@
 #define PT_ROUND_LARGE ((size_t)2 << 20)
 
 #define HEAP_PENDING_RELEASES 64
+#define HEAP_MAX_NB_STREAMS 64
+#define HEAP_OOM_KINDS 16
+/* The pseudo-stream of device-wide frees: never a real stream's tag (tag_of stops before it). */
+#define DW_HANDLE ((cua_stream)(uintptr_t)UINTPTR_MAX)
 
 /* A free index: TLSF in VMM mode, a (size, addr) treap in classic mode. */
 typedef union findex_u {
@@ -118,6 +122,18 @@ struct heap_s {
     size_t quick_bytes;          /* bytes of CACHED blocks, all buckets */
     cua_memhandle pending_release[HEAP_PENDING_RELEASES]; /* unmapped handles the driver would not release yet */
     size_t npending;
+    /* Device-wide frees (cudaFree): the non-blocking streams the front door saw created (the
+     * legacy stream does not order them), and the events of tags[TAG_DEVICE_WIDE]: one on the
+     * legacy stream and one per non-blocking stream, recorded together. nb_overflow: more
+     * non-blocking streams than the table holds; device-wide blocks then settle only through a
+     * device synchronize (under pressure). */
+    struct { cua_stream handle; cua_event event; bool in_flight; } nb[HEAP_MAX_NB_STREAMS];
+    unsigned n_nb;
+    bool nb_overflow;
+    /* OOM reports printed, by (power-of-two bucket of the request, diagnosis kind). */
+    struct { uint8_t bucket, kind; } oom_seen[HEAP_OOM_KINDS];
+    unsigned n_oom_seen;
+    bool oom_suppressed_said;
 };
 
 static inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -287,6 +303,7 @@ static inline void free_account_sub(heap_t *h, pool_t *p, const block_t *b) {
 /* Parks a just-freed block (tag and size final) on its quick list; false when the bucket is taken
  * by another (size, tag) or full. */
 static inline bool quick_push(heap_t *h, pool_t *p, block_t *b) {
+    if (__builtin_expect(b->tag == TAG_DEVICE_WIDE, 0)) return false; /* never handed out unsettled */
     quick_t *q = quick_bucket(h, b->size, b->tag);
     if (q->head) {
         if (q->size != b->size || q->tag != b->tag || q->count >= QUICK_DEPTH) return false;
@@ -306,7 +323,7 @@ static inline bool quick_push(heap_t *h, pool_t *p, block_t *b) {
 static inline block_t *quick_pop(heap_t *h, pool_t *p, size_t size, unsigned tag) {
     quick_t *q = quick_bucket(h, size, tag);
     block_t *b = q->head;
-    if (!b || q->size != size || q->tag != tag) return NULL;
+    if (!b || q->size != size || q->tag != tag || tag == TAG_DEVICE_WIDE) return NULL;
     q->head = b->link.list.next_free;
     q->count--;
     h->quick_bytes -= b->size;
@@ -343,7 +360,7 @@ static void settle_all(heap_t *h, bool sync);
 static unsigned tag_of(heap_t *h, cua_stream stream) {
     if (stream == h->last_stream && h->last_tag) return h->last_tag;
     unsigned free_slot = 0;
-    for (unsigned t = 1; t < HEAP_MAX_TAGS; t++) {
+    for (unsigned t = 1; t < TAG_DEVICE_WIDE; t++) {
         if (h->tags[t].used) {
             if (h->tags[t].handle == stream) {
                 h->last_stream = stream;
@@ -358,7 +375,7 @@ static unsigned tag_of(heap_t *h, cua_stream stream) {
         /* Every slot names a stream: settle everything (synchronizing) and forget the streams that
          * then hold nothing. Allocated blocks remember stream handles, not tags, so this is safe. */
         settle_all(h, true);
-        for (unsigned t = 1; t < HEAP_MAX_TAGS; t++) {
+        for (unsigned t = 1; t < TAG_DEVICE_WIDE; t++) {
             if (h->tags[t].free_bytes == 0 && !h->tags[t].event_in_flight) {
                 h->tags[t].used = false;
                 if (!free_slot) free_slot = t;
@@ -381,6 +398,12 @@ static unsigned tag_of(heap_t *h, cua_stream stream) {
 
 /* Moves every FREE block tagged `tag` to TAG_ANY, merging as it goes (a merged block takes a
  * compatible neighbour's tag, which is at least as safe as its own). */
+static unsigned tag_lookup(const heap_t *h, cua_stream stream) {
+    for (unsigned t = 1; t < TAG_DEVICE_WIDE; t++)
+        if (h->tags[t].used && h->tags[t].handle == stream) return t;
+    return TAG_ANY;
+}
+
 static void settle_tag(heap_t *h, unsigned tag) {
     for (int pi = 0; pi < POOL_COUNT; pi++) {
         pool_t *p = &h->pools[pi];
@@ -390,7 +413,10 @@ static void settle_tag(heap_t *h, unsigned tag) {
             block_t *b = h->vmm ? sizeclass_find(&ix->sc, CUALLOC_ALIGN) : tree_lower_bound(&ix->tree, 0);
             if (!b) break;
             free_remove(h, p, b);
-            b->tag = TAG_ANY;
+            /* Classic mode: a segment serves one stream (its blocks remember it in `stream`), so a
+             * settled device-wide block goes back to that stream's index, the only one classic
+             * searches (TAG_ANY when the stream's record is gone: then only a release finds it). */
+            b->tag = (!h->vmm && tag == TAG_DEVICE_WIDE) ? (uint16_t)tag_lookup(h, b->stream) : TAG_ANY;
             b = coalesce_free(h, p, b);
             free_insert(h, p, b);
         }
@@ -402,14 +428,89 @@ static cua_result stream_sync(heap_t *h, cua_stream s) {
     return h->drv->stream_synchronize(h->dev, s);
 }
 
+/* Capture (CUDA graphs): nothing records on, queries or synchronizes a capturing stream; an error
+ * from the query counts as capturing. */
+static bool is_capturing(heap_t *h, cua_stream s) {
+    if (!h->drv->stream_is_capturing) return false;
+    bool cap = false;
+    return h->drv->stream_is_capturing(h->dev, s, &cap) != CUA_SUCCESS || cap;
+}
+
+/* The device-wide tag: its group is the legacy stream plus every known non-blocking stream. */
+static bool dw_any_capturing(heap_t *h) {
+    if (is_capturing(h, NULL)) return true;
+    for (unsigned i = 0; i < h->n_nb; i++)
+        if (is_capturing(h, h->nb[i].handle)) return true;
+    return false;
+}
+
+/* Under pressure: waits for all the group's work (one device synchronize) and settles. */
+static void dw_sync(heap_t *h) {
+    stream_rec_t *r = &h->tags[TAG_DEVICE_WIDE];
+    if (r->free_bytes == 0 && !r->event_in_flight) return;
+    if (dw_any_capturing(h)) return; /* a synchronize would break the capture: stay unsettled */
+    h->stats.num_syncs++;
+    if (h->drv->device_synchronize(h->dev) != CUA_SUCCESS) return;
+    r->event_in_flight = false;
+    r->frees_since_record = 0;
+    for (unsigned i = 0; i < h->n_nb; i++) h->nb[i].in_flight = false;
+    settle_tag(h, TAG_DEVICE_WIDE);
+}
+
+/* Without waiting: looks at the group's events, recording a new set when frees are not yet
+ * covered. True when the tag's blocks settled. With more non-blocking streams than the table
+ * holds, only dw_sync can settle. */
+static bool dw_query(heap_t *h) {
+    stream_rec_t *r = &h->tags[TAG_DEVICE_WIDE];
+    bool pending = h->drv->event_query(h->dev, r->event) != CUA_SUCCESS; /* the legacy stream's */
+    for (unsigned i = 0; i < h->n_nb; i++) {
+        if (!h->nb[i].in_flight) continue;
+        if (h->drv->event_query(h->dev, h->nb[i].event) == CUA_SUCCESS) h->nb[i].in_flight = false;
+        else pending = true;
+    }
+    if (!pending) r->event_in_flight = false;
+    return !pending;
+}
+
+static bool dw_settle_completed(heap_t *h) {
+    stream_rec_t *r = &h->tags[TAG_DEVICE_WIDE];
+    if (r->free_bytes == 0 || h->nb_overflow) return false;
+    if (r->event_in_flight && !dw_query(h)) return false;
+    if (r->frees_since_record > 0) {
+        if (dw_any_capturing(h)) return false;
+        if (!r->event && h->drv->event_create(h->dev, &r->event) != CUA_SUCCESS) return false;
+        bool covered = true;
+        for (unsigned i = 0; i < h->n_nb; i++) {
+            if (!h->nb[i].event && h->drv->event_create(h->dev, &h->nb[i].event) != CUA_SUCCESS) covered = false;
+            else if (h->drv->event_record(h->dev, h->nb[i].event, h->nb[i].handle) != CUA_SUCCESS) covered = false;
+            else h->nb[i].in_flight = true;
+        }
+        if (h->drv->event_record(h->dev, r->event, NULL) != CUA_SUCCESS) covered = false;
+        if (!covered) return false; /* some stream not covered: frees_since_record stays, try later */
+        r->frees_since_record = 0;
+        r->event_in_flight = true;
+        if (!dw_query(h)) return false;
+    }
+    settle_tag(h, TAG_DEVICE_WIDE);
+    return true;
+}
+
 /* Settles every stream's free blocks: after synchronizing the streams (sync), or only those whose
  * recorded event has completed with no free since (!sync). Classic mode never moves blocks. */
 static void settle_all(heap_t *h, bool sync) {
     bool device_synced = false;
     quick_flush(h);
-    for (unsigned t = 1; t < HEAP_MAX_TAGS; t++) {
+    if (sync) {
+        uint64_t before = h->stats.num_syncs;
+        dw_sync(h);
+        device_synced = h->stats.num_syncs != before && h->tags[TAG_DEVICE_WIDE].free_bytes == 0;
+    } else {
+        dw_settle_completed(h);
+    }
+    for (unsigned t = 1; t < TAG_DEVICE_WIDE; t++) {
         stream_rec_t *r = &h->tags[t];
         if (!r->used || (r->free_bytes == 0 && !r->event_in_flight)) continue;
+        if (is_capturing(h, r->handle)) continue; /* its blocks stay unsettled until the capture ends */
         if (sync && !device_synced && stream_sync(h, r->handle) != CUA_SUCCESS) {
             /* A stream the driver will not synchronize (destroyed, or another device's): wait for
              * the whole device instead, once. */
@@ -431,9 +532,11 @@ static void settle_all(heap_t *h, bool sync) {
 static bool settle_completed(heap_t *h, unsigned self) {
     bool settled = false;
     quick_flush(h);
-    for (unsigned t = 1; t < HEAP_MAX_TAGS; t++) {
+    if (dw_settle_completed(h)) settled = true;
+    for (unsigned t = 1; t < TAG_DEVICE_WIDE; t++) {
         stream_rec_t *r = &h->tags[t];
         if (t == self || !r->used || r->free_bytes == 0) continue;
+        if (is_capturing(h, r->handle)) continue;
         if (r->event_in_flight) {
             cua_result q = h->drv->event_query(h->dev, r->event);
             if (q == CUA_SUCCESS) r->event_in_flight = false;
@@ -487,6 +590,7 @@ static size_t chunks_unmap(heap_t *h, pool_t *p, size_t first, size_t n) {
     p->mapped -= done * p->chunk;
     h->stats.reserved_bytes -= done * p->chunk;
     h->stats.num_unmaps += done;
+    if (done && trace_enabled()) trace_on_unmap(h->dev, p->va_base + first * p->chunk, done * p->chunk);
     if (h->npending) retry_pending_releases(h);
     return done;
 }
@@ -520,6 +624,8 @@ static cua_result chunks_map(heap_t *h, pool_t *p, uintptr_t addr, size_t len) {
     p->mapped += done * p->chunk;
     h->stats.reserved_bytes += done * p->chunk;
     h->stats.num_maps += done;
+    /* Recorded even when set_access failed: the rollback below records the matching unmap. */
+    if (done && trace_enabled()) trace_on_map(h->dev, addr, done * p->chunk);
     if (r != CUA_SUCCESS) {
         chunks_unmap(h, p, first, done);
         return r;
@@ -685,6 +791,7 @@ static block_t *classic_alloc_segment(heap_t *h, pool_t *p, unsigned tag, size_t
     h->stats.reserved_bytes += size;
     h->stats.num_maps++;
     if (h->stats.reserved_bytes > h->stats.reserved_peak) h->stats.reserved_peak = h->stats.reserved_bytes;
+    if (trace_enabled()) trace_on_map(h->dev, b->addr, size);
     free_insert(h, p, b);
     return b;
 }
@@ -703,6 +810,7 @@ static bool classic_release_segment(heap_t *h, pool_t *p, block_t *b) {
     p->mapped -= b->size;
     h->stats.reserved_bytes -= b->size;
     h->stats.num_unmaps++;
+    if (trace_enabled()) trace_on_unmap(h->dev, b->addr, b->size);
     slab_free(&h->blocks, b);
     return true;
 }
@@ -861,33 +969,72 @@ static size_t largest_free_locked(heap_t *h) {
     return best;
 }
 
+/* The OOM report (DESIGN.md decision 10), in the spirit of PyTorch's message, then the diagnosis
+ * and the first fix of the OOM ladder that applies:
+ *   fragmentation (live blocks + the request fit under the cap): the allocator's own fixes, free
+ *     of cost — expandable segments, a lower max_split_size_mb, garbage_collection_threshold
+ *     (VMM mode: the address space, va_factor);
+ *   genuine shortage: the training-side fixes in cost order — a smaller batch with gradient
+ *     accumulation, bf16/fp16 mixed precision, activation checkpointing, then offloading or
+ *     sharding (FSDP / ZeRO).
+ * One report per distinct situation (power-of-two bucket of the request, diagnosis) per heap; the
+ * first repeat says once that further ones are only counted (num_ooms). Lock held. */
+enum { OOM_SHORTAGE = 1, OOM_FRAGMENTATION = 2 };
+
 static void report_oom(heap_t *h, size_t size, size_t rsize) {
-    if (h->oom_reports >= 8) {
-        if (h->oom_reports++ == 8) cua_error("device %d: further out-of-memory reports suppressed (see num_ooms)", h->dev);
-        return;
+    size_t allocated = h->stats.allocated_bytes, reserved = h->stats.reserved_bytes;
+    bool fits = rsize <= h->cap && allocated <= h->cap - rsize; /* no wrap-around for huge requests */
+    uint8_t kind = fits ? OOM_FRAGMENTATION : OOM_SHORTAGE;
+    uint8_t bucket = (uint8_t)(rsize ? floor_log2(rsize) : 0);
+    for (unsigned i = 0; i < h->n_oom_seen; i++) {
+        if (h->oom_seen[i].bucket == bucket && h->oom_seen[i].kind == kind) {
+            if (!h->oom_suppressed_said) {
+                h->oom_suppressed_said = true;
+                cua_error("device %d: out of memory again in a situation already reported; further ones are not "
+                          "reported, only counted in num_ooms (cualloc_get_stats)",
+                          h->dev);
+            }
+            return;
+        }
+    }
+    if (h->n_oom_seen < HEAP_OOM_KINDS) {
+        h->oom_seen[h->n_oom_seen].bucket = bucket;
+        h->oom_seen[h->n_oom_seen].kind = kind;
+        h->n_oom_seen++;
+    } else {
+        return; /* that many distinct reports already: enough */
     }
     h->oom_reports++;
-    char req[32], cap[32], alloc[32], resv[32], cached[32], largest[32], devfree[32];
+    char req[32], cap[32], alloc[32], cached[32], largest[32], devfree[32], excess[32];
     size_t lf = largest_free_locked(h), dfree = 0, dtotal = 0;
     h->drv->mem_get_info(h->dev, &dfree, &dtotal);
-    size_t allocated = h->stats.allocated_bytes, reserved = h->stats.reserved_bytes;
-    cua_error("device %d: out of memory: tried to allocate %s (%zu B requested). The heap may use %s; "
-              "%s is allocated, %s reserved (%s of it cached free, largest free block %s); the device "
-              "reports %s free.",
+    cua_error("device %d: out of memory: tried to allocate %s (%zu B requested); the heap may use %s (its cap); "
+              "%s is allocated by live blocks, %s is reserved but unallocated (largest free block %s); the "
+              "device reports %s free.",
               h->dev, fmt_bytes(rsize, req, sizeof req), size, fmt_bytes(h->cap, cap, sizeof cap),
-              fmt_bytes(allocated, alloc, sizeof alloc), fmt_bytes(reserved, resv, sizeof resv),
-              fmt_bytes(reserved - allocated, cached, sizeof cached), fmt_bytes(lf, largest, sizeof largest),
-              fmt_bytes(dfree, devfree, sizeof devfree));
-    if (rsize <= h->cap && allocated <= h->cap - rsize) /* no wrap-around for huge requests */
-        cua_error("device %d: diagnosis: fragmentation — live blocks total %s, so the request would fit in %s, "
-                  "but no free range is large enough. %s",
-                  h->dev, alloc, cap,
-                  h->vmm ? "Address space is exhausted; raise va_factor."
-                         : "Use expandable segments (expandable_segments:True, the default) or lower max_split_size_mb.");
-    else
-        cua_error("device %d: diagnosis: genuine shortage — live blocks plus this request exceed %s. Reduce the "
-                  "batch size or sequence length, or use activation checkpointing.",
-                  h->dev, cap);
+              fmt_bytes(allocated, alloc, sizeof alloc), fmt_bytes(reserved - allocated, cached, sizeof cached),
+              fmt_bytes(lf, largest, sizeof largest), fmt_bytes(dfree, devfree, sizeof devfree));
+    if (kind == OOM_FRAGMENTATION) {
+        if (h->vmm)
+            cua_error("device %d: diagnosis: fragmentation — live blocks (%s) plus this request fit in %s, but no "
+                      "free range of the address space is large enough. First fix: raise va_factor "
+                      "(CUALLOC_CONF=va_factor:8); if it persists, set garbage_collection_threshold:0.8 so cached "
+                      "chunks are returned earlier.",
+                      h->dev, alloc, cap);
+        else
+            cua_error("device %d: diagnosis: fragmentation — live blocks (%s) plus this request fit in %s, but the "
+                      "cached free memory is split into pieces smaller than the request. First fix (free): "
+                      "expandable segments (CUALLOC_CONF=expandable_segments:True); else lower max_split_size_mb "
+                      "(e.g. max_split_size_mb:128) or set garbage_collection_threshold:0.8.",
+                      h->dev, alloc, cap);
+    } else {
+        size_t over = allocated + rsize >= allocated ? allocated + rsize - h->cap : SIZE_MAX;
+        cua_error("device %d: diagnosis: genuine shortage — live blocks (%s) plus this request need %s more than "
+                  "the cap of %s; no allocator setting can fix that. First fix: reduce the batch size and keep the "
+                  "effective batch with gradient accumulation; then bf16/fp16 mixed precision if not already used; "
+                  "then activation checkpointing; then offloading or sharding (FSDP / ZeRO).",
+                  h->dev, alloc, fmt_bytes(over, excess, sizeof excess), cap);
+    }
 }
 
 /* The slow part of an allocation: flush the quick lists, search, grow or release; then carve the
@@ -908,8 +1055,14 @@ static block_t *alloc_search(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
     return b;
 }
 
-static cua_result alloc_fail(heap_t *h, size_t size, size_t rsize) {
+static cua_result alloc_fail(heap_t *h, cua_stream stream, size_t size, size_t rsize) {
     h->stats.num_ooms++;
+    if (trace_enabled()) {
+        size_t dfree = 0, dtotal = 0;
+        h->drv->mem_get_info(h->dev, &dfree, &dtotal);
+        trace_on_oom(h->dev, stream, size, rsize, h->cap, h->stats.allocated_bytes, h->stats.reserved_bytes, dfree,
+                     largest_free_locked(h));
+    }
     report_oom(h, size, rsize);
     update_inactive_split(h);
     cua_unlock(&h->lock);
@@ -920,16 +1073,16 @@ cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
     size_t rsize = heap_round_size(&h->conf, size);
     *out = NULL;
     cua_lock(&h->lock);
-    if (__builtin_expect(rsize == 0 || rsize > ((size_t)1 << 48), 0)) return alloc_fail(h, size, size);
+    if (__builtin_expect(rsize == 0 || rsize > ((size_t)1 << 48), 0)) return alloc_fail(h, stream, size, size);
     pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
     unsigned tag = (stream == h->last_stream && h->last_tag) ? h->last_tag : tag_of(h, stream);
-    if (__builtin_expect(tag >= HEAP_MAX_TAGS, 0)) return alloc_fail(h, size, rsize);
+    if (__builtin_expect(tag >= HEAP_MAX_TAGS, 0)) return alloc_fail(h, stream, size, rsize);
     block_t *b = h->vmm ? quick_pop(h, p, rsize, tag) : NULL;
-    if (!b && !(b = alloc_search(h, p, tag, rsize))) return alloc_fail(h, size, rsize);
+    if (!b && !(b = alloc_search(h, p, tag, rsize))) return alloc_fail(h, stream, size, rsize);
     if (__builtin_expect(!ptrmap_insert(&h->live, b->addr, b), 0)) {
         b = coalesce_free(h, p, b);
         free_insert(h, p, b);
-        return alloc_fail(h, size, rsize);
+        return alloc_fail(h, stream, size, rsize);
     }
     b->state = BLOCK_ALLOCATED;
     b->requested = size;
@@ -944,18 +1097,33 @@ cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
     s->active_bytes = s->allocated_bytes;
     s->active_peak = s->allocated_peak;
     update_inactive_split(h);
+    if (trace_enabled()) trace_on_alloc(h->dev, stream, b->addr, b->size, size);
     cua_unlock(&h->lock);
     *out = (void *)b->addr;
     return CUA_SUCCESS;
 }
 
+static bool free_locked(heap_t *h, void *ptr, cua_stream stream, bool device_wide);
+
 bool heap_free(heap_t *h, void *ptr, cua_stream stream) {
     cua_lock(&h->lock);
+    bool ok = free_locked(h, ptr, stream, false);
+    cua_unlock(&h->lock);
+    return ok;
+}
+
+bool heap_free_device_wide(heap_t *h, void *ptr) {
+    cua_lock(&h->lock);
+    /* No known non-blocking stream: the legacy stream orders every other one, so this is a free on
+     * it (reused at once by the legacy stream, by others after its event). */
+    bool ok = free_locked(h, ptr, NULL, h->n_nb > 0 || h->nb_overflow);
+    cua_unlock(&h->lock);
+    return ok;
+}
+
+static bool free_locked(heap_t *h, void *ptr, cua_stream stream, bool device_wide) {
     block_t *b = ptrmap_remove(&h->live, (uintptr_t)ptr);
-    if (!b) {
-        cua_unlock(&h->lock);
-        return false;
-    }
+    if (!b) return false;
     pool_t *p = &h->pools[b->pool];
     cualloc_stats *s = &h->stats;
     s->num_frees++;
@@ -963,7 +1131,20 @@ bool heap_free(heap_t *h, void *ptr, cua_stream stream) {
     s->allocated_bytes -= b->size;
     s->active_bytes = s->allocated_bytes;
     p->allocated -= b->size;
-    if (!h->vmm && stream != b->stream) {
+    if (trace_enabled()) trace_on_free(h->dev, stream, b->addr, b->size, b->requested);
+    if (device_wide) {
+        /* Not reusable by anyone until the legacy stream and every non-blocking stream have
+         * passed the free (settled lazily, or synchronized under pressure); never quick-listed. */
+        h->tags[TAG_DEVICE_WIDE].frees_since_record++;
+        b->tag = TAG_DEVICE_WIDE;
+        b->requested = 0;
+        b->state = BLOCK_FREE;
+        b = coalesce_free(h, p, b);
+        free_insert(h, p, b);
+        update_inactive_split(h);
+        return true;
+    }
+    if (!h->vmm && stream != b->stream && !is_capturing(h, stream)) {
         /* Classic mode keeps PyTorch's rule that a segment serves one stream: the block returns to
          * its allocation stream, which may reuse it only after the freeing stream's work. */
         stream_sync(h, stream);
@@ -985,7 +1166,6 @@ bool heap_free(heap_t *h, void *ptr, cua_stream stream) {
         free_insert(h, p, b);
     }
     update_inactive_split(h);
-    cua_unlock(&h->lock);
     return true;
 }
 
@@ -1064,13 +1244,16 @@ heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_re
     h->vmm = conf->expandable_segments && info.vmm_supported;
     slab_init(&h->blocks, sizeof(block_t));
     h->tags[TAG_ANY].used = true;
+    h->tags[TAG_DEVICE_WIDE].used = true;
+    h->tags[TAG_DEVICE_WIDE].handle = DW_HANDLE;
     if (!ptrmap_init(&h->live)) r = CUA_ERROR_OUT_OF_MEMORY;
     for (int pi = 0; pi < POOL_COUNT; pi++) {
         h->pools[pi].id = (pool_id_t)pi;
         sizeclass_init(&h->pools[pi].unmapped);
     }
     for (int pi = 0; pi < POOL_COUNT && r == CUA_SUCCESS; pi++)
-        if (!index_get(h, &h->pools[pi], TAG_ANY)) r = CUA_ERROR_OUT_OF_MEMORY;
+        if (!index_get(h, &h->pools[pi], TAG_ANY) || !index_get(h, &h->pools[pi], TAG_DEVICE_WIDE))
+            r = CUA_ERROR_OUT_OF_MEMORY;
     if (r == CUA_SUCCESS && h->vmm) {
         /* Chunks are a power-of-two multiple of the granularity: the reservation is aligned to them
          * and chunk arithmetic on the fast path is a mask. */
@@ -1086,8 +1269,16 @@ heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_re
         if (err) *err = r;
         return NULL;
     }
+    trace_on_device(dev, info.name, info.total_bytes, h->cap, h->granularity, h->vmm);
     if (err) *err = CUA_SUCCESS;
     return h;
+}
+
+/* Bytes of a classic segment: its blocks tile it. */
+static size_t seg_bytes(const block_t *seg) {
+    size_t n = 0;
+    for (const block_t *b = seg; b; b = b->next) n += b->size;
+    return n;
 }
 
 void heap_destroy(heap_t *h) {
@@ -1103,6 +1294,7 @@ void heap_destroy(heap_t *h) {
                 h->drv->va_free(h->dev, (cua_devptr)p->va_base, p->va_size);
             } else {
                 h->drv->mem_free(h->dev, (cua_devptr)seg->addr);
+                if (trace_enabled()) trace_on_unmap(h->dev, seg->addr, seg_bytes(seg));
             }
             for (block_t *b = seg, *n; b; b = n) {
                 n = b->next;
@@ -1117,6 +1309,8 @@ void heap_destroy(heap_t *h) {
     retry_pending_releases(h);
     for (unsigned t = 1; t < HEAP_MAX_TAGS; t++)
         if (h->tags[t].event) h->drv->event_destroy(h->dev, h->tags[t].event);
+    for (unsigned i = 0; i < h->n_nb; i++)
+        if (h->nb[i].event) h->drv->event_destroy(h->dev, h->nb[i].event);
     ptrmap_destroy(&h->live);
     slab_destroy(&h->blocks);
     heap_mem_free(h);
@@ -1147,6 +1341,55 @@ size_t heap_block_size(heap_t *h, const void *ptr) {
     return n;
 }
 
+bool heap_block_range(heap_t *h, const void *ptr, uintptr_t *base, size_t *size) {
+    uintptr_t a = (uintptr_t)ptr;
+    cua_lock(&h->lock);
+    block_t *found = ptrmap_get(&h->live, a);
+    /* An interior pointer: walk the blocks of the segment holding it (O(blocks); rare queries). */
+    for (int pi = 0; pi < POOL_COUNT && !found; pi++) {
+        for (block_t *seg = h->pools[pi].segments; seg && !found; seg = seg->seg_next) {
+            if (h->vmm && (a < h->pools[pi].va_base || a - h->pools[pi].va_base >= h->pools[pi].va_size)) break;
+            if (a < seg->addr) continue;
+            for (block_t *b = seg; b; b = b->next) {
+                if (a < b->addr) break;
+                if (a - b->addr < b->size) {
+                    if (b->state == BLOCK_ALLOCATED) found = b;
+                    break;
+                }
+            }
+        }
+    }
+    if (found) {
+        *base = found->addr;
+        *size = found->size;
+    }
+    cua_unlock(&h->lock);
+    return found != NULL;
+}
+
+void heap_peer_enabled(heap_t *h) {
+    cua_lock(&h->lock);
+    if (h->vmm) {
+        for (int pi = 0; pi < POOL_COUNT; pi++) {
+            pool_t *p = &h->pools[pi];
+            for (size_t i = 0; i < p->nchunks;) {
+                if (!p->chunks[i]) {
+                    i++;
+                    continue;
+                }
+                size_t j = i;
+                while (j < p->nchunks && p->chunks[j]) j++;
+                cua_result r = h->drv->set_access(h->dev, p->va_base + i * p->chunk, (j - i) * p->chunk);
+                if (r != CUA_SUCCESS)
+                    cua_error("device %d: granting peer access to %#lx (+%zu B) failed (%s)", h->dev,
+                              (unsigned long)(p->va_base + i * p->chunk), (j - i) * p->chunk, driver_error_name(r));
+                i = j;
+            }
+        }
+    }
+    cua_unlock(&h->lock);
+}
+
 block_t *heap_test_find_block(heap_t *h, const void *ptr) { return ptrmap_get(&h->live, (uintptr_t)ptr); }
 bool heap_is_vmm(const heap_t *h) { return h->vmm; }
 
@@ -1155,6 +1398,37 @@ void heap_pool_range(const heap_t *h, pool_id_t pool, uintptr_t *lo, uintptr_t *
     *hi = h->pools[pool].va_base + h->pools[pool].va_size;
 }
 size_t heap_chunk_size(const heap_t *h, pool_id_t pool) { return h->pools[pool].chunk; }
+
+void heap_snapshot(heap_t *h, void (*mapped)(int dev, uintptr_t addr, size_t size, void *arg),
+                   void (*live)(int dev, const block_t *b, void *arg), void (*done)(int dev, void *arg),
+                   void *arg) {
+    cua_lock(&h->lock);
+    for (int pi = 0; pi < POOL_COUNT; pi++) {
+        pool_t *p = &h->pools[pi];
+        if (h->vmm) {
+            /* Runs of mapped chunks, each reported once. */
+            for (size_t i = 0; i < p->nchunks;) {
+                if (!p->chunks[i]) {
+                    i++;
+                    continue;
+                }
+                size_t j = i;
+                while (j < p->nchunks && p->chunks[j]) j++;
+                if (mapped) mapped(h->dev, p->va_base + i * p->chunk, (j - i) * p->chunk, arg);
+                i = j;
+            }
+        } else {
+            for (block_t *seg = p->segments; seg; seg = seg->seg_next)
+                if (mapped) mapped(h->dev, seg->addr, seg_bytes(seg), arg);
+        }
+    }
+    for (int pi = 0; pi < POOL_COUNT; pi++)
+        for (block_t *seg = h->pools[pi].segments; seg; seg = seg->seg_next)
+            for (block_t *b = seg; b; b = b->next)
+                if (b->state == BLOCK_ALLOCATED && live) live(h->dev, b, arg);
+    if (done) done(h->dev, arg);
+    cua_unlock(&h->lock);
+}
 
 void heap_get_stats(heap_t *h, cualloc_stats *out) {
     cua_lock(&h->lock);
@@ -1166,16 +1440,53 @@ void heap_get_stats(heap_t *h, cualloc_stats *out) {
 void heap_trim(heap_t *h) {
     cua_lock(&h->lock);
     h->stats.num_trims++;
+    if (trace_enabled()) trace_on_trim(h->dev); /* before the unmaps it causes */
     if (h->vmm) vmm_release(h, SIZE_MAX);
     else classic_release_all(h);
     update_inactive_split(h);
     cua_unlock(&h->lock);
 }
 
+/* Lock held. Forgets `stream` as a non-blocking stream. Device-wide blocks still waiting for it
+ * are made safe first (the handle may be reused): its work is synchronized, or, when that cannot be
+ * done (capture), the table is marked overflowed so that only a device synchronize settles them. */
+static void nb_forget(heap_t *h, cua_stream stream) {
+    for (unsigned i = 0; i < h->n_nb; i++) {
+        if (h->nb[i].handle != stream) continue;
+        stream_rec_t *dw = &h->tags[TAG_DEVICE_WIDE];
+        if (dw->free_bytes && (h->nb[i].in_flight || dw->frees_since_record)) {
+            if (is_capturing(h, stream) || stream_sync(h, stream) != CUA_SUCCESS) h->nb_overflow = true;
+        }
+        if (h->nb[i].event) h->drv->event_destroy(h->dev, h->nb[i].event);
+        h->nb[i] = h->nb[--h->n_nb];
+        h->nb[h->n_nb].handle = NULL;
+        h->nb[h->n_nb].event = NULL;
+        h->nb[h->n_nb].in_flight = false;
+        return;
+    }
+}
+
+void heap_stream_created(heap_t *h, cua_stream stream, bool non_blocking) {
+    cua_lock(&h->lock);
+    nb_forget(h, stream); /* a reused handle: whatever it was before is gone */
+    if (non_blocking) {
+        if (h->n_nb < HEAP_MAX_NB_STREAMS) {
+            h->nb[h->n_nb].handle = stream;
+            h->nb[h->n_nb].event = NULL;
+            h->nb[h->n_nb].in_flight = false;
+            h->n_nb++;
+        } else {
+            h->nb_overflow = true;
+        }
+    }
+    cua_unlock(&h->lock);
+}
+
 void heap_stream_destroyed(heap_t *h, cua_stream stream) {
     cua_lock(&h->lock);
     quick_flush(h);
-    for (unsigned t = 1; t < HEAP_MAX_TAGS; t++) {
+    nb_forget(h, stream);
+    for (unsigned t = 1; t < TAG_DEVICE_WIDE; t++) {
         stream_rec_t *r = &h->tags[t];
         if (!r->used || r->handle != stream) continue;
         if (r->free_bytes) {
@@ -1274,6 +1585,7 @@ static void check_pool(check_ctx_t *c, pool_t *p, size_t *mapped_sum) {
                 free_mapped += b->size;
                 releasable += block_releasable(h, p, b);
                 if (b->tag < HEAP_MAX_TAGS) cached_bytes[b->tag] += b->size;
+                CHECK(c, b->tag != TAG_DEVICE_WIDE, "cached block %#lx is tagged device-wide", (unsigned long)b->addr);
                 c->cached_blocks++;
                 break;
             case BLOCK_UNMAPPED:
@@ -1373,6 +1685,15 @@ int heap_check(heap_t *h, FILE *report) {
         CHECK(&c, n == q->count, "quick list %d holds %zu blocks, its count says %u", i, n, q->count);
         listed += n;
     }
+    /* Device-wide frees: the pseudo-stream record, and the non-blocking stream table. */
+    CHECK(&c, h->tags[TAG_DEVICE_WIDE].used && h->tags[TAG_DEVICE_WIDE].handle == DW_HANDLE,
+          "the device-wide tag record is damaged");
+    for (unsigned t = 1; t < TAG_DEVICE_WIDE; t++)
+        CHECK(&c, !h->tags[t].used || h->tags[t].handle != DW_HANDLE, "tag %u names the device-wide pseudo-stream", t);
+    CHECK(&c, h->n_nb <= HEAP_MAX_NB_STREAMS, "%u non-blocking streams recorded", h->n_nb);
+    for (unsigned i = 0; i < h->n_nb && i < HEAP_MAX_NB_STREAMS; i++)
+        for (unsigned j = i + 1; j < h->n_nb && j < HEAP_MAX_NB_STREAMS; j++)
+            CHECK(&c, h->nb[i].handle != h->nb[j].handle, "non-blocking stream %p recorded twice", (void *)h->nb[i].handle);
     CHECK(&c, listed == c.cached_blocks && listed_bytes == h->quick_bytes,
           "quick lists hold %zu blocks / %zu B; segments have %zu cached blocks, quick_bytes says %zu", listed,
           listed_bytes, c.cached_blocks, h->quick_bytes);

@@ -18,6 +18,7 @@
 #define CUALLOC_INTERNAL_H
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -74,6 +75,8 @@ typedef struct conf_s {
     size_t chunk_size;                    /* VMM chunk bytes for the LARGE pool; 0 = granularity */
     size_t va_factor;                     /* LARGE pool VA reservation = va_factor x device memory */
     bool summary;                         /* print a stats table per device at exit */
+    char exclude[CONF_PATH_MAX];          /* caller modules (globs, ';' or '|' separated) whose
+                                           * allocations the front door passes to CUDA unchanged */
     /* trace recorder (trace.c) */
     char trace[CONF_PATH_MAX];            /* trace file template (%p %r %h); "" = off */
     unsigned trace_stack_depth;           /* native frames per stack, 0..64; 0 = no stacks */
@@ -136,6 +139,17 @@ int sim_address_device(cua_devptr va);
 /* Host-backed only: is [va, va+size) inside one mem_alloc range, or mapped with access granted
  * throughout (so the host may touch it)? */
 bool sim_range_accessible(cua_devptr va, size_t size);
+/* Host-backed or not: is [va, va+size) mapped with access granted to device `dev` throughout (the
+ * owner's set_access granted dev: dev is the owner or one of its enabled peers), or a mem_alloc
+ * range of dev or of a device that enabled dev as a peer? */
+bool sim_range_accessible_from(int dev, cua_devptr va, size_t size);
+/* The peers driver_sim_ops.peer_enable recorded for dev (bit d). */
+uint64_t sim_peer_mask(int dev);
+/* Marks a stream capturing (a CUDA graph capture in progress) or not; the heap must then never
+ * record, query or synchronize on it. */
+void sim_stream_set_capturing(cua_stream s, bool capturing);
+/* The device driver_sim_ops.current_device reports for the calling thread (default 0). */
+void sim_set_current_device(int dev);
 
 /* ======================================================================== slab.c */
 
@@ -163,6 +177,10 @@ typedef enum { BLOCK_ALLOCATED = 1, BLOCK_FREE = 2, BLOCK_UNMAPPED = 3, BLOCK_CA
 typedef enum { POOL_SMALL = 0, POOL_LARGE = 1, POOL_COUNT = 2 } pool_id_t;
 #define TAG_ANY 0
 #define HEAP_MAX_TAGS 64
+/* Blocks freed device-wide (cudaFree while non-blocking streams exist): reusable by no stream until
+ * work on the legacy stream and on every known non-blocking stream up to the free has completed.
+ * Never a real stream's tag, never on a quick list. */
+#define TAG_DEVICE_WIDE (HEAP_MAX_TAGS - 1)
 
 typedef struct block_s block_t;
 struct block_s {
@@ -275,8 +293,26 @@ bool heap_owns(heap_t *h, const void *ptr);
 size_t heap_block_size(heap_t *h, const void *ptr);
 void heap_get_stats(heap_t *h, cualloc_stats *out);
 void heap_trim(heap_t *h);
-/* The stream is being destroyed: settle its free blocks so its handle can be reused. */
+/* The stream is being destroyed: settle its free blocks so its handle can be reused, and forget it
+ * as a non-blocking stream. */
 void heap_stream_destroyed(heap_t *h, cua_stream stream);
+/* The front door saw `stream` created on this heap's device. Non-blocking streams (flag 0x1) are
+ * not ordered by the legacy stream, so device-wide frees must wait for them too; a blocking one
+ * only drops a stale non-blocking registration of a reused handle. */
+void heap_stream_created(heap_t *h, cua_stream stream, bool non_blocking);
+/* Frees ptr with cudaFree's meaning: no stream may get it again while earlier work on any stream
+ * may still use it. With no known non-blocking stream this is heap_free(h, ptr, NULL) (the legacy
+ * stream orders every blocking stream); otherwise the block is tagged TAG_DEVICE_WIDE and settles
+ * once events on the legacy stream and every non-blocking stream, recorded after the free (only
+ * when memory is short), have completed, or, under pressure, after a synchronize. False when h does
+ * not own ptr. */
+bool heap_free_device_wide(heap_t *h, void *ptr);
+/* Peer access changed for this heap's device (driver peer_enable): grants access again over every
+ * mapped chunk range, so the enabled peers can reach existing memory. VMM only; no-op in classic. */
+void heap_peer_enabled(heap_t *h);
+/* The allocated block containing ptr (interior pointers too): its base and size (the block's
+ * bytes, as cuMemGetAddressRange reports for cudaMalloc memory). False when none does. */
+bool heap_block_range(heap_t *h, const void *ptr, uintptr_t *base, size_t *size);
 /* Number of invariant violations, each described on `report` (may be NULL). */
 int heap_check(heap_t *h, FILE *report);
 /* Every block of every pool, one per line, and the stream records (debugging). */
@@ -289,6 +325,13 @@ bool heap_is_vmm(const heap_t *h);
 /* The VA range [lo, hi) of a VMM pool (empty in classic mode). Fixed for the heap's life. */
 void heap_pool_range(const heap_t *h, pool_id_t pool, uintptr_t *lo, uintptr_t *hi);
 size_t heap_chunk_size(const heap_t *h, pool_id_t pool);
+/* A consistent picture of the heap for a trace started mid-run, in one critical section under
+ * the heap lock: mapped(dev, addr, size, arg) for every range of physical memory (VMM: runs of
+ * mapped chunks; classic: segments), then live(dev, block, arg) for every allocated block in
+ * address order, then done(dev, arg). The callbacks must not call the heap. */
+void heap_snapshot(heap_t *h, void (*mapped)(int dev, uintptr_t addr, size_t size, void *arg),
+                   void (*live)(int dev, const block_t *b, void *arg), void (*done)(int dev, void *arg),
+                   void *arg);
 
 /* Size rounding as PyTorch's round_size: 512 B minimum and multiple, or the next of
  * roundup_power2_divisions steps. */
@@ -300,6 +343,65 @@ size_t heap_round_size(const conf_t *c, size_t size);
 void stats_write_json(const cualloc_stats *s, FILE *out);
 void stats_write_text(const cualloc_stats *s, int device, FILE *out);
 
+/* ======================================================================== trace.c */
+
+/* The trace recorder (format: include/cualloc_trace.h). The hooks are called by the heap with its
+ * lock held, each behind `if (trace_enabled())`, so a disabled recorder costs one predictable
+ * branch; they take only the recorder's own short lock (ranked below every heap lock) and never
+ * call the heap. Events of a device the recorder has not begun (trace_device_begin) are skipped,
+ * so a trace started mid-run neither loses nor doubles what its snapshot covers. */
+extern _Atomic bool trace_enabled_flag;
+static inline bool trace_enabled(void)
+{
+    return __builtin_expect(atomic_load_explicit(&trace_enabled_flag, memory_order_relaxed), 0);
+}
+/* Opens a new trace file from a template (%p pid, %r rank, %h host, %% %) and writes the
+ * process, configuration and known-device records. 0, or -1 with a message (already tracing,
+ * symlink at the path, cannot create). Does not take heap locks. */
+int trace_start(const char *tmpl, const conf_t *conf);
+/* Writes the END record with per_dev[d] (NULL: no heap) for d < ndev, and closes the file. */
+void trace_stop(const cualloc_stats *const *per_dev, int ndev);
+bool trace_active(void);
+size_t trace_path(char *out, size_t len); /* the file being written ("" when none) */
+/* Front doors call this before taking any heap lock, behind `if (trace_enabled())`: captures the
+ * call stack (trace_stack_depth native frames, plus Python frames when the thread holds the GIL)
+ * and keeps its id for the thread's next alloc or OOM event. The recorder drops the frames up to
+ * and including the function that called it, plus `skip` more (front doors reached through their
+ * own wrappers); that function must be a real frame: mark it noinline. */
+void trace_capture_stack(int skip);
+/* Event hooks (heap.c). Sizes are bytes; requested is the caller's size. trace_on_free records
+ * a free requested and completed at once (the heap makes a block reusable by its stream at
+ * once); the two separate ones are for stream-ordered frees that complete later. */
+void trace_on_alloc(int dev, cua_stream s, uintptr_t addr, size_t size, size_t requested);
+void trace_on_free(int dev, cua_stream s, uintptr_t addr, size_t size, size_t requested);
+void trace_on_free_requested(int dev, cua_stream s, uintptr_t addr, size_t size);
+void trace_on_free_completed(int dev, cua_stream s, uintptr_t addr, size_t size);
+void trace_on_map(int dev, uintptr_t addr, size_t size);
+void trace_on_unmap(int dev, uintptr_t addr, size_t size);
+void trace_on_trim(int dev);
+void trace_on_oom(int dev, cua_stream s, size_t requested, size_t rounded, size_t capacity, size_t allocated,
+                  size_t reserved, size_t device_free, size_t largest_free);
+/* heap_create: remembered for every later trace; recorded (and the device begun) when tracing. */
+void trace_on_device(int dev, const char *name, size_t total, size_t capacity, size_t granularity, bool vmm);
+/* Snapshot records (api.c, through heap_snapshot), written before the device is begun. */
+void trace_on_initial_block(int dev, cua_stream s, uintptr_t addr, size_t size, size_t requested);
+void trace_on_initial_map(int dev, uintptr_t addr, size_t size);
+void trace_device_begin(int dev);
+bool trace_device_begun(int dev);
+void trace_mark(const char *label);
+/* In a forked child: drops the parent's file (never writes to it). True, with the template in
+ * tmpl_out, when the child should open its own (the template has %p). */
+bool trace_after_fork_child(char *tmpl_out, size_t len);
+/* Expands a template; returns its length, 0 when it does not fit in len. */
+size_t trace_expand_path(const char *tmpl, char *out, size_t len);
+/* Tests: the block size of files opened later (a multiple of the page size; 0 = default), and
+ * the number of records written to the current file. */
+void trace_set_block_size(uint32_t bytes);
+uint64_t trace_test_records(void);
+/* Tests: writes a record of any type (one a reader may not know) into the current META or EVENT
+ * block, leaving the delta state alone. */
+bool trace_test_raw(bool event_block, uint8_t type, const void *payload, size_t len);
+
 /* ======================================================================== api.c */
 
 /* The process-wide state behind the public API: configuration, driver, one heap per device. */
@@ -307,5 +409,26 @@ const conf_t *api_conf(void);
 const driver_ops_t *api_driver(void);
 /* The device's heap, created on first use. NULL when the device is not valid. */
 heap_t *api_heap(int device);
+/* cualloc_trace_start with the trace settings (stack depth, size bound, ring) of `conf` instead
+ * of the configuration in force: snapshots every existing heap into the new trace. */
+int api_trace_start(const char *path, const conf_t *conf);
+/* For the front doors (interpose.c), which must not start anything for a call that needs no
+ * heap: has api_init run? */
+bool api_started(void);
+/* Devices known (0 before api_init has run). */
+int api_device_count(void);
+/* The device's heap if it exists already (never creates one, never initializes). */
+heap_t *api_heap_if_created(int device);
+/* The heap that owns ptr (an allocated block of it, or inside its VMM ranges), NULL when none
+ * does or api_init has not run. Lock-free for VMM heaps. */
+heap_t *api_owner(const void *ptr);
+
+/* ======================================================================== interpose.c */
+
+/* The real dlsym (libc's), for cualloc's own look-ups: libcualloc.so exports a dlsym that
+ * interposes the process's, so every look-up of its own must bypass it. Weak: objects that
+ * link parts of the library without interpose.c (the fake libcuda, white-box tests) fall back
+ * to plain dlsym. */
+void *interpose_real_dlsym(void *handle, const char *symbol) __attribute__((weak));
 
 #endif

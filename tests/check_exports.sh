@@ -15,7 +15,9 @@ fi
 # resolve CUDA through it). Anything else not starting with cualloc_ is a leak.
 allow="cudaMalloc cudaFree cudaMallocAsync cudaFreeAsync cuMemAlloc cuMemAlloc_v2 cuMemFree cuMemFree_v2
 cuMemAllocAsync cuMemFreeAsync cuGetProcAddress cuGetProcAddress_v2 dlsym cudaStreamCreate
-cudaStreamCreateWithFlags cudaStreamCreateWithPriority cudaStreamDestroy cudaMemGetInfo"
+cudaStreamCreateWithFlags cudaStreamCreateWithPriority cudaStreamDestroy cudaMemGetInfo
+cuMemAllocAsync_ptsz cuMemFreeAsync_ptsz cuStreamDestroy_v2 cuStreamCreate cuStreamCreateWithPriority
+cudaDeviceEnablePeerAccess cuCtxEnablePeerAccess cudaIpcGetMemHandle cuMemGetAddressRange_v2"
 # Linker-defined symbols that may show as defined.
 ignore="_init _fini _edata _end __bss_start __end__ _DYNAMIC _GLOBAL_OFFSET_TABLE_"
 # The public API of include/cualloc.h must be there.

@@ -96,7 +96,7 @@ static bool conf_equal(const conf_t *a, const conf_t *b, const char **which)
 static const char *const all_keys[] = {
     "expandable_segments", "max_split_size_mb", "garbage_collection_threshold",
     "roundup_power2_divisions", "per_process_memory_fraction", "max_memory_mb",
-    "chunk_size_mb", "va_factor", "summary", "trace", "trace_stack_depth", "trace_max_mb",
+    "chunk_size_mb", "va_factor", "summary", "exclude", "trace", "trace_stack_depth", "trace_max_mb",
     "trace_ring", "driver", "sim_memory_mb", "sim_host_backed",
     "sim_granularity_kb", "sim_vmm", "sim_devices", "sim_latency_us", "sim_va_base", "sim_fail",
 };

@@ -261,6 +261,134 @@ static void test_max_split_bounded(void) {
     heap_destroy(h);
 }
 
+/* cudaFree's guarantee with no non-blocking stream: exactly a free on the legacy stream, reused at
+ * once, with no event and no synchronization. */
+static void test_device_wide_without_nonblocking(void) {
+    conf_t c;
+    heap_t *h = open_heap("sim_memory_mb:64", &c);
+    cua_stream blocking = sim_stream_create(0, true);
+    heap_stream_created(h, blocking, false); /* blocking streams are ordered by the legacy stream */
+    void *a = must_alloc(h, 4 << 20, NULL);
+    uint64_t syncs = stats(h).num_syncs, records = sim_calls(SIM_OP_EVENT_RECORD);
+    EXPECT(heap_free_device_wide(h, a), "device-wide free");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    void *b = must_alloc(h, 4 << 20, NULL);
+    EXPECT(a == b, "the legacy stream reuses a device-wide freed block at once");
+    EXPECT(stats(h).num_syncs == syncs && sim_calls(SIM_OP_EVENT_RECORD) == records, "no event, no sync");
+    must_free(h, b, NULL);
+    heap_destroy(h);
+    sim_stream_destroy(blocking);
+}
+
+/* With a non-blocking stream whose work is in flight, a device-wide freed block goes to nobody,
+ * the legacy stream included, until that stream's work has completed. */
+static void test_device_wide_waits_for_nonblocking(void) {
+    conf_t c;
+    heap_t *h = open_heap("sim_memory_mb:64", &c);
+    cua_stream nb = sim_stream_create(0, true);
+    heap_stream_created(h, nb, true);
+    void *a = must_alloc(h, 4 << 20, NULL);
+    uint64_t syncs = stats(h).num_syncs;
+    EXPECT(heap_free_device_wide(h, a), "device-wide free");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check after device-wide free");
+    void *b = must_alloc(h, 4 << 20, NULL);
+    EXPECT(b != a, "the legacy stream must not get the block while the non-blocking stream is busy");
+    void *b2 = must_alloc(h, 4 << 20, nb);
+    EXPECT(b2 != a, "nor the non-blocking stream itself");
+    EXPECT(stats(h).num_syncs == syncs, "no synchronization without pressure");
+    sim_stream_complete(nb);
+    void *d = must_alloc(h, 4 << 20, NULL);
+    EXPECT(d == a, "after the non-blocking stream completed, the block is reused");
+    must_free(h, b, NULL);
+    must_free(h, b2, nb);
+    must_free(h, d, NULL);
+    /* A destroyed non-blocking stream no longer gates device-wide frees. */
+    heap_stream_destroyed(h, nb);
+    sim_stream_destroy(nb);
+    void *e = must_alloc(h, 4 << 20, NULL);
+    uint64_t records = sim_calls(SIM_OP_EVENT_RECORD);
+    EXPECT(heap_free_device_wide(h, e), "device-wide free");
+    void *f = must_alloc(h, 4 << 20, NULL);
+    EXPECT(f == e && sim_calls(SIM_OP_EVENT_RECORD) == records, "no non-blocking stream left: immediate reuse");
+    must_free(h, f, NULL);
+    heap_destroy(h);
+}
+
+/* Under pressure the device-wide blocks are settled with one synchronization, not one per free. */
+static void test_device_wide_pressure(void) {
+    conf_t c;
+    heap_t *h = open_heap("sim_memory_mb:256", &c);
+    cua_stream nb = sim_stream_create(0, true);
+    heap_stream_created(h, nb, true);
+    void *p[100];
+    for (int i = 0; i < 100; i++) p[i] = must_alloc(h, 2 << 20, NULL);
+    uint64_t syncs = stats(h).num_syncs, records = sim_calls(SIM_OP_EVENT_RECORD);
+    for (int i = 0; i < 100; i++) EXPECT(heap_free_device_wide(h, p[i]), "device-wide free %d", i);
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    EXPECT(stats(h).num_syncs == syncs && sim_calls(SIM_OP_EVENT_RECORD) == records,
+           "frees record nothing and synchronize nothing");
+    void *big = must_alloc(h, (size_t)200 << 20, NULL); /* needs the freed memory */
+    EXPECT(stats(h).num_syncs - syncs == 1, "pressure synchronized %llu times, want 1",
+           (unsigned long long)(stats(h).num_syncs - syncs));
+    EXPECT(sim_calls(SIM_OP_EVENT_RECORD) - records <= 2, "events recorded once on the legacy and the non-blocking stream");
+    must_free(h, big, NULL);
+    heap_stream_destroyed(h, nb);
+    sim_stream_destroy(nb);
+    heap_destroy(h);
+}
+
+/* During capture the heap records, queries and synchronizes nothing on the capturing stream. */
+static void test_capture_untouched(void) {
+    conf_t c;
+    heap_t *h = open_heap("sim_memory_mb:64", &c);
+    cua_stream s = sim_stream_create(0, true), t = sim_stream_create(0, true);
+    void *a = must_alloc(h, 4 << 20, s);
+    must_free(h, a, s);
+    sim_stream_set_capturing(s, true);
+    uint64_t rec = sim_calls(SIM_OP_EVENT_RECORD), q = sim_calls(SIM_OP_EVENT_QUERY),
+             ss = sim_calls(SIM_OP_STREAM_SYNC), ds = sim_calls(SIM_OP_DEVICE_SYNC);
+    void *b = must_alloc(h, 4 << 20, t);
+    EXPECT(b != a, "the capturing stream's block stays unsettled");
+    heap_trim(h); /* synchronizes the streams whose blocks it would release: not a capturing one */
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    EXPECT(sim_calls(SIM_OP_EVENT_RECORD) == rec && sim_calls(SIM_OP_EVENT_QUERY) == q &&
+               sim_calls(SIM_OP_STREAM_SYNC) == ss && sim_calls(SIM_OP_DEVICE_SYNC) == ds,
+           "nothing recorded, queried or synchronized during capture");
+    void *a2 = must_alloc(h, 4 << 20, s);
+    EXPECT(a2 == a, "the capturing stream itself reuses its block");
+    must_free(h, a2, s);
+    sim_stream_set_capturing(s, false);
+    heap_trim(h);
+    EXPECT(sim_calls(SIM_OP_STREAM_SYNC) > ss, "after the capture the stream is synchronized as usual");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    must_free(h, b, t);
+    heap_destroy(h);
+    sim_stream_destroy(s);
+    sim_stream_destroy(t);
+}
+
+/* Peer access: the heap re-grants its mapped ranges once a peer is enabled. */
+static void test_peer_enabled(void) {
+    conf_t c;
+    heap_t *h = open_heap("sim_memory_mb:64,sim_devices:2", &c);
+    void *a = must_alloc(h, 4 << 20, NULL);
+    EXPECT(sim_range_accessible_from(0, (cua_devptr)(uintptr_t)a, 4 << 20), "the owner has access");
+    EXPECT(!sim_range_accessible_from(1, (cua_devptr)(uintptr_t)a, 4 << 20), "device 1 has none yet");
+    uint64_t grants = sim_calls(SIM_OP_SET_ACCESS);
+    EXPECT(driver_sim_ops.peer_enable(0, 1) == CUA_SUCCESS && sim_peer_mask(0) == 2, "peer_enable");
+    heap_peer_enabled(h);
+    EXPECT(sim_calls(SIM_OP_SET_ACCESS) > grants, "set_access called again");
+    EXPECT(sim_range_accessible_from(1, (cua_devptr)(uintptr_t)a, 4 << 20), "device 1 reaches existing memory");
+    void *b = must_alloc(h, 64 << 20 >> 2, NULL);
+    EXPECT(sim_range_accessible_from(1, (cua_devptr)(uintptr_t)b, 16 << 20), "and new mappings");
+    EXPECT(driver_sim_ops.peer_enable(0, 0) != CUA_SUCCESS && driver_sim_ops.peer_enable(0, 2) != CUA_SUCCESS,
+           "a device is not its own peer; device 2 does not exist");
+    must_free(h, a, NULL);
+    must_free(h, b, NULL);
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    heap_destroy(h);
+}
+
 int main(void) {
     test_split_coalesce("sim_memory_mb:64");
     test_split_coalesce("sim_memory_mb:64,expandable_segments:0");
@@ -272,6 +400,11 @@ int main(void) {
     test_trim_synchronizes_first();
     test_stream_destroyed();
     test_many_streams();
+    test_device_wide_without_nonblocking();
+    test_device_wide_waits_for_nonblocking();
+    test_device_wide_pressure();
+    test_capture_untouched();
+    test_peer_enabled();
     bool usable;
     EXPECT(fragmentation_trap("sim_memory_mb:4096", &usable), "expandable segments serve the 900 MiB request");
     EXPECT(usable, "and the heap goes on");

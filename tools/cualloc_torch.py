@@ -563,8 +563,10 @@ def enable(path=None, peer_access=True, step_marks=False, standins=True):
     cannot swap an allocator it has already initialized.
 
     path        libcualloc_torch.so (default: found as find_library() says)
-    peer_access accepted for the future; cualloc does not yet grant other GPUs access to its
-                memory (a warning says so where more than one GPU is visible)
+    peer_access with more than one GPU, let every GPU reach every other GPU's cualloc memory
+                where the hardware allows it (cualloc_enable_peer_access_all: PyTorch's pluggable
+                interface never shows cualloc cudaDeviceEnablePeerAccess); a library without it
+                gets a warning instead
     step_marks  mark "step N" in cualloc's trace after every optimizer step, for all optimizers
                 (torch.optim.optimizer.register_optimizer_step_post_hook); watch_optimizer(opt)
                 does it for one
@@ -602,9 +604,15 @@ def enable(path=None, peer_access=True, step_marks=False, standins=True):
         if peer_access:
             try:
                 if torch.cuda.device_count() > 1:  # does not initialize CUDA
-                    _warn_once("peers", "cualloc_torch: with expandable segments (the default) cualloc grants "
-                               "each device access to its own memory only; direct peer-to-peer access "
-                               "from other GPUs (P2P copies, NCCL's P2P transport) is not set up yet")
+                    fn = getattr(_lib, "cualloc_enable_peer_access_all", None) if _lib is not None else None
+                    if fn is not None:
+                        fn.restype = ctypes.c_int
+                        fn.argtypes = []
+                        fn()
+                    else:
+                        _warn_once("peers", "cualloc_torch: with expandable segments (the default) cualloc grants "
+                               "each device access to its own memory only; this library has no "
+                               "cualloc_enable_peer_access_all, so peer-to-peer access is not set up")
             except Exception:
                 pass
         _finish_enable(torch, step_marks, standins)

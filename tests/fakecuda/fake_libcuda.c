@@ -54,11 +54,21 @@ FAKE_API cua_result cuGetProcAddress(const char *symbol, void **pfn, int cuda_ve
 FAKE_API cua_result cuDevicePrimaryCtxRelease_v2(cua_device dev);
 FAKE_API cua_result cuCtxGetCurrent(cua_ctx *ctx);
 FAKE_API cua_result cuCtxSetCurrent(cua_ctx ctx);
+FAKE_API cua_result cuCtxGetDevice(cua_device *dev);
+/* Stream-ordered allocation: the sim has no memory pools; served like cuMemAlloc/cuMemFree (the
+ * stream is only checked). The _ptsz variants are what flags PER_THREAD_DEFAULT_STREAM returns. */
+FAKE_API cua_result cuMemAllocAsync(cua_devptr *dptr, size_t bytes, cua_stream stream);
+FAKE_API cua_result cuMemFreeAsync(cua_devptr dptr, cua_stream stream);
+FAKE_API cua_result cuMemAllocAsync_ptsz(cua_devptr *dptr, size_t bytes, cua_stream stream);
+FAKE_API cua_result cuMemFreeAsync_ptsz(cua_devptr dptr, cua_stream stream);
 FAKE_API cua_result cuGetErrorName(cua_result r, const char **str);
 FAKE_API cua_result cuGetErrorString(cua_result r, const char **str);
 FAKE_API cua_result cuMemsetD8_v2(cua_devptr dptr, unsigned char value, size_t n);
 FAKE_API cua_result cuStreamCreate(cua_stream *stream, unsigned int flags);
 FAKE_API cua_result cuStreamDestroy_v2(cua_stream stream);
+FAKE_DECLARE(cuStreamIsCapturing)
+FAKE_DECLARE(cuDeviceCanAccessPeer)
+FAKE_API void fakecuda_stream_set_capturing(cua_stream s, int capturing);
 
 /* Test helpers (not CUDA): the sim's counters and controls, reached with dlsym. */
 FAKE_API uint64_t fakecuda_calls(int op);
@@ -70,6 +80,9 @@ FAKE_API cua_stream fakecuda_stream_create(int dev, int held);
 FAKE_API void fakecuda_stream_complete(cua_stream s);
 FAKE_API int fakecuda_ctx_depth(void);
 FAKE_API unsigned fakecuda_ctx_retains(int dev);
+/* Device memory straight from the sim (cuMemAlloc without any interposer on the way), for tests of
+ * foreign-pointer pass-through. Returns a CUresult. */
+FAKE_API int fakecuda_mem_alloc_direct(int dev, size_t size, cua_devptr *out);
 
 static const driver_ops_t *const sim_ops = &driver_sim_ops;
 
@@ -164,10 +177,13 @@ static const struct {
     {"cuCtxPopCurrent", (void *)cuCtxPopCurrent_v2},
     {"cuCtxGetCurrent", (void *)cuCtxGetCurrent},
     {"cuCtxSetCurrent", (void *)cuCtxSetCurrent},
+    {"cuCtxGetDevice", (void *)cuCtxGetDevice},
     {"cuCtxSynchronize", (void *)cuCtxSynchronize},
     {"cuMemGetInfo", (void *)cuMemGetInfo_v2},
     {"cuMemAlloc", (void *)cuMemAlloc_v2},
     {"cuMemFree", (void *)cuMemFree_v2},
+    {"cuMemAllocAsync", (void *)cuMemAllocAsync},
+    {"cuMemFreeAsync", (void *)cuMemFreeAsync},
     {"cuMemGetAllocationGranularity", (void *)cuMemGetAllocationGranularity},
     {"cuMemAddressReserve", (void *)cuMemAddressReserve},
     {"cuMemAddressFree", (void *)cuMemAddressFree},
@@ -184,6 +200,8 @@ static const struct {
     {"cuStreamCreate", (void *)cuStreamCreate},
     {"cuStreamDestroy", (void *)cuStreamDestroy_v2},
     {"cuStreamSynchronize", (void *)cuStreamSynchronize},
+    {"cuStreamIsCapturing", (void *)cuStreamIsCapturing},
+    {"cuDeviceCanAccessPeer", (void *)cuDeviceCanAccessPeer},
     {"cuGetErrorName", (void *)cuGetErrorName},
     {"cuGetErrorString", (void *)cuGetErrorString},
 };
@@ -197,6 +215,10 @@ cua_result cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version,
             /* Before CUDA 12.0 the name meant the four-argument cuGetProcAddress. */
             *pfn = strcmp(symbol, "cuGetProcAddress") == 0 && cuda_version < 12000 ? (void *)cuGetProcAddress
                                                                                   : proc_table[i].fn;
+            if (flags == CUA_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
+                if (proc_table[i].fn == (void *)cuMemAllocAsync) *pfn = (void *)cuMemAllocAsync_ptsz;
+                if (proc_table[i].fn == (void *)cuMemFreeAsync) *pfn = (void *)cuMemFreeAsync_ptsz;
+            }
             if (symbol_status) *symbol_status = FAKE_PROC_SUCCESS;
             return CUA_SUCCESS;
         }
@@ -315,6 +337,15 @@ cua_result cuCtxSetCurrent(cua_ctx ctx) {
     return CUA_SUCCESS;
 }
 
+cua_result cuCtxGetDevice(cua_device *dev) {
+    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!dev) return CUA_ERROR_INVALID_VALUE;
+    int d = current_device();
+    if (d < 0) return CUA_ERROR_INVALID_CONTEXT;
+    *dev = d;
+    return CUA_SUCCESS;
+}
+
 cua_result cuCtxSynchronize(void) {
     if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
     int dev = current_device();
@@ -342,6 +373,26 @@ cua_result cuMemFree_v2(cua_devptr dptr) {
     if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
     return sim_ops->mem_free(device_or_current(sim_address_device(dptr)), dptr);
 }
+
+cua_result cuMemAllocAsync(cua_devptr *dptr, size_t bytes, cua_stream stream) {
+    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    int dev = current_device();
+    if (dev < 0) return CUA_ERROR_INVALID_CONTEXT;
+    if (stream && (uintptr_t)stream > 2 && sim_stream_device(stream) < 0) return CUA_ERROR_INVALID_VALUE;
+    return sim_ops->mem_alloc(dev, bytes, dptr);
+}
+
+cua_result cuMemFreeAsync(cua_devptr dptr, cua_stream stream) {
+    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (stream && (uintptr_t)stream > 2 && sim_stream_device(stream) < 0) return CUA_ERROR_INVALID_VALUE;
+    return cuMemFree_v2(dptr);
+}
+
+cua_result cuMemAllocAsync_ptsz(cua_devptr *dptr, size_t bytes, cua_stream stream) {
+    return cuMemAllocAsync(dptr, bytes, stream);
+}
+
+cua_result cuMemFreeAsync_ptsz(cua_devptr dptr, cua_stream stream) { return cuMemFreeAsync(dptr, stream); }
 
 /* The device a cua_mem_alloc_prop names, -1 when the properties are not ones the sim has. */
 static int prop_device(const cua_mem_alloc_prop *prop) {
@@ -469,6 +520,27 @@ cua_result cuStreamCreate(cua_stream *stream, unsigned int flags) {
     return CUA_SUCCESS;
 }
 
+/* Capture status from the sim's per-stream flag (fakecuda_stream_set_capturing). */
+cua_result cuStreamIsCapturing(cua_stream stream, int *status) {
+    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!status) return CUA_ERROR_INVALID_VALUE;
+    bool cap = false;
+    int dev = device_or_current(sim_stream_device(stream));
+    cua_result r = sim_ops->stream_is_capturing(dev < 0 ? 0 : dev, stream, &cap);
+    if (r == CUA_SUCCESS) *status = cap ? CUA_STREAM_CAPTURE_STATUS_ACTIVE : CUA_STREAM_CAPTURE_STATUS_NONE;
+    return r;
+}
+
+/* Sim devices can always reach each other. */
+cua_result cuDeviceCanAccessPeer(int *can_access, cua_device dev, cua_device peer) {
+    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!can_access || !device_valid(dev) || !device_valid(peer)) return CUA_ERROR_INVALID_DEVICE;
+    *can_access = dev != peer;
+    return CUA_SUCCESS;
+}
+
+void fakecuda_stream_set_capturing(cua_stream s, int capturing) { sim_stream_set_capturing(s, capturing != 0); }
+
 cua_result cuStreamDestroy_v2(cua_stream stream) {
     if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
     if (sim_stream_device(stream) < 0) return CUA_ERROR_INVALID_VALUE;
@@ -519,4 +591,8 @@ void fakecuda_stream_complete(cua_stream s) { sim_stream_complete(s); }
 int fakecuda_ctx_depth(void) { return ctx_depth; }
 unsigned fakecuda_ctx_retains(int dev) {
     return dev >= 0 && dev < CUALLOC_MAX_DEVICES ? __atomic_load_n(&fake_ctx[dev].retains, __ATOMIC_RELAXED) : 0;
+}
+int fakecuda_mem_alloc_direct(int dev, size_t size, cua_devptr *out) {
+    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    return sim_ops->mem_alloc(dev, size, out);
 }

@@ -1,0 +1,922 @@
+/* interpose.c — the LD_PRELOAD front door: CUDA runtime and driver allocation entry points served
+ * from cualloc's heaps, and the dlsym / cuGetProcAddress interposition that routes the CUDA
+ * runtime's own driver look-ups (it dlopens libcuda.so.1 and fetches its table through
+ * cuGetProcAddress) to cualloc. It owns the "next" definitions of every name it interposes and the
+ * decision owned-or-foreign; policy stays in heap.c, start-up in api.c.
+ *
+ * Exported (default visibility, unversioned, plain C names):
+ *   runtime  cudaMalloc cudaFree cudaMallocAsync cudaFreeAsync cudaMemGetInfo cudaStreamDestroy
+ *            cudaStreamCreate cudaStreamCreateWithFlags cudaStreamCreateWithPriority
+ *            cudaDeviceEnablePeerAccess cudaIpcGetMemHandle
+ *   driver   cuMemAlloc_v2 cuMemFree_v2 cuMemAllocAsync cuMemFreeAsync (+ _ptsz) cuStreamDestroy_v2
+ *            cuStreamCreate cuStreamCreateWithPriority cuCtxEnablePeerAccess cuMemGetAddressRange_v2
+ *   lookup   dlsym cuGetProcAddress cuGetProcAddress_v2
+ *
+ * Rules:
+ *  - Nothing starts at load time (no constructor, no dlopen, no cuInit, no file). The heap starts
+ *    at the first intercepted allocation; frees, cudaMemGetInfo and stream destruction before that
+ *    pass through without starting anything.
+ *  - CUALLOC_DISABLE=1 (anything but "" and "0"): every entry point is a pure pass-through.
+ *  - A pointer cualloc does not own goes to the next definition (runtime names: dlsym(RTLD_NEXT);
+ *    driver names: the real libcuda function). cudaFree(NULL) passes through (programs call it to
+ *    create the context).
+ *  - Device of a request. Runtime entry points: the next cudaGetDevice when there is one, else the
+ *    current context's device (driver_ops_t.current_device), else 0. Driver entry points: the
+ *    current context's device; with no current context the call passes through (CUDA then returns
+ *    CUDA_ERROR_INVALID_CONTEXT, as without cualloc). Neither creates a context.
+ *  - cudaFree / cuMemFree_v2 of an owned pointer: heap_free_device_wide. Stream creation is
+ *    interposed (flag 0x1 = non-blocking) so each heap knows its device's non-blocking streams.
+ *    With none, the free is a free on the legacy stream (reused at once by it, by other streams
+ *    after its event). With some, nobody reuses the block until events recorded (lazily, only when
+ *    memory is short) on the legacy stream and every non-blocking stream have completed; under
+ *    pressure one device synchronize settles them all. Streams created before cualloc started are
+ *    remembered and handed over at the first served allocation.
+ *  - Capture (CUDA graphs): cudaMallocAsync / cuMemAllocAsync (+_ptsz) on a capturing stream pass
+ *    through (graph nodes); the heap never records, queries or synchronizes a capturing stream.
+ *  - Peer access: after cudaDeviceEnablePeerAccess(peer) on device d (or cuCtxEnablePeerAccess),
+ *    peer's heap grants d access to its existing and future mappings (driver peer_enable +
+ *    heap_peer_enabled). Pluggable mode: cualloc_enable_peer_access_all().
+ *  - cudaIpcGetMemHandle of VMM memory fails with cudaErrorInvalidValue after one message saying
+ *    how to avoid it (expandable_segments:False, or exclude:); classic-mode pointers pass through.
+ *  - cuMemGetAddressRange_v2 of an owned address (interior too) answers the allocated block's base
+ *    and size, as for cudaMalloc memory; anything else passes through.
+ *  - CUALLOC_CONF exclude:GLOBS: allocations whose caller module (dladdr of the return address,
+ *    cached) matches go to CUDA unchanged, including the runtime's own driver calls inside them
+ *    (thread-local pass-through flag); their frees pass through as foreign pointers.
+ *  - OOM: cudaErrorMemoryAllocation (2) / CUDA_ERROR_OUT_OF_MEMORY; the heap printed the report.
+ *  - cudaMemGetInfo is truthful about what the application could allocate: the next definition's
+ *    free bytes plus cualloc's cached free bytes on the current device (reserved - allocated),
+ *    capped at total.
+ *  - Stream destruction (cudaStreamDestroy, cuStreamDestroy_v2, and the runtime's cuGetProcAddress
+ *    look-up of cuStreamDestroy) first settles every heap's blocks tagged with the stream, since
+ *    the handle may be reused.
+ *
+ * dlsym. Every dlsym in the process reaches this one. The real one is libc's, found once through
+ * dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34"), else "GLIBC_2.2.5" (also tried on libc.so.6 directly
+ * when libcualloc.so was loaded after libc). Answers:
+ *  - handle RTLD_NEXT: the real dlsym would search after *this* file, so the meaning is emulated:
+ *    the caller's object is found (dladdr1(__builtin_return_address(0), RTLD_DL_LINKMAP)) and the
+ *    objects after it in the link-map chain (load order, as dl_iterate_phdr reports them) are asked
+ *    one by one (dlopen(name, RTLD_NOLOAD|RTLD_LAZY) + real dlsym), accepting only a definition
+ *    that lies in that object itself (dladdr1 again). Differences from glibc: objects loaded
+ *    RTLD_LOCAL are searched too (glibc searches the global scope), and symbol versions are not
+ *    considered (the default version is found). A caller that cannot be identified gets
+ *    dlsym(RTLD_DEFAULT).
+ *  - "cuGetProcAddress_v2" / "cuGetProcAddress" (any handle): the real definition is remembered as
+ *    the next one and cualloc's wrapper is returned. The driver names cualloc interposes
+ *    ("cuMemAlloc_v2", ...) are treated the same way.
+ *  - everything else: the real dlsym's answer, untouched.
+ * cuGetProcAddress wrappers call the real cuGetProcAddress and, for "cuMemAlloc" and "cuMemFree"
+ * (at version >= 3020, the _v2 ABI), "cuMemAllocAsync", "cuMemFreeAsync" (flags
+ * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: the _ptsz variants), "cuStreamDestroy" and
+ * "cuGetProcAddress" itself, remember the real pointer and return cualloc's function. With env
+ * CUALLOC_LOG_INTERPOSE=1 every look-up answered so is logged on stderr:
+ *   cualloc: interpose: cuGetProcAddress("cuMemAlloc", 3020, flags 0) -> cualloc cuMemAlloc_v2
+ *
+ * Thread-safety: the next pointers are atomics written with the same value by any racer.
+ */
+#include <dlfcn.h>
+#include <fnmatch.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define CUDART_SUCCESS 0
+#define CUDART_ERROR_INVALID_VALUE 1
+#define CUDART_ERROR_MEMORY_ALLOCATION 2
+#define CUDART_ERROR_INITIALIZATION 3
+#define CUA_STREAM_PER_THREAD ((cua_stream)(uintptr_t)0x2)
+
+typedef int cudart_error;
+typedef void *cudart_stream;
+
+/* ------------------------------------------------------------------ exported prototypes */
+
+CUALLOC_API cudart_error cudaMalloc(void **ptr, size_t size);
+CUALLOC_API cudart_error cudaFree(void *ptr);
+CUALLOC_API cudart_error cudaMallocAsync(void **ptr, size_t size, cudart_stream stream);
+CUALLOC_API cudart_error cudaFreeAsync(void *ptr, cudart_stream stream);
+CUALLOC_API cudart_error cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
+CUALLOC_API cudart_error cudaStreamDestroy(cudart_stream stream);
+CUALLOC_API cudart_error cudaStreamCreate(cudart_stream *stream);
+CUALLOC_API cudart_error cudaStreamCreateWithFlags(cudart_stream *stream, unsigned int flags);
+CUALLOC_API cudart_error cudaStreamCreateWithPriority(cudart_stream *stream, unsigned int flags, int priority);
+CUALLOC_API cudart_error cudaDeviceEnablePeerAccess(int peer, unsigned int flags);
+CUALLOC_API cudart_error cudaIpcGetMemHandle(void *handle, void *dev_ptr);
+CUALLOC_API cua_result cuStreamCreate(cua_stream *stream, unsigned int flags);
+CUALLOC_API cua_result cuStreamCreateWithPriority(cua_stream *stream, unsigned int flags, int priority);
+CUALLOC_API cua_result cuCtxEnablePeerAccess(cua_ctx peer_ctx, unsigned int flags);
+CUALLOC_API cua_result cuMemGetAddressRange_v2(cua_devptr *base, size_t *size, cua_devptr dptr);
+CUALLOC_API cua_result cuMemAlloc_v2(cua_devptr *dptr, size_t size);
+CUALLOC_API cua_result cuMemFree_v2(cua_devptr dptr);
+CUALLOC_API cua_result cuMemAllocAsync(cua_devptr *dptr, size_t size, cua_stream stream);
+CUALLOC_API cua_result cuMemFreeAsync(cua_devptr dptr, cua_stream stream);
+CUALLOC_API cua_result cuMemAllocAsync_ptsz(cua_devptr *dptr, size_t size, cua_stream stream);
+CUALLOC_API cua_result cuMemFreeAsync_ptsz(cua_devptr dptr, cua_stream stream);
+CUALLOC_API cua_result cuStreamDestroy_v2(cua_stream stream);
+CUALLOC_API cua_result cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version,
+                                           unsigned long long flags, int *symbol_status);
+CUALLOC_API cua_result cuGetProcAddress(const char *symbol, void **pfn, int cuda_version, unsigned long long flags);
+#ifndef CUALLOC_NO_DLSYM_INTERPOSE
+CUALLOC_API void *dlsym(void *restrict handle, const char *restrict symbol);
+#endif
+
+/* ------------------------------------------------------------------ the real dlsym */
+
+typedef void *(*dlsym_fn)(void *, const char *);
+static _Atomic(dlsym_fn) real_dlsym_fn;
+
+static dlsym_fn resolve_real_dlsym(void) {
+    dlsym_fn f = atomic_load_explicit(&real_dlsym_fn, memory_order_acquire);
+    if (__builtin_expect(f != NULL, 1)) return f;
+    static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5"};
+    void *p = NULL;
+    for (size_t i = 0; !p && i < sizeof versions / sizeof versions[0]; i++) p = dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+    if (!p) { /* libcualloc.so loaded after libc: RTLD_NEXT does not see it */
+        void *libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+        for (size_t i = 0; libc && !p && i < sizeof versions / sizeof versions[0]; i++)
+            p = dlvsym(libc, "dlsym", versions[i]);
+        if (libc) dlclose(libc);
+    }
+    if (p == (void *)dlsym) p = NULL; /* never ourselves */
+    memcpy(&f, &p, sizeof p);
+    if (f) atomic_store_explicit(&real_dlsym_fn, f, memory_order_release);
+    return f;
+}
+
+void *interpose_real_dlsym(void *handle, const char *symbol) {
+    dlsym_fn f = resolve_real_dlsym();
+    return f ? f(handle, symbol) : NULL;
+}
+
+/* ------------------------------------------------------------------ settings */
+
+static int disabled_state = -1;   /* -1 unknown, 0, 1 (atomic) */
+static int log_state = -1;
+
+static bool env_flag(int *state, const char *name) {
+    int s = __atomic_load_n(state, __ATOMIC_RELAXED);
+    if (__builtin_expect(s < 0, 0)) {
+        const char *v = getenv(name);
+        s = v && v[0] && strcmp(v, "0") != 0;
+        __atomic_store_n(state, s, __ATOMIC_RELAXED);
+    }
+    return s != 0;
+}
+
+static inline bool disabled(void) { return env_flag(&disabled_state, "CUALLOC_DISABLE"); }
+static inline bool log_on(void) { return env_flag(&log_state, "CUALLOC_LOG_INTERPOSE"); }
+
+/* ------------------------------------------------------------------ next definitions */
+
+/* One interposed name: its next definition (atomic), resolved lazily. Runtime names are found
+ * with dlsym(RTLD_NEXT); driver names with the real cuGetProcAddress answer (stored when the
+ * runtime asked through us), else the real dlsym on libcuda.so.1 when it is loaded, else RTLD_NEXT. */
+typedef struct next_s {
+    const char *symbol;  /* the symbol to look up */
+    bool driver;
+    void *_Atomic fn;
+} next_t;
+
+enum {
+    N_cudaMalloc, N_cudaFree, N_cudaMallocAsync, N_cudaFreeAsync, N_cudaMemGetInfo, N_cudaStreamDestroy,
+    N_cudaGetDevice, N_cudaStreamIsCapturing, N_cudaStreamCreate, N_cudaStreamCreateWithFlags,
+    N_cudaStreamCreateWithPriority, N_cudaDeviceEnablePeerAccess, N_cudaIpcGetMemHandle,
+    N_cuMemAlloc_v2, N_cuMemFree_v2, N_cuMemAllocAsync, N_cuMemFreeAsync, N_cuMemAllocAsync_ptsz,
+    N_cuMemFreeAsync_ptsz, N_cuStreamDestroy_v2, N_cuGetProcAddress_v2, N_cuGetProcAddress,
+    N_cuStreamCreate, N_cuStreamCreateWithPriority, N_cuCtxEnablePeerAccess, N_cuMemGetAddressRange_v2,
+    /* driver names looked up, never interposed */
+    N_cuCtxPushCurrent_v2, N_cuCtxPopCurrent_v2, N_cuCtxGetDevice, N_COUNT
+};
+
+static next_t nexts[N_COUNT] = {
+    [N_cudaMalloc] = {"cudaMalloc", false, NULL},
+    [N_cudaFree] = {"cudaFree", false, NULL},
+    [N_cudaMallocAsync] = {"cudaMallocAsync", false, NULL},
+    [N_cudaFreeAsync] = {"cudaFreeAsync", false, NULL},
+    [N_cudaMemGetInfo] = {"cudaMemGetInfo", false, NULL},
+    [N_cudaStreamDestroy] = {"cudaStreamDestroy", false, NULL},
+    [N_cudaGetDevice] = {"cudaGetDevice", false, NULL},
+    [N_cudaStreamIsCapturing] = {"cudaStreamIsCapturing", false, NULL},
+    [N_cudaStreamCreate] = {"cudaStreamCreate", false, NULL},
+    [N_cudaStreamCreateWithFlags] = {"cudaStreamCreateWithFlags", false, NULL},
+    [N_cudaStreamCreateWithPriority] = {"cudaStreamCreateWithPriority", false, NULL},
+    [N_cudaDeviceEnablePeerAccess] = {"cudaDeviceEnablePeerAccess", false, NULL},
+    [N_cudaIpcGetMemHandle] = {"cudaIpcGetMemHandle", false, NULL},
+    [N_cuMemAlloc_v2] = {"cuMemAlloc_v2", true, NULL},
+    [N_cuMemFree_v2] = {"cuMemFree_v2", true, NULL},
+    [N_cuMemAllocAsync] = {"cuMemAllocAsync", true, NULL},
+    [N_cuMemFreeAsync] = {"cuMemFreeAsync", true, NULL},
+    [N_cuMemAllocAsync_ptsz] = {"cuMemAllocAsync_ptsz", true, NULL},
+    [N_cuMemFreeAsync_ptsz] = {"cuMemFreeAsync_ptsz", true, NULL},
+    [N_cuStreamDestroy_v2] = {"cuStreamDestroy_v2", true, NULL},
+    [N_cuGetProcAddress_v2] = {"cuGetProcAddress_v2", true, NULL},
+    [N_cuGetProcAddress] = {"cuGetProcAddress", true, NULL},
+    [N_cuStreamCreate] = {"cuStreamCreate", true, NULL},
+    [N_cuStreamCreateWithPriority] = {"cuStreamCreateWithPriority", true, NULL},
+    [N_cuCtxEnablePeerAccess] = {"cuCtxEnablePeerAccess", true, NULL},
+    [N_cuMemGetAddressRange_v2] = {"cuMemGetAddressRange_v2", true, NULL},
+    [N_cuCtxPushCurrent_v2] = {"cuCtxPushCurrent_v2", true, NULL},
+    [N_cuCtxPopCurrent_v2] = {"cuCtxPopCurrent_v2", true, NULL},
+    [N_cuCtxGetDevice] = {"cuCtxGetDevice", true, NULL},
+};
+
+/* cualloc's own definition of each interposed name (for "is this ourselves?"). */
+static void *own_fn(int i) {
+    switch (i) {
+    case N_cudaMalloc: return (void *)cudaMalloc;
+    case N_cudaFree: return (void *)cudaFree;
+    case N_cudaMallocAsync: return (void *)cudaMallocAsync;
+    case N_cudaFreeAsync: return (void *)cudaFreeAsync;
+    case N_cudaMemGetInfo: return (void *)cudaMemGetInfo;
+    case N_cudaStreamDestroy: return (void *)cudaStreamDestroy;
+    case N_cuMemAlloc_v2: return (void *)cuMemAlloc_v2;
+    case N_cuMemFree_v2: return (void *)cuMemFree_v2;
+    case N_cuMemAllocAsync: return (void *)cuMemAllocAsync;
+    case N_cuMemFreeAsync: return (void *)cuMemFreeAsync;
+    case N_cuMemAllocAsync_ptsz: return (void *)cuMemAllocAsync_ptsz;
+    case N_cuMemFreeAsync_ptsz: return (void *)cuMemFreeAsync_ptsz;
+    case N_cuStreamDestroy_v2: return (void *)cuStreamDestroy_v2;
+    case N_cuGetProcAddress_v2: return (void *)cuGetProcAddress_v2;
+    case N_cuGetProcAddress: return (void *)cuGetProcAddress;
+    case N_cudaStreamCreate: return (void *)cudaStreamCreate;
+    case N_cudaStreamCreateWithFlags: return (void *)cudaStreamCreateWithFlags;
+    case N_cudaStreamCreateWithPriority: return (void *)cudaStreamCreateWithPriority;
+    case N_cudaDeviceEnablePeerAccess: return (void *)cudaDeviceEnablePeerAccess;
+    case N_cudaIpcGetMemHandle: return (void *)cudaIpcGetMemHandle;
+    case N_cuStreamCreate: return (void *)cuStreamCreate;
+    case N_cuStreamCreateWithPriority: return (void *)cuStreamCreateWithPriority;
+    case N_cuCtxEnablePeerAccess: return (void *)cuCtxEnablePeerAccess;
+    case N_cuMemGetAddressRange_v2: return (void *)cuMemGetAddressRange_v2;
+    default: return NULL;
+    }
+}
+
+static void set_next(int i, void *fn) {
+    if (fn && fn != own_fn(i)) atomic_store_explicit(&nexts[i].fn, fn, memory_order_release);
+}
+
+static void *lookup_next(int i) {
+    void *f = atomic_load_explicit(&nexts[i].fn, memory_order_acquire);
+    if (__builtin_expect(f != NULL, 1)) return f;
+    if (nexts[i].driver) {
+        /* The driver's own definition, when the driver is loaded (never loads it). */
+        void *lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+        if (lib) {
+            f = interpose_real_dlsym(lib, nexts[i].symbol);
+            dlclose(lib);
+        }
+    }
+    if (!f || f == own_fn(i)) f = interpose_real_dlsym(RTLD_NEXT, nexts[i].symbol);
+    if (f == own_fn(i)) f = NULL;
+    if (f) atomic_store_explicit(&nexts[i].fn, f, memory_order_release);
+    return f;
+}
+
+#define NEXT(i, type) ((type)lookup_next(i))
+
+typedef cudart_error (*cudaMalloc_fn)(void **, size_t);
+typedef cudart_error (*cudaFree_fn)(void *);
+typedef cudart_error (*cudaMallocAsync_fn)(void **, size_t, cudart_stream);
+typedef cudart_error (*cudaFreeAsync_fn)(void *, cudart_stream);
+typedef cudart_error (*cudaMemGetInfo_fn)(size_t *, size_t *);
+typedef cudart_error (*cudaStreamDestroy_fn)(cudart_stream);
+typedef cudart_error (*cudaGetDevice_fn)(int *);
+typedef cudart_error (*cudaStreamIsCapturing_fn)(cudart_stream, int *);
+typedef cua_result (*cuMemAlloc_fn)(cua_devptr *, size_t);
+typedef cua_result (*cuMemFree_fn)(cua_devptr);
+typedef cua_result (*cuMemAllocAsync_fn)(cua_devptr *, size_t, cua_stream);
+typedef cua_result (*cuMemFreeAsync_fn)(cua_devptr, cua_stream);
+typedef cua_result (*cuStreamDestroy_fn)(cua_stream);
+typedef cua_result (*cuGetProcAddress_v2_fn)(const char *, void **, int, unsigned long long, int *);
+typedef cua_result (*cuGetProcAddress_fn)(const char *, void **, int, unsigned long long);
+typedef cudart_error (*cudaStreamCreate_fn)(cudart_stream *);
+typedef cudart_error (*cudaStreamCreateWithFlags_fn)(cudart_stream *, unsigned int);
+typedef cudart_error (*cudaStreamCreateWithPriority_fn)(cudart_stream *, unsigned int, int);
+typedef cudart_error (*cudaDeviceEnablePeerAccess_fn)(int, unsigned int);
+typedef cudart_error (*cudaIpcGetMemHandle_fn)(void *, void *);
+typedef cua_result (*cuCtxPushCurrent_fn)(cua_ctx);
+typedef cua_result (*cuCtxPopCurrent_fn)(cua_ctx *);
+typedef cua_result (*cuCtxGetDevice_fn)(cua_device *);
+
+/* ------------------------------------------------------------------ devices */
+
+/* The device of a runtime request: cudaGetDevice, else the current context's, else 0. */
+static int runtime_device(void) {
+    cudaGetDevice_fn get = NEXT(N_cudaGetDevice, cudaGetDevice_fn);
+    int dev = 0;
+    if (get && get(&dev) == CUDART_SUCCESS) return dev;
+    const driver_ops_t *drv = api_driver();
+    dev = 0;
+    if (drv && drv->current_device && drv->current_device(&dev) == CUA_SUCCESS) return dev;
+    return 0;
+}
+
+/* The device of a driver request: the current context's; -1 when there is none. */
+static int driver_device(void) {
+    const driver_ops_t *drv = api_driver();
+    int dev = -1;
+    if (!drv || !drv->current_device || drv->current_device(&dev) != CUA_SUCCESS) return -1;
+    return dev;
+}
+
+/* ------------------------------------------------------------------ before the heaps exist */
+
+/* Non-blocking streams created, and peer access enabled, before cualloc started (the front door
+ * starts nothing for them): remembered here, handed to the heaps at the first served allocation. */
+#define PENDING_MAX 64
+static pthread_mutex_t pending_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct { cua_stream s; int dev; } pending_nb[PENDING_MAX];
+static int pending_nb_n;
+static uint64_t pending_peer[CUALLOC_MAX_DEVICES]; /* bit a of [d]: device a may access d's memory */
+static _Atomic int pending_any;
+
+/* owner's heap grants `accessor` access (driver mask, then existing mappings). */
+static void peer_apply(int owner, int accessor) {
+    const driver_ops_t *drv = api_driver();
+    if (!drv || !drv->peer_enable || owner < 0 || owner >= api_device_count()) return;
+    if (drv->peer_enable(owner, accessor) != CUA_SUCCESS) return;
+    heap_t *h = api_heap_if_created(owner);
+    if (h) heap_peer_enabled(h);
+}
+
+static void pending_flush(void) {
+    pthread_mutex_lock(&pending_lock);
+    for (int i = 0; i < pending_nb_n; i++) {
+        heap_t *h = api_heap(pending_nb[i].dev);
+        if (h) heap_stream_created(h, pending_nb[i].s, true);
+    }
+    pending_nb_n = 0;
+    for (int d = 0; d < CUALLOC_MAX_DEVICES; d++) {
+        for (int a = 0; pending_peer[d] && a < 64; a++) {
+            if (!((pending_peer[d] >> a) & 1)) continue;
+            pending_peer[d] &= ~((uint64_t)1 << a);
+            peer_apply(d, a);
+        }
+    }
+    atomic_store(&pending_any, 0);
+    pthread_mutex_unlock(&pending_lock);
+}
+
+/* A stream was created on dev: its heap learns whether it is non-blocking. */
+static void note_stream(int dev, cua_stream s, bool non_blocking) {
+    if (disabled() || dev < 0) return;
+    if (api_started()) {
+        heap_t *h = api_heap_if_created(dev);
+        if (h) {
+            heap_stream_created(h, s, non_blocking);
+            return;
+        }
+    }
+    pthread_mutex_lock(&pending_lock);
+    for (int i = 0; i < pending_nb_n; i++) {
+        if (pending_nb[i].s == s) {
+            pending_nb[i] = pending_nb[--pending_nb_n];
+            break;
+        }
+    }
+    if (non_blocking && pending_nb_n < PENDING_MAX) {
+        pending_nb[pending_nb_n].s = s;
+        pending_nb[pending_nb_n].dev = dev;
+        pending_nb_n++;
+        atomic_store(&pending_any, 1);
+    }
+    pthread_mutex_unlock(&pending_lock);
+}
+
+/* After the application enabled peer access so that `accessor` may use `owner`'s memory. */
+static void note_peer(int owner, int accessor) {
+    if (disabled() || owner < 0 || accessor < 0 || owner == accessor || owner >= CUALLOC_MAX_DEVICES || accessor >= 64)
+        return;
+    if (api_started()) {
+        peer_apply(owner, accessor);
+        return;
+    }
+    pthread_mutex_lock(&pending_lock);
+    pending_peer[owner] |= (uint64_t)1 << accessor;
+    atomic_store(&pending_any, 1);
+    pthread_mutex_unlock(&pending_lock);
+}
+
+/* ------------------------------------------------------------------ exclude: by caller module */
+
+/* CUALLOC_CONF exclude: globs against the file name of the module that called the front door.
+ * Results are cached per return address (a small table, overwritten on collision). */
+#define EXCLUDE_CACHE 256
+static struct { _Atomic uintptr_t key; _Atomic int val; } exclude_cache[EXCLUDE_CACHE];
+
+static bool exclude_match(const char *patterns, const char *path) {
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    char pat[CONF_PATH_MAX];
+    for (const char *p = patterns; *p;) {
+        size_t n = strcspn(p, ";|");
+        if (n > 0 && n < sizeof pat) {
+            memcpy(pat, p, n);
+            pat[n] = '\0';
+            if (fnmatch(pat, base, 0) == 0) return true;
+        }
+        p += n;
+        if (*p) p++;
+    }
+    return false;
+}
+
+/* Is the caller at return address `ra` excluded? Never starts cualloc by itself beyond reading the
+ * configuration, which the allocation about to be served needs anyway. */
+static bool excluded(const void *ra) {
+    const conf_t *c = api_conf();
+    if (!c->exclude[0] || !ra) return false;
+    uintptr_t key = (uintptr_t)ra;
+    size_t slot = (key >> 4) * 2654435761u % EXCLUDE_CACHE;
+    if (atomic_load_explicit(&exclude_cache[slot].key, memory_order_acquire) == key)
+        return atomic_load_explicit(&exclude_cache[slot].val, memory_order_relaxed) != 0;
+    Dl_info info;
+    bool ex = dladdr(ra, &info) && info.dli_fname && exclude_match(c->exclude, info.dli_fname);
+    atomic_store_explicit(&exclude_cache[slot].key, 0, memory_order_release);
+    atomic_store_explicit(&exclude_cache[slot].val, ex, memory_order_relaxed);
+    atomic_store_explicit(&exclude_cache[slot].key, key, memory_order_release);
+    return ex;
+}
+
+#define CALLER() __builtin_extract_return_addr(__builtin_return_address(0))
+
+/* Set while a runtime entry point passes an allocation through (excluded caller, capture): the
+ * runtime's own driver calls inside it reach cualloc's driver wrappers and must pass too. */
+static __thread int passthrough_depth;
+
+/* ------------------------------------------------------------------ common paths */
+
+/* Serves a request from dev's heap. CUA_SUCCESS, an error, or CUA_ERROR_NOT_FOUND when the heap
+ * cannot serve at all (no such device, the driver is unusable): the caller passes through.
+ * noinline: the trace recorder drops this frame and the entry point that called it (skip 1), so
+ * the first frame of a recorded stack is the application's. */
+__attribute__((noinline)) static cua_result serve(int dev, size_t size, cua_stream stream, void **out) {
+    heap_t *h = api_heap(dev);
+    if (!h) return CUA_ERROR_NOT_FOUND;
+    if (trace_enabled()) trace_capture_stack(1);
+    if (__builtin_expect(atomic_load_explicit(&pending_any, memory_order_relaxed), 0)) pending_flush();
+    return heap_alloc(h, size, stream, out);
+}
+
+/* Frees an owned pointer; false when cualloc does not own it (the caller passes through). */
+static bool release(const void *ptr, cua_stream stream) {
+    heap_t *h = api_owner(ptr);
+    return h && heap_free(h, (void *)ptr, stream);
+}
+
+/* cudaFree / cuMemFree: CUDA's device-wide guarantee (heap_free_device_wide). */
+static bool release_device_wide(const void *ptr) {
+    heap_t *h = api_owner(ptr);
+    return h && heap_free_device_wide(h, (void *)ptr);
+}
+
+static void streams_destroyed(cua_stream stream) {
+    if (atomic_load_explicit(&pending_any, memory_order_relaxed)) {
+        pthread_mutex_lock(&pending_lock);
+        for (int i = 0; i < pending_nb_n; i++)
+            if (pending_nb[i].s == stream) pending_nb[i--] = pending_nb[--pending_nb_n];
+        pthread_mutex_unlock(&pending_lock);
+    }
+    int n = api_device_count();
+    for (int d = 0; d < n; d++) {
+        heap_t *h = api_heap_if_created(d);
+        if (h) heap_stream_destroyed(h, stream);
+    }
+}
+
+/* ------------------------------------------------------------------ runtime entry points */
+
+cudart_error cudaMalloc(void **ptr, size_t size) {
+    if (disabled()) {
+        cudaMalloc_fn next = NEXT(N_cudaMalloc, cudaMalloc_fn);
+        return next ? next(ptr, size) : CUDART_ERROR_INITIALIZATION;
+    }
+    if (!ptr) return CUDART_ERROR_INVALID_VALUE;
+    if (size == 0) { /* as CUDA: success and NULL */
+        *ptr = NULL;
+        return CUDART_SUCCESS;
+    }
+    void *p = NULL;
+    cua_result r = excluded(CALLER()) ? CUA_ERROR_NOT_FOUND : serve(runtime_device(), size, NULL, &p);
+    if (r == CUA_ERROR_NOT_FOUND) {
+        cudaMalloc_fn next = NEXT(N_cudaMalloc, cudaMalloc_fn);
+        passthrough_depth++; /* the runtime's own cuMemAlloc must not be served either */
+        cudart_error e = next ? next(ptr, size) : CUDART_ERROR_MEMORY_ALLOCATION;
+        passthrough_depth--;
+        return e;
+    }
+    if (r != CUA_SUCCESS) return CUDART_ERROR_MEMORY_ALLOCATION;
+    *ptr = p;
+    return CUDART_SUCCESS;
+}
+
+cudart_error cudaFree(void *ptr) {
+    if (ptr && !disabled() && release_device_wide(ptr)) return CUDART_SUCCESS;
+    cudaFree_fn next = NEXT(N_cudaFree, cudaFree_fn);
+    if (next) return next(ptr);
+    return ptr ? CUDART_ERROR_INVALID_VALUE : CUDART_SUCCESS;
+}
+
+/* During stream capture the allocation must become a graph node: pass it through. */
+static bool capturing(cudart_stream stream) {
+    cudaStreamIsCapturing_fn is = NEXT(N_cudaStreamIsCapturing, cudaStreamIsCapturing_fn);
+    int status = 0;
+    return is && is(stream, &status) == CUDART_SUCCESS && status != 0;
+}
+
+cudart_error cudaMallocAsync(void **ptr, size_t size, cudart_stream stream) {
+    if (disabled() || capturing(stream)) {
+        cudaMallocAsync_fn next = NEXT(N_cudaMallocAsync, cudaMallocAsync_fn);
+        passthrough_depth++;
+        cudart_error e = next ? next(ptr, size, stream) : CUDART_ERROR_INITIALIZATION;
+        passthrough_depth--;
+        return e;
+    }
+    if (!ptr) return CUDART_ERROR_INVALID_VALUE;
+    if (size == 0) {
+        *ptr = NULL;
+        return CUDART_SUCCESS;
+    }
+    void *p = NULL;
+    cua_result r = excluded(CALLER()) ? CUA_ERROR_NOT_FOUND : serve(runtime_device(), size, (cua_stream)stream, &p);
+    if (r == CUA_ERROR_NOT_FOUND) {
+        cudaMallocAsync_fn next = NEXT(N_cudaMallocAsync, cudaMallocAsync_fn);
+        passthrough_depth++;
+        cudart_error e = next ? next(ptr, size, stream) : CUDART_ERROR_MEMORY_ALLOCATION;
+        passthrough_depth--;
+        return e;
+    }
+    if (r != CUA_SUCCESS) return CUDART_ERROR_MEMORY_ALLOCATION;
+    *ptr = p;
+    return CUDART_SUCCESS;
+}
+
+cudart_error cudaFreeAsync(void *ptr, cudart_stream stream) {
+    if (ptr && !disabled() && release(ptr, (cua_stream)stream)) return CUDART_SUCCESS;
+    cudaFreeAsync_fn next = NEXT(N_cudaFreeAsync, cudaFreeAsync_fn);
+    if (next) return next(ptr, stream);
+    return ptr ? CUDART_ERROR_INVALID_VALUE : CUDART_SUCCESS;
+}
+
+cudart_error cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
+    cudaMemGetInfo_fn next = NEXT(N_cudaMemGetInfo, cudaMemGetInfo_fn);
+    if (!next) return CUDART_ERROR_INITIALIZATION;
+    cudart_error r = next(free_bytes, total_bytes);
+    if (r != CUDART_SUCCESS || disabled() || !api_started() || !free_bytes || !total_bytes) return r;
+    heap_t *h = api_heap_if_created(runtime_device());
+    if (h) {
+        cualloc_stats s;
+        heap_get_stats(h, &s);
+        size_t cached = s.reserved_bytes > s.allocated_bytes ? s.reserved_bytes - s.allocated_bytes : 0;
+        size_t f = *free_bytes + cached;
+        *free_bytes = f < *free_bytes || f > *total_bytes ? *total_bytes : f;
+    }
+    return r;
+}
+
+cudart_error cudaStreamDestroy(cudart_stream stream) {
+    if (!disabled() && api_started()) streams_destroyed((cua_stream)stream);
+    cudaStreamDestroy_fn next = NEXT(N_cudaStreamDestroy, cudaStreamDestroy_fn);
+    return next ? next(stream) : CUDART_ERROR_INVALID_VALUE;
+}
+
+/* ------------------------------------------------------------------ driver entry points */
+
+/* Is a stream capturing (driver entry points: through the driver op)? Errors count as capturing. */
+static bool drv_capturing(int dev, cua_stream stream) {
+    const driver_ops_t *drv = api_driver();
+    bool cap = false;
+    if (!drv || !drv->stream_is_capturing) return false;
+    return drv->stream_is_capturing(dev, stream, &cap) != CUA_SUCCESS || cap;
+}
+
+static cua_result drv_alloc(int next_idx, cua_devptr *dptr, size_t size, cua_stream stream, bool async,
+                            const void *caller) {
+    int dev;
+    if (!disabled() && !passthrough_depth && dptr && size > 0 && (dev = driver_device()) >= 0 && !excluded(caller) &&
+        !(async && drv_capturing(dev, stream))) {
+        void *p = NULL;
+        cua_result r = serve(dev, size, stream, &p);
+        if (r != CUA_ERROR_NOT_FOUND) {
+            if (r == CUA_SUCCESS) *dptr = (cua_devptr)(uintptr_t)p;
+            return r;
+        }
+    }
+    if (async) {
+        cuMemAllocAsync_fn next = NEXT(next_idx, cuMemAllocAsync_fn);
+        return next ? next(dptr, size, stream) : CUA_ERROR_NOT_INITIALIZED;
+    }
+    cuMemAlloc_fn next = NEXT(next_idx, cuMemAlloc_fn);
+    return next ? next(dptr, size) : CUA_ERROR_NOT_INITIALIZED;
+}
+
+static cua_result drv_free(int next_idx, cua_devptr dptr, cua_stream stream, bool async) {
+    if (dptr && !disabled() &&
+        (async ? release((const void *)(uintptr_t)dptr, stream) : release_device_wide((const void *)(uintptr_t)dptr)))
+        return CUA_SUCCESS;
+    if (async) {
+        cuMemFreeAsync_fn next = NEXT(next_idx, cuMemFreeAsync_fn);
+        return next ? next(dptr, stream) : CUA_ERROR_NOT_INITIALIZED;
+    }
+    cuMemFree_fn next = NEXT(next_idx, cuMemFree_fn);
+    return next ? next(dptr) : CUA_ERROR_NOT_INITIALIZED;
+}
+
+cua_result cuMemAlloc_v2(cua_devptr *dptr, size_t size) {
+    return drv_alloc(N_cuMemAlloc_v2, dptr, size, NULL, false, CALLER());
+}
+cua_result cuMemFree_v2(cua_devptr dptr) { return drv_free(N_cuMemFree_v2, dptr, NULL, false); }
+cua_result cuMemAllocAsync(cua_devptr *dptr, size_t size, cua_stream stream) {
+    return drv_alloc(N_cuMemAllocAsync, dptr, size, stream, true, CALLER());
+}
+cua_result cuMemFreeAsync(cua_devptr dptr, cua_stream stream) { return drv_free(N_cuMemFreeAsync, dptr, stream, true); }
+/* Per-thread default stream variants: a NULL stream means this thread's default stream. */
+cua_result cuMemAllocAsync_ptsz(cua_devptr *dptr, size_t size, cua_stream stream) {
+    const void *caller = CALLER();
+    if (!stream && !disabled() && !passthrough_depth) {
+        int dev;
+        if (dptr && size > 0 && (dev = driver_device()) >= 0 && !excluded(caller) &&
+            !drv_capturing(dev, CUA_STREAM_PER_THREAD)) {
+            void *p = NULL;
+            cua_result r = serve(dev, size, CUA_STREAM_PER_THREAD, &p);
+            if (r != CUA_ERROR_NOT_FOUND) {
+                if (r == CUA_SUCCESS) *dptr = (cua_devptr)(uintptr_t)p;
+                return r;
+            }
+        }
+    }
+    return drv_alloc(N_cuMemAllocAsync_ptsz, dptr, size, stream, true, caller);
+}
+cua_result cuMemFreeAsync_ptsz(cua_devptr dptr, cua_stream stream) {
+    if (dptr && !stream && !disabled() && release((const void *)(uintptr_t)dptr, CUA_STREAM_PER_THREAD))
+        return CUA_SUCCESS;
+    return drv_free(N_cuMemFreeAsync_ptsz, dptr, stream, true);
+}
+
+cua_result cuStreamDestroy_v2(cua_stream stream) {
+    if (!disabled() && api_started()) streams_destroyed(stream);
+    cuStreamDestroy_fn next = NEXT(N_cuStreamDestroy_v2, cuStreamDestroy_fn);
+    return next ? next(stream) : CUA_ERROR_NOT_INITIALIZED;
+}
+
+/* ------------------------------------------------------------------ stream creation */
+
+#define STREAM_NON_BLOCKING 0x1u /* cudaStreamNonBlocking == CU_STREAM_NON_BLOCKING */
+
+/* The device a driver-API stream was created on: the current context's. Before cualloc started,
+ * asked of the driver directly (starting nothing); the ordinal is the CUdevice value. */
+static int stream_device(void) {
+    if (api_started()) return driver_device();
+    cuCtxGetDevice_fn getdev = NEXT(N_cuCtxGetDevice, cuCtxGetDevice_fn);
+    cua_device d = -1;
+    return getdev && getdev(&d) == CUA_SUCCESS ? d : -1;
+}
+
+cudart_error cudaStreamCreate(cudart_stream *stream) {
+    cudaStreamCreate_fn next = NEXT(N_cudaStreamCreate, cudaStreamCreate_fn);
+    cudart_error r = next ? next(stream) : CUDART_ERROR_INITIALIZATION;
+    if (r == CUDART_SUCCESS && stream) note_stream(runtime_device(), (cua_stream)*stream, false);
+    return r;
+}
+
+cudart_error cudaStreamCreateWithFlags(cudart_stream *stream, unsigned int flags) {
+    cudaStreamCreateWithFlags_fn next = NEXT(N_cudaStreamCreateWithFlags, cudaStreamCreateWithFlags_fn);
+    cudart_error r = next ? next(stream, flags) : CUDART_ERROR_INITIALIZATION;
+    if (r == CUDART_SUCCESS && stream)
+        note_stream(runtime_device(), (cua_stream)*stream, (flags & STREAM_NON_BLOCKING) != 0);
+    return r;
+}
+
+cudart_error cudaStreamCreateWithPriority(cudart_stream *stream, unsigned int flags, int priority) {
+    cudaStreamCreateWithPriority_fn next = NEXT(N_cudaStreamCreateWithPriority, cudaStreamCreateWithPriority_fn);
+    cudart_error r = next ? next(stream, flags, priority) : CUDART_ERROR_INITIALIZATION;
+    if (r == CUDART_SUCCESS && stream)
+        note_stream(runtime_device(), (cua_stream)*stream, (flags & STREAM_NON_BLOCKING) != 0);
+    return r;
+}
+
+cua_result cuStreamCreate(cua_stream *stream, unsigned int flags) {
+    cua_pfn_cuStreamCreate next = NEXT(N_cuStreamCreate, cua_pfn_cuStreamCreate);
+    cua_result r = next ? next(stream, flags) : CUA_ERROR_NOT_INITIALIZED;
+    if (r == CUA_SUCCESS && stream && !disabled())
+        note_stream(stream_device(), *stream, (flags & STREAM_NON_BLOCKING) != 0);
+    return r;
+}
+
+cua_result cuStreamCreateWithPriority(cua_stream *stream, unsigned int flags, int priority) {
+    cua_pfn_cuStreamCreateWithPriority next = NEXT(N_cuStreamCreateWithPriority, cua_pfn_cuStreamCreateWithPriority);
+    cua_result r = next ? next(stream, flags, priority) : CUA_ERROR_NOT_INITIALIZED;
+    if (r == CUA_SUCCESS && stream && !disabled())
+        note_stream(stream_device(), *stream, (flags & STREAM_NON_BLOCKING) != 0);
+    return r;
+}
+
+/* ------------------------------------------------------------------ peer access */
+
+/* cudaDeviceEnablePeerAccess(peer): the current device d may access peer's memory from now on, so
+ * peer's heap grants d access over its mappings (CUDA does it for cudaMalloc memory; VMM memory
+ * needs cuMemSetAccess). "Already enabled" (704) is success for this purpose. */
+cudart_error cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+    cudaDeviceEnablePeerAccess_fn next = NEXT(N_cudaDeviceEnablePeerAccess, cudaDeviceEnablePeerAccess_fn);
+    cudart_error r = next ? next(peer, flags) : CUDART_ERROR_INITIALIZATION;
+    if (r == CUDART_SUCCESS || r == CUA_ERROR_PEER_ACCESS_ALREADY_ENABLED) note_peer(peer, runtime_device());
+    return r;
+}
+
+/* cuCtxEnablePeerAccess(peer_ctx): the current context's device may access peer_ctx's device. */
+cua_result cuCtxEnablePeerAccess(cua_ctx peer_ctx, unsigned int flags) {
+    cua_pfn_cuCtxEnablePeerAccess next = NEXT(N_cuCtxEnablePeerAccess, cua_pfn_cuCtxEnablePeerAccess);
+    cua_result r = next ? next(peer_ctx, flags) : CUA_ERROR_NOT_INITIALIZED;
+    if ((r != CUA_SUCCESS && r != CUA_ERROR_PEER_ACCESS_ALREADY_ENABLED) || disabled()) return r;
+    cuCtxPushCurrent_fn push = NEXT(N_cuCtxPushCurrent_v2, cuCtxPushCurrent_fn);
+    cuCtxPopCurrent_fn pop = NEXT(N_cuCtxPopCurrent_v2, cuCtxPopCurrent_fn);
+    cuCtxGetDevice_fn getdev = NEXT(N_cuCtxGetDevice, cuCtxGetDevice_fn);
+    cua_device me = -1, peer = -1;
+    if (!push || !pop || !getdev || getdev(&me) != CUA_SUCCESS) return r;
+    if (push(peer_ctx) == CUA_SUCCESS) {
+        cua_ctx popped;
+        if (getdev(&peer) != CUA_SUCCESS) peer = -1;
+        pop(&popped);
+    }
+    /* Device ordinals: CUdevice values are the ordinals cuDeviceGet returns for them. */
+    if (peer >= 0) note_peer(peer, me);
+    return r;
+}
+
+/* ------------------------------------------------------------------ VMM memory vs cudaMalloc memory */
+
+/* IPC: a VMM chunk is not exportable through cudaIpcGetMemHandle (the handles are created without
+ * a shareable type, and CUDA rejects VMM addresses). Fail clearly, once, saying what to do. */
+cudart_error cudaIpcGetMemHandle(void *handle, void *dev_ptr) {
+    heap_t *h = disabled() ? NULL : api_owner(dev_ptr);
+    if (h && heap_is_vmm(h)) {
+        static _Atomic int said;
+        if (!atomic_exchange(&said, 1))
+            cua_error("cudaIpcGetMemHandle(%p): IPC of expandable-segment (VMM) memory is not supported; "
+                      "run the process with CUALLOC_CONF=expandable_segments:False, or add the library "
+                      "doing IPC to exclude: (e.g. CUALLOC_CONF=exclude:libnccl*) so its allocations come "
+                      "from cudaMalloc",
+                      dev_ptr);
+        return CUDART_ERROR_INVALID_VALUE;
+    }
+    cudaIpcGetMemHandle_fn next = NEXT(N_cudaIpcGetMemHandle, cudaIpcGetMemHandle_fn);
+    return next ? next(handle, dev_ptr) : CUDART_ERROR_INITIALIZATION;
+}
+
+/* cuMemGetAddressRange: for cualloc's memory, the allocated block containing the address (what
+ * CUDA reports for cudaMalloc memory), not the chunk or the reservation. */
+cua_result cuMemGetAddressRange_v2(cua_devptr *base, size_t *size, cua_devptr dptr) {
+    heap_t *h = disabled() ? NULL : api_owner((const void *)(uintptr_t)dptr);
+    uintptr_t b = 0;
+    size_t n = 0;
+    if (h && heap_block_range(h, (const void *)(uintptr_t)dptr, &b, &n)) {
+        if (base) *base = (cua_devptr)b;
+        if (size) *size = n;
+        return CUA_SUCCESS;
+    }
+    cua_pfn_cuMemGetAddressRange_v2 next = NEXT(N_cuMemGetAddressRange_v2, cua_pfn_cuMemGetAddressRange_v2);
+    return next ? next(base, size, dptr) : CUA_ERROR_NOT_INITIALIZED;
+}
+
+/* ------------------------------------------------------------------ cuGetProcAddress */
+
+/* Which of cualloc's functions answers a cuGetProcAddress look-up (NULL: pass through), and the
+ * next slot the real answer goes to. */
+static void *proc_substitute(const char *symbol, int version, unsigned long long flags, int *slot, const char **ours) {
+    bool ptsz = flags == CUA_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+    if (strcmp(symbol, "cuMemAlloc") == 0 && version >= 3020) {
+        *slot = N_cuMemAlloc_v2, *ours = "cuMemAlloc_v2";
+        return (void *)cuMemAlloc_v2;
+    }
+    if (strcmp(symbol, "cuMemFree") == 0 && version >= 3020) {
+        *slot = N_cuMemFree_v2, *ours = "cuMemFree_v2";
+        return (void *)cuMemFree_v2;
+    }
+    if (strcmp(symbol, "cuMemAllocAsync") == 0) {
+        if (ptsz) {
+            *slot = N_cuMemAllocAsync_ptsz, *ours = "cuMemAllocAsync_ptsz";
+            return (void *)cuMemAllocAsync_ptsz;
+        }
+        *slot = N_cuMemAllocAsync, *ours = "cuMemAllocAsync";
+        return (void *)cuMemAllocAsync;
+    }
+    if (strcmp(symbol, "cuMemFreeAsync") == 0) {
+        if (ptsz) {
+            *slot = N_cuMemFreeAsync_ptsz, *ours = "cuMemFreeAsync_ptsz";
+            return (void *)cuMemFreeAsync_ptsz;
+        }
+        *slot = N_cuMemFreeAsync, *ours = "cuMemFreeAsync";
+        return (void *)cuMemFreeAsync;
+    }
+    if (strcmp(symbol, "cuStreamDestroy") == 0 && version >= 4000) {
+        *slot = N_cuStreamDestroy_v2, *ours = "cuStreamDestroy_v2";
+        return (void *)cuStreamDestroy_v2;
+    }
+    if (strcmp(symbol, "cuStreamCreate") == 0) {
+        *slot = N_cuStreamCreate, *ours = "cuStreamCreate";
+        return (void *)cuStreamCreate;
+    }
+    if (strcmp(symbol, "cuStreamCreateWithPriority") == 0) {
+        *slot = N_cuStreamCreateWithPriority, *ours = "cuStreamCreateWithPriority";
+        return (void *)cuStreamCreateWithPriority;
+    }
+    if (strcmp(symbol, "cuCtxEnablePeerAccess") == 0) {
+        *slot = N_cuCtxEnablePeerAccess, *ours = "cuCtxEnablePeerAccess";
+        return (void *)cuCtxEnablePeerAccess;
+    }
+    if (strcmp(symbol, "cuMemGetAddressRange") == 0 && version >= 3020) {
+        *slot = N_cuMemGetAddressRange_v2, *ours = "cuMemGetAddressRange_v2";
+        return (void *)cuMemGetAddressRange_v2;
+    }
+    if (strcmp(symbol, "cuGetProcAddress") == 0) {
+        if (version >= 12000) {
+            *slot = N_cuGetProcAddress_v2, *ours = "cuGetProcAddress_v2";
+            return (void *)cuGetProcAddress_v2;
+        }
+        *slot = N_cuGetProcAddress, *ours = "cuGetProcAddress";
+        return (void *)cuGetProcAddress;
+    }
+    return NULL;
+}
+
+/* After the real cuGetProcAddress answered `*pfn` successfully: substitute cualloc's function. */
+static void proc_answer(const char *symbol, void **pfn, int version, unsigned long long flags) {
+    if (!symbol || !pfn || !*pfn || disabled()) return;
+    int slot;
+    const char *ours;
+    void *fn = proc_substitute(symbol, version, flags, &slot, &ours);
+    if (!fn || *pfn == fn) return;
+    set_next(slot, *pfn);
+    *pfn = fn;
+    if (log_on())
+        cua_error("interpose: cuGetProcAddress(\"%s\", %d, flags %llu) -> cualloc %s", symbol, version, flags, ours);
+}
+
+cua_result cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version, unsigned long long flags,
+                               int *symbol_status) {
+    cuGetProcAddress_v2_fn real = NEXT(N_cuGetProcAddress_v2, cuGetProcAddress_v2_fn);
+    if (!real) return CUA_ERROR_NOT_INITIALIZED;
+    cua_result r = real(symbol, pfn, cuda_version, flags, symbol_status);
+    if (r == CUA_SUCCESS) proc_answer(symbol, pfn, cuda_version, flags);
+    return r;
+}
+
+cua_result cuGetProcAddress(const char *symbol, void **pfn, int cuda_version, unsigned long long flags) {
+    cuGetProcAddress_fn real = NEXT(N_cuGetProcAddress, cuGetProcAddress_fn);
+    if (!real) return CUA_ERROR_NOT_INITIALIZED;
+    cua_result r = real(symbol, pfn, cuda_version, flags);
+    if (r == CUA_SUCCESS) proc_answer(symbol, pfn, cuda_version, flags);
+    return r;
+}
+
+/* ------------------------------------------------------------------ dlsym */
+
+#ifndef CUALLOC_NO_DLSYM_INTERPOSE
+/* RTLD_NEXT on behalf of the object that contains `caller` (see the header comment). */
+static void *dlsym_next_of(const void *caller, const char *symbol) {
+    Dl_info info;
+    struct link_map *self = NULL;
+    if (!caller || !dladdr1(caller, &info, (void **)&self, RTLD_DL_LINKMAP) || !self)
+        return interpose_real_dlsym(RTLD_DEFAULT, symbol);
+    for (struct link_map *l = self->l_next; l; l = l->l_next) {
+        if (!l->l_name || !l->l_name[0]) continue;
+        void *h = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD);
+        if (!h) continue;
+        void *p = interpose_real_dlsym(h, symbol);
+        dlclose(h);
+        if (!p) continue;
+        Dl_info pi;
+        struct link_map *owner = NULL;
+        /* Accept only a definition of this object itself (the handle search also covers its
+         * dependencies, which come later in the chain, or earlier: then not "next"). */
+        if (dladdr1(p, &pi, (void **)&owner, RTLD_DL_LINKMAP) && owner && owner != l) continue;
+        return p;
+    }
+    return NULL;
+}
+
+/* The names dlsym hands cualloc's function for (the real one becomes the next definition). */
+static int dlsym_interposed(const char *symbol) {
+    if (symbol[0] != 'c' || symbol[1] != 'u') return -1;
+    for (int i = N_cuMemAlloc_v2; i < N_COUNT; i++)
+        if (own_fn(i) && strcmp(symbol, nexts[i].symbol) == 0) return i;
+    return -1;
+}
+
+void *dlsym(void *restrict handle, const char *restrict symbol) {
+    void *p;
+    if (handle == RTLD_NEXT) p = dlsym_next_of(__builtin_extract_return_addr(__builtin_return_address(0)), symbol);
+    else p = interpose_real_dlsym(handle, symbol);
+    if (!p) return p;
+    int i = dlsym_interposed(symbol);
+    if (i < 0 || p == own_fn(i) || disabled()) return p;
+    set_next(i, p);
+    if (log_on()) cua_error("interpose: dlsym(\"%s\") -> cualloc %s", symbol, symbol);
+    return own_fn(i);
+}
+#endif /* CUALLOC_NO_DLSYM_INTERPOSE */

@@ -1,0 +1,186 @@
+/* interpose_driver_prog.c — the driver API front door (suite 'interpose'): like the CUDA runtime,
+ * dlopens libcuda.so.1 (the fake, tests/fakecuda), takes cuGetProcAddress_v2 from it with dlsym and
+ * fetches cuMemAlloc (at 3020), cuMemFree, cuMemAllocAsync and cuMemFreeAsync (flags 0 and 2, the
+ * per-thread default stream) through it. Run with libcualloc.so in LD_PRELOAD and
+ * CUALLOC_CONF=driver:cuda,sim_host_backed:1 (cualloc's own backend then runs on the fake too).
+ * Checks that the functions handed out are cualloc's, that they serve memory from cualloc (its
+ * statistics move, the fake's cuMemAlloc counter does not), that a pointer from the driver itself
+ * is passed to the real cuMemFree, and that without a current context cuMemAlloc answers as CUDA. */
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUstream;
+typedef void *CUcontext;
+typedef CUresult (*gpa_fn)(const char *, void **, int, unsigned long long, int *);
+typedef CUresult (*init_fn)(unsigned);
+typedef CUresult (*retain_fn)(CUcontext *, int);
+typedef CUresult (*setcur_fn)(CUcontext);
+typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+typedef CUresult (*free_fn)(CUdeviceptr);
+typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
+typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
+typedef CUresult (*direct_fn)(int, size_t, CUdeviceptr *);
+typedef uint64_t (*calls_fn)(int);
+typedef struct {
+    size_t gauges[10];
+    size_t largest_free_block, capacity_bytes;
+    uint64_t num_allocs, num_frees, rest[6];
+} stats_mirror;
+typedef int (*get_stats_fn)(int, stats_mirror *);
+
+/* sim_op_t (src/internal.h): the fake's counters by operation. */
+#define OP_MEM_ALLOC 7
+#define OP_MEM_FREE 8
+
+static int failures;
+#define CHECK(cond, ...) \
+    do { \
+        if (!(cond)) { \
+            fprintf(stderr, "interpose_driver_prog:%d: FAIL: %s: ", __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__); \
+            fputc('\n', stderr); \
+            failures++; \
+        } \
+    } while (0)
+
+#define AS(fnptr, p) memcpy(&(fnptr), &(p), sizeof(p))
+
+static int from_cualloc(void *fn) {
+    Dl_info info;
+    return fn && dladdr(fn, &info) && info.dli_fname && strstr(info.dli_fname, "libcualloc");
+}
+
+static get_stats_fn get_stats;
+static uint64_t allocs_now(void) {
+    stats_mirror s;
+    memset(&s, 0, sizeof s);
+    return get_stats && get_stats(0, &s) == 0 ? s.num_allocs : 0;
+}
+
+int main(void) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    CHECK(lib != NULL, "dlopen libcuda.so.1: %s", dlerror());
+    if (!lib) return 1;
+    void *p = dlsym(RTLD_DEFAULT, "cualloc_get_stats");
+    AS(get_stats, p);
+    CHECK(get_stats != NULL, "libcualloc.so is not preloaded");
+    p = dlsym(lib, "cuGetProcAddress_v2");
+    gpa_fn gpa;
+    AS(gpa, p);
+    CHECK(gpa && from_cualloc(p), "dlsym(libcuda, cuGetProcAddress_v2) did not give cualloc's wrapper");
+    if (!gpa || !get_stats) return 1;
+
+    void *q;
+    init_fn cuInit;
+    retain_fn retain;
+    setcur_fn setcur;
+    CHECK(gpa("cuInit", &q, 12000, 0, NULL) == 0 && !from_cualloc(q), "cuInit passes through");
+    AS(cuInit, q);
+    CHECK(gpa("cuDevicePrimaryCtxRetain", &q, 12000, 0, NULL) == 0, "cuDevicePrimaryCtxRetain");
+    AS(retain, q);
+    CHECK(gpa("cuCtxSetCurrent", &q, 12000, 0, NULL) == 0, "cuCtxSetCurrent");
+    AS(setcur, q);
+    p = dlsym(lib, "fakecuda_calls");
+    calls_fn fake_calls;
+    AS(fake_calls, p);
+    p = dlsym(lib, "fakecuda_mem_alloc_direct");
+    direct_fn direct;
+    AS(direct, p);
+    CHECK(fake_calls && direct, "fake helpers");
+    if (failures) return 1;
+    CHECK(cuInit(0) == 0, "cuInit");
+
+    alloc_fn mem_alloc;
+    free_fn mem_free;
+    alloc_async_fn alloc_async[2];
+    free_async_fn free_async[2];
+    CHECK(gpa("cuMemAlloc", &q, 3020, 0, NULL) == 0 && from_cualloc(q), "cuMemAlloc@3020 is not cualloc's");
+    AS(mem_alloc, q);
+    CHECK(gpa("cuMemFree", &q, 3020, 0, NULL) == 0 && from_cualloc(q), "cuMemFree@3020 is not cualloc's");
+    AS(mem_free, q);
+    for (int f = 0; f < 2; f++) {
+        CHECK(gpa("cuMemAllocAsync", &q, 11020, f ? 2 : 0, NULL) == 0 && from_cualloc(q), "cuMemAllocAsync flags %d", f * 2);
+        AS(alloc_async[f], q);
+        CHECK(gpa("cuMemFreeAsync", &q, 11020, f ? 2 : 0, NULL) == 0 && from_cualloc(q), "cuMemFreeAsync flags %d", f * 2);
+        AS(free_async[f], q);
+    }
+    CHECK(alloc_async[0] != alloc_async[1], "flags 2 must give the _ptsz variant");
+    if (failures) return 1;
+
+    /* No current context: as CUDA, CUDA_ERROR_INVALID_CONTEXT (201) from the real driver. */
+    CUdeviceptr d = 0;
+    CHECK(mem_alloc(&d, 4096) == 201, "cuMemAlloc without a context");
+
+    CUcontext ctx = NULL;
+    CHECK(retain(&ctx, 0) == 0 && setcur(ctx) == 0, "make device 0's primary context current");
+
+    uint64_t a0 = allocs_now(), fake0 = fake_calls(OP_MEM_ALLOC);
+    CUdeviceptr ptrs[30];
+    size_t sizes[30];
+    for (int i = 0; i < 30; i++) {
+        sizes[i] = 512 + (size_t)i * 37000;
+        ptrs[i] = 0;
+        CUresult r;
+        if (i % 3 == 0) r = mem_alloc(&ptrs[i], sizes[i]);
+        else r = alloc_async[i % 3 - 1](&ptrs[i], sizes[i], NULL);
+        CHECK(r == 0 && ptrs[i], "alloc %d = %d", i, r);
+        if (ptrs[i]) memset((void *)(uintptr_t)ptrs[i], i, sizes[i]);
+    }
+    CHECK(allocs_now() - a0 == 30, "cualloc served %llu of 30", (unsigned long long)(allocs_now() - a0));
+    CHECK(fake_calls(OP_MEM_ALLOC) == fake0, "the fake's cuMemAlloc ran %llu times",
+          (unsigned long long)(fake_calls(OP_MEM_ALLOC) - fake0));
+    for (int i = 0; i < 30; i++) {
+        if (!ptrs[i]) continue;
+        const unsigned char *b = (const unsigned char *)(uintptr_t)ptrs[i];
+        size_t bad = 0;
+        for (size_t k = 0; k < sizes[i]; k++) bad += b[k] != (unsigned char)i;
+        CHECK(bad == 0, "block %d overwritten", i);
+        CUresult r = i % 3 == 0 ? mem_free(ptrs[i]) : free_async[i % 3 - 1](ptrs[i], NULL);
+        CHECK(r == 0, "free %d = %d", i, r);
+    }
+    stats_mirror s;
+    get_stats(0, &s);
+    CHECK(s.gauges[2] == 0, "allocated bytes %zu after freeing everything", s.gauges[2]);
+
+    /* Stream capture: cuMemAllocAsync on a capturing stream goes to the driver (a graph node). */
+    typedef void *(*screate_fn)(int, int);
+    typedef void (*scap_fn)(void *, int);
+    screate_fn screate;
+    scap_fn scap;
+    p = dlsym(lib, "fakecuda_stream_create");
+    AS(screate, p);
+    p = dlsym(lib, "fakecuda_stream_set_capturing");
+    AS(scap, p);
+    CHECK(screate && scap, "fake stream helpers");
+    if (screate && scap) {
+        void *cs = screate(0, 0);
+        scap(cs, 1);
+        uint64_t ma0 = fake_calls(OP_MEM_ALLOC), al0 = allocs_now();
+        CUdeviceptr g = 0;
+        CHECK(alloc_async[0](&g, 1 << 20, cs) == 0 && g, "cuMemAllocAsync during capture");
+        CHECK(fake_calls(OP_MEM_ALLOC) == ma0 + 1 && allocs_now() == al0, "a capturing stream's allocation must pass through");
+        CHECK(free_async[0](g, cs) == 0, "cuMemFreeAsync during capture (foreign: to the driver)");
+        scap(cs, 0);
+        CHECK(alloc_async[0](&g, 1 << 20, cs) == 0 && allocs_now() == al0 + 1, "after the capture cualloc serves again");
+        CHECK(free_async[0](g, cs) == 0, "free");
+    }
+
+    /* A pointer from the driver itself goes to the real cuMemFree. */
+    CUdeviceptr foreign = 0;
+    CHECK(direct(0, 1 << 20, &foreign) == 0 && foreign, "direct allocation");
+    uint64_t fr0 = fake_calls(OP_MEM_FREE);
+    CHECK(mem_free(foreign) == 0, "cuMemFree(foreign)");
+    CHECK(fake_calls(OP_MEM_FREE) == fr0 + 1, "cuMemFree(foreign) did not reach the driver");
+
+    if (failures) {
+        fprintf(stderr, "interpose_driver_prog: %d failure(s)\n", failures);
+        return 1;
+    }
+    printf("interpose_driver_prog: all checks passed\n");
+    return 0;
+}

@@ -1,0 +1,271 @@
+/* interpose_prog.c — an ordinary CUDA runtime user (suite 'interpose'): includes no cualloc header,
+ * links the stub runtime libstubcudart.so, and is run with libcualloc.so in LD_PRELOAD on a
+ * host-backed sim device. Checks that cudaMalloc/cudaFree/cudaMallocAsync/cudaFreeAsync are served
+ * by cualloc (its statistics move, the stub sees no allocation), that foreign pointers and
+ * cudaFree(NULL) reach the stub, that cudaStreamDestroy and cudaMemGetInfo pass through (the latter
+ * with cualloc's cached bytes added), and that a forked child and its parent both keep working.
+ *   interpose_prog            cualloc serves
+ *   interpose_prog --disable  run under CUALLOC_DISABLE=1: everything reaches the stub */
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+int cudaMalloc(void **p, size_t n);
+int cudaFree(void *p);
+int cudaMallocAsync(void **p, size_t n, void *stream);
+int cudaFreeAsync(void *p, void *stream);
+int cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
+int cudaStreamDestroy(void *stream);
+unsigned long stub_cudart_calls(const char *name);
+int cudaStreamCreateWithFlags(void **stream, unsigned int flags);
+int cudaSetDevice(int dev);
+int cudaDeviceEnablePeerAccess(int peer, unsigned int flags);
+int cudaIpcGetMemHandle(void *handle, void *dev_ptr);
+typedef int (*get_range_fn)(unsigned long long *, size_t *, unsigned long long);
+void *stub_cudart_malloc_direct(size_t n);
+
+/* The layout of cualloc_stats (include/cualloc.h), mirrored: 12 size_t, then the counters. */
+typedef struct {
+    size_t gauges[10];
+    size_t largest_free_block, capacity_bytes;
+    uint64_t num_allocs, num_frees, num_maps, num_unmaps, num_alloc_retries, num_ooms, num_syncs, num_trims;
+} stats_mirror;
+typedef int (*get_stats_fn)(int, stats_mirror *);
+
+static int failures;
+#define CHECK(cond, ...) \
+    do { \
+        if (!(cond)) { \
+            fprintf(stderr, "interpose_prog:%d: FAIL: %s: ", __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__); \
+            fputc('\n', stderr); \
+            failures++; \
+        } \
+    } while (0)
+
+static get_stats_fn get_stats;
+
+static uint64_t allocs_now(void) {
+    stats_mirror s;
+    memset(&s, 0, sizeof s);
+    if (!get_stats || get_stats(0, &s) != 0) return 0;
+    return s.num_allocs;
+}
+
+static stats_mirror stats_of(int dev) {
+    stats_mirror s;
+    memset(&s, 0, sizeof s);
+    if (get_stats) get_stats(dev, &s);
+    return s;
+}
+
+/* n allocations of varied sizes, each written with a pattern and checked before its free. */
+static void alloc_round(int n, unsigned seed, void *stream) {
+    void *ptrs[64];
+    size_t sizes[64];
+    if (n > 64) n = 64;
+    for (int i = 0; i < n; i++) {
+        sizes[i] = 1 + ((size_t)(seed * 2654435761u + (unsigned)i * 40503u) % (3u << 20));
+        ptrs[i] = NULL;
+        int r = stream ? cudaMallocAsync(&ptrs[i], sizes[i], stream) : cudaMalloc(&ptrs[i], sizes[i]);
+        CHECK(r == 0 && ptrs[i], "cudaMalloc(%zu) = %d, %p", sizes[i], r, ptrs[i]);
+        if (r != 0 || !ptrs[i]) return;
+        memset(ptrs[i], (int)((seed + (unsigned)i) & 0xff), sizes[i]);
+    }
+    for (int i = 0; i < n; i++) {
+        unsigned char *p = ptrs[i], want = (unsigned char)((seed + (unsigned)i) & 0xff);
+        size_t bad = 0;
+        for (size_t k = 0; k < sizes[i]; k++) bad += p[k] != want;
+        CHECK(bad == 0, "block %d (%zu bytes at %p): %zu bytes overwritten", i, sizes[i], ptrs[i], bad);
+        int r = stream ? cudaFreeAsync(ptrs[i], stream) : cudaFree(ptrs[i]);
+        CHECK(r == 0, "cudaFree(%p) = %d", ptrs[i], r);
+    }
+}
+
+int main(int argc, char **argv) {
+    int disable = argc > 1 && strcmp(argv[1], "--disable") == 0;
+    if (argc > 1 && strcmp(argv[1], "--exclude") == 0) {
+        /* Run with CUALLOC_CONF=...,exclude:interpose_prog*: this program's allocations go to the
+         * stub unchanged, and their frees follow as foreign pointers. */
+        unsigned long m0 = stub_cudart_calls("cudaMalloc"), f0 = stub_cudart_calls("cudaFree");
+        void *p = NULL;
+        CHECK(cudaMalloc(&p, 4096) == 0 && p, "cudaMalloc");
+        CHECK(stub_cudart_calls("cudaMalloc") == m0 + 1, "an excluded caller's cudaMalloc did not reach the stub");
+        CHECK(cudaFree(p) == 0 && stub_cudart_calls("cudaFree") == f0 + 1, "its free did not reach the stub");
+        void *gs2 = dlsym(RTLD_DEFAULT, "cualloc_get_stats");
+        memcpy(&get_stats, &gs2, sizeof gs2);
+        CHECK(stats_of(0).num_allocs == 0, "cualloc served an excluded caller");
+        if (failures) return 1;
+        printf("interpose_prog --exclude: all checks passed\n");
+        return 0;
+    }
+    void *gs = dlsym(RTLD_DEFAULT, "cualloc_get_stats");
+    memcpy(&get_stats, &gs, sizeof gs);
+    CHECK(get_stats != NULL, "libcualloc.so is not preloaded (no cualloc_get_stats)");
+    if (!get_stats) return 1;
+
+    /* 0. dlsym(RTLD_NEXT) keeps its meaning under cualloc's dlsym: from the program, the next
+     * cudaMalloc is the preloaded cualloc's, the next stub_cudart_calls the stub's. */
+    Dl_info di;
+    void *nm = dlsym(RTLD_NEXT, "cudaMalloc");
+    CHECK(nm && dladdr(nm, &di) && di.dli_fname && strstr(di.dli_fname, "libcualloc"),
+          "dlsym(RTLD_NEXT, cudaMalloc) from the program = %p (%s)", nm, nm && dladdr(nm, &di) ? di.dli_fname : "?");
+    void *ns = dlsym(RTLD_NEXT, "stub_cudart_calls");
+    CHECK(ns && dladdr(ns, &di) && di.dli_fname && strstr(di.dli_fname, "libstubcudart"),
+          "dlsym(RTLD_NEXT, stub_cudart_calls) from the program = %p", ns);
+    CHECK(dlsym(RTLD_NEXT, "no_such_symbol_anywhere") == NULL, "dlsym(RTLD_NEXT) of a missing name");
+
+    /* 1. Allocations: cualloc serves them (or, disabled, the stub). */
+    uint64_t a0 = allocs_now();
+    unsigned long m0 = stub_cudart_calls("cudaMalloc"), f0 = stub_cudart_calls("cudaFree");
+    for (unsigned round = 0; round < 4; round++) alloc_round(40, round, NULL);
+    uint64_t a1 = allocs_now();
+    if (!disable) {
+        CHECK(a1 - a0 == 160, "cualloc served %llu of 160 allocations", (unsigned long long)(a1 - a0));
+        CHECK(stub_cudart_calls("cudaMalloc") == m0, "the stub saw %lu cudaMalloc calls",
+              stub_cudart_calls("cudaMalloc") - m0);
+        CHECK(stub_cudart_calls("cudaFree") == f0, "the stub saw %lu cudaFree calls", stub_cudart_calls("cudaFree") - f0);
+    } else {
+        CHECK(a1 == a0, "disabled, yet cualloc served %llu allocations", (unsigned long long)(a1 - a0));
+        CHECK(stub_cudart_calls("cudaMalloc") - m0 == 160, "the stub saw %lu of 160 cudaMalloc calls",
+              stub_cudart_calls("cudaMalloc") - m0);
+        CHECK(stub_cudart_calls("cudaFree") - f0 == 160, "the stub saw %lu of 160 cudaFree calls",
+              stub_cudart_calls("cudaFree") - f0);
+    }
+
+    /* 2. Stream-ordered allocation on a stream handle, then its destruction. */
+    void *stream = (void *)(uintptr_t)0x5000;
+    unsigned long ma0 = stub_cudart_calls("cudaMallocAsync"), sd0 = stub_cudart_calls("cudaStreamDestroy");
+    alloc_round(20, 99, stream);
+    CHECK(stub_cudart_calls("cudaMallocAsync") - ma0 == (disable ? 20u : 0u), "the stub saw %lu cudaMallocAsync",
+          stub_cudart_calls("cudaMallocAsync") - ma0);
+    CHECK(cudaStreamDestroy(stream) == 0, "cudaStreamDestroy");
+    CHECK(stub_cudart_calls("cudaStreamDestroy") - sd0 == 1, "cudaStreamDestroy did not reach the stub");
+    if (!disable) CHECK(allocs_now() - a1 == 20, "cualloc served %llu of 20 async", (unsigned long long)(allocs_now() - a1));
+
+    /* 3. A pointer cualloc does not own, and NULL, reach the stub. */
+    void *foreign = stub_cudart_malloc_direct(4096);
+    unsigned long f1 = stub_cudart_calls("cudaFree");
+    CHECK(cudaFree(foreign) == 0, "cudaFree(foreign)");
+    CHECK(stub_cudart_calls("cudaFree") == f1 + 1, "cudaFree(foreign pointer) did not reach the stub");
+    CHECK(cudaFree(NULL) == 0, "cudaFree(NULL)");
+    CHECK(stub_cudart_calls("cudaFree") == f1 + 2, "cudaFree(NULL) did not reach the stub");
+    foreign = stub_cudart_malloc_direct(512);
+    unsigned long fa = stub_cudart_calls("cudaFreeAsync");
+    CHECK(cudaFreeAsync(foreign, stream) == 0, "cudaFreeAsync(foreign)");
+    CHECK(stub_cudart_calls("cudaFreeAsync") == fa + 1, "cudaFreeAsync(foreign pointer) did not reach the stub");
+
+    /* 4. cudaMemGetInfo: the stub's answer plus cualloc's cached bytes (all freed above). */
+    size_t fr = 0, tot = 0;
+    CHECK(cudaMemGetInfo(&fr, &tot) == 0, "cudaMemGetInfo");
+    CHECK(tot == ((size_t)1 << 30), "total %zu", tot);
+    if (disable) CHECK(fr == ((size_t)100 << 20), "disabled: free %zu is not the stub's", fr);
+    else CHECK(fr > ((size_t)100 << 20) && fr <= tot, "free %zu does not include cualloc's cached bytes", fr);
+
+    /* 5. OOM is a value: more than the 512 MiB sim device. */
+    if (!disable) {
+        void *big = (void *)1;
+        int r = cudaMalloc(&big, (size_t)1 << 30);
+        CHECK(r == 2, "cudaMalloc(1 GiB) on a 512 MiB device = %d, want cudaErrorMemoryAllocation (2)", r);
+    }
+
+    if (!disable) {
+        /* 7. cudaFree's guarantee with a non-blocking stream known: freed blocks wait for events on
+         *    the legacy and the non-blocking stream (which the stub completes at once), never for a
+         *    synchronization, and are then reused. */
+        void *nb = NULL;
+        CHECK(cudaStreamCreateWithFlags(&nb, 1) == 0 && nb, "cudaStreamCreateWithFlags(non-blocking)");
+        uint64_t syncs0 = stats_of(0).num_syncs;
+        void *first = NULL, *again = NULL;
+        for (int i = 0; i < 50; i++) {
+            void *q = NULL;
+            CHECK(cudaMalloc(&q, 3 << 20) == 0 && q, "cudaMalloc with a non-blocking stream");
+            if (i == 0) first = q;
+            if (i == 1) again = q;
+            CHECK(cudaFree(q) == 0, "cudaFree");
+        }
+        CHECK(again == first, "a device-wide freed block is reused once the streams passed the free");
+        CHECK(stats_of(0).num_syncs == syncs0, "%llu synchronizations for 50 cudaFree calls",
+              (unsigned long long)(stats_of(0).num_syncs - syncs0));
+        CHECK(cudaStreamDestroy(nb) == 0, "cudaStreamDestroy(non-blocking)");
+
+        /* 8. VMM memory vs cudaMalloc memory: IPC fails with a message; cuMemGetAddressRange gives the
+         *    allocated block (interior pointers too); foreign pointers pass through. */
+        void *v = NULL;
+        CHECK(cudaMalloc(&v, 5000) == 0 && v, "cudaMalloc(5000)");
+        unsigned char handle[64];
+        unsigned long ipc0 = stub_cudart_calls("cudaIpcGetMemHandle");
+        CHECK(cudaIpcGetMemHandle(handle, v) == 1, "cudaIpcGetMemHandle of VMM memory must fail (1)");
+        CHECK(stub_cudart_calls("cudaIpcGetMemHandle") == ipc0, "it reached the runtime");
+        void *foreign2 = stub_cudart_malloc_direct(256);
+        CHECK(cudaIpcGetMemHandle(handle, foreign2) == 0 && stub_cudart_calls("cudaIpcGetMemHandle") == ipc0 + 1,
+              "cudaIpcGetMemHandle of a foreign pointer passes through");
+        CHECK(cudaFree(foreign2) == 0, "free foreign");
+        void *gr = dlsym(RTLD_DEFAULT, "cuMemGetAddressRange_v2");
+        get_range_fn get_range;
+        memcpy(&get_range, &gr, sizeof gr);
+        CHECK(get_range != NULL, "cuMemGetAddressRange_v2 not exported");
+        if (get_range) {
+            unsigned long long base = 0;
+            size_t size = 0;
+            CHECK(get_range(&base, &size, (unsigned long long)(uintptr_t)v + 1234) == 0, "cuMemGetAddressRange");
+            CHECK(base == (uintptr_t)v && size == 5120, "range %#llx + %zu, want %p + 5120", base, size, v);
+        }
+        CHECK(cudaFree(v) == 0, "cudaFree");
+
+        /* 9. Two devices: cudaSetDevice decides the heap; peer access passes through. */
+        uint64_t d1 = stats_of(1).num_allocs;
+        CHECK(cudaSetDevice(1) == 0, "cudaSetDevice(1)");
+        void *on1 = NULL;
+        CHECK(cudaMalloc(&on1, 1 << 20) == 0 && on1, "cudaMalloc on device 1");
+        CHECK(stats_of(1).num_allocs == d1 + 1, "device 1's heap did not serve it");
+        CHECK(cudaSetDevice(0) == 0, "cudaSetDevice(0)");
+        CHECK(cudaDeviceEnablePeerAccess(1, 0) == 0, "cudaDeviceEnablePeerAccess");
+        CHECK(cudaFree(on1) == 0, "cudaFree on device 1 from device 0");
+        CHECK(stats_of(1).num_frees >= 1, "device 1's heap did not take the free");
+
+        /* 10. Async ordering on two streams: each reuses its own frees at once. */
+        void *s1 = NULL, *s2 = NULL, *x = NULL, *y = NULL;
+        CHECK(cudaStreamCreateWithFlags(&s1, 0) == 0 && cudaStreamCreateWithFlags(&s2, 0) == 0, "streams");
+        CHECK(cudaMallocAsync(&x, 2 << 20, s1) == 0 && cudaFreeAsync(x, s1) == 0, "async on s1");
+        CHECK(cudaMallocAsync(&y, 2 << 20, s1) == 0 && y == x, "s1 reuses its own free at once");
+        CHECK(cudaFreeAsync(y, s1) == 0, "free");
+        CHECK(cudaMallocAsync(&x, 2 << 20, s2) == 0 && cudaFreeAsync(x, s2) == 0, "async on s2");
+        CHECK(cudaStreamDestroy(s1) == 0 && cudaStreamDestroy(s2) == 0, "destroy");
+    }
+
+    /* 6. fork: the child starts over and works; so does the parent afterwards. */
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        uint64_t c0 = allocs_now();
+        alloc_round(30, 7, NULL);
+        uint64_t c1 = allocs_now();
+        if (!disable && c1 - c0 != 30) {
+            fprintf(stderr, "interpose_prog: FAIL: child: cualloc served %llu of 30\n", (unsigned long long)(c1 - c0));
+            _exit(1);
+        }
+        _exit(failures ? 1 : 0);
+    }
+    CHECK(pid > 0, "fork failed");
+    int status = 0;
+    if (pid > 0) {
+        CHECK(waitpid(pid, &status, 0) == pid, "waitpid");
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %#x", status);
+    }
+    uint64_t p0 = allocs_now();
+    alloc_round(30, 8, NULL);
+    if (!disable) CHECK(allocs_now() - p0 == 30, "parent after fork: cualloc served %llu of 30",
+                        (unsigned long long)(allocs_now() - p0));
+
+    if (failures) {
+        fprintf(stderr, "interpose_prog: %d failure(s)\n", failures);
+        return 1;
+    }
+    printf("interpose_prog%s: all checks passed\n", disable ? " --disable" : "");
+    return 0;
+}

@@ -1,0 +1,101 @@
+/* test_oom_report.c — the OOM report (heap.c report_oom, DESIGN.md decision 10) against expected
+ * text: a genuine shortage (VMM), a fragmentation case (classic segments), and a repeated OOM
+ * that produces no second report. Messages are captured with error_set_callback; the sim device's
+ * addresses and sizes are deterministic, so the text is too.
+ *   test_oom_report EXPECTED_DIR            compare with EXPECTED_DIR/oom_*.txt
+ *   UPDATE_EXPECTED=1 test_oom_report DIR   rewrite them */
+#include "internal.h"
+#include "testutil.h"
+
+static char captured[8192];
+static size_t captured_len;
+
+static void capture(const char *line, void *arg) {
+    (void)arg;
+    int n = snprintf(captured + captured_len, sizeof captured - captured_len, "%s\n", line);
+    if (n > 0 && (size_t)n < sizeof captured - captured_len) captured_len += (size_t)n;
+}
+
+static heap_t *open_heap(const char *text) {
+    conf_t c;
+    conf_defaults(&c);
+    c.driver = DRIVER_SIM;
+    EXPECT(conf_parse(text, &c) == 0, "bad configuration %s", text);
+    sim_configure(&c);
+    EXPECT(driver_sim_ops.init() == CUA_SUCCESS, "sim init");
+    heap_t *h = heap_create(0, &c, &driver_sim_ops, NULL);
+    EXPECT(h, "heap_create");
+    return h;
+}
+
+static int failures;
+
+static void compare(const char *dir, const char *name) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (getenv("UPDATE_EXPECTED")) {
+        FILE *f = fopen(path, "w");
+        EXPECT(f, "cannot write %s", path);
+        fwrite(captured, 1, captured_len, f);
+        fclose(f);
+        printf("  wrote %s\n", path);
+        return;
+    }
+    static char want[8192];
+    FILE *f = fopen(path, "r");
+    EXPECT(f, "cannot read %s", path);
+    size_t n = fread(want, 1, sizeof want - 1, f);
+    fclose(f);
+    want[n] = '\0';
+    if (n != captured_len || memcmp(want, captured, n) != 0) {
+        fprintf(stderr, "test_oom_report: %s differs.\n--- expected\n%s--- got\n%s", name, want, captured);
+        failures++;
+    }
+}
+
+static void reset(void) {
+    captured_len = 0;
+    captured[0] = '\0';
+}
+
+int main(int argc, char **argv) {
+    EXPECT(argc == 2, "usage: test_oom_report EXPECTED_DIR");
+    error_set_callback(capture, NULL);
+    void *p = NULL;
+
+    /* 1. Genuine shortage: 40 MiB live on a 64 MiB device, 40 MiB more asked; then the same again
+     *    (one line saying further ones are only counted) and a third time (nothing). */
+    heap_t *h = open_heap("sim_memory_mb:64");
+    void *live = NULL;
+    EXPECT(heap_alloc(h, 40 << 20, NULL, &live) == CUA_SUCCESS, "40 MiB");
+    reset();
+    EXPECT(heap_alloc(h, 40 << 20, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY && !p, "shortage");
+    compare(argv[1], "oom_shortage.txt");
+    reset();
+    EXPECT(heap_alloc(h, (40 << 20) + 4096, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY, "again");
+    EXPECT(heap_alloc(h, 48 << 20, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY, "and again");
+    compare(argv[1], "oom_repeated.txt");
+    cualloc_stats s;
+    heap_get_stats(h, &s);
+    EXPECT(s.num_ooms == 3, "num_ooms %llu", (unsigned long long)s.num_ooms);
+    EXPECT(heap_free(h, live, NULL), "free");
+    heap_destroy(h);
+
+    /* 2. Fragmentation, classic segments: six 8 MiB blocks fill three 20 MiB segments of a 64 MiB
+     *    device; every other one freed leaves 24 MiB live, yet 12 MiB cannot be had. */
+    h = open_heap("sim_memory_mb:64,expandable_segments:False");
+    void *b[6];
+    for (int i = 0; i < 6; i++) EXPECT(heap_alloc(h, 8 << 20, NULL, &b[i]) == CUA_SUCCESS, "8 MiB #%d", i);
+    for (int i = 0; i < 6; i += 2) EXPECT(heap_free(h, b[i], NULL), "free #%d", i);
+    reset();
+    EXPECT(heap_alloc(h, 12 << 20, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY, "fragmentation");
+    compare(argv[1], "oom_fragmentation.txt");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    for (int i = 1; i < 6; i += 2) EXPECT(heap_free(h, b[i], NULL), "free #%d", i);
+    heap_destroy(h);
+
+    error_set_callback(NULL, NULL);
+    if (failures) return 1;
+    printf("test_oom_report: ok\n");
+    return 0;
+}

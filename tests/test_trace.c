@@ -1,0 +1,1239 @@
+/* test_trace.c — white-box tests of the trace recorder (src/trace.c) against the reader
+ * (tools/allocview/reader.c): every record type round-trips with its fields; stacks name the
+ * right call site, respect the depth and put Python frames (a fake CPython API exported by this
+ * executable, found by the recorder through dlsym) outside the native ones, releasing every
+ * reference; a trace started mid-run begins with the live blocks; concurrent threads; a symlink
+ * at the path is refused and an existing file never overwritten; trace_max_mb stops or rings; a
+ * forked child writes its own file or none; a full file system ends the trace cleanly; signal
+ * handlers that allocate inside the recorder neither deadlock nor corrupt; truncation at every
+ * offset and random byte flips never crash or hang the reader, which returns a prefix.
+ *
+ * Most tests run in a forked child with their own CUALLOC_CONF (cualloc re-initializes after
+ * fork), so each starts from fresh heaps. `test_trace --corpus DIR` writes the fuzzer's seed
+ * traces (tests/fuzz/corpus_trace_reader) instead.
+ */
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "reader.h"
+#include "testutil.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+static char dir[256]; /* this run's scratch directory */
+static uint64_t seed;
+
+/* ------------------------------------------------------------------------- message capture */
+
+static char msgs[8192];
+static pthread_mutex_t msg_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void capture(const char *line, void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&msg_lock);
+    size_t n = strlen(msgs);
+    snprintf(msgs + n, sizeof msgs - n, "%s\n", line);
+    pthread_mutex_unlock(&msg_lock);
+}
+
+static void msgs_clear(void) { msgs[0] = '\0'; }
+
+/* ------------------------------------------------------------------------------ fake CPython */
+
+/* Objects: frames (code, line, back), code objects (name, file), strings. Every reference the
+ * API hands out is counted; the recorder must give each back with Py_DecRef. */
+typedef struct fobj { int kind; const char *s; int line; struct fobj *back, *code, *name, *file; } fobj_t;
+enum { F_FRAME = 1, F_CODE, F_STR };
+static atomic_int fake_refs;  /* references handed out and not returned */
+static int fake_gil;          /* PyGILState_Check's answer */
+static fobj_t *fake_top;      /* the innermost frame */
+static bool fake_no_qualname; /* co_qualname fails (older Python): co_name is used */
+static int fake_tstate;
+
+EXPORT int Py_IsInitialized(void);
+EXPORT int PyGILState_Check(void);
+EXPORT void *PyThreadState_Get(void);
+EXPORT void *PyThreadState_GetFrame(void *ts);
+EXPORT void *PyFrame_GetCode(void *f);
+EXPORT int PyFrame_GetLineNumber(void *f);
+EXPORT void *PyFrame_GetBack(void *f);
+EXPORT void *PyObject_GetAttrString(void *o, const char *name);
+EXPORT const char *PyUnicode_AsUTF8(void *o);
+EXPORT void Py_DecRef(void *o);
+EXPORT void PyErr_Fetch(void **t, void **v, void **tb);
+EXPORT void PyErr_Restore(void *t, void *v, void *tb);
+
+static void *ref(fobj_t *o)
+{
+    if (o)
+        atomic_fetch_add(&fake_refs, 1);
+    return o;
+}
+int Py_IsInitialized(void) { return 1; }
+int PyGILState_Check(void) { return fake_gil; }
+void *PyThreadState_Get(void) { return &fake_tstate; }
+void *PyThreadState_GetFrame(void *ts) { return ts == &fake_tstate ? ref(fake_top) : NULL; }
+void *PyFrame_GetCode(void *f) { return ref(((fobj_t *)f)->code); }
+int PyFrame_GetLineNumber(void *f) { return ((fobj_t *)f)->line; }
+void *PyFrame_GetBack(void *f) { return ref(((fobj_t *)f)->back); }
+void *PyObject_GetAttrString(void *o, const char *name)
+{
+    fobj_t *c = o;
+    EXPECT(c->kind == F_CODE, "attribute %s asked of a non-code object", name);
+    if (strcmp(name, "co_qualname") == 0)
+        return fake_no_qualname ? NULL : ref(c->name);
+    if (strcmp(name, "co_name") == 0)
+        return ref(c->name);
+    if (strcmp(name, "co_filename") == 0)
+        return ref(c->file);
+    return NULL;
+}
+const char *PyUnicode_AsUTF8(void *o) { return ((fobj_t *)o)->s; }
+void Py_DecRef(void *o)
+{
+    if (o)
+        EXPECT(atomic_fetch_sub(&fake_refs, 1) > 0, "more Py_DecRef than references");
+}
+void PyErr_Fetch(void **t, void **v, void **tb) { *t = *v = *tb = NULL; }
+void PyErr_Restore(void *t, void *v, void *tb) { (void)t, (void)v, (void)tb; }
+
+/* ----------------------------------------------------------------------------------- helpers */
+
+static conf_t base_conf(void)
+{
+    conf_t c = *api_conf();
+    return c;
+}
+
+static void path_of(char *buf, size_t len, const char *name) { snprintf(buf, len, "%s/%s", dir, name); }
+
+/* Every record of a trace, read back. */
+typedef struct rec_s {
+    tr_record_t r;
+    char s1[1100], s2[1100], s3[600]; /* string fields, copied */
+    tr_end_dev_t end[4];
+    tr_frame_t frames[80];
+    size_t nframes;
+} rec_t;
+
+typedef struct trace_s {
+    rec_t *recs;
+    size_t n, cap;
+    int status;      /* tr_next's last result */
+    char error[512], warning[512];
+    tr_info_t info;
+    tr_acct_t acct;
+} trace_t;
+
+static void str_copy(char *dst, size_t len, tr_str_t s)
+{
+    size_t n = s.len < len - 1 ? s.len : len - 1;
+    memcpy(dst, s.p, n);
+    dst[n] = '\0';
+}
+
+static void trace_read(const char *path, trace_t *t)
+{
+    memset(t, 0, sizeof *t);
+    char err[512];
+    tr_reader_t *r = tr_open(path, err, sizeof err);
+    EXPECT(r, "cannot open %s: %s", path, err);
+    t->info = *tr_info(r);
+    tr_acct_init(&t->acct);
+    tr_record_t rec;
+    int k;
+    while ((k = tr_next(r, &rec)) > 0) {
+        tr_acct_add(&t->acct, &rec);
+        if (t->n == t->cap) {
+            t->cap = t->cap ? t->cap * 2 : 1024;
+            t->recs = realloc(t->recs, t->cap * sizeof *t->recs);
+            EXPECT(t->recs, "out of memory");
+        }
+        rec_t *x = &t->recs[t->n++];
+        x->r = rec;
+        x->s1[0] = x->s2[0] = x->s3[0] = '\0';
+        x->nframes = 0;
+        switch (rec.known ? rec.type : 0) {
+        case CUA_TRACE_PROCESS:
+            str_copy(x->s1, sizeof x->s1, rec.u.process.host);
+            str_copy(x->s2, sizeof x->s2, rec.u.process.cmdline);
+            str_copy(x->s3, sizeof x->s3, rec.u.process.recorder);
+            break;
+        case CUA_TRACE_CONFIG:
+        case CUA_TRACE_MARK:
+            str_copy(x->s1, sizeof x->s1, rec.u.text);
+            break;
+        case CUA_TRACE_DEVICE:
+            str_copy(x->s1, sizeof x->s1, rec.u.device.name);
+            break;
+        case CUA_TRACE_MODULE:
+            str_copy(x->s1, sizeof x->s1, rec.u.module.path);
+            x->r.u.module.build_id.p = NULL;
+            break;
+        case CUA_TRACE_THREAD:
+            str_copy(x->s1, sizeof x->s1, rec.u.thread.name);
+            break;
+        case CUA_TRACE_PYFRAME:
+            str_copy(x->s1, sizeof x->s1, rec.u.pyframe.function);
+            str_copy(x->s2, sizeof x->s2, rec.u.pyframe.file);
+            break;
+        case CUA_TRACE_END:
+            for (uint32_t i = 0; i < rec.u.end.ndev && i < 4; i++)
+                x->end[i] = rec.u.end.devs[i];
+            x->r.u.end.devs = NULL;
+            break;
+        case CUA_TRACE_ALLOC:
+        case CUA_TRACE_OOM:
+            x->nframes = tr_stack_frames(r, rec.stack, x->frames, 80);
+            /* Python frame strings belong to the reader: copy the first one's. */
+            for (size_t i = 0; i < x->nframes; i++)
+                if (x->frames[i].kind == CUA_TRACE_FRAME_PYTHON) {
+                    snprintf(x->s1, sizeof x->s1, "%s", x->frames[i].function ? x->frames[i].function : "");
+                    snprintf(x->s2, sizeof x->s2, "%s", x->frames[i].file ? x->frames[i].file : "");
+                    break;
+                }
+            for (size_t i = 0; i < x->nframes; i++)
+                x->frames[i].function = x->frames[i].file = x->frames[i].module = NULL;
+            break;
+        default:
+            break;
+        }
+    }
+    t->status = k;
+    snprintf(t->error, sizeof t->error, "%s", tr_error(r));
+    snprintf(t->warning, sizeof t->warning, "%s", tr_warning(r));
+    tr_close(r);
+}
+
+static void trace_free(trace_t *t)
+{
+    free(t->recs);
+    tr_acct_free(&t->acct);
+}
+
+static size_t count_type(const trace_t *t, uint8_t type)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < t->n; i++)
+        n += t->recs[i].r.known && t->recs[i].r.type == type;
+    return n;
+}
+
+static const rec_t *nth_of(const trace_t *t, uint8_t type, size_t nth)
+{
+    for (size_t i = 0; i < t->n; i++)
+        if (t->recs[i].r.known && t->recs[i].r.type == type && nth-- == 0)
+            return &t->recs[i];
+    return NULL;
+}
+
+/* Runs fn in a forked child with CUALLOC_CONF = conf; the child must exit 0. `test_trace FILTER`
+ * runs only the tests whose name contains FILTER; TEST_TRACE_INPROC=1 then runs the first of them
+ * in this process (for a debugger). */
+static const char *filter;
+
+static void in_child(const char *name, const char *conf, void (*fn)(void))
+{
+    if (filter && !strstr(name, filter))
+        return;
+    if (filter && getenv("TEST_TRACE_INPROC")) {
+        setenv("CUALLOC_CONF", conf, 1);
+        fn();
+        printf("ok   %s (in process)\n", name);
+        exit(0);
+    }
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    EXPECT(pid >= 0, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        setenv("CUALLOC_CONF", conf, 1);
+        fn();
+        exit(0);
+    }
+    int st = 0;
+    EXPECT(waitpid(pid, &st, 0) == pid, "waitpid");
+    EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s failed (status %d, signal %d)", name,
+           WIFEXITED(st) ? WEXITSTATUS(st) : -1, WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    printf("ok   %s\n", name);
+    fflush(stdout);
+}
+
+/* Checks the accounting a consistent trace has, against the process's own END statistics (the
+ * peaks only when the trace saw the whole run). */
+static void check_consistent_(const trace_t *t, const char *what, bool whole_run)
+{
+    const tr_acct_t *a = &t->acct;
+    EXPECT(t->status == 0, "%s: reader error: %s", what, t->error);
+    EXPECT(a->unmatched_frees == 0 && a->double_allocs == 0 && a->size_mismatches == 0,
+           "%s: unmatched frees %llu, double allocs %llu, size mismatches %llu", what,
+           (unsigned long long)a->unmatched_frees, (unsigned long long)a->double_allocs,
+           (unsigned long long)a->size_mismatches);
+    EXPECT(a->end_seen, "%s: no END record", what);
+    for (uint32_t i = 0; i < a->end_ndev; i++) {
+        const tr_end_dev_t *e = &a->end_devs[i];
+        const tr_acct_dev_t *d = &a->dev[e->dev];
+        EXPECT(e->nfields == CUA_TRACE_STAT_COUNT, "%s: END has %u fields", what, e->nfields);
+        EXPECT(!whole_run || (d->allocated_peak == e->v[CUA_TRACE_STAT_ALLOCATED_PEAK] &&
+                              d->requested_peak == e->v[CUA_TRACE_STAT_REQUESTED_PEAK] &&
+                              d->reserved_peak == e->v[CUA_TRACE_STAT_RESERVED_PEAK]),
+               "%s: dev %u peaks from the trace (req %llu, alloc %llu, resv %llu) differ from the heap's (%llu, %llu, %llu)",
+               what, e->dev, (unsigned long long)d->requested_peak, (unsigned long long)d->allocated_peak,
+               (unsigned long long)d->reserved_peak, (unsigned long long)e->v[CUA_TRACE_STAT_REQUESTED_PEAK],
+               (unsigned long long)e->v[CUA_TRACE_STAT_ALLOCATED_PEAK],
+               (unsigned long long)e->v[CUA_TRACE_STAT_RESERVED_PEAK]);
+        EXPECT(d->allocated == e->v[CUA_TRACE_STAT_ALLOCATED] && d->reserved == e->v[CUA_TRACE_STAT_RESERVED],
+               "%s: dev %u current allocated/reserved %llu/%llu, heap says %llu/%llu", what, e->dev,
+               (unsigned long long)d->allocated, (unsigned long long)d->reserved,
+               (unsigned long long)e->v[CUA_TRACE_STAT_ALLOCATED], (unsigned long long)e->v[CUA_TRACE_STAT_RESERVED]);
+    }
+}
+
+static void check_consistent(const trace_t *t, const char *what) { check_consistent_(t, what, true); }
+
+static off_t file_size(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? st.st_size : -1;
+}
+
+/* ---------------------------------------------------------------------------------- tests */
+
+static void test_expand_path(void)
+{
+    char out[512], want[512], host[256] = "";
+    gethostname(host, sizeof host - 1);
+    setenv("RANK", "3", 1);
+    EXPECT(trace_expand_path("/t/%p-%r-%h-%%-%x%", out, sizeof out) > 0, "expand");
+    snprintf(want, sizeof want, "/t/%d-3-%s-%%-%%x%%", (int)getpid(), host);
+    EXPECT(strcmp(out, want) == 0, "got %s want %s", out, want);
+    unsetenv("RANK");
+    setenv("LOCAL_RANK", "7", 1);
+    trace_expand_path("r%r", out, sizeof out);
+    EXPECT(strcmp(out, "r7") == 0, "got %s", out);
+    unsetenv("LOCAL_RANK");
+    trace_expand_path("r%r", out, sizeof out);
+    EXPECT(strcmp(out, "r0") == 0, "got %s", out);
+    EXPECT(trace_expand_path("%p%p%p", out, 4) == 0, "overflow must fail");
+    printf("ok   path expansion\n");
+}
+
+/* Every record type through the hooks, read back field by field. */
+static void roundtrip_body(void)
+{
+    char path[300];
+    path_of(path, sizeof path, "roundtrip.trace");
+    conf_t c = base_conf();
+    c.trace_stack_depth = 8;
+    EXPECT(api_trace_start(path, &c) == 0, "start: %s", msgs);
+    /* Devices 0 and 5 (5 has no heap: the hooks are driven directly), and 200. */
+    trace_on_device(5, "fake device five", 80 * GiB, 79 * GiB, 2 * MiB, false);
+    trace_on_device(200, "", 1 * GiB, 1 * GiB, 4096, true);
+    cua_stream s1 = (cua_stream)(uintptr_t)0x1234, s2 = (cua_stream)(uintptr_t)0xdeadbeef00ull;
+    uintptr_t base = 0x7f1000000000ull;
+    trace_on_map(5, base, 20 * MiB);
+    trace_capture_stack(0);
+    trace_on_alloc(5, s1, base, 4096, 4000);
+    trace_on_alloc(5, s2, base + 4096, 512, 512);           /* exact: no slack */
+    trace_on_alloc(5, s2, base - 512 * 7, 1536, 1);          /* backwards */
+    trace_on_alloc(200, NULL, 0x1001, 3, 3);                 /* unaligned: byte units */
+    trace_on_alloc(200, NULL, 0xffffffffffff0000ull, 65536, 65535);
+    trace_on_free(5, s1, base, 4096, 4000);
+    trace_on_free_requested(5, s2, base + 4096, 512);
+    trace_on_free_completed(5, s2, base + 4096, 512);
+    trace_on_trim(5);
+    trace_on_unmap(5, base, 20 * MiB);
+    trace_on_oom(5, s1, 123456789, 123457024, 79 * GiB, 5 * GiB, 6 * GiB, 77 * GiB, 1 * GiB);
+    trace_mark("step 1");
+    char long_label[3000];
+    memset(long_label, 'x', sizeof long_label - 1);
+    long_label[sizeof long_label - 1] = '\0';
+    trace_mark(long_label);
+    trace_on_initial_map(5, base + 64 * MiB, 2 * MiB);
+    trace_on_initial_block(5, s1, base + 64 * MiB, 1024, 1000);
+    /* Unknown record types, one of each kind: skipped, nothing after them disturbed. */
+    const uint8_t junk[] = {1, 2, 3, 4, 5};
+    EXPECT(trace_test_raw(false, 31, junk, sizeof junk), "raw meta");
+    EXPECT(trace_test_raw(true, 99, junk, sizeof junk), "raw event");
+    trace_on_alloc(5, s1, base + 8192, 1024, 1024);
+    cualloc_stats st;
+    memset(&st, 0, sizeof st);
+    st.requested_peak = 42;
+    st.num_trims = 7;
+    st.capacity_bytes = 79 * GiB;
+    const cualloc_stats *per[6] = {NULL, NULL, NULL, NULL, NULL, &st};
+    trace_stop(per, 6);
+    EXPECT(!trace_active(), "stopped");
+
+    trace_t t;
+    trace_read(path, &t);
+    EXPECT(t.status == 0, "reader error: %s", t.error);
+    /* Sequence numbers 1..n, no gap. */
+    for (size_t i = 0; i < t.n; i++)
+        EXPECT(t.recs[i].r.seq == i + 1, "record %zu has seq %llu", i, (unsigned long long)t.recs[i].r.seq);
+    const rec_t *x = nth_of(&t, CUA_TRACE_PROCESS, 0);
+    EXPECT(x && x->r.u.process.pid == (uint64_t)getpid() && x->r.u.process.ppid == (uint64_t)getppid(), "process");
+    EXPECT(x->r.u.process.clock == CUA_TRACE_CLOCK_COUNTER && x->r.u.process.realtime_ns > 0, "process clock");
+    EXPECT(strstr(x->s2, "test_trace") && strncmp(x->s3, "cualloc ", 8) == 0, "cmdline %s recorder %s", x->s2, x->s3);
+    x = nth_of(&t, CUA_TRACE_CONFIG, 0);
+    char conf_text[4096];
+    conf_format(&c, conf_text, sizeof conf_text);
+    EXPECT(x && strcmp(x->s1, conf_text) == 0, "config %s", x ? x->s1 : "-");
+    x = nth_of(&t, CUA_TRACE_DEVICE, 1); /* 0 may be the api's device 0 */
+    const rec_t *d5 = NULL, *d200 = NULL;
+    for (size_t i = 0; i < count_type(&t, CUA_TRACE_DEVICE); i++) {
+        x = nth_of(&t, CUA_TRACE_DEVICE, i);
+        if (x->r.u.device.dev == 5)
+            d5 = x;
+        if (x->r.u.device.dev == 200)
+            d200 = x;
+    }
+    EXPECT(d5 && strcmp(d5->s1, "fake device five") == 0 && d5->r.u.device.total == 80 * GiB &&
+               d5->r.u.device.capacity == 79 * GiB && d5->r.u.device.granularity == 2 * MiB &&
+               d5->r.u.device.mode == CUA_TRACE_MODE_CLASSIC,
+           "device 5");
+    EXPECT(d200 && d200->s1[0] == '\0' && d200->r.u.device.mode == CUA_TRACE_MODE_VMM, "device 200");
+    EXPECT(count_type(&t, CUA_TRACE_MODULE) >= 2, "modules");
+    bool self_module = false;
+    for (size_t i = 0; i < count_type(&t, CUA_TRACE_MODULE); i++) {
+        x = nth_of(&t, CUA_TRACE_MODULE, i);
+        EXPECT(x->r.u.module.start < x->r.u.module.end, "module range");
+        self_module |= strstr(x->s1, "test_trace") != NULL;
+    }
+    EXPECT(self_module, "the executable's module is recorded");
+    x = nth_of(&t, CUA_TRACE_THREAD, 0);
+    EXPECT(x && x->r.u.thread.id == 1 && x->r.u.thread.tid == (uint64_t)gettid(), "thread");
+    /* Streams: s1, s2, NULL in first-use order. */
+    EXPECT(count_type(&t, CUA_TRACE_STREAM) == 3, "3 streams, got %zu", count_type(&t, CUA_TRACE_STREAM));
+    EXPECT(nth_of(&t, CUA_TRACE_STREAM, 0)->r.u.stream.handle == 0x1234 &&
+               nth_of(&t, CUA_TRACE_STREAM, 1)->r.u.stream.handle == 0xdeadbeef00ull &&
+               nth_of(&t, CUA_TRACE_STREAM, 2)->r.u.stream.handle == 0,
+           "stream handles");
+    /* Events. */
+    const rec_t *a0 = nth_of(&t, CUA_TRACE_ALLOC, 0), *a1 = nth_of(&t, CUA_TRACE_ALLOC, 1),
+                *a2 = nth_of(&t, CUA_TRACE_ALLOC, 2), *a3 = nth_of(&t, CUA_TRACE_ALLOC, 3),
+                *a4 = nth_of(&t, CUA_TRACE_ALLOC, 4), *a5 = nth_of(&t, CUA_TRACE_ALLOC, 5);
+    EXPECT(a0 && a0->r.dev == 5 && a0->r.addr == base && a0->r.size == 4096 && a0->r.requested == 4000 &&
+               a0->r.stream == 1 && a0->r.thread == 1 && a0->r.stack != 0,
+           "alloc 0");
+    EXPECT(a1->r.addr == base + 4096 && a1->r.size == 512 && a1->r.requested == 512 && a1->r.stream == 2 &&
+               (a1->r.flags & CUA_TRACE_F_EXACT) && a1->r.stack == 0,
+           "alloc 1 (exact, no stack captured)");
+    EXPECT(a2->r.addr == base - 512 * 7 && a2->r.size == 1536 && a2->r.requested == 1, "alloc 2 (backwards)");
+    EXPECT(a3->r.dev == 200 && a3->r.addr == 0x1001 && a3->r.size == 3 && a3->r.requested == 3 &&
+               (a3->r.flags & CUA_TRACE_F_BYTES) && a3->r.stream == 3,
+           "alloc 3 (bytes)");
+    EXPECT(a4->r.addr == 0xffffffffffff0000ull && a4->r.size == 65536 && a4->r.requested == 65535, "alloc 4 (high)");
+    EXPECT(a5->r.dev == 5 && a5->r.addr == base + 8192 && a5->r.size == 1024, "alloc after unknown records");
+    const rec_t *f0 = nth_of(&t, CUA_TRACE_FREE, 0), *f1 = nth_of(&t, CUA_TRACE_FREE, 1);
+    EXPECT(f0 && f0->r.addr == base && f0->r.size == 4096 && f0->r.stream == 1 && (f0->r.flags & CUA_TRACE_F_COMPLETED),
+           "free 0 (completed at once)");
+    EXPECT(f1 && f1->r.addr == base + 4096 && f1->r.size == 512 && !(f1->r.flags & CUA_TRACE_F_COMPLETED), "free 1 (requested)");
+    x = nth_of(&t, CUA_TRACE_FREE_DONE, 0);
+    EXPECT(x && x->r.addr == base + 4096 && x->r.size == 512 && x->r.stream == 2, "free done");
+    x = nth_of(&t, CUA_TRACE_MAP, 0);
+    EXPECT(x && x->r.dev == 5 && x->r.addr == base && x->r.size == 20 * MiB, "map");
+    x = nth_of(&t, CUA_TRACE_UNMAP, 0);
+    EXPECT(x && x->r.addr == base && x->r.size == 20 * MiB, "unmap");
+    x = nth_of(&t, CUA_TRACE_TRIM, 0);
+    EXPECT(x && x->r.dev == 5, "trim");
+    x = nth_of(&t, CUA_TRACE_OOM, 0);
+    EXPECT(x && x->r.dev == 5 && x->r.stream == 1 && x->r.u.oom.requested == 123456789 &&
+               x->r.u.oom.rounded == 123457024 && x->r.u.oom.capacity == 79 * GiB && x->r.u.oom.allocated == 5 * GiB &&
+               x->r.u.oom.reserved == 6 * GiB && x->r.u.oom.device_free == 77 * GiB && x->r.u.oom.largest_free == 1 * GiB,
+           "oom");
+    x = nth_of(&t, CUA_TRACE_MARK, 0);
+    EXPECT(x && strcmp(x->s1, "step 1") == 0, "mark");
+    x = nth_of(&t, CUA_TRACE_MARK, 1);
+    EXPECT(x && strlen(x->s1) == 1024, "long mark cut to 1024, got %zu", strlen(x->s1));
+    x = nth_of(&t, CUA_TRACE_INIT_MAP, 0);
+    EXPECT(x && x->r.addr == base + 64 * MiB && x->r.size == 2 * MiB, "init map");
+    x = nth_of(&t, CUA_TRACE_INIT_BLOCK, 0);
+    EXPECT(x && x->r.addr == base + 64 * MiB && x->r.size == 1024 && x->r.requested == 1000 && x->r.stream == 1 &&
+               x->r.stack == 0,
+           "init block");
+    size_t unknown = 0;
+    for (size_t i = 0; i < t.n; i++)
+        if (!t.recs[i].r.known) {
+            unknown++;
+            EXPECT(t.recs[i].r.type == 31 || t.recs[i].r.type == 99, "unknown type %u", t.recs[i].r.type);
+        }
+    EXPECT(unknown == 2, "2 unknown records, got %zu", unknown);
+    x = nth_of(&t, CUA_TRACE_END, 0);
+    EXPECT(x && x == &t.recs[t.n - 1], "END last");
+    EXPECT(x->r.u.end.reason == CUA_TRACE_END_STOP && x->r.u.end.ndev == 1 && x->end[0].dev == 5 &&
+               x->end[0].nfields == CUA_TRACE_STAT_COUNT && x->end[0].v[CUA_TRACE_STAT_REQUESTED_PEAK] == 42 &&
+               x->end[0].v[CUA_TRACE_STAT_NUM_TRIMS] == 7 && x->end[0].v[CUA_TRACE_STAT_CAPACITY] == 79 * GiB,
+           "end");
+    /* Times: the counter clock, 1000 ns per event, nondecreasing. */
+    uint64_t last = 0;
+    for (size_t i = 0; i < t.n; i++)
+        if (t.recs[i].r.known && t.recs[i].r.type >= CUA_TRACE_FIRST_EVENT) {
+            EXPECT(t.recs[i].r.time_ns >= last && t.recs[i].r.time_ns % 1000 == 0, "time");
+            last = t.recs[i].r.time_ns;
+        }
+    /* Every record type was seen. */
+    for (int ty = CUA_TRACE_PROCESS; ty <= CUA_TRACE_END; ty++)
+        if (tr_type_name((uint8_t)ty) && ty != CUA_TRACE_PYFRAME)
+            EXPECT(count_type(&t, (uint8_t)ty) > 0, "no %s record", tr_type_name((uint8_t)ty));
+    trace_free(&t);
+}
+
+/* ---- stacks */
+
+EXPORT __attribute__((noinline)) void *site_alpha(size_t n);
+EXPORT __attribute__((noinline)) void *site_beta(size_t n);
+EXPORT __attribute__((noinline)) void *site_deep(int depth, size_t n);
+void *site_alpha(size_t n)
+{
+    void *p = cualloc_malloc(n, 0, NULL);
+    __asm__ volatile("" ::: "memory"); /* no tail call */
+    return p;
+}
+void *site_beta(size_t n)
+{
+    void *p = cualloc_malloc(n, 0, NULL);
+    __asm__ volatile("" ::: "memory");
+    return p;
+}
+void *site_deep(int depth, size_t n)
+{
+    void *p = depth > 0 ? site_deep(depth - 1, n) : cualloc_malloc(n, 0, NULL);
+    __asm__ volatile("" ::: "memory");
+    return p;
+}
+
+static const char *frame_symbol(uint64_t ret_addr)
+{
+    Dl_info info;
+    if (!dladdr((void *)(uintptr_t)(ret_addr - 1), &info) || !info.dli_sname)
+        return "?";
+    return info.dli_sname;
+}
+
+static void stacks_body(void)
+{
+    char path[300];
+    path_of(path, sizeof path, "stacks.trace");
+    EXPECT(cualloc_trace_start(path) == 0, "start: %s", msgs);
+    void *p[8];
+    volatile int twice = 2; /* a loop the compiler cannot unroll: one call site, twice */
+    for (int i = 0; i < twice; i++) {
+        p[i * 2] = site_alpha(1000 + (size_t)i * 1000);
+        if (i == 0)
+            p[1] = site_beta(1000);
+    }
+    p[3] = site_deep(40, 512);
+    /* Python frames: three, innermost first; once with co_qualname, once without. */
+    fobj_t n1 = {F_STR, "train_step", 0, 0, 0, 0, 0}, f1 = {F_STR, "/job/train.py", 0, 0, 0, 0, 0};
+    fobj_t n2 = {F_STR, "Model.forward", 0, 0, 0, 0, 0}, f2 = {F_STR, "/job/model.py", 0, 0, 0, 0, 0};
+    fobj_t c1 = {F_CODE, NULL, 0, 0, 0, &n1, &f1}, c2 = {F_CODE, NULL, 0, 0, 0, &n2, &f2};
+    fobj_t outer = {F_FRAME, NULL, 10, NULL, &c1, 0, 0};
+    fobj_t mid = {F_FRAME, NULL, 42, &outer, &c2, 0, 0};
+    fobj_t inner = {F_FRAME, NULL, 43, &mid, &c2, 0, 0};
+    fake_top = &inner;
+    fake_gil = 1;
+    for (int i = 0; i < twice; i++) {
+        fake_no_qualname = i == 1;
+        p[4 + i] = site_alpha(3000);
+    }
+    fake_gil = 0;
+    EXPECT(atomic_load(&fake_refs) == 0, "%d Python references not released", atomic_load(&fake_refs));
+    for (int i = 0; i < 6; i++)
+        cualloc_free(p[i], NULL);
+    cualloc_trace_stop();
+
+    trace_t t;
+    trace_read(path, &t);
+    EXPECT(t.status == 0, "reader: %s", t.error);
+    const rec_t *a[6];
+    for (int i = 0; i < 6; i++) {
+        a[i] = nth_of(&t, CUA_TRACE_ALLOC, (size_t)i);
+        EXPECT(a[i] && a[i]->nframes > 0, "alloc %d has a stack", i);
+        EXPECT(a[i]->frames[0].kind == CUA_TRACE_FRAME_NATIVE, "innermost frame is native");
+    }
+    EXPECT(strcmp(frame_symbol(a[0]->frames[0].addr), "site_alpha") == 0, "innermost frame of alloc 0 is %s",
+           frame_symbol(a[0]->frames[0].addr));
+    EXPECT(strcmp(frame_symbol(a[1]->frames[0].addr), "site_beta") == 0, "innermost frame of alloc 1 is %s",
+           frame_symbol(a[1]->frames[0].addr));
+    EXPECT(a[0]->r.stack != a[1]->r.stack, "different call sites, different stacks");
+    EXPECT(a[0]->r.stack == a[2]->r.stack, "same call site, same stack id (dedup)");
+    EXPECT(a[3]->nframes == 16, "depth limit: %zu native frames, want 16", a[3]->nframes);
+    for (size_t i = 0; i < 16; i++)
+        EXPECT(strcmp(frame_symbol(a[3]->frames[i].addr), "site_deep") == 0, "deep frame %zu is %s", i,
+               frame_symbol(a[3]->frames[i].addr));
+    /* With the GIL: the native part first (innermost), then the Python frames, outermost last. */
+    EXPECT(a[4]->nframes == a[0]->nframes + 3, "python frames added: %zu vs %zu", a[4]->nframes, a[0]->nframes);
+    size_t nn = a[0]->nframes;
+    EXPECT(a[4]->frames[nn].kind == CUA_TRACE_FRAME_PYTHON && a[4]->frames[nn].line == 43 &&
+               a[4]->frames[nn + 1].line == 42 && a[4]->frames[nn + 2].line == 10 &&
+               a[4]->frames[nn + 2].kind == CUA_TRACE_FRAME_PYTHON,
+           "python frames in order");
+    EXPECT(strcmp(a[4]->s1, "Model.forward") == 0 && strcmp(a[4]->s2, "/job/model.py") == 0, "python names %s %s",
+           a[4]->s1, a[4]->s2);
+    EXPECT(a[5]->r.stack == a[4]->r.stack, "co_name fallback gives the same frames (names equal here)");
+    EXPECT(count_type(&t, CUA_TRACE_PYFRAME) == 3, "3 python frames defined, got %zu", count_type(&t, CUA_TRACE_PYFRAME));
+    check_consistent(&t, "stacks");
+    trace_free(&t);
+
+    /* trace_stack_depth:0: no stacks, no modules. */
+    path_of(path, sizeof path, "nostacks.trace");
+    conf_t c = base_conf();
+    c.trace_stack_depth = 0;
+    EXPECT(api_trace_start(path, &c) == 0, "start");
+    cualloc_free(site_alpha(100), NULL);
+    cualloc_trace_stop();
+    trace_read(path, &t);
+    EXPECT(t.status == 0 && count_type(&t, CUA_TRACE_STACK) == 0 && count_type(&t, CUA_TRACE_MODULE) == 0 &&
+               nth_of(&t, CUA_TRACE_ALLOC, 0)->r.stack == 0,
+           "depth 0");
+    trace_free(&t);
+}
+
+/* A trace started mid-run: the live blocks and mapped memory first, then events. */
+static void midrun_body(void)
+{
+    void *before[20];
+    for (int i = 0; i < 20; i++)
+        before[i] = cualloc_malloc((size_t)(i + 1) * 100000, i % 2, (void *)(uintptr_t)(i % 3));
+    for (int i = 0; i < 20; i += 3) {
+        cualloc_free(before[i], NULL);
+        before[i] = NULL;
+    }
+    char path[300];
+    path_of(path, sizeof path, "midrun.trace");
+    EXPECT(cualloc_trace_start(path) == 0, "start");
+    EXPECT(cualloc_trace_start(path) == -1, "a second start is refused");
+    for (int i = 0; i < 20; i++)
+        cualloc_free(before[i], NULL);
+    void *q = cualloc_malloc(12345, 1, NULL);
+    cualloc_free(q, NULL);
+    cualloc_trace_stop();
+    trace_t t;
+    trace_read(path, &t);
+    EXPECT(count_type(&t, CUA_TRACE_INIT_BLOCK) == 13, "13 live blocks, got %zu", count_type(&t, CUA_TRACE_INIT_BLOCK));
+    EXPECT(count_type(&t, CUA_TRACE_INIT_MAP) >= 2, "mapped ranges of both devices");
+    EXPECT(count_type(&t, CUA_TRACE_FREE) == 14 && count_type(&t, CUA_TRACE_ALLOC) == 1, "events after the start");
+    /* INIT records come before any event. */
+    bool event_seen = false;
+    for (size_t i = 0; i < t.n; i++) {
+        uint8_t ty = t.recs[i].r.type;
+        if (ty == CUA_TRACE_ALLOC || ty == CUA_TRACE_FREE)
+            event_seen = true;
+        if (ty == CUA_TRACE_INIT_BLOCK || ty == CUA_TRACE_INIT_MAP)
+            EXPECT(!event_seen, "INIT record after an event");
+    }
+    check_consistent_(&t, "midrun", false);
+    trace_free(&t);
+}
+
+/* Classic segments are recorded as maps and unmaps (trim releases them). Exported: the OOM's
+ * stack is checked to start here. */
+EXPORT __attribute__((noinline)) void classic_body(void);
+void classic_body(void)
+{
+    char path[300];
+    path_of(path, sizeof path, "classic.trace");
+    EXPECT(cualloc_trace_start(path) == 0, "start");
+    void *p = cualloc_malloc(5 * MiB, 0, NULL), *q = cualloc_malloc(100, 0, NULL);
+    cualloc_free(p, NULL);
+    cualloc_free(q, NULL);
+    cualloc_trim(0);
+    void *big = cualloc_malloc(100 * GiB, 0, NULL); /* OOM */
+    EXPECT(big == NULL, "OOM");
+    cualloc_trace_stop();
+    trace_t t;
+    trace_read(path, &t);
+    EXPECT(count_type(&t, CUA_TRACE_MAP) == 2 && count_type(&t, CUA_TRACE_UNMAP) == 2, "2 segments mapped and unmapped");
+    EXPECT(nth_of(&t, CUA_TRACE_MAP, 0)->r.size == 20 * MiB && nth_of(&t, CUA_TRACE_MAP, 1)->r.size == 2 * MiB,
+           "PyTorch's segment sizes");
+    const rec_t *o = nth_of(&t, CUA_TRACE_OOM, 0);
+    EXPECT(o && o->r.u.oom.requested == 100 * GiB && o->r.u.oom.capacity == 256 * MiB && o->nframes > 0 &&
+               strcmp(frame_symbol(o->frames[0].addr), "classic_body") == 0,
+           "OOM record with its stack");
+    const rec_t *d = nth_of(&t, CUA_TRACE_DEVICE, 0);
+    EXPECT(d->r.u.device.mode == CUA_TRACE_MODE_CLASSIC, "classic mode recorded");
+    check_consistent(&t, "classic");
+    trace_free(&t);
+}
+
+/* ---- threads */
+
+#define NTHREADS 6
+#define PER_THREAD 4000
+
+static void *thread_main(void *arg)
+{
+    rng_t r = {seed ^ (uint64_t)(uintptr_t)arg * 7919};
+    void *live[64] = {0};
+    cua_stream s = (cua_stream)(uintptr_t)((uintptr_t)arg % 3);
+    int dev = (int)((uintptr_t)arg % 2);
+    for (int i = 0; i < PER_THREAD; i++) {
+        int k = (int)rng_below(&r, 64);
+        if (live[k]) {
+            cualloc_free(live[k], s);
+            live[k] = NULL;
+        } else {
+            live[k] = cualloc_malloc(rng_tensor_size(&r, 8 * MiB), dev, s);
+            EXPECT(live[k], "alloc failed");
+        }
+        if (i % 1000 == 0)
+            cualloc_mark("tick");
+    }
+    for (int k = 0; k < 64; k++)
+        cualloc_free(live[k], s);
+    return NULL;
+}
+
+static void threads_body(void)
+{
+    char path[300];
+    path_of(path, sizeof path, "threads.trace");
+    EXPECT(cualloc_trace_start(path) == 0, "start");
+    pthread_t th[NTHREADS];
+    for (uintptr_t i = 0; i < NTHREADS; i++)
+        pthread_create(&th[i], NULL, thread_main, (void *)i);
+    for (int i = 0; i < NTHREADS; i++)
+        pthread_join(th[i], NULL);
+    cualloc_stats s0, s1;
+    cualloc_get_stats(0, &s0);
+    cualloc_get_stats(1, &s1);
+    cualloc_trace_stop();
+    trace_t t;
+    trace_read(path, &t);
+    check_consistent(&t, "threads");
+    EXPECT(t.acct.num_allocs == s0.num_allocs + s1.num_allocs && t.acct.num_frees == s0.num_frees + s1.num_frees,
+           "allocs %llu frees %llu vs heap %llu %llu", (unsigned long long)t.acct.num_allocs,
+           (unsigned long long)t.acct.num_frees, (unsigned long long)(s0.num_allocs + s1.num_allocs),
+           (unsigned long long)(s0.num_frees + s1.num_frees));
+    EXPECT(t.acct.live_count == 0, "nothing live at the end");
+    EXPECT(count_type(&t, CUA_TRACE_THREAD) == NTHREADS + 1, "%zu threads", count_type(&t, CUA_TRACE_THREAD));
+    EXPECT(count_type(&t, CUA_TRACE_MARK) == NTHREADS * (PER_THREAD / 1000), "marks");
+    /* Each thread's events carry its own id; every thread id has events. */
+    size_t per[NTHREADS + 2] = {0};
+    for (size_t i = 0; i < t.n; i++)
+        if (t.recs[i].r.type == CUA_TRACE_ALLOC && t.recs[i].r.thread <= NTHREADS + 1)
+            per[t.recs[i].r.thread]++;
+    size_t with = 0;
+    for (int i = 1; i <= NTHREADS + 1; i++)
+        with += per[i] > 0;
+    EXPECT(with == NTHREADS, "%zu threads have allocs", with);
+    trace_free(&t);
+}
+
+/* ---- file safety */
+
+static void test_symlink_refused(void)
+{
+    char path[300], target[300];
+    path_of(path, sizeof path, "planted.trace");
+    path_of(target, sizeof target, "victim.txt");
+    int fd = open(target, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    EXPECT(fd >= 0 && write(fd, "precious\n", 9) == 9, "victim");
+    close(fd);
+    EXPECT(symlink(target, path) == 0, "symlink: %s", strerror(errno));
+    msgs_clear();
+    EXPECT(cualloc_trace_start(path) == -1, "a symlink at the path must be refused");
+    EXPECT(strstr(msgs, "symbolic link"), "message: %s", msgs);
+    EXPECT(file_size(target) == 9, "the link's target is untouched");
+    char alt[320];
+    snprintf(alt, sizeof alt, "%s.1", path);
+    EXPECT(access(alt, F_OK) != 0, "no fallback file next to a planted link");
+    /* A dangling link too. */
+    path_of(path, sizeof path, "dangling.trace");
+    path_of(target, sizeof target, "nonexistent/nowhere");
+    EXPECT(symlink(target, path) == 0, "symlink");
+    EXPECT(cualloc_trace_start(path) == -1, "a dangling symlink must be refused");
+    EXPECT(!trace_active(), "not tracing");
+    printf("ok   symlink refused\n");
+}
+
+static void test_existing_kept(void)
+{
+    char path[300], alt[320];
+    path_of(path, sizeof path, "existing.trace");
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    EXPECT(fd >= 0 && write(fd, "old trace", 9) == 9, "existing");
+    close(fd);
+    msgs_clear();
+    EXPECT(cualloc_trace_start(path) == 0, "start");
+    cualloc_free(cualloc_malloc(100, 0, NULL), NULL);
+    char now[320];
+    trace_path(now, sizeof now);
+    cualloc_trace_stop();
+    snprintf(alt, sizeof alt, "%s.1", path);
+    EXPECT(strcmp(now, alt) == 0, "wrote %s, want %s", now, alt);
+    EXPECT(strstr(msgs, "exists") && strstr(msgs, alt), "message: %s", msgs);
+    EXPECT(file_size(path) == 9, "the existing file is untouched");
+    struct stat st;
+    EXPECT(stat(alt, &st) == 0 && (st.st_mode & 0777) == 0600, "created 0600 (mode %o)", st.st_mode & 0777);
+    /* Again: .2 */
+    EXPECT(cualloc_trace_start(path) == 0, "start again");
+    trace_path(now, sizeof now);
+    cualloc_trace_stop();
+    snprintf(alt, sizeof alt, "%s.2", path);
+    EXPECT(strcmp(now, alt) == 0, "wrote %s, want %s", now, alt);
+    printf("ok   existing file kept\n");
+}
+
+/* ---- size bounds */
+
+static void limit_body(void)
+{
+    char path[300];
+    path_of(path, sizeof path, "limit.trace");
+    conf_t c = base_conf();
+    c.trace_max = 1 * MiB;
+    msgs_clear();
+    EXPECT(api_trace_start(path, &c) == 0, "start");
+    rng_t r = {seed};
+    uint64_t pairs = 0;
+    while (trace_active() && pairs < 10000000) {
+        void *p = site_alpha(rng_tensor_size(&r, 4 * MiB));
+        cualloc_free(p, NULL);
+        pairs++;
+    }
+    EXPECT(!trace_active(), "the limit stopped tracing");
+    EXPECT(strstr(msgs, "trace_max_mb"), "message: %s", msgs);
+    for (int i = 0; i < 100; i++) /* allocation goes on */
+        cualloc_free(site_alpha(1000), NULL);
+    EXPECT(file_size(path) <= (off_t)MiB, "file %lld bytes", (long long)file_size(path));
+    trace_t t;
+    trace_read(path, &t);
+    EXPECT(t.status == 0 && t.acct.end_seen && t.acct.end_reason == CUA_TRACE_END_LIMIT, "END(limit): %s", t.error);
+    EXPECT(t.acct.num_allocs > 20000 && t.acct.num_allocs <= pairs, "%llu allocs recorded of %llu",
+           (unsigned long long)t.acct.num_allocs, (unsigned long long)pairs);
+    EXPECT(t.acct.unmatched_frees == 0, "consistent prefix");
+    trace_free(&t);
+}
+
+static void ring_body(void)
+{
+    char path[300];
+    path_of(path, sizeof path, "ring.trace");
+    conf_t c = base_conf();
+    c.trace_max = 1 * MiB;
+    c.trace_ring = true;
+    EXPECT(api_trace_start(path, &c) == 0, "start");
+    rng_t r = {seed};
+    void *keep = cualloc_malloc(777, 0, NULL);
+    char label[32];
+    int marks = 0;
+    for (int i = 0; i < 300000; i++) {
+        void *p = i % 2 ? site_alpha(rng_tensor_size(&r, 4 * MiB)) : site_beta(rng_tensor_size(&r, 4 * MiB));
+        cualloc_free(p, NULL);
+        if (i % 5000 == 0) {
+            snprintf(label, sizeof label, "mark %d", marks++);
+            cualloc_mark(label);
+        }
+    }
+    cualloc_free(keep, NULL);
+    EXPECT(trace_active(), "a ring never stops");
+    cualloc_trace_stop();
+    EXPECT(file_size(path) <= (off_t)MiB, "file %lld bytes", (long long)file_size(path));
+    trace_t t;
+    trace_read(path, &t);
+    EXPECT(t.status == 0, "reader: %s", t.error);
+    EXPECT(t.info.ring && t.info.overwritten, "overwritten ring");
+    EXPECT(t.acct.end_seen && t.acct.end_reason == CUA_TRACE_END_STOP, "END");
+    /* Definitions survive: the stacks and thread of the newest events are known. */
+    const rec_t *last_alloc = NULL;
+    for (size_t i = 0; i < t.n; i++)
+        if (t.recs[i].r.type == CUA_TRACE_ALLOC)
+            last_alloc = &t.recs[i];
+    EXPECT(last_alloc && last_alloc->nframes > 0 && last_alloc->r.thread == 1, "stacks survive the ring");
+    EXPECT(count_type(&t, CUA_TRACE_PROCESS) == 1 && count_type(&t, CUA_TRACE_CONFIG) == 1, "process and config kept");
+    /* The newest events are there: the last mark, then the free of `keep` (an unmatched free:
+     * its alloc was overwritten). */
+    const rec_t *m = NULL;
+    for (size_t i = 0; i < t.n; i++)
+        if (t.recs[i].r.type == CUA_TRACE_MARK)
+            m = &t.recs[i];
+    snprintf(label, sizeof label, "mark %d", marks - 1);
+    EXPECT(m && strcmp(m->s1, label) == 0, "last mark %s", m ? m->s1 : "-");
+    EXPECT(t.acct.unmatched_frees >= 1, "the free of a block allocated before the window");
+    /* Events are contiguous in sequence from the oldest surviving one. */
+    uint64_t prev = 0;
+    for (size_t i = 0; i < t.n; i++) {
+        EXPECT(t.recs[i].r.seq > prev, "sequence increases");
+        prev = t.recs[i].r.seq;
+    }
+    EXPECT(t.acct.num_allocs < 300000 && t.acct.num_allocs > 10000, "%llu allocs in the window",
+           (unsigned long long)t.acct.num_allocs);
+    trace_free(&t);
+}
+
+/* ---- fork */
+
+static void fork_body(bool with_pid)
+{
+    char tmpl[300], path[300];
+    path_of(tmpl, sizeof tmpl, with_pid ? "fork-%p.trace" : "fork-nopid.trace");
+    EXPECT(cualloc_trace_start(tmpl) == 0, "start");
+    trace_path(path, sizeof path);
+    cualloc_free(cualloc_malloc(100, 0, NULL), NULL);
+    fflush(stdout);
+    pid_t pid = fork();
+    EXPECT(pid >= 0, "fork");
+    if (pid == 0) {
+        for (int i = 0; i < 50; i++)
+            cualloc_free(cualloc_malloc(1000, 0, NULL), NULL);
+        exit(0); /* atexit writes the child's END */
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child failed");
+    for (int i = 0; i < 5; i++)
+        cualloc_free(cualloc_malloc(2000, 0, NULL), NULL);
+    cualloc_trace_stop();
+    trace_t t;
+    trace_read(path, &t);
+    check_consistent(&t, "parent after fork");
+    EXPECT(t.acct.num_allocs == 6, "the parent's file has the parent's 6 allocs, got %llu",
+           (unsigned long long)t.acct.num_allocs);
+    trace_free(&t);
+    char child[300], name[64];
+    snprintf(name, sizeof name, "fork-%d.trace", (int)pid);
+    path_of(child, sizeof child, name);
+    if (with_pid) {
+        trace_read(child, &t);
+        check_consistent(&t, "child");
+        EXPECT(t.acct.num_allocs == 50, "the child's own file has its 50 allocs, got %llu",
+               (unsigned long long)t.acct.num_allocs);
+        EXPECT(nth_of(&t, CUA_TRACE_PROCESS, 0)->r.u.process.pid == (uint64_t)pid, "child pid");
+        trace_free(&t);
+    } else {
+        char alt[320];
+        snprintf(alt, sizeof alt, "%s.1", path);
+        EXPECT(access(alt, F_OK) != 0 && access(child, F_OK) != 0, "the child wrote no file");
+    }
+}
+
+static void fork_pid_body(void) { fork_body(true); }
+static void fork_nopid_body(void) { fork_body(false); }
+
+/* ---- a file system that fills up: the file size limit, without SIGXFSZ or SIGBUS */
+
+static void full_body(void)
+{
+    struct rlimit rl = {400 * 1024, 400 * 1024};
+    EXPECT(setrlimit(RLIMIT_FSIZE, &rl) == 0, "setrlimit");
+    char path[300];
+    path_of(path, sizeof path, "full.trace");
+    msgs_clear();
+    EXPECT(cualloc_trace_start(path) == 0, "start");
+    rng_t r = {seed};
+    int pairs = 0;
+    while (trace_active() && pairs < 5000000) {
+        cualloc_free(site_beta(rng_tensor_size(&r, MiB)), NULL);
+        pairs++;
+    }
+    EXPECT(!trace_active() && strstr(msgs, "cannot grow"), "tracing stopped with a message: %s", msgs);
+    trace_t t;
+    trace_read(path, &t);
+    EXPECT(t.status == 0 && t.acct.end_seen && t.acct.end_reason == CUA_TRACE_END_ERROR, "END(write_error): %s",
+           t.error);
+    EXPECT(t.acct.unmatched_frees == 0 && t.acct.num_allocs > 1000, "a consistent prefix");
+    trace_free(&t);
+}
+
+/* ---- signal handlers that record while their thread is inside the recorder: a mark from a
+ * handler that interrupted the recorder is dropped and counted, never deadlocked. (A handler may
+ * not allocate: the heap lock is not signal-safe; the recorder's writing is.) */
+
+static volatile sig_atomic_t handled;
+static void on_alarm(int sig)
+{
+    (void)sig;
+    cualloc_mark("signal");
+    handled++;
+}
+
+static void signal_body(void)
+{
+    char path[300];
+    path_of(path, sizeof path, "signal.trace");
+    EXPECT(cualloc_trace_start(path) == 0, "start");
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_alarm;
+    sigaction(SIGALRM, &sa, NULL);
+    struct itimerval it = {{0, 20}, {0, 20}};
+    setitimer(ITIMER_REAL, &it, NULL);
+    for (int i = 0; i < 400000 && handled < 3000; i++)
+        cualloc_free(site_alpha(512 + (size_t)(i % 64) * 512), NULL);
+    struct itimerval off = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_REAL, &off, NULL);
+    signal(SIGALRM, SIG_IGN);
+    cualloc_trace_stop();
+    trace_t t;
+    trace_read(path, &t);
+    check_consistent(&t, "signal");
+    EXPECT(count_type(&t, CUA_TRACE_MARK) + t.acct.end_dropped == (uint64_t)handled,
+           "%zu marks recorded + %llu dropped != %d handled", count_type(&t, CUA_TRACE_MARK),
+           (unsigned long long)t.acct.end_dropped, (int)handled);
+    printf("     (%d signals: %zu marks recorded, %llu dropped inside the recorder)\n", (int)handled,
+           count_type(&t, CUA_TRACE_MARK), (unsigned long long)t.acct.end_dropped);
+    trace_free(&t);
+}
+
+/* ---- robustness of the reader */
+
+static uint8_t *slurp(const char *path, size_t *len)
+{
+    int fd = open(path, O_RDONLY);
+    EXPECT(fd >= 0, "open %s", path);
+    off_t n = lseek(fd, 0, SEEK_END);
+    uint8_t *buf = malloc((size_t)n + 1);
+    EXPECT(buf && pread(fd, buf, (size_t)n, 0) == n, "read %s", path);
+    close(fd);
+    *len = (size_t)n;
+    return buf;
+}
+
+typedef struct mini { uint64_t seq, offset; uint8_t type; uint32_t length; } mini_t;
+
+/* Reads bytes in memory to the end; returns the record count and fills out (up to max). */
+static size_t read_mem(const uint8_t *buf, size_t len, mini_t *out, size_t max, int *status)
+{
+    char err[256];
+    tr_reader_t *r = tr_open_mem(buf, len, err, sizeof err);
+    *status = r ? 0 : -2;
+    if (!r)
+        return 0;
+    tr_acct_t *a = malloc(sizeof *a);
+    tr_acct_init(a);
+    tr_record_t rec;
+    size_t n = 0;
+    int k;
+    char line[4096];
+    uint64_t prev = 0;
+    while ((k = tr_next(r, &rec)) > 0) {
+        EXPECT(rec.seq > prev, "sequence numbers increase");
+        prev = rec.seq;
+        tr_acct_add(a, &rec);
+        tr_format(r, &rec, 0, line, sizeof line);
+        if (rec.known && (rec.type == CUA_TRACE_ALLOC || rec.type == CUA_TRACE_OOM)) {
+            tr_frame_t fr[70];
+            tr_stack_frames(r, rec.stack, fr, 70);
+        }
+        if (n < max)
+            out[n] = (mini_t){rec.seq, rec.offset, rec.type, rec.length};
+        n++;
+    }
+    *status = k;
+    tr_acct_free(a);
+    free(a);
+    tr_close(r);
+    return n;
+}
+
+static void robustness_body(void)
+{
+    char path[300];
+    path_of(path, sizeof path, "small.trace");
+    trace_set_block_size(4096);
+    conf_t c = base_conf();
+    c.trace_stack_depth = 6;
+    EXPECT(api_trace_start(path, &c) == 0, "start");
+    trace_set_block_size(0);
+    rng_t r = {seed};
+    void *live[16] = {0};
+    for (int i = 0; i < 600; i++) {
+        int k = (int)rng_below(&r, 16);
+        if (live[k]) {
+            cualloc_free(live[k], NULL);
+            live[k] = NULL;
+        } else {
+            live[k] = i % 3 ? site_alpha(rng_tensor_size(&r, 2 * MiB)) : site_beta(rng_tensor_size(&r, 2 * MiB));
+        }
+        if (i % 100 == 0)
+            cualloc_mark("phase");
+    }
+    for (int k = 0; k < 16; k++)
+        cualloc_free(live[k], NULL);
+    cualloc_trim(0);
+    cualloc_trace_stop();
+    size_t len;
+    uint8_t *buf = slurp(path, &len);
+    static mini_t full[20000], part[20000];
+    int st;
+    size_t nfull = read_mem(buf, len, full, 20000, &st);
+    EXPECT(st == 0 && nfull > 600 && nfull < 20000, "full read: %zu records, status %d", nfull, st);
+    printf("     small trace: %zu bytes, %zu records\n", len, nfull);
+
+    /* Truncation at every offset: a prefix of each kind's records, never a crash. */
+    uint8_t *copy = malloc(len);
+    for (size_t cut = 0; cut <= len; cut++) {
+        memcpy(copy, buf, cut);
+        size_t n = read_mem(copy, cut, part, 20000, &st);
+        EXPECT(st >= 0 || st == -2, "cut %zu: a truncated file is not corrupt (status %d)", cut, st);
+        size_t j = 0;
+        for (size_t i = 0; i < n; i++) {
+            while (j < nfull && full[j].seq < part[i].seq)
+                j++;
+            EXPECT(j < nfull && full[j].seq == part[i].seq && full[j].offset == part[i].offset &&
+                       full[j].type == part[i].type && full[j].length == part[i].length,
+                   "cut %zu: record %zu (seq %llu) is not in the full trace", cut, i, (unsigned long long)part[i].seq);
+            EXPECT(part[i].offset + part[i].length <= cut, "cut %zu: a record past the cut", cut);
+        }
+    }
+    printf("     truncated at all %zu offsets\n", len + 1);
+
+    /* Random byte flips (1 to 4 per try), in the used parts: errors or prefixes, never crashes. */
+    int errors = 0, clean = 0;
+    for (int iter = 0; iter < 20000; iter++) {
+        memcpy(copy, buf, len);
+        int flips = 1 + (int)rng_below(&r, 4);
+        for (int f = 0; f < flips; f++) {
+            size_t at = (size_t)rng_below(&r, len);
+            copy[at] ^= (uint8_t)(1 + rng_below(&r, 255));
+        }
+        read_mem(copy, len, part, 20000, &st);
+        if (st < 0)
+            errors++;
+        else
+            clean++;
+    }
+    printf("     20000 flipped copies: %d rejected with an error, %d read to the end\n", errors, clean);
+    /* A newer major version is refused, naming both versions. */
+    memcpy(copy, buf, len);
+    copy[CUA_TRACE_OFF_MAJOR] = 2;
+    char err[256];
+    EXPECT(!tr_open_mem(copy, len, err, sizeof err) && strstr(err, "2.0") && strstr(err, "1.0"), "newer: %s", err);
+    /* Not a trace. */
+    EXPECT(!tr_open_mem("hello world, this is not a trace at all....", 44, err, sizeof err) && strstr(err, "not a cualloc trace"),
+           "%s", err);
+    free(copy);
+    free(buf);
+}
+
+/* ------------------------------------------------------------------------------ the corpus */
+
+/* Writes small real traces (4 KiB blocks) for the fuzzer's seed corpus. */
+static void write_corpus(const char *out)
+{
+    trace_set_block_size(4096);
+    conf_t c = base_conf();
+    char path[512];
+    struct { const char *name; unsigned depth; size_t max; bool ring; int events; bool py; } v[] = {
+        {"tiny", 0, 0, false, 10, false},
+        {"stacks", 6, 0, false, 200, false},
+        {"python", 4, 0, false, 60, true},
+        {"ring", 2, 24 * 1024, true, 3000, false},
+        {"limit", 2, 24 * 1024, false, 3000, false},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", out, v[i].name);
+        unlink(path);
+        c.trace_stack_depth = v[i].depth;
+        c.trace_max = v[i].max;
+        c.trace_ring = v[i].ring;
+        EXPECT(api_trace_start(path, &c) == 0, "start %s", path);
+        fobj_t n1 = {F_STR, "step", 0, 0, 0, 0, 0}, f1 = {F_STR, "t.py", 0, 0, 0, 0, 0};
+        fobj_t c1 = {F_CODE, NULL, 0, 0, 0, &n1, &f1};
+        fobj_t fr = {F_FRAME, NULL, 7, NULL, &c1, 0, 0};
+        fake_top = &fr;
+        fake_gil = v[i].py;
+        rng_t r = {1234 + i};
+        void *live[8] = {0};
+        for (int e = 0; e < v[i].events; e++) {
+            int k = (int)rng_below(&r, 8);
+            if (live[k]) {
+                cualloc_free(live[k], (void *)(uintptr_t)(k % 2));
+                live[k] = NULL;
+            } else {
+                live[k] = site_alpha(rng_tensor_size(&r, 2 * MiB));
+            }
+            if (e % 50 == 0)
+                cualloc_mark("m");
+        }
+        fake_gil = 0;
+        if (i == 1) {
+            const uint8_t junk[] = {9, 9};
+            trace_test_raw(true, 77, junk, 2);
+            cualloc_trim(0);
+            cualloc_malloc(1000 * GiB, 0, NULL);
+        }
+        for (int k = 0; k < 8; k++)
+            cualloc_free(live[k], NULL);
+        cualloc_trace_stop();
+        printf("wrote %s (%lld bytes)\n", path, (long long)file_size(path));
+    }
+    trace_set_block_size(0);
+}
+
+/* ------------------------------------------------------------------------------------ main */
+
+static void rm_tree(const char *d)
+{
+    DIR *dp = opendir(d);
+    if (!dp)
+        return;
+    struct dirent *e;
+    char p[600];
+    while ((e = readdir(dp))) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(p, sizeof p, "%s/%s", d, e->d_name);
+        unlink(p);
+    }
+    closedir(dp);
+    rmdir(d);
+}
+
+static void roundtrip_child(void) { roundtrip_body(); }
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc == 3 && strcmp(argv[1], "--corpus") == 0) {
+        setenv("CUALLOC_CONF", "driver:sim,sim_memory_mb:256,trace_stack_depth:4", 1);
+        write_corpus(argv[2]);
+        return 0;
+    }
+    if (argc == 2)
+        filter = argv[1];
+    seed = test_seed("test_trace");
+    snprintf(dir, sizeof dir, "/tmp/cualloc-test-trace-XXXXXX");
+    EXPECT(mkdtemp(dir), "mkdtemp");
+    error_set_callback(capture, NULL);
+    const char *sim = "driver:sim,sim_devices:2,sim_memory_mb:256,trace_stack_depth:16";
+    setenv("CUALLOC_CONF", sim, 1);
+
+    if (!filter)
+        test_expand_path();
+    in_child("round trip of every record type", sim, roundtrip_child);
+    in_child("stacks: call sites, depth, Python frames", sim, stacks_body);
+    in_child("trace started mid-run", sim, midrun_body);
+    in_child("classic segments, trim, OOM", "driver:sim,sim_memory_mb:256,expandable_segments:False", classic_body);
+    in_child("concurrent threads", sim, threads_body);
+    in_child("trace_max_mb stops", sim, limit_body);
+    in_child("trace_max_mb with trace_ring keeps the newest", sim, ring_body);
+    in_child("fork: the child writes its own file (%p)", sim, fork_pid_body);
+    in_child("fork: the child stops (no %p)", sim, fork_nopid_body);
+    in_child("full file system (RLIMIT_FSIZE)", sim, full_body);
+    in_child("signal handlers recording inside the recorder", sim, signal_body);
+    in_child("reader robustness: truncation and byte flips", sim, robustness_body);
+    /* In this process: file safety (no fork needed). */
+    if (!filter) {
+        test_symlink_refused();
+        test_existing_kept();
+    }
+    rm_tree(dir);
+    printf("test_trace: all passed\n");
+    return 0;
+}

@@ -1,0 +1,96 @@
+"""test_trace_python.py LIBCUALLOC ALLOCVIEW — Python frames in a trace, with a real interpreter.
+
+The recorder finds CPython's C API at run time (no build-time Python) and, when the allocating
+thread holds the GIL, records its Python frames (function, file, line) as the outer part of the
+allocation's stack. ctypes.PyDLL calls keep the GIL, ctypes.CDLL calls release it: the first
+allocation must carry this file's frames with the right lines, the second none. The trace is read
+back with `allocview dump`.
+"""
+import ctypes
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+lib_path, allocview = sys.argv[1], sys.argv[2]
+tmp = tempfile.mkdtemp(prefix="cualloc-test-trace-python-")
+trace = os.path.join(tmp, "py.trace")
+os.environ["CUALLOC_CONF"] = "driver:sim,sim_memory_mb:256,trace_stack_depth:8"
+
+with_gil = ctypes.PyDLL(lib_path)
+without_gil = ctypes.CDLL(lib_path)
+for lib in (with_gil, without_gil):
+    lib.cualloc_malloc.restype = ctypes.c_void_p
+    lib.cualloc_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    lib.cualloc_free.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.cualloc_trace_start.argtypes = [ctypes.c_char_p]
+    lib.cualloc_mark.argtypes = [ctypes.c_char_p]
+
+SOURCE = open(__file__).read().splitlines()
+
+
+def line_of(marker):
+    return next(i + 1 for i, text in enumerate(SOURCE) if text.rstrip().endswith(marker))
+
+
+def allocate_here(n):
+    return with_gil.cualloc_malloc(n, 0, None)  # SITE-A
+
+
+class Model:
+    def forward(self):
+        return allocate_here(4096)  # SITE-B
+
+
+assert with_gil.cualloc_trace_start(trace.encode()) == 0, "cualloc_trace_start failed"
+with_gil.cualloc_mark(b"python step")
+p = Model().forward()  # SITE-C
+q = without_gil.cualloc_malloc(8192, 0, None)  # no GIL held inside: no Python frames
+with_gil.cualloc_free(p, None)
+with_gil.cualloc_free(q, None)
+with_gil.cualloc_trace_stop()
+
+dump = subprocess.run([allocview, "dump", trace], capture_output=True, text=True, check=True).stdout
+pyframes, stacks, allocs = {}, {}, []
+for line in dump.splitlines():
+    m = re.match(r'#\d+ pyframe (\d+) line=(\d+) function="([^"]*)" file="([^"]*)"', line)
+    if m:
+        pyframes[int(m.group(1))] = (m.group(3), os.path.basename(m.group(4)), int(m.group(2)))
+    m = re.match(r"#\d+ stack (\d+) parent=(\d+) (native|python) (\S+)", line)
+    if m:
+        stacks[int(m.group(1))] = (int(m.group(2)), m.group(3), m.group(4))
+    m = re.match(r"#\d+ alloc .* size=(\d+) .* stack=(\d+)", line)
+    if m:
+        allocs.append((int(m.group(1)), int(m.group(2))))
+
+
+def python_frames(stack_id):
+    """The stack's Python frames, innermost first."""
+    out = []
+    while stack_id:
+        parent, kind, value = stacks[stack_id]
+        if kind == "python":
+            out.append(pyframes[int(value)])
+        stack_id = parent
+    return out
+
+
+assert len(allocs) == 2, dump
+me = os.path.basename(__file__)
+got = python_frames(allocs[0][1])
+want = [("allocate_here", me, line_of("# SITE-A")), ("Model.forward", me, line_of("# SITE-B")),
+        ("<module>", me, line_of("# SITE-C"))]
+assert got[:3] == want, "Python frames with the GIL: got %r, want %r" % (got, want)
+native = 0
+sid = allocs[0][1]
+while sid:
+    native += stacks[sid][1] == "native"
+    sid = stacks[sid][0]
+assert native > 0, "native frames come with the Python ones"
+assert python_frames(allocs[1][1]) == [], "no Python frames without the GIL: %r" % python_frames(allocs[1][1])
+assert '"python step"' in dump
+os.remove(trace)
+os.rmdir(tmp)
+print("test_trace_python: Python frames recorded: %s" % ", ".join("%s (%s:%d)" % f for f in got))
+print("test_trace_python: all passed")
