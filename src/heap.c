@@ -114,8 +114,6 @@ struct heap_s {
     unsigned last_tag;
     ptrmap_t live;               /* ALLOCATED blocks by address */
     slab_t blocks;               /* block records */
-    size_t free_mapped;          /* sums over pools, for the inactive-split gauge */
-    size_t releasable;
     cualloc_stats stats;
     unsigned oom_reports;        /* reports printed, to keep a failing loop from flooding */
     quick_t quick[QUICK_BUCKETS];
@@ -177,7 +175,13 @@ static findex_t *index_get(heap_t *h, pool_t *p, unsigned tag) {
 }
 
 /* Bytes of a FREE block that a release could return to the device right now. */
-static size_t block_releasable(const heap_t *h, const pool_t *p, const block_t *b) {
+/* Free bytes that cannot be released now: free memory minus its releasable part, over both pools. */
+static inline size_t heap_inactive_split(const heap_t *h) {
+    return (h->pools[POOL_SMALL].free_mapped - h->pools[POOL_SMALL].releasable) +
+           (h->pools[POOL_LARGE].free_mapped - h->pools[POOL_LARGE].releasable);
+}
+
+static inline __attribute__((always_inline)) size_t block_releasable(const heap_t *h, const pool_t *p, const block_t *b) {
     if (!h->vmm) return (!b->prev && !b->next) ? b->size : 0;
     if (b->size < p->chunk) return 0; /* holds no whole chunk: the common case, decided at once */
     size_t lo = (b->addr + p->chunk_mask) & ~p->chunk_mask, hi = (b->addr + b->size) & ~p->chunk_mask;
@@ -286,8 +290,6 @@ static inline void free_account_add(heap_t *h, pool_t *p, const block_t *b) {
     size_t rel = block_releasable(h, p, b);
     p->free_mapped += b->size;
     p->releasable += rel;
-    h->free_mapped += b->size;
-    h->releasable += rel;
     h->tags[b->tag].free_bytes += b->size;
 }
 
@@ -295,8 +297,6 @@ static inline void free_account_sub(heap_t *h, pool_t *p, const block_t *b) {
     size_t rel = block_releasable(h, p, b);
     p->free_mapped -= b->size;
     p->releasable -= rel;
-    h->free_mapped -= b->size;
-    h->releasable -= rel;
     h->tags[b->tag].free_bytes -= b->size;
 }
 
@@ -949,7 +949,7 @@ static bool should_split(const heap_t *h, const pool_t *p, size_t block_size, si
 }
 
 static void update_inactive_split(heap_t *h) {
-    size_t v = h->free_mapped - h->releasable;
+    size_t v = heap_inactive_split(h);
     h->stats.inactive_split_bytes = v;
     if (v > h->stats.inactive_split_peak) h->stats.inactive_split_peak = v;
 }
@@ -1700,9 +1700,9 @@ int heap_check(heap_t *h, FILE *report) {
     CHECK(&c, mapped == h->stats.reserved_bytes, "pools map %zu B, reserved_bytes says %zu", mapped, h->stats.reserved_bytes);
     CHECK(&c, allocated == h->stats.allocated_bytes, "pools allocate %zu B, allocated_bytes says %zu", allocated,
           h->stats.allocated_bytes);
-    CHECK(&c, free_mapped == h->free_mapped && releasable == h->releasable, "heap free/releasable totals are stale");
+    CHECK(&c, free_mapped - releasable == heap_inactive_split(h), "pool free/releasable totals disagree");
     CHECK(&c, h->stats.reserved_bytes <= h->cap, "reserved %zu exceeds the cap %zu", h->stats.reserved_bytes, h->cap);
-    CHECK(&c, h->stats.inactive_split_bytes == h->free_mapped - h->releasable, "inactive_split_bytes is stale");
+    CHECK(&c, h->stats.inactive_split_bytes == heap_inactive_split(h), "inactive_split_bytes is stale");
     CHECK(&c, h->stats.requested_bytes <= h->stats.allocated_bytes, "requested exceeds allocated");
     CHECK(&c, c.allocated_blocks == h->live.count, "%zu allocated blocks, live map holds %zu", c.allocated_blocks, h->live.count);
     CHECK(&c, h->stats.num_allocs - h->stats.num_frees == h->live.count, "allocs - frees = %llu, live blocks %zu",
