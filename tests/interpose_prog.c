@@ -86,6 +86,15 @@ static void alloc_round(int n, unsigned seed, void *stream) {
     }
 }
 
+static void *exit_blocks[2];
+static void free_at_exit(void) {
+    if (cudaFree(exit_blocks[0]) != 0) _exit(3);
+    exit_blocks[0] = NULL;
+}
+__attribute__((destructor)) static void free_in_destructor(void) {
+    if (exit_blocks[1] && cudaFree(exit_blocks[1]) != 0) _exit(4);
+}
+
 int main(int argc, char **argv) {
     int disable = argc > 1 && strcmp(argv[1], "--disable") == 0;
     if (argc > 1 && strcmp(argv[1], "--exclude") == 0) {
@@ -261,6 +270,13 @@ int main(int argc, char **argv) {
     alloc_round(30, 8, NULL);
     if (!disable) CHECK(allocs_now() - p0 == 30, "parent after fork: cualloc served %llu of 30",
                         (unsigned long long)(allocs_now() - p0));
+
+    /* Frees during exit: an atexit handler and a destructor free memory after main returns (and
+     * after cualloc's own exit handlers may have run); the process must still exit 0. */
+    exit_blocks[0] = NULL;
+    exit_blocks[1] = NULL;
+    CHECK(cudaMalloc(&exit_blocks[0], 1 << 20) == 0 && cudaMalloc(&exit_blocks[1], 3 << 20) == 0, "exit blocks");
+    atexit(free_at_exit);
 
     if (failures) {
         fprintf(stderr, "interpose_prog: %d failure(s)\n", failures);
