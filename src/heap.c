@@ -18,7 +18,9 @@
  * block is "settled" to TAG_ANY. Events are recorded lazily, only when another stream is short of
  * memory, never once per free. Before physical memory is unmapped or released, the streams whose
  * freed blocks lie on it are synchronized. Classic mode keeps PyTorch's rule: blocks never move
- * between streams.
+ * between streams. A device-wide free (cudaFree) while non-blocking streams exist is tagged
+ * TAG_DEVICE_WIDE: nobody may reuse it until events on the legacy stream and on every non-blocking
+ * stream, recorded after the free, have completed (or, under pressure, one synchronization).
  *
  * Invariants (heap_check), per pool:
  *   blocks tile every segment in address order; no two adjacent FREE blocks have compatible tags
@@ -26,8 +28,9 @@
  *   allocated + free_mapped == mapped, and summed over pools, mapped == stats.reserved_bytes;
  *   VMM: a chunk is mapped iff an ALLOCATED or FREE block touches it; UNMAPPED blocks are
  *   chunk-aligned;
- *   every FREE block is in exactly the index of its (pool, tag); every ALLOCATED block is in
- *   `live` under its address.
+ *   every FREE block is in exactly the index of its (pool, tag); every CACHED block on exactly the
+ *   quick list of its (size, tag), never with TAG_DEVICE_WIDE; every ALLOCATED block is in `live`
+ *   under its address.
  */
 #include <errno.h>
 #include <pthread.h>
