@@ -1018,11 +1018,30 @@ static void report_oom(heap_t *h, size_t size, size_t rsize) {
               fmt_bytes(allocated, alloc, sizeof alloc), fmt_bytes(reserved - allocated, cached, sizeof cached),
               fmt_bytes(lf, largest, sizeof largest), fmt_bytes(dfree, devfree, sizeof devfree));
     if (kind == OOM_FRAGMENTATION) {
-        if (h->vmm)
-            cua_error("device %d: diagnosis: fragmentation — live blocks (%s) plus this request fit in %s, but no "
-                      "free range of the address space is large enough. First fix: raise va_factor "
-                      "(CUALLOC_CONF=va_factor:8); if it persists, set garbage_collection_threshold:0.8 so cached "
-                      "chunks are returned earlier.",
+        const pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
+        size_t need = h->vmm ? align_up(rsize, p->chunk) : 0;
+        if (h->vmm && sizeclass_find(&p->unmapped, need) && reserved + need <= h->cap) {
+            cua_error("device %d: diagnosis: the device refused more memory — the heap's cap would allow it, but "
+                      "creating or mapping %s failed and the device reports %s free. Other processes (or other "
+                      "allocators in this one) hold the rest: free them, or lower per_process_memory_fraction / "
+                      "max_memory_mb so that the cap matches what this process can have.",
+                      h->dev, fmt_bytes(need, req, sizeof req), fmt_bytes(dfree, devfree, sizeof devfree));
+        } else if (h->vmm && sizeclass_find(&p->unmapped, need)) {
+            /* Address space is there: the cap is reached at chunk granularity. Everything cached
+             * was released before this report, so what is reserved beyond the live blocks lies in
+             * chunks that live blocks share. */
+            char partial[32], chunk[32], needs[32];
+            cua_error("device %d: diagnosis: shortage at chunk granularity — live blocks (%s) plus this request "
+                      "fit in %s, but memory is mapped in whole chunks of %s and live blocks keep %s in partly "
+                      "used chunks; this request needs %s of new chunks. First fix: reduce the batch size "
+                      "slightly (or keep it with gradient accumulation)%s.",
+                      h->dev, alloc, cap, fmt_bytes(p->chunk, chunk, sizeof chunk),
+                      fmt_bytes(reserved - allocated, partial, sizeof partial), fmt_bytes(need, needs, sizeof needs),
+                      p->chunk > h->granularity ? "; or use smaller chunks (CUALLOC_CONF=chunk_size_mb:0)" : "");
+        } else if (h->vmm)
+            cua_error("device %d: diagnosis: fragmentation of the address space — live blocks (%s) plus this "
+                      "request fit in %s, but no free range of the reserved address space is large enough. First "
+                      "fix: raise va_factor (CUALLOC_CONF=va_factor:8).",
                       h->dev, alloc, cap);
         else
             cua_error("device %d: diagnosis: fragmentation — live blocks (%s) plus this request fit in %s, but the "

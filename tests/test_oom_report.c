@@ -94,6 +94,26 @@ int main(int argc, char **argv) {
     for (int i = 1; i < 6; i += 2) EXPECT(heap_free(h, b[i], NULL), "free #%d", i);
     heap_destroy(h);
 
+    /* 3. VMM, shortage at chunk granularity: one 512 B block pins a 2 MiB small-pool chunk of an
+     *    8 MiB device; 7 MiB live + 512 B fit in 8 MiB, but 7 MiB needs four whole chunks. */
+    h = open_heap("sim_memory_mb:8");
+    void *pin = NULL;
+    EXPECT(heap_alloc(h, 512, NULL, &pin) == CUA_SUCCESS, "pin");
+    reset();
+    EXPECT(heap_alloc(h, 7 << 20, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY, "chunk granularity");
+    compare(argv[1], "oom_vmm_chunks.txt");
+    EXPECT(heap_free(h, pin, NULL), "free pin");
+    heap_destroy(h);
+
+    /* 4. VMM, the device refuses although the cap allows (another process holds the memory). */
+    h = open_heap("sim_memory_mb:64");
+    sim_fail(SIM_OP_PHYS_CREATE, 0, 1000, CUA_ERROR_OUT_OF_MEMORY);
+    reset();
+    EXPECT(heap_alloc(h, 4 << 20, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY, "device refuses");
+    compare(argv[1], "oom_vmm_device.txt");
+    sim_fail(SIM_OP_PHYS_CREATE, 0, 0, CUA_SUCCESS);
+    heap_destroy(h);
+
     error_set_callback(NULL, NULL);
     if (failures) return 1;
     printf("test_oom_report: ok\n");
