@@ -90,8 +90,9 @@ static const opt_t opts[] = {
      "Cap reserved memory at this many MiB. `0`: no cap.",
      OFF(max_memory), 1, SIZE_MAX / MiB, OPT_ZERO_OK},
     {"chunk_size_mb", OPT_MIB, "0",
-     "Size in MiB of the large pool's VMM chunks (the unit of map and unmap), a multiple of 2. "
-     "`0`: the device's granularity (2 MiB on current GPUs).",
+     "Size in MiB of the large pool's VMM chunks (the unit of map and unmap), an even number, rounded "
+     "up to a power-of-two multiple of the granularity. `0`: the device's granularity (2 MiB on "
+     "current GPUs).",
      OFF(chunk_size), 2, (uint64_t)1 << 20, OPT_ZERO_OK | OPT_EVEN},
     {"va_factor", OPT_SIZE, "4",
      "The large pool reserves this many times device memory of address space, once (2 to 1024).",

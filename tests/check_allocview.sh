@@ -63,11 +63,12 @@ assert s["peak_reserved_bytes"] >= s["peak_allocated_bytes"]
 PY
 fi
 
-# 3. summary text of a complete trace; `allocview TRACE` is the same report.
+# 3. summary text of a complete trace; `allocview TRACE` is the after-a-crash report
+#    (tests/check_allocview_reports.sh checks its content).
 "$allocview" summary "$trace" >"$tmp/summary.txt" || bad "summary exited $?"
 grep -q "^ended      stop (complete)" "$tmp/summary.txt" || bad "summary text: $(cat "$tmp/summary.txt")"
 "$allocview" "$trace" >"$tmp/plain.txt" || bad "allocview TRACE exited $?"
-cmp -s "$tmp/summary.txt" "$tmp/plain.txt" || bad "allocview TRACE differs from allocview summary TRACE"
+grep -q "^allocview report" "$tmp/plain.txt" || bad "allocview TRACE is not the report: $(head -3 "$tmp/plain.txt")"
 
 # 4. A trace cut short (like a copy taken while the process ran): truncated, exit 0, a warning.
 head -c $((4096 + 65536 + 300)) "$trace" >"$tmp/cut.trace"

@@ -64,6 +64,7 @@ FAKE_API cua_result cuMemFreeAsync_ptsz(cua_devptr dptr, cua_stream stream);
 FAKE_API cua_result cuGetErrorName(cua_result r, const char **str);
 FAKE_API cua_result cuGetErrorString(cua_result r, const char **str);
 FAKE_API cua_result cuMemsetD8_v2(cua_devptr dptr, unsigned char value, size_t n);
+FAKE_API cua_result cuMemcpyDtoH_v2(void *dst, cua_devptr src, size_t n);
 FAKE_API cua_result cuStreamCreate(cua_stream *stream, unsigned int flags);
 FAKE_API cua_result cuStreamDestroy_v2(cua_stream stream);
 FAKE_DECLARE(cuStreamIsCapturing)
@@ -193,6 +194,7 @@ static const struct {
     {"cuMemUnmap", (void *)cuMemUnmap},
     {"cuMemSetAccess", (void *)cuMemSetAccess},
     {"cuMemsetD8", (void *)cuMemsetD8_v2},
+    {"cuMemcpyDtoH", (void *)cuMemcpyDtoH_v2},
     {"cuEventCreate", (void *)cuEventCreate},
     {"cuEventDestroy", (void *)cuEventDestroy_v2},
     {"cuEventRecord", (void *)cuEventRecord},
@@ -477,6 +479,22 @@ cua_result cuMemsetD8_v2(cua_devptr dptr, unsigned char value, size_t n) {
     if (!fake_host_backed) return sim_address_device(dptr) >= 0 ? CUA_SUCCESS : CUA_ERROR_INVALID_VALUE;
     if (!sim_range_accessible(dptr, n)) return CUA_ERROR_INVALID_VALUE;
     memset((void *)(uintptr_t)dptr, value, n);
+    return CUA_SUCCESS;
+}
+
+/* Host-backed: a real copy out of memory the host may touch. Otherwise there is no memory: the
+ * address is checked and the destination zero-filled. */
+cua_result cuMemcpyDtoH_v2(void *dst, cua_devptr src, size_t n) {
+    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (n == 0) return CUA_SUCCESS;
+    if (!dst) return CUA_ERROR_INVALID_VALUE;
+    if (!fake_host_backed) {
+        if (sim_address_device(src) < 0) return CUA_ERROR_INVALID_VALUE;
+        memset(dst, 0, n);
+        return CUA_SUCCESS;
+    }
+    if (!sim_range_accessible(src, n)) return CUA_ERROR_INVALID_VALUE;
+    memcpy(dst, (const void *)(uintptr_t)src, n);
     return CUA_SUCCESS;
 }
 

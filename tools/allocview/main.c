@@ -10,12 +10,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifdef HAVE_JEMALLOC
 #include <jemalloc/jemalloc.h>
 #endif
 
 #include "reader.h"
+#include "views.h"
+#include "replay.h"
+#include "report.h"
 
 #ifndef CUALLOC_VERSION_STRING
 #define CUALLOC_VERSION_STRING "unknown"
@@ -29,15 +33,35 @@ static void usage(FILE *out)
             "allocview — reads cualloc trace files (CUALLOC_CONF=trace:PATH, cualloc_trace_start).\n"
             "\n"
             "usage: allocview [--verbose] COMMAND [OPTIONS] TRACE\n"
-            "       allocview [--verbose] TRACE            the same as: allocview summary TRACE\n"
+            "       allocview [--verbose] TRACE [TRACE...] [--json] [--no-color]\n"
+            "                            the after-a-crash report: what ran, the peak and its call sites,\n"
+            "                            the OOM, steps, and a diagnosis with the fix to try first; several\n"
+            "                            traces (one per rank): a table of ranks first\n"
             "\n"
             "commands:\n"
             "  dump [--redact] [--offsets] TRACE\n"
             "                            one line per record, in sequence order; --redact replaces what\n"
             "                            differs between runs (pids, host, times, addresses) with '*';\n"
             "                            --offsets starts each line with the record's file offset\n"
+            "  report [OPTIONS] TRACE... the default report (above)\n"
+            "  peak [--at TIME|MARK] TRACE   the peak (or the state at TIME / MARK) and its call sites\n"
+            "  sites TRACE               call sites holding memory at the peak and at the end\n"
+            "  leaks TRACE               call sites growing step after step, never freed\n"
+            "  oom TRACE                 the OOM: request, state, failing call site, what was live, diagnosis\n"
+            "                            (these five: --json, --no-color, --redact, --top N, --help)\n"
             "  summary [--json] TRACE    record counts, peak requested/allocated/reserved bytes, OOMs,\n"
             "                            whether the trace is complete; --json: one JSON object\n"
+            "  timeline [--width N] [--top K] [--ascii] [--no-color] [--json] [--svg FILE] TRACE\n"
+            "                            live and reserved memory over time: sparklines, the peak, marks,\n"
+            "                            OOMs; --svg: a stacked-area chart by call site\n"
+            "  diff [--json] [--all] A B what grew from trace A to B, per call site at each peak\n"
+            "  folded TRACE              the live bytes at the peak as folded stacks (flamegraph input)\n"
+            "  replay [--conf CONF]... [--memory SIZE] [--min-fit] [--json] TRACE\n"
+            "                            the trace's requests on cualloc's heap (sim device) under each\n"
+            "                            configuration: peaks, utilisation, OOMs, smallest capacity that fits\n"
+            "  import SNAPSHOT.pickle -o TRACE\n"
+            "                            a PyTorch memory snapshot (_dump_snapshot) as a cualloc trace\n"
+            "  (allocview COMMAND --help: a command's own options)\n"
             "\n"
             "options:\n"
             "  --verbose                 print the analyzer's own allocator statistics at exit\n"
@@ -410,13 +434,25 @@ int main(int argc, char **argv)
         }
         unsigned fmt = (redact ? TR_FMT_REDACT : 0) | (offsets ? TR_FMT_OFFSETS : 0);
         status = strcmp(cmd, "dump") == 0 ? cmd_dump(path, fmt) : cmd_summary(path, json);
-    } else if (strcmp(cmd, "peak") == 0 || strcmp(cmd, "leaks") == 0 || strcmp(cmd, "oom") == 0 ||
-               strcmp(cmd, "timeline") == 0 || strcmp(cmd, "replay") == 0 || strcmp(cmd, "export") == 0 ||
-               strcmp(cmd, "import") == 0) {
+    } else if (strcmp(cmd, "timeline") == 0) {
+        status = av_cmd_timeline(argc - i + 1, argv + i - 1);
+    } else if (strcmp(cmd, "diff") == 0) {
+        status = av_cmd_diff(argc - i + 1, argv + i - 1);
+    } else if (strcmp(cmd, "folded") == 0) {
+        status = av_cmd_folded(argc - i + 1, argv + i - 1);
+    } else if (strcmp(cmd, "replay") == 0) {
+        status = av_cmd_replay(argc - i + 1, argv + i - 1);
+    } else if (strcmp(cmd, "import") == 0) {
+        status = av_cmd_import(argc - i + 1, argv + i - 1);
+    } else if (strcmp(cmd, "sites") == 0 && av_wants_folded(argc - i, argv + i)) {
+        status = av_cmd_folded(argc - i + 1, argv + i - 1); /* sites --folded: folded.c */
+    } else if (report_is_command(cmd)) {
+        status = report_main(cmd, argc - i, argv + i);
+    } else if (strcmp(cmd, "export") == 0) {
         fprintf(stderr, "allocview: '%s' is not implemented in this version (see allocview --help)\n", cmd);
         return EXIT_USAGE;
-    } else if (i == argc) {
-        status = cmd_summary(cmd, false); /* allocview TRACE */
+    } else if (i == argc || access(cmd, F_OK) == 0) {
+        status = report_main("report", argc - i + 1, argv + i - 1); /* allocview TRACE [TRACE...] */
     } else {
         fprintf(stderr, "allocview: unknown command '%s' (see allocview --help)\n", cmd);
         return EXIT_USAGE;

@@ -126,8 +126,11 @@ __attribute__((format(printf, 2, 3))) static void warn(tr_reader_t *r, const cha
 /* A bounded reader over one record's body. */
 typedef struct span { const uint8_t *p, *end; bool bad; } span_t;
 
-static uint64_t sp_varint(span_t *s)
+static inline uint64_t sp_varint(span_t *s)
 {
+    /* Most fields are deltas below 128: one byte, decided at once. */
+    if (__builtin_expect(s->p < s->end && *s->p < 0x80, 1))
+        return *s->p++;
     uint64_t v = 0;
     for (unsigned i = 0; i < CUA_TRACE_VARINT_MAX; i++) {
         if (s->p >= s->end) {

@@ -1,0 +1,220 @@
+// preload_kernels.cu — an ordinary CUDA runtime program for bench/gpu/run.sh ld-preload. It
+// includes no cualloc header and knows nothing of cualloc: run.sh builds it with nvcc twice
+// (-cudart static, -cudart shared) and runs each build with and without
+// LD_PRELOAD=build/src/libcualloc.so.
+//
+// Every round allocates `--buffers` triplets (a, b: cudaMalloc; c: cudaMallocAsync on a stream),
+// sizes log-uniform from 1 KiB to `--max-mb` MiB, fills a and b with a kernel, adds them into c
+// with a kernel, reduces c with a checksum kernel, copies the checksum and a few elements of c
+// back and checks them against values computed on the host (all exact: small integers in float);
+// then frees the triplets (cudaFree, cudaFreeAsync), keeping a quarter of them alive into the
+// next round so that allocation and free orders interleave across rounds.
+//
+// Prints one line `preload_kernels: RESULT {json}` (pass, counts, seconds, and — found with dlsym
+// as any program could — cualloc's num_allocs and reserved peak when libcualloc.so is loaded,
+// else -1). Exit status 0 when every check passed, 1 otherwise.
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <vector>
+
+struct stats_mirror { // struct cualloc_stats (include/cualloc.h)
+    size_t requested_bytes, requested_peak, allocated_bytes, allocated_peak, active_bytes, active_peak,
+        reserved_bytes, reserved_peak, inactive_split_bytes, inactive_split_peak;
+    size_t largest_free_block, capacity_bytes;
+    uint64_t num_allocs, num_frees, num_maps, num_unmaps, num_alloc_retries, num_ooms, num_syncs, num_trims;
+};
+typedef int (*get_stats_fn)(int, stats_mirror *);
+
+static unsigned long long g_mallocs, g_async, g_frees, g_bytes, g_mismatches;
+static int g_rounds, g_buffers;
+static double g_t0;
+static double now_s() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void report(bool pass, const char *error) {
+    long long num_allocs = -1, reserved_peak = -1;
+    void *gs = dlsym(RTLD_DEFAULT, "cualloc_get_stats");
+    get_stats_fn get_stats;
+    memcpy(&get_stats, &gs, sizeof gs);
+    stats_mirror s;
+    memset(&s, 0, sizeof s);
+    if (get_stats && get_stats(0, &s) == 0) {
+        num_allocs = (long long)s.num_allocs;
+        reserved_peak = (long long)s.reserved_peak;
+    }
+    printf("preload_kernels: RESULT {\"pass\":%s,\"rounds\":%d,\"buffers\":%d,\"cudaMalloc\":%llu,"
+           "\"cudaMallocAsync\":%llu,\"frees\":%llu,\"bytes_allocated\":%llu,\"mismatches\":%llu,\"seconds\":%.3f,"
+           "\"cualloc_num_allocs\":%lld,\"cualloc_reserved_peak\":%lld,\"error\":\"%s\"}\n",
+           pass ? "true" : "false", g_rounds, g_buffers, g_mallocs, g_async, g_frees, g_bytes, g_mismatches,
+           now_s() - g_t0, num_allocs, reserved_peak, error);
+    fflush(stdout);
+}
+
+#define CK(call)                                                                                  \
+    do {                                                                                          \
+        cudaError_t e_ = (call);                                                                  \
+        if (e_ != cudaSuccess) {                                                                  \
+            char msg_[256];                                                                       \
+            snprintf(msg_, sizeof msg_, "%s: %s (line %d)", #call, cudaGetErrorName(e_), __LINE__); \
+            for (char *p_ = msg_; *p_; p_++)                                                      \
+                if (*p_ == '"' || *p_ == '\\') *p_ = '\'';                                        \
+            fprintf(stderr, "preload_kernels: %s\n", msg_);                                       \
+            report(false, msg_);                                                                  \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+__global__ void fill(float *a, float *b, size_t n, unsigned tag) {
+    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) {
+        a[j] = (float)((j % 1000) + (tag % 64));
+        b[j] = (float)((j % 777) * 2);
+    }
+}
+
+__global__ void vadd(const float *a, const float *b, float *c, size_t n) {
+    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x)
+        c[j] = a[j] + b[j];
+}
+
+__global__ void checksum(const float *c, size_t n, unsigned long long *out) {
+    __shared__ unsigned long long part[256];
+    unsigned long long s = 0;
+    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x)
+        s += (unsigned long long)c[j];
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (unsigned w = blockDim.x / 2; w > 0; w /= 2) {
+        if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) atomicAdd(out, part[0]);
+}
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint64_t rng() {
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+struct triplet {
+    float *a, *b, *c;
+    size_t n;
+    unsigned tag;
+};
+
+static unsigned long long expected_sum(size_t n, unsigned tag) {
+    unsigned long long s = 0;
+    for (size_t j = 0; j < n; j++) s += (j % 1000) + (tag % 64) + (j % 777) * 2;
+    return s;
+}
+
+static void check(const triplet &t, cudaStream_t st, unsigned long long *dsum) {
+    unsigned grid = (unsigned)((t.n + 255) / 256 < 1024 ? (t.n + 255) / 256 : 1024);
+    CK(cudaMemsetAsync(dsum, 0, sizeof *dsum, st));
+    checksum<<<grid, 256, 0, st>>>(t.c, t.n, dsum);
+    CK(cudaGetLastError());
+    unsigned long long got = 0;
+    CK(cudaMemcpyAsync(&got, dsum, sizeof got, cudaMemcpyDeviceToHost, st));
+    size_t idx[3] = {0, t.n / 2, t.n - 1};
+    float v[3];
+    for (int k = 0; k < 3; k++) CK(cudaMemcpyAsync(&v[k], t.c + idx[k], sizeof(float), cudaMemcpyDeviceToHost, st));
+    CK(cudaStreamSynchronize(st));
+    if (got != expected_sum(t.n, t.tag)) {
+        fprintf(stderr, "preload_kernels: checksum of a %zu-element buffer: %llu, expected %llu\n", t.n, got,
+                expected_sum(t.n, t.tag));
+        g_mismatches++;
+    }
+    for (int k = 0; k < 3; k++) {
+        size_t j = idx[k];
+        float want = (float)((j % 1000) + (t.tag % 64) + (j % 777) * 2);
+        if (v[k] != want) {
+            fprintf(stderr, "preload_kernels: c[%zu] = %g, expected %g\n", j, v[k], want);
+            g_mismatches++;
+        }
+    }
+}
+
+static void release(const triplet &t, cudaStream_t st) {
+    CK(cudaFree(t.a));
+    CK(cudaFree(t.b));
+    CK(cudaFreeAsync(t.c, st));
+    g_frees += 3;
+}
+
+int main(int argc, char **argv) {
+    g_rounds = 20;
+    g_buffers = 64;
+    double max_mb = 64;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--rounds")) g_rounds = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--buffers")) g_buffers = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--max-mb")) max_mb = atof(argv[i + 1]);
+        else {
+            fprintf(stderr, "usage: preload_kernels [--rounds N] [--buffers N] [--max-mb MB]\n");
+            return 2;
+        }
+    }
+    g_t0 = now_s();
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    unsigned long long *dsum;
+    CK(cudaMalloc(&dsum, sizeof *dsum));
+    g_mallocs++;
+    std::vector<triplet> kept;
+    unsigned tag = 0;
+    double lo = log(1024.0 / sizeof(float)), hi = log(max_mb * 1048576.0 / sizeof(float));
+    for (int r = 0; r < g_rounds; r++) {
+        std::vector<triplet> live;
+        for (int i = 0; i < g_buffers; i++) {
+            triplet t;
+            double u = (double)(rng() >> 11) / 9007199254740992.0;
+            t.n = (size_t)exp(lo + (hi - lo) * u);
+            t.tag = tag++;
+            size_t bytes = t.n * sizeof(float);
+            CK(cudaMalloc(&t.a, bytes));
+            CK(cudaMalloc(&t.b, bytes));
+            CK(cudaMallocAsync(&t.c, bytes, st));
+            g_mallocs += 2;
+            g_async++;
+            g_bytes += 3 * bytes;
+            unsigned grid = (unsigned)((t.n + 255) / 256 < 4096 ? (t.n + 255) / 256 : 4096);
+            fill<<<grid, 256, 0, st>>>(t.a, t.b, t.n, t.tag);
+            vadd<<<grid, 256, 0, st>>>(t.a, t.b, t.c, t.n);
+            CK(cudaGetLastError());
+            live.push_back(t);
+        }
+        for (auto &t : live) check(t, st, dsum);
+        for (auto &t : kept) check(t, st, dsum); // last round's survivors still hold their values
+        for (auto &t : kept) release(t, st);
+        kept.clear();
+        for (size_t i = 0; i < live.size(); i++) {
+            if (rng() % 4 == 0) kept.push_back(live[i]);
+            else release(live[i], st);
+        }
+    }
+    for (auto &t : kept) {
+        check(t, st, dsum);
+        release(t, st);
+    }
+    CK(cudaFree(dsum));
+    g_frees++;
+    CK(cudaStreamSynchronize(st));
+    CK(cudaStreamDestroy(st));
+    CK(cudaDeviceSynchronize());
+    CK(cudaGetLastError());
+    bool pass = g_mismatches == 0;
+    report(pass, pass ? "" : "mismatches");
+    return pass ? 0 : 1;
+}

@@ -1,0 +1,396 @@
+#!/usr/bin/env bash
+# bench/gpu/run.sh PART [--mock] [--out DIR] [--build DIR] [--steps N] — the runs made on a lent
+# GPU, one command each (see bench/gpu/README.md).
+#
+#   PART  driver-costs | property-cuda | ld-preload | torch | all
+#   --mock       no GPU: driver-costs and property-cuda run against the fake libcuda.so.1
+#                (BUILD/tests/fakecuda), ld-preload only builds (when nvcc exists) and prints what
+#                it would run, torch runs torch_train.py --dry-run per mode. Tests the script.
+#   --out DIR    where results go when $OUT is not set (default ./gpu-results); $OUT wins.
+#   --build DIR  the meson build folder (default: $CUALLOC_BUILD, else REPO/build).
+#   --steps N    training steps per torch mode (default 30).
+#
+# Each part writes RESULTS/PART/results.jsonl (one JSON object per line; the first is a "meta"
+# line with date, device and commit), RESULTS/PART/summary.md (human-readable), and logs. `all`
+# also writes RESULTS/summary.md (every part's summary). Every part prints `date -u`, the GPU
+# (nvidia-smi, or "mock") and the commit. Exit status: 0 when every part ran and passed (a part
+# with no GPU in --mock mode counts as passed), 1 otherwise.
+set -u
+set -o pipefail
+
+usage() {
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+}
+
+[ $# -ge 1 ] || usage
+PART=$1
+shift
+MOCK=0
+OUT_ARG=
+BUILD=${CUALLOC_BUILD:-}
+STEPS=30
+while [ $# -gt 0 ]; do
+    case $1 in
+        --mock) MOCK=1 ;;
+        --out) [ $# -ge 2 ] || usage; OUT_ARG=$2; shift ;;
+        --build) [ $# -ge 2 ] || usage; BUILD=$2; shift ;;
+        --steps) [ $# -ge 2 ] || usage; STEPS=$2; shift ;;
+        -h|--help) usage ;;
+        *) echo "run.sh: unknown argument '$1'" >&2; usage ;;
+    esac
+    shift
+done
+case $PART in driver-costs|property-cuda|ld-preload|torch|all) ;; *) echo "run.sh: unknown part '$PART'" >&2; usage ;; esac
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+BUILD=${BUILD:-$ROOT/build}
+BUILD=$(cd "$BUILD" 2>/dev/null && pwd) || { echo "run.sh: no build folder '$BUILD' (meson setup build && meson compile -C build)" >&2; exit 2; }
+RESULTS=${OUT:-${OUT_ARG:-./gpu-results}}
+mkdir -p "$RESULTS" || exit 2
+RESULTS=$(cd "$RESULTS" && pwd)
+PY=${PYTHON:-python3}
+FAKECUDA=$BUILD/tests/fakecuda
+LIBCUALLOC=$BUILD/src/libcualloc.so
+
+# Estimated device time per part on an H100 (minutes), printed before each part.
+estimate() {
+    case $1 in
+        driver-costs) echo "about 1 minute" ;;
+        property-cuda) echo "about 1-3 minutes" ;;
+        ld-preload) echo "about 1-2 minutes (two nvcc builds, six runs)" ;;
+        torch) echo "about 3-6 minutes (5 modes x (training run + forced-OOM run), each a fresh process; capped at 9 minutes)" ;;
+    esac
+}
+
+commit_of_tree() {
+    if git -C "$ROOT" rev-parse HEAD >/dev/null 2>&1; then
+        local c d
+        c=$(git -C "$ROOT" rev-parse HEAD)
+        d=$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null | wc -l)
+        [ "$d" -gt 0 ] && c="$c-dirty"
+        echo "$c"
+    else
+        echo "no-git"
+    fi
+}
+commit_of_build() { cat "$BUILD/bench/gpu_commit.txt" 2>/dev/null || echo unknown; }
+
+gpu_present() {
+    command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1
+}
+
+json_str() { "$PY" -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$1"; }
+
+# header PART: prints date, device, commit; writes them to PART/env.txt and the meta line.
+header() {
+    local part=$1 dir=$RESULTS/$1 date device tree build
+    date=$(date -u)
+    if [ "$MOCK" = 1 ]; then
+        device="mock"
+    elif command -v nvidia-smi >/dev/null 2>&1; then
+        device=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1)
+    else
+        device="nvidia-smi: not found"
+    fi
+    tree=$(commit_of_tree)
+    build=$(commit_of_build)
+    {
+        echo "== $part =="
+        echo "date: $date"
+        echo "device:"
+        echo "$device" | sed 's/^/  /'
+        echo "commit (tree): $tree"
+        echo "commit (build): $build"
+        echo "mock: $MOCK"
+        echo "estimated: $(estimate "$part")"
+    } | tee "$dir/env.txt"
+    printf '{"part":"%s","op":"meta","date":%s,"device":%s,"commit_tree":"%s","commit_build":"%s","mock":%s}\n' \
+        "$part" "$(json_str "$date")" "$(json_str "$device")" "$tree" "$build" \
+        "$([ "$MOCK" = 1 ] && echo true || echo false)" >"$dir/results.jsonl"
+}
+
+# status_line PART STATUS RC DETAIL: the part's final JSON line.
+status_line() {
+    printf '{"part":"%s","op":"status","status":"%s","rc":%s,"detail":%s}\n' "$1" "$2" "$3" "$(json_str "$4")" \
+        >>"$RESULTS/$1/results.jsonl"
+}
+
+summarize() {
+    "$PY" "$HERE/summarize.py" "$1" "$RESULTS/$1/results.jsonl" >"$RESULTS/$1/summary.md" || {
+        echo "run.sh: summarize.py $1 failed" >&2
+        return 1
+    }
+    cat "$RESULTS/$1/summary.md"
+}
+
+need() {
+    [ -e "$1" ] || { echo "run.sh: $1 is missing: build first (meson compile -C $BUILD)" >&2; return 1; }
+}
+
+# ------------------------------------------------------------------------------------ parts
+
+part_driver_costs() {
+    local dir=$RESULTS/driver-costs rc
+    need "$BUILD/bench/driver_costs" || return 1
+    local tmp=$dir/driver_costs.jsonl
+    if [ "$MOCK" = 1 ]; then
+        echo "run: (fake driver) LD_LIBRARY_PATH=$FAKECUDA CUALLOC_CONF=sim_memory_mb:4096 driver_costs"
+        LD_LIBRARY_PATH=$FAKECUDA CUALLOC_CONF=sim_memory_mb:4096 timeout 300 \
+            "$BUILD/bench/driver_costs" --json "$tmp" >"$dir/log.txt" 2>&1
+    else
+        timeout 540 "$BUILD/bench/driver_costs" --json "$tmp" >"$dir/log.txt" 2>&1
+    fi
+    rc=$?
+    cat "$dir/log.txt"
+    [ -f "$tmp" ] && cat "$tmp" >>"$dir/results.jsonl" && rm -f "$tmp"
+    case $rc in
+        0) status_line driver-costs pass 0 "measured" ;;
+        77) status_line driver-costs skipped 77 "no driver or device" ;;
+        *) status_line driver-costs fail "$rc" "driver_costs exited $rc" ;;
+    esac
+    summarize driver-costs
+    [ "$rc" = 0 ]
+}
+
+part_property_cuda() {
+    local dir=$RESULTS/property-cuda rc
+    need "$BUILD/bench/property_cuda" || return 1
+    local tmp=$dir/property_cuda.jsonl
+    rm -f "$tmp"
+    if [ "$MOCK" = 1 ]; then
+        echo "run: (fake driver, host-backed) property_cuda --ops 300"
+        LD_LIBRARY_PATH=$FAKECUDA CUALLOC_CONF=driver:cuda,sim_host_backed:1,sim_memory_mb:2048 timeout 300 \
+            "$BUILD/bench/property_cuda" --ops 300 --json "$tmp" >"$dir/log.txt" 2>&1
+    else
+        CUALLOC_CONF=driver:cuda timeout 540 "$BUILD/bench/property_cuda" --json "$tmp" >"$dir/log.txt" 2>&1
+    fi
+    rc=$?
+    cat "$dir/log.txt"
+    [ -f "$tmp" ] && cat "$tmp" >>"$dir/results.jsonl" && rm -f "$tmp"
+    case $rc in
+        0) status_line property-cuda pass 0 "every variant passed" ;;
+        77) status_line property-cuda skipped 77 "no driver or device" ;;
+        124) status_line property-cuda fail 124 "timed out" ;;
+        *) status_line property-cuda fail "$rc" "property_cuda exited $rc (see log.txt: the failed expectation)" ;;
+    esac
+    summarize property-cuda
+    [ "$rc" = 0 ]
+}
+
+find_nvcc() {
+    if command -v nvcc >/dev/null 2>&1; then command -v nvcc
+    elif [ -x /usr/local/cuda/bin/nvcc ]; then echo /usr/local/cuda/bin/nvcc
+    fi
+}
+
+# One run of a preload_kernels build: appends its JSON line. run_prog KIND MODE PROG [ENV...]
+run_prog() {
+    local kind=$1 mode=$2 prog=$3 dir=$RESULTS/ld-preload
+    shift 3
+    local log=$dir/run-$kind-$mode.log rc t0 t1 result interpose
+    echo "run: $* $prog"
+    t0=$(date +%s.%N)
+    env "$@" timeout 240 "$prog" >"$log" 2>&1
+    rc=$?
+    t1=$(date +%s.%N)
+    result=$(sed -n 's/^preload_kernels: RESULT //p' "$log" | tail -1)
+    [ -n "$result" ] || result=null
+    interpose=$(grep -c '^cualloc: interpose:' "$log")
+    local lookups
+    lookups=$(grep -o 'cuGetProcAddress("[A-Za-z_0-9]*"' "$log" | sed 's/.*("//; s/"$//' | sort -u | tr '\n' ' ')
+    printf '{"part":"ld-preload","op":"%s","cudart":"%s","mode":"%s","rc":%d,"pass":%s,"wall_s":%s,"interpose_log_lines":%d,"lookups_answered":%s,"result":%s,"cualloc_summary":%s}\n' \
+        "${RUN_OP:-run}" "$kind" "$mode" "$rc" "$([ "$rc" = 0 ] && echo true || echo false)" \
+        "$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.3f", b-a}')" "$interpose" "$(json_str "$lookups")" \
+        "$result" "$(json_str "$(grep -A22 '^cualloc stats, device' "$log" | head -46)")" >>"$dir/results.jsonl"
+    tail -5 "$log"
+    # With libcualloc.so preloaded, cualloc must have served the program's allocations.
+    if [ "$rc" = 0 ] && [ "$mode" != plain ] && ! echo "$result" | grep -q '"cualloc_num_allocs":[1-9]'; then
+        echo "run.sh: FAIL: $kind $mode: the program passed but cualloc served none of its allocations"
+        return 1
+    fi
+    return "$rc"
+}
+
+part_ld_preload() {
+    local dir=$RESULTS/ld-preload nvcc bin fail=0
+    need "$LIBCUALLOC" || return 1
+    nvcc=$(find_nvcc)
+    bin=$(mktemp -d "${TMPDIR:-/tmp}/cualloc-preload.XXXXXX") || return 1
+    # shellcheck disable=SC2064
+    trap "rm -rf '$bin'" RETURN
+    local kinds="static shared" kind
+    # shellcheck disable=SC2054
+    local arch=(-gencode arch=compute_90,code=sm_90 -gencode arch=compute_75,code=compute_75)
+    if [ -n "$nvcc" ]; then
+        local cudart_dir
+        cudart_dir=$(cd "$(dirname "$nvcc")/../lib64" 2>/dev/null && pwd)
+        for kind in $kinds; do
+            echo "build: $nvcc -O2 -cudart $kind ${arch[*]} -o preload_kernels_$kind preload_kernels.cu -ldl"
+            if ! "$nvcc" -O2 -cudart "$kind" "${arch[@]}" -o "$bin/preload_kernels_$kind" "$HERE/preload_kernels.cu" \
+                -ldl -Xlinker "-rpath=$cudart_dir" >"$dir/build-$kind.log" 2>&1; then
+                cat "$dir/build-$kind.log"
+                printf '{"part":"ld-preload","op":"build","cudart":"%s","ok":false}\n' "$kind" >>"$dir/results.jsonl"
+                fail=1
+            else
+                printf '{"part":"ld-preload","op":"build","cudart":"%s","ok":true}\n' "$kind" >>"$dir/results.jsonl"
+            fi
+        done
+    else
+        echo "run.sh: no nvcc: the programs cannot be built here"
+    fi
+    local can_run=1
+    if [ "$MOCK" = 1 ] || ! gpu_present || [ -z "$nvcc" ]; then can_run=0; fi
+    local conf="summary:1"
+    for kind in $kinds; do
+        local prog=$bin/preload_kernels_$kind
+        if [ "$can_run" = 1 ] && [ -x "$prog" ]; then
+            run_prog "$kind" plain "$prog" -u LD_PRELOAD || fail=1
+            run_prog "$kind" preload "$prog" LD_PRELOAD="$LIBCUALLOC" CUALLOC_CONF="$conf" || fail=1
+            run_prog "$kind" preload-log "$prog" LD_PRELOAD="$LIBCUALLOC" CUALLOC_CONF="$conf" CUALLOC_LOG_INTERPOSE=1 || fail=1
+        else
+            local why="mock"
+            [ "$MOCK" = 1 ] || why="no GPU or no nvcc"
+            for mode in plain preload preload-log; do
+                local envs=""
+                case $mode in
+                    preload) envs="LD_PRELOAD=$LIBCUALLOC CUALLOC_CONF=$conf " ;;
+                    preload-log) envs="LD_PRELOAD=$LIBCUALLOC CUALLOC_CONF=$conf CUALLOC_LOG_INTERPOSE=1 " ;;
+                esac
+                echo "would run ($why): ${envs}preload_kernels_$kind"
+                printf '{"part":"ld-preload","op":"run","cudart":"%s","mode":"%s","status":"not-run","reason":"%s","command":%s}\n' \
+                    "$kind" "$mode" "$why" "$(json_str "${envs}preload_kernels_$kind")" >>"$dir/results.jsonl"
+            done
+        fi
+    done
+    if [ "$MOCK" = 1 ] && [ -n "$nvcc" ]; then
+        # The script's own run path, against the fake driver: the program stops at its first
+        # runtime call (the fake is older than the runtime), after the runtime's driver look-ups,
+        # which cualloc must have answered.
+        for kind in $kinds; do
+            [ -x "$bin/preload_kernels_$kind" ] || continue
+            RUN_OP=probe run_prog "$kind" fake-driver "$bin/preload_kernels_$kind" LD_LIBRARY_PATH="$FAKECUDA" \
+                LD_PRELOAD="$LIBCUALLOC" CUALLOC_CONF=driver:cuda,sim_host_backed:1,sim_memory_mb:256 CUALLOC_LOG_INTERPOSE=1
+            if ! grep -q '"op":"probe","cudart":"'"$kind"'".*"lookups_answered":"[^"]*cuMemAlloc ' "$dir/results.jsonl"; then
+                echo "run.sh: FAIL: with the fake driver, cualloc did not answer the $kind runtime's cuMemAlloc look-up"
+                fail=1
+            fi
+        done
+    fi
+    if [ "$can_run" = 1 ]; then
+        [ "$fail" = 0 ] && status_line ld-preload pass 0 "every run passed" || status_line ld-preload fail 1 "see run-*.log"
+    elif [ "$MOCK" = 1 ]; then
+        [ "$fail" = 0 ] && status_line ld-preload mock 0 "built: $([ -n "$nvcc" ] && echo yes || echo no); not run" \
+            || status_line ld-preload fail 1 "nvcc build failed"
+    else
+        status_line ld-preload skipped 77 "no GPU or no nvcc"
+        fail=1
+    fi
+    summarize ld-preload
+    [ "$fail" = 0 ]
+}
+
+TORCH_MODES="default expandable cualloc-enable cualloc-preload-nocache cualloc-preload-cache"
+TORCH_CAP_GB=16
+
+# mode_env MODE PHASE: the environment of a torch mode, as arguments of env(1). Variables a mode
+# must not have are unset (-u), not emptied: PyTorch treats PYTORCH_NO_CUDA_MEMORY_CACHING as set
+# whatever its value.
+mode_env() {
+    local mode=$1 phase=$2 cap=""
+    local unset_all="-u PYTORCH_CUDA_ALLOC_CONF -u PYTORCH_NO_CUDA_MEMORY_CACHING -u LD_PRELOAD -u CUALLOC_CONF"
+    [ "$phase" = oom ] && cap=",max_memory_mb:$((TORCH_CAP_GB * 1024))"
+    case $mode in
+        default) echo "$unset_all" ;;
+        expandable) echo "$unset_all PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" ;;
+        cualloc-enable) echo "$unset_all CUALLOC_CONF=summary:1$cap" ;;
+        cualloc-preload-nocache) echo "$unset_all PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$LIBCUALLOC CUALLOC_CONF=summary:1$cap" ;;
+        cualloc-preload-cache) echo "$unset_all LD_PRELOAD=$LIBCUALLOC CUALLOC_CONF=summary:1$cap" ;;
+    esac
+}
+
+part_torch() {
+    local dir=$RESULTS/torch fail=0 mode phase rc
+    local dry=()
+    [ "$MOCK" = 1 ] && dry=(--dry-run)
+    # The part must end within one command's 10 minutes: every process gets at most what is left
+    # of TORCH_BUDGET_S (default 540 s) from the part's start; one left no time is recorded as such.
+    local t_part budget=${TORCH_BUDGET_S:-540}
+    t_part=$(date +%s)
+    for mode in $TORCH_MODES; do
+        for phase in train oom; do
+            local log=$dir/$mode-$phase.log limit=200 left
+            [ "$phase" = oom ] && limit=120
+            left=$((budget - ($(date +%s) - t_part)))
+            [ "$left" -lt "$limit" ] && limit=$left
+            if [ "$limit" -lt 20 ]; then
+                echo "run.sh: torch $mode $phase: no time left in the part's budget (${budget} s); not run"
+                printf '{"part":"torch","op":"error","mode":"%s","phase":"%s","rc":124,"log_tail":"not run: the part budget of %s s was spent"}\n' \
+                    "$mode" "$phase" "$budget" >>"$dir/results.jsonl"
+                fail=1
+                continue
+            fi
+            # shellcheck disable=SC2046
+            echo "run: $(mode_env "$mode" "$phase") $PY torch_train.py --mode $mode --phase $phase ${dry[*]}"
+            # shellcheck disable=SC2046
+            env $(mode_env "$mode" "$phase") timeout "$limit" "$PY" "$HERE/torch_train.py" --mode "$mode" \
+                --phase "$phase" --steps "$STEPS" --oom-cap-gb "$TORCH_CAP_GB" --repo "$ROOT" --build "$BUILD" \
+                --out "$dir/results.jsonl" "${dry[@]}" >"$log" 2>&1
+            rc=$?
+            tail -4 "$log"
+            if [ "$rc" != 0 ]; then
+                echo "run.sh: torch $mode $phase exited $rc (see $log)"
+                printf '{"part":"torch","op":"error","mode":"%s","phase":"%s","rc":%d,"log_tail":%s}\n' "$mode" "$phase" \
+                    "$rc" "$(json_str "$(tail -25 "$log")")" >>"$dir/results.jsonl"
+                fail=1
+            fi
+        done
+    done
+    if [ "$fail" = 0 ]; then
+        status_line torch "$([ "$MOCK" = 1 ] && echo mock || echo pass)" 0 "every mode ran"
+    else
+        status_line torch fail 1 "a mode failed"
+    fi
+    summarize torch
+    [ "$fail" = 0 ]
+}
+
+run_part() {
+    local part=$1 t0 rc
+    mkdir -p "$RESULTS/$part"
+    header "$part"
+    t0=$(date +%s)
+    case $part in
+        driver-costs) part_driver_costs ;;
+        property-cuda) part_property_cuda ;;
+        ld-preload) part_ld_preload ;;
+        torch) part_torch ;;
+    esac
+    rc=$?
+    echo "== $part: $([ "$rc" = 0 ] && echo ok || echo FAILED) in $(($(date +%s) - t0)) s; results in $RESULTS/$part =="
+    return "$rc"
+}
+
+echo "run.sh: results in $RESULTS (build $BUILD)"
+if [ "$PART" = all ]; then
+    overall=0
+    for p in driver-costs property-cuda ld-preload torch; do
+        echo "== $p: estimated $(estimate "$p") =="
+    done
+    echo "== all: about 6-12 minutes in all; a lent GPU allows 10 minutes per command, so there run the parts one command each =="
+    for p in driver-costs property-cuda ld-preload torch; do
+        run_part "$p" || overall=1
+    done
+    {
+        echo "# GPU runs: $(date -u)"
+        echo
+        for p in driver-costs property-cuda ld-preload torch; do
+            cat "$RESULTS/$p/summary.md" 2>/dev/null
+            echo
+        done
+    } >"$RESULTS/summary.md"
+    echo "run.sh: all parts $([ "$overall" = 0 ] && echo passed || echo 'done, some FAILED'); summary in $RESULTS/summary.md"
+    exit "$overall"
+fi
+run_part "$PART"

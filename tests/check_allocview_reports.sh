@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# check_allocview_reports.sh SCENARIOS ALLOCVIEW EXPECTED_DIR — allocview's reports against
+# training-shaped traces (tests/trace_scenarios.c, recorded through libcualloc.so on the sim
+# device: deterministic addresses and clock): the default report and `oom`/`leaks`/`peak`/`sites`
+# of each scenario equal expected/report_*.txt (--no-color --redact); --json is valid JSON; several
+# traces give a rank table; every report command on a truncated trace exits 0 or 3 with a report.
+#   UPDATE_EXPECTED=1 check_allocview_reports.sh ...   rewrites the expected files.
+set -u
+scen=$1 allocview=$2 expected=$3
+case $allocview in /*) ;; *) allocview=$PWD/$allocview ;; esac
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+bad() { echo "FAIL: $*"; fail=1; }
+unset RANK LOCAL_RANK NO_COLOR
+
+record() { # NAME SCENARIO CONF
+    CUALLOC_CONF="driver:sim,$3" "$scen" "$2" "$tmp/$1.trace" 2>"$tmp/$1.err"
+    [ -s "$tmp/$1.trace" ] || { cat "$tmp/$1.err"; bad "scenario $2 wrote no trace"; }
+}
+record leak leak sim_memory_mb:256
+record shortage shortage sim_memory_mb:128
+record frag frag sim_memory_mb:128,expandable_segments:0
+record step2 step2 sim_memory_mb:256
+record longest longest sim_memory_mb:512
+record phase phase sim_memory_mb:512
+
+# Call sites are named through libdw; an allocview built without it names module+offset, which
+# the expected text cannot hold: skip.
+if "$allocview" sites --no-color "$tmp/leak.trace" | grep -q 'trace_scenarios+0x'; then
+    echo "allocview was built without libdw (call sites unnamed): skipping"; exit 77
+fi
+
+check() { # EXPECTED-NAME ARGS...
+    local name=$1; shift
+    # Record numbers depend on how many modules the traced process had loaded (sanitizer runtimes,
+    # libunwind or not): they are replaced by #N before comparing.
+    (cd "$tmp" && "$allocview" "$@" --no-color --redact) >"$tmp/raw.txt" 2>"$tmp/out.err"
+    local st=$?
+    sed -E 's/record #[0-9]+/record #N/g; s/record is #[0-9]+/record is #N/g; s/\(#[0-9]+\)/(#N)/g' \
+        "$tmp/raw.txt" >"$tmp/out.txt"
+    [ $st = 0 ] || bad "allocview $* exited $st: $(cat "$tmp/out.err")"
+    if [ "${UPDATE_EXPECTED:-0}" = 1 ]; then
+        cp "$tmp/out.txt" "$expected/report_$name.txt"
+        echo "updated $expected/report_$name.txt"
+    elif ! diff -u "$expected/report_$name.txt" "$tmp/out.txt"; then
+        bad "allocview $* differs from expected/report_$name.txt (UPDATE_EXPECTED=1 to regenerate)"
+    fi
+}
+for t in leak shortage frag step2 longest phase; do
+    check "$t" report "$t.trace"
+done
+check oom_shortage oom shortage.trace
+check oom_frag oom frag.trace
+check leaks_leak leaks leak.trace
+check peak_step2 peak step2.trace
+check peak_at_step2 peak --at "step 1" step2.trace
+check sites_leak sites leak.trace
+check ranks report shortage.trace leak.trace
+
+# The diagnosis names what each scenario is, and nothing it is not.
+want() { # TRACE RULE
+    grep -q "\"rule\": \"$2\"" "$tmp/$1.json" || bad "$1: no $2 diagnosis in $(cat "$tmp/$1.json")"
+}
+wantnot() { grep -q "\"rule\": \"$2\"" "$tmp/$1.json" && bad "$1: unexpected $2 diagnosis"; }
+for t in leak shortage frag step2 longest phase; do
+    "$allocview" report --json "$tmp/$t.trace" >"$tmp/$t.json" 2>/dev/null
+    if command -v python3 >/dev/null 2>&1; then
+        python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$tmp/$t.json" || bad "$t: report --json is not JSON"
+        for c in peak oom sites leaks; do
+            "$allocview" $c --json "$tmp/$t.trace" 2>/dev/null | python3 -c 'import json,sys; json.load(sys.stdin)' ||
+                bad "$t: $c --json is not JSON"
+        done
+    fi
+done
+want leak leak; wantnot leak oom-shortage; wantnot leak step2-jump; wantnot leak longest-batch
+want shortage oom-shortage; wantnot shortage oom-fragmentation; wantnot shortage leak
+want frag oom-fragmentation; wantnot frag oom-shortage
+want step2 step2-jump; wantnot step2 leak; wantnot step2 longest-batch
+want longest longest-batch; wantnot longest step2-jump; wantnot longest leak
+want phase phase; wantnot phase leak
+
+# Every command on truncated copies: exit 0 or 3, a report on stdout, never a crash.
+for t in leak shortage; do
+    size=$(stat -c %s "$tmp/$t.trace")
+    for cut in 4200 $((4096 + 65536 + 700)) $((size / 2)); do
+        head -c "$cut" "$tmp/$t.trace" >"$tmp/cut.trace"
+        for c in report peak sites leaks oom; do
+            for j in "" --json; do
+                "$allocview" $c $j --no-color "$tmp/cut.trace" >"$tmp/cut.out" 2>"$tmp/cut.err"
+                st=$?
+                { [ $st = 0 ] || [ $st = 3 ]; } || bad "$c $j on $t cut at $cut: exit $st $(cat "$tmp/cut.err")"
+                [ -s "$tmp/cut.out" ] || bad "$c $j on $t cut at $cut: no output"
+            done
+        done
+    done
+done
+
+# Help, usage.
+for c in report peak sites leaks oom; do
+    "$allocview" $c --help | grep -q "^usage: allocview" || bad "$c --help"
+done
+"$allocview" peak --bogus "$tmp/leak.trace" >/dev/null 2>&1
+[ $? = 1 ] || bad "peak --bogus: want exit 1"
+"$allocview" oom >/dev/null 2>&1
+[ $? = 1 ] || bad "oom without a trace: want exit 1"
+
+[ $fail = 0 ] && echo "check_allocview_reports: all passed"
+exit $fail

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# check_allocview_views.sh FIXTURE SITES_FIXTURE ALLOCVIEW EXPECTED_DIR — allocview's timeline, diff
+# and folded against deterministic traces: tests/trace_fixture.c (recorder, sim device) and
+# tests/trace_sites_fixture.c (chosen call sites, variants A and B differing by one site).
+#   timeline --ascii --no-color --width 48 equals expected/timeline_*.txt; --svg parses as XML
+#   with one area path per top site (plus "other") and one reserved line; diff A B names the one
+#   site that grew; folded gives 'frames bytes' lines; every command on a cut-short trace exits
+#   0 or 3 and never crashes; --help for each.   UPDATE_EXPECTED=1 rewrites the expected files.
+set -u
+fixture=$1 sites=$2 allocview=$3 expected=$4
+abs() { case $1 in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+fixture=$(abs "$fixture") sites=$(abs "$sites") allocview=$(abs "$allocview")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+bad() { echo "FAIL: $*"; fail=1; }
+
+export CUALLOC_CONF=driver:sim,sim_devices:2,sim_memory_mb:256,trace_stack_depth:0
+unset RANK LOCAL_RANK NO_COLOR
+"$fixture" "$tmp/fx.trace" 2>/dev/null || { echo "FAIL: trace_fixture did not run"; exit 1; }
+"$sites" A "$tmp/a.trace" || { echo "FAIL: trace_sites_fixture A did not run"; exit 1; }
+"$sites" B "$tmp/b.trace" || { echo "FAIL: trace_sites_fixture B did not run"; exit 1; }
+
+compare() { # NAME FILE
+    if [ "${UPDATE_EXPECTED:-0}" = 1 ]; then
+        cp "$2" "$expected/$1"; echo "updated $expected/$1"
+    elif ! diff -u "$expected/$1" "$2"; then
+        bad "$1 differs (UPDATE_EXPECTED=1 to regenerate)"
+    fi
+}
+
+# 1. timeline text, exactly (paths replaced by a fixed name).
+( cd "$tmp" && "$allocview" timeline --ascii --no-color --width 48 fx.trace ) >"$tmp/tl_fx.txt" || bad "timeline fixture exited $?"
+compare timeline_fixture.txt "$tmp/tl_fx.txt"
+( cd "$tmp" && "$allocview" timeline --ascii --no-color --width 48 --top 3 a.trace ) >"$tmp/tl_a.txt" || bad "timeline sites exited $?"
+compare timeline_sites.txt "$tmp/tl_a.txt"
+grep -q '\^' "$tmp/tl_fx.txt" || bad "timeline: no peak marker"
+grep -q '^! OOM ' "$tmp/tl_fx.txt" || bad "timeline: the fixture's OOM is not shown"
+# Unicode by default; no colour when not on a terminal.
+"$allocview" timeline --width 30 "$tmp/fx.trace" >"$tmp/tl_u.txt" || bad "timeline (unicode) exited $?"
+grep -q '▁\|▂\|▃\|▄\|▅\|▆\|▇\|█' "$tmp/tl_u.txt" || bad "timeline: no block characters by default"
+if grep -q $'\033' "$tmp/tl_u.txt"; then bad "timeline: colour escapes when stdout is not a terminal"; fi
+"$allocview" timeline --json "$tmp/a.trace" >"$tmp/tl.json" || bad "timeline --json exited $?"
+
+# 2. SVG: valid XML, one area per top site (+ other), the reserved line, marks, the OOM.
+"$allocview" timeline --top 3 --no-color --svg "$tmp/a.svg" "$tmp/a.trace" >/dev/null || bad "timeline --svg exited $?"
+"$allocview" timeline --no-color --svg "$tmp/fx.svg" "$tmp/fx.trace" >/dev/null || bad "timeline --svg (fixture) exited $?"
+areas=$(grep -c '<path class="area"' "$tmp/a.svg")
+[ "$areas" = 4 ] || bad "svg: $areas area paths, want 3 top sites + other"
+[ "$(grep -c '<path class="reserved"' "$tmp/a.svg")" = 1 ] || bad "svg: want one reserved line"
+[ "$(grep -c 'class="mark"' "$tmp/a.svg")" = 4 ] || bad "svg: want 4 mark rules"
+grep -q 'class="oom"' "$tmp/fx.svg" || bad "svg: the fixture's OOM is not marked"
+grep -q 'MiB</text>' "$tmp/a.svg" || bad "svg: no axis in MiB"
+if command -v python3 >/dev/null 2>&1; then
+    for f in a.svg fx.svg; do
+        python3 -c "import xml.dom.minidom,sys; xml.dom.minidom.parse(sys.argv[1])" "$tmp/$f" || bad "$f is not valid XML"
+    done
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert len(d['columns'])==72 and d['peak_live_bytes']>0" \
+        "$tmp/tl.json" || bad "timeline --json: not the expected JSON"
+else
+    echo "python3 not found: skipping the XML and JSON parse checks"
+fi
+
+# 3. diff: the site B adds, and nothing else changed.
+"$allocview" diff "$tmp/a.trace" "$tmp/b.trace" >"$tmp/diff.txt" || bad "diff exited $?"
+grep -q '+24.00 MiB .*libtorch_cuda.so+0x6000  (new in B)' "$tmp/diff.txt" || bad "diff does not name the new site: $(cat "$tmp/diff.txt")"
+[ "$(grep -c '(new in B)\|(gone in B)\|MiB  [^(]' "$tmp/diff.txt")" -ge 1 ] || bad "diff: no site lines"
+grep -q '5 sites unchanged' "$tmp/diff.txt" || bad "diff: sites matched across traces should be unchanged: $(cat "$tmp/diff.txt")"
+grep -q '^peak allocated  297.00 MiB -> 321.00 MiB' "$tmp/diff.txt" || bad "diff: peaks: $(cat "$tmp/diff.txt")"
+"$allocview" diff --json "$tmp/a.trace" "$tmp/b.trace" >"$tmp/diff.json" || bad "diff --json exited $?"
+grep -q '"stack": "main (train.py:10);remember (cache.py:9);' "$tmp/diff.json" || bad "diff --json: $(cat "$tmp/diff.json")"
+"$allocview" diff "$tmp/a.trace" "$tmp/a.trace" | grep -q 'no call site changed' || bad "diff A A: changes"
+
+# 4. folded: root first, bytes last, the allocator's frame folded away.
+"$allocview" folded "$tmp/a.trace" >"$tmp/a.folded" || bad "folded exited $?"
+[ "$(wc -l <"$tmp/a.folded")" = 5 ] || bad "folded: want 5 lines: $(cat "$tmp/a.folded")"
+grep -q '^main (train.py:10);step (optim.py:120);libtorch_cuda.so+0x4000 134217728$' "$tmp/a.folded" || bad "folded: $(cat "$tmp/a.folded")"
+if grep -q '0x4321' "$tmp/a.folded"; then bad "folded: the allocator's frame is not folded"; fi
+"$allocview" sites --folded "$tmp/a.trace" | cmp -s - "$tmp/a.folded" || bad "sites --folded differs from folded"
+sum=$(awk '{s += $NF} END {print s}' "$tmp/a.folded")
+[ "$sum" = $((297 * 1048576)) ] || bad "folded: bytes sum to $sum, want the peak 297 MiB"
+
+# 5. Cut-short and corrupt traces: exit 0 or 3, never a crash.
+for t in fx a; do
+    size=$(wc -c <"$tmp/$t.trace")
+    for cut in 4200 $((4096 + 65536 + 200)) $((size / 2)) $((size - 1000)); do
+        head -c "$cut" "$tmp/$t.trace" >"$tmp/cut.trace"
+        for cmd in "timeline" "timeline --json" "timeline --svg $tmp/cut.svg" "folded" "diff $tmp/a.trace"; do
+            $allocview $cmd "$tmp/cut.trace" >/dev/null 2>&1
+            st=$?
+            [ $st = 0 ] || [ $st = 3 ] || bad "$cmd on $t cut at $cut: exit $st"
+        done
+    done
+    cp "$tmp/$t.trace" "$tmp/bad.trace"
+    printf '\377\377\377\377\377' | dd of="$tmp/bad.trace" bs=1 seek=$((4096 + 65536 + 40)) conv=notrunc status=none
+    for cmd in "timeline" "timeline --svg $tmp/bad.svg" "folded" "diff $tmp/a.trace"; do
+        $allocview $cmd "$tmp/bad.trace" >/dev/null 2>&1
+        st=$?
+        [ $st = 0 ] || [ $st = 3 ] || bad "$cmd on corrupt $t: exit $st"
+    done
+done
+
+# 6. Usage.
+for cmd in timeline diff folded; do
+    "$allocview" $cmd --help | grep -q "^usage: allocview $cmd" || bad "$cmd --help"
+    "$allocview" $cmd >/dev/null 2>&1
+    [ $? = 1 ] || bad "$cmd without a trace: want exit 1"
+    "$allocview" $cmd --bogus "$tmp/a.trace" >/dev/null 2>&1
+    [ $? = 1 ] || bad "$cmd --bogus: want exit 1"
+done
+"$allocview" timeline --width 0 "$tmp/a.trace" >/dev/null 2>&1
+[ $? = 1 ] || bad "timeline --width 0: want exit 1"
+"$allocview" timeline "$tmp/missing.trace" >/dev/null 2>&1
+[ $? = 2 ] || bad "timeline of a missing file: want exit 2"
+
+[ $fail = 0 ] && echo "check_allocview_views: all passed"
+exit $fail

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# check_import.sh ALLOCVIEW SNAPSHOT — `allocview import` of a real PyTorch snapshot (see
+# shared/traces/README.md): the imported trace reads back, and its peaks match what the snapshot
+# implies, computed here with python3 (a restricted unpickler: plain data only): reserved from the
+# segments (final total_size - segment_alloc + segment_free at the start, then the segment events),
+# allocated from the final allocated_size - allocs + frees, then the alloc/free_completed events;
+# within 0.3% (the README's size-kind difference, about 0.25%). Skips (77) without the snapshot.
+set -u
+allocview=$1 snap=${CUALLOC_SNAPSHOT:-${2:-}}
+[ -n "$snap" ] && [ -r "$snap" ] || { echo "snapshot ${snap:-(none)} not found; skipping"; exit 77; }
+command -v python3 >/dev/null 2>&1 || { echo "python3 not found; skipping"; exit 77; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$allocview" import "$snap" -o "$tmp/t.trace" || { echo "FAIL: import exited $?"; exit 1; }
+"$allocview" summary --json "$tmp/t.trace" >"$tmp/s.json" || { echo "FAIL: summary exited $?"; exit 1; }
+"$allocview" replay --json "$tmp/t.trace" >"$tmp/r.json" || { echo "FAIL: replay exited $?"; exit 1; }
+python3 - "$snap" "$tmp/s.json" "$tmp/r.json" <<'PY'
+import json, pickle, sys
+class Plain(pickle.Unpickler):
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError("refused %s.%s" % (module, name))
+snap = Plain(open(sys.argv[1], "rb")).load()
+s = json.load(open(sys.argv[2])); r = json.load(open(sys.argv[3]))
+ev = snap["device_traces"][0]
+segs = [g for g in snap["segments"] if g["device"] == 0]
+alloc = sum(g["allocated_size"] for g in segs) - sum(e["size"] for e in ev if e["action"] == "alloc") \
+    + sum(e["size"] for e in ev if e["action"] == "free_completed")
+res = sum(g["total_size"] for g in segs) - sum(e["size"] for e in ev if e["action"] == "segment_alloc") \
+    + sum(e["size"] for e in ev if e["action"] == "segment_free")
+pa, pr = alloc, res
+for e in ev:
+    a = e["action"]
+    if a == "alloc": alloc += e["size"]
+    elif a == "free_completed": alloc -= e["size"]
+    elif a == "segment_alloc": res += e["size"]
+    elif a == "segment_free": res -= e["size"]
+    pa, pr = max(pa, alloc), max(pr, res)
+G = 2.0 ** 30
+print("snapshot implies: peak allocated %.3f GiB, reserved %.3f GiB; imported: requested %.3f, allocated %.3f, "
+      "reserved %.3f GiB" % (pa / G, pr / G, s["peak_requested_bytes"] / G, s["peak_allocated_bytes"] / G,
+                             s["peak_reserved_bytes"] / G))
+ok = True
+for name, want, got in (("allocated", pa, s["peak_allocated_bytes"]), ("reserved", pr, s["peak_reserved_bytes"])):
+    if abs(got - want) > 0.003 * want:
+        print("FAIL: peak %s %d, the snapshot implies %d" % (name, got, want)); ok = False
+if s["num_allocs"] != sum(1 for e in ev if e["action"] == "alloc"):
+    print("FAIL: num_allocs %d" % s["num_allocs"]); ok = False
+if s["truncated"] or s["error"] is not None:
+    print("FAIL: the imported trace does not read back cleanly: %s" % s); ok = False
+if not (isinstance(r, list) and r[0]["peak_requested_bytes"] == s["peak_requested_bytes"]):
+    print("FAIL: replay's peak requested differs from the trace's: %s" % r); ok = False
+sys.exit(0 if ok else 1)
+PY
+st=$?
+# A pickle with objects in it is refused with the opcode named.
+printf '\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x8c\x06system\x93.' >"$tmp/evil.pickle"
+"$allocview" import "$tmp/evil.pickle" -o "$tmp/evil.trace" 2>"$tmp/evil.err"
+[ $? = 2 ] || { echo "FAIL: a pickle with STACK_GLOBAL was not refused"; st=1; }
+grep -q "STACK_GLOBAL" "$tmp/evil.err" || { echo "FAIL: refusal does not name the opcode: $(cat "$tmp/evil.err")"; st=1; }
+[ $st = 0 ] && echo "check_import: all passed"
+exit $st

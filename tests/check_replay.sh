@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# check_replay.sh TRACE_FIXTURE REPLAY_FIXTURE ALLOCVIEW — `allocview replay` against deterministic
+# traces recorded on the sim device (tests/trace_fixture.c, tests/replay_fixture.c):
+#  1. replay under the recording configuration reproduces the recorded peaks (requested, allocated,
+#     reserved, from `allocview summary --json`) exactly — default (VMM) and classic recordings,
+#     one and two devices;
+#  2. a trace with an OOM recorded under a small cap completes in replay with a larger --memory;
+#  3. classic mode (expandable_segments:0) reserves more than the default on a fragmenting trace;
+#  4. --min-fit finds a capacity on which the sequence completes, and one granule less fails (or
+#     the report says "not monotone");
+#  5. --json: a list, one object per --conf, exactly the fixed keys; usage errors exit 1, an
+#     unreadable trace exits 2.
+set -u
+trace_fixture=$1 replay_fixture=$2 allocview=$3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+bad() { echo "FAIL: $*"; fail=1; }
+command -v python3 >/dev/null 2>&1 || { echo "python3 not found; skipping"; exit 77; }
+unset RANK LOCAL_RANK
+
+# jq-free JSON field reader: jget FILE EXPR (python expression over `j`)
+jget() { python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print($2)" "$1"; }
+
+# The recorded peaks of TRACE (summary) against replay --conf recorded.
+check_reproduces() { # NAME TRACE
+    "$allocview" summary --json "$2" >"$tmp/$1.summary.json" || bad "$1: summary exited $?"
+    "$allocview" replay --conf recorded --json "$2" >"$tmp/$1.replay.json" 2>"$tmp/$1.replay.err" ||
+        bad "$1: replay exited $? ($(cat "$tmp/$1.replay.err"))"
+    for k in requested allocated reserved; do
+        want=$(jget "$tmp/$1.summary.json" "j['peak_${k}_bytes']")
+        got=$(jget "$tmp/$1.replay.json" "j[0]['peak_${k}_bytes']")
+        [ "$want" = "$got" ] || bad "$1: replay peak $k $got, recorded $want"
+    done
+    want=$(jget "$tmp/$1.summary.json" "j['num_ooms']")
+    got=$(jget "$tmp/$1.replay.json" "j[0]['num_ooms']")
+    [ "$want" = "$got" ] || bad "$1: replay OOMs $got, recorded $want"
+}
+
+# 1. Reproduction: trace_fixture (two devices, initial blocks, streams, trim, an OOM), and
+#    replay_fixture recorded under the default and under classic mode.
+CUALLOC_CONF=driver:sim,sim_devices:2,sim_memory_mb:256,trace_stack_depth:0 "$trace_fixture" "$tmp/fx.trace" \
+    2>/dev/null || bad "trace_fixture failed"
+check_reproduces fixture "$tmp/fx.trace"
+CUALLOC_CONF=driver:sim,sim_memory_mb:1024,trace_stack_depth:0 "$replay_fixture" "$tmp/frag.trace" ||
+    bad "replay_fixture (default) failed"
+check_reproduces frag_default "$tmp/frag.trace"
+CUALLOC_CONF=driver:sim,sim_memory_mb:1024,trace_stack_depth:0,expandable_segments:0 "$replay_fixture" \
+    "$tmp/frag_classic.trace" || bad "replay_fixture (classic) failed"
+check_reproduces frag_classic "$tmp/frag_classic.trace"
+# The recording configuration spelled out is the same as 'recorded'.
+"$allocview" replay --conf expandable_segments:0 --json "$tmp/frag_classic.trace" >"$tmp/c.json"
+[ "$(jget "$tmp/c.json" "j[0]['peak_reserved_bytes']")" = "$(jget "$tmp/frag_classic.replay.json" "j[0]['peak_reserved_bytes']")" ] ||
+    bad "--conf expandable_segments:0 differs from --conf recorded on a classic trace"
+
+# 2. The fixture's OOM (1000 MiB on a 256 MiB device) goes through with 2 GiB.
+[ "$(jget "$tmp/fixture.replay.json" "j[0]['num_ooms']")" -ge 1 ] || bad "the fixture's OOM did not recur at 256 MiB"
+"$allocview" replay --memory 2GiB --json "$tmp/fx.trace" >"$tmp/big.json" || bad "replay --memory 2GiB exited $?"
+[ "$(jget "$tmp/big.json" "j[0]['num_ooms']")" = 0 ] || bad "--memory 2GiB: OOMs remain: $(cat "$tmp/big.json")"
+"$allocview" replay --memory 2147483648 --json "$tmp/fx.trace" | cmp -s - "$tmp/big.json" || bad "--memory in bytes differs from 2GiB"
+
+# 3. Classic reserves more than the default on the fragmenting trace.
+"$allocview" replay --conf default --conf expandable_segments:0 --json "$tmp/frag.trace" >"$tmp/modes.json" ||
+    bad "replay of two confs exited $?"
+d=$(jget "$tmp/modes.json" "j[0]['peak_reserved_bytes']")
+c=$(jget "$tmp/modes.json" "j[1]['peak_reserved_bytes']")
+[ "$c" -gt "$d" ] || bad "classic reserved $c, default $d: classic should reserve more here"
+
+# 4. --min-fit, both modes.
+"$allocview" replay --conf default --conf expandable_segments:0 --min-fit "$tmp/frag.trace" >"$tmp/fit.txt" ||
+    bad "--min-fit exited $?"
+"$allocview" replay --conf default --conf expandable_segments:0 --min-fit --json "$tmp/frag.trace" >"$tmp/fit.json" ||
+    bad "--min-fit --json exited $?"
+for i in 0 1; do
+    conf=$(jget "$tmp/fit.json" "j[$i]['conf']")
+    m=$(jget "$tmp/fit.json" "j[$i]['min_fit_bytes']")
+    case $m in ''|None) bad "$conf: no min_fit_bytes"; continue ;; esac
+    "$allocview" replay --conf "$conf" --memory "$m" --json "$tmp/frag.trace" >"$tmp/at.json"
+    [ "$(jget "$tmp/at.json" "j[0]['num_ooms']")" = 0 ] || bad "$conf: OOMs at min-fit $m"
+    below=$((m - 2 * 1024 * 1024))
+    "$allocview" replay --conf "$conf" --memory "$below" --json "$tmp/frag.trace" >"$tmp/below.json"
+    if [ "$(jget "$tmp/below.json" "j[0]['num_ooms']")" = 0 ] && ! grep -q "NOT MONOTONE" "$tmp/fit.txt"; then
+        bad "$conf: $below (min-fit minus a granule) completes too"
+    fi
+    # at least peak requested, and utilisation at min-fit is reported in the text
+    req=$(jget "$tmp/fit.json" "j[$i]['peak_requested_bytes']")
+    [ "$m" -ge "$req" ] || bad "$conf: min-fit $m below the peak requested $req"
+done
+grep -q "^min-fit" "$tmp/fit.txt" || bad "--min-fit text: $(cat "$tmp/fit.txt")"
+
+# 5. JSON keys, exactly; min_fit_bytes null without --min-fit.
+python3 - "$tmp/modes.json" "$tmp/fit.json" <<'PY' || bad "replay --json keys"
+import json, sys
+keys = {"conf", "peak_requested_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "utilisation",
+        "num_ooms", "min_fit_bytes"}
+a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2]))
+assert isinstance(a, list) and len(a) == 2, a
+for o in a + b:
+    assert set(o) == keys, sorted(o)
+    assert o["peak_reserved_bytes"] >= o["peak_allocated_bytes"] >= o["peak_requested_bytes"] > 0, o
+    assert abs(o["utilisation"] - o["peak_allocated_bytes"] / o["peak_reserved_bytes"]) < 1e-5, o
+for o in a:
+    assert o["min_fit_bytes"] is None, o
+for o in b:
+    assert isinstance(o["min_fit_bytes"], int), o
+assert [o["conf"] for o in a] == ["default", "expandable_segments:0"]
+PY
+
+# 6. Usage and unreadable input.
+"$allocview" replay --memory 12XB "$tmp/fx.trace" >/dev/null 2>&1; [ $? = 1 ] || bad "bad --memory: want exit 1"
+"$allocview" replay --conf no_such_key:1 "$tmp/fx.trace" >/dev/null 2>&1; [ $? = 1 ] || bad "bad --conf: want exit 1"
+"$allocview" replay >/dev/null 2>&1; [ $? = 1 ] || bad "no trace: want exit 1"
+"$allocview" replay "$tmp/missing.trace" >/dev/null 2>&1; [ $? = 2 ] || bad "missing trace: want exit 2"
+"$allocview" replay --help | grep -q "usage: allocview replay" || bad "replay --help"
+
+[ $fail = 0 ] && echo "check_replay: all passed"
+exit $fail

@@ -1,0 +1,171 @@
+/* trace_scenarios.c — training-shaped allocation patterns recorded through libcualloc.so on the
+ * sim device, for allocview's report tests (tests/check_allocview_reports.sh, expected/report_*.txt).
+ * Every allocation goes through one helper, tensor_empty(), as a framework's would, so the reports
+ * must show the callers that tell the call sites apart. "step N" marks follow cualloc_torch's
+ * convention: written after step N's optimizer step. The sim's addresses and clock are
+ * deterministic; call sites are named from this binary's debug information.
+ *
+ *   trace_scenarios SCENARIO TRACE
+ *     leak       each step keeps a 2 MiB "loss" tensor alive (accumulating losses)
+ *     shortage   step 2's activations do not fit (sim_memory_mb:128): OOM, the process dies
+ *     frag       classic segments (expandable_segments:0): live blocks pin split segments; a 56 MiB
+ *                request fails though the live blocks plus it fit: OOM, the process dies
+ *     step2      Adam-like state allocated at the first optimizer step raises every later peak
+ *     longest    one batch of 8 is three times as long as the others
+ *     phase      an evaluation phase peaks above training
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cualloc.h"
+
+#define MIB ((size_t)1 << 20)
+#define NOINLINE __attribute__((noinline))
+
+static void *keep[4096];
+static int nkeep;
+
+/* The framework's allocation helper: every call site passes through it. */
+static NOINLINE void *tensor_empty(size_t bytes)
+{
+    void *p = cualloc_malloc(bytes, 0, NULL);
+    __asm__ volatile("" ::: "memory");
+    return p;
+}
+
+static NOINLINE void tensor_free(void *p) { cualloc_free(p, NULL); }
+
+static NOINLINE void init_params(size_t bytes)
+{
+    for (int i = 0; i < 4; i++)
+        keep[nkeep++] = tensor_empty(bytes / 4);
+}
+
+/* Forward: activations kept for backward; backward frees them. Returns 0 on OOM. */
+static NOINLINE int forward_layer(void **acts, int i, size_t bytes)
+{
+    acts[i] = tensor_empty(bytes);
+    return acts[i] != NULL;
+}
+
+static NOINLINE void backward(void **acts, int n)
+{
+    for (int i = n - 1; i >= 0; i--)
+        tensor_free(acts[i]);
+}
+
+static NOINLINE void adam_init_state(size_t param_bytes)
+{
+    keep[nkeep++] = tensor_empty(param_bytes); /* exp_avg */
+    keep[nkeep++] = tensor_empty(param_bytes); /* exp_avg_sq */
+}
+
+static NOINLINE void record_loss(void)
+{
+    keep[nkeep++] = tensor_empty(2 * MIB); /* losses.append(loss): the graph stays alive */
+}
+
+static NOINLINE int train_step(size_t act_bytes, int layers)
+{
+    void *acts[64];
+    for (int i = 0; i < layers; i++)
+        if (!forward_layer(acts, i, act_bytes))
+            return 0;
+    backward(acts, layers);
+    return 1;
+}
+
+static NOINLINE int eval_pass(size_t act_bytes, int layers)
+{
+    void *acts[64];
+    for (int i = 0; i < layers; i++)
+        if (!forward_layer(acts, i, act_bytes))
+            return 0;
+    backward(acts, layers);
+    return 1;
+}
+
+static void mark_step(int n)
+{
+    char label[32];
+    snprintf(label, sizeof label, "step %d", n);
+    cualloc_mark(label);
+}
+
+static NOINLINE void fragment(void)
+{
+    /* 12 blocks of 6 MiB: three to a 20 MiB segment; then every segment keeps its middle one. */
+    void *b[12];
+    for (int i = 0; i < 12; i++)
+        b[i] = tensor_empty(6 * MIB);
+    for (int i = 0; i < 12; i++)
+        if (i % 3 != 1)
+            tensor_free(b[i]);
+}
+
+static NOINLINE void *big_buffer(size_t bytes) { return tensor_empty(bytes); }
+
+int main(int argc, char **argv)
+{
+    if (argc != 3) {
+        fprintf(stderr, "usage: trace_scenarios leak|shortage|frag|step2|longest|phase TRACE\n");
+        return 1;
+    }
+    const char *s = argv[1];
+    if (cualloc_trace_start(argv[2]) != 0)
+        return 2;
+    if (strcmp(s, "leak") == 0) {
+        init_params(32 * MIB);
+        for (int step = 1; step <= 6; step++) {
+            train_step(8 * MIB, 4);
+            record_loss();
+            mark_step(step);
+        }
+    } else if (strcmp(s, "shortage") == 0) {
+        init_params(40 * MIB);
+        train_step(16 * MIB, 4);
+        mark_step(1);
+        if (!train_step(16 * MIB, 6))
+            _exit(1); /* the job dies with its OOM: no end record */
+        mark_step(2);
+    } else if (strcmp(s, "frag") == 0) {
+        init_params(8 * MIB);
+        fragment();
+        mark_step(1);
+        if (!big_buffer(56 * MIB))
+            _exit(1);
+    } else if (strcmp(s, "step2") == 0) {
+        init_params(32 * MIB);
+        for (int step = 1; step <= 4; step++) {
+            train_step(8 * MIB, 4);
+            if (step == 1)
+                adam_init_state(32 * MIB);
+            mark_step(step);
+        }
+    } else if (strcmp(s, "longest") == 0) {
+        init_params(32 * MIB);
+        for (int step = 1; step <= 8; step++) {
+            train_step(step == 6 ? 24 * MIB : 8 * MIB, 4);
+            mark_step(step);
+        }
+    } else if (strcmp(s, "phase") == 0) {
+        init_params(32 * MIB);
+        for (int step = 1; step <= 3; step++) {
+            train_step(8 * MIB, 4);
+            mark_step(step);
+        }
+        cualloc_mark("eval");
+        eval_pass(32 * MIB, 4);
+        cualloc_mark("train");
+        train_step(8 * MIB, 4);
+        mark_step(4);
+    } else {
+        fprintf(stderr, "trace_scenarios: unknown scenario %s\n", s);
+        return 1;
+    }
+    cualloc_trace_stop();
+    return 0;
+}

@@ -1,0 +1,538 @@
+/* analysis.c — see analysis.h. */
+#include "analysis.h"
+
+#include <ctype.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct av_live {
+    uint64_t addr;      /* 0: empty; key is (dev, addr) */
+    uint32_t dev, stack;
+    uint64_t size, req;
+    bool used, tomb;
+};
+
+static void *xrealloc(void *p, size_t n)
+{
+    void *q = realloc(p, n ? n : 1);
+    if (!q) {
+        fprintf(stderr, "allocview: out of memory\n");
+        exit(2);
+    }
+    return q;
+}
+
+static void copy_str(char *dst, size_t len, tr_str_t s)
+{
+    size_t n = s.len < len - 1 ? s.len : len - 1;
+    memcpy(dst, s.p, n);
+    dst[n] = '\0';
+}
+
+/* ------------------------------------------------------------------------ live blocks */
+
+static uint64_t hkey(uint32_t dev, uint64_t addr)
+{
+    uint64_t h = addr ^ ((uint64_t)dev << 56);
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    return h;
+}
+
+static struct av_live *live_find(av_t *a, uint32_t dev, uint64_t addr)
+{
+    if (!a->live_cap)
+        return NULL;
+    size_t m = a->live_cap - 1;
+    for (size_t i = hkey(dev, addr) & m;; i = (i + 1) & m) {
+        struct av_live *e = &a->live[i];
+        if (!e->used && !e->tomb)
+            return NULL;
+        if (e->used && e->addr == addr && e->dev == dev)
+            return e;
+    }
+}
+
+static void live_grow(av_t *a);
+
+static struct av_live *live_insert(av_t *a, uint32_t dev, uint64_t addr)
+{
+    if ((a->live_count + a->live_tombs + 1) * 2 > a->live_cap)
+        live_grow(a);
+    size_t m = a->live_cap - 1;
+    for (size_t i = hkey(dev, addr) & m;; i = (i + 1) & m) {
+        struct av_live *e = &a->live[i];
+        if (!e->used) {
+            if (e->tomb)
+                a->live_tombs--;
+            e->used = true;
+            e->tomb = false;
+            e->addr = addr;
+            e->dev = dev;
+            a->live_count++;
+            return e;
+        }
+    }
+}
+
+static void live_grow(av_t *a)
+{
+    struct av_live *old = a->live;
+    size_t oldcap = a->live_cap;
+    a->live_cap = !oldcap ? 1024 : a->live_count * 4 < oldcap ? oldcap : oldcap * 2;
+    a->live_tombs = 0;
+    a->live = calloc(a->live_cap, sizeof *a->live);
+    if (!a->live) {
+        fprintf(stderr, "allocview: out of memory\n");
+        exit(2);
+    }
+    a->live_count = 0;
+    for (size_t i = 0; i < oldcap; i++)
+        if (old[i].used) {
+            struct av_live *e = live_insert(a, old[i].dev, old[i].addr);
+            *e = old[i];
+        }
+    free(old);
+}
+
+/* Deletion with backward shift would be nicer; tombstones are rebuilt on growth. */
+static void live_erase(av_t *a, struct av_live *e)
+{
+    e->used = false;
+    e->tomb = true;
+    a->live_count--;
+    a->live_tombs++;
+}
+
+/* ---------------------------------------------------------------------------- helpers */
+
+long av_step_of(const char *label)
+{
+    while (*label == ' ')
+        label++;
+    if (strncasecmp(label, "step", 4) != 0)
+        return -1;
+    const char *p = label + 4;
+    while (*p == ' ' || *p == '_' || *p == '-' || *p == '=')
+        p++;
+    if (!isdigit((unsigned char)*p))
+        return -1;
+    char *end;
+    long n = strtol(p, &end, 10);
+    if (*end && *end != ' ')
+        return -1;
+    return n;
+}
+
+const av_module_t *av_module(const av_t *a, const char *path)
+{
+    if (!path)
+        return NULL;
+    for (size_t i = a->nmods; i-- > 0;)
+        if (strcmp(a->mods[i].path, path) == 0)
+            return &a->mods[i];
+    return NULL;
+}
+
+static av_stack_t *stack_get(av_t *a, uint32_t id)
+{
+    if (id >= a->nst) {
+        size_t n = a->nst ? a->nst : 64;
+        while (n <= id)
+            n *= 2;
+        a->st = xrealloc(a->st, n * sizeof *a->st);
+        memset(a->st + a->nst, 0, (n - a->nst) * sizeof *a->st);
+        for (size_t i = a->nst; i < n; i++) {
+            a->st[i].lk_step.last_b = a->step_bounds;
+            a->st[i].lk_win.last_b = a->win_bounds;
+            a->st[i].first_seq = UINT64_MAX;
+        }
+        a->nst = n;
+    }
+    return &a->st[id];
+}
+
+/* Brings a leak tracker up to `nb` boundaries, every one since its last seeing value `cur`. */
+static void lk_catch(av_leak_t *l, uint32_t nb, uint64_t cur)
+{
+    if (l->last_b >= nb)
+        return;
+    uint32_t k = nb - l->last_b;
+    if (l->n == 0) {
+        if (cur > 0) {
+            l->n = k;
+            l->first_v = l->last_v = cur;
+            l->first_b = l->last_b + 1;
+        }
+    } else {
+        if (cur > l->last_v)
+            l->inc++;
+        else if (cur < l->last_v)
+            l->dec++;
+        l->n += k;
+        l->last_v = cur;
+    }
+    l->last_b = nb;
+}
+
+bool av_leak_growing(const av_leak_t *l, uint64_t end_bytes)
+{
+    if (l->n < 3 || l->dec > 0 || l->inc < 2 || l->last_v <= l->first_v)
+        return false;
+    if (l->inc * 2 < l->n - 1)
+        return false;
+    return end_bytes >= l->last_v; /* never given back */
+}
+
+/* Before a stack changes: save its value at the last peak, catch up its leak state. */
+static void stack_touch(av_t *a, av_stack_t *s)
+{
+    if (s->pk_epoch != a->epoch) {
+        s->pk_epoch = a->epoch;
+        s->pk_bytes = s->cur_bytes;
+        s->pk_req = s->cur_req;
+        s->pk_count = s->cur_count;
+    }
+    lk_catch(&s->lk_step, a->step_bounds, s->cur_bytes);
+    lk_catch(&s->lk_win, a->win_bounds, s->cur_bytes);
+}
+
+static av_seg_t *seg_cur(av_t *a)
+{
+    return &a->segs[a->nsegs - 1];
+}
+
+static void seg_open(av_t *a, const char *mark, uint64_t time, uint64_t seq)
+{
+    if (a->nsegs == a->capsegs) {
+        a->capsegs = a->capsegs ? a->capsegs * 2 : 16;
+        a->segs = xrealloc(a->segs, a->capsegs * sizeof *a->segs);
+    }
+    av_seg_t *g = &a->segs[a->nsegs++];
+    memset(g, 0, sizeof *g);
+    g->start_time = g->end_time = g->peak_time = time;
+    g->start_seq = g->peak_seq = seq;
+    g->alloc_at_start = g->peak_alloc = a->acct.allocated;
+    g->peak_req = a->acct.requested;
+    g->peak_reserved = a->acct.reserved;
+    g->kind = AV_SEG_START;
+    /* Provisional label from the opening mark; fixed when the segment closes. */
+    if (mark) {
+        long n = av_step_of(mark);
+        if (n < 0) {
+            g->kind = AV_SEG_PHASE;
+            snprintf(g->label, sizeof g->label, "%s", mark);
+        } else if (a->marks_start_steps) {
+            g->kind = AV_SEG_STEP;
+            g->step = n;
+            snprintf(g->label, sizeof g->label, "step %ld", n);
+        } else {
+            /* "step N" is written after step N (cualloc_torch): what follows is step N+1. */
+            g->kind = AV_SEG_STEP;
+            g->step = n + 1;
+            snprintf(g->label, sizeof g->label, "step %ld", n + 1);
+        }
+    } else {
+        snprintf(g->label, sizeof g->label, "start");
+    }
+}
+
+static void on_mark(av_t *a, const char *label, uint64_t time, uint64_t seq)
+{
+    long n = av_step_of(label);
+    a->nmarks++;
+    if (n >= 0 && !a->mark_convention_known) {
+        a->mark_convention_known = true;
+        /* A "step N" written before any allocation starts its step; after work, it ends it. */
+        a->marks_start_steps = a->acct.num_allocs == 0;
+        if (a->marks_start_steps && a->nsegs == 1 && a->segs[0].num_allocs == 0)
+            snprintf(a->segs[0].label, sizeof a->segs[0].label, "start");
+    }
+    av_seg_t *g = seg_cur(a);
+    g->closed = true;
+    g->end_time = time;
+    if (n >= 0 && !a->marks_start_steps && g->kind != AV_SEG_PHASE) {
+        g->kind = AV_SEG_STEP;
+        g->step = n;
+        snprintf(g->label, sizeof g->label, "step %ld", n);
+    }
+    if (g->kind == AV_SEG_STEP) {
+        a->step_bounds++;
+        a->nstep_marks++;
+    }
+    seg_open(a, label, time, seq);
+}
+
+static void new_peak(av_t *a, uint64_t time, uint64_t seq)
+{
+    a->epoch++;
+    a->have_peak = true;
+    a->peak_alloc = a->acct.allocated;
+    a->peak_req = a->acct.requested;
+    a->peak_reserved = a->acct.reserved;
+    a->peak_time = time;
+    a->peak_seq = seq;
+    a->peak_seg = (uint32_t)(a->nsegs - 1);
+}
+
+static void snapshot_oom(av_t *a)
+{
+    a->oom_snap = true;
+    for (size_t i = 0; i < a->nst; i++) {
+        a->st[i].oom_bytes = a->st[i].cur_bytes;
+        a->st[i].oom_count = a->st[i].cur_count;
+    }
+    a->oom_live_count = a->live_count;
+}
+
+static void progress(const av_t *a, uint64_t off, uint64_t total, int *last)
+{
+    if (!total)
+        return;
+    int pct = (int)(off * 100 / total);
+    if (pct == *last)
+        return;
+    *last = pct;
+    int w = 40, fill = pct * w / 100;
+    fprintf(stderr, "\rallocview: reading %-.40s [", a->path);
+    for (int i = 0; i < w; i++)
+        fputc(i < fill ? '#' : '.', stderr);
+    fprintf(stderr, "] %3d%%", pct);
+}
+
+av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errlen)
+{
+    tr_reader_t *r = tr_open(path, err, errlen);
+    if (!r)
+        return NULL;
+    av_t *a = calloc(1, sizeof *a);
+    if (!a) {
+        snprintf(err, errlen, "out of memory");
+        tr_close(r);
+        return NULL;
+    }
+    a->path = path;
+    a->r = r;
+    a->rank = -1;
+    tr_acct_init(&a->acct);
+    stack_get(a, 0);
+    uint64_t fsize = tr_info(r)->file_size;
+    /* Without step marks, leaks are judged over ~16 windows of allocations (estimated from the
+     * file size: a few bytes per event). */
+    a->win_every = fsize / 8 / 16;
+    if (a->win_every < 16)
+        a->win_every = 16;
+    seg_open(a, NULL, 0, 0);
+    int last_pct = -1;
+    bool prog = opts && opts->progress && fsize > ((uint64_t)64 << 20);
+    tr_record_t rec;
+    int k;
+    bool first_event = true;
+    uint64_t first_time = 0;
+    while ((k = tr_next(r, &rec)) > 0) {
+        if (prog && (rec.seq & 0xffff) == 0)
+            progress(a, rec.offset, fsize, &last_pct);
+        tr_acct_add(&a->acct, &rec);
+        a->last_seq = rec.seq;
+        if (!rec.known)
+            continue;
+        if (rec.type >= CUA_TRACE_FIRST_EVENT) {
+            if (first_event) {
+                first_event = false;
+                first_time = rec.time_ns;
+                a->segs[0].start_time = a->segs[0].end_time = a->segs[0].peak_time = rec.time_ns;
+            }
+            a->last_time = rec.time_ns;
+            seg_cur(a)->end_time = rec.time_ns;
+            if (opts && opts->at_time_ns >= 0 && !a->at_hit &&
+                rec.time_ns - first_time > (uint64_t)opts->at_time_ns) {
+                /* the state just before this event */
+                a->at_hit = true;
+            }
+        }
+        switch (rec.type) {
+        case CUA_TRACE_PROCESS:
+            a->have_process = true;
+            a->pid = rec.u.process.pid;
+            a->rank = rec.u.process.rank;
+            a->clock = rec.u.process.clock;
+            a->start_realtime = rec.u.process.realtime_ns;
+            a->start_monotonic = rec.u.process.monotonic_ns;
+            copy_str(a->host, sizeof a->host, rec.u.process.host);
+            copy_str(a->cmd, sizeof a->cmd, rec.u.process.cmdline);
+            copy_str(a->recorder, sizeof a->recorder, rec.u.process.recorder);
+            break;
+        case CUA_TRACE_CONFIG:
+            copy_str(a->config, sizeof a->config, rec.u.text);
+            break;
+        case CUA_TRACE_DEVICE:
+            if (rec.u.device.dev < CUA_TRACE_MAX_DEVICES) {
+                int d = (int)rec.u.device.dev;
+                a->have_dev[d] = true;
+                copy_str(a->dev_name[d], sizeof a->dev_name[d], rec.u.device.name);
+                a->dev_total[d] = rec.u.device.total;
+                a->dev_capacity[d] = rec.u.device.capacity;
+                a->dev_mode[d] = rec.u.device.mode;
+            }
+            break;
+        case CUA_TRACE_MODULE: {
+            if (a->nmods == a->capmods) {
+                a->capmods = a->capmods ? a->capmods * 2 : 16;
+                a->mods = xrealloc(a->mods, a->capmods * sizeof *a->mods);
+            }
+            av_module_t *m = &a->mods[a->nmods++];
+            memset(m, 0, sizeof *m);
+            m->path = xrealloc(NULL, rec.u.module.path.len + 1);
+            memcpy(m->path, rec.u.module.path.p, rec.u.module.path.len);
+            m->path[rec.u.module.path.len] = '\0';
+            m->build_id_len = (unsigned)(rec.u.module.build_id.len < sizeof m->build_id ? rec.u.module.build_id.len
+                                                                                         : sizeof m->build_id);
+            memcpy(m->build_id, rec.u.module.build_id.p, m->build_id_len);
+            break;
+        }
+        case CUA_TRACE_STACK:
+            stack_get(a, (uint32_t)rec.u.stack.id);
+            break;
+        case CUA_TRACE_ALLOC:
+        case CUA_TRACE_INIT_BLOCK: {
+            if (live_find(a, rec.dev, rec.addr))
+                break; /* double alloc: tr_acct counts it */
+            av_stack_t *s = stack_get(a, rec.stack);
+            stack_touch(a, s);
+            struct av_live *e = live_insert(a, rec.dev, rec.addr);
+            e->stack = rec.stack;
+            e->size = rec.size;
+            e->req = rec.requested;
+            s->cur_bytes += rec.size;
+            s->cur_req += rec.requested;
+            s->cur_count++;
+            if (s->cur_bytes > s->max_bytes)
+                s->max_bytes = s->cur_bytes;
+            if (s->first_seq == UINT64_MAX) {
+                s->first_seq = rec.seq;
+                s->first_time = rec.time_ns;
+                s->first_seg = (uint32_t)(a->nsegs - 1);
+            }
+            if (rec.type == CUA_TRACE_ALLOC) {
+                s->num_allocs++;
+                s->alloc_bytes += rec.size;
+                seg_cur(a)->num_allocs++;
+                if (++a->win_allocs >= a->win_every) {
+                    a->win_allocs = 0;
+                    a->win_bounds++;
+                }
+            }
+            av_seg_t *g = seg_cur(a);
+            if (a->acct.allocated > g->peak_alloc) {
+                g->peak_alloc = a->acct.allocated;
+                g->peak_req = a->acct.requested;
+                g->peak_reserved = a->acct.reserved;
+                g->peak_time = rec.time_ns;
+                g->peak_seq = rec.seq;
+            }
+            bool at_mode = opts && (opts->at_time_ns >= 0 || opts->at_mark);
+            if (!at_mode && a->acct.allocated > a->peak_alloc)
+                new_peak(a, rec.time_ns, rec.seq);
+            break;
+        }
+        case CUA_TRACE_FREE: {
+            struct av_live *e = live_find(a, rec.dev, rec.addr);
+            if (!e)
+                break;
+            if (!seg_cur(a)->first_free_seq)
+                seg_cur(a)->first_free_seq = rec.seq;
+            av_stack_t *s = stack_get(a, e->stack);
+            stack_touch(a, s);
+            s->cur_bytes -= e->size <= s->cur_bytes ? e->size : s->cur_bytes;
+            s->cur_req -= e->req <= s->cur_req ? e->req : s->cur_req;
+            if (s->cur_count)
+                s->cur_count--;
+            live_erase(a, e);
+            break;
+        }
+        case CUA_TRACE_MAP:
+        case CUA_TRACE_INIT_MAP:
+            if (a->acct.reserved > seg_cur(a)->peak_reserved)
+                seg_cur(a)->peak_reserved = a->acct.reserved;
+            break;
+        case CUA_TRACE_OOM: {
+            if (a->nooms == a->capooms) {
+                a->capooms = a->capooms ? a->capooms * 2 : 8;
+                a->ooms = xrealloc(a->ooms, a->capooms * sizeof *a->ooms);
+            }
+            av_oom_t *o = &a->ooms[a->nooms++];
+            o->seq = rec.seq;
+            o->time = rec.time_ns;
+            o->dev = rec.dev;
+            o->stack = rec.stack;
+            o->seg = (uint32_t)(a->nsegs - 1);
+            o->requested = rec.u.oom.requested;
+            o->rounded = rec.u.oom.rounded;
+            o->capacity = rec.u.oom.capacity;
+            o->allocated = rec.u.oom.allocated;
+            o->reserved = rec.u.oom.reserved;
+            o->device_free = rec.u.oom.device_free;
+            o->largest_free = rec.u.oom.largest_free;
+            stack_get(a, rec.stack);
+            if (!a->oom_snap)
+                snapshot_oom(a);
+            break;
+        }
+        case CUA_TRACE_MARK: {
+            char label[256];
+            copy_str(label, sizeof label, rec.u.text);
+            if (opts && opts->at_mark && !a->at_hit && strcmp(label, opts->at_mark) == 0) {
+                a->at_hit = true;
+                a->at_seg = (uint32_t)(a->nsegs - 1);
+            }
+            on_mark(a, label, rec.time_ns, rec.seq);
+            break;
+        }
+        default:
+            break;
+        }
+        if (a->at_hit && !a->have_peak) {
+            /* peak --at: the snapshot is taken at the named moment instead of the maximum */
+            new_peak(a, rec.time_ns, rec.seq);
+            if (opts->at_mark)
+                a->peak_seg = a->at_seg;
+        }
+    }
+    if (prog) {
+        progress(a, fsize, fsize, &last_pct);
+        fputc('\n', stderr);
+    }
+    if (k < 0) {
+        a->status = 3;
+        snprintf(a->error, sizeof a->error, "%s", tr_error(r));
+    }
+    snprintf(a->warning, sizeof a->warning, "%s", tr_warning(r));
+    seg_cur(a)->end_time = a->last_time;
+    /* An unfinished last step (the job died in it) keeps its provisional label. */
+    for (size_t i = 0; i < a->nst; i++) {
+        lk_catch(&a->st[i].lk_step, a->step_bounds, a->st[i].cur_bytes);
+        lk_catch(&a->st[i].lk_win, a->win_bounds, a->st[i].cur_bytes);
+    }
+    return a;
+}
+
+void av_free(av_t *a)
+{
+    if (!a)
+        return;
+    tr_acct_free(&a->acct);
+    for (size_t i = 0; i < a->nmods; i++)
+        free(a->mods[i].path);
+    free(a->mods);
+    free(a->st);
+    free(a->segs);
+    free(a->ooms);
+    free(a->live);
+    tr_close(a->r);
+    free(a);
+}

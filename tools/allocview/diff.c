@@ -1,0 +1,214 @@
+/* diff.c — `allocview diff A B`: what grew between two traces. Each trace's live bytes at its own
+ * allocated peak are taken per call site (vw_peak_sites); sites are matched between the traces by
+ * their symbolic frames (vw_site_folded: module+offset and Python function/file/line, root first),
+ * never by stack id or address, which differ from run to run. Largest growth first.
+ */
+#include "views.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct dsite { char *key; char *name; uint64_t a, b; } dsite_t;
+
+typedef struct side {
+    tr_reader_t *r;
+    vw_peak_t p;
+    int status;
+} side_t;
+
+static int key_cmp(const void *x, const void *y)
+{
+    return strcmp(((const dsite_t *)x)->key, ((const dsite_t *)y)->key);
+}
+
+static int growth_cmp(const void *x, const void *y)
+{
+    const dsite_t *p = x, *q = y;
+    int64_t gp = (int64_t)(p->b - p->a), gq = (int64_t)(q->b - q->a);
+    if (gp != gq)
+        return gp > gq ? -1 : 1;
+    uint64_t mp = p->a > p->b ? p->a : p->b, mq = q->a > q->b ? q->a : q->b;
+    if (mp != mq)
+        return mp > mq ? -1 : 1;
+    return strcmp(p->key, q->key);
+}
+
+/* Appends side's sites (bytes at its peak) to *v, into field a (which = 0) or b (which = 1). */
+static bool collect(side_t *s, int which, dsite_t **v, size_t *n, size_t *cap)
+{
+    static char buf[65536];
+    for (uint32_t id = 0; id < s->p.nstacks; id++) {
+        if (!s->p.bytes[id])
+            continue;
+        if (*n == *cap) {
+            size_t nc = *cap ? *cap * 2 : 256;
+            dsite_t *nv = realloc(*v, nc * sizeof *nv);
+            if (!nv)
+                return false;
+            *v = nv;
+            *cap = nc;
+        }
+        dsite_t *d = &(*v)[*n];
+        vw_site_folded(s->r, id, buf, sizeof buf);
+        d->key = strdup(buf);
+        vw_site_name(s->r, id, buf, sizeof buf);
+        d->name = strdup(buf);
+        if (!d->key || !d->name) {
+            free(d->key);
+            free(d->name);
+            return false;
+        }
+        d->a = which == 0 ? s->p.bytes[id] : 0;
+        d->b = which == 1 ? s->p.bytes[id] : 0;
+        (*n)++;
+    }
+    return true;
+}
+
+static void signed_human(int64_t d, char *buf, size_t len)
+{
+    char h[32];
+    uint64_t m = d < 0 ? (uint64_t)0 - (uint64_t)d : (uint64_t)d;
+    snprintf(buf, len, "%s%s", d < 0 ? "-" : d > 0 ? "+" : " ", vw_human(m, h, sizeof h));
+}
+
+static void diff_usage(FILE *out)
+{
+    fprintf(out, "usage: allocview diff [--json] [--all] A B\n"
+                 "  what grew from trace A to trace B: each call site's live bytes at its trace's peak of\n"
+                 "  allocated memory, A against B, largest growth first; and the two peaks. Sites are\n"
+                 "  matched by their frames (module+offset, Python function and line), not by address.\n"
+                 "  Sites that did not change are left out unless --all.\n");
+}
+
+int av_cmd_diff(int argc, char **argv)
+{
+    const char *pa = NULL, *pb = NULL;
+    bool json = false, all = false;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            diff_usage(stdout);
+            return 0;
+        } else if (strcmp(argv[i], "--json") == 0) {
+            json = true;
+        } else if (strcmp(argv[i], "--all") == 0) {
+            all = true;
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            fprintf(stderr, "allocview diff: unknown option %s (see allocview diff --help)\n", argv[i]);
+            return VW_EXIT_USAGE;
+        } else if (!pa) {
+            pa = argv[i];
+        } else if (!pb) {
+            pb = argv[i];
+        } else {
+            fprintf(stderr, "allocview diff: two traces, A and B\n");
+            return VW_EXIT_USAGE;
+        }
+    }
+    if (!pb) {
+        diff_usage(stderr);
+        return VW_EXIT_USAGE;
+    }
+    side_t s[2];
+    memset(s, 0, sizeof s);
+    s[0].status = vw_peak_sites(pa, &s[0].r, &s[0].p);
+    if (!s[0].r)
+        return s[0].status;
+    s[1].status = vw_peak_sites(pb, &s[1].r, &s[1].p);
+    if (!s[1].r) {
+        vw_peak_free(&s[0].p);
+        tr_close(s[0].r);
+        return s[1].status;
+    }
+    dsite_t *v = NULL;
+    size_t n = 0, cap = 0;
+    int status = VW_EXIT_OK;
+    if (!collect(&s[0], 0, &v, &n, &cap) || !collect(&s[1], 1, &v, &n, &cap)) {
+        fprintf(stderr, "allocview diff: out of memory\n");
+        status = VW_EXIT_UNREADABLE;
+    }
+    /* Merge equal keys (the same site in both traces, or stacks folding to one key). */
+    qsort(v, n, sizeof *v, key_cmp);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (m && strcmp(v[m - 1].key, v[i].key) == 0) {
+            v[m - 1].a += v[i].a;
+            v[m - 1].b += v[i].b;
+            free(v[i].key);
+            free(v[i].name);
+        } else {
+            v[m++] = v[i];
+        }
+    }
+    n = m;
+    qsort(v, n, sizeof *v, growth_cmp);
+
+    char h1[32], h2[32], h3[32];
+    if (json) {
+        printf("{\"a\": ");
+        vw_json_string(stdout, pa);
+        printf(", \"b\": ");
+        vw_json_string(stdout, pb);
+        printf(", \"peak_live_bytes\": {\"a\": %" PRIu64 ", \"b\": %" PRIu64 ", \"diff\": %" PRId64 "}",
+               s[0].p.live_peak, s[1].p.live_peak, (int64_t)(s[1].p.live_peak - s[0].p.live_peak));
+        printf(", \"peak_reserved_bytes\": {\"a\": %" PRIu64 ", \"b\": %" PRIu64 ", \"diff\": %" PRId64 "}",
+               s[0].p.reserved_peak, s[1].p.reserved_peak, (int64_t)(s[1].p.reserved_peak - s[0].p.reserved_peak));
+        printf(", \"sites\": [");
+        const char *sep = "";
+        for (size_t i = 0; i < n; i++) {
+            if (!all && v[i].a == v[i].b)
+                continue;
+            printf("%s{\"name\": ", sep);
+            vw_json_string(stdout, v[i].name);
+            printf(", \"stack\": ");
+            vw_json_string(stdout, v[i].key);
+            printf(", \"a_bytes\": %" PRIu64 ", \"b_bytes\": %" PRIu64 ", \"diff_bytes\": %" PRId64 "}", v[i].a,
+                   v[i].b, (int64_t)(v[i].b - v[i].a));
+            sep = ", ";
+        }
+        printf("]}\n");
+    } else {
+        printf("A  %s\nB  %s\n", pa, pb);
+        signed_human((int64_t)(s[1].p.live_peak - s[0].p.live_peak), h3, sizeof h3);
+        printf("peak allocated  %s -> %s  (%s)\n", vw_human(s[0].p.live_peak, h1, sizeof h1),
+               vw_human(s[1].p.live_peak, h2, sizeof h2), h3);
+        signed_human((int64_t)(s[1].p.reserved_peak - s[0].p.reserved_peak), h3, sizeof h3);
+        printf("peak reserved   %s -> %s  (%s)\n", vw_human(s[0].p.reserved_peak, h1, sizeof h1),
+               vw_human(s[1].p.reserved_peak, h2, sizeof h2), h3);
+        printf("live at each trace's peak, by call site (largest growth first):\n");
+        printf("  %12s  %12s  %12s  %s\n", "change", "A", "B", "site");
+        size_t shown = 0, same = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!all && v[i].a == v[i].b) {
+                same++;
+                continue;
+            }
+            signed_human((int64_t)(v[i].b - v[i].a), h3, sizeof h3);
+            printf("  %12s  %12s  %12s  %s%s\n", h3, vw_human(v[i].a, h1, sizeof h1), vw_human(v[i].b, h2, sizeof h2),
+                   v[i].name, !v[i].a ? "  (new in B)" : !v[i].b ? "  (gone in B)" : "");
+            shown++;
+        }
+        if (!shown)
+            printf("  (no call site changed)\n");
+        if (same)
+            printf("  %zu site%s unchanged (--all shows them)\n", same, same == 1 ? "" : "s");
+        if (s[0].p.truncated || s[1].p.truncated)
+            printf("note: %s has no end record (cut short, or the process died)\n",
+                   s[0].p.truncated && s[1].p.truncated ? "each trace" : s[0].p.truncated ? "A" : "B");
+    }
+    fflush(stdout);
+    for (size_t i = 0; i < n; i++) {
+        free(v[i].key);
+        free(v[i].name);
+    }
+    free(v);
+    for (int i = 0; i < 2; i++) {
+        int st = vw_finish("diff", i ? pb : pa, s[i].r, s[i].status == VW_EXIT_CORRUPT ? -1 : 0);
+        if (st && !status)
+            status = st;
+        vw_peak_free(&s[i].p);
+        tr_close(s[i].r);
+    }
+    return status;
+}

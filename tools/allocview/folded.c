@@ -1,0 +1,455 @@
+/* folded.c — what allocview's time and call-site views share (views.h): the live-state replay,
+ * call-site naming, each site's live bytes at the peak; and `allocview folded`, the folded stacks
+ * of the peak for flamegraph tools (also what `sites --folded` prints).
+ */
+#include "views.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* --------------------------------------------------------------------------------- helpers */
+
+const char *vw_human(uint64_t bytes, char *buf, size_t len)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    double v = (double)bytes;
+    unsigned u = 0;
+    while (v >= 1024.0 && u + 1 < sizeof units / sizeof units[0]) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, len, "%" PRIu64 " B", bytes);
+    else
+        snprintf(buf, len, "%.2f %s", v, units[u]);
+    return buf;
+}
+
+void vw_json_string(FILE *out, const char *s)
+{
+    fputc('"', out);
+    for (; s && *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            fprintf(out, "\\%c", ch);
+        else if (ch < 0x20 || ch == 0x7f)
+            fprintf(out, "\\u%04x", ch);
+        else
+            fputc(ch, out);
+    }
+    fputc('"', out);
+}
+
+tr_reader_t *vw_open(const char *path)
+{
+    char err[512];
+    tr_reader_t *r = tr_open(path, err, sizeof err);
+    if (!r)
+        fprintf(stderr, "allocview: %s: %s\n", path, err);
+    return r;
+}
+
+int vw_finish(const char *cmd, const char *path, tr_reader_t *r, int k)
+{
+    if (k < 0) {
+        fprintf(stderr, "allocview %s: %s: corrupt trace: %s; the output covers the records before it\n", cmd, path,
+                tr_error(r));
+        return VW_EXIT_CORRUPT;
+    }
+    if (tr_warning(r)[0])
+        fprintf(stderr, "allocview %s: %s: %s\n", cmd, path, tr_warning(r));
+    return VW_EXIT_OK;
+}
+
+/* ---------------------------------------------------------------------------------- replay */
+
+struct vw_live { uint64_t addr, size; uint32_t dev, stack; bool used; };
+
+void vw_replay_init(vw_replay_t *s) { memset(s, 0, sizeof *s); }
+
+void vw_replay_free(vw_replay_t *s)
+{
+    free(s->tab);
+    free(s->site_bytes);
+    memset(s, 0, sizeof *s);
+}
+
+static uint64_t live_hash(uint32_t dev, uint64_t addr)
+{
+    uint64_t h = (addr >> 9) ^ ((uint64_t)dev * 0x9E3779B97F4A7C15ull);
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 32;
+    return h;
+}
+
+static vw_live_t *live_find(vw_replay_t *s, uint32_t dev, uint64_t addr)
+{
+    if (!s->cap)
+        return NULL;
+    size_t mask = s->cap - 1;
+    for (size_t i = live_hash(dev, addr) & mask;; i = (i + 1) & mask) {
+        vw_live_t *e = &s->tab[i];
+        if (!e->used)
+            return NULL;
+        if (e->addr == addr && e->dev == dev)
+            return e;
+    }
+}
+
+static bool live_insert(vw_replay_t *s, uint32_t dev, uint64_t addr, uint64_t size, uint32_t stack)
+{
+    if ((s->count + 1) * 2 > s->cap) {
+        size_t ncap = s->cap ? s->cap * 2 : 1024;
+        vw_live_t *nt = calloc(ncap, sizeof *nt);
+        if (!nt)
+            return false;
+        for (size_t i = 0; i < s->cap; i++) {
+            if (!s->tab[i].used)
+                continue;
+            size_t k = live_hash(s->tab[i].dev, s->tab[i].addr) & (ncap - 1);
+            while (nt[k].used)
+                k = (k + 1) & (ncap - 1);
+            nt[k] = s->tab[i];
+        }
+        free(s->tab);
+        s->tab = nt;
+        s->cap = ncap;
+    }
+    size_t mask = s->cap - 1, i = live_hash(dev, addr) & mask;
+    while (s->tab[i].used)
+        i = (i + 1) & mask;
+    s->tab[i] = (vw_live_t){addr, size, dev, stack, true};
+    s->count++;
+    return true;
+}
+
+static void live_erase(vw_replay_t *s, vw_live_t *e)
+{
+    size_t mask = s->cap - 1, i = (size_t)(e - s->tab);
+    for (size_t j = (i + 1) & mask; s->tab[j].used; j = (j + 1) & mask) {
+        size_t home = live_hash(s->tab[j].dev, s->tab[j].addr) & mask;
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            s->tab[i] = s->tab[j];
+            i = j;
+        }
+    }
+    s->tab[i].used = false;
+    s->count--;
+}
+
+static bool site_room(vw_replay_t *s, uint32_t stack)
+{
+    if (stack < s->site_cap)
+        return true;
+    uint32_t nc = s->site_cap ? s->site_cap : 256;
+    while (nc <= stack)
+        nc = nc > UINT32_MAX / 2 ? stack + 1 : nc * 2;
+    uint64_t *n = realloc(s->site_bytes, (size_t)nc * sizeof *n);
+    if (!n)
+        return false;
+    memset(n + s->site_cap, 0, (size_t)(nc - s->site_cap) * sizeof *n);
+    s->site_bytes = n;
+    s->site_cap = nc;
+    return true;
+}
+
+int64_t vw_replay_add(vw_replay_t *s, const tr_record_t *rec)
+{
+    if (!rec->known)
+        return -1;
+    switch (rec->type) {
+    case CUA_TRACE_ALLOC:
+    case CUA_TRACE_INIT_BLOCK:
+        if (live_find(s, rec->dev, rec->addr))
+            return -1; /* a double alloc: tr_acct counts it; the first one stays */
+        if (!site_room(s, rec->stack) || !live_insert(s, rec->dev, rec->addr, rec->size, rec->stack)) {
+            s->oom = true;
+            return -1;
+        }
+        s->site_bytes[rec->stack] += rec->size;
+        s->live += rec->size;
+        if (s->live > s->live_peak) {
+            s->live_peak = s->live;
+            s->live_peak_seq = rec->seq;
+            s->live_peak_time = rec->time_ns;
+        }
+        return rec->stack;
+    case CUA_TRACE_FREE: {
+        vw_live_t *e = live_find(s, rec->dev, rec->addr);
+        if (!e)
+            return -1; /* unmatched (a ring's overwritten start) */
+        uint32_t st = e->stack;
+        uint64_t sz = e->size;
+        s->site_bytes[st] -= sz < s->site_bytes[st] ? sz : s->site_bytes[st];
+        s->live -= sz < s->live ? sz : s->live;
+        live_erase(s, e);
+        return st;
+    }
+    case CUA_TRACE_MAP:
+    case CUA_TRACE_INIT_MAP:
+        s->reserved += rec->size;
+        if (s->reserved > s->reserved_peak) {
+            s->reserved_peak = s->reserved;
+            s->reserved_peak_time = rec->time_ns;
+        }
+        return -1;
+    case CUA_TRACE_UNMAP:
+        s->reserved -= rec->size < s->reserved ? rec->size : s->reserved;
+        return -1;
+    default:
+        return -1;
+    }
+}
+
+/* ---------------------------------------------------------------------------------- naming */
+
+static const char *base_name(const char *path)
+{
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+static bool prefixed(const char *s, const char *p) { return s && strncmp(s, p, strlen(p)) == 0; }
+
+bool vw_frame_is_allocator(const tr_frame_t *f)
+{
+    if (f->kind == CUA_TRACE_FRAME_NATIVE) {
+        if (!f->module)
+            return false;
+        const char *b = base_name(f->module);
+        return prefixed(b, "libcualloc") || prefixed(b, "libcudart") || prefixed(b, "libcuda");
+    }
+    return prefixed(f->function, "cualloc_") || prefixed(f->function, "cudaMalloc") ||
+           prefixed(f->function, "cuMemAlloc");
+}
+
+void vw_frame_name(const tr_frame_t *f, char *buf, size_t len)
+{
+    if (f->kind == CUA_TRACE_FRAME_PYTHON) {
+        if (f->function)
+            snprintf(buf, len, "%s (%s:%" PRIu64 ")", f->function, f->file ? f->file : "?", f->line);
+        else
+            snprintf(buf, len, "(unknown Python frame)");
+    } else if (f->module) {
+        /* The recorded return address's offset, as symbolize.c prints an unsymbolized frame. */
+        snprintf(buf, len, "%s+0x%" PRIx64, base_name(f->module), f->module_offset);
+    } else {
+        snprintf(buf, len, "0x%" PRIx64, f->addr);
+    }
+}
+
+/* The frames of `stack`, innermost first; *first = the first not the allocator's (n if none). */
+static size_t site_frames(const tr_reader_t *r, uint32_t stack, tr_frame_t *fr, size_t *first)
+{
+    size_t n = tr_stack_frames(r, stack, fr, VW_MAX_FRAMES);
+    size_t i = 0;
+    while (i < n && vw_frame_is_allocator(&fr[i]))
+        i++;
+    *first = i;
+    return n;
+}
+
+void vw_site_name(const tr_reader_t *r, uint32_t stack, char *buf, size_t len)
+{
+    static tr_frame_t fr[VW_MAX_FRAMES];
+    size_t first, n = site_frames(r, stack, fr, &first);
+    if (n == 0)
+        snprintf(buf, len, stack ? "(stack %" PRIu32 " unknown)" : "(no stack)", stack);
+    else if (first == n)
+        snprintf(buf, len, "(allocator)");
+    else
+        vw_frame_name(&fr[first], buf, len);
+}
+
+size_t vw_site_folded(const tr_reader_t *r, uint32_t stack, char *buf, size_t len)
+{
+    static tr_frame_t fr[VW_MAX_FRAMES];
+    size_t first, n = site_frames(r, stack, fr, &first), o = 0;
+    if (len == 0)
+        return 0;
+    buf[0] = '\0';
+    if (n == 0 || first == n) {
+        char name[64];
+        vw_site_name(r, stack, name, sizeof name);
+        snprintf(buf, len, "%s", name);
+        return strlen(buf);
+    }
+    for (size_t i = n; i-- > first;) {
+        char name[1024];
+        vw_frame_name(&fr[i], name, sizeof name);
+        for (char *p = name; *p; p++) /* the separators of the folded format */
+            if (*p == ';')
+                *p = ':';
+            else if (*p == '\n' || *p == '\r')
+                *p = ' ';
+        int k = snprintf(buf + o, len - o, "%s%s", o ? ";" : "", name);
+        if (k < 0 || (size_t)k >= len - o) {
+            o = len - 1;
+            break;
+        }
+        o += (size_t)k;
+    }
+    return o;
+}
+
+/* ------------------------------------------------------------------------------ peak sites */
+
+int vw_peak_sites(const char *path, tr_reader_t **rp, vw_peak_t *p)
+{
+    memset(p, 0, sizeof *p);
+    *rp = NULL;
+    tr_reader_t *r = vw_open(path);
+    if (!r)
+        return VW_EXIT_UNREADABLE;
+    vw_replay_t s;
+    vw_replay_init(&s);
+    tr_record_t rec;
+    int k;
+    bool end = false;
+    while ((k = tr_next(r, &rec)) > 0) {
+        vw_replay_add(&s, &rec);
+        if (rec.known && rec.type == CUA_TRACE_END)
+            end = true;
+    }
+    int status = k < 0 ? VW_EXIT_CORRUPT : VW_EXIT_OK;
+    p->live_peak = s.live_peak;
+    p->reserved_peak = s.reserved_peak;
+    p->peak_time = s.live_peak_time;
+    p->truncated = !end;
+    uint64_t peak_seq = s.live_peak_seq;
+    vw_replay_free(&s);
+    /* Second pass: up to the record that reached the peak. */
+    if (peak_seq) {
+        tr_reader_t *r2 = vw_open(path);
+        if (!r2) {
+            tr_close(r);
+            return VW_EXIT_UNREADABLE;
+        }
+        vw_replay_init(&s);
+        while (tr_next(r2, &rec) > 0) {
+            vw_replay_add(&s, &rec);
+            if (rec.seq >= peak_seq)
+                break;
+        }
+        tr_close(r2);
+        p->bytes = s.site_bytes;
+        p->nstacks = s.site_cap;
+        s.site_bytes = NULL;
+        vw_replay_free(&s);
+    }
+    *rp = r;
+    return status;
+}
+
+void vw_peak_free(vw_peak_t *p)
+{
+    free(p->bytes);
+    memset(p, 0, sizeof *p);
+}
+
+/* ------------------------------------------------------------------------------- folded */
+
+typedef struct fline { char *text; uint64_t bytes; } fline_t;
+
+static int fline_cmp(const void *a, const void *b)
+{
+    const fline_t *x = a, *y = b;
+    if (x->bytes != y->bytes)
+        return x->bytes > y->bytes ? -1 : 1;
+    return strcmp(x->text, y->text);
+}
+
+static int fline_text_cmp(const void *a, const void *b)
+{
+    return strcmp(((const fline_t *)a)->text, ((const fline_t *)b)->text);
+}
+
+int vw_write_folded(FILE *out, const char *path)
+{
+    tr_reader_t *r;
+    vw_peak_t p;
+    int status = vw_peak_sites(path, &r, &p);
+    if (!r)
+        return status;
+    fline_t *lines = calloc(p.nstacks ? p.nstacks : 1, sizeof *lines);
+    size_t n = 0;
+    static char buf[65536];
+    for (uint32_t id = 0; lines && id < p.nstacks; id++) {
+        if (!p.bytes[id])
+            continue;
+        vw_site_folded(r, id, buf, sizeof buf);
+        lines[n].text = strdup(buf);
+        lines[n].bytes = p.bytes[id];
+        if (lines[n].text)
+            n++;
+    }
+    /* Different stacks can fold to the same line (only the allocator's frames differ): merge
+     * equal lines (sorted by text), then order by bytes. */
+    qsort(lines, n, sizeof *lines, fline_text_cmp);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (m && strcmp(lines[m - 1].text, lines[i].text) == 0) {
+            lines[m - 1].bytes += lines[i].bytes;
+            free(lines[i].text);
+        } else {
+            lines[m++] = lines[i];
+        }
+    }
+    n = m;
+    qsort(lines, n, sizeof *lines, fline_cmp);
+    for (size_t i = 0; i < n; i++)
+        if (lines[i].text)
+            fprintf(out, "%s %" PRIu64 "\n", lines[i].text, lines[i].bytes);
+    for (size_t i = 0; i < n; i++)
+        free(lines[i].text);
+    free(lines);
+    if (!lines)
+        fprintf(stderr, "allocview folded: out of memory\n");
+    int st2 = vw_finish("folded", path, r, status == VW_EXIT_CORRUPT ? -1 : 0);
+    vw_peak_free(&p);
+    tr_close(r);
+    return st2;
+}
+
+bool av_wants_folded(int argc, char **argv)
+{
+    for (int i = 0; i < argc; i++)
+        if (strcmp(argv[i], "--folded") == 0)
+            return true;
+    return false;
+}
+
+static void folded_usage(FILE *out)
+{
+    fprintf(out, "usage: allocview folded TRACE   (also: allocview sites --folded TRACE)\n"
+                 "  the live bytes at the allocated peak as folded stacks, one line per call site:\n"
+                 "  'frame;frame;frame BYTES', the outermost frame first, the allocator's and the CUDA\n"
+                 "  runtime's innermost frames folded away — input for flamegraph.pl, inferno, speedscope.\n");
+}
+
+int av_cmd_folded(int argc, char **argv)
+{
+    const char *path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            folded_usage(stdout);
+            return 0;
+        } else if (strcmp(argv[i], "--folded") == 0) {
+            continue; /* sites --folded */
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            fprintf(stderr, "allocview folded: unknown option %s (see allocview folded --help)\n", argv[i]);
+            return VW_EXIT_USAGE;
+        } else if (!path) {
+            path = argv[i];
+        } else {
+            fprintf(stderr, "allocview folded: one trace file at a time\n");
+            return VW_EXIT_USAGE;
+        }
+    }
+    if (!path) {
+        folded_usage(stderr);
+        return VW_EXIT_USAGE;
+    }
+    return vw_write_folded(stdout, path);
+}

@@ -1,0 +1,500 @@
+/* import.c — `allocview import SNAPSHOT.pickle -o TRACE [--device-memory SIZE]`: a PyTorch memory
+ * snapshot (torch.cuda.memory._dump_snapshot; read with pickle.c, data only) as a cualloc trace
+ * (trace_writer.c).
+ *
+ * The snapshot's event list is a ring buffer that starts mid-run, so the state at its start is
+ * reconstructed and written as INIT_BLOCK / INIT_MAP records:
+ *   blocks: blocks freed (free_completed) in the trace that it never saw allocated, plus blocks of
+ *           the final segments (active_allocated / active_pending_free) it never saw allocated;
+ *   memory: final segments the trace never saw allocated, plus segments freed in the trace that it
+ *           never saw allocated.
+ * Then per event: alloc -> ALLOC, free_completed -> FREE (completed; free_requested is ignored:
+ * the block is reusable only once the free completes), segment_alloc / segment_map -> MAP,
+ * segment_free / segment_unmap -> UNMAP with a TRIM before each run of segment_free (PyTorch
+ * frees segments when releasing its cache), oom -> OOM, external_annotations -> MARK ("STAGE
+ * name"), frames -> stacks of PYFRAME nodes (C++ frames too: the snapshot has their names only).
+ * Sizes: an event's size is the caller's requested size; ALLOC records it with the allocated
+ * size PyTorch's round_size gives (512-byte multiples), so `requested` is exact and `allocated`
+ * is the rounded size. The device's capacity is not in a snapshot: --device-memory (default
+ * 80 GiB). The CONFIG record is "expandable_segments:0" or ":1" as the snapshot's settings say,
+ * so `allocview replay --conf recorded` replays under the allocator mode PyTorch used.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cualloc_trace.h"
+#include "pickle.h"
+#include "replay.h"
+#include "trace_writer.h"
+
+enum { IM_EXIT_USAGE = 1, IM_EXIT_UNREADABLE = 2 };
+
+/* ------------------------------------------------------------------------------ a small map */
+
+typedef struct imap { uint64_t *k, *v; size_t mask, count; } imap_t;
+
+static uint64_t hmix(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 29;
+    k *= 0xc4ceb9fe1a85ec53ull;
+    k ^= k >> 32;
+    return k;
+}
+
+static bool imap_init(imap_t *m, size_t cap)
+{
+    m->k = malloc(cap * sizeof *m->k);
+    m->v = malloc(cap * sizeof *m->v);
+    if (!m->k || !m->v)
+        return false;
+    memset(m->k, 0xff, cap * sizeof *m->k);
+    m->mask = cap - 1;
+    m->count = 0;
+    return true;
+}
+
+static void imap_free(imap_t *m)
+{
+    free(m->k);
+    free(m->v);
+}
+
+static uint64_t *imap_slot(imap_t *m, uint64_t key, bool *found)
+{
+    if ((m->count + 1) * 2 > m->mask + 1) {
+        imap_t n;
+        if (!imap_init(&n, (m->mask + 1) * 2))
+            return NULL;
+        for (size_t i = 0; i <= m->mask; i++)
+            if (m->k[i] != UINT64_MAX) {
+                bool f;
+                *imap_slot(&n, m->k[i], &f) = m->v[i];
+            }
+        imap_free(m);
+        *m = n;
+    }
+    size_t i = hmix(key) & m->mask;
+    while (m->k[i] != UINT64_MAX && m->k[i] != key)
+        i = (i + 1) & m->mask;
+    *found = m->k[i] == key;
+    if (!*found) {
+        m->k[i] = key;
+        m->v[i] = 0;
+        m->count++;
+    }
+    return &m->v[i];
+}
+
+static bool imap_has(const imap_t *m, uint64_t key)
+{
+    size_t i = hmix(key) & m->mask;
+    while (m->k[i] != UINT64_MAX) {
+        if (m->k[i] == key)
+            return true;
+        i = (i + 1) & m->mask;
+    }
+    return false;
+}
+
+/* ------------------------------------------------------------------------------ importer */
+
+typedef struct imp {
+    tw_t *w;
+    imap_t frames;   /* py_t* of a frame dict -> PYFRAME id */
+    imap_t lists;    /* py_t* of a frames list -> stack id: a list shared through the pickle memo is
+                      * walked once, so hostile sharing cannot make the import quadratic */
+    imap_t nodes;    /* (parent << 32 | pyframe) -> STACK id */
+    imap_t streams;  /* handle -> STREAM id */
+    uint32_t next_frame, next_node, next_stream;
+    bool ok;
+} imp_t;
+
+static uint64_t round_size(uint64_t req)
+{
+    if (req < 512)
+        return 512;
+    return (req + 511) / 512 * 512;
+}
+
+static uint32_t stream_id(imp_t *im, uint64_t handle)
+{
+    bool f;
+    uint64_t *v = imap_slot(&im->streams, handle, &f);
+    if (!v) {
+        im->ok = false;
+        return 0;
+    }
+    if (!f) {
+        *v = ++im->next_stream;
+        if (!tw_stream(im->w, (uint32_t)*v, handle))
+            im->ok = false;
+    }
+    return (uint32_t)*v;
+}
+
+static uint32_t stack_of_list(imp_t *im, const py_t *frames);
+
+static uint32_t stack_of(imp_t *im, const py_t *frames)
+{
+    if (!frames)
+        return 0;
+    bool found;
+    uint64_t *sid = imap_slot(&im->lists, (uint64_t)(uintptr_t)frames, &found);
+    if (!sid) {
+        im->ok = false;
+        return 0;
+    }
+    if (!found)
+        *sid = stack_of_list(im, frames);
+    return (uint32_t)*sid;
+}
+
+static uint32_t stack_of_list(imp_t *im, const py_t *frames)
+{
+    size_t n = py_len(frames);
+    uint32_t parent = 0;
+    for (size_t i = n; i-- > 0;) { /* outermost (last) first: it is the root */
+        const py_t *fr = py_item(frames, i);
+        if (!fr || fr->kind != PY_DICT)
+            continue;
+        bool f;
+        uint64_t *fid = imap_slot(&im->frames, (uint64_t)(uintptr_t)fr, &f);
+        if (!fid) {
+            im->ok = false;
+            return 0;
+        }
+        if (!f) {
+            *fid = ++im->next_frame;
+            char name[1024], file[1024];
+            int64_t line = 0;
+            py_as_int(py_dict_get(fr, "line"), &line);
+            if (!tw_pyframe(im->w, (uint32_t)*fid, line > 0 ? (uint64_t)line : 0,
+                            py_as_cstr(py_dict_get(fr, "name"), name, sizeof name),
+                            py_as_cstr(py_dict_get(fr, "filename"), file, sizeof file)))
+                im->ok = false;
+        }
+        uint64_t key = (uint64_t)parent << 32 | *fid;
+        uint64_t *nid = imap_slot(&im->nodes, key, &f);
+        if (!nid) {
+            im->ok = false;
+            return 0;
+        }
+        if (!f) {
+            *nid = ++im->next_node;
+            if (!tw_stack(im->w, (uint32_t)*nid, parent, CUA_TRACE_FRAME_PYTHON, *fid))
+                im->ok = false;
+        }
+        parent = (uint32_t)*nid;
+    }
+    return parent;
+}
+
+static int64_t geti(const py_t *d, const char *k)
+{
+    int64_t v = 0;
+    py_as_int(py_dict_get(d, k), &v);
+    return v;
+}
+
+static void import_usage(FILE *out)
+{
+    fprintf(out, "usage: allocview import SNAPSHOT.pickle -o TRACE [--device-memory SIZE]\n"
+                 "  converts a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) into a cualloc trace;\n"
+                 "  SIZE is the device capacity to record (the snapshot has none; default 80GiB)\n");
+}
+
+typedef struct ann { uint64_t time; const py_t *d; } ann_t;
+
+static int ann_cmp(const void *a, const void *b)
+{
+    const ann_t *x = a, *y = b;
+    return x->time < y->time ? -1 : x->time > y->time;
+}
+
+int av_cmd_import(int argc, char **argv)
+{
+    const char *in = NULL, *out = NULL;
+    uint64_t devmem = (uint64_t)80 << 30;
+    for (int i = 1; i < argc; i++) {
+        if ((strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--output") == 0) && i + 1 < argc)
+            out = argv[++i];
+        else if (strcmp(argv[i], "--device-memory") == 0 && i + 1 < argc) {
+            if (!av_parse_size(argv[++i], &devmem) || !devmem) {
+                fprintf(stderr, "allocview import: bad --device-memory '%s'\n", argv[i]);
+                return IM_EXIT_USAGE;
+            }
+        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            import_usage(stdout);
+            return 0;
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            fprintf(stderr, "allocview import: unknown option %s\n", argv[i]);
+            import_usage(stderr);
+            return IM_EXIT_USAGE;
+        } else if (!in)
+            in = argv[i];
+        else {
+            import_usage(stderr);
+            return IM_EXIT_USAGE;
+        }
+    }
+    if (!in || !out) {
+        import_usage(stderr);
+        return IM_EXIT_USAGE;
+    }
+    FILE *f = fopen(in, "rb");
+    if (!f) {
+        fprintf(stderr, "allocview import: %s: cannot open: %s\n", in, strerror(errno));
+        return IM_EXIT_UNREADABLE;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || st.st_size <= 0 || st.st_size > ((off_t)1 << 34)) {
+        fprintf(stderr, "allocview import: %s: empty or too large\n", in);
+        fclose(f);
+        return IM_EXIT_UNREADABLE;
+    }
+    size_t len = (size_t)st.st_size;
+    uint8_t *data = malloc(len);
+    if (!data || fread(data, 1, len, f) != len) {
+        fprintf(stderr, "allocview import: %s: cannot read\n", in);
+        free(data);
+        fclose(f);
+        return IM_EXIT_UNREADABLE;
+    }
+    fclose(f);
+    char err[512];
+    pk_limits_t lim = {.max_bytes = len * 64 + ((size_t)256 << 20)};
+    pk_doc_t *doc = pk_load(data, len, &lim, err, sizeof err);
+    free(data);
+    if (!doc) {
+        fprintf(stderr, "allocview import: %s: not a snapshot this reader accepts: %s\n", in, err);
+        return IM_EXIT_UNREADABLE;
+    }
+    const py_t *root = pk_root(doc);
+    const py_t *segments = py_dict_get(root, "segments");
+    const py_t *traces = py_dict_get(root, "device_traces");
+    if (!root || root->kind != PY_DICT || (!segments && !traces)) {
+        fprintf(stderr, "allocview import: %s: not a PyTorch memory snapshot (no segments / device_traces)\n", in);
+        pk_free(doc);
+        return IM_EXIT_UNREADABLE;
+    }
+    bool expandable = false;
+    const py_t *settings = py_dict_get(root, "allocator_settings");
+    int64_t ex = 0;
+    if (py_as_int(py_dict_get(settings, "expandable_segments"), &ex))
+        expandable = ex != 0;
+    for (size_t i = 0; i < py_len(segments); i++)
+        if (geti(py_item(segments, i), "is_expandable"))
+            expandable = true;
+
+    imp_t im = {0};
+    im.ok = true;
+    if (!imap_init(&im.frames, 1 << 12) || !imap_init(&im.nodes, 1 << 12) || !imap_init(&im.streams, 16) ||
+        !imap_init(&im.lists, 1 << 12)) {
+        pk_free(doc);
+        return IM_EXIT_UNREADABLE;
+    }
+    im.w = tw_open(out, err, sizeof err);
+    if (!im.w) {
+        fprintf(stderr, "allocview import: %s\n", err);
+        pk_free(doc);
+        return IM_EXIT_UNREADABLE;
+    }
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "allocview import %s", in);
+    tw_process(im.w, cmd, "allocview import (PyTorch memory snapshot)", 0);
+    tw_config(im.w, expandable ? "expandable_segments:1" : "expandable_segments:0");
+
+    int ndev = (int)py_len(traces);
+    for (size_t i = 0; i < py_len(segments); i++) {
+        int64_t d = geti(py_item(segments, i), "device");
+        if (d >= 0 && d < CUA_TRACE_MAX_DEVICES && d + 1 > ndev)
+            ndev = (int)d + 1;
+    }
+    if (ndev > CUA_TRACE_MAX_DEVICES)
+        ndev = CUA_TRACE_MAX_DEVICES;
+    for (int d = 0; d < ndev; d++) {
+        char name[96];
+        snprintf(name, sizeof name, "PyTorch snapshot device %d (capacity assumed)", d);
+        tw_device(im.w, (uint32_t)d, devmem, devmem, 2u << 20, expandable, name);
+    }
+
+    uint64_t t0 = UINT64_MAX; /* the first event's time: initial records get it */
+    for (int d = 0; d < ndev; d++) {
+        const py_t *evs = py_item(traces, (size_t)d);
+        for (size_t i = 0; i < py_len(evs); i++) {
+            uint64_t t = (uint64_t)geti(py_item(evs, i), "time_us") * 1000;
+            if (t && t < t0)
+                t0 = t;
+        }
+    }
+    if (t0 == UINT64_MAX)
+        t0 = 0;
+
+    uint64_t nblocks = 0, nmaps = 0, nev = 0;
+    for (int d = 0; d < ndev && im.ok; d++) {
+        const py_t *evs = py_item(traces, (size_t)d);
+        /* Pass 1: what the trace saw allocated first, and what it freed without seeing it. */
+        imap_t seen_alloc, seen_seg, init_blocks;
+        if (!imap_init(&seen_alloc, 1 << 14) || !imap_init(&seen_seg, 1 << 10) || !imap_init(&init_blocks, 1 << 10)) {
+            im.ok = false;
+            break;
+        }
+        for (size_t i = 0; i < py_len(evs); i++) {
+            const py_t *e = py_item(evs, i);
+            const py_t *a = py_dict_get(e, "action");
+            uint64_t addr = (uint64_t)geti(e, "addr"), size = (uint64_t)geti(e, "size");
+            bool seen_it;
+            if (py_str_eq(a, "alloc")) {
+                imap_slot(&seen_alloc, addr, &seen_it);
+            } else if (py_str_eq(a, "free_completed") && !imap_has(&seen_alloc, addr)) {
+                uint64_t *v = imap_slot(&init_blocks, addr, &seen_it);
+                if (!seen_it) {
+                    tw_alloc(im.w, t0, (uint32_t)d, stream_id(&im, (uint64_t)geti(e, "stream")), addr,
+                             round_size(size), size, stack_of(&im, py_dict_get(e, "frames")), true);
+                    nblocks++;
+                }
+                (void)v;
+                imap_slot(&seen_alloc, addr, &seen_it); /* a later alloc at that address is a new block */
+            } else if (py_str_eq(a, "segment_alloc") || py_str_eq(a, "segment_map")) {
+                imap_slot(&seen_seg, addr, &seen_it);
+            } else if ((py_str_eq(a, "segment_free") || py_str_eq(a, "segment_unmap")) && !imap_has(&seen_seg, addr)) {
+                tw_map(im.w, t0, (uint32_t)d, addr, size, false, true);
+                nmaps++;
+                imap_slot(&seen_seg, addr, &seen_it);
+            }
+        }
+        /* Final segments the trace never saw mapped, and their live blocks it never saw allocated. */
+        for (size_t s = 0; s < py_len(segments); s++) {
+            const py_t *seg = py_item(segments, s);
+            if (geti(seg, "device") != d)
+                continue;
+            uint64_t saddr = (uint64_t)geti(seg, "address");
+            if (!imap_has(&seen_seg, saddr)) {
+                tw_map(im.w, t0, (uint32_t)d, saddr, (uint64_t)geti(seg, "total_size"), false, true);
+                nmaps++;
+            }
+            const py_t *blocks = py_dict_get(seg, "blocks");
+            for (size_t b = 0; b < py_len(blocks); b++) {
+                const py_t *blk = py_item(blocks, b);
+                const py_t *state = py_dict_get(blk, "state");
+                if (!py_str_eq(state, "active_allocated") && !py_str_eq(state, "active_pending_free"))
+                    continue;
+                uint64_t addr = (uint64_t)geti(blk, "address");
+                if (imap_has(&seen_alloc, addr))
+                    continue;
+                uint64_t size = (uint64_t)geti(blk, "size"), req = (uint64_t)geti(blk, "requested_size");
+                tw_alloc(im.w, t0, (uint32_t)d, stream_id(&im, (uint64_t)geti(seg, "stream")), addr, size,
+                         req ? req : size, stack_of(&im, py_dict_get(blk, "frames")), true);
+                nblocks++;
+            }
+        }
+        imap_free(&seen_alloc);
+        imap_free(&seen_seg);
+        imap_free(&init_blocks);
+    }
+
+    /* Annotations, merged with the events by time. */
+    const py_t *anns = py_dict_get(root, "external_annotations");
+    size_t nann = py_len(anns), ai = 0;
+    ann_t *av = calloc(nann + 1, sizeof *av);
+    for (size_t i = 0; av && i < nann; i++) {
+        av[i].d = py_item(anns, i);
+        av[i].time = (uint64_t)geti(av[i].d, "time_us") * 1000;
+    }
+    if (av)
+        qsort(av, nann, sizeof *av, ann_cmp);
+    else
+        nann = 0;
+
+    /* Pass 2: the events (devices one after the other when there are several). */
+    uint64_t live_alloc_sizes = 0;
+    for (int d = 0; d < ndev && im.ok; d++) {
+        const py_t *evs = py_item(traces, (size_t)d);
+        imap_t sizes; /* addr -> rounded size of blocks live in the trace */
+        if (!imap_init(&sizes, 1 << 14)) {
+            im.ok = false;
+            break;
+        }
+        bool in_free_run = false;
+        for (size_t i = 0; i < py_len(evs) && im.ok; i++) {
+            const py_t *e = py_item(evs, i);
+            const py_t *a = py_dict_get(e, "action");
+            uint64_t t = (uint64_t)geti(e, "time_us") * 1000;
+            while (ai < nann && av[ai].time <= t) {
+                char stage[64], name[512], label[600];
+                snprintf(label, sizeof label, "%s %s", py_as_cstr(py_dict_get(av[ai].d, "stage"), stage, sizeof stage),
+                         py_as_cstr(py_dict_get(av[ai].d, "name"), name, sizeof name));
+                tw_mark(im.w, av[ai].time, label);
+                ai++;
+            }
+            uint64_t addr = (uint64_t)geti(e, "addr"), size = (uint64_t)geti(e, "size");
+            uint32_t sid = stream_id(&im, (uint64_t)geti(e, "stream"));
+            bool segfree = py_str_eq(a, "segment_free") || py_str_eq(a, "segment_unmap");
+            if (py_str_eq(a, "segment_free") && !in_free_run)
+                tw_trim(im.w, t, (uint32_t)d);
+            in_free_run = py_str_eq(a, "segment_free") ? true : (segfree ? in_free_run : false);
+            bool seen_it;
+            if (py_str_eq(a, "alloc")) {
+                uint64_t r = round_size(size);
+                *imap_slot(&sizes, addr, &seen_it) = r;
+                im.ok &= tw_alloc(im.w, t, (uint32_t)d, sid, addr, r, size, stack_of(&im, py_dict_get(e, "frames")),
+                                  false);
+                live_alloc_sizes++;
+            } else if (py_str_eq(a, "free_completed")) {
+                uint64_t *r = imap_slot(&sizes, addr, &seen_it);
+                im.ok &= tw_free(im.w, t, (uint32_t)d, sid, addr, seen_it && *r ? *r : round_size(size), true);
+            } else if (py_str_eq(a, "segment_alloc") || py_str_eq(a, "segment_map")) {
+                im.ok &= tw_map(im.w, t, (uint32_t)d, addr, size, false, false);
+            } else if (segfree) {
+                im.ok &= tw_map(im.w, t, (uint32_t)d, addr, size, true, false);
+            } else if (py_str_eq(a, "oom")) {
+                uint64_t dfree = (uint64_t)geti(e, "device_free");
+                im.ok &= tw_oom(im.w, t, (uint32_t)d, sid, stack_of(&im, py_dict_get(e, "frames")), size,
+                                round_size(size), devmem, 0, 0, dfree, 0);
+            } else {
+                continue; /* free_requested, snapshot, unknown actions */
+            }
+            nev++;
+        }
+        imap_free(&sizes);
+    }
+    while (ai < nann) {
+        char stage[64], name[512], label[600];
+        snprintf(label, sizeof label, "%s %s", py_as_cstr(py_dict_get(av[ai].d, "stage"), stage, sizeof stage),
+                 py_as_cstr(py_dict_get(av[ai].d, "name"), name, sizeof name));
+        tw_mark(im.w, av[ai].time, label);
+        ai++;
+    }
+    free(av);
+    (void)live_alloc_sizes;
+    bool ok = im.ok;
+    if (!tw_close(im.w, true, err, sizeof err)) {
+        fprintf(stderr, "allocview import: %s: %s\n", out, err);
+        ok = false;
+    }
+    imap_free(&im.frames);
+    imap_free(&im.lists);
+    imap_free(&im.nodes);
+    imap_free(&im.streams);
+    pk_free(doc);
+    if (!ok) {
+        fprintf(stderr, "allocview import: writing %s failed\n", out);
+        return IM_EXIT_UNREADABLE;
+    }
+    fprintf(stderr,
+            "allocview import: %s -> %s: %d device%s, %" PRIu64 " initial blocks, %" PRIu64 " initial segments, %" PRIu64
+            " events, %zu marks, %u stack nodes, %s segments (sizes: requested exact, allocated = PyTorch's 512-byte "
+            "rounding)\n",
+            in, out, ndev, ndev == 1 ? "" : "s", nblocks, nmaps, nev, nann, im.next_node,
+            expandable ? "expandable" : "classic");
+    return 0;
+}

@@ -1,0 +1,817 @@
+/* replay.c — `allocview replay TRACE [--conf CONF]... [--memory SIZE] [--min-fit] [--json]`.
+ *
+ * The trace is read once into a compact array of requests (24 bytes each); every run then feeds
+ * that array to fresh heaps (heap.c, linked as the static library cualloc_internal — the trace
+ * recorder is linked too but never started, so a replay records nothing) on the sim device
+ * without host backing:
+ *   INIT_BLOCK  (blocks live when recording started) allocated first, in the trace's order;
+ *   ALLOC       heap_alloc(requested bytes, the recorded stream); the replayed pointer is kept in
+ *               a map recorded (dev, addr) -> replayed pointer;
+ *   FREE        heap_free of the mapped pointer on the free's stream (requested and completed
+ *               frees alike; FREE_DONE changes nothing: the heap orders reuse by stream itself);
+ *   TRIM        heap_trim;
+ *   OOM         the request that failed is tried again: a replay can show that the job would have
+ *               gone on. A retried request that succeeds stays live to the end of the trace (the
+ *               trace never says when the job would have freed it).
+ * MAP/UNMAP/INIT_MAP are the recording allocator's decisions, not requests: the replayed heap
+ * makes its own. A free of an address with no replayed pointer (its allocation failed in the
+ * replay, or a ring trace lost it) is skipped.
+ *
+ * Capacity: sim_memory = --memory, else the largest recorded device capacity (a device recorded
+ * with a smaller capacity gets max_memory = its capacity). Several devices: each device has its
+ * own heap, run interleaved in trace order; the figures reported are totals over devices (the
+ * peak of the sum, sampled after every request, as `summary` sums them), with a per-device table
+ * in the text output. --min-fit varies the per-device capacity (the same on every device).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+#include "reader.h"
+#include "replay.h"
+
+enum { RP_EXIT_USAGE = 1, RP_EXIT_UNREADABLE = 2, RP_EXIT_CORRUPT = 3 };
+
+enum { EV_INIT = 1, EV_ALLOC, EV_FREE, EV_TRIM, EV_OOM };
+
+typedef struct ev {
+    uint8_t op;
+    uint8_t dev;
+    uint16_t pad;
+    uint32_t stream;   /* stream id (index into streams[]) */
+    uint64_t addr;     /* recorded address (INIT, ALLOC, FREE) */
+    uint64_t size;     /* requested bytes (INIT, ALLOC, OOM) */
+} ev_t;
+
+typedef struct trace_reqs {
+    ev_t *ev;
+    size_t n, cap;
+    uint64_t *streams;       /* handle per stream id */
+    uint32_t nstreams;
+    int ndev;                /* devices 0..ndev-1 */
+    bool dev_used[CUA_TRACE_MAX_DEVICES];
+    uint64_t dev_capacity[CUA_TRACE_MAX_DEVICES];
+    uint64_t dev_total[CUA_TRACE_MAX_DEVICES];
+    uint64_t dev_gran[CUA_TRACE_MAX_DEVICES];
+    bool have_dev[CUA_TRACE_MAX_DEVICES];
+    uint64_t peak_requested_dev[CUA_TRACE_MAX_DEVICES]; /* the requests' own peak (any allocator) */
+    char *config;            /* the recorded configuration, or NULL */
+    uint64_t records;
+} trace_reqs_t;
+
+typedef struct run_result {
+    uint64_t peak_requested, peak_allocated, peak_reserved;
+    uint64_t num_ooms, failed_frees;
+    uint64_t dev_peak[CUA_TRACE_MAX_DEVICES][3];
+    uint64_t dev_ooms[CUA_TRACE_MAX_DEVICES];
+    double seconds;
+} run_result_t;
+
+/* ------------------------------------------------------------------------------- sizes */
+
+bool av_parse_size(const char *s, uint64_t *out)
+{
+    if (!s || !*s)
+        return false;
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || errno || !(v >= 0) || isinf(v))
+        return false;
+    static const struct { const char *suffix; double mult; } units[] = {
+        {"", 1},          {"B", 1},         {"K", 0x1p10},    {"KiB", 0x1p10}, {"KB", 1e3},
+        {"M", 0x1p20},    {"MiB", 0x1p20},  {"MB", 1e6},      {"G", 0x1p30},   {"GiB", 0x1p30},
+        {"GB", 1e9},      {"T", 0x1p40},    {"TiB", 0x1p40},  {"TB", 1e12},
+    };
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(end, units[i].suffix) == 0) {
+            double b = v * units[i].mult;
+            if (b >= 0x1p62)
+                return false;
+            *out = (uint64_t)(b + 0.5);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* ------------------------------------------------------------------------------- loading */
+
+static bool push(trace_reqs_t *t, ev_t e)
+{
+    if (t->n == t->cap) {
+        size_t nc = t->cap ? t->cap * 2 : 65536;
+        ev_t *p = realloc(t->ev, nc * sizeof *p);
+        if (!p)
+            return false;
+        t->ev = p;
+        t->cap = nc;
+    }
+    t->ev[t->n++] = e;
+    return true;
+}
+
+/* Requested bytes live per device, for the requests' own peak (the lower bound of --min-fit). */
+typedef struct req_live { uint64_t key, req; } req_live_t;
+typedef struct req_map { req_live_t *s; size_t cap, count; } req_map_t;
+
+static uint64_t mix(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 29;
+    return k;
+}
+
+/* A small open-addressing map (linear probing, backward-shift deletion); key UINT64_MAX empty. */
+typedef struct u64map { uint64_t *k, *v; size_t mask, count; } u64map_t;
+
+static bool map_init(u64map_t *m, size_t cap)
+{
+    m->k = malloc(cap * sizeof *m->k);
+    m->v = malloc(cap * sizeof *m->v);
+    if (!m->k || !m->v) {
+        free(m->k);
+        free(m->v);
+        return false;
+    }
+    memset(m->k, 0xff, cap * sizeof *m->k);
+    m->mask = cap - 1;
+    m->count = 0;
+    return true;
+}
+
+static void map_free(u64map_t *m)
+{
+    free(m->k);
+    free(m->v);
+    m->k = m->v = NULL;
+}
+
+static bool map_grow(u64map_t *m);
+
+static bool map_put(u64map_t *m, uint64_t key, uint64_t val)
+{
+    if ((m->count + 1) * 2 > m->mask + 1 && !map_grow(m))
+        return false;
+    size_t i = mix(key) & m->mask;
+    while (m->k[i] != UINT64_MAX && m->k[i] != key)
+        i = (i + 1) & m->mask;
+    if (m->k[i] == UINT64_MAX)
+        m->count++;
+    m->k[i] = key;
+    m->v[i] = val;
+    return true;
+}
+
+static bool map_grow(u64map_t *m)
+{
+    u64map_t n;
+    if (!map_init(&n, (m->mask + 1) * 2))
+        return false;
+    for (size_t i = 0; i <= m->mask; i++)
+        if (m->k[i] != UINT64_MAX)
+            map_put(&n, m->k[i], m->v[i]);
+    map_free(m);
+    *m = n;
+    return true;
+}
+
+/* Removes key; true with *val when it was there. */
+static bool map_take(u64map_t *m, uint64_t key, uint64_t *val)
+{
+    size_t i = mix(key) & m->mask;
+    while (m->k[i] != key) {
+        if (m->k[i] == UINT64_MAX)
+            return false;
+        i = (i + 1) & m->mask;
+    }
+    *val = m->v[i];
+    m->count--;
+    size_t j = i;
+    for (;;) {
+        j = (j + 1) & m->mask;
+        if (m->k[j] == UINT64_MAX)
+            break;
+        size_t home = mix(m->k[j]) & m->mask;
+        /* move j back to i when its home is not in (i, j] cyclically */
+        if ((j > i && (home <= i || home > j)) || (j < i && (home <= i && home > j))) {
+            m->k[i] = m->k[j];
+            m->v[i] = m->v[j];
+            i = j;
+        }
+    }
+    m->k[i] = UINT64_MAX;
+    return true;
+}
+
+static uint64_t key_of(uint64_t dev, uint64_t addr)
+{
+    return (addr << 8) ^ dev; /* addresses are below 2^56 */
+}
+
+static void reqs_free(trace_reqs_t *t)
+{
+    free(t->ev);
+    free(t->streams);
+    free(t->config);
+}
+
+static int load_trace(const char *path, trace_reqs_t *t)
+{
+    memset(t, 0, sizeof *t);
+    char err[512];
+    tr_reader_t *r = tr_open(path, err, sizeof err);
+    if (!r) {
+        fprintf(stderr, "allocview: %s: %s\n", path, err);
+        return RP_EXIT_UNREADABLE;
+    }
+    u64map_t live;
+    if (!map_init(&live, 1024)) {
+        tr_close(r);
+        return RP_EXIT_UNREADABLE;
+    }
+    uint64_t cur_req[CUA_TRACE_MAX_DEVICES] = {0};
+    tr_record_t rec;
+    int k;
+    int status = 0;
+    while ((k = tr_next(r, &rec)) > 0) {
+        t->records++;
+        if (!rec.known)
+            continue;
+        ev_t e = {0};
+        e.dev = (uint8_t)rec.dev;
+        e.stream = rec.stream;
+        switch (rec.type) {
+        case CUA_TRACE_CONFIG:
+            free(t->config);
+            t->config = strndup(rec.u.text.p, rec.u.text.len);
+            continue;
+        case CUA_TRACE_DEVICE:
+            if (rec.u.device.dev < CUA_TRACE_MAX_DEVICES) {
+                int d = (int)rec.u.device.dev;
+                t->have_dev[d] = true;
+                t->dev_capacity[d] = rec.u.device.capacity;
+                t->dev_total[d] = rec.u.device.total;
+                t->dev_gran[d] = rec.u.device.granularity;
+            }
+            continue;
+        case CUA_TRACE_STREAM:
+            if (rec.u.stream.id < (1u << 24)) {
+                uint32_t id = (uint32_t)rec.u.stream.id;
+                if (id >= t->nstreams) {
+                    uint32_t nn = id + 16;
+                    uint64_t *p = realloc(t->streams, nn * sizeof *p);
+                    if (!p)
+                        goto oom;
+                    memset(p + t->nstreams, 0, (nn - t->nstreams) * sizeof *p);
+                    t->streams = p;
+                    t->nstreams = nn;
+                }
+                t->streams[id] = rec.u.stream.handle;
+            }
+            continue;
+        case CUA_TRACE_INIT_BLOCK:
+        case CUA_TRACE_ALLOC:
+            e.op = rec.type == CUA_TRACE_INIT_BLOCK ? EV_INIT : EV_ALLOC;
+            e.addr = rec.addr;
+            e.size = rec.requested;
+            if (!map_put(&live, key_of(rec.dev, rec.addr), rec.requested))
+                goto oom;
+            cur_req[rec.dev] += rec.requested;
+            if (cur_req[rec.dev] > t->peak_requested_dev[rec.dev])
+                t->peak_requested_dev[rec.dev] = cur_req[rec.dev];
+            break;
+        case CUA_TRACE_FREE: {
+            e.op = EV_FREE;
+            e.addr = rec.addr;
+            uint64_t req;
+            if (map_take(&live, key_of(rec.dev, rec.addr), &req))
+                cur_req[rec.dev] -= req;
+            break;
+        }
+        case CUA_TRACE_TRIM:
+            e.op = EV_TRIM;
+            break;
+        case CUA_TRACE_OOM:
+            e.op = EV_OOM;
+            e.size = rec.u.oom.requested;
+            cur_req[rec.dev] += rec.u.oom.requested; /* stays live if the retry succeeds */
+            if (cur_req[rec.dev] > t->peak_requested_dev[rec.dev])
+                t->peak_requested_dev[rec.dev] = cur_req[rec.dev];
+            break;
+        default:
+            continue;
+        }
+        t->dev_used[rec.dev] = true;
+        if ((int)rec.dev + 1 > t->ndev)
+            t->ndev = (int)rec.dev + 1;
+        if (!push(t, e))
+            goto oom;
+    }
+    if (k < 0) {
+        fprintf(stderr, "allocview replay: %s: corrupt trace: %s; replaying the readable prefix\n", path,
+                tr_error(r));
+        status = RP_EXIT_CORRUPT;
+    } else if (tr_warning(r)[0]) {
+        fprintf(stderr, "allocview replay: %s: %s\n", path, tr_warning(r));
+    }
+    map_free(&live);
+    tr_close(r);
+    return status;
+oom:
+    fprintf(stderr, "allocview replay: out of memory reading %s\n", path);
+    map_free(&live);
+    tr_close(r);
+    return RP_EXIT_UNREADABLE;
+}
+
+/* ------------------------------------------------------------------------------- running */
+
+static void quiet(const char *line, void *arg)
+{
+    (void)line;
+    (void)arg;
+}
+
+static uint64_t gran_of(const trace_reqs_t *t)
+{
+    uint64_t g = 0;
+    for (int d = 0; d < t->ndev; d++)
+        if (t->have_dev[d] && t->dev_gran[d] > g)
+            g = t->dev_gran[d];
+    return g ? g : 2 * MiB;
+}
+
+static uint64_t default_memory(const trace_reqs_t *t)
+{
+    uint64_t m = 0;
+    for (int d = 0; d < t->ndev; d++)
+        if (t->have_dev[d] && t->dev_capacity[d] > m)
+            m = t->dev_capacity[d];
+    return m ? m : 16 * GiB;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* One replay of every request on fresh heaps of `memory` bytes per device. per_dev_caps: give a
+ * device recorded with a smaller capacity max_memory = that capacity. False when the heaps could
+ * not be set up (a message printed). */
+static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory, bool per_dev_caps,
+                     run_result_t *res)
+{
+    memset(res, 0, sizeof *res);
+    uint64_t gran = gran_of(t);
+    conf_t c = *base;
+    c.driver = DRIVER_SIM;
+    c.sim_host_backed = false;
+    c.sim_memory = (size_t)((memory + gran - 1) / gran * gran);
+    if (c.sim_memory == 0)
+        c.sim_memory = (size_t)gran;
+    c.sim_granularity = (size_t)gran;
+    c.sim_vmm = true;
+    c.sim_devices = t->ndev > 0 ? t->ndev : 1;
+    c.sim_latency_us = 0;
+    c.sim_fail_op = SIM_OP_COUNT;
+    c.trace[0] = '\0';
+    c.summary = false;
+    sim_configure(&c);
+    if (driver_sim_ops.init() != CUA_SUCCESS) {
+        fprintf(stderr, "allocview replay: the sim device cannot start\n");
+        return false;
+    }
+    heap_t *heaps[CUA_TRACE_MAX_DEVICES] = {0};
+    const cualloc_stats *st[CUA_TRACE_MAX_DEVICES] = {0};
+    for (int d = 0; d < t->ndev; d++) {
+        if (!t->dev_used[d])
+            continue;
+        conf_t cd = c;
+        if (per_dev_caps && t->have_dev[d] && t->dev_capacity[d] && t->dev_capacity[d] < c.sim_memory &&
+            (!cd.max_memory || cd.max_memory > t->dev_capacity[d]))
+            cd.max_memory = (size_t)t->dev_capacity[d];
+        heaps[d] = heap_create(d, &cd, &driver_sim_ops, NULL);
+        if (!heaps[d]) {
+            for (int e = 0; e < d; e++)
+                heap_destroy(heaps[e]);
+            return false;
+        }
+        st[d] = heap_test_stats(heaps[d]);
+    }
+    u64map_t ptrs;
+    if (!map_init(&ptrs, 1 << 16)) {
+        for (int d = 0; d < t->ndev; d++)
+            heap_destroy(heaps[d]);
+        return false;
+    }
+    int single = 0;
+    for (int d = 0; d < t->ndev; d++)
+        single += t->dev_used[d];
+    double t0 = now_s();
+    for (size_t i = 0; i < t->n; i++) {
+        const ev_t *e = &t->ev[i];
+        heap_t *h = heaps[e->dev];
+        cua_stream s = (cua_stream)(uintptr_t)(e->stream < t->nstreams ? t->streams[e->stream] : 0);
+        switch (e->op) {
+        case EV_INIT:
+        case EV_ALLOC: {
+            void *p = NULL;
+            if (heap_alloc(h, (size_t)e->size, s, &p) == CUA_SUCCESS) {
+                if (!map_put(&ptrs, key_of(e->dev, e->addr), (uint64_t)(uintptr_t)p)) {
+                    fprintf(stderr, "allocview replay: out of memory\n");
+                    map_free(&ptrs);
+                    return false;
+                }
+            } else {
+                res->num_ooms++;
+                res->dev_ooms[e->dev]++;
+            }
+            break;
+        }
+        case EV_FREE: {
+            uint64_t p;
+            if (map_take(&ptrs, key_of(e->dev, e->addr), &p))
+                heap_free(h, (void *)(uintptr_t)p, s);
+            else
+                res->failed_frees++;
+            break;
+        }
+        case EV_TRIM:
+            heap_trim(h);
+            break;
+        case EV_OOM: {
+            void *p = NULL;
+            if (heap_alloc(h, (size_t)e->size, s, &p) != CUA_SUCCESS) {
+                res->num_ooms++;
+                res->dev_ooms[e->dev]++;
+            }
+            break;
+        }
+        }
+        if (single > 1) {
+            uint64_t rq = 0, al = 0, rs = 0;
+            for (int d = 0; d < t->ndev; d++) {
+                if (!st[d])
+                    continue;
+                rq += st[d]->requested_bytes;
+                al += st[d]->allocated_bytes;
+                rs += st[d]->reserved_bytes;
+            }
+            if (rq > res->peak_requested)
+                res->peak_requested = rq;
+            if (al > res->peak_allocated)
+                res->peak_allocated = al;
+            if (rs > res->peak_reserved)
+                res->peak_reserved = rs;
+        }
+    }
+    res->seconds = now_s() - t0;
+    for (int d = 0; d < t->ndev; d++) {
+        if (!st[d])
+            continue;
+        res->dev_peak[d][0] = st[d]->requested_peak;
+        res->dev_peak[d][1] = st[d]->allocated_peak;
+        res->dev_peak[d][2] = st[d]->reserved_peak;
+        if (single <= 1) {
+            res->peak_requested = st[d]->requested_peak;
+            res->peak_allocated = st[d]->allocated_peak;
+            res->peak_reserved = st[d]->reserved_peak;
+        }
+    }
+    map_free(&ptrs);
+    for (int d = 0; d < t->ndev; d++)
+        heap_destroy(heaps[d]);
+    return true;
+}
+
+/* ------------------------------------------------------------------------------- min-fit */
+
+typedef struct fit {
+    bool found;             /* some capacity completed */
+    uint64_t bytes;         /* the smallest that did */
+    bool monotone;          /* every capacity tried above it completed too */
+    uint64_t failed_above;  /* the first that did not (when !monotone) */
+    run_result_t at;        /* the confirming run at `bytes` */
+    unsigned runs;
+} fit_t;
+
+static bool completes(const trace_reqs_t *t, const conf_t *c, uint64_t cap, fit_t *f, run_result_t *res)
+{
+    run_result_t tmp;
+    if (!res)
+        res = &tmp;
+    f->runs++;
+    if (!run_once(t, c, cap, false, res))
+        return false;
+    return res->num_ooms == 0;
+}
+
+static void min_fit(const trace_reqs_t *t, const conf_t *c, uint64_t start, fit_t *f)
+{
+    memset(f, 0, sizeof *f);
+    uint64_t g = gran_of(t);
+    uint64_t need = 0; /* the largest per-device peak of requested bytes: no capacity below fits */
+    for (int d = 0; d < t->ndev; d++)
+        if (t->peak_requested_dev[d] > need)
+            need = t->peak_requested_dev[d];
+    uint64_t lo = (need + g - 1) / g * g; /* lo - g < need: fails for sure */
+    lo = lo >= g ? lo - g : 0;
+    uint64_t hi = (start + g - 1) / g * g;
+    if (hi <= lo)
+        hi = lo + g;
+    while (!completes(t, c, hi, f, NULL)) {
+        lo = hi;
+        if (hi >= ((uint64_t)1 << 50))
+            return; /* nothing up to 1 PiB completes */
+        hi *= 2;
+    }
+    while (hi - lo > g) {
+        uint64_t mid = lo + (hi - lo) / g / 2 * g;
+        if (completes(t, c, mid, f, NULL))
+            hi = mid;
+        else
+            lo = mid;
+    }
+    f->found = true;
+    f->bytes = hi;
+    if (!completes(t, c, hi, f, &f->at)) { /* cannot happen: the run is deterministic */
+        f->found = false;
+        return;
+    }
+    /* Completion need not be monotone in capacity (a larger device changes when cache is
+     * released): try a few sizes above. */
+    f->monotone = true;
+    static const unsigned steps[] = {1, 2, 3, 4, 8, 16, 64};
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        uint64_t cap = hi + steps[i] * g;
+        if (!completes(t, c, cap, f, NULL)) {
+            f->monotone = false;
+            f->failed_above = cap;
+            break;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------- output */
+
+static const char *hb(uint64_t bytes, char *buf, size_t len)
+{
+    return fmt_bytes((size_t)bytes, buf, len);
+}
+
+static void json_str(FILE *out, const char *s)
+{
+    fputc('"', out);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            fprintf(out, "\\%c", ch);
+        else if (ch < 0x20 || ch == 0x7f)
+            fprintf(out, "\\u%04x", ch);
+        else
+            fputc(ch, out);
+    }
+    fputc('"', out);
+}
+
+static void replay_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: allocview replay TRACE [--conf CONF]... [--memory SIZE] [--min-fit] [--json]\n"
+            "  runs the trace's requests against cualloc's heap on the sim device under each CONF\n"
+            "  (CUALLOC_CONF syntax; 'default' = cualloc's defaults, 'recorded' = the trace's own;\n"
+            "  e.g. expandable_segments:0 predicts PyTorch's native allocator). SIZE: bytes or\n"
+            "  16GiB, 40G, 512MiB (default: the recorded device capacity). --min-fit: the smallest\n"
+            "  capacity on which the whole sequence completes without OOM.\n");
+}
+
+#define MAX_CONFS 32
+
+/* Applies a --conf value to the defaults. The recorded configuration drops what only concerned the
+ * recording (driver, sim device, trace file) and the caps (the recorded capacity has them). */
+static bool make_conf(const char *spec, const trace_reqs_t *t, conf_t *c)
+{
+    conf_defaults(c);
+    if (strcmp(spec, "default") == 0)
+        return true;
+    if (strcmp(spec, "recorded") == 0) {
+        if (!t->config) {
+            fprintf(stderr, "allocview replay: --conf recorded: the trace has no configuration record\n");
+            return false;
+        }
+        if (conf_parse(t->config, c) != 0)
+            fprintf(stderr, "allocview replay: (the recorded configuration has keys this version does not know)\n");
+        c->max_memory = 0;
+        c->per_process_memory_fraction = 0;
+        return true;
+    }
+    if (conf_parse(spec, c) != 0) {
+        fprintf(stderr, "allocview replay: bad --conf '%s'\n", spec);
+        return false;
+    }
+    return true;
+}
+
+int av_cmd_replay(int argc, char **argv)
+{
+    const char *path = NULL;
+    const char *confs[MAX_CONFS];
+    int nconfs = 0;
+    uint64_t memory = 0;
+    bool fit = false, json = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--conf") == 0 || strcmp(a, "--memory") == 0) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "allocview replay: %s needs a value\n", a);
+                return RP_EXIT_USAGE;
+            }
+            const char *v = argv[++i];
+            if (a[2] == 'c') {
+                if (nconfs == MAX_CONFS) {
+                    fprintf(stderr, "allocview replay: at most %d --conf\n", MAX_CONFS);
+                    return RP_EXIT_USAGE;
+                }
+                confs[nconfs++] = v;
+            } else if (!av_parse_size(v, &memory) || memory == 0) {
+                fprintf(stderr, "allocview replay: bad --memory '%s' (bytes, or e.g. 16GiB, 40G, 512MiB)\n", v);
+                return RP_EXIT_USAGE;
+            }
+        } else if (strncmp(a, "--conf=", 7) == 0) {
+            if (nconfs == MAX_CONFS)
+                return RP_EXIT_USAGE;
+            confs[nconfs++] = a + 7;
+        } else if (strncmp(a, "--memory=", 9) == 0) {
+            if (!av_parse_size(a + 9, &memory) || memory == 0) {
+                fprintf(stderr, "allocview replay: bad --memory '%s'\n", a + 9);
+                return RP_EXIT_USAGE;
+            }
+        } else if (strcmp(a, "--min-fit") == 0) {
+            fit = true;
+        } else if (strcmp(a, "--json") == 0) {
+            json = true;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            replay_usage(stdout);
+            return 0;
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "allocview replay: unknown option %s\n", a);
+            replay_usage(stderr);
+            return RP_EXIT_USAGE;
+        } else if (!path) {
+            path = a;
+        } else {
+            fprintf(stderr, "allocview replay: one trace at a time (got %s and %s)\n", path, a);
+            return RP_EXIT_USAGE;
+        }
+    }
+    if (!path) {
+        replay_usage(stderr);
+        return RP_EXIT_USAGE;
+    }
+    if (nconfs == 0)
+        confs[nconfs++] = "default";
+
+    trace_reqs_t *t = malloc(sizeof *t);
+    if (!t)
+        return RP_EXIT_UNREADABLE;
+    int status = load_trace(path, t);
+    if (status == RP_EXIT_UNREADABLE) {
+        free(t);
+        return status;
+    }
+    uint64_t mem = memory ? memory : default_memory(t);
+    error_set_callback(quiet, NULL); /* the replayed heap's OOM reports are counted, not printed */
+
+    run_result_t *res = calloc((size_t)nconfs, sizeof *res);
+    fit_t *fits = calloc((size_t)nconfs, sizeof *fits);
+    bool *ok = calloc((size_t)nconfs, sizeof *ok);
+    conf_t *cs = calloc((size_t)nconfs, sizeof *cs);
+    if (!res || !fits || !ok || !cs) {
+        error_set_callback(NULL, NULL);
+        fprintf(stderr, "allocview replay: out of memory\n");
+        status = RP_EXIT_UNREADABLE;
+        goto done;
+    }
+    for (int i = 0; i < nconfs; i++) {
+        error_set_callback(NULL, NULL);
+        bool good = make_conf(confs[i], t, &cs[i]);
+        error_set_callback(quiet, NULL);
+        if (!good) {
+            status = RP_EXIT_USAGE;
+            goto done;
+        }
+    }
+    for (int i = 0; i < nconfs; i++) {
+        ok[i] = run_once(t, &cs[i], mem, memory == 0, &res[i]);
+        if (ok[i] && fit)
+            min_fit(t, &cs[i], mem, &fits[i]);
+    }
+    error_set_callback(NULL, NULL);
+
+    if (json) {
+        printf("[");
+        for (int i = 0; i < nconfs; i++) {
+            const run_result_t *r = &res[i];
+            printf("%s{\"conf\": ", i ? ", " : "");
+            json_str(stdout, confs[i]);
+            printf(", \"peak_requested_bytes\": %" PRIu64 ", \"peak_allocated_bytes\": %" PRIu64
+                   ", \"peak_reserved_bytes\": %" PRIu64 ", \"utilisation\": %.6f, \"num_ooms\": %" PRIu64
+                   ", \"min_fit_bytes\": ",
+                   r->peak_requested, r->peak_allocated, r->peak_reserved,
+                   r->peak_reserved ? (double)r->peak_allocated / (double)r->peak_reserved : 0.0, r->num_ooms);
+            if (fit && fits[i].found)
+                printf("%" PRIu64, fits[i].bytes);
+            else
+                printf("null");
+            printf("}");
+        }
+        printf("]\n");
+    } else {
+        char b0[32], b1[32], b2[32], b3[32];
+        size_t nev = t->n;
+        printf("replay of %s: %zu requests on %d device%s, sim memory %s per device%s\n", path, nev, t->ndev,
+               t->ndev == 1 ? "" : "s", hb(mem, b0, sizeof b0),
+               memory ? "" : " (the recorded capacity)");
+        if (t->ndev > 1)
+            printf("figures are totals over devices (peak of the sum); per device below\n");
+        printf("%-36s %16s %16s %16s %11s %6s%s\n", "conf", "peak requested", "peak allocated", "peak reserved",
+               "utilisation", "OOMs", fit ? "  min-fit" : "");
+        for (int i = 0; i < nconfs; i++) {
+            const run_result_t *r = &res[i];
+            if (!ok[i]) {
+                printf("%-36s (the heap could not be set up)\n", confs[i]);
+                continue;
+            }
+            printf("%-36s %16s %16s %16s %11.4f %6" PRIu64, confs[i], hb(r->peak_requested, b1, sizeof b1),
+                   hb(r->peak_allocated, b2, sizeof b2), hb(r->peak_reserved, b3, sizeof b3),
+                   r->peak_reserved ? (double)r->peak_allocated / (double)r->peak_reserved : 0.0, r->num_ooms);
+            if (fit) {
+                if (fits[i].found)
+                    printf("  %s (%" PRIu64 " B)", hb(fits[i].bytes, b0, sizeof b0), fits[i].bytes);
+                else
+                    printf("  none up to 1 PiB");
+            }
+            printf("\n");
+        }
+        for (int i = 0; i < nconfs && t->ndev > 1; i++) {
+            for (int d = 0; d < t->ndev; d++) {
+                if (!t->dev_used[d] || !ok[i])
+                    continue;
+                const run_result_t *r = &res[i];
+                printf("  %-34s device %-3d %s requested, %s allocated, %s reserved, %" PRIu64 " OOMs\n", confs[i], d,
+                       hb(r->dev_peak[d][0], b1, sizeof b1), hb(r->dev_peak[d][1], b2, sizeof b2),
+                       hb(r->dev_peak[d][2], b3, sizeof b3), r->dev_ooms[d]);
+            }
+        }
+        if (fit) {
+            printf("min-fit (bisection over the per-device capacity in %s steps, confirmed by a run there):\n",
+                   hb(gran_of(t), b0, sizeof b0));
+            for (int i = 0; i < nconfs; i++) {
+                const fit_t *f = &fits[i];
+                if (!ok[i])
+                    continue;
+                if (!f->found) {
+                    printf("  %-34s no capacity up to 1 PiB completes\n", confs[i]);
+                    continue;
+                }
+                printf("  %-34s %s: peak requested %s, allocated %s, reserved %s, utilisation %.4f, %.4f x peak "
+                       "requested; %s (%u runs)",
+                       confs[i], hb(f->bytes, b0, sizeof b0), hb(f->at.peak_requested, b1, sizeof b1),
+                       hb(f->at.peak_allocated, b2, sizeof b2), hb(f->at.peak_reserved, b3, sizeof b3),
+                       f->at.peak_reserved ? (double)f->at.peak_allocated / (double)f->at.peak_reserved : 0.0,
+                       f->at.peak_requested ? (double)f->bytes / (double)f->at.peak_requested : 0.0,
+                       f->monotone ? "monotone above it (+1..+64 granules tried)" : "NOT MONOTONE", f->runs);
+                if (!f->monotone)
+                    printf(": %s fails", hb(f->failed_above, b1, sizeof b1));
+                printf("\n");
+            }
+        }
+        for (int i = 0; i < nconfs; i++)
+            if (ok[i] && res[i].seconds > 0)
+                fprintf(stderr, "allocview replay: %s: %zu requests in %.3f s (%.2f M requests/s)\n", confs[i], nev,
+                        res[i].seconds, (double)nev / res[i].seconds / 1e6);
+    }
+    for (int i = 0; i < nconfs; i++)
+        if (!ok[i] && status == 0)
+            status = RP_EXIT_UNREADABLE;
+done:
+    free(res);
+    free(fits);
+    free(ok);
+    free(cs);
+    reqs_free(t);
+    free(t);
+    return status;
+}

@@ -1,0 +1,1127 @@
+/* report.c — see report.h. Every figure printed comes from the trace; a diagnosis rule prints
+ * nothing unless the trace supports it. The fixes follow the OOM ladder of ../shared/seeds in
+ * cost order (smaller micro-batch with gradient accumulation, mixed precision, activation
+ * checkpointing, expandable segments, ..., 8-bit optimizer, sharding, offload). */
+#include "report.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "analysis.h"
+#include "symbolize.h"
+
+enum { EXIT_USAGE = 1, EXIT_UNREADABLE = 2, EXIT_CORRUPT = 3 };
+enum { VIEW_PEAK, VIEW_OOM, VIEW_END, VIEW_EVER };
+
+typedef struct ropts {
+    bool json, color, redact;
+    int top;
+    av_opts_t av;
+} ropts_t;
+
+/* ------------------------------------------------------------------------------- output */
+
+static bool color;
+static const char *C_B(void) { return color ? "\033[1m" : ""; }
+static const char *C_R(void) { return color ? "\033[1;31m" : ""; }
+static const char *C_Y(void) { return color ? "\033[33m" : ""; }
+static const char *C_0(void) { return color ? "\033[0m" : ""; }
+
+static const char *human(uint64_t bytes, char *buf, size_t len)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    double v = (double)bytes;
+    unsigned u = 0;
+    while (v >= 1024.0 && u + 1 < sizeof units / sizeof units[0]) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, len, "%" PRIu64 " B", bytes);
+    else
+        snprintf(buf, len, "%.2f %s", v, units[u]);
+    return buf;
+}
+
+/* Up to 8 human strings per printf: H(x) */
+static char hbuf[16][32];
+static int hnext;
+static const char *H(uint64_t b)
+{
+    hnext = (hnext + 1) % 16;
+    return human(b, hbuf[hnext], sizeof hbuf[hnext]);
+}
+
+static char tbuf[8][48];
+static int tnext;
+/* A time relative to the trace's first event. */
+static const char *T(const av_t *a, uint64_t t)
+{
+    tnext = (tnext + 1) % 8;
+    uint64_t rel = t >= a->acct.first_time ? t - a->acct.first_time : 0;
+    snprintf(tbuf[tnext], sizeof tbuf[tnext], "+%.6f s", (double)rel / 1e9);
+    return tbuf[tnext];
+}
+
+static void json_str(FILE *out, const char *s)
+{
+    fputc('"', out);
+    for (; s && *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            fprintf(out, "\\%c", ch);
+        else if (ch < 0x20 || ch == 0x7f)
+            fprintf(out, "\\u%04x", ch);
+        else
+            fputc(ch, out);
+    }
+    fputc('"', out);
+}
+
+static const char *base_name(const char *p)
+{
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+/* Paths inside a command line or configuration shortened to their last component. */
+static void redact_paths(const char *in, char *out, size_t len)
+{
+    size_t o = 0;
+    const char *p = in;
+    while (*p && o + 1 < len) {
+        const char *w = p;
+        while (*p && *p != ' ' && *p != ',')
+            p++;
+        /* a word: key:value or a path */
+        const char *colon = memchr(w, ':', (size_t)(p - w));
+        const char *val = colon ? colon + 1 : w;
+        const char *slash = NULL;
+        for (const char *q = val; q < p; q++)
+            if (*q == '/')
+                slash = q;
+        size_t n1 = (size_t)(val - w);
+        const char *v2 = slash ? slash + 1 : val;
+        size_t n2 = (size_t)(p - v2);
+        if (o + n1 + n2 + 2 >= len)
+            break;
+        memcpy(out + o, w, n1);
+        o += n1;
+        memcpy(out + o, v2, n2);
+        o += n2;
+        if (*p)
+            out[o++] = *p++;
+    }
+    out[o] = '\0';
+}
+
+/* ----------------------------------------------------------------------------------- sites */
+
+typedef struct site {
+    const char *frames[32];
+    size_t nframes;
+    uint32_t first_stack;
+    uint64_t bytes, count;
+    uint64_t extra; /* leaks: growth */
+    char label[1024];
+} site_t;
+
+static uint64_t view_bytes(const av_t *a, const av_stack_t *s, int view)
+{
+    return view == VIEW_PEAK ? av_peak_bytes(a, s) : view == VIEW_OOM ? s->oom_bytes
+                             : view == VIEW_END   ? s->cur_bytes
+                                                  : s->alloc_bytes + s->cur_bytes;
+}
+static uint64_t view_count(const av_t *a, const av_stack_t *s, int view)
+{
+    return view == VIEW_PEAK ? av_peak_count(a, s) : view == VIEW_OOM ? s->oom_count : s->cur_count;
+}
+
+static bool same_frames(const site_t *x, const char *const *f, size_t n)
+{
+    if (x->nframes != n)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (x->frames[i] != f[i] && strcmp(x->frames[i], f[i]) != 0)
+            return false;
+    return true;
+}
+
+static int cmp_site(const void *p, const void *q)
+{
+    const site_t *x = p, *y = q;
+    if (x->bytes != y->bytes)
+        return x->bytes < y->bytes ? 1 : -1;
+    return x->first_stack < y->first_stack ? -1 : x->first_stack > y->first_stack;
+}
+
+/* Call sites (whole symbolized stacks; stacks that name the same frames are one site) holding
+ * memory in `view`, largest first. `only`: when non-NULL, a per-stack filter. */
+static site_t *collect_sites(const av_t *a, sym_ctx_t *sym, int view, bool (*only)(const av_t *, uint32_t),
+                             size_t *n_out)
+{
+    site_t *v = NULL;
+    size_t n = 0, cap = 0;
+    /* A small hash from the innermost frame pointer to the candidate list would be faster; the
+     * number of stacks with live bytes in one view is modest, so a hash on the joined text: */
+    size_t hcap = 1024;
+    while (hcap < a->nst * 2)
+        hcap *= 2;
+    int32_t *h = malloc(hcap * sizeof *h);
+    for (size_t i = 0; i < hcap; i++)
+        h[i] = -1;
+    for (size_t id = 0; id < a->nst; id++) {
+        const av_stack_t *s = &a->st[id];
+        uint64_t b = view_bytes(a, s, view);
+        if (!b || (only && !only(a, (uint32_t)id)))
+            continue;
+        const char *f[32];
+        size_t nf = sym_stack(sym, (uint32_t)id, f, 32);
+        uint64_t hv = 1469598103934665603ULL;
+        for (size_t i = 0; i < nf; i++)
+            for (const char *c = f[i]; *c; c++)
+                hv = (hv ^ (unsigned char)*c) * 1099511628211ULL;
+        hv ^= nf;
+        size_t j = hv & (hcap - 1);
+        for (; h[j] >= 0; j = (j + 1) & (hcap - 1))
+            if (same_frames(&v[h[j]], f, nf))
+                break;
+        site_t *x;
+        if (h[j] >= 0) {
+            x = &v[h[j]];
+        } else {
+            if (n == cap) {
+                cap = cap ? cap * 2 : 64;
+                v = realloc(v, cap * sizeof *v);
+            }
+            x = &v[n];
+            memset(x, 0, sizeof *x);
+            memcpy(x->frames, f, nf * sizeof *f);
+            x->nframes = nf;
+            x->first_stack = (uint32_t)id;
+            h[j] = (int32_t)n++;
+        }
+        x->bytes += b;
+        x->count += view_count(a, s, view);
+    }
+    free(h);
+    if (n)
+        qsort(v, n, sizeof *v, cmp_site);
+    *n_out = n;
+    return v;
+}
+
+/* Labels: frames from the user's innermost down to the first that tells the site apart from
+ * the other sites listed (an allocation helper shared by many sites is followed by its callers). */
+static site_t *ref_sites;
+static size_t nref_sites;
+
+static void label_sites(site_t *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        size_t need = 1;
+        for (size_t j = 0; j < n + nref_sites; j++) {
+            const site_t *w = j < n ? &v[j] : &ref_sites[j - n];
+            if (j == i || (j >= n && same_frames(w, v[i].frames, v[i].nframes)))
+                continue;
+            size_t c = 0;
+            while (c < v[i].nframes && c < w->nframes && strcmp(v[i].frames[c], w->frames[c]) == 0)
+                c++;
+            if (c + 1 > need)
+                need = c + 1;
+        }
+        if (need > v[i].nframes)
+            need = v[i].nframes;
+        if (need > 6)
+            need = 6;
+        char *o = v[i].label;
+        size_t len = sizeof v[i].label, k = 0;
+        if (v[i].nframes == 0) {
+            snprintf(o, len, "%s", v[i].first_stack == 0 ? "(stack not recorded)" : "(allocator frames only)");
+            continue;
+        }
+        o[0] = '\0';
+        for (size_t f = 0; f < need && k + 8 < len; f++)
+            k += (size_t)snprintf(o + k, len - k, "%s%s", f ? " <- " : "", v[i].frames[f]);
+    }
+}
+
+/* ----------------------------------------------------------------------- the facts, by rule */
+
+typedef struct diag {
+    const char *rule;      /* "oom-fragmentation", "oom-shortage", "leak", "step2-jump", "longest-batch", "phase" */
+    char text[1024];
+    char fix[1024];
+    uint64_t saving;       /* bytes the trace implies the fix can save (0: none claimed) */
+    char site[1024];
+} diag_t;
+
+static const av_seg_t *first_step(const av_t *a)
+{
+    for (size_t i = 0; i < a->nsegs; i++)
+        if (a->segs[i].kind == AV_SEG_STEP && a->segs[i].num_allocs)
+            return &a->segs[i];
+    return NULL;
+}
+
+static bool use_step_leaks(const av_t *a) { return a->step_bounds >= 3; }
+
+static bool is_leak(const av_t *a, uint32_t id)
+{
+    const av_stack_t *s = &a->st[id];
+    return av_leak_growing(use_step_leaks(a) ? &s->lk_step : &s->lk_win, s->cur_bytes);
+}
+
+static const av_seg_t *step1_seg;
+/* A class of allocations that first appears once step 1 has begun releasing memory (backward,
+ * optimizer step) and stays: live at the end of step 1. */
+static bool is_late(const av_t *a, uint32_t id)
+{
+    const av_stack_t *s = &a->st[id];
+    return step1_seg && s->first_seq != UINT64_MAX && step1_seg->first_free_seq &&
+           s->first_seq > step1_seg->first_free_seq && s->first_seg == (uint32_t)(step1_seg - a->segs) &&
+           s->lk_step.n > 0 && s->lk_step.first_b == 1 && !is_leak(a, id);
+}
+
+static int cmp_u64(const void *p, const void *q)
+{
+    uint64_t x = *(const uint64_t *)p, y = *(const uint64_t *)q;
+    return x < y ? -1 : x > y;
+}
+
+static bool dev_vmm(const av_t *a, uint32_t dev)
+{
+    return dev < CUA_TRACE_MAX_DEVICES && a->have_dev[dev] && a->dev_mode[dev] == CUA_TRACE_MODE_VMM;
+}
+
+static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
+{
+    size_t nd = 0;
+    char pct[32];
+    /* 1. OOM: shortage or fragmentation (the first OOM, the one that ends most jobs). */
+    if (a->nooms && nd < maxd) {
+        const av_oom_t *o = &a->ooms[0];
+        bool fits = o->rounded <= o->capacity && o->allocated <= o->capacity - o->rounded;
+        size_t ns;
+        site_t *v = collect_sites(a, sym, VIEW_OOM, NULL, &ns);
+        label_sites(v, ns < 8 ? ns : 8);
+        diag_t *x = &d[nd++];
+        memset(x, 0, sizeof *x);
+        if (fits) {
+            x->rule = "oom-fragmentation";
+            snprintf(x->text, sizeof x->text,
+                     "OOM by fragmentation: the live blocks (%s) plus the request (%s) fit in the capacity (%s), "
+                     "but %s was reserved and unallocated and its largest free block (%s) is smaller than the "
+                     "request.",
+                     H(o->allocated), H(o->rounded), H(o->capacity), H(o->reserved - o->allocated),
+                     H(o->largest_free));
+            if (dev_vmm(a, o->dev))
+                snprintf(x->fix, sizeof x->fix,
+                         "Fix (free): raise va_factor (CUALLOC_CONF=va_factor:8) or set "
+                         "garbage_collection_threshold:0.8 so cached chunks return earlier; no model change "
+                         "is needed: %s reserved but unallocated would serve the request.",
+                         H(o->reserved - o->allocated));
+            else
+                snprintf(x->fix, sizeof x->fix,
+                         "Fix (free, ladder rung 4): expandable segments (CUALLOC_CONF=expandable_segments:True, "
+                         "or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); else max_split_size_mb / "
+                         "garbage_collection_threshold:0.8. It makes the %s reserved but unallocated usable; the "
+                         "job then needs %s, under the capacity %s.",
+                         H(o->reserved - o->allocated), H(o->allocated + o->rounded), H(o->capacity));
+            x->saving = o->reserved - o->allocated;
+        } else {
+            x->rule = "oom-shortage";
+            uint64_t over = o->allocated + o->rounded - o->capacity;
+            snprintf(x->text, sizeof x->text,
+                     "OOM by genuine shortage: the live blocks (%s) plus the request (%s) need %s more than the "
+                     "capacity (%s); no allocator setting can fix that.",
+                     H(o->allocated), H(o->rounded), H(over), H(o->capacity));
+            if (ns) {
+                snprintf(pct, sizeof pct, "%.1f%%", o->allocated ? 100.0 * (double)v[0].bytes / (double)o->allocated : 0);
+                snprintf(x->site, sizeof x->site, "%s", v[0].label);
+                snprintf(x->fix, sizeof x->fix,
+                         "Fix, in cost order: (1) a smaller micro-batch with gradient accumulation, (2) bf16 mixed "
+                         "precision, (3) activation checkpointing, then an 8-bit optimizer, sharding (FSDP/ZeRO) "
+                         "or offload. Live memory must shrink by %s: call site %s held %s at the OOM (%s of the "
+                         "live bytes, %" PRIu64 " blocks).",
+                         H(over), v[0].label, H(v[0].bytes), pct, v[0].count);
+            } else {
+                snprintf(x->fix, sizeof x->fix,
+                         "Fix, in cost order: (1) a smaller micro-batch with gradient accumulation, (2) bf16 mixed "
+                         "precision, (3) activation checkpointing, then an 8-bit optimizer, sharding (FSDP/ZeRO) "
+                         "or offload. Live memory must shrink by %s.",
+                         H(over));
+            }
+            x->saving = over;
+        }
+        free(v);
+    }
+    /* 2. Leaks. */
+    {
+        size_t ns;
+        site_t *v = collect_sites(a, sym, VIEW_END, is_leak, &ns);
+        label_sites(v, ns);
+        for (size_t i = 0; i < ns && nd < maxd; i++) {
+            const av_leak_t *l = use_step_leaks(a) ? &a->st[v[i].first_stack].lk_step : &a->st[v[i].first_stack].lk_win;
+            uint64_t atpeak = 0;
+            for (size_t id = 0; id < a->nst; id++)
+                if (is_leak(a, (uint32_t)id)) {
+                    const char *f[32];
+                    size_t nf = sym_stack(sym, (uint32_t)id, f, 32);
+                    if (same_frames(&v[i], f, nf))
+                        atpeak += av_peak_bytes(a, &a->st[id]);
+                }
+            diag_t *x = &d[nd++];
+            memset(x, 0, sizeof *x);
+            x->rule = "leak";
+            snprintf(x->site, sizeof x->site, "%s", v[i].label);
+            snprintf(x->text, sizeof x->text,
+                     "Leak: call site %s grew from %s to %s over %u %s (+%s per %s on average) and never gave it "
+                     "back; it holds %s in %" PRIu64 " blocks at the end, %s at the peak.",
+                     v[i].label, H(l->first_v), H(l->last_v), l->n - 1, use_step_leaks(a) ? "steps" : "time windows",
+                     H((l->last_v - l->first_v) / (l->n - 1)), use_step_leaks(a) ? "step" : "window", H(v[i].bytes),
+                     v[i].count, H(atpeak));
+            snprintf(x->fix, sizeof x->fix,
+                     "Fix (free, before any rung of the ladder): drop the reference that keeps these blocks alive "
+                     "from step to step (e.g. accumulate loss.item() rather than loss, detach() what is logged, "
+                     "clear lists of tensors); empty_cache() does not help. Saves the %s this site held at the "
+                     "peak.",
+                     H(atpeak));
+            x->saving = atpeak;
+        }
+        free(v);
+    }
+    /* Steps. */
+    uint64_t peaks[4096];
+    size_t np = 0;
+    const av_seg_t *best = NULL, *second = NULL;
+    uint64_t max_step = 0;
+    for (size_t i = 0; i < a->nsegs && np < 4096; i++) {
+        const av_seg_t *g = &a->segs[i];
+        if (g->kind != AV_SEG_STEP || !g->num_allocs)
+            continue;
+        peaks[np++] = g->peak_alloc;
+        if (!best || g->peak_alloc > best->peak_alloc) {
+            second = best;
+            best = g;
+        } else if (!second || g->peak_alloc > second->peak_alloc) {
+            second = g;
+        }
+        if (g->peak_alloc > max_step)
+            max_step = g->peak_alloc;
+    }
+    /* 3. The step-2 jump: a class of allocations first made after step 1's peak, still live at the
+     * (later) peak, accounts for most of the rise over step 1's peak. */
+    step1_seg = first_step(a);
+    if (step1_seg && np >= 2 && nd < maxd && a->peak_seg != (uint32_t)(step1_seg - a->segs) &&
+        a->peak_alloc > step1_seg->peak_alloc + step1_seg->peak_alloc / 10) {
+        size_t ns;
+        site_t *v = collect_sites(a, sym, VIEW_PEAK, is_late, &ns);
+        uint64_t late = 0;
+        for (size_t i = 0; i < ns; i++)
+            late += v[i].bytes;
+        uint64_t rise = a->peak_alloc - step1_seg->peak_alloc;
+        if (ns && late * 2 >= rise && late * 20 >= a->peak_alloc) {
+            label_sites(v, ns < 8 ? ns : 8);
+            diag_t *x = &d[nd++];
+            memset(x, 0, sizeof *x);
+            x->rule = "step2-jump";
+            snprintf(x->site, sizeof x->site, "%s", v[0].label);
+            snprintf(x->text, sizeof x->text,
+                     "Step-2 jump: %s peaked at %s, the peak (%s) is %s higher in %s. Allocations first made "
+                     "late in %s (once it had begun freeing) and kept held %s at the peak — largest: %s, %s in "
+                     "%" PRIu64 " block%s (state allocated once, like an optimizer's on its first step).",
+                     step1_seg->label, H(step1_seg->peak_alloc), H(a->peak_alloc), H(rise),
+                     a->segs[a->peak_seg].label, step1_seg->label, H(late), v[0].label, H(v[0].bytes), v[0].count,
+                     v[0].count == 1 ? "" : "s");
+            snprintf(x->fix, sizeof x->fix,
+                     "Fix: budget for the peak after the first step, not step 1's. In cost order: (1) a smaller "
+                     "micro-batch to make room beside that state; (7) an 8-bit or paged optimizer shrinks the "
+                     "state, which held %s at the peak; (8) ZeRO-1 / FSDP shards it across GPUs.",
+                     H(late));
+            x->saving = late;
+        }
+        free(v);
+    }
+    /* 4. The longest batch: one outlier step sets the peak, well above the median step. */
+    if (np >= 4 && best && second && nd < maxd) {
+        uint64_t sorted[4096];
+        memcpy(sorted, peaks, np * sizeof *peaks);
+        qsort(sorted, np, sizeof *sorted, cmp_u64);
+        uint64_t med = sorted[np / 2 - (np % 2 == 0)];
+        uint64_t over = best->peak_alloc - med;
+        bool outlier = best->peak_alloc > med + med / 5 && second->peak_alloc < med + over / 2 &&
+                       (uint32_t)(best - a->segs) == a->peak_seg;
+        if (outlier) {
+            diag_t *x = &d[nd++];
+            memset(x, 0, sizeof *x);
+            x->rule = "longest-batch";
+            snprintf(x->text, sizeof x->text,
+                     "Longest batch: %s peaked at %s, %s above the median step's peak (%s over %zu steps); the "
+                     "next highest step reached %s. One outlier batch sets the peak.",
+                     best->label, H(best->peak_alloc), H(over), H(med), np, H(second->peak_alloc));
+            snprintf(x->fix, sizeof x->fix,
+                     "Fix (ladder rung 1, for that batch): cap the sequence length or bucket / sort by length so "
+                     "the longest batch is no larger than typical ones%s. Saves up to %s at the peak.",
+                     dev_vmm(a, 0) ? "" : "; expandable_segments:True also helps with the variable shapes",
+                     H(over));
+            x->saving = over;
+        }
+    }
+    /* 5. A phase (evaluation, ...) peaking above training. */
+    if (np >= 1) {
+        for (size_t i = 0; i < a->nsegs && nd < maxd; i++) {
+            const av_seg_t *g = &a->segs[i];
+            if (g->kind != AV_SEG_PHASE || g->peak_alloc <= max_step + max_step / 20)
+                continue;
+            bool dup = false;
+            for (size_t j = 0; j < nd; j++)
+                if (strcmp(d[j].rule, "phase") == 0 && strstr(d[j].text, g->label))
+                    dup = true;
+            if (dup)
+                continue;
+            diag_t *x = &d[nd++];
+            memset(x, 0, sizeof *x);
+            x->rule = "phase";
+            snprintf(x->text, sizeof x->text,
+                     "Phase '%s' peaked at %s, %s above the highest training step (%s).", g->label,
+                     H(g->peak_alloc), H(g->peak_alloc - max_step), H(max_step));
+            snprintf(x->fix, sizeof x->fix,
+                     "Fix: run '%s' with a batch no larger than training's and under torch.no_grad(); move "
+                     "outputs to the CPU per batch instead of accumulating them on the GPU. Bringing it to the "
+                     "training peak saves %s.",
+                     g->label, H(g->peak_alloc - max_step));
+            x->saving = g->peak_alloc - max_step;
+        }
+    }
+    return nd;
+}
+
+/* ----------------------------------------------------------------------------- sections */
+
+static void ended_text(const av_t *a, char *buf, size_t len)
+{
+    if (a->status == EXIT_CORRUPT)
+        snprintf(buf, len, "corrupt after record #%" PRIu64 " (%s); the report covers the readable prefix",
+                 a->last_seq, a->error);
+    else if (a->acct.end_seen && a->acct.end_reason == CUA_TRACE_END_STOP)
+        snprintf(buf, len, a->nooms ? "clean exit, after %zu OOM%s" : "clean exit", a->nooms,
+                 a->nooms == 1 ? "" : "s");
+    else if (a->acct.end_seen)
+        snprintf(buf, len, "tracing stopped early (%s): later events were not recorded",
+                 tr_end_reason_name(a->acct.end_reason));
+    else if (a->nooms)
+        snprintf(buf, len, "died after an OOM (no end record; the last complete record is #%" PRIu64 ")",
+                 a->last_seq);
+    else
+        snprintf(buf, len, "killed or crashed (no end record; the last complete record is #%" PRIu64 ")",
+                 a->last_seq);
+}
+
+static const char *ended_key(const av_t *a)
+{
+    if (a->status == EXIT_CORRUPT)
+        return "corrupt";
+    if (a->acct.end_seen)
+        return a->acct.end_reason == CUA_TRACE_END_STOP ? "clean_exit" : "trace_stopped";
+    return a->nooms ? "oom" : "killed";
+}
+
+static void config_keys(const av_t *a, const ropts_t *o, char *buf, size_t len)
+{
+    /* The keys that decide how memory is used; the rest are defaults or tracing options. */
+    static const char *const keys[] = {"driver", "expandable_segments", "max_split_size_mb",
+                                       "garbage_collection_threshold", "roundup_power2_divisions",
+                                       "sim_memory_mb", "va_factor"};
+    /* Defaults are left out. */
+    static const char *const defaults[] = {"", "expandable_segments:True", "max_split_size_mb:unlimited",
+                                           "garbage_collection_threshold:0", "roundup_power2_divisions:0", "",
+                                           "va_factor:4"};
+    size_t k = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        size_t kl = strlen(keys[i]);
+        const char *p = a->config;
+        while (p && *p) {
+            if (strncmp(p, keys[i], kl) == 0 && p[kl] == ':') {
+                const char *e = strchr(p, ',');
+                size_t n = e ? (size_t)(e - p) : strlen(p);
+                if (strlen(defaults[i]) == n && strncmp(p, defaults[i], n) == 0)
+                    break;
+                if (k + n + 3 < len) {
+                    k += (size_t)snprintf(buf + k, len - k, "%s%.*s", k ? "," : "", (int)n, p);
+                }
+                break;
+            }
+            p = strchr(p, ',');
+            if (p)
+                p++;
+        }
+    }
+    (void)o;
+    if (!k)
+        snprintf(buf, len, "%s", a->config[0] ? a->config : "(not recorded)");
+}
+
+static void print_sites(FILE *out, const av_t *a, site_t *v, size_t n, int top, uint64_t total)
+{
+    (void)a;
+    size_t show = n < (size_t)top ? n : (size_t)top;
+    label_sites(v, show);
+    fprintf(out, "  %12s %6s %7s  %s\n", "bytes", "share", "blocks", "call site");
+    uint64_t rest = 0, restc = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i < show)
+            fprintf(out, "  %12s %5.1f%% %7" PRIu64 "  %s\n", H(v[i].bytes),
+                    total ? 100.0 * (double)v[i].bytes / (double)total : 0.0, v[i].count, v[i].label);
+        else {
+            rest += v[i].bytes;
+            restc++;
+        }
+    }
+    if (restc)
+        fprintf(out, "  %12s %5.1f%% %7s  ... %" PRIu64 " more call sites\n", H(rest),
+                total ? 100.0 * (double)rest / (double)total : 0.0, "", restc);
+    if (!n)
+        fprintf(out, "  (no live blocks)\n");
+}
+
+static void sites_json(FILE *out, site_t *v, size_t n, int top)
+{
+    size_t show = n < (size_t)top ? n : (size_t)top;
+    label_sites(v, show);
+    fprintf(out, "[");
+    for (size_t i = 0; i < show; i++) {
+        fprintf(out, "%s{\"bytes\": %" PRIu64 ", \"blocks\": %" PRIu64 ", \"site\": ", i ? ", " : "", v[i].bytes,
+                v[i].count);
+        json_str(out, v[i].label);
+        fprintf(out, ", \"frames\": [");
+        for (size_t f = 0; f < v[i].nframes; f++) {
+            if (f)
+                fprintf(out, ", ");
+            json_str(out, v[i].frames[f]);
+        }
+        fprintf(out, "]}");
+    }
+    fprintf(out, "]");
+}
+
+static void header_text(FILE *out, const av_t *a, const ropts_t *o)
+{
+    char buf[2048], ended[768], conf[1024];
+    fprintf(out, "%sallocview report%s: %s (%s)\n", C_B(), C_0(), o->redact ? base_name(a->path) : a->path,
+            a->recorder[0] ? a->recorder : "recorder unknown");
+    fprintf(out, "%sWhat ran%s\n", C_B(), C_0());
+    if (a->have_process) {
+        if (o->redact)
+            redact_paths(a->cmd, buf, sizeof buf);
+        else
+            snprintf(buf, sizeof buf, "%s", a->cmd);
+        fprintf(out, "  command   %s\n", buf);
+        if (o->redact)
+            fprintf(out, "  process   pid * on *");
+        else
+            fprintf(out, "  process   pid %" PRIu64 " on %s", a->pid, a->host);
+        if (a->rank >= 0)
+            fprintf(out, ", rank %" PRId64 "\n", a->rank);
+        else
+            fprintf(out, ", no rank\n");
+    } else {
+        fprintf(out, "  command   (not recorded)\n");
+    }
+    for (int d = 0; d < CUA_TRACE_MAX_DEVICES; d++)
+        if (a->have_dev[d])
+            fprintf(out, "  device %-2d %s, %s, heap capacity %s, %s\n", d, a->dev_name[d], H(a->dev_total[d]),
+                    H(a->dev_capacity[d]), a->dev_mode[d] == CUA_TRACE_MODE_VMM ? "expandable (VMM)" : "classic segments");
+    config_keys(a, o, conf, sizeof conf);
+    if (o->redact)
+        redact_paths(conf, buf, sizeof buf);
+    else
+        snprintf(buf, sizeof buf, "%s", conf);
+    fprintf(out, "  config    %s\n", buf);
+    fprintf(out, "  duration  %.6f s, %" PRIu64 " allocations, %" PRIu64 " frees, %u mark%s (%u step%s)%s\n",
+            a->acct.any_event ? (double)(a->acct.last_time - a->acct.first_time) / 1e9 : 0.0, a->acct.num_allocs,
+            a->acct.num_frees, a->nmarks, a->nmarks == 1 ? "" : "s", a->nstep_marks, a->nstep_marks == 1 ? "" : "s",
+            a->clock == CUA_TRACE_CLOCK_COUNTER ? " [sim clock]" : "");
+    ended_text(a, ended, sizeof ended);
+    fprintf(out, "  ended     %s%s%s\n", a->acct.end_seen && a->acct.end_reason == 0 && !a->nooms ? "" : C_R(),
+            ended, C_0());
+    if (a->warning[0] && !o->redact)
+        fprintf(out, "  warning   %s\n", a->warning);
+}
+
+static void peak_text(FILE *out, const av_t *a, sym_ctx_t *sym, const ropts_t *o, bool at)
+{
+    if (!a->have_peak) {
+        fprintf(out, "%s%s%s\n  %s\n", C_B(), at ? "State" : "Peak", C_0(),
+                at ? "the trace never reached that time or mark" : "no allocations in the trace");
+        return;
+    }
+    const av_seg_t *g = &a->segs[a->peak_seg];
+    if (at)
+        fprintf(out, "%sState at %s%s (%s, in %s)\n", C_B(), o->av.at_mark ? o->av.at_mark : "the given time",
+                C_0(), T(a, a->peak_time), g->label);
+    else
+        fprintf(out, "%sPeak%s at %s, in %s (record #%" PRIu64 ")\n", C_B(), C_0(), T(a, a->peak_time), g->label,
+                a->peak_seq);
+    fprintf(out, "  allocated %s, requested %s, reserved %s  (highest reserved %s)\n", H(a->peak_alloc),
+            H(a->peak_req), H(a->peak_reserved), H(a->acct.reserved_peak));
+    size_t n;
+    site_t *v = collect_sites(a, sym, VIEW_PEAK, NULL, &n);
+    fprintf(out, "  call sites holding memory %s, largest first:\n", at ? "then" : "at the peak");
+    print_sites(out, a, v, n, o->top, a->peak_alloc);
+    free(v);
+}
+
+static void oom_text(FILE *out, const av_t *a, sym_ctx_t *sym, const ropts_t *o)
+{
+    if (!a->nooms)
+        return;
+    const av_oom_t *x = &a->ooms[0];
+    fprintf(out, "%sOOM%s at %s, in %s, device %u%s\n", C_R(), C_0(), T(a, x->time), a->segs[x->seg].label, x->dev,
+            a->nooms > 1 ? " (the first of several)" : "");
+    if (a->nooms > 1)
+        fprintf(out, "  %zu OOMs in all\n", a->nooms);
+    fprintf(out, "  tried to allocate %s (%" PRIu64 " B requested); capacity %s, allocated %s, reserved %s\n",
+            H(x->rounded), x->requested, H(x->capacity), H(x->allocated), H(x->reserved));
+    fprintf(out, "  reserved but unallocated %s, largest free block %s, device free %s\n",
+            H(x->reserved - x->allocated), H(x->largest_free), H(x->device_free));
+    const char *f[32];
+    size_t nf = sym_stack(sym, x->stack, f, 32);
+    fprintf(out, "  failing request from: ");
+    if (!nf)
+        fprintf(out, "%s\n", x->stack ? "(allocator frames only)" : "(stack not recorded)");
+    for (size_t i = 0; i < nf && i < 6; i++)
+        fprintf(out, "%s%s", i ? " <- " : "", f[i]);
+    if (nf)
+        fprintf(out, "\n");
+    size_t n;
+    site_t *v = collect_sites(a, sym, VIEW_OOM, NULL, &n);
+    fprintf(out, "  live at the OOM (%" PRIu64 " blocks), largest first:\n", a->oom_live_count);
+    print_sites(out, a, v, n, o->top, x->allocated);
+    free(v);
+}
+
+static void steps_text(FILE *out, const av_t *a)
+{
+    size_t nsteps = 0;
+    for (size_t i = 0; i < a->nsegs; i++)
+        if (a->segs[i].num_allocs || a->segs[i].kind != AV_SEG_START)
+            nsteps++;
+    if (a->nmarks == 0)
+        return;
+    fprintf(out, "%sSteps and phases%s (peak allocated in each)\n", C_B(), C_0());
+    size_t shown = 0;
+    for (size_t i = 0; i < a->nsegs; i++) {
+        const av_seg_t *g = &a->segs[i];
+        bool has_oom = a->nooms && a->ooms[0].seg == (uint32_t)i;
+        if (!g->num_allocs && !has_oom && (uint32_t)i != a->peak_seg)
+            continue;
+        if (nsteps > 12 && shown == 10 && i + 2 < a->nsegs) {
+            fprintf(out, "  ... %zu more\n", nsteps - 11);
+            i = a->nsegs - 2;
+            shown++;
+            continue;
+        }
+        fprintf(out, "  %-20s peak %12s at %s  %6" PRIu64 " allocs%s\n", g->label, H(g->peak_alloc),
+                T(a, g->peak_time), g->num_allocs, (uint32_t)i == a->peak_seg ? "  <- the peak" : "");
+        shown++;
+    }
+}
+
+static void diag_text(FILE *out, const diag_t *d, size_t nd)
+{
+    fprintf(out, "%sDiagnosis%s\n", C_B(), C_0());
+    if (!nd)
+        fprintf(out, "  nothing to report: no OOM, no leak, no step-2 jump, no outlier step or phase\n");
+    for (size_t i = 0; i < nd; i++) {
+        fprintf(out, "  %zu. %s%s%s\n", i + 1, C_Y(), d[i].text, C_0());
+        fprintf(out, "     %s\n", d[i].fix);
+    }
+}
+
+static void diag_json(FILE *out, const diag_t *d, size_t nd)
+{
+    fprintf(out, "[");
+    for (size_t i = 0; i < nd; i++) {
+        fprintf(out, "%s{\"rule\": \"%s\", \"text\": ", i ? ", " : "", d[i].rule);
+        json_str(out, d[i].text);
+        fprintf(out, ", \"fix\": ");
+        json_str(out, d[i].fix);
+        fprintf(out, ", \"saving_bytes\": %" PRIu64 ", \"site\": ", d[i].saving);
+        if (d[i].site[0])
+            json_str(out, d[i].site);
+        else
+            fprintf(out, "null");
+        fprintf(out, "}");
+    }
+    fprintf(out, "]");
+}
+
+static void process_json(FILE *out, const av_t *a, const ropts_t *o)
+{
+    char buf[2048];
+    fprintf(out, "\"trace\": ");
+    json_str(out, o->redact ? base_name(a->path) : a->path);
+    fprintf(out, ", \"command\": ");
+    if (o->redact)
+        redact_paths(a->cmd, buf, sizeof buf);
+    else
+        snprintf(buf, sizeof buf, "%s", a->cmd);
+    json_str(out, buf);
+    fprintf(out, ", \"rank\": %" PRId64 ", \"ended\": \"%s\", \"duration_ns\": %" PRIu64 ", \"num_ooms\": %zu",
+            a->rank, ended_key(a), a->acct.any_event ? a->acct.last_time - a->acct.first_time : 0, a->nooms);
+    fprintf(out, ", \"error\": ");
+    if (a->status)
+        json_str(out, a->error);
+    else
+        fprintf(out, "null");
+}
+
+static void peak_json(FILE *out, const av_t *a, sym_ctx_t *sym, const ropts_t *o)
+{
+    if (!a->have_peak) {
+        fprintf(out, "null");
+        return;
+    }
+    fprintf(out,
+            "{\"time_ns\": %" PRIu64 ", \"seq\": %" PRIu64 ", \"in\": ", a->peak_time - a->acct.first_time, a->peak_seq);
+    json_str(out, a->segs[a->peak_seg].label);
+    fprintf(out, ", \"allocated_bytes\": %" PRIu64 ", \"requested_bytes\": %" PRIu64 ", \"reserved_bytes\": %" PRIu64
+                 ", \"sites\": ",
+            a->peak_alloc, a->peak_req, a->peak_reserved);
+    size_t n;
+    site_t *v = collect_sites(a, sym, VIEW_PEAK, NULL, &n);
+    sites_json(out, v, n, o->top);
+    free(v);
+    fprintf(out, "}");
+}
+
+static void oom_json(FILE *out, const av_t *a, sym_ctx_t *sym, const ropts_t *o)
+{
+    if (!a->nooms) {
+        fprintf(out, "null");
+        return;
+    }
+    const av_oom_t *x = &a->ooms[0];
+    fprintf(out,
+            "{\"time_ns\": %" PRIu64 ", \"device\": %u, \"in\": ", x->time - a->acct.first_time, x->dev);
+    json_str(out, a->segs[x->seg].label);
+    fprintf(out,
+            ", \"requested_bytes\": %" PRIu64 ", \"rounded_bytes\": %" PRIu64 ", \"capacity_bytes\": %" PRIu64
+            ", \"allocated_bytes\": %" PRIu64 ", \"reserved_bytes\": %" PRIu64 ", \"largest_free_block\": %" PRIu64
+            ", \"device_free_bytes\": %" PRIu64 ", \"count\": %zu, \"failing_site\": [",
+            x->requested, x->rounded, x->capacity, x->allocated, x->reserved, x->largest_free, x->device_free,
+            a->nooms);
+    const char *f[32];
+    size_t nf = sym_stack(sym, x->stack, f, 32);
+    for (size_t i = 0; i < nf; i++) {
+        if (i)
+            fprintf(out, ", ");
+        json_str(out, f[i]);
+    }
+    fprintf(out, "], \"live_sites\": ");
+    size_t n;
+    site_t *v = collect_sites(a, sym, VIEW_OOM, NULL, &n);
+    sites_json(out, v, n, o->top);
+    free(v);
+    fprintf(out, "}");
+}
+
+/* ------------------------------------------------------------------------------ commands */
+
+static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
+{
+    sym_ctx_t *sym = sym_new(a);
+    /* Labels tell a site apart from every call site of the trace, not only from those listed. */
+    ref_sites = collect_sites(a, sym, VIEW_EVER, NULL, &nref_sites);
+    diag_t d[32];
+    size_t nd = 0;
+    bool dflt = strcmp(cmd, "report") == 0;
+    if (dflt || strcmp(cmd, "leaks") == 0)
+        nd = diagnose(a, sym, d, 32);
+    if (o->json) {
+        fprintf(out, "{\"report\": \"%s\", ", cmd);
+        process_json(out, a, o);
+        if (dflt || strcmp(cmd, "peak") == 0) {
+            fprintf(out, ", \"peak\": ");
+            peak_json(out, a, sym, o);
+        }
+        if (dflt || strcmp(cmd, "oom") == 0) {
+            fprintf(out, ", \"oom\": ");
+            oom_json(out, a, sym, o);
+        }
+        if (strcmp(cmd, "sites") == 0) {
+            size_t n;
+            site_t *v = collect_sites(a, sym, VIEW_PEAK, NULL, &n);
+            fprintf(out, ", \"sites_at_peak\": ");
+            sites_json(out, v, n, o->top);
+            free(v);
+            v = collect_sites(a, sym, VIEW_END, NULL, &n);
+            fprintf(out, ", \"sites_at_end\": ");
+            sites_json(out, v, n, o->top);
+            free(v);
+        }
+        if (dflt) {
+            fprintf(out, ", \"steps\": [");
+            const char *sep = "";
+            for (size_t i = 0; i < a->nsegs; i++) {
+                const av_seg_t *g = &a->segs[i];
+                if (!g->num_allocs && g->kind == AV_SEG_START)
+                    continue;
+                fprintf(out, "%s{\"label\": ", sep);
+                json_str(out, g->label);
+                fprintf(out, ", \"kind\": \"%s\", \"peak_allocated_bytes\": %" PRIu64 ", \"allocs\": %" PRIu64 "}",
+                        g->kind == AV_SEG_STEP ? "step" : g->kind == AV_SEG_PHASE ? "phase" : "start", g->peak_alloc,
+                        g->num_allocs);
+                sep = ", ";
+            }
+            fprintf(out, "]");
+        }
+        if (dflt || strcmp(cmd, "leaks") == 0) {
+            fprintf(out, ", \"diagnosis\": ");
+            diag_t l[32];
+            size_t nl = 0;
+            for (size_t i = 0; i < nd; i++)
+                if (dflt || strcmp(d[i].rule, "leak") == 0)
+                    l[nl++] = d[i];
+            diag_json(out, l, nl);
+        }
+        fprintf(out, "}\n");
+        free(ref_sites);
+        ref_sites = NULL;
+        nref_sites = 0;
+        sym_free(sym);
+        return;
+    }
+    if (dflt) {
+        header_text(out, a, o);
+        peak_text(out, a, sym, o, false);
+        oom_text(out, a, sym, o);
+        steps_text(out, a);
+        diag_text(out, d, nd);
+    } else if (strcmp(cmd, "peak") == 0) {
+        peak_text(out, a, sym, o, o->av.at_mark || o->av.at_time_ns >= 0);
+    } else if (strcmp(cmd, "oom") == 0) {
+        if (!a->nooms)
+            fprintf(out, "no OOM in this trace\n");
+        oom_text(out, a, sym, o);
+        for (size_t i = 0; i < nd; i++)
+            ;
+        if (a->nooms) {
+            nd = diagnose(a, sym, d, 1);
+            diag_text(out, d, nd);
+        }
+    } else if (strcmp(cmd, "sites") == 0) {
+        size_t n;
+        site_t *v = collect_sites(a, sym, VIEW_PEAK, NULL, &n);
+        fprintf(out, "%sCall sites at the peak%s (%s allocated, %s, in %s)\n", C_B(), C_0(), H(a->peak_alloc),
+                T(a, a->peak_time), a->have_peak ? a->segs[a->peak_seg].label : "-");
+        print_sites(out, a, v, n, o->top, a->peak_alloc);
+        free(v);
+        v = collect_sites(a, sym, VIEW_END, NULL, &n);
+        fprintf(out, "%sCall sites live at the end of the trace%s (%s allocated)\n", C_B(), C_0(),
+                H(a->acct.allocated));
+        print_sites(out, a, v, n, o->top, a->acct.allocated);
+        free(v);
+    } else if (strcmp(cmd, "leaks") == 0) {
+        size_t nl = 0;
+        fprintf(out, "%sLeaks%s (judged over %s)\n", C_B(), C_0(),
+                use_step_leaks(a) ? "step ends" : "windows of allocations: the trace has fewer than 3 step marks");
+        for (size_t i = 0; i < nd; i++)
+            if (strcmp(d[i].rule, "leak") == 0) {
+                fprintf(out, "  %zu. %s\n     %s\n", ++nl, d[i].text, d[i].fix);
+            }
+        if (!nl)
+            fprintf(out, "  none: no call site's live bytes grew step after step without being freed\n");
+    }
+    free(ref_sites);
+    ref_sites = NULL;
+    nref_sites = 0;
+    sym_free(sym);
+}
+
+/* Several traces, one per rank: a table, then which rank peaked highest and which failed first. */
+static void report_many(FILE *out, av_t **as, size_t n, const ropts_t *o)
+{
+    /* Times across processes compare on the wall clock where the clock is monotonic. */
+    int64_t fail_at[256];
+    int first_fail = -1, highest = -1;
+    for (size_t i = 0; i < n; i++) {
+        const av_t *a = as[i];
+        bool failed = a->nooms || (!a->acct.end_seen && a->status == 0);
+        uint64_t t = a->nooms ? a->ooms[0].time : a->acct.last_time;
+        int64_t wall = a->clock == CUA_TRACE_CLOCK_MONOTONIC
+                           ? (int64_t)a->start_realtime + ((int64_t)t - (int64_t)a->start_monotonic)
+                           : (int64_t)(t - a->acct.first_time);
+        fail_at[i] = failed ? wall : INT64_MAX;
+        if (failed && (first_fail < 0 || wall < fail_at[first_fail]))
+            first_fail = (int)i;
+        if (highest < 0 || a->peak_alloc > as[highest]->peak_alloc)
+            highest = (int)i;
+    }
+    if (o->json) {
+        fprintf(out, "{\"report\": \"ranks\", \"ranks\": [");
+        for (size_t i = 0; i < n; i++) {
+            const av_t *a = as[i];
+            fprintf(out, "%s{", i ? ", " : "");
+            process_json(out, a, o);
+            fprintf(out, ", \"peak_allocated_bytes\": %" PRIu64 ", \"peak_reserved_bytes\": %" PRIu64 ", \"peak_in\": ",
+                    a->peak_alloc, a->acct.reserved_peak);
+            json_str(out, a->have_peak ? a->segs[a->peak_seg].label : "");
+            fprintf(out, "}");
+        }
+        fprintf(out, "], \"peaked_highest\": %d, \"failed_first\": %d}\n", highest, first_fail);
+        return;
+    }
+    fprintf(out, "%sRanks%s (%zu traces)\n", C_B(), C_0(), n);
+    fprintf(out, "  %-5s %-24s %12s %12s %-14s %5s  %s\n", "rank", "trace", "peak alloc", "peak reserv", "peak in",
+            "OOMs", "ended");
+    for (size_t i = 0; i < n; i++) {
+        const av_t *a = as[i];
+        char r[16], ended[768];
+        if (a->rank >= 0)
+            snprintf(r, sizeof r, "%" PRId64, a->rank);
+        else
+            snprintf(r, sizeof r, "-");
+        ended_text(a, ended, sizeof ended);
+        char *paren = strstr(ended, " (");
+        if (paren)
+            *paren = '\0';
+        fprintf(out, "  %-5s %-24.24s %12s %12s %-14.14s %5zu  %s\n", r, base_name(a->path), H(a->peak_alloc),
+                H(a->acct.reserved_peak), a->have_peak ? a->segs[a->peak_seg].label : "-", a->nooms, ended);
+    }
+    if (highest >= 0)
+        fprintf(out, "  highest peak: %s (rank %" PRId64 "), %s allocated\n", base_name(as[highest]->path),
+                as[highest]->rank, H(as[highest]->peak_alloc));
+    if (first_fail >= 0)
+        fprintf(out, "  %sfailed first: %s (rank %" PRId64 ")%s, %s\n", C_R(), base_name(as[first_fail]->path),
+                as[first_fail]->rank, C_0(), as[first_fail]->nooms ? "OOM" : "no end record");
+    else
+        fprintf(out, "  no rank failed\n");
+    fprintf(out, "\n");
+}
+
+static void help(const char *cmd, FILE *out)
+{
+    if (strcmp(cmd, "report") == 0)
+        fprintf(out,
+                "usage: allocview [report] [--json] [--no-color] [--redact] [--top N] TRACE [TRACE...]\n"
+                "  The after-a-crash report: what ran and how it ended, the peak and the call sites holding\n"
+                "  memory then, the OOM (what was live, where the failing request came from), the peak of\n"
+                "  each step or phase, and a diagnosis (OOM by shortage or fragmentation, leaks, the step-2\n"
+                "  jump, the longest batch, a phase above training) with the fix to try first and what the\n"
+                "  trace says it saves. Several traces (one per rank): a table of ranks first.\n");
+    else if (strcmp(cmd, "peak") == 0)
+        fprintf(out, "usage: allocview peak [--at TIME|MARK] [--json] [--no-color] [--redact] [--top N] TRACE\n"
+                     "  The peak of allocated bytes: when, in which step or phase, requested / allocated /\n"
+                     "  reserved, and the call sites holding memory then. --at TIME (seconds after the first\n"
+                     "  event, e.g. 1.5 or 1.5s) or --at MARK (a mark's label): the same at that moment.\n");
+    else if (strcmp(cmd, "sites") == 0)
+        fprintf(out, "usage: allocview sites [--json] [--no-color] [--redact] [--top N] TRACE\n"
+                     "  Call sites (whole stacks, allocator and CUDA runtime frames folded) holding memory at\n"
+                     "  the peak and at the end of the trace, largest first, with bytes, blocks and share.\n");
+    else if (strcmp(cmd, "leaks") == 0)
+        fprintf(out, "usage: allocview leaks [--json] [--no-color] [--redact] TRACE\n"
+                     "  Call sites whose live bytes grew step after step (\"step N\" marks; without them,\n"
+                     "  windows of allocations) and were never freed.\n");
+    else if (strcmp(cmd, "oom") == 0)
+        fprintf(out, "usage: allocview oom [--json] [--no-color] [--redact] [--top N] TRACE\n"
+                     "  The first OOM: the request, the heap's state, where the request came from, what was\n"
+                     "  live, and whether it was a genuine shortage or fragmentation, with the first fix.\n");
+    fprintf(out, "options: --json one JSON object; --no-color (colour is used only on a terminal);\n"
+                 "         --redact hide pids, host and directories (for comparing reports); --top N sites (10)\n");
+}
+
+bool report_is_command(const char *cmd)
+{
+    return strcmp(cmd, "report") == 0 || strcmp(cmd, "peak") == 0 || strcmp(cmd, "sites") == 0 ||
+           strcmp(cmd, "leaks") == 0 || strcmp(cmd, "oom") == 0;
+}
+
+int report_main(const char *cmd, int argc, char **argv)
+{
+    ropts_t o;
+    memset(&o, 0, sizeof o);
+    o.top = 10;
+    o.av.at_time_ns = -1;
+    bool no_color = getenv("NO_COLOR") != NULL;
+    const char *paths[256];
+    size_t np = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *s = argv[i];
+        if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
+            help(cmd, stdout);
+            return 0;
+        } else if (strcmp(s, "--json") == 0) {
+            o.json = true;
+        } else if (strcmp(s, "--no-color") == 0 || strcmp(s, "--no-colour") == 0) {
+            no_color = true;
+        } else if (strcmp(s, "--redact") == 0) {
+            o.redact = true;
+        } else if (strcmp(s, "--verbose") == 0) {
+            /* main.c handles it */
+        } else if (strcmp(s, "--top") == 0 && i + 1 < argc) {
+            o.top = atoi(argv[++i]);
+            if (o.top < 1)
+                o.top = 1;
+        } else if (strcmp(cmd, "peak") == 0 && strcmp(s, "--at") == 0 && i + 1 < argc) {
+            const char *v = argv[++i];
+            char *end;
+            double sec = strtod(v, &end);
+            if (end != v && (*end == '\0' || strcmp(end, "s") == 0) && sec >= 0)
+                o.av.at_time_ns = (int64_t)(sec * 1e9);
+            else
+                o.av.at_mark = v;
+        } else if (s[0] == '-' && s[1]) {
+            fprintf(stderr, "allocview %s: unknown option %s (see allocview %s --help)\n", cmd, s, cmd);
+            return EXIT_USAGE;
+        } else if (np < 256) {
+            paths[np++] = s;
+        }
+    }
+    if (!np) {
+        fprintf(stderr, "allocview %s: which trace? (allocview %s --help)\n", cmd, cmd);
+        return EXIT_USAGE;
+    }
+    if (np > 1 && strcmp(cmd, "report") != 0) {
+        fprintf(stderr, "allocview %s: one trace at a time (several: the default report, allocview TRACE...)\n", cmd);
+        return EXIT_USAGE;
+    }
+    color = !no_color && !o.json && isatty(STDOUT_FILENO);
+    o.av.progress = isatty(STDERR_FILENO);
+    av_t *as[256];
+    int status = 0;
+    size_t na = 0;
+    for (size_t i = 0; i < np; i++) {
+        char err[512];
+        av_t *a = av_analyze(paths[i], &o.av, err, sizeof err);
+        if (!a) {
+            fprintf(stderr, "allocview: %s: %s\n", paths[i], err);
+            status = EXIT_UNREADABLE;
+            continue;
+        }
+        if (a->status == EXIT_CORRUPT) {
+            fprintf(stderr, "allocview: %s: corrupt trace: %s; the report covers the readable prefix\n", paths[i],
+                    a->error);
+            if (status == 0)
+                status = EXIT_CORRUPT;
+        } else if (a->warning[0] && !o.json) {
+            fprintf(stderr, "allocview: %s: %s\n", paths[i], a->warning);
+        }
+        as[na++] = a;
+    }
+    if (na > 1)
+        report_many(stdout, as, na, &o);
+    for (size_t i = 0; i < na; i++) {
+        if (na > 1 && !o.json)
+            fprintf(stdout, "%s\n", i ? "" : "");
+        report_one(stdout, cmd, as[i], &o);
+        av_free(as[i]);
+    }
+    return status;
+}

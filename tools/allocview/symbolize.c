@@ -1,0 +1,276 @@
+/* symbolize.c — see symbolize.h. */
+#include "symbolize.h"
+
+#include <fcntl.h>
+#include <fnmatch.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifdef HAVE_LIBDW
+#include <elfutils/libdwfl.h>
+#endif
+
+#define SYM_MAX_FRAMES 64
+
+/* One module file, opened on first use. */
+typedef struct sym_mod {
+    char *path;
+#ifdef HAVE_LIBDW
+    Dwfl *dwfl;
+    Dwfl_Module *mod;
+    GElf_Addr bias;
+#endif
+    bool tried, usable;
+} sym_mod_t;
+
+/* A symbolized frame, cached by (module, offset) or python frame. */
+typedef struct sym_ent {
+    bool used;
+    uint8_t kind;
+    uint64_t key; /* module offset (native) or address when no module */
+    const char *mod;
+    char *text;
+    bool fold;
+} sym_ent_t;
+
+struct sym_ctx {
+    const av_t *a;
+    sym_mod_t *mods;
+    size_t nmods;
+    sym_ent_t *ents;
+    size_t cap, count;
+    /* per stack: cached folded frames */
+    char ***stk;
+    size_t *stkn;
+    bool *stkdone;
+    size_t nstk;
+};
+
+static const char *base_name(const char *p)
+{
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+static bool fold_module(const char *path)
+{
+    const char *b = base_name(path);
+    return fnmatch("libcualloc.so*", b, 0) == 0 || fnmatch("libcualloc_torch*", b, 0) == 0 ||
+           fnmatch("libcudart*", b, 0) == 0 || fnmatch("libcuda.so*", b, 0) == 0 ||
+           fnmatch("libc10_cuda*", b, 0) == 0 || fnmatch("libstubcudart*", b, 0) == 0;
+}
+
+static bool fold_function(const char *fn)
+{
+    return fn && (strncmp(fn, "cudaMalloc", 10) == 0 || strncmp(fn, "cuMemAlloc", 10) == 0 ||
+                  strncmp(fn, "cualloc_", 8) == 0);
+}
+
+sym_ctx_t *sym_new(const av_t *a)
+{
+    sym_ctx_t *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->a = a;
+    c->cap = 1024;
+    c->ents = calloc(c->cap, sizeof *c->ents);
+    c->nstk = a->nst;
+    c->stk = calloc(c->nstk ? c->nstk : 1, sizeof *c->stk);
+    c->stkn = calloc(c->nstk ? c->nstk : 1, sizeof *c->stkn);
+    c->stkdone = calloc(c->nstk ? c->nstk : 1, sizeof *c->stkdone);
+    return c;
+}
+
+void sym_free(sym_ctx_t *c)
+{
+    if (!c)
+        return;
+    for (size_t i = 0; i < c->nmods; i++) {
+#ifdef HAVE_LIBDW
+        if (c->mods[i].dwfl)
+            dwfl_end(c->mods[i].dwfl);
+#endif
+        free(c->mods[i].path);
+    }
+    free(c->mods);
+    for (size_t i = 0; i < c->cap; i++)
+        free(c->ents[i].text);
+    free(c->ents);
+    for (size_t i = 0; i < c->nstk; i++)
+        free(c->stk[i]);
+    free(c->stk);
+    free(c->stkn);
+    free(c->stkdone);
+    free(c);
+}
+
+static sym_mod_t *mod_get(sym_ctx_t *c, const char *path)
+{
+    for (size_t i = 0; i < c->nmods; i++)
+        if (strcmp(c->mods[i].path, path) == 0)
+            return &c->mods[i];
+    c->mods = realloc(c->mods, (c->nmods + 1) * sizeof *c->mods);
+    sym_mod_t *m = &c->mods[c->nmods++];
+    memset(m, 0, sizeof *m);
+    m->path = strdup(path);
+    return m;
+}
+
+#ifdef HAVE_LIBDW
+static char *debuginfo_path = NULL;
+static const Dwfl_Callbacks callbacks = {
+    .find_elf = dwfl_build_id_find_elf,
+    .find_debuginfo = dwfl_standard_find_debuginfo,
+    .debuginfo_path = &debuginfo_path,
+};
+
+static void mod_open(sym_ctx_t *c, sym_mod_t *m)
+{
+    m->tried = true;
+    if (m->path[0] != '/')
+        return;
+    int fd = open(m->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    m->dwfl = dwfl_begin(&callbacks);
+    if (!m->dwfl) {
+        close(fd);
+        return;
+    }
+    /* Reported at bias 0: lookups use the file's own addresses (the recorded offset). */
+    m->mod = dwfl_report_elf(m->dwfl, base_name(m->path), m->path, fd, 0, false);
+    dwfl_report_end(m->dwfl, NULL, NULL);
+    if (!m->mod)
+        return;
+    /* The build id must match the recorded one: a rebuilt file would name the wrong code. */
+    const av_module_t *rec = av_module(c->a, m->path);
+    if (rec && rec->build_id_len) {
+        const unsigned char *bits;
+        GElf_Addr vaddr;
+        int n = dwfl_module_build_id(m->mod, &bits, &vaddr);
+        if (n <= 0 || (unsigned)n != rec->build_id_len || memcmp(bits, rec->build_id, (size_t)n) != 0)
+            return;
+    }
+    dwfl_module_info(m->mod, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+    Dwarf_Addr bias = 0;
+    dwfl_module_getelf(m->mod, &bias);
+    m->bias = bias;
+    m->usable = true;
+}
+#endif
+
+static char *fmt_native(sym_ctx_t *c, const char *module, uint64_t off, bool *fold)
+{
+    char buf[1024];
+    const char *fn = NULL;
+    *fold = module && fold_module(module);
+#ifdef HAVE_LIBDW
+    if (module) {
+        sym_mod_t *m = mod_get(c, module);
+        if (!m->tried)
+            mod_open(c, m);
+        if (m->usable) {
+            GElf_Addr pc = off - 1 + m->bias; /* a return address: look up the call */
+            fn = dwfl_module_addrname(m->mod, pc);
+            Dwfl_Line *ln = dwfl_module_getsrc(m->mod, pc);
+            int line = 0;
+            const char *src = ln ? dwfl_lineinfo(ln, NULL, &line, NULL, NULL, NULL) : NULL;
+            if (fold_function(fn))
+                *fold = true;
+            if (fn && src && line > 0)
+                snprintf(buf, sizeof buf, "%s (%s:%d)", fn, base_name(src), line);
+            else if (fn)
+                snprintf(buf, sizeof buf, "%s (%s)", fn, base_name(module));
+            else
+                snprintf(buf, sizeof buf, "%s+0x%" PRIx64, base_name(module), off);
+            return strdup(buf);
+        }
+    }
+#else
+    (void)c;
+    (void)fn;
+#endif
+    if (module)
+        snprintf(buf, sizeof buf, "%s+0x%" PRIx64, base_name(module), off);
+    else
+        snprintf(buf, sizeof buf, "0x%" PRIx64, off);
+    return strdup(buf);
+}
+
+static sym_ent_t *ent_get(sym_ctx_t *c, const tr_frame_t *f)
+{
+    bool py = f->kind == CUA_TRACE_FRAME_PYTHON;
+    uint64_t key = py ? (uint64_t)(uintptr_t)f->function * 31 + f->line : f->module ? f->module_offset : f->addr;
+    const char *modp = py ? f->file : f->module;
+    uint64_t h = key * 0x9e3779b97f4a7c15ULL ^ (uint64_t)(uintptr_t)modp ^ f->kind;
+    if ((c->count + 1) * 2 > c->cap) {
+        sym_ent_t *old = c->ents;
+        size_t oc = c->cap;
+        c->cap *= 2;
+        c->ents = calloc(c->cap, sizeof *c->ents);
+        c->count = 0;
+        for (size_t i = 0; i < oc; i++)
+            if (old[i].used) {
+                uint64_t hh = old[i].key * 0x9e3779b97f4a7c15ULL ^ (uint64_t)(uintptr_t)old[i].mod ^ old[i].kind;
+                for (size_t j = hh & (c->cap - 1);; j = (j + 1) & (c->cap - 1))
+                    if (!c->ents[j].used) {
+                        c->ents[j] = old[i];
+                        c->count++;
+                        break;
+                    }
+            }
+        free(old);
+    }
+    for (size_t j = h & (c->cap - 1);; j = (j + 1) & (c->cap - 1)) {
+        sym_ent_t *e = &c->ents[j];
+        if (!e->used) {
+            e->used = true;
+            e->kind = f->kind;
+            e->key = key;
+            e->mod = modp;
+            c->count++;
+            if (f->kind == CUA_TRACE_FRAME_PYTHON) {
+                char buf[1024];
+                snprintf(buf, sizeof buf, "%s (%s:%" PRIu64 ")", f->function ? f->function : "?",
+                         f->file ? f->file : "?", f->line);
+                e->text = strdup(buf);
+                e->fold = false;
+            } else {
+                e->text = fmt_native(c, f->module, f->module ? f->module_offset : f->addr, &e->fold);
+            }
+            return e;
+        }
+        if (e->key == key && e->mod == modp && e->kind == f->kind)
+            return e;
+    }
+}
+
+size_t sym_stack(sym_ctx_t *c, uint32_t id, const char **out, size_t max)
+{
+    if (id == 0 || id >= c->nstk)
+        return 0;
+    if (!c->stkdone[id]) {
+        c->stkdone[id] = true;
+        tr_frame_t fr[SYM_MAX_FRAMES];
+        size_t n = tr_stack_frames(c->a->r, id, fr, SYM_MAX_FRAMES);
+        c->stk[id] = calloc(n ? n : 1, sizeof(char *));
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++) {
+            sym_ent_t *e = ent_get(c, &fr[i]);
+            if (e->fold)
+                continue;
+            /* The C runtime's start-up frames are below every stack: not the user's. */
+            if (strncmp(e->text, "__libc_start", 12) == 0 || strncmp(e->text, "_start ", 7) == 0)
+                continue;
+            c->stk[id][m++] = e->text;
+        }
+        c->stkn[id] = m;
+    }
+    size_t n = c->stkn[id] < max ? c->stkn[id] : max;
+    for (size_t i = 0; i < n; i++)
+        out[i] = c->stk[id][i];
+    return n;
+}

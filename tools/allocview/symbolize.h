@@ -1,0 +1,26 @@
+/* symbolize.h — names the frames of recorded stacks offline, from the module map records:
+ * function and file:line through elfutils' libdwfl where the module file is present, has
+ * symbols and its build id matches the recorded one; module+offset otherwise. Frames of the
+ * allocator and the CUDA runtime (libcualloc.so, libcudart*, libcuda*, libc10_cuda*, functions
+ * cudaMalloc*, cuMemAlloc*, cualloc_*) are marked to fold, so the first frame shown is the user's.
+ * Without libdw (HAVE_LIBDW undefined) every native frame is module+offset. */
+#ifndef ALLOCVIEW_SYMBOLIZE_H
+#define ALLOCVIEW_SYMBOLIZE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "analysis.h"
+
+typedef struct sym_ctx sym_ctx_t;
+
+sym_ctx_t *sym_new(const av_t *a);
+void sym_free(sym_ctx_t *c);
+
+/* The user's frames of stack `id`, innermost first, as text ("fn (file.c:12)", "fn (libx.so)",
+ * "libx.so+0x1a2b", "fn (script.py:7)"). Returns how many (<= max); the strings belong to the
+ * context. 0 when the stack was not captured. */
+size_t sym_stack(sym_ctx_t *c, uint32_t id, const char **out, size_t max);
+
+#endif

@@ -1,0 +1,100 @@
+/* views.h — allocview's time and call-site views: `timeline` (timeline.c), `diff` (diff.c) and
+ * `folded` (folded.c), plus what they share, implemented in folded.c:
+ *
+ *  - vw_replay_t: the live state replayed from the events (live blocks keyed by device and address,
+ *    with the stack that allocated them; live bytes per stack id; allocated and reserved totals,
+ *    summed over devices as tr_acct does). Memory grows with live blocks and stacks only.
+ *  - call-site naming: a call site is a whole stack (the stack id of the ALLOC record). It is named
+ *    by its innermost frame that is not the allocator or the CUDA runtime (frames in modules
+ *    libcualloc*, libcudart*, libcuda*, or functions cualloc_*, cudaMalloc*, cuMemAlloc* are
+ *    folded); a native frame reads "module+0xOFFSET" (the module's file name), a Python frame
+ *    "function (file:line)". Names and keys use only what is the same from run to run (no
+ *    addresses where a module is known), so `diff` can match sites of two traces.
+ *  - vw_peak_sites: each stack's live bytes at the moment of the allocated peak (two passes).
+ */
+#ifndef CUALLOC_VIEWS_H
+#define CUALLOC_VIEWS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "reader.h"
+
+/* allocview's exit statuses (main.c). */
+enum { VW_EXIT_OK = 0, VW_EXIT_USAGE = 1, VW_EXIT_UNREADABLE = 2, VW_EXIT_CORRUPT = 3 };
+
+/* Commands: argv[0] is the command's name; they parse their own options. */
+int av_cmd_timeline(int argc, char **argv);
+int av_cmd_diff(int argc, char **argv);
+int av_cmd_folded(int argc, char **argv);
+/* true when the arguments hold --folded (main.c sends `sites --folded` to av_cmd_folded). */
+bool av_wants_folded(int argc, char **argv);
+
+/* ------------------------------------------------------------------------------ replay */
+
+typedef struct vw_live vw_live_t;
+
+typedef struct vw_replay {
+    uint64_t live, reserved;          /* allocated (rounded) and mapped bytes, all devices */
+    uint64_t live_peak, reserved_peak;
+    uint64_t live_peak_seq, live_peak_time; /* the record that first reached live_peak */
+    uint64_t reserved_peak_time;
+    uint64_t *site_bytes;             /* live bytes per stack id (index 0: no stack) */
+    uint32_t site_cap;                /* entries of site_bytes */
+    vw_live_t *tab;
+    size_t cap, count;
+    bool oom;                         /* out of memory: the figures stopped being exact */
+} vw_replay_t;
+
+void vw_replay_init(vw_replay_t *s);
+void vw_replay_free(vw_replay_t *s);
+/* Feeds one record (any type; only the events that change live or reserved bytes count).
+ * Returns the stack id whose bytes changed (0 too), or -1 when live bytes did not change. */
+int64_t vw_replay_add(vw_replay_t *s, const tr_record_t *rec);
+
+/* ------------------------------------------------------------------------------ naming */
+
+#define VW_MAX_FRAMES 512
+
+/* true: the frame belongs to the allocator or the CUDA runtime (folded away). */
+bool vw_frame_is_allocator(const tr_frame_t *f);
+/* One frame's name ("libfoo.so+0x1a2b", "forward (model.py:42)", "0x7f00..." without a module). */
+void vw_frame_name(const tr_frame_t *f, char *buf, size_t len);
+/* The call site's name: its innermost frame that is not the allocator's; "(no stack)" for id 0,
+ * "(allocator)" when every frame is the allocator's. */
+void vw_site_name(const tr_reader_t *r, uint32_t stack, char *buf, size_t len);
+/* The site's frames, root first, separated by ';', the allocator's innermost frames folded:
+ * the folded-stack line of flamegraph tools, and diff's key. Returns the length written (the text
+ * is cut at len-1). */
+size_t vw_site_folded(const tr_reader_t *r, uint32_t stack, char *buf, size_t len);
+
+/* ------------------------------------------------------------------------- peak sites */
+
+/* Live bytes of every stack at the allocated peak (replays the trace twice: the first pass finds
+ * the peak, the second stops there). On success returns 0 or VW_EXIT_CORRUPT (the figures cover
+ * the readable prefix) and leaves *rp open (definitions read up to the peak at least — the whole
+ * trace is read) for naming; VW_EXIT_UNREADABLE with a message printed otherwise. */
+typedef struct vw_peak {
+    uint64_t live_peak, reserved_peak, peak_time;
+    uint64_t *bytes;     /* per stack id, at the peak */
+    uint32_t nstacks;    /* entries of bytes */
+    bool truncated;      /* no END record */
+} vw_peak_t;
+int vw_peak_sites(const char *path, tr_reader_t **rp, vw_peak_t *p);
+void vw_peak_free(vw_peak_t *p);
+
+/* Writes the folded stacks of the live bytes at the peak: `frame;frame;frame bytes` lines, root
+ * first, one per site with live bytes, largest first. For `folded` and `sites --folded`. */
+int vw_write_folded(FILE *out, const char *path);
+
+/* Small helpers. */
+const char *vw_human(uint64_t bytes, char *buf, size_t len);
+void vw_json_string(FILE *out, const char *s);
+/* Opens a trace, printing "allocview: PATH: why" when it cannot. */
+tr_reader_t *vw_open(const char *path);
+/* Reports the end of a read: the corrupt message (VW_EXIT_CORRUPT) or the warning (0). */
+int vw_finish(const char *cmd, const char *path, tr_reader_t *r, int k);
+
+#endif
