@@ -70,7 +70,7 @@ static void signed_human(int64_t d, char *buf, size_t len)
 {
     char h[32];
     uint64_t m = d < 0 ? (uint64_t)0 - (uint64_t)d : (uint64_t)d;
-    snprintf(buf, len, "%s%s", d < 0 ? "-" : d > 0 ? "+" : " ", vw_human(m, h, sizeof h));
+    snprintf(buf, len, "%s%s", d < 0 ? "-" : d > 0 ? "+" : " ", txt_human(m, h, sizeof h));
 }
 
 static void diff_usage(FILE *out)
@@ -147,9 +147,9 @@ int av_cmd_diff(int argc, char **argv)
     char h1[32], h2[32], h3[32];
     if (json) {
         printf("{\"a\": ");
-        vw_json_string(stdout, pa);
+        txt_json_string(stdout, pa);
         printf(", \"b\": ");
-        vw_json_string(stdout, pb);
+        txt_json_string(stdout, pb);
         printf(", \"peak_live_bytes\": {\"a\": %" PRIu64 ", \"b\": %" PRIu64 ", \"diff\": %" PRId64 "}",
                s[0].p.live_peak, s[1].p.live_peak, (int64_t)(s[1].p.live_peak - s[0].p.live_peak));
         printf(", \"peak_reserved_bytes\": {\"a\": %" PRIu64 ", \"b\": %" PRIu64 ", \"diff\": %" PRId64 "}",
@@ -160,9 +160,9 @@ int av_cmd_diff(int argc, char **argv)
             if (!all && v[i].a == v[i].b)
                 continue;
             printf("%s{\"name\": ", sep);
-            vw_json_string(stdout, v[i].name);
+            txt_json_string(stdout, v[i].name);
             printf(", \"stack\": ");
-            vw_json_string(stdout, v[i].key);
+            txt_json_string(stdout, v[i].key);
             printf(", \"a_bytes\": %" PRIu64 ", \"b_bytes\": %" PRIu64 ", \"diff_bytes\": %" PRId64 "}", v[i].a,
                    v[i].b, (int64_t)(v[i].b - v[i].a));
             sep = ", ";
@@ -171,11 +171,11 @@ int av_cmd_diff(int argc, char **argv)
     } else {
         printf("A  %s\nB  %s\n", pa, pb);
         signed_human((int64_t)(s[1].p.live_peak - s[0].p.live_peak), h3, sizeof h3);
-        printf("peak allocated  %s -> %s  (%s)\n", vw_human(s[0].p.live_peak, h1, sizeof h1),
-               vw_human(s[1].p.live_peak, h2, sizeof h2), h3);
+        printf("peak allocated  %s -> %s  (%s)\n", txt_human(s[0].p.live_peak, h1, sizeof h1),
+               txt_human(s[1].p.live_peak, h2, sizeof h2), h3);
         signed_human((int64_t)(s[1].p.reserved_peak - s[0].p.reserved_peak), h3, sizeof h3);
-        printf("peak reserved   %s -> %s  (%s)\n", vw_human(s[0].p.reserved_peak, h1, sizeof h1),
-               vw_human(s[1].p.reserved_peak, h2, sizeof h2), h3);
+        printf("peak reserved   %s -> %s  (%s)\n", txt_human(s[0].p.reserved_peak, h1, sizeof h1),
+               txt_human(s[1].p.reserved_peak, h2, sizeof h2), h3);
         printf("live at each trace's peak, by call site (largest growth first):\n");
         printf("  %12s  %12s  %12s  %s\n", "change", "A", "B", "site");
         size_t shown = 0, same = 0;
@@ -185,7 +185,7 @@ int av_cmd_diff(int argc, char **argv)
                 continue;
             }
             signed_human((int64_t)(v[i].b - v[i].a), h3, sizeof h3);
-            printf("  %12s  %12s  %12s  %s%s\n", h3, vw_human(v[i].a, h1, sizeof h1), vw_human(v[i].b, h2, sizeof h2),
+            printf("  %12s  %12s  %12s  %s%s\n", h3, txt_human(v[i].a, h1, sizeof h1), txt_human(v[i].b, h2, sizeof h2),
                    v[i].name, !v[i].a ? "  (new in B)" : !v[i].b ? "  (gone in B)" : "");
             shown++;
         }

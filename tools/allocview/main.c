@@ -20,6 +20,7 @@
 #include "views.h"
 #include "replay.h"
 #include "report.h"
+#include "text.h"
 
 #ifndef CUALLOC_VERSION_STRING
 #define CUALLOC_VERSION_STRING "unknown"
@@ -130,43 +131,12 @@ static void copy_str(char *dst, size_t len, tr_str_t s)
     dst[n] = '\0';
 }
 
-static void json_string(FILE *out, const char *s)
-{
-    fputc('"', out);
-    for (; s && *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            fprintf(out, "\\%c", ch);
-        else if (ch < 0x20 || ch == 0x7f)
-            fprintf(out, "\\u%04x", ch);
-        else
-            fputc(ch, out);
-    }
-    fputc('"', out);
-}
-
-static const char *human(uint64_t bytes, char *buf, size_t len)
-{
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-    double v = (double)bytes;
-    unsigned u = 0;
-    while (v >= 1024.0 && u + 1 < sizeof units / sizeof units[0]) {
-        v /= 1024.0;
-        u++;
-    }
-    if (u == 0)
-        snprintf(buf, len, "%" PRIu64 " B", bytes);
-    else
-        snprintf(buf, len, "%.2f %s", v, units[u]);
-    return buf;
-}
-
 static void summary_json(FILE *out, const char *path, const tr_reader_t *r, const tr_acct_t *a, const facts_t *f,
                          int status)
 {
     const tr_info_t *in = tr_info(r);
     fprintf(out, "{\"trace\": ");
-    json_string(out, path);
+    txt_json_string(out, path);
     fprintf(out, ", \"format_version\": \"%u.%u\", \"ring\": %s, \"overwritten\": %s", in->major, in->minor,
             in->ring ? "true" : "false", in->overwritten ? "true" : "false");
     fprintf(out,
@@ -187,7 +157,7 @@ static void summary_json(FILE *out, const char *path, const tr_reader_t *r, cons
     fprintf(out, ", \"duration_ns\": %" PRIu64, a->any_event ? a->last_time - a->first_time : 0);
     fprintf(out, ", \"truncated\": %s, \"end_reason\": ", a->end_seen ? "false" : "true");
     if (a->end_seen)
-        json_string(out, tr_end_reason_name(a->end_reason));
+        txt_json_string(out, tr_end_reason_name(a->end_reason));
     else
         fprintf(out, "null");
     fprintf(out, ", \"dropped_events\": %" PRIu64 ", \"unmatched_frees\": %" PRIu64, a->end_dropped, a->unmatched_frees);
@@ -198,23 +168,23 @@ static void summary_json(FILE *out, const char *path, const tr_reader_t *r, cons
     if (f->have_process) {
         fprintf(out, "{\"pid\": %" PRIu64 ", \"ppid\": %" PRIu64 ", \"rank\": %" PRId64 ", \"host\": ", f->pid, f->ppid,
                 f->rank);
-        json_string(out, f->host);
+        txt_json_string(out, f->host);
         fprintf(out, ", \"command\": ");
-        json_string(out, f->cmd);
+        txt_json_string(out, f->cmd);
         fprintf(out, ", \"recorder\": ");
-        json_string(out, f->recorder);
+        txt_json_string(out, f->recorder);
         fprintf(out, "}");
     } else {
         fprintf(out, "null");
     }
     fprintf(out, ", \"error\": ");
     if (status == EXIT_CORRUPT)
-        json_string(out, tr_error(r));
+        txt_json_string(out, tr_error(r));
     else
         fprintf(out, "null");
     fprintf(out, ", \"warning\": ");
     if (tr_warning(r)[0])
-        json_string(out, tr_warning(r));
+        txt_json_string(out, tr_warning(r));
     else
         fprintf(out, "null");
     fprintf(out, ", \"devices\": [");
@@ -224,7 +194,7 @@ static void summary_json(FILE *out, const char *path, const tr_reader_t *r, cons
         if (!dv->seen && !f->have_dev[d])
             continue;
         fprintf(out, "%s{\"device\": %d, \"name\": ", sep, d);
-        json_string(out, f->have_dev[d] ? f->dev_name[d] : "");
+        txt_json_string(out, f->have_dev[d] ? f->dev_name[d] : "");
         fprintf(out,
                 ", \"capacity_bytes\": %" PRIu64 ", \"num_allocs\": %" PRIu64 ", \"num_frees\": %" PRIu64
                 ", \"num_maps\": %" PRIu64 ", \"num_unmaps\": %" PRIu64 ", \"num_ooms\": %" PRIu64
@@ -278,8 +248,8 @@ static void summary_text(FILE *out, const char *path, const tr_reader_t *r, cons
                 a->num_init_blocks, a->num_init_maps);
     if (a->any_event)
         fprintf(out, "duration   %.6f s\n", (double)(a->last_time - a->first_time) / 1e9);
-    fprintf(out, "peaks      requested %s, allocated %s, reserved %s\n", human(a->requested_peak, b1, sizeof b1),
-            human(a->allocated_peak, b2, sizeof b2), human(a->reserved_peak, b3, sizeof b3));
+    fprintf(out, "peaks      requested %s, allocated %s, reserved %s\n", txt_human(a->requested_peak, b1, sizeof b1),
+            txt_human(a->allocated_peak, b2, sizeof b2), txt_human(a->reserved_peak, b3, sizeof b3));
     for (int d = 0; d < CUA_TRACE_MAX_DEVICES; d++) {
         const tr_acct_dev_t *dv = &a->dev[d];
         if (!dv->seen && !f->have_dev[d])
@@ -287,9 +257,9 @@ static void summary_text(FILE *out, const char *path, const tr_reader_t *r, cons
         char cap[32];
         fprintf(out, "device %-3d %s, capacity %s: peaks requested %s, allocated %s, reserved %s; %" PRIu64
                      " blocks live at the end\n",
-                d, f->have_dev[d] ? f->dev_name[d] : "?", human(f->dev_capacity[d], cap, sizeof cap),
-                human(dv->requested_peak, b1, sizeof b1), human(dv->allocated_peak, b2, sizeof b2),
-                human(dv->reserved_peak, b3, sizeof b3), dv->live_blocks);
+                d, f->have_dev[d] ? f->dev_name[d] : "?", txt_human(f->dev_capacity[d], cap, sizeof cap),
+                txt_human(dv->requested_peak, b1, sizeof b1), txt_human(dv->allocated_peak, b2, sizeof b2),
+                txt_human(dv->reserved_peak, b3, sizeof b3), dv->live_blocks);
     }
     if (a->end_seen)
         fprintf(out, "ended      %s%s\n", tr_end_reason_name(a->end_reason),

@@ -37,6 +37,7 @@
 #include "internal.h"
 #include "reader.h"
 #include "replay.h"
+#include "text.h"
 
 enum { RP_EXIT_USAGE = 1, RP_EXIT_UNREADABLE = 2, RP_EXIT_CORRUPT = 3 };
 
@@ -566,26 +567,6 @@ static void min_fit(const trace_reqs_t *t, const conf_t *c, uint64_t start, fit_
 
 /* ------------------------------------------------------------------------------- output */
 
-static const char *hb(uint64_t bytes, char *buf, size_t len)
-{
-    return fmt_bytes((size_t)bytes, buf, len);
-}
-
-static void json_str(FILE *out, const char *s)
-{
-    fputc('"', out);
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            fprintf(out, "\\%c", ch);
-        else if (ch < 0x20 || ch == 0x7f)
-            fprintf(out, "\\u%04x", ch);
-        else
-            fputc(ch, out);
-    }
-    fputc('"', out);
-}
-
 static void replay_usage(FILE *out)
 {
     fprintf(out,
@@ -725,7 +706,7 @@ int av_cmd_replay(int argc, char **argv)
         for (int i = 0; i < nconfs; i++) {
             const run_result_t *r = &res[i];
             printf("%s{\"conf\": ", i ? ", " : "");
-            json_str(stdout, confs[i]);
+            txt_json_string(stdout, confs[i]);
             printf(", \"peak_requested_bytes\": %" PRIu64 ", \"peak_allocated_bytes\": %" PRIu64
                    ", \"peak_reserved_bytes\": %" PRIu64 ", \"utilisation\": %.6f, \"num_ooms\": %" PRIu64
                    ", \"min_fit_bytes\": ",
@@ -742,7 +723,7 @@ int av_cmd_replay(int argc, char **argv)
         char b0[32], b1[32], b2[32], b3[32];
         size_t nev = t->n;
         printf("replay of %s: %zu requests on %d device%s, sim memory %s per device%s\n", path, nev, t->ndev,
-               t->ndev == 1 ? "" : "s", hb(mem, b0, sizeof b0),
+               t->ndev == 1 ? "" : "s", txt_human(mem, b0, sizeof b0),
                memory ? "" : " (the recorded capacity)");
         if (t->ndev > 1)
             printf("figures are totals over devices (peak of the sum); per device below\n");
@@ -754,12 +735,12 @@ int av_cmd_replay(int argc, char **argv)
                 printf("%-36s (the heap could not be set up)\n", confs[i]);
                 continue;
             }
-            printf("%-36s %16s %16s %16s %11.4f %6" PRIu64, confs[i], hb(r->peak_requested, b1, sizeof b1),
-                   hb(r->peak_allocated, b2, sizeof b2), hb(r->peak_reserved, b3, sizeof b3),
+            printf("%-36s %16s %16s %16s %11.4f %6" PRIu64, confs[i], txt_human(r->peak_requested, b1, sizeof b1),
+                   txt_human(r->peak_allocated, b2, sizeof b2), txt_human(r->peak_reserved, b3, sizeof b3),
                    r->peak_reserved ? (double)r->peak_allocated / (double)r->peak_reserved : 0.0, r->num_ooms);
             if (fit) {
                 if (fits[i].found)
-                    printf("  %s (%" PRIu64 " B)", hb(fits[i].bytes, b0, sizeof b0), fits[i].bytes);
+                    printf("  %s (%" PRIu64 " B)", txt_human(fits[i].bytes, b0, sizeof b0), fits[i].bytes);
                 else
                     printf("  none up to 1 PiB");
             }
@@ -771,13 +752,13 @@ int av_cmd_replay(int argc, char **argv)
                     continue;
                 const run_result_t *r = &res[i];
                 printf("  %-34s device %-3d %s requested, %s allocated, %s reserved, %" PRIu64 " OOMs\n", confs[i], d,
-                       hb(r->dev_peak[d][0], b1, sizeof b1), hb(r->dev_peak[d][1], b2, sizeof b2),
-                       hb(r->dev_peak[d][2], b3, sizeof b3), r->dev_ooms[d]);
+                       txt_human(r->dev_peak[d][0], b1, sizeof b1), txt_human(r->dev_peak[d][1], b2, sizeof b2),
+                       txt_human(r->dev_peak[d][2], b3, sizeof b3), r->dev_ooms[d]);
             }
         }
         if (fit) {
             printf("min-fit (bisection over the per-device capacity in %s steps, confirmed by a run there):\n",
-                   hb(gran_of(t), b0, sizeof b0));
+                   txt_human(gran_of(t), b0, sizeof b0));
             for (int i = 0; i < nconfs; i++) {
                 const fit_t *f = &fits[i];
                 if (!ok[i])
@@ -788,13 +769,13 @@ int av_cmd_replay(int argc, char **argv)
                 }
                 printf("  %-34s %s: peak requested %s, allocated %s, reserved %s, utilisation %.4f, %.4f x peak "
                        "requested; %s (%u runs)",
-                       confs[i], hb(f->bytes, b0, sizeof b0), hb(f->at.peak_requested, b1, sizeof b1),
-                       hb(f->at.peak_allocated, b2, sizeof b2), hb(f->at.peak_reserved, b3, sizeof b3),
+                       confs[i], txt_human(f->bytes, b0, sizeof b0), txt_human(f->at.peak_requested, b1, sizeof b1),
+                       txt_human(f->at.peak_allocated, b2, sizeof b2), txt_human(f->at.peak_reserved, b3, sizeof b3),
                        f->at.peak_reserved ? (double)f->at.peak_allocated / (double)f->at.peak_reserved : 0.0,
                        f->at.peak_requested ? (double)f->bytes / (double)f->at.peak_requested : 0.0,
                        f->monotone ? "monotone above it (+1..+64 granules tried)" : "NOT MONOTONE", f->runs);
                 if (!f->monotone)
-                    printf(": %s fails", hb(f->failed_above, b1, sizeof b1));
+                    printf(": %s fails", txt_human(f->failed_above, b1, sizeof b1));
                 printf("\n");
             }
         }

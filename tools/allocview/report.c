@@ -13,6 +13,7 @@
 
 #include "analysis.h"
 #include "symbolize.h"
+#include "text.h"
 
 enum { EXIT_USAGE = 1, EXIT_UNREADABLE = 2, EXIT_CORRUPT = 3 };
 enum { VIEW_PEAK, VIEW_OOM, VIEW_END, VIEW_EVER };
@@ -31,29 +32,13 @@ static const char *C_R(void) { return color ? "\033[1;31m" : ""; }
 static const char *C_Y(void) { return color ? "\033[33m" : ""; }
 static const char *C_0(void) { return color ? "\033[0m" : ""; }
 
-static const char *human(uint64_t bytes, char *buf, size_t len)
-{
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-    double v = (double)bytes;
-    unsigned u = 0;
-    while (v >= 1024.0 && u + 1 < sizeof units / sizeof units[0]) {
-        v /= 1024.0;
-        u++;
-    }
-    if (u == 0)
-        snprintf(buf, len, "%" PRIu64 " B", bytes);
-    else
-        snprintf(buf, len, "%.2f %s", v, units[u]);
-    return buf;
-}
-
 /* Up to 8 human strings per printf: H(x) */
 static char hbuf[16][32];
 static int hnext;
 static const char *H(uint64_t b)
 {
     hnext = (hnext + 1) % 16;
-    return human(b, hbuf[hnext], sizeof hbuf[hnext]);
+    return txt_human(b, hbuf[hnext], sizeof hbuf[hnext]);
 }
 
 static char tbuf[8][48];
@@ -65,21 +50,6 @@ static const char *T(const av_t *a, uint64_t t)
     uint64_t rel = t >= a->acct.first_time ? t - a->acct.first_time : 0;
     snprintf(tbuf[tnext], sizeof tbuf[tnext], "+%.6f s", (double)rel / 1e9);
     return tbuf[tnext];
-}
-
-static void json_str(FILE *out, const char *s)
-{
-    fputc('"', out);
-    for (; s && *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            fprintf(out, "\\%c", ch);
-        else if (ch < 0x20 || ch == 0x7f)
-            fprintf(out, "\\u%04x", ch);
-        else
-            fputc(ch, out);
-    }
-    fputc('"', out);
 }
 
 static const char *base_name(const char *p)
@@ -598,12 +568,12 @@ static void sites_json(FILE *out, site_t *v, size_t n, int top)
     for (size_t i = 0; i < show; i++) {
         fprintf(out, "%s{\"bytes\": %" PRIu64 ", \"blocks\": %" PRIu64 ", \"site\": ", i ? ", " : "", v[i].bytes,
                 v[i].count);
-        json_str(out, v[i].label);
+        txt_json_string(out, v[i].label);
         fprintf(out, ", \"frames\": [");
         for (size_t f = 0; f < v[i].nframes; f++) {
             if (f)
                 fprintf(out, ", ");
-            json_str(out, v[i].frames[f]);
+            txt_json_string(out, v[i].frames[f]);
         }
         fprintf(out, "]}");
     }
@@ -749,12 +719,12 @@ static void diag_json(FILE *out, const diag_t *d, size_t nd)
     fprintf(out, "[");
     for (size_t i = 0; i < nd; i++) {
         fprintf(out, "%s{\"rule\": \"%s\", \"text\": ", i ? ", " : "", d[i].rule);
-        json_str(out, d[i].text);
+        txt_json_string(out, d[i].text);
         fprintf(out, ", \"fix\": ");
-        json_str(out, d[i].fix);
+        txt_json_string(out, d[i].fix);
         fprintf(out, ", \"saving_bytes\": %" PRIu64 ", \"site\": ", d[i].saving);
         if (d[i].site[0])
-            json_str(out, d[i].site);
+            txt_json_string(out, d[i].site);
         else
             fprintf(out, "null");
         fprintf(out, "}");
@@ -766,18 +736,18 @@ static void process_json(FILE *out, const av_t *a, const ropts_t *o)
 {
     char buf[2048];
     fprintf(out, "\"trace\": ");
-    json_str(out, o->redact ? base_name(a->path) : a->path);
+    txt_json_string(out, o->redact ? base_name(a->path) : a->path);
     fprintf(out, ", \"command\": ");
     if (o->redact)
         redact_paths(a->cmd, buf, sizeof buf);
     else
         snprintf(buf, sizeof buf, "%s", a->cmd);
-    json_str(out, buf);
+    txt_json_string(out, buf);
     fprintf(out, ", \"rank\": %" PRId64 ", \"ended\": \"%s\", \"duration_ns\": %" PRIu64 ", \"num_ooms\": %zu",
             a->rank, ended_key(a), a->acct.any_event ? a->acct.last_time - a->acct.first_time : 0, a->nooms);
     fprintf(out, ", \"error\": ");
     if (a->status)
-        json_str(out, a->error);
+        txt_json_string(out, a->error);
     else
         fprintf(out, "null");
 }
@@ -790,7 +760,7 @@ static void peak_json(FILE *out, const av_t *a, sym_ctx_t *sym, const ropts_t *o
     }
     fprintf(out,
             "{\"time_ns\": %" PRIu64 ", \"seq\": %" PRIu64 ", \"in\": ", a->peak_time - a->acct.first_time, a->peak_seq);
-    json_str(out, a->segs[a->peak_seg].label);
+    txt_json_string(out, a->segs[a->peak_seg].label);
     fprintf(out, ", \"allocated_bytes\": %" PRIu64 ", \"requested_bytes\": %" PRIu64 ", \"reserved_bytes\": %" PRIu64
                  ", \"sites\": ",
             a->peak_alloc, a->peak_req, a->peak_reserved);
@@ -810,7 +780,7 @@ static void oom_json(FILE *out, const av_t *a, sym_ctx_t *sym, const ropts_t *o)
     const av_oom_t *x = &a->ooms[0];
     fprintf(out,
             "{\"time_ns\": %" PRIu64 ", \"device\": %u, \"in\": ", x->time - a->acct.first_time, x->dev);
-    json_str(out, a->segs[x->seg].label);
+    txt_json_string(out, a->segs[x->seg].label);
     fprintf(out,
             ", \"requested_bytes\": %" PRIu64 ", \"rounded_bytes\": %" PRIu64 ", \"capacity_bytes\": %" PRIu64
             ", \"allocated_bytes\": %" PRIu64 ", \"reserved_bytes\": %" PRIu64 ", \"largest_free_block\": %" PRIu64
@@ -822,7 +792,7 @@ static void oom_json(FILE *out, const av_t *a, sym_ctx_t *sym, const ropts_t *o)
     for (size_t i = 0; i < nf; i++) {
         if (i)
             fprintf(out, ", ");
-        json_str(out, f[i]);
+        txt_json_string(out, f[i]);
     }
     fprintf(out, "], \"live_sites\": ");
     size_t n;
@@ -874,7 +844,7 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
                 if (!g->num_allocs && g->kind == AV_SEG_START)
                     continue;
                 fprintf(out, "%s{\"label\": ", sep);
-                json_str(out, g->label);
+                txt_json_string(out, g->label);
                 fprintf(out, ", \"kind\": \"%s\", \"peak_allocated_bytes\": %" PRIu64 ", \"allocs\": %" PRIu64 "}",
                         g->kind == AV_SEG_STEP ? "step" : g->kind == AV_SEG_PHASE ? "phase" : "start", g->peak_alloc,
                         g->num_allocs);
@@ -972,7 +942,7 @@ static void report_many(FILE *out, av_t **as, size_t n, const ropts_t *o)
             process_json(out, a, o);
             fprintf(out, ", \"peak_allocated_bytes\": %" PRIu64 ", \"peak_reserved_bytes\": %" PRIu64 ", \"peak_in\": ",
                     a->peak_alloc, a->acct.reserved_peak);
-            json_str(out, a->have_peak ? a->segs[a->peak_seg].label : "");
+            txt_json_string(out, a->have_peak ? a->segs[a->peak_seg].label : "");
             fprintf(out, "}");
         }
         fprintf(out, "], \"peaked_highest\": %d, \"failed_first\": %d}\n", highest, first_fail);

@@ -264,7 +264,7 @@ static void sparkline(const tl_t *t, FILE *out, const char *label, bool live, ui
     if (t->color)
         fputs("\033[0m", out);
     char h[32];
-    fprintf(out, "  peak %s\n", vw_human(live ? t->live_peak : t->reserved_peak, h, sizeof h));
+    fprintf(out, "  peak %s\n", txt_human(live ? t->live_peak : t->reserved_peak, h, sizeof h));
 }
 
 static char mark_char(size_t i) { return i < 9 ? (char)('1' + i) : i < 35 ? (char)('a' + i - 9) : '+'; }
@@ -309,12 +309,12 @@ static void text_report(const tl_t *t, FILE *out)
             fmt_time(span, t->ascii, a, sizeof a));
     /* The legend. */
     if (t->live_peak)
-        fprintf(out, "^ peak    %s live at %s; reserved peak %s at %s\n", vw_human(t->live_peak, a, sizeof a),
-                fmt_time(t->live_peak_time - t->t0, t->ascii, b, sizeof b), vw_human(t->reserved_peak, c, sizeof c),
+        fprintf(out, "^ peak    %s live at %s; reserved peak %s at %s\n", txt_human(t->live_peak, a, sizeof a),
+                fmt_time(t->live_peak_time - t->t0, t->ascii, b, sizeof b), txt_human(t->reserved_peak, c, sizeof c),
                 fmt_time(t->reserved_peak_time > t->t0 ? t->reserved_peak_time - t->t0 : 0, t->ascii, d, sizeof d));
     for (size_t i = 0; i < t->nooms; i++)
         fprintf(out, "! OOM     at %s: %s requested on device %" PRIu32 "\n",
-                fmt_time(t->ooms[i].time - t->t0, t->ascii, a, sizeof a), vw_human(t->ooms[i].requested, b, sizeof b),
+                fmt_time(t->ooms[i].time - t->t0, t->ascii, a, sizeof a), txt_human(t->ooms[i].requested, b, sizeof b),
                 t->ooms[i].dev);
     if (t->ooms_total > t->nooms)
         fprintf(out, "! OOM     ... and %zu more\n", t->ooms_total - t->nooms);
@@ -327,7 +327,7 @@ static void text_report(const tl_t *t, FILE *out)
     if (t->ntop) {
         fprintf(out, "top sites (largest live bytes):\n");
         for (unsigned i = 0; i < t->ntop; i++)
-            fprintf(out, "  %12s  %s\n", vw_human(t->top_max[i], a, sizeof a), t->top_name[i]);
+            fprintf(out, "  %12s  %s\n", txt_human(t->top_max[i], a, sizeof a), t->top_name[i]);
     }
     if (t->truncated)
         fprintf(out, "(the trace has no end record: it was cut short, or the process died)\n");
@@ -336,7 +336,7 @@ static void text_report(const tl_t *t, FILE *out)
 static void json_report(const tl_t *t, FILE *out)
 {
     fprintf(out, "{\"trace\": ");
-    vw_json_string(out, t->path);
+    txt_json_string(out, t->path);
     fprintf(out, ", \"start_ns\": %" PRIu64 ", \"end_ns\": %" PRIu64 ", \"width\": %u, \"truncated\": %s", t->t0,
             t->t1, t->width, t->truncated ? "true" : "false");
     fprintf(out, ", \"peak_live_bytes\": %" PRIu64 ", \"peak_live_time_ns\": %" PRIu64
@@ -345,7 +345,7 @@ static void json_report(const tl_t *t, FILE *out)
     fprintf(out, ", \"sites\": [");
     for (unsigned i = 0; i < t->ntop; i++) {
         fprintf(out, "%s{\"stack\": %" PRIu32 ", \"name\": ", i ? ", " : "", t->top_id[i]);
-        vw_json_string(out, t->top_name[i]);
+        txt_json_string(out, t->top_name[i]);
         fprintf(out, ", \"max_live_bytes\": %" PRIu64 "}", t->top_max[i]);
     }
     fprintf(out, "], \"columns\": [");
@@ -361,7 +361,7 @@ static void json_report(const tl_t *t, FILE *out)
     fprintf(out, "], \"marks\": [");
     for (size_t i = 0; i < t->nmarks; i++) {
         fprintf(out, "%s{\"time_ns\": %" PRIu64 ", \"label\": ", i ? ", " : "", t->marks[i].time);
-        vw_json_string(out, t->marks[i].label);
+        txt_json_string(out, t->marks[i].label);
         fprintf(out, "}");
     }
     fprintf(out, "], \"num_marks\": %zu, \"ooms\": [", t->marks_total);
@@ -545,14 +545,14 @@ static int svg_report(const tl_t *t, const char *file)
         fprintf(out, "<line class=\"oom\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#d62728\" "
                      "stroke-width=\"2\"/>\n<text x=\"%.1f\" y=\"%.1f\" fill=\"#d62728\" font-weight=\"bold\">"
                      "OOM (%s)</text>\n",
-                x, T, x, T + ph, x + 3, T + 12, vw_human(t->ooms[i].requested, h, sizeof h));
+                x, T, x, T + ph, x + 3, T + 12, txt_human(t->ooms[i].requested, h, sizeof h));
     }
     if (t->live_peak) {
         double x = L + pw * (double)(t->live_peak_time - t->t0) / (double)span;
         char h[32];
         fprintf(out, "<circle class=\"peak\" cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"#d62728\"/>\n"
                      "<text x=\"%.1f\" y=\"%.1f\" fill=\"#d62728\">peak %s</text>\n",
-                x, Y(t->live_peak), x + 5, Y(t->live_peak) - 5, vw_human(t->live_peak, h, sizeof h));
+                x, Y(t->live_peak), x + 5, Y(t->live_peak) - 5, txt_human(t->live_peak, h, sizeof h));
     }
     fprintf(out, "</g>\n");
     /* The legend. */
@@ -561,7 +561,7 @@ static int svg_report(const tl_t *t, const char *file)
                  "stroke-width=\"1.5\"/>\n<text x=\"%.1f\" y=\"%.1f\">reserved (peak ",
             lx, ly + 6, lx + 14, ly + 6, lx + 20, ly + 10);
     char h[32];
-    fprintf(out, "%s)</text>\n", vw_human(t->reserved_peak, h, sizeof h));
+    fprintf(out, "%s)</text>\n", txt_human(t->reserved_peak, h, sizeof h));
     for (unsigned l = 0; l < nlayers; l++) {
         double y = ly + 20 + 16 * l;
         const char *color = l < t->ntop ? PALETTE[l % (sizeof PALETTE / sizeof PALETTE[0])] : "#bab0ac";

@@ -21,6 +21,7 @@
 #include <stdio.h>
 
 #include "reader.h"
+#include "text.h"
 
 /* allocview's exit statuses (main.c). */
 enum { VW_EXIT_OK = 0, VW_EXIT_USAGE = 1, VW_EXIT_UNREADABLE = 2, VW_EXIT_CORRUPT = 3 };
@@ -89,9 +90,6 @@ void vw_peak_free(vw_peak_t *p);
  * first, one per site with live bytes, largest first. For `folded` and `sites --folded`. */
 int vw_write_folded(FILE *out, const char *path);
 
-/* Small helpers. */
-const char *vw_human(uint64_t bytes, char *buf, size_t len);
-void vw_json_string(FILE *out, const char *s);
 /* Opens a trace, printing "allocview: PATH: why" when it cannot. */
 tr_reader_t *vw_open(const char *path);
 /* Reports the end of a read: the corrupt message (VW_EXIT_CORRUPT) or the warning (0). */

@@ -1,0 +1,22 @@
+/* text.c — output helpers every allocview command shares (text.h). Sizes come from the library's
+ * own formatter (fmt_bytes in src/error.c), so allocview and cualloc's messages print a size alike. */
+#include "text.h"
+
+#include "internal.h"
+
+const char *txt_human(uint64_t bytes, char *buf, size_t len) { return fmt_bytes((size_t)bytes, buf, len); }
+
+void txt_json_string(FILE *out, const char *s)
+{
+    fputc('"', out);
+    for (; s && *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            fprintf(out, "\\%c", ch);
+        else if (ch < 0x20 || ch == 0x7f)
+            fprintf(out, "\\u%04x", ch);
+        else
+            fputc(ch, out);
+    }
+    fputc('"', out);
+}

@@ -1,0 +1,14 @@
+/* text.h — output helpers every allocview command shares: human sizes and JSON strings. */
+#ifndef CUALLOC_ALLOCVIEW_TEXT_H
+#define CUALLOC_ALLOCVIEW_TEXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* "512 B", "1.50 KiB", "20.00 MiB", "3.25 GiB" (binary units) into buf; returns buf. */
+const char *txt_human(uint64_t bytes, char *buf, size_t len);
+/* s as a JSON string literal (quoted, escaped); NULL writes "". */
+void txt_json_string(FILE *out, const char *s);
+
+#endif
