@@ -12,7 +12,7 @@
  * the block is reusable only once the free completes), segment_alloc / segment_map -> MAP,
  * segment_free / segment_unmap -> UNMAP with a TRIM before each run of segment_free (PyTorch
  * frees segments when releasing its cache), oom -> OOM, external_annotations -> MARK ("STAGE
- * name"), frames -> stacks of PYFRAME nodes (C++ frames too: the snapshot has their names only).
+ * name"; the name alone for marks `allocview export` wrote), frames -> stacks of PYFRAME nodes (C++ frames too: the snapshot has their names only).
  * Sizes: an event's size is the caller's requested size; ALLOC records it with the allocated
  * size PyTorch's round_size gives (512-byte multiples), so `requested` is exact and `allocated`
  * is the rounded size. The device's capacity is not in a snapshot: --device-memory (default
@@ -143,6 +143,14 @@ static uint32_t stream_id(imp_t *im, uint64_t handle)
 
 static uint32_t stack_of_list(imp_t *im, const py_t *frames);
 
+/* A STR's bytes as a new C string ("" for anything else); NULL when out of memory. */
+static char *py_strdup(const py_t *v)
+{
+    if (!v || (v->kind != PY_STR && v->kind != PY_BYTES))
+        return strdup("");
+    return strndup(v->u.s.p, v->u.s.len);
+}
+
 static uint32_t stack_of(imp_t *im, const py_t *frames)
 {
     if (!frames)
@@ -174,13 +182,15 @@ static uint32_t stack_of_list(imp_t *im, const py_t *frames)
         }
         if (!f) {
             *fid = ++im->next_frame;
-            char name[1024], file[1024];
             int64_t line = 0;
             py_as_int(py_dict_get(fr, "line"), &line);
-            if (!tw_pyframe(im->w, (uint32_t)*fid, line > 0 ? (uint64_t)line : 0,
-                            py_as_cstr(py_dict_get(fr, "name"), name, sizeof name),
-                            py_as_cstr(py_dict_get(fr, "filename"), file, sizeof file)))
+            /* Whole names: C++ template names run to kilobytes, and a cut would merge frames. */
+            char *name = py_strdup(py_dict_get(fr, "name")), *file = py_strdup(py_dict_get(fr, "filename"));
+            if (!name || !file ||
+                !tw_pyframe(im->w, (uint32_t)*fid, line > 0 ? (uint64_t)line : 0, name, file))
                 im->ok = false;
+            free(name);
+            free(file);
         }
         uint64_t key = (uint64_t)parent << 32 | *fid;
         uint64_t *nid = imap_slot(&im->nodes, key, &f);
@@ -218,6 +228,21 @@ static int ann_cmp(const void *a, const void *b)
 {
     const ann_t *x = a, *y = b;
     return x->time < y->time ? -1 : x->time > y->time;
+}
+
+/* An annotation as a MARK: "STAGE name" (PyTorch's record_function phases), or the name alone for
+ * a cualloc mark that `allocview export` wrote (cualloc_mark: True). */
+static void write_annotation(tw_t *w, const ann_t *a)
+{
+    char stage[64], name[512], label[600];
+    py_as_cstr(py_dict_get(a->d, "stage"), stage, sizeof stage);
+    py_as_cstr(py_dict_get(a->d, "name"), name, sizeof name);
+    int64_t plain = 0;
+    if (py_as_int(py_dict_get(a->d, "cualloc_mark"), &plain) && plain)
+        snprintf(label, sizeof label, "%s", name);
+    else
+        snprintf(label, sizeof label, "%s %s", stage, name);
+    tw_mark(w, a->time, label);
 }
 
 int av_cmd_import(int argc, char **argv)
@@ -430,10 +455,7 @@ int av_cmd_import(int argc, char **argv)
             const py_t *a = py_dict_get(e, "action");
             uint64_t t = (uint64_t)geti(e, "time_us") * 1000;
             while (ai < nann && av[ai].time <= t) {
-                char stage[64], name[512], label[600];
-                snprintf(label, sizeof label, "%s %s", py_as_cstr(py_dict_get(av[ai].d, "stage"), stage, sizeof stage),
-                         py_as_cstr(py_dict_get(av[ai].d, "name"), name, sizeof name));
-                tw_mark(im.w, av[ai].time, label);
+                write_annotation(im.w, &av[ai]);
                 ai++;
             }
             uint64_t addr = (uint64_t)geti(e, "addr"), size = (uint64_t)geti(e, "size");
@@ -468,10 +490,7 @@ int av_cmd_import(int argc, char **argv)
         imap_free(&sizes);
     }
     while (ai < nann) {
-        char stage[64], name[512], label[600];
-        snprintf(label, sizeof label, "%s %s", py_as_cstr(py_dict_get(av[ai].d, "stage"), stage, sizeof stage),
-                 py_as_cstr(py_dict_get(av[ai].d, "name"), name, sizeof name));
-        tw_mark(im.w, av[ai].time, label);
+        write_annotation(im.w, &av[ai]);
         ai++;
     }
     free(av);

@@ -62,6 +62,8 @@ static void usage(FILE *out)
             "                            configuration: peaks, utilisation, OOMs, smallest capacity that fits\n"
             "  import SNAPSHOT.pickle -o TRACE\n"
             "                            a PyTorch memory snapshot (_dump_snapshot) as a cualloc trace\n"
+            "  export --pytorch OUT.pickle [--max-entries N] TRACE\n"
+            "                            the trace as a PyTorch memory snapshot, for pytorch.org/memory_viz\n"
             "  (allocview COMMAND --help: a command's own options)\n"
             "\n"
             "options:\n"
@@ -414,13 +416,12 @@ int main(int argc, char **argv)
         status = av_cmd_replay(argc - i + 1, argv + i - 1);
     } else if (strcmp(cmd, "import") == 0) {
         status = av_cmd_import(argc - i + 1, argv + i - 1);
+    } else if (strcmp(cmd, "export") == 0) {
+        status = av_cmd_export(argc - i + 1, argv + i - 1);
     } else if (strcmp(cmd, "sites") == 0 && av_wants_folded(argc - i, argv + i)) {
         status = av_cmd_folded(argc - i + 1, argv + i - 1); /* sites --folded: folded.c */
     } else if (report_is_command(cmd)) {
         status = report_main(cmd, argc - i, argv + i);
-    } else if (strcmp(cmd, "export") == 0) {
-        fprintf(stderr, "allocview: '%s' is not implemented in this version (see allocview --help)\n", cmd);
-        return EXIT_USAGE;
     } else if (i == argc || access(cmd, F_OK) == 0) {
         status = report_main("report", argc - i + 1, argv + i - 1); /* allocview TRACE [TRACE...] */
     } else {

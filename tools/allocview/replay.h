@@ -6,6 +6,7 @@
  *          on which the whole sequence completes (DESIGN.md decision 9).
  *  import  converts a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) into a cualloc
  *          trace, so every allocview command — replay above all — works on PyTorch jobs.
+ *  export  the reverse (export.c): a trace as a PyTorch memory snapshot for PyTorch's viewer.
  *
  * Both take argv[0] = the command's name and parse their own options; they return allocview's
  * exit statuses (0 ok, 1 usage, 2 unreadable input, 3 corrupt input after a readable prefix).
@@ -18,6 +19,7 @@
 
 int av_cmd_replay(int argc, char **argv);
 int av_cmd_import(int argc, char **argv);
+int av_cmd_export(int argc, char **argv);
 
 /* "123", "16GiB", "40G", "512MiB", "1.5GiB": K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024,
  * KB/MB/GB/TB powers of 1000; a plain number (or B) is bytes. False on anything else. */

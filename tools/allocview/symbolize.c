@@ -162,10 +162,14 @@ static void mod_open(sym_ctx_t *c, sym_mod_t *m)
 }
 #endif
 
-static char *fmt_native(sym_ctx_t *c, const char *module, uint64_t off, bool *fold)
+/* Function, source file and line of the call before return address module+off, through libdwfl
+ * (NULLs and 0 when unknown); *fold when the module or the function is the allocator's. */
+static void native_lookup(sym_ctx_t *c, const char *module, uint64_t off, const char **fn, const char **src,
+                          int *line, bool *fold)
 {
-    char buf[1024];
-    const char *fn = NULL;
+    *fn = NULL;
+    *src = NULL;
+    *line = 0;
     *fold = module && fold_module(module);
 #ifdef HAVE_LIBDW
     if (module) {
@@ -174,30 +178,41 @@ static char *fmt_native(sym_ctx_t *c, const char *module, uint64_t off, bool *fo
             mod_open(c, m);
         if (m->usable) {
             GElf_Addr pc = off - 1 + m->bias; /* a return address: look up the call */
-            fn = dwfl_module_addrname(m->mod, pc);
+            *fn = dwfl_module_addrname(m->mod, pc);
             Dwfl_Line *ln = dwfl_module_getsrc(m->mod, pc);
-            int line = 0;
-            const char *src = ln ? dwfl_lineinfo(ln, NULL, &line, NULL, NULL, NULL) : NULL;
-            if (fold_function(fn))
+            *src = ln ? dwfl_lineinfo(ln, NULL, line, NULL, NULL, NULL) : NULL;
+            if (!*src || *line < 0)
+                *line = 0;
+            if (fold_function(*fn))
                 *fold = true;
-            if (fn && src && line > 0)
-                snprintf(buf, sizeof buf, "%s (%s:%d)", fn, base_name(src), line);
-            else if (fn)
-                snprintf(buf, sizeof buf, "%s (%s)", fn, base_name(module));
-            else
-                snprintf(buf, sizeof buf, "%s+0x%" PRIx64, base_name(module), off);
-            return strdup(buf);
         }
     }
 #else
     (void)c;
-    (void)fn;
+    (void)off;
 #endif
-    if (module)
+}
+
+static char *fmt_native(sym_ctx_t *c, const char *module, uint64_t off, bool *fold)
+{
+    char buf[1024];
+    const char *fn, *src;
+    int line;
+    native_lookup(c, module, off, &fn, &src, &line, fold);
+    if (fn && src && line > 0)
+        snprintf(buf, sizeof buf, "%s (%s:%d)", fn, base_name(src), line);
+    else if (fn)
+        snprintf(buf, sizeof buf, "%s (%s)", fn, base_name(module));
+    else if (module)
         snprintf(buf, sizeof buf, "%s+0x%" PRIx64, base_name(module), off);
     else
         snprintf(buf, sizeof buf, "0x%" PRIx64, off);
     return strdup(buf);
+}
+
+void sym_native_frame(sym_ctx_t *c, const char *module, uint64_t offset, sym_native_t *out)
+{
+    native_lookup(c, module, offset, &out->function, &out->file, &out->line, &out->fold);
 }
 
 static sym_ent_t *ent_get(sym_ctx_t *c, const tr_frame_t *f)

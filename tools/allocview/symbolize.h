@@ -23,4 +23,14 @@ void sym_free(sym_ctx_t *c);
  * context. 0 when the stack was not captured. */
 size_t sym_stack(sym_ctx_t *c, uint32_t id, const char **out, size_t max);
 
+/* One native frame (module + offset: the return address as recorded; module NULL: offset is the
+ * address): its function (NULL when unknown), source file (NULL when unknown) and line (0), and
+ * whether it is the allocator's or the CUDA runtime's (fold). Strings belong to the context. */
+typedef struct sym_native {
+    const char *function, *file;
+    int line;
+    bool fold;
+} sym_native_t;
+void sym_native_frame(sym_ctx_t *c, const char *module, uint64_t offset, sym_native_t *out);
+
 #endif

@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# check_export.sh ALLOCVIEW FIXTURE SCENARIOS DEMO SNAPSHOT_DIR — `allocview export --pytorch`:
+#  - every snapshot it writes passes check_snapshot.py: only the viewer's opcodes, plain data,
+#    blocks tiling segments, segsum's identity, and PyTorch's viewer's backward replay;
+#  - the fixture (two devices, stream-ordered frees, maps/unmaps, an OOM, marks): the snapshot's
+#    event counts equal the trace's records;
+#  - import(export(T)) keeps every alloc and free of T in order (address, requested size), the
+#    starting blocks, the maps, the OOM and the marks — for the fixture, the six report scenarios
+#    (native stacks) and a ring trace whose oldest events were overwritten (starting state inferred);
+#  - export(import(S)) has S's events (check_snapshot.py --like) for every real snapshot in
+#    SNAPSHOT_DIR (skipped when there is none);
+#  - --max-entries keeps the last N events; usage errors exit 1, a missing trace 2, a trace that
+#    contradicts itself is refused (exit 3) naming why, leaving no file and an existing one intact.
+set -u
+allocview=$1 fixture=$2 scen=$3 demo=$4 snapdir=${CUALLOC_SNAPSHOT_DIR:-${5:-}}
+command -v python3 >/dev/null 2>&1 || { echo "python3 not found; skipping"; exit 77; }
+here=$(cd "$(dirname "$0")" && pwd)
+check=$here/check_snapshot.py
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+bad() { echo "FAIL: $*"; fail=1; }
+unset RANK LOCAL_RANK
+
+# round_trip NAME: export NAME.trace, check the snapshot, import it back, compare with the trace.
+round_trip() {
+    local t=$tmp/$1.trace p=$tmp/$1.pickle r=$tmp/$1.back.trace
+    "$allocview" export --pytorch "$p" "$t" 2>"$tmp/$1.export.err" || { cat "$tmp/$1.export.err"; bad "$1: export exited $?"; return; }
+    python3 "$check" "$p" --counts >"$tmp/$1.counts" || { cat "$tmp/$1.counts"; bad "$1: the snapshot fails the viewer's checks"; return; }
+    "$allocview" import "$p" -o "$r" 2>/dev/null || { bad "$1: import of the export exited $?"; return; }
+    "$allocview" dump "$t" >"$tmp/$1.dump" && "$allocview" dump "$r" >"$tmp/$1.back.dump" || { bad "$1: dump failed"; return; }
+    python3 - "$tmp/$1.dump" "$tmp/$1.back.dump" "$tmp/$1.counts" "$1" <<'PY' || bad "$1: the round trip lost events"
+import json, re, sys
+def events(path):
+    """Per device: allocs (addr, requested) and completed frees (addr) in order; the starting
+    blocks (addr, requested) as a set; maps and unmaps; OOM sizes; marks."""
+    ev = {}
+    marks, init = [], set()
+    pending = set()
+    for line in open(path):
+        f = line.split()
+        if len(f) < 2: continue
+        kind = f[1]
+        kv = dict(x.split("=", 1) for x in f[2:] if "=" in x)
+        if kind == "mark":
+            marks.append(line.split('"', 1)[1].rstrip().rstrip('"')); continue
+        if "dev" not in kv: continue
+        d = ev.setdefault(kv["dev"], {"alloc": [], "free": [], "map": [], "unmap": [], "oom": []})
+        if kind == "alloc": d["alloc"].append((kv["addr"], kv["requested"]))
+        elif kind == "init_block": init.add((kv["dev"], kv["addr"], kv["requested"]))
+        elif kind == "free":
+            if f[-1] == "completed": d["free"].append(kv["addr"])
+            else: pending.add((kv["dev"], kv["addr"]))
+        elif kind == "free_done": d["free"].append(kv["addr"])
+        elif kind == "map": d["map"].append((kv["addr"], kv["size"]))
+        elif kind == "unmap": d["unmap"].append((kv["addr"], kv["size"]))
+        elif kind == "oom": d["oom"].append(kv["requested"])
+    return ev, init, marks
+a, ainit, amarks = events(sys.argv[1])
+b, binit, bmarks = events(sys.argv[2])
+counts = json.load(open(sys.argv[3]))
+ok = True
+def fail(msg):
+    global ok
+    print("FAIL: %s: %s" % (sys.argv[4], msg)); ok = False
+for dev in sorted(set(a) | set(b)):
+    for k in ("alloc", "free", "map", "unmap", "oom"):
+        x, y = a.get(dev, {}).get(k, []), b.get(dev, {}).get(k, [])
+        if x != y:
+            i = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+            fail("device %s: %s events differ at %d of %d/%d: %r vs %r" % (dev, k, i, len(x), len(y),
+                 x[i] if i < len(x) else None, y[i] if i < len(y) else None))
+# Starting blocks: the trace's own, and what a trace starting mid-run implies — blocks freed
+# without being allocated — must come back as the re-import's starting blocks (those still live
+# at the end come back too, from the segments).
+if not ainit <= binit:
+    fail("starting blocks lost: %r" % sorted(ainit - binit)[:5])
+if amarks != bmarks:
+    fail("marks differ: %r vs %r" % (amarks, bmarks))
+nalloc = sum(len(d["alloc"]) for d in a.values())
+nfree = sum(len(d["free"]) for d in a.values())
+if counts.get("alloc", 0) != nalloc or counts.get("free_completed", 0) != nfree:
+    fail("snapshot has %s allocs / %s free_completed, the trace %d / %d" % (counts.get("alloc"),
+         counts.get("free_completed"), nalloc, nfree))
+if counts.get("annotations", 0) != len(amarks):
+    fail("snapshot has %s annotations, the trace %d marks" % (counts.get("annotations"), len(amarks)))
+print("%s: %d allocs, %d frees, %d marks round-trip; %s" % (sys.argv[4], nalloc, nfree, len(amarks), json.dumps(counts)))
+sys.exit(0 if ok else 1)
+PY
+}
+
+# 1. The fixture: two devices, streams, stream-ordered frees, maps and unmaps, an OOM, marks.
+CUALLOC_CONF=driver:sim,sim_devices:2,sim_memory_mb:256,trace_stack_depth:0 "$fixture" "$tmp/fixture.trace" 2>/dev/null ||
+    bad "the fixture did not run"
+round_trip fixture
+grep -q '"oom": 1' "$tmp/fixture.counts" || bad "fixture: the OOM is not in the snapshot"
+grep -q '"segment_map": 2' "$tmp/fixture.counts" && grep -q '"segment_unmap": 2' "$tmp/fixture.counts" ||
+    bad "fixture: maps/unmaps missing: $(cat "$tmp/fixture.counts")"
+
+# 2. The report scenarios: native stacks (named frames in the snapshot), classic and VMM devices.
+for s in "leak leak sim_memory_mb:256" "shortage shortage sim_memory_mb:128" \
+         "frag frag sim_memory_mb:128,expandable_segments:0" "step2 step2 sim_memory_mb:256" \
+         "longest longest sim_memory_mb:512" "phase phase sim_memory_mb:512"; do
+    set -- $s
+    CUALLOC_CONF="driver:sim,$3" "$scen" "$2" "$tmp/$1.trace" 2>/dev/null
+    [ -s "$tmp/$1.trace" ] || { bad "scenario $2 wrote no trace"; continue; }
+    round_trip "$1"
+done
+python3 - "$tmp/leak.pickle" <<'PY' || bad "leak: allocations carry no frames"
+import pickle, sys
+s = pickle.load(open(sys.argv[1], "rb"))
+allocs = [e for t in s["device_traces"] for e in t if e["action"] == "alloc"]
+sys.exit(0 if allocs and all(e["frames"] for e in allocs) else 1)
+PY
+python3 - "$tmp/frag.pickle" <<'PY' || bad "frag: a classic trace should give classic segments"
+import pickle, sys
+s = pickle.load(open(sys.argv[1], "rb"))
+acts = {e["action"] for t in s["device_traces"] for e in t}
+sys.exit(0 if "segment_alloc" in acts and not any(g["is_expandable"] for g in s["segments"]) else 1)
+PY
+
+# 3. A ring trace whose oldest events were overwritten: the starting state is inferred.
+CUALLOC_CONF=trace:$tmp/ring.trace,trace_max_mb:1,trace_ring:1,trace_stack_depth:8 "$demo" --steps 100 --quiet >/dev/null 2>&1
+if "$allocview" summary "$tmp/ring.trace" | grep -q "overwritten"; then
+    round_trip ring
+    grep -q "starting state was inferred" "$tmp/ring.export.err" || bad "ring: the export does not say it inferred the start"
+else
+    bad "the ring trace was not overwritten (the test needs a longer run)"
+fi
+
+# 4. --max-entries: the last N events of each device, still a valid snapshot.
+"$allocview" export --pytorch "$tmp/last.pickle" --max-entries 7 "$tmp/fixture.trace" 2>/dev/null || bad "--max-entries exited $?"
+python3 "$check" "$tmp/last.pickle" || bad "--max-entries: invalid snapshot"
+python3 - "$tmp/last.pickle" "$tmp/fixture.pickle" <<'PY' || bad "--max-entries did not keep the last 7 events"
+import pickle, sys
+a = pickle.load(open(sys.argv[1], "rb")); b = pickle.load(open(sys.argv[2], "rb"))
+sys.exit(0 if all(x == y[-7:] for x, y in zip(a["device_traces"], b["device_traces"])) and a["segments"] == b["segments"] else 1)
+PY
+
+# 5. Real PyTorch snapshots: export(import(S)) has S's events.
+nsnap=0
+for snap in "$snapdir"/*.pickle; do
+    [ -r "$snap" ] || continue
+    nsnap=$((nsnap + 1))
+    n=$(basename "$snap" .pickle)
+    "$allocview" import "$snap" -o "$tmp/$n.trace" 2>/dev/null || { bad "$n: import exited $?"; continue; }
+    "$allocview" export --pytorch "$tmp/$n.out.pickle" "$tmp/$n.trace" 2>/dev/null || { bad "$n: export exited $?"; continue; }
+    python3 "$check" "$tmp/$n.out.pickle" --like "$snap" || bad "$n: export(import(S)) differs from S"
+    echo "$n: export(import(S)) has S's events"
+done
+[ $nsnap -gt 0 ] || echo "no snapshots in '${snapdir:-}': the real-snapshot round trip was not run"
+
+# 6. Errors.
+"$allocview" export "$tmp/fixture.trace" 2>"$tmp/e1"; [ $? = 1 ] && grep -q -- "--pytorch" "$tmp/e1" || bad "no --pytorch: not a usage error"
+"$allocview" export --pytorch "$tmp/x.pickle" "$tmp/missing.trace" 2>/dev/null; [ $? = 2 ] || bad "missing trace: not exit 2"
+"$allocview" export --pytorch "$tmp/x.pickle" --max-entries 0 "$tmp/fixture.trace" 2>/dev/null; [ $? = 1 ] || bad "--max-entries 0 accepted"
+# A snapshot mapping the same segment twice imports (the import keeps what it reads) but cannot
+# be exported consistently: refused, nothing written, an existing file left alone.
+python3 - "$tmp/bad.pickle" <<'PY'
+import pickle, sys
+ev = [dict(action="segment_alloc", addr=1 << 30, size=2 << 20, stream=0, time_us=1, frames=[]),
+      dict(action="segment_alloc", addr=1 << 30, size=2 << 20, stream=0, time_us=2, frames=[])]
+pickle.dump({"segments": [], "device_traces": [ev]}, open(sys.argv[1], "wb"), protocol=4)
+PY
+"$allocview" import "$tmp/bad.pickle" -o "$tmp/bad.trace" 2>/dev/null || bad "the inconsistent snapshot did not import"
+echo keep >"$tmp/existing.pickle"
+"$allocview" export --pytorch "$tmp/existing.pickle" "$tmp/bad.trace" 2>"$tmp/e2"; st=$?
+[ $st = 3 ] || bad "an inconsistent trace: exit $st, not 3"
+grep -q "mapped while already mapped" "$tmp/e2" || bad "the refusal does not say why: $(cat "$tmp/e2")"
+[ "$(cat "$tmp/existing.pickle")" = keep ] || bad "a refused export overwrote the existing file"
+ls "$tmp"/existing.pickle.partial.* >/dev/null 2>&1 && bad "a refused export left its partial file"
+
+[ $fail = 0 ] && echo "check_export: all passed"
+exit $fail

@@ -1,0 +1,1040 @@
+/* export.c — `allocview export --pytorch OUT.pickle [--max-entries N] TRACE`: a cualloc trace as a
+ * PyTorch memory snapshot (the dict torch.cuda.memory._snapshot() returns, pickled), which
+ * PyTorch's own viewer (pytorch.org/memory_viz, torch/cuda/_memory_viz.py) opens.
+ *
+ * What the viewer needs, and so what this file guarantees:
+ *  - `segments`: the memory mapped at the end of the trace, each with `blocks` that tile it
+ *    exactly (the viewer recomputes block addresses by adding sizes from the segment's start):
+ *    live blocks as 'active_allocated' (or 'active_pending_free' while a stream-ordered free
+ *    waits), the gaps between them as 'inactive'. VMM devices: adjacent mapped chunks form one
+ *    expandable segment (the viewer merges adjacent mapped ranges the same way); classic devices:
+ *    each cuMemAlloc'd segment is its own.
+ *  - `device_traces`: per device, the events in order. ALLOC -> alloc (size: the requested bytes,
+ *    as PyTorch records them); FREE -> free_requested, and free_completed right after it when the
+ *    memory was reusable at once (the viewer folds the pair into one "free"), else at FREE_DONE;
+ *    MAP/UNMAP -> segment_map/segment_unmap (VMM) or segment_alloc/segment_free (classic); OOM ->
+ *    oom with device_free. Frees carry the stack of the allocation, as PyTorch's do. INIT_BLOCK and
+ *    INIT_MAP are state, not events: they appear only through the final segments.
+ *  - the viewer replays events backwards from the final state, so every block alive at any moment
+ *    must lie in memory mapped at that moment, and every unmap must meet mapped memory. The export
+ *    checks this by simulating the trace forwards before writing. A trace that starts mid-run
+ *    without its starting state (a ring buffer whose oldest events were overwritten) gets that
+ *    state inferred: a block freed but never seen allocated was live from the start, memory
+ *    unmapped but never seen mapped was mapped from the start, and a block allocated in memory
+ *    never seen mapped lies in memory mapped from the start. A trace that contradicts itself even
+ *    so (memory mapped twice, a block outside mapped memory at the end) is refused with the reason.
+ *  - `external_annotations`: MARK records, {stage, name, device, time_us}: "START x" / "END x"
+ *    labels (what `allocview import` makes of PyTorch's) keep their stage; any other label is a
+ *    START with `cualloc_mark: True`, so importing the export gives back the same label.
+ *  - `allocator_settings`: {expandable_segments, cualloc_conf}.
+ *
+ * Frames: Python frames as recorded; native frames named through symbolize.c (function, source
+ * file and line with libdw and the module files present; "libx.so+0x1a2b" and the module's path
+ * otherwise), the allocator's own frames left out. Each distinct frame dict and each stack's frame
+ * list is written once and fetched from the pickle memo after that.
+ *
+ * --max-entries N keeps the last N events of each device (PyTorch's own snapshots are a ring of
+ * max_entries events too): the viewer grows slow past about 100k. The final state is the same.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <stdarg.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "analysis.h"
+#include "pickle_writer.h"
+#include "replay.h"
+#include "symbolize.h"
+#include "views.h"
+
+#define EX_SMALL_SEGMENT ((uint64_t)2 << 20) /* PyTorch's small-pool segment size (kSmallBuffer) */
+
+/* The stream of VMM segments and their map/unmap events: cudaStreamLegacy ((cudaStream_t)1), not
+ * 0. When every event of a snapshot is on stream 0 the viewer replaces the events' streams by
+ * null but keeps the segments' 0, and then stops merging the ranges it maps back with the final
+ * segments — a later unmap of a range spanning both would find no segment and stop the viewer. A
+ * nonzero stream keeps the numbering on; cualloc's VMM pools belong to no stream anyway. */
+#define EX_VMM_SEGMENT_STREAM 1u
+
+/* ------------------------------------------------------------------------------ live blocks */
+
+typedef struct xblock {
+    uint64_t addr, size, requested, stream;
+    uint32_t stack;
+    bool pending; /* a stream-ordered free was requested, not completed */
+    bool used;
+} xblock_t;
+
+/* Open addressing, linear probing, deletion by backward shift (no tombstones). */
+typedef struct xblocks { xblock_t *v; size_t mask, count; } xblocks_t;
+
+static uint64_t addr_hash(uint64_t a)
+{
+    a ^= a >> 31;
+    a *= 0x9e3779b97f4a7c15ull;
+    return a ^ (a >> 29);
+}
+
+static bool blocks_init(xblocks_t *t)
+{
+    t->mask = 1023;
+    t->count = 0;
+    t->v = calloc(t->mask + 1, sizeof *t->v);
+    return t->v != NULL;
+}
+
+static xblock_t *blocks_find(const xblocks_t *t, uint64_t addr)
+{
+    for (size_t i = addr_hash(addr) & t->mask; t->v[i].used; i = (i + 1) & t->mask)
+        if (t->v[i].addr == addr)
+            return &t->v[i];
+    return NULL;
+}
+
+static bool blocks_put(xblocks_t *t, const xblock_t *b)
+{
+    if ((t->count + 1) * 2 > t->mask + 1) {
+        xblocks_t n = {.mask = t->mask * 2 + 1};
+        n.v = calloc(n.mask + 1, sizeof *n.v);
+        if (!n.v)
+            return false;
+        for (size_t i = 0; i <= t->mask; i++)
+            if (t->v[i].used)
+                blocks_put(&n, &t->v[i]);
+        free(t->v);
+        *t = n;
+    }
+    size_t i = addr_hash(b->addr) & t->mask;
+    while (t->v[i].used && t->v[i].addr != b->addr)
+        i = (i + 1) & t->mask;
+    if (!t->v[i].used)
+        t->count++;
+    t->v[i] = *b;
+    t->v[i].used = true;
+    return true;
+}
+
+static void blocks_del(xblocks_t *t, xblock_t *b)
+{
+    size_t i = (size_t)(b - t->v);
+    t->v[i].used = false;
+    t->count--;
+    /* Backward shift: move later members of the probe run into the hole when their home allows. */
+    for (size_t j = (i + 1) & t->mask; t->v[j].used; j = (j + 1) & t->mask) {
+        size_t home = addr_hash(t->v[j].addr) & t->mask;
+        bool movable = i <= j ? (home <= i || home > j) : (home <= i && home > j);
+        if (movable) {
+            t->v[i] = t->v[j];
+            t->v[j].used = false;
+            i = j;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------ mapped ranges */
+
+typedef struct xrange { uint64_t addr, end; } xrange_t;
+
+/* Disjoint ranges sorted by address, kept as mapped (adjacent ranges are not merged, so a classic
+ * segment stays itself). */
+typedef struct xranges { xrange_t *v; size_t n, cap; } xranges_t;
+
+/* Index of the first range ending after addr. */
+static size_t ranges_after(const xranges_t *m, uint64_t addr)
+{
+    size_t lo = 0, hi = m->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (m->v[mid].end <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* true when [addr, end) lies in mapped memory (possibly across adjacent ranges). */
+static bool ranges_cover(const xranges_t *m, uint64_t addr, uint64_t end)
+{
+    size_t i = ranges_after(m, addr);
+    if (i == m->n || m->v[i].addr > addr)
+        return false;
+    uint64_t cur = m->v[i].end;
+    while (cur < end) {
+        if (++i == m->n || m->v[i].addr != cur)
+            return false;
+        cur = m->v[i].end;
+    }
+    return true;
+}
+
+static bool ranges_overlap(const xranges_t *m, uint64_t addr, uint64_t end)
+{
+    size_t i = ranges_after(m, addr);
+    return i < m->n && m->v[i].addr < end;
+}
+
+static bool ranges_insert_at(xranges_t *m, size_t i, xrange_t r)
+{
+    if (m->n == m->cap) {
+        size_t cap = m->cap ? m->cap * 2 : 64;
+        xrange_t *p = realloc(m->v, cap * sizeof *p);
+        if (!p)
+            return false;
+        m->v = p;
+        m->cap = cap;
+    }
+    memmove(&m->v[i + 1], &m->v[i], (m->n - i) * sizeof *m->v);
+    m->v[i] = r;
+    m->n++;
+    return true;
+}
+
+/* Adds [addr, end), which must not overlap what is mapped. */
+static bool ranges_add(xranges_t *m, uint64_t addr, uint64_t end)
+{
+    return ranges_insert_at(m, ranges_after(m, addr), (xrange_t){addr, end});
+}
+
+/* Removes [addr, end), which must be covered, splitting ranges it cuts. */
+static bool ranges_remove(xranges_t *m, uint64_t addr, uint64_t end)
+{
+    size_t i = ranges_after(m, addr);
+    while (i < m->n && m->v[i].addr < end) {
+        xrange_t r = m->v[i];
+        if (r.addr < addr && r.end > end) { /* cut in two */
+            m->v[i].end = addr;
+            return ranges_insert_at(m, i + 1, (xrange_t){end, r.end});
+        }
+        if (r.addr < addr) {
+            m->v[i].end = addr;
+            i++;
+        } else if (r.end > end) {
+            m->v[i].addr = end;
+            i++;
+        } else {
+            memmove(&m->v[i], &m->v[i + 1], (m->n - i - 1) * sizeof *m->v);
+            m->n--;
+        }
+    }
+    return true;
+}
+
+/* ------------------------------------------------------------------------------ the exporter */
+
+/* A string -> memo index map (frame dicts by their text). */
+typedef struct xsmap { char **k; uint64_t *v, *h; size_t mask, count; } xsmap_t;
+
+typedef struct xdev {
+    bool present, vmm;
+    xblocks_t live;
+    xranges_t mapped;
+    /* the starting state: INIT records plus what the first pass inferred */
+    xblock_t *init_blocks;
+    size_t n_init_blocks, cap_init_blocks;
+    xranges_t init_mapped;
+    uint64_t entries;   /* device_traces entries the trace gives this device */
+    uint64_t inferred;  /* starting-state items inferred (not recorded) */
+} xdev_t;
+
+typedef struct xmark { uint64_t time; char *label; } xmark_t;
+
+typedef struct exporter {
+    const char *path;
+    av_t *a;
+    sym_ctx_t *sym;
+    pkw_t *w;
+    xdev_t *dev;
+    uint32_t ndev;
+    uint64_t max_entries; /* 0: all */
+    uint64_t *stack_memo; /* per stack id: memo index + 1 of its frame list; 0 = not written */
+    size_t nstack_memo;
+    xsmap_t frames;
+    xmark_t *marks;
+    size_t nmarks, capmarks;
+    char error[768];
+    int status;           /* 0, or VW_EXIT_CORRUPT: the trace is corrupt after a readable prefix */
+    uint64_t events_written;
+} exporter_t;
+
+static bool xfail(exporter_t *ex, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static bool xfail(exporter_t *ex, const char *fmt, ...)
+{
+    if (!ex->error[0]) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(ex->error, sizeof ex->error, fmt, ap);
+        va_end(ap);
+    }
+    return false;
+}
+
+static uint64_t smap_hash(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
+/* The slot for key: *found says whether it holds key already. NULL: out of memory. */
+static uint64_t *smap_slot(xsmap_t *m, const char *key, bool *found)
+{
+    if ((m->count + 1) * 2 > m->mask + 1) {
+        size_t cap = m->mask ? (m->mask + 1) * 2 : 1024;
+        xsmap_t n = {.mask = cap - 1};
+        n.k = calloc(cap, sizeof *n.k);
+        n.v = calloc(cap, sizeof *n.v);
+        n.h = calloc(cap, sizeof *n.h);
+        if (!n.k || !n.v || !n.h) {
+            free(n.k);
+            free(n.v);
+            free(n.h);
+            return NULL;
+        }
+        for (size_t i = 0; m->k && i <= m->mask; i++)
+            if (m->k[i]) {
+                size_t j = m->h[i] & n.mask;
+                while (n.k[j])
+                    j = (j + 1) & n.mask;
+                n.k[j] = m->k[i];
+                n.v[j] = m->v[i];
+                n.h[j] = m->h[i];
+            }
+        n.count = m->count;
+        free(m->k);
+        free(m->v);
+        free(m->h);
+        *m = n;
+    }
+    uint64_t h = smap_hash(key);
+    size_t i = h & m->mask;
+    for (; m->k[i]; i = (i + 1) & m->mask)
+        if (m->h[i] == h && strcmp(m->k[i], key) == 0) {
+            *found = true;
+            return &m->v[i];
+        }
+    m->k[i] = strdup(key);
+    if (!m->k[i])
+        return NULL;
+    m->h[i] = h;
+    m->count++;
+    *found = false;
+    return &m->v[i];
+}
+
+static void smap_free(xsmap_t *m)
+{
+    for (size_t i = 0; m->k && i <= m->mask; i++)
+        free(m->k[i]);
+    free(m->k);
+    free(m->v);
+    free(m->h);
+}
+
+/* ------------------------------------------------------------------------------ frames */
+
+static const char *base_name(const char *p)
+{
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+/* Writes one frame dict {name, filename, line}, memoized by its text. */
+static void write_frame(exporter_t *ex, const char *name, const char *file, uint64_t line)
+{
+    /* The key is the whole text: frames that differ only past some length stay apart. */
+    size_t klen = strlen(name) + strlen(file) + 32;
+    char *key = malloc(klen);
+    bool found = false;
+    uint64_t *slot = NULL;
+    if (key) {
+        snprintf(key, klen, "%s\x1f%s\x1f%" PRIu64, name, file, line);
+        slot = smap_slot(&ex->frames, key, &found);
+        free(key);
+    }
+    if (slot && found) {
+        pkw_get(ex->w, *slot);
+        return;
+    }
+    pkw_dict_begin(ex->w);
+    pkw_key(ex->w, "name");
+    pkw_str_memo(ex->w, name, strlen(name));
+    pkw_key(ex->w, "filename");
+    pkw_str_memo(ex->w, file, strlen(file));
+    pkw_key(ex->w, "line");
+    pkw_uint(ex->w, line);
+    pkw_dict_end(ex->w);
+    uint64_t idx = pkw_memoize(ex->w);
+    if (slot)
+        *slot = idx;
+}
+
+/* Writes the frame list of stack id (innermost first, the allocator's frames left out); a stack
+ * written before is fetched from the memo. */
+static void write_frames(exporter_t *ex, uint32_t stack)
+{
+    if (stack && stack < ex->nstack_memo && ex->stack_memo[stack]) {
+        pkw_get(ex->w, ex->stack_memo[stack] - 1);
+        return;
+    }
+    static tr_frame_t fr[VW_MAX_FRAMES];
+    size_t n = stack ? tr_stack_frames(ex->a->r, stack, fr, VW_MAX_FRAMES) : 0;
+    pkw_list_begin(ex->w);
+    for (size_t i = 0; i < n; i++) {
+        const tr_frame_t *f = &fr[i];
+        if (f->kind == CUA_TRACE_FRAME_PYTHON) {
+            pkw_item(ex->w);
+            write_frame(ex, f->function ? f->function : "??", f->file ? f->file : "??", f->line);
+            continue;
+        }
+        sym_native_t nf;
+        uint64_t off = f->module ? f->module_offset : f->addr;
+        sym_native_frame(ex->sym, f->module, off, &nf);
+        if (nf.fold)
+            continue;
+        char addr_name[512];
+        const char *name = addr_name;
+        if (nf.function)
+            name = nf.function;
+        else if (f->module)
+            snprintf(addr_name, sizeof addr_name, "%s+0x%" PRIx64, base_name(f->module), off);
+        else
+            snprintf(addr_name, sizeof addr_name, "0x%" PRIx64, off);
+        pkw_item(ex->w);
+        write_frame(ex, name, nf.file ? nf.file : f->module ? f->module : "??", (uint64_t)nf.line);
+    }
+    pkw_list_end(ex->w);
+    if (stack && stack < ex->nstack_memo)
+        ex->stack_memo[stack] = pkw_memoize(ex->w) + 1;
+}
+
+/* ------------------------------------------------------------------------------ events */
+
+static uint64_t stream_handle(const exporter_t *ex, uint32_t id)
+{
+    uint64_t h = 0;
+    if (id && !tr_stream_handle(ex->a->r, id, &h))
+        h = 0;
+    return h;
+}
+
+/* One device_traces entry. device_free < 0: not an OOM. */
+static void write_event(exporter_t *ex, const char *action, uint64_t addr, uint64_t size, uint64_t stream,
+                        uint64_t time_ns, uint32_t stack, int64_t device_free)
+{
+    pkw_t *w = ex->w;
+    pkw_item(w);
+    pkw_dict_begin(w);
+    pkw_key(w, "action");
+    pkw_str_memo(w, action, strlen(action));
+    if (device_free >= 0) { /* PyTorch's OOM entries carry device_free where others carry addr */
+        pkw_key(w, "device_free");
+        pkw_uint(w, (uint64_t)device_free);
+    } else {
+        pkw_key(w, "addr");
+        pkw_uint(w, addr);
+    }
+    pkw_key(w, "size");
+    pkw_uint(w, size);
+    pkw_key(w, "stream");
+    pkw_uint(w, stream);
+    pkw_key(w, "time_us");
+    pkw_uint(w, time_ns / 1000);
+    pkw_key(w, "frames");
+    write_frames(ex, stack);
+    pkw_dict_end(w);
+    ex->events_written++;
+}
+
+/* ------------------------------------------------------------------------------ simulation */
+
+enum sim_mode { SIM_INFER, SIM_WRITE };
+
+static bool add_init_block(xdev_t *d, const xblock_t *b)
+{
+    if (d->n_init_blocks == d->cap_init_blocks) {
+        size_t cap = d->cap_init_blocks ? d->cap_init_blocks * 2 : 256;
+        xblock_t *p = realloc(d->init_blocks, cap * sizeof *p);
+        if (!p)
+            return false;
+        d->init_blocks = p;
+        d->cap_init_blocks = cap;
+    }
+    d->init_blocks[d->n_init_blocks++] = *b;
+    return true;
+}
+
+/* The starting state of a pass: the recorded and inferred initial blocks and mappings. */
+static bool sim_reset(xdev_t *d)
+{
+    free(d->live.v);
+    if (!blocks_init(&d->live))
+        return false;
+    d->mapped.n = 0;
+    for (size_t i = 0; i < d->init_mapped.n; i++)
+        if (!ranges_add(&d->mapped, d->init_mapped.v[i].addr, d->init_mapped.v[i].end))
+            return false;
+    for (size_t i = 0; i < d->n_init_blocks; i++)
+        if (!blocks_put(&d->live, &d->init_blocks[i]))
+            return false;
+    return true;
+}
+
+/* In SIM_INFER, memory [addr, end) that must have been mapped from the start (it is not mapped
+ * now and was never seen mapped, or the trace could not be consistent): adds what is missing to
+ * the starting state and to the current mapping. */
+static bool infer_mapped(exporter_t *ex, xdev_t *d, uint64_t addr, uint64_t end)
+{
+    uint64_t cur = addr;
+    while (cur < end) {
+        size_t i = ranges_after(&d->mapped, cur);
+        uint64_t gap_end = end;
+        if (i < d->mapped.n && d->mapped.v[i].addr <= cur) {
+            cur = d->mapped.v[i].end;
+            continue;
+        }
+        if (i < d->mapped.n && d->mapped.v[i].addr < gap_end)
+            gap_end = d->mapped.v[i].addr;
+        if (ranges_overlap(&d->init_mapped, cur, gap_end))
+            return xfail(ex, "device %u: memory at 0x%" PRIx64 " is used after being unmapped", (unsigned)(d - ex->dev),
+                         cur);
+        if (!ranges_add(&d->mapped, cur, gap_end) || !ranges_add(&d->init_mapped, cur, gap_end))
+            return xfail(ex, "out of memory");
+        d->inferred++;
+        cur = gap_end;
+    }
+    return true;
+}
+
+/* One pass over the trace for device `dv`. SIM_INFER builds the starting state (and counts the
+ * entries); SIM_WRITE checks the trace against it and writes the device's events, skipping the
+ * first `skip` entries. Returns false with ex->error set when the trace contradicts itself. */
+static bool simulate(exporter_t *ex, uint32_t dv, enum sim_mode mode, uint64_t skip)
+{
+    xdev_t *d = &ex->dev[dv];
+    if (!sim_reset(d))
+        return xfail(ex, "out of memory");
+    char err[512];
+    tr_reader_t *r = tr_open(ex->path, err, sizeof err);
+    if (!r)
+        return xfail(ex, "%s", err);
+    bool infer = mode == SIM_INFER;
+    uint64_t entry = 0;
+    tr_record_t rec;
+    int k;
+/* An entry of device_traces: written in SIM_WRITE past the skipped ones, counted always. */
+#define ENTRY(action, addr, size, stream, stack, dfree)                                                   \
+    do {                                                                                                  \
+        if (!infer && entry >= skip)                                                                      \
+            write_event(ex, action, addr, size, stream, rec.time_ns, stack, dfree);                       \
+        entry++;                                                                                          \
+    } while (0)
+    bool ok = true;
+    while (ok && (k = tr_next(r, &rec)) > 0) {
+        if (!rec.known || rec.type < CUA_TRACE_FIRST_EVENT || rec.type == CUA_TRACE_MARK ||
+            rec.type == CUA_TRACE_END || rec.type == CUA_TRACE_TRIM || rec.dev != dv)
+            continue;
+        uint64_t end = rec.addr + rec.size;
+        xblock_t *b;
+        switch (rec.type) {
+        case CUA_TRACE_INIT_BLOCK:
+        case CUA_TRACE_ALLOC: {
+            bool init = rec.type == CUA_TRACE_INIT_BLOCK;
+            if (init && !infer)
+                break; /* already in the starting state */
+            if (blocks_find(&d->live, rec.addr)) {
+                ok = xfail(ex, "device %u: 0x%" PRIx64 " allocated again while live (record at offset %" PRIu64 ")", dv,
+                           rec.addr, rec.offset);
+                break;
+            }
+            if (!ranges_cover(&d->mapped, rec.addr, end)) {
+                if (!infer) {
+                    ok = xfail(ex, "device %u: block 0x%" PRIx64 " (%" PRIu64 " bytes) lies outside mapped memory", dv,
+                               rec.addr, rec.size);
+                    break;
+                }
+                if (!(ok = infer_mapped(ex, d, rec.addr, end)))
+                    break;
+            }
+            xblock_t nb = {.addr = rec.addr, .size = rec.size, .requested = rec.requested,
+                           .stream = stream_handle(ex, rec.stream), .stack = rec.stack};
+            if (!blocks_put(&d->live, &nb) || (init && !add_init_block(d, &nb))) {
+                ok = xfail(ex, "out of memory");
+                break;
+            }
+            if (!init)
+                ENTRY("alloc", rec.addr, rec.requested, nb.stream, rec.stack, -1);
+            break;
+        }
+        case CUA_TRACE_FREE:
+        case CUA_TRACE_FREE_DONE: {
+            b = blocks_find(&d->live, rec.addr);
+            if (!b) { /* freed, never seen allocated: live from the start */
+                if (!infer) {
+                    ok = xfail(ex, "device %u: free of 0x%" PRIx64 ", which is not allocated", dv, rec.addr);
+                    break;
+                }
+                xblock_t nb = {.addr = rec.addr, .size = rec.size, .requested = rec.size,
+                               .stream = stream_handle(ex, rec.stream), .pending = rec.type == CUA_TRACE_FREE_DONE};
+                if (!ranges_cover(&d->mapped, rec.addr, end) && !(ok = infer_mapped(ex, d, rec.addr, end)))
+                    break;
+                if (!add_init_block(d, &nb) || !blocks_put(&d->live, &nb)) {
+                    ok = xfail(ex, "out of memory");
+                    break;
+                }
+                d->inferred++;
+                b = blocks_find(&d->live, rec.addr);
+            }
+            uint64_t stream = stream_handle(ex, rec.stream);
+            if (rec.type == CUA_TRACE_FREE) {
+                if (b->pending) {
+                    ok = xfail(ex, "device %u: 0x%" PRIx64 " freed twice", dv, rec.addr);
+                    break;
+                }
+                ENTRY("free_requested", rec.addr, b->requested, stream, b->stack, -1);
+                if (!(rec.flags & CUA_TRACE_F_COMPLETED)) {
+                    b->pending = true;
+                    break;
+                }
+            }
+            ENTRY("free_completed", rec.addr, b->requested, stream, b->stack, -1);
+            blocks_del(&d->live, b);
+            break;
+        }
+        case CUA_TRACE_INIT_MAP:
+        case CUA_TRACE_MAP:
+            if (rec.type == CUA_TRACE_INIT_MAP && !infer)
+                break;
+            if (ranges_overlap(&d->mapped, rec.addr, end)) {
+                ok = xfail(ex, "device %u: 0x%" PRIx64 " (%" PRIu64 " bytes) mapped while already mapped", dv, rec.addr,
+                           rec.size);
+                break;
+            }
+            if (!ranges_add(&d->mapped, rec.addr, end) ||
+                (rec.type == CUA_TRACE_INIT_MAP && !ranges_add(&d->init_mapped, rec.addr, end))) {
+                ok = xfail(ex, "out of memory");
+                break;
+            }
+            if (rec.type == CUA_TRACE_MAP)
+                ENTRY(d->vmm ? "segment_map" : "segment_alloc", rec.addr, rec.size, d->vmm ? EX_VMM_SEGMENT_STREAM : 0, 0,
+                      -1);
+            break;
+        case CUA_TRACE_UNMAP:
+            if (!ranges_cover(&d->mapped, rec.addr, end)) {
+                if (!infer) {
+                    ok = xfail(ex, "device %u: unmap of 0x%" PRIx64 " (%" PRIu64 " bytes), which is not mapped", dv,
+                               rec.addr, rec.size);
+                    break;
+                }
+                if (!(ok = infer_mapped(ex, d, rec.addr, end)))
+                    break;
+            }
+            if (!d->vmm) { /* a classic segment is freed whole */
+                size_t i = ranges_after(&d->mapped, rec.addr);
+                if (d->mapped.v[i].addr != rec.addr || d->mapped.v[i].end != end) {
+                    ok = xfail(ex, "device %u: segment free of 0x%" PRIx64 " does not match a segment", dv, rec.addr);
+                    break;
+                }
+            }
+            ranges_remove(&d->mapped, rec.addr, end);
+            ENTRY(d->vmm ? "segment_unmap" : "segment_free", rec.addr, rec.size, d->vmm ? EX_VMM_SEGMENT_STREAM : 0, 0,
+                  -1);
+            break;
+        case CUA_TRACE_OOM:
+            ENTRY("oom", 0, rec.u.oom.requested, stream_handle(ex, rec.stream), rec.stack,
+                  (int64_t)(rec.u.oom.device_free & INT64_MAX));
+            break;
+        default:
+            break;
+        }
+    }
+#undef ENTRY
+    if (ok && k < 0)
+        ex->status = VW_EXIT_CORRUPT; /* the prefix is exported; main reports it */
+    tr_close(r);
+    if (infer)
+        d->entries = entry;
+    return ok;
+}
+
+/* ------------------------------------------------------------------------------ final state */
+
+static int block_cmp(const void *x, const void *y)
+{
+    const xblock_t *a = x, *b = y;
+    return a->addr < b->addr ? -1 : a->addr > b->addr;
+}
+
+static void write_block(exporter_t *ex, uint64_t addr, uint64_t size, uint64_t requested, const char *state,
+                        uint32_t stack)
+{
+    pkw_t *w = ex->w;
+    pkw_item(w);
+    pkw_dict_begin(w);
+    pkw_key(w, "address");
+    pkw_uint(w, addr);
+    pkw_key(w, "size");
+    pkw_uint(w, size);
+    pkw_key(w, "requested_size");
+    pkw_uint(w, requested);
+    pkw_key(w, "state");
+    pkw_str_memo(w, state, strlen(state));
+    pkw_key(w, "frames");
+    write_frames(ex, stack);
+    pkw_dict_end(w);
+}
+
+/* Writes device dv's segments from the state its SIM_WRITE pass ended in: mapped memory (adjacent
+ * ranges merged on VMM devices) tiled by the live blocks and inactive gaps. */
+static bool write_segments(exporter_t *ex, uint32_t dv, uint64_t *nsegs, uint64_t *nblocks)
+{
+    xdev_t *d = &ex->dev[dv];
+    size_t nlive = d->live.count, j = 0;
+    xblock_t *bl = malloc((nlive ? nlive : 1) * sizeof *bl);
+    if (!bl)
+        return xfail(ex, "out of memory");
+    for (size_t i = 0; i <= d->live.mask; i++)
+        if (d->live.v[i].used)
+            bl[j++] = d->live.v[i];
+    qsort(bl, nlive, sizeof *bl, block_cmp);
+    size_t bi = 0;
+    bool ok = true;
+    for (size_t s = 0; s < d->mapped.n && ok;) {
+        uint64_t saddr = d->mapped.v[s].addr, send = d->mapped.v[s].end;
+        s++;
+        while (d->vmm && s < d->mapped.n && d->mapped.v[s].addr == send)
+            send = d->mapped.v[s++].end;
+        if (bi < nlive && bl[bi].addr < saddr) {
+            ok = xfail(ex, "device %u: block 0x%" PRIx64 " lies outside mapped memory at the end", dv, bl[bi].addr);
+            break;
+        }
+        /* The segment's blocks: first their totals, then the list. */
+        size_t first = bi;
+        uint64_t allocated = 0, active = 0, requested = 0;
+        for (uint64_t cur = saddr; bi < nlive && bl[bi].addr < send; bi++) {
+            if (bl[bi].addr < cur || bl[bi].addr + bl[bi].size > send) {
+                ok = xfail(ex, "device %u: block 0x%" PRIx64 " (%" PRIu64 " bytes) overlaps another or crosses the end "
+                           "of segment 0x%" PRIx64, dv, bl[bi].addr, bl[bi].size, saddr);
+                break;
+            }
+            cur = bl[bi].addr + bl[bi].size;
+            active += bl[bi].size;
+            if (!bl[bi].pending) {
+                allocated += bl[bi].size;
+                requested += bl[bi].requested;
+            }
+        }
+        if (!ok)
+            break;
+        pkw_t *w = ex->w;
+        pkw_item(w);
+        pkw_dict_begin(w);
+        pkw_key(w, "device");
+        pkw_uint(w, dv);
+        pkw_key(w, "address");
+        pkw_uint(w, saddr);
+        pkw_key(w, "total_size");
+        pkw_uint(w, send - saddr);
+        pkw_key(w, "allocated_size");
+        pkw_uint(w, allocated);
+        pkw_key(w, "active_size");
+        pkw_uint(w, active);
+        pkw_key(w, "requested_size");
+        pkw_uint(w, requested);
+        pkw_key(w, "stream");
+        pkw_uint(w, d->vmm ? EX_VMM_SEGMENT_STREAM : 0);
+        pkw_key(w, "segment_type");
+        pkw_cstr(w, !d->vmm && send - saddr <= EX_SMALL_SEGMENT ? "small" : "large");
+        pkw_key(w, "segment_pool_id");
+        pkw_uint(w, 0);
+        pkw_uint(w, 0);
+        pkw_tuple2(w);
+        pkw_key(w, "is_expandable");
+        pkw_bool(w, d->vmm);
+        pkw_key(w, "frames");
+        pkw_list_begin(w);
+        pkw_list_end(w);
+        pkw_key(w, "blocks");
+        pkw_list_begin(w);
+        uint64_t cur = saddr;
+        for (size_t i = first; i < bi; i++) {
+            if (bl[i].addr > cur)
+                write_block(ex, cur, bl[i].addr - cur, 0, "inactive", 0);
+            write_block(ex, bl[i].addr, bl[i].size, bl[i].requested,
+                        bl[i].pending ? "active_pending_free" : "active_allocated", bl[i].stack);
+            cur = bl[i].addr + bl[i].size;
+            ++*nblocks;
+        }
+        if (cur < send)
+            write_block(ex, cur, send - cur, 0, "inactive", 0);
+        pkw_list_end(w);
+        pkw_dict_end(w);
+        ++*nsegs;
+    }
+    if (ok && bi < nlive)
+        ok = xfail(ex, "device %u: block 0x%" PRIx64 " lies outside mapped memory at the end", dv, bl[bi].addr);
+    free(bl);
+    return ok;
+}
+
+/* ------------------------------------------------------------------------------ the rest */
+
+static bool collect_marks(exporter_t *ex)
+{
+    char err[512];
+    tr_reader_t *r = tr_open(ex->path, err, sizeof err);
+    if (!r)
+        return xfail(ex, "%s", err);
+    tr_record_t rec;
+    while (tr_next(r, &rec) > 0) {
+        if (!rec.known || rec.type != CUA_TRACE_MARK)
+            continue;
+        if (ex->nmarks == ex->capmarks) {
+            size_t cap = ex->capmarks ? ex->capmarks * 2 : 64;
+            xmark_t *p = realloc(ex->marks, cap * sizeof *p);
+            if (!p)
+                break;
+            ex->marks = p;
+            ex->capmarks = cap;
+        }
+        ex->marks[ex->nmarks].time = rec.time_ns;
+        ex->marks[ex->nmarks].label = strndup(rec.u.text.p, rec.u.text.len);
+        if (ex->marks[ex->nmarks].label)
+            ex->nmarks++;
+    }
+    tr_close(r);
+    return true;
+}
+
+static void write_annotations(exporter_t *ex)
+{
+    pkw_t *w = ex->w;
+    pkw_list_begin(w);
+    for (size_t i = 0; i < ex->nmarks; i++) {
+        const char *label = ex->marks[i].label, *name = label, *stage = "START";
+        bool plain = true;
+        if (strncmp(label, "START ", 6) == 0 || strncmp(label, "END ", 4) == 0) {
+            stage = label[0] == 'S' ? "START" : "END";
+            name = label + strlen(stage) + 1;
+            plain = false;
+        }
+        pkw_item(w);
+        pkw_dict_begin(w);
+        pkw_key(w, "stage");
+        pkw_str_memo(w, stage, strlen(stage));
+        pkw_key(w, "name");
+        pkw_cstr(w, name);
+        pkw_key(w, "device");
+        pkw_uint(w, 0);
+        pkw_key(w, "time_us");
+        pkw_uint(w, ex->marks[i].time / 1000);
+        if (plain) {
+            pkw_key(w, "cualloc_mark");
+            pkw_bool(w, true);
+        }
+        pkw_dict_end(w);
+    }
+    pkw_list_end(w);
+}
+
+static void export_usage(FILE *out)
+{
+    fprintf(out, "usage: allocview export --pytorch OUT.pickle [--max-entries N] TRACE\n"
+                 "  writes the trace as a PyTorch memory snapshot (what torch.cuda.memory._dump_snapshot writes),\n"
+                 "  which pytorch.org/memory_viz and torch.cuda._memory_viz open: the segments mapped at the end\n"
+                 "  with their blocks, and every device's events with their stacks\n"
+                 "  --max-entries N  only the last N events of each device (the viewer grows slow past ~100k)\n");
+}
+
+static void exporter_free(exporter_t *ex)
+{
+    for (uint32_t i = 0; i < ex->ndev; i++) {
+        free(ex->dev[i].live.v);
+        free(ex->dev[i].mapped.v);
+        free(ex->dev[i].init_blocks);
+        free(ex->dev[i].init_mapped.v);
+    }
+    free(ex->dev);
+    free(ex->stack_memo);
+    smap_free(&ex->frames);
+    for (size_t i = 0; i < ex->nmarks; i++)
+        free(ex->marks[i].label);
+    free(ex->marks);
+    if (ex->sym)
+        sym_free(ex->sym);
+    if (ex->a)
+        av_free(ex->a);
+}
+
+/* Writes the whole snapshot; false with ex->error set. */
+static bool export_all(exporter_t *ex, uint64_t *nsegs, uint64_t *nblocks)
+{
+    for (uint32_t dv = 0; dv < ex->ndev; dv++)
+        if (ex->dev[dv].present && !simulate(ex, dv, SIM_INFER, 0))
+            return false;
+    if (!collect_marks(ex))
+        return false;
+    pkw_t *w = ex->w;
+    pkw_dict_begin(w);
+    pkw_key(w, "device_traces");
+    pkw_list_begin(w);
+    for (uint32_t dv = 0; dv < ex->ndev; dv++) {
+        pkw_item(w);
+        pkw_list_begin(w);
+        xdev_t *d = &ex->dev[dv];
+        uint64_t skip = ex->max_entries && d->entries > ex->max_entries ? d->entries - ex->max_entries : 0;
+        if (d->present && !simulate(ex, dv, SIM_WRITE, skip))
+            return false;
+        pkw_list_end(w);
+    }
+    pkw_list_end(w);
+    pkw_key(w, "segments");
+    pkw_list_begin(w);
+    for (uint32_t dv = 0; dv < ex->ndev; dv++)
+        if (ex->dev[dv].present && !write_segments(ex, dv, nsegs, nblocks))
+            return false;
+    pkw_list_end(w);
+    pkw_key(w, "external_annotations");
+    write_annotations(ex);
+    pkw_key(w, "allocator_settings");
+    pkw_dict_begin(w);
+    bool any_vmm = false;
+    for (uint32_t dv = 0; dv < ex->ndev; dv++)
+        any_vmm |= ex->dev[dv].present && ex->dev[dv].vmm;
+    pkw_key(w, "expandable_segments");
+    pkw_bool(w, any_vmm);
+    pkw_key(w, "cualloc_conf");
+    pkw_cstr(w, ex->a->config);
+    pkw_dict_end(w);
+    pkw_dict_end(w);
+    return true;
+}
+
+int av_cmd_export(int argc, char **argv)
+{
+    const char *out = NULL, *in = NULL;
+    uint64_t max_entries = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--pytorch") == 0 && i + 1 < argc)
+            out = argv[++i];
+        else if (strcmp(argv[i], "--max-entries") == 0 && i + 1 < argc) {
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(argv[++i], &end, 10);
+            if (errno || *end || !v || argv[i][0] == '-') {
+                fprintf(stderr, "allocview export: bad --max-entries '%s' (a positive count)\n", argv[i]);
+                return VW_EXIT_USAGE;
+            }
+            max_entries = v;
+        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            export_usage(stdout);
+            return VW_EXIT_OK;
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            fprintf(stderr, "allocview export: unknown option %s\n", argv[i]);
+            export_usage(stderr);
+            return VW_EXIT_USAGE;
+        } else if (!in)
+            in = argv[i];
+        else {
+            export_usage(stderr);
+            return VW_EXIT_USAGE;
+        }
+    }
+    if (!in || !out) {
+        if (!out)
+            fprintf(stderr, "allocview export: say where the snapshot goes: --pytorch OUT.pickle\n");
+        export_usage(stderr);
+        return VW_EXIT_USAGE;
+    }
+
+    exporter_t ex = {.path = in, .max_entries = max_entries};
+    char err[512];
+    av_opts_t opts = {.at_time_ns = -1};
+    ex.a = av_analyze(in, &opts, err, sizeof err);
+    if (!ex.a) {
+        fprintf(stderr, "allocview export: %s: %s\n", in, err);
+        return VW_EXIT_UNREADABLE;
+    }
+    ex.sym = sym_new(ex.a);
+    ex.nstack_memo = (size_t)tr_stack_count(ex.a->r) + 1;
+    ex.stack_memo = calloc(ex.nstack_memo, sizeof *ex.stack_memo);
+    /* Devices: every one the trace defines or has events on. */
+    uint32_t ndev = 1;
+    for (uint32_t dv = 0; dv < CUA_TRACE_MAX_DEVICES; dv++)
+        if (ex.a->have_dev[dv] || ex.a->acct.dev[dv].seen)
+            ndev = dv + 1;
+    ex.ndev = ndev;
+    ex.dev = calloc(ndev, sizeof *ex.dev);
+    if (!ex.sym || !ex.stack_memo || !ex.dev) {
+        fprintf(stderr, "allocview export: out of memory\n");
+        exporter_free(&ex);
+        return VW_EXIT_UNREADABLE;
+    }
+    for (uint32_t dv = 0; dv < ndev; dv++) {
+        ex.dev[dv].present = ex.a->have_dev[dv] || ex.a->acct.dev[dv].seen;
+        ex.dev[dv].vmm = ex.a->have_dev[dv] && ex.a->dev_mode[dv] == CUA_TRACE_MODE_VMM;
+    }
+
+    /* Written beside the destination and renamed at the end: a refused or failed export leaves
+     * no half snapshot (and an existing file intact). */
+    size_t tlen = strlen(out) + 32;
+    char *tmp = malloc(tlen);
+    FILE *f = NULL;
+    if (tmp) {
+        snprintf(tmp, tlen, "%s.partial.%ld", out, (long)getpid());
+        f = fopen(tmp, "wbx");
+    }
+    if (!f) {
+        fprintf(stderr, "allocview export: %s: cannot create: %s\n", tmp ? tmp : out, strerror(errno));
+        free(tmp);
+        exporter_free(&ex);
+        return VW_EXIT_UNREADABLE;
+    }
+    static char buf[1 << 16];
+    setvbuf(f, buf, _IOFBF, sizeof buf);
+    ex.w = pkw_new(f);
+    uint64_t nsegs = 0, nblocks = 0;
+    bool ok = ex.w && export_all(&ex, &nsegs, &nblocks);
+    char werr[256] = "";
+    if (ex.w && !pkw_finish(ex.w, werr, sizeof werr) && ok) {
+        ok = false;
+        xfail(&ex, "%s: %s", out, werr);
+    }
+    if (fclose(f) != 0 && ok) {
+        ok = false;
+        xfail(&ex, "%s: %s", out, strerror(errno));
+    }
+    if (ok && rename(tmp, out) != 0) {
+        ok = false;
+        xfail(&ex, "%s: cannot rename into place: %s", out, strerror(errno));
+    }
+    if (!ok) {
+        unlink(tmp);
+        fprintf(stderr, "allocview export: %s: %s; nothing written\n", in, ex.error[0] ? ex.error : "out of memory");
+        free(tmp);
+        exporter_free(&ex);
+        return VW_EXIT_CORRUPT;
+    }
+    free(tmp);
+    uint64_t inferred = 0;
+    for (uint32_t dv = 0; dv < ndev; dv++)
+        inferred += ex.dev[dv].inferred;
+    fprintf(stderr,
+            "allocview export: %s -> %s: %u device%s, %" PRIu64 " events, %" PRIu64 " segments, %" PRIu64
+            " blocks live at the end, %zu marks, %zu distinct frames%s\n",
+            in, out, ndev, ndev == 1 ? "" : "s", ex.events_written, nsegs, nblocks, ex.nmarks, ex.frames.count,
+            inferred ? " (the trace starts mid-run: its starting state was inferred)" : "");
+    int status = ex.status ? ex.status : ex.a->status;
+    if (status == VW_EXIT_CORRUPT)
+        fprintf(stderr, "allocview export: %s: corrupt trace: %s; the snapshot covers the records before it\n", in,
+                ex.a->error);
+    exporter_free(&ex);
+    return status;
+}
