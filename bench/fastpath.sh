@@ -8,7 +8,8 @@
 # environment:
 #   FASTPATH_PAIRS      timed pairs per thread, native run (default 200000)
 #   FASTPATH_CG_PAIRS   timed pairs under callgrind, a multiple of 64 (default 20480)
-#   FASTPATH_CG_THREADS cualloc thread count also counted under callgrind (default 8; 0 = skip)
+#   FASTPATH_CG_THREADS thread count also counted under callgrind, for cualloc, jemalloc and the
+#                       loop alike (default 8; 0 = skip)
 #   FASTPATH_NATIVE=0   skip the native run;  FASTPATH_PROFILE=0  skip the per-function profile
 # The callgrind profiles stay in <builddir>/fastpath-callgrind/ for callgrind_annotate.
 set -eu
@@ -69,24 +70,35 @@ per_pair() { # instructions pairs -> per pair, one decimal
     awk -v i="${1:-0}" -v n="$2" 'BEGIN { printf "%.1f", i / n }'
 }
 
-echo "== instructions per alloc+free pair (callgrind Ir inside the timed loop, $cg_pairs pairs after warm-up)"
-echo "   'loop' is the benchmark loop itself (a do-nothing allocator); 'net' subtracts it."
-printf '%-8s %7s %10s %10s %8s %12s %12s\n' pattern threads cualloc jemalloc loop cualloc-net jemalloc-net
-for pat in random stack repeat; do
-    loop=$(per_pair "$(cg_run null "$pat" 1)" "$cg_pairs")
-    cua=$(per_pair "$(cg_run cualloc "$pat" 1)" "$cg_pairs")
+# One table row: the loop baseline, cualloc and jemalloc for PATTERN with THREADS threads, each per
+# pair over all threads' pairs, and net of the loop. The same row for 1 and for N threads, so that
+# both allocators are counted on the same mix in the same run. Under callgrind the threads run one
+# at a time (callgrind serializes them), so an N-thread row is the cost with N threads' heaps,
+# caches and streams alive but without lock contention.
+cg_row() { # pattern threads
+    n=$(($2 * cg_pairs))
+    loop=$(per_pair "$(cg_run null "$1" "$2")" "$n")
+    cua=$(per_pair "$(cg_run cualloc "$1" "$2")" "$n")
     je=-
-    case "$allocs" in *jemalloc*) je=$(per_pair "$(cg_run jemalloc "$pat" 1)" "$cg_pairs") ;; esac
+    case "$allocs" in *jemalloc*) je=$(per_pair "$(cg_run jemalloc "$1" "$2")" "$n") ;; esac
     cua_net=$(awk -v a="$cua" -v b="$loop" 'BEGIN { printf "%.1f", a - b }')
-    je_net=-
-    [ "$je" != - ] && je_net=$(awk -v a="$je" -v b="$loop" 'BEGIN { printf "%.1f", a - b }')
-    printf '%-8s %7d %10s %10s %8s %12s %12s\n' "$pat" 1 "$cua" "$je" "$loop" "$cua_net" "$je_net"
+    je_net=- ratio=-
+    if [ "$je" != - ]; then
+        je_net=$(awk -v a="$je" -v b="$loop" 'BEGIN { printf "%.1f", a - b }')
+        ratio=$(awk -v a="$je_net" -v b="$cua_net" 'BEGIN { if (b > 0) printf "%.1fx", a / b; else printf "-" }')
+    fi
+    printf '%-8s %7d %10s %10s %8s %12s %12s %8s\n' "$1" "$2" "$cua" "$je" "$loop" "$cua_net" "$je_net" "$ratio"
+}
+
+echo "== instructions per alloc+free pair (callgrind Ir inside the timed loop, $cg_pairs pairs per thread after warm-up)"
+echo "   'loop' is the benchmark loop itself (a do-nothing allocator); 'net' subtracts it."
+printf '%-8s %7s %10s %10s %8s %12s %12s %8s\n' pattern threads cualloc jemalloc loop cualloc-net jemalloc-net je/cua
+for pat in random stack repeat; do
+    cg_row "$pat" 1
 done
 if [ "$cg_threads" -gt 1 ]; then
     for pat in random stack repeat; do
-        total=$(cg_run cualloc "$pat" "$cg_threads")
-        cua=$(per_pair "$total" $((cg_pairs * cg_threads)))
-        printf '%-8s %7d %10s %10s %8s %12s %12s\n' "$pat" "$cg_threads" "$cua" - - - -
+        cg_row "$pat" "$cg_threads"
     done
     echo "   ($cg_threads threads: callgrind serializes threads, so this is the instruction cost without contention)"
 fi
