@@ -4,7 +4,9 @@
 # implies, computed here with python3 (a restricted unpickler: plain data only): reserved from the
 # segments (final total_size - segment_alloc + segment_free at the start, then the segment events),
 # allocated from the final allocated_size - allocs + frees, then the alloc/free_completed events;
-# within 0.3% (the README's size-kind difference, about 0.25%). Skips (77) without the snapshot.
+# within 0.3% (the README's size-kind difference, about 0.25%); `allocview summary` of the import
+# equals expected/import_summary_NAME.txt (UPDATE_EXPECTED=1 rewrites it). Skips (77) without the
+# snapshot.
 set -u
 allocview=$1 snap=${CUALLOC_SNAPSHOT:-${2:-}}
 [ -n "$snap" ] && [ -r "$snap" ] || { echo "snapshot ${snap:-(none)} not found; skipping"; exit 77; }
@@ -14,6 +16,16 @@ trap 'rm -rf "$tmp"' EXIT
 "$allocview" import "$snap" -o "$tmp/t.trace" || { echo "FAIL: import exited $?"; exit 1; }
 "$allocview" summary --json "$tmp/t.trace" >"$tmp/s.json" || { echo "FAIL: summary exited $?"; exit 1; }
 "$allocview" replay --json "$tmp/t.trace" >"$tmp/r.json" || { echo "FAIL: replay exited $?"; exit 1; }
+# The golden summary of the import (paths replaced): counts, initial state, peaks, live blocks.
+expected_summary=$(dirname "$0")/expected/import_summary_$(basename "$snap" .pickle).txt
+"$allocview" summary "$tmp/t.trace" | sed -e "s|$tmp/t.trace|TRACE|" -e "s|$snap|SNAPSHOT|" >"$tmp/summary.txt"
+if [ "${UPDATE_EXPECTED:-0}" = 1 ]; then
+    cp "$tmp/summary.txt" "$expected_summary"; echo "updated $expected_summary"
+elif [ -r "$expected_summary" ]; then
+    diff -u "$expected_summary" "$tmp/summary.txt" || { echo "FAIL: the import's summary differs from $expected_summary"; exit 1; }
+else
+    echo "FAIL: no golden summary $expected_summary (UPDATE_EXPECTED=1 to write it)"; exit 1
+fi
 python3 - "$snap" "$tmp/s.json" "$tmp/r.json" <<'PY'
 import json, pickle, sys
 class Plain(pickle.Unpickler):

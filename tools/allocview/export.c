@@ -543,6 +543,13 @@ static bool simulate(exporter_t *ex, uint32_t dv, enum sim_mode mode, uint64_t s
             continue;
         uint64_t end = rec.addr + rec.size;
         xblock_t *b;
+        bool sized = rec.type != CUA_TRACE_OOM && rec.type != CUA_TRACE_FREE && rec.type != CUA_TRACE_FREE_DONE;
+        if (sized && (rec.size == 0 || end < rec.addr)) { /* only a damaged trace has these */
+            ok = xfail(ex, "device %u: record at offset %" PRIu64 " has %s (0x%" PRIx64 ", %" PRIu64 " bytes)", dv,
+                       rec.offset, rec.size ? "a range past the end of the address space" : "an empty range", rec.addr,
+                       rec.size);
+            break;
+        }
         switch (rec.type) {
         case CUA_TRACE_INIT_BLOCK:
         case CUA_TRACE_ALLOC: {
@@ -577,6 +584,11 @@ static bool simulate(exporter_t *ex, uint32_t dv, enum sim_mode mode, uint64_t s
         case CUA_TRACE_FREE_DONE: {
             b = blocks_find(&d->live, rec.addr);
             if (!b) { /* freed, never seen allocated: live from the start */
+                if (rec.size == 0 || end < rec.addr) {
+                    ok = xfail(ex, "device %u: free of 0x%" PRIx64 ", never allocated, with no usable size", dv,
+                               rec.addr);
+                    break;
+                }
                 if (!infer) {
                     ok = xfail(ex, "device %u: free of 0x%" PRIx64 ", which is not allocated", dv, rec.addr);
                     break;
