@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # check_run_mock.sh SOURCE_ROOT BUILD_ROOT — meson test 'gpu_run_mock' (suite 'bench'): runs
 # bench/gpu/run.sh all --mock into a temporary folder and checks that every part left its
-# results.jsonl (every line JSON, a meta line first, a status line last, status pass or mock) and
-# its summary.md, and that `all` wrote the combined summary.
+# results.jsonl (every line JSON, a meta line first, a status line last, status pass or mock), its
+# summary.md, env.txt and logs.txt, that `all` wrote the combined summary and the targets table,
+# and that the capacity parts' searches (dry-run probes against made-up limits) found each limit
+# to within one step.
 set -u
 src=$1 build=$2
 tmp=$(mktemp -d)
@@ -15,7 +17,8 @@ rc=$?
 cat "$tmp/log"
 [ "$rc" = 0 ] || bad "run.sh all --mock exited $rc"
 [ -s "$tmp/results/summary.md" ] || bad "no combined summary.md"
-for part in driver-costs property-cuda ld-preload torch; do
+for part in driver-costs property-cuda ld-preload torch torch-medium torch-alloc-cost torch-capacity \
+        torch-capacity-medium; do
     f=$tmp/results/$part/results.jsonl
     [ -s "$f" ] || { bad "$part: no results.jsonl"; continue; }
     [ -s "$tmp/results/$part/summary.md" ] || bad "$part: no summary.md"
@@ -28,6 +31,33 @@ rows = [json.loads(l) for l in open(path) if l.strip()]
 assert rows[0]["op"] == "meta" and rows[0]["mock"] is True and rows[0]["part"] == part, rows[0]
 assert rows[-1]["op"] == "status" and rows[-1]["status"] in ("pass", "mock"), rows[-1]
 body = rows[1:-1]
+MODES = ["default", "expandable", "cualloc-enable", "cualloc-preload-nocache", "cualloc-preload-cache"]
+
+
+def dry(body):
+    return sorted((r["mode"], r["phase"]) for r in body if r.get("dry_run") and r.get("valid"))
+
+
+def capacity_ok(body, model):
+    """Each mode searched to completion; the bracket holds the made-up limit of its dry-run probes
+    (mock_tokens), to within one stage-2 step."""
+    caps = {r["mode"]: r for r in body if r.get("op") == "capacity"}
+    assert sorted(caps) == sorted(MODES), caps.keys()
+    for m, c in caps.items():
+        limit = next(r["mock_tokens"] for r in body if r.get("op") == "probe" and r["mode"] == m)
+        lp, sf = c["largest_pass_tokens"], c["smallest_fail_tokens"]
+        assert c["model"] == model and c["mock"] and c["complete"] and not c["non_monotonic"], c
+        assert lp <= limit < sf and sf - lp <= c["fail_batch_at_seq"] * c["seq_step"], (m, lp, limit, sf)
+        probes = [r for r in body if r.get("op") == "probe" and r["mode"] == m]
+        assert c["probes"] == len(probes), m
+        # The ballast ran against the fake driver's 80 GiB device and left exactly the budget free.
+        assert all(r["ballast_checked"] == "fake driver" and r["free_after_ballast"] == c["budget_bytes"]
+                   and r["ballast_bytes"] == r["free_before_ballast"] - c["budget_bytes"] for r in probes), probes[0]
+    # Every mode after the first starts from the previous mode's answer.
+    assert all(caps[b]["guess_batch"] == caps[a]["batch_at_seq"] for a, b in zip(MODES, MODES[1:])), caps
+    return True
+
+
 need = {
     "driver-costs": lambda: {r["op"] for r in body} >= {"device", "cuMemCreate", "cuMemMap", "cuMemSetAccess",
                                                          "cuMemUnmap", "cuMemRelease", "cuMemAlloc", "cuMemFree",
@@ -36,13 +66,31 @@ need = {
     "property-cuda": lambda: len([r for r in body if r.get("pass") is True]) >= 5
                              and {r["mode"] for r in body if "mode" in r} == {"vmm", "classic"},
     "ld-preload": lambda: len([r for r in body if r["op"] == "run"]) == 6,
-    "torch": lambda: sorted((r["mode"], r["phase"]) for r in body if r.get("dry_run") and r.get("valid"))
-                     == sorted((m, p) for m in ["default", "expandable", "cualloc-enable", "cualloc-preload-nocache",
-                                                "cualloc-preload-cache"] for p in ["train", "oom"]),
+    "torch": lambda: dry(body) == sorted([(m, p) for m in MODES for p in ["train", "oom"]]
+                                         + [("default", "snapshot"), ("expandable", "snapshot")])
+                     and all(r["shrink_check"]["ok"] for r in body if r.get("phase") == "snapshot"),
+    "torch-medium": lambda: dry(body) == sorted((m, "train") for m in MODES)
+                            and all(r["model"] == "medium" for r in body if r.get("dry_run")),
+    "torch-alloc-cost": lambda: dry(body) == sorted((m, "allocpair") for m in MODES),
+    "torch-capacity": lambda: capacity_ok(body, "small"),
+    "torch-capacity-medium": lambda: capacity_ok(body, "medium"),
 }[part]
 assert need(), "%s: missing records: %s" % (part, [r.get("op") for r in body])
 PY
+    [ -s "$tmp/results/$part/logs.txt" ] || [ -s "$tmp/results/$part/log.txt" ] || bad "$part: no logs"
+    ls "$tmp/results/$part"/*.log >/dev/null 2>&1 && bad "$part: *.log left beside logs.txt"
+    n=$(find "$tmp/results/$part" -mindepth 1 -maxdepth 1 | wc -l)
+    [ "$n" -le 7 ] || bad "$part: $n files (the lent GPU's tool brings back 8 per command, with torch-targets.md)"
 done
+# The targets table: both models, and the mock capacity figures compared (made-up limits chosen so
+# that some targets are met and some not).
+t=$tmp/results/torch-targets.md
+[ -s "$t" ] || bad "no torch-targets.md"
+for want in "GPT-2 small (capacity budget 24.0 GiB)" "GPT-2 medium (capacity budget 40.0 GiB)" "MOCK" \
+        "| met |" "NOT met" "not measured"; do
+    grep -qF "$want" "$t" || bad "torch-targets.md lacks '$want'"
+done
+grep -q "torch targets" "$tmp/results/summary.md" || bad "the combined summary lacks the targets"
 grep -q '^date: ' "$tmp/results/driver-costs/env.txt" || bad "env.txt has no date"
 grep -q '^commit (build): ' "$tmp/results/driver-costs/env.txt" || bad "env.txt has no commit"
 # torch_train.py refuses a mode whose environment is wrong.

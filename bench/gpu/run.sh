@@ -1,47 +1,63 @@
 #!/usr/bin/env bash
-# bench/gpu/run.sh PART [--mock] [--out DIR] [--build DIR] [--steps N] — the runs made on a lent
-# GPU, one command each (see bench/gpu/README.md).
+# bench/gpu/run.sh PART [--mock] [--out DIR] [--build DIR] [--steps N] [--modes LIST] [--budget-gb G]
+# — the runs made on a lent GPU, one command each (see bench/gpu/README.md).
 #
-#   PART  driver-costs | property-cuda | ld-preload | torch | all
+#   PART  driver-costs | property-cuda | ld-preload | torch | torch-medium | torch-alloc-cost |
+#         torch-capacity | torch-capacity-medium | all
 #   --mock       no GPU: driver-costs and property-cuda run against the fake libcuda.so.1
 #                (BUILD/tests/fakecuda), ld-preload only builds (when nvcc exists) and prints what
-#                it would run, torch runs torch_train.py --dry-run per mode. Tests the script.
+#                it would run, the torch parts run torch_train.py --dry-run per mode (the capacity
+#                parts run their whole search with dry-run probes). Tests the script.
 #   --out DIR    where results go when $OUT is not set (default ./gpu-results); $OUT wins.
 #   --build DIR  the meson build folder (default: $CUALLOC_BUILD, else REPO/build).
 #   --steps N    training steps per torch mode (default 30).
+#   --modes LIST torch modes to run, comma-separated (default: all five, in the usual order).
+#   --budget-gb G  the capacity parts' memory budget (default 24 for small, 40 for medium).
 #
 # Each part writes RESULTS/PART/results.jsonl (one JSON object per line; the first is a "meta"
-# line with date, device and commit), RESULTS/PART/summary.md (human-readable), and logs. `all`
-# also writes RESULTS/summary.md (every part's summary). Every part prints `date -u`, the GPU
-# (nvidia-smi, or "mock") and the commit. Exit status: 0 when every part ran and passed (a part
-# with no GPU in --mock mode counts as passed), 1 otherwise.
+# line with date, device and commit), RESULTS/PART/summary.md (human-readable), env.txt and
+# logs.txt (every log of the part). The torch parts also write RESULTS/torch-targets.md (the
+# comparison with the targets, from every torch part under RESULTS). `all` also writes
+# RESULTS/summary.md (every part's summary). Every part prints `date -u`, the GPU (nvidia-smi, or
+# "mock") and the commit. Exit status: 0 when every part ran and passed (a part with no GPU in
+# --mock mode counts as passed), 1 otherwise.
 set -u
 set -o pipefail
 
 usage() {
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
 [ $# -ge 1 ] || usage
+case $1 in -h|--help) usage ;; esac
 PART=$1
 shift
 MOCK=0
 OUT_ARG=
 BUILD=${CUALLOC_BUILD:-}
 STEPS=30
+MODES_ARG=
+BUDGET_GB=
 while [ $# -gt 0 ]; do
     case $1 in
         --mock) MOCK=1 ;;
         --out) [ $# -ge 2 ] || usage; OUT_ARG=$2; shift ;;
         --build) [ $# -ge 2 ] || usage; BUILD=$2; shift ;;
         --steps) [ $# -ge 2 ] || usage; STEPS=$2; shift ;;
+        --modes) [ $# -ge 2 ] || usage; MODES_ARG=$(echo "$2" | tr ',' ' '); shift ;;
+        --budget-gb) [ $# -ge 2 ] || usage; BUDGET_GB=$2; shift ;;
         -h|--help) usage ;;
         *) echo "run.sh: unknown argument '$1'" >&2; usage ;;
     esac
     shift
 done
-case $PART in driver-costs|property-cuda|ld-preload|torch|all) ;; *) echo "run.sh: unknown part '$PART'" >&2; usage ;; esac
+PARTS="driver-costs property-cuda ld-preload torch torch-medium torch-alloc-cost torch-capacity torch-capacity-medium"
+ALL_TORCH_MODES="default expandable cualloc-enable cualloc-preload-nocache cualloc-preload-cache"
+case " $PARTS all " in *" $PART "*) ;; *) echo "run.sh: unknown part '$PART'" >&2; usage ;; esac
+for m in $MODES_ARG; do
+    case " $ALL_TORCH_MODES " in *" $m "*) ;; *) echo "run.sh: unknown torch mode '$m'" >&2; usage ;; esac
+done
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -60,7 +76,11 @@ estimate() {
         driver-costs) echo "about 1 minute" ;;
         property-cuda) echo "about 1-3 minutes" ;;
         ld-preload) echo "about 1-2 minutes (two nvcc builds, six runs)" ;;
-        torch) echo "about 3-6 minutes (5 modes x (training run + forced-OOM run), each a fresh process; capped at 9 minutes)" ;;
+        torch) echo "about 4-7 minutes (5 modes x (training run + forced-OOM run) + 2 snapshot runs, each a fresh process; capped at 9 minutes)" ;;
+        torch-medium) echo "about 2-4 minutes (5 GPT-2 medium training runs; capped at 9 minutes)" ;;
+        torch-alloc-cost) echo "about 1 minute (5 short processes)" ;;
+        torch-capacity) echo "about 4-8 minutes (5 modes x about 5-10 probes of ~10 s, each a fresh process; capped at 9 minutes)" ;;
+        torch-capacity-medium) echo "about 5-9 minutes (5 modes x about 5-10 probes of ~15 s; capped at 9 minutes)" ;;
     esac
 }
 
@@ -279,7 +299,7 @@ part_ld_preload() {
         done
     fi
     if [ "$can_run" = 1 ]; then
-        [ "$fail" = 0 ] && status_line ld-preload pass 0 "every run passed" || status_line ld-preload fail 1 "see run-*.log"
+        [ "$fail" = 0 ] && status_line ld-preload pass 0 "every run passed" || status_line ld-preload fail 1 "see logs.txt (run-*.log)"
     elif [ "$MOCK" = 1 ]; then
         [ "$fail" = 0 ] && status_line ld-preload mock 0 "built: $([ -n "$nvcc" ] && echo yes || echo no); not run" \
             || status_line ld-preload fail 1 "nvcc build failed"
@@ -291,12 +311,13 @@ part_ld_preload() {
     [ "$fail" = 0 ]
 }
 
-TORCH_MODES="default expandable cualloc-enable cualloc-preload-nocache cualloc-preload-cache"
+TORCH_MODES=${MODES_ARG:-$ALL_TORCH_MODES}
 TORCH_CAP_GB=16
 
 # mode_env MODE PHASE: the environment of a torch mode, as arguments of env(1). Variables a mode
 # must not have are unset (-u), not emptied: PyTorch treats PYTORCH_NO_CUDA_MEMORY_CACHING as set
-# whatever its value.
+# whatever its value. Only phase oom caps memory through CUALLOC_CONF; the capacity parts enforce
+# their budget with a ballast instead, the same way for every mode.
 mode_env() {
     local mode=$1 phase=$2 cap=""
     local unset_all="-u PYTORCH_CUDA_ALLOC_CONF -u PYTORCH_NO_CUDA_MEMORY_CACHING -u LD_PRELOAD -u CUALLOC_CONF"
@@ -310,55 +331,130 @@ mode_env() {
     esac
 }
 
-part_torch() {
-    local dir=$RESULTS/torch fail=0 mode phase rc
-    local dry=()
+# Every torch part must end within one command's 10 minutes: each process gets at most what is
+# left of TORCH_BUDGET_S (default 540 s) from the part's start (T_PART, set by torch_start).
+torch_start() { T_PART=$(date +%s); PART_BUDGET=${TORCH_BUDGET_S:-540}; TORCH_FAIL=0; }
+torch_left() { echo $((PART_BUDGET - ($(date +%s) - T_PART))); }
+
+# torch_job PART MODE PHASE LIMIT [ARGS...]: one torch_train.py process with the mode's environment
+# and at most LIMIT seconds (less when the part's budget has less left), its output in
+# PART/MODE-PHASE.log. An exit other than 0, or no time left, is recorded as an "error" line and
+# sets TORCH_FAIL. In --mock the process is a --dry-run.
+torch_job() {
+    local part=$1 mode=$2 phase=$3 limit=$4 dir=$RESULTS/$1 rc left
+    shift 4
+    local log=$dir/$mode-$phase.log dry=()
     [ "$MOCK" = 1 ] && dry=(--dry-run)
-    # The part must end within one command's 10 minutes: every process gets at most what is left
-    # of TORCH_BUDGET_S (default 540 s) from the part's start; one left no time is recorded as such.
-    local t_part budget=${TORCH_BUDGET_S:-540}
-    t_part=$(date +%s)
-    for mode in $TORCH_MODES; do
-        for phase in train oom; do
-            local log=$dir/$mode-$phase.log limit=200 left
-            [ "$phase" = oom ] && limit=120
-            left=$((budget - ($(date +%s) - t_part)))
-            [ "$left" -lt "$limit" ] && limit=$left
-            if [ "$limit" -lt 20 ]; then
-                echo "run.sh: torch $mode $phase: no time left in the part's budget (${budget} s); not run"
-                printf '{"part":"torch","op":"error","mode":"%s","phase":"%s","rc":124,"log_tail":"not run: the part budget of %s s was spent"}\n' \
-                    "$mode" "$phase" "$budget" >>"$dir/results.jsonl"
-                fail=1
-                continue
-            fi
-            # shellcheck disable=SC2046
-            echo "run: $(mode_env "$mode" "$phase") $PY torch_train.py --mode $mode --phase $phase ${dry[*]}"
-            # shellcheck disable=SC2046
-            env $(mode_env "$mode" "$phase") timeout "$limit" "$PY" "$HERE/torch_train.py" --mode "$mode" \
-                --phase "$phase" --steps "$STEPS" --oom-cap-gb "$TORCH_CAP_GB" --repo "$ROOT" --build "$BUILD" \
-                --out "$dir/results.jsonl" "${dry[@]}" >"$log" 2>&1
-            rc=$?
-            tail -4 "$log"
-            if [ "$rc" != 0 ]; then
-                echo "run.sh: torch $mode $phase exited $rc (see $log)"
-                printf '{"part":"torch","op":"error","mode":"%s","phase":"%s","rc":%d,"log_tail":%s}\n' "$mode" "$phase" \
-                    "$rc" "$(json_str "$(tail -25 "$log")")" >>"$dir/results.jsonl"
-                fail=1
-            fi
-        done
-    done
-    if [ "$fail" = 0 ]; then
-        status_line torch "$([ "$MOCK" = 1 ] && echo mock || echo pass)" 0 "every mode ran"
-    else
-        status_line torch fail 1 "a mode failed"
+    left=$(torch_left)
+    [ "$left" -lt "$limit" ] && limit=$left
+    if [ "$limit" -lt 20 ]; then
+        echo "run.sh: $part $mode $phase: no time left in the part's budget (${PART_BUDGET} s); not run"
+        printf '{"part":"%s","op":"error","mode":"%s","phase":"%s","rc":124,"log_tail":"not run: the part budget of %s s was spent"}\n' \
+            "$part" "$mode" "$phase" "$PART_BUDGET" >>"$dir/results.jsonl"
+        TORCH_FAIL=1
+        return 1
     fi
-    summarize torch
-    [ "$fail" = 0 ]
+    # shellcheck disable=SC2046
+    echo "run: $(mode_env "$mode" "$phase") $PY torch_train.py --mode $mode --phase $phase $* ${dry[*]}"
+    # shellcheck disable=SC2046
+    env $(mode_env "$mode" "$phase") timeout "$limit" "$PY" "$HERE/torch_train.py" --part "$part" --mode "$mode" \
+        --phase "$phase" --repo "$ROOT" --build "$BUILD" --out "$dir/results.jsonl" "${dry[@]}" "$@" >"$log" 2>&1
+    rc=$?
+    tail -4 "$log"
+    if [ "$rc" != 0 ]; then
+        echo "run.sh: $part $mode $phase exited $rc (see $(basename "$log") in $dir/logs.txt)"
+        printf '{"part":"%s","op":"error","mode":"%s","phase":"%s","rc":%d,"log_tail":%s}\n' "$part" "$mode" "$phase" \
+            "$rc" "$(json_str "$(tail -25 "$log")")" >>"$dir/results.jsonl"
+        TORCH_FAIL=1
+        return 1
+    fi
+}
+
+# torch_end PART: the status line and the part's summary; also the side-by-side comparison with the
+# targets (RESULTS/torch-targets.md) from every torch part present under RESULTS.
+torch_end() {
+    local part=$1
+    if [ "$TORCH_FAIL" = 0 ]; then
+        status_line "$part" "$([ "$MOCK" = 1 ] && echo mock || echo pass)" 0 "every mode ran"
+    else
+        status_line "$part" fail 1 "a mode failed"
+    fi
+    summarize "$part" || TORCH_FAIL=1
+    if "$PY" "$HERE/summarize.py" targets "$RESULTS" >"$RESULTS/torch-targets.md"; then
+        cat "$RESULTS/torch-targets.md"
+    else
+        echo "run.sh: summarize.py targets failed" >&2
+        TORCH_FAIL=1
+    fi
+    [ "$TORCH_FAIL" = 0 ]
+}
+
+# GPT-2 small: a timed training run and a forced-OOM run per mode, then PyTorch's own snapshots.
+part_torch() {
+    local mode
+    torch_start
+    for mode in $TORCH_MODES; do
+        torch_job torch "$mode" train 200 --model small --steps "$STEPS"
+        torch_job torch "$mode" oom 120 --model small --steps "$STEPS" --oom-cap-gb "$TORCH_CAP_GB"
+    done
+    for mode in $TORCH_MODES; do
+        case $mode in default|expandable)
+            torch_job torch "$mode" snapshot 120 --model small --steps "$STEPS" ;;
+        esac
+    done
+    torch_end torch
+}
+
+# GPT-2 medium: a timed training run per mode.
+part_torch_medium() {
+    local mode
+    torch_start
+    for mode in $TORCH_MODES; do
+        torch_job torch-medium "$mode" train 240 --model medium --steps "$STEPS"
+    done
+    torch_end torch-medium
+}
+
+# PyTorch's host cost per cached alloc+free pair, per mode.
+part_torch_alloc_cost() {
+    local mode
+    torch_start
+    for mode in $TORCH_MODES; do
+        torch_job torch-alloc-cost "$mode" allocpair 120
+    done
+    torch_end torch-alloc-cost
+}
+
+# part_torch_capacity PART MODEL: the most tokens per step within the model's budget, per mode. Each
+# mode gets an equal share of what is left of the part's budget (a mode that ends early leaves its
+# time to the next); a mode's search starts from the previous mode's answer.
+part_torch_capacity() {
+    local part=$1 model=$2 mode n share budget=()
+    torch_start
+    [ -n "$BUDGET_GB" ] && budget=(--budget-gb "$BUDGET_GB")
+    n=$(echo "$TORCH_MODES" | wc -w)
+    for mode in $TORCH_MODES; do
+        share=$(( $(torch_left) / n ))
+        n=$((n - 1))
+        torch_job "$part" "$mode" capacity "$share" --model "$model" --time-s $((share - 10)) "${budget[@]}"
+    done
+    torch_end "$part"
+}
+
+# bundle_logs DIR: gathers the part's *.log files into DIR/logs.txt, each under a "==> NAME <=="
+# line. The lent GPU's tool brings back at most 8 files per command; one log file per mode and
+# phase would crowd out results.jsonl and the snapshots.
+bundle_logs() {
+    ls -1tr "$1"/*.log 2>/dev/null | while IFS= read -r f; do  # oldest first: the order they ran in
+        { echo "==> $(basename "$f") <=="; cat "$f"; echo; } >>"$1/logs.txt"
+        rm -f "$f"
+    done
 }
 
 run_part() {
     local part=$1 t0 rc
     mkdir -p "$RESULTS/$part"
+    rm -f "$RESULTS/$part"/*.log "$RESULTS/$part/logs.txt"  # a rerun into the same folder starts clean
     header "$part"
     t0=$(date +%s)
     case $part in
@@ -366,8 +462,13 @@ run_part() {
         property-cuda) part_property_cuda ;;
         ld-preload) part_ld_preload ;;
         torch) part_torch ;;
+        torch-medium) part_torch_medium ;;
+        torch-alloc-cost) part_torch_alloc_cost ;;
+        torch-capacity) part_torch_capacity torch-capacity small ;;
+        torch-capacity-medium) part_torch_capacity torch-capacity-medium medium ;;
     esac
     rc=$?
+    bundle_logs "$RESULTS/$part"
     echo "== $part: $([ "$rc" = 0 ] && echo ok || echo FAILED) in $(($(date +%s) - t0)) s; results in $RESULTS/$part =="
     return "$rc"
 }
@@ -375,20 +476,21 @@ run_part() {
 echo "run.sh: results in $RESULTS (build $BUILD)"
 if [ "$PART" = all ]; then
     overall=0
-    for p in driver-costs property-cuda ld-preload torch; do
+    for p in $PARTS; do
         echo "== $p: estimated $(estimate "$p") =="
     done
-    echo "== all: about 6-12 minutes in all; a lent GPU allows 10 minutes per command, so there run the parts one command each =="
-    for p in driver-costs property-cuda ld-preload torch; do
+    echo "== all: about 20-35 minutes in all; a lent GPU allows 10 minutes per command, so there run the parts one command each =="
+    for p in $PARTS; do
         run_part "$p" || overall=1
     done
     {
         echo "# GPU runs: $(date -u)"
         echo
-        for p in driver-costs property-cuda ld-preload torch; do
+        for p in $PARTS; do
             cat "$RESULTS/$p/summary.md" 2>/dev/null
             echo
         done
+        cat "$RESULTS/torch-targets.md" 2>/dev/null
     } >"$RESULTS/summary.md"
     echo "run.sh: all parts $([ "$overall" = 0 ] && echo passed || echo 'done, some FAILED'); summary in $RESULTS/summary.md"
     exit "$overall"

@@ -1,8 +1,14 @@
 #!/usr/bin/env python3
 """summarize.py PART RESULTS.jsonl — the human-readable summary (Markdown) of one part of
-bench/gpu/run.sh, from its JSON lines. Standard library only."""
+bench/gpu/run.sh, from its JSON lines.
+
+summarize.py targets PATH... — the torch parts side by side per model against the targets (step
+time vs default, peak vs expandable, tokens per step vs expandable and default); each PATH is a
+results.jsonl or a folder searched for them (several commands' results fetched separately can be
+put together). Standard library only."""
 
 import json
+import os
 import sys
 
 MiB = 1 << 20
@@ -132,66 +138,262 @@ def ld_preload(rows):
     return out
 
 
-def torch(rows):
+MODES = ["default", "expandable", "cualloc-enable", "cualloc-preload-nocache", "cualloc-preload-cache"]
+CUALLOC_MODES = ["cualloc-enable", "cualloc-preload-nocache", "cualloc-preload-cache"]
+
+
+def model_of(r):
+    return r.get("model", "small")  # records made before --model existed were GPT-2 small
+
+
+def measured(r, phase):
+    """A real (not dry-run, not error) record of a torch phase."""
+    return r.get("phase") == phase and "mode" in r and r.get("op") != "error" and not r.get("dry_run")
+
+
+def dry_runs(rows):
+    runs = [r for r in rows if r.get("dry_run") and r.get("phase") != "probe"]
+    if not runs:
+        return []
+    out = ["Dry run (mock): the plan of each mode was validated; nothing was measured.", ""]
+    out += table(["model", "mode", "phase", "valid", "problems"],
+                 [[model_of(r), r["mode"], r["phase"], r.get("valid"), "; ".join(r.get("problems") or []) or "-"]
+                  for r in runs])
+    out.append("")
+    return out
+
+
+def errors(rows):
     out = []
-    train = {r["mode"]: r for r in rows if r.get("phase") == "train" and r.get("part") == "torch"
-             and "mode" in r and r.get("op") != "error"}
-    oom = {r["mode"]: r for r in rows if r.get("phase") == "oom" and r.get("part") == "torch"
-           and "mode" in r and r.get("op") != "error"}
-    errors = [r for r in rows if r.get("op") == "error"]
-    if any(r.get("dry_run") for r in train.values()):
-        out.append("Dry run (mock): the plan of each mode was validated; nothing was measured.")
-        out.append("")
-        out += table(["mode", "phase", "valid", "problems"],
-                     [[m, r["phase"], r.get("valid"), "; ".join(r.get("problems") or []) or "-"]
-                      for d in (train, oom) for m, r in d.items()])
-        out.append("")
-    else:
-        base = train.get("default")
+    for e in rows:
+        if e.get("op") == "error":
+            last = ((e.get("log_tail") or "").strip().splitlines() or [""])[-1]
+            out.append("- %s %s exited %s: `%s`" % (e["mode"], e["phase"], e["rc"], last))
+    return out + [""] if out else out
+
+
+def gib(v, spec="%.2f"):
+    return fmt(v / GiB, spec) if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
+
+
+def torch(rows):
+    out = dry_runs(rows)
+    train = {}
+    for r in rows:
+        if measured(r, "train"):
+            train.setdefault(model_of(r), {})[r["mode"]] = r
+    oom = {r["mode"]: r for r in rows if measured(r, "oom")}
+    for model, runs in train.items():
+        base = runs.get("default")
         tab = []
-        for m, r in train.items():
+        for m, r in runs.items():
             ratio = r["median_step_ms"] / base["median_step_ms"] if base else None
             diff = None
             if base and len(base.get("losses", [])) == len(r.get("losses", [])):
                 diff = max((abs(x - y) for x, y in zip(r["losses"], base["losses"])), default=0.0)
             cu = r.get("cualloc") if isinstance(r.get("cualloc"), dict) else {}
-            tab.append([m, fmt(r["median_step_ms"], "%.1f"), fmt(ratio, "%.3f"), fmt(r["peak_bytes"] / GiB, "%.2f"),
-                        r.get("peak_source"), fmt(r.get("peak_bytes_mem_get_info", 0) / GiB, "%.2f"),
-                        fmt(r["torch_max_memory_allocated"] / GiB, "%.2f")
-                        if isinstance(r.get("torch_max_memory_allocated"), int) else "-",
-                        fmt(r["torch_max_memory_reserved"] / GiB, "%.2f")
-                        if isinstance(r.get("torch_max_memory_reserved"), int) else "-",
-                        fmt(cu.get("reserved_peak", 0) / GiB, "%.2f") if cu else "-",
+            tab.append([m, fmt(r["median_step_ms"], "%.1f"), fmt(ratio, "%.3f"), gib(r["peak_bytes"]),
+                        r.get("peak_source"), gib(r.get("peak_bytes_mem_get_info")),
+                        gib(r.get("torch_max_memory_allocated")), gib(r.get("torch_max_memory_reserved")),
+                        gib(cu.get("reserved_peak")) if cu else "-",
                         cu.get("num_maps", "-") if cu else "-",
                         fmt(diff, "%.2e"), "yes" if diff is not None and diff <= 1e-3 else ("-" if diff is None else "NO"),
                         fmt(r.get("losses", [None])[-1], "%.4f")])
-        if tab:
-            out += table(["mode", "median step ms", "vs default", "peak GiB", "source", "peak GiB (mem_get_info)",
-                          "torch max alloc GiB", "torch max reserved GiB", "cualloc reserved peak GiB", "cualloc maps",
-                          "max abs loss diff vs default", "within 1e-3", "last loss"], tab)
-            out.append("")
-        if oom:
-            out.append("Forced OOM under a cap:")
-            out.append("")
-            out += table(["mode", "pass", "trained under cap", "raised", "exception", "recovered", "message (start)"],
-                         [[m, r.get("pass"), r.get("trained_under_cap"), r.get("raised"), r.get("exception_type", "-"),
-                           r.get("recovered"), (r.get("message") or "-")[:160].replace("|", "/").replace("\n", " ")]
-                          for m, r in oom.items()])
-            out.append("")
-    for e in errors:
-        last = ((e.get("log_tail") or "").strip().splitlines() or [""])[-1]
-        out.append("- %s %s exited %s: `%s`" % (e["mode"], e["phase"], e["rc"], last))
-    if errors:
+        first = next(iter(runs.values()))
+        out.append("GPT-2 %s, batch %s, %s steps (median after the warm-up), attention %s, %s, torch %s:" % (
+            model, first.get("batch"), first.get("steps"), first.get("attn_implementation", "?"),
+            first.get("device_name", "?"), first.get("torch_version", "?")))
+        out.append("")
+        out += table(["mode", "median step ms", "vs default", "peak GiB", "source", "peak GiB (mem_get_info)",
+                      "torch max alloc GiB", "torch max reserved GiB", "cualloc reserved peak GiB", "cualloc maps",
+                      "max abs loss diff vs default", "within 1e-3", "last loss"], tab)
+        out.append("")
+    if oom:
+        out.append("Forced OOM under a cap:")
+        out.append("")
+        out += table(["mode", "pass", "trained under cap", "raised", "exception", "recovered", "message (start)"],
+                     [[m, r.get("pass"), r.get("trained_under_cap"), r.get("raised"), r.get("exception_type", "-"),
+                       r.get("recovered"), (r.get("message") or "-")[:160].replace("|", "/").replace("\n", " ")]
+                      for m, r in oom.items()])
+        out.append("")
+    snaps = [r for r in rows if r.get("op") == "snapshot" and not r.get("dry_run")]
+    if snaps:
+        out.append("PyTorch memory snapshots (replay corpus; `allocview import FILE -o TRACE`):")
+        out.append("")
+        out += table(["mode", "file", "MB", "MB as dumped", "shrunk", "trace entries", "segments", "steps"],
+                     [[r["mode"], r["file"], fmt(r["bytes"] / 1e6, "%.2f"), fmt(r["bytes_as_dumped"] / 1e6, "%.2f"),
+                       r["shrunk"], r["trace_entries"], r["segments"], r["steps"]] for r in snaps])
+        out.append("")
+    return out + errors(rows)
+
+
+def alloc_cost(rows):
+    out = dry_runs(rows)
+    runs = {r["mode"]: r for r in rows if r.get("op") == "allocpair" and not r.get("dry_run")}
+    if runs:
+        base = runs.get("default", {}).get("pair_ns")
+        first = next(iter(runs.values()))
+        out.append("ns per cached alloc + free from Python (median of %s repetitions of %s pairs; sizes %s B):" % (
+            first.get("reps"), first.get("pairs_per_rep"), ", ".join(str(x) for x in first.get("sizes", []))))
+        out.append("")
+        out += table(["mode", "torch.empty + del", "vs default", "bare loop", "net of the loop",
+                      "burst (16 alive, LIFO)", "caching_allocator_alloc/_delete"],
+                     [[m, fmt(r.get("pair_ns")), fmt(r["pair_ns"] / base, "%.2f")
+                       if base and isinstance(r.get("pair_ns"), (int, float)) else "-",
+                       fmt(r.get("bare_loop_ns")), fmt(r.get("pair_ns_net")), fmt(r.get("burst_ns")),
+                       fmt(r.get("raw_ns")) if r.get("raw_ns") is not None else (r.get("raw_error") or "-")[:60]]
+                      for m, r in runs.items()])
+        out.append("")
+    return out + errors(rows)
+
+
+def tokens_bracket(c):
+    def one(p):
+        return "%d (%d x %d)" % (p["tokens"], p["batch"], p["seq"]) if p else "-"
+    return one(c.get("largest_pass")), one(c.get("smallest_fail"))
+
+
+def capacity(rows):
+    out = dry_runs(rows)
+    caps = [r for r in rows if r.get("op") == "capacity"]
+    if caps:
+        c0 = caps[0]
+        out.append("%sGPT-2 %s: the most tokens per step (batch x sequence) that train %d steps without OOM within "
+                   "%.1f GiB (ballast: cuMemCreate of free - budget before torch, in every mode); batch bisected at "
+                   "sequence %d, then the sequence in steps of %d at the first failing batch; each probe a fresh "
+                   "process." % ("MOCK (dry-run probes, made-up limits): " if c0.get("mock") else "", model_of(c0),
+                                 c0["probe_steps"], c0["budget_gb"], c0["seq"], c0["seq_step"]))
+        out.append("")
+        base = {model_of(c): {} for c in caps}
+        for c in caps:
+            base[model_of(c)][c["mode"]] = c.get("largest_pass_tokens")
+        tab = []
+        for c in caps:
+            b = base[model_of(c)]
+            t = c.get("largest_pass_tokens")
+            p, f = tokens_bracket(c)
+            tab.append([c["mode"], p, f, c.get("batch_at_seq"), ratio_text(t, b.get("default")),
+                        ratio_text(t, b.get("expandable")), c["probes"],
+                        ", ".join("%s %d" % kv for kv in sorted(c.get("outcomes", {}).items())),
+                        "yes" if c.get("complete") else "no: %s" % c.get("stopped"),
+                        "NO" if c.get("non_monotonic") else "yes", fmt(c.get("wall_s"), "%.0f")])
+        out += table(["mode", "largest passed (tokens, b x s)", "smallest failed", "batch at seq", "vs default",
+                      "vs expandable", "probes", "outcomes", "complete", "monotonic", "s"], tab)
+        out.append("")
+    bad = [r for r in rows if r.get("op") == "probe" and r.get("outcome") not in ("pass", "oom")]
+    for r in bad:  # a probe that neither trained nor ran out of memory: the bisection treated it as failed
+        last = ((r.get("error") or r.get("log_tail") or "").strip().splitlines() or [""])[-1]
+        out.append("- probe %s %d x %d: %s (rc %s): `%s`" % (r["mode"], r["batch"], r["seq"], r.get("outcome"),
+                                                           r.get("rc", "?"), last[:300]))
+    if bad:
+        out.append("")
+    return out + errors(rows)
+
+
+def ratio_text(x, y, spec="%.3f"):
+    return spec % (x / y) if isinstance(x, (int, float)) and isinstance(y, (int, float)) and y else "-"
+
+
+# ------------------------------------------------------------------------------------ targets
+
+STEP_TARGET = 1.01           # step time <= 1.01 x default, for enable() and preload beneath the cache
+STEP_TARGET_MODES = {"cualloc-enable", "cualloc-preload-cache"}
+TOKENS_VS_DEFAULT = 1.10     # tokens/step >= 1.10 x default's; >= expandable's; peak <= expandable's
+
+
+def verdict(value, ok):
+    if value is None:
+        return "not measured"
+    return "met" if ok else "**NOT met**"
+
+
+def targets(rows, sources):
+    """Side by side per model: step time vs default, peak vs expandable, tokens/step vs expandable and
+    default, each against its target."""
+    mock = any(r.get("op") == "meta" and r.get("mock") for r in rows)
+    train, cap = {}, {}
+    for r in rows:  # later files win: a rerun replaces an earlier run
+        if measured(r, "train"):
+            train[(model_of(r), r["mode"])] = r
+        if r.get("op") == "capacity":
+            cap[(model_of(r), r["mode"])] = r
+    out = ["## torch targets", ""]
+    out.append("From %s." % ", ".join(sources) if sources else "No results found.")
+    if mock:
+        out.append("MOCK: some figures come from dry runs (made-up capacity limits): they are not measurements.")
+    out += ["", "Targets: median step time <= %.2f x default for cualloc-enable and cualloc-preload-cache; peak "
+            "device memory in use (NVML) <= expandable's; most tokens per step >= expandable's and >= %.2f x "
+            "default's (for every cualloc mode)." % (STEP_TARGET, TOKENS_VS_DEFAULT), ""]
+    for model in ("small", "medium"):
+        if not any(k[0] == model for k in list(train) + list(cap)):
+            out += ["GPT-2 %s: not measured." % model, ""]
+            continue
+        bt, et = train.get((model, "default")), train.get((model, "expandable"))
+        bc, ec = cap.get((model, "default")), cap.get((model, "expandable"))
+        c0 = next((c for (mo, _), c in cap.items() if mo == model), None)
+        out.append("GPT-2 %s%s:" % (model, " (capacity budget %.1f GiB)" % c0["budget_gb"] if c0 else ""))
+        out.append("")
+        tab = []
+        for m in MODES:
+            t, c = train.get((model, m)), cap.get((model, m))
+            step = t["median_step_ms"] if t else None
+            step_r = step / bt["median_step_ms"] if t and bt else None
+            peak = t.get("peak_bytes") if t else None
+            peak_r = peak / et["peak_bytes"] if peak is not None and et and et.get("peak_bytes") else None
+            tok = c.get("largest_pass_tokens") if c else None
+            tok_e = tok / ec["largest_pass_tokens"] if tok and ec and ec.get("largest_pass_tokens") else None
+            tok_d = tok / bc["largest_pass_tokens"] if tok and bc and bc.get("largest_pass_tokens") else None
+            cu = m in CUALLOC_MODES
+            note = ""
+            if c and not c.get("complete"):
+                note += " (search incomplete)"
+            if c and c.get("non_monotonic"):
+                note += " (non-monotonic)"
+            tab.append([m, fmt(step, "%.1f"), fmt(step_r, "%.3f"),
+                        verdict(step_r, step_r is not None and step_r <= STEP_TARGET) if m in STEP_TARGET_MODES else "-",
+                        gib(peak), fmt(peak_r, "%.3f"),
+                        verdict(peak_r, peak_r is not None and peak_r <= 1.0) if cu else "-",
+                        ("%s / %s" % tokens_bracket(c) if c else "-") + note, fmt(tok_e, "%.3f"),
+                        verdict(tok_e, tok_e is not None and tok_e >= 1.0) if cu else "-", fmt(tok_d, "%.3f"),
+                        verdict(tok_d, tok_d is not None and tok_d >= TOKENS_VS_DEFAULT) if cu else "-"])
+        out += table(["mode", "step ms", "vs default", "<= %.2f" % STEP_TARGET, "peak GiB", "vs expandable",
+                      "<= 1", "tokens/step passed / failed", "vs expandable", ">= 1", "vs default",
+                      ">= %.2f" % TOKENS_VS_DEFAULT], tab)
         out.append("")
     return out
 
 
-PARTS = {"driver-costs": driver_costs, "property-cuda": property_cuda, "ld-preload": ld_preload, "torch": torch}
+def targets_main(paths):
+    files = []
+    for p in paths:
+        if os.path.isdir(p):
+            for d, _, names in sorted(os.walk(p)):
+                files += [os.path.join(d, n) for n in sorted(names) if n == "results.jsonl"]
+        else:
+            files.append(p)
+    rows, sources = [], []
+    for f in files:
+        part_rows = load(f)
+        meta = next((r for r in part_rows if r.get("op") == "meta"), {})
+        if not str(meta.get("part", "torch")).startswith("torch"):
+            continue
+        rows += part_rows
+        sources.append("%s (%s)" % (meta.get("part", f), (meta.get("date") or "?")))
+    print("\n".join(targets(rows, sources)))
+    return 0
+
+
+PARTS = {"driver-costs": driver_costs, "property-cuda": property_cuda, "ld-preload": ld_preload, "torch": torch,
+         "torch-medium": torch, "torch-alloc-cost": alloc_cost, "torch-capacity": capacity,
+         "torch-capacity-medium": capacity}
 
 
 def main(argv):
+    if len(argv) >= 3 and argv[1] == "targets":
+        return targets_main(argv[2:])
     if len(argv) != 3 or argv[1] not in PARTS:
-        print("usage: summarize.py %s RESULTS.jsonl" % "|".join(PARTS), file=sys.stderr)
+        print("usage: summarize.py %s RESULTS.jsonl\n       summarize.py targets RESULTS_DIR_OR_JSONL..."
+              % "|".join(PARTS), file=sys.stderr)
         return 2
     rows = load(argv[2])
     print("\n".join(head(argv[1], rows) + PARTS[argv[1]](rows)))
