@@ -17,7 +17,7 @@ sim device (meson runs this with CUALLOC_CONF=driver:sim,sim_memory_mb:256):
   - the ctypes struct against the header and the C compiler (--layout), and --selftest.
 
 What this cannot show — that the real PyTorch loads the shim, turns its std::runtime_error into
-RuntimeError, and trains under cualloc with the stand-ins — is the GPU check, done on a lent GPU.
+RuntimeError, and trains under cualloc with the stand-ins — is the GPU check, done on a GPU machine.
 
   python3 tests/test_cualloc_torch.py --lib build/src/libcualloc.so \
       [--torch-lib build/src/libcualloc_torch.so] [--header include/cualloc.h] [--layout sizeof=160,...]

@@ -13,7 +13,7 @@
  * Also prints sizeof(cualloc_stats), the figure the Python helper's ctypes mirror must match
  * (tests/test_cualloc_torch.py checks it against the compiler's answer).
  * What this cannot check: that libtorch catches the exception as RuntimeError — that is the GPU
- * check (a real PyTorch run on a lent GPU), see tools/cualloc_torch.py.
+ * check (a real PyTorch run on a GPU machine), see tools/cualloc_torch.py.
  */
 #include <dlfcn.h>
 

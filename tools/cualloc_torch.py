@@ -21,7 +21,7 @@ so the module imports, and `python3 cualloc_torch.py --selftest` runs, where tor
 What is verified where: tests/test_cualloc_torch.py checks this module against a fake `torch`
 package and the real libcualloc.so on the sim device; tests/test_torch_abi.cc checks the C++ shim.
 That PyTorch itself loads the shim, turns its exception into RuntimeError and trains under it is
-a GPU check, done on a lent GPU with a real PyTorch.
+a GPU check, done on a GPU machine with a real PyTorch.
 """
 
 import ctypes

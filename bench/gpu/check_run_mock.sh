@@ -80,7 +80,7 @@ PY
     [ -s "$tmp/results/$part/logs.txt" ] || [ -s "$tmp/results/$part/log.txt" ] || bad "$part: no logs"
     ls "$tmp/results/$part"/*.log >/dev/null 2>&1 && bad "$part: *.log left beside logs.txt"
     n=$(find "$tmp/results/$part" -mindepth 1 -maxdepth 1 | wc -l)
-    [ "$n" -le 7 ] || bad "$part: $n files (the lent GPU's tool brings back 8 per command, with torch-targets.md)"
+    [ "$n" -le 7 ] || bad "$part: $n files (at most 8 files per command come back from the GPU machine, torch-targets.md included)"
 done
 # The targets table: both models, and the mock capacity figures compared (made-up limits chosen so
 # that some targets are met and some not).

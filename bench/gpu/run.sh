@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/gpu/run.sh PART [--mock] [--out DIR] [--build DIR] [--steps N] [--modes LIST] [--budget-gb G]
-# — the runs made on a lent GPU, one command each (see bench/gpu/README.md).
+# — the runs made on a GPU machine, one command each (see bench/gpu/README.md).
 #
 #   PART  driver-costs | property-cuda | ld-preload | torch | torch-medium | torch-alloc-cost |
 #         torch-capacity | torch-capacity-medium | all
@@ -442,7 +442,7 @@ part_torch_capacity() {
 }
 
 # bundle_logs DIR: gathers the part's *.log files into DIR/logs.txt, each under a "==> NAME <=="
-# line. The lent GPU's tool brings back at most 8 files per command; one log file per mode and
+# line. At most 8 files per command come back from the GPU machine; one log file per mode and
 # phase would crowd out results.jsonl and the snapshots.
 bundle_logs() {
     ls -1tr "$1"/*.log 2>/dev/null | while IFS= read -r f; do  # oldest first: the order they ran in
@@ -479,7 +479,7 @@ if [ "$PART" = all ]; then
     for p in $PARTS; do
         echo "== $p: estimated $(estimate "$p") =="
     done
-    echo "== all: about 20-35 minutes in all; a lent GPU allows 10 minutes per command, so there run the parts one command each =="
+    echo "== all: about 20-35 minutes in all; the GPU machine allows 10 minutes per command, so there run the parts one command each =="
     for p in $PARTS; do
         run_part "$p" || overall=1
     done
