@@ -18,7 +18,7 @@ cat "$tmp/log"
 [ "$rc" = 0 ] || bad "run.sh all --mock exited $rc"
 [ -s "$tmp/results/summary.md" ] || bad "no combined summary.md"
 for part in driver-costs property-cuda ld-preload torch torch-medium torch-alloc-cost torch-capacity \
-        torch-capacity-medium; do
+        torch-capacity-medium viewer; do
     f=$tmp/results/$part/results.jsonl
     [ -s "$f" ] || { bad "$part: no results.jsonl"; continue; }
     [ -s "$tmp/results/$part/summary.md" ] || bad "$part: no summary.md"
@@ -74,6 +74,9 @@ need = {
     "torch-alloc-cost": lambda: dry(body) == sorted((m, "allocpair") for m in MODES),
     "torch-capacity": lambda: capacity_ok(body, "small"),
     "torch-capacity-medium": lambda: capacity_ok(body, "medium"),
+    # exports of the sim traces (frag, leak, demo) and of the shared snapshots when present
+    "viewer": lambda: len([r for r in body if r.get("op") == "viewer" and r.get("python_checks") == "pass"]) >= 3
+                      and all(r.get("pass") for r in body if r.get("op") == "viewer"),
 }[part]
 assert need(), "%s: missing records: %s" % (part, [r.get("op") for r in body])
 PY

@@ -3,7 +3,7 @@
 # — the runs made on a GPU machine, one command each (see bench/gpu/README.md).
 #
 #   PART  driver-costs | property-cuda | ld-preload | torch | torch-medium | torch-alloc-cost |
-#         torch-capacity | torch-capacity-medium | all
+#         torch-capacity | torch-capacity-medium | viewer | all
 #   --mock       no GPU: driver-costs and property-cuda run against the fake libcuda.so.1
 #                (BUILD/tests/fakecuda), ld-preload only builds (when nvcc exists) and prints what
 #                it would run, the torch parts run torch_train.py --dry-run per mode (the capacity
@@ -52,7 +52,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-PARTS="driver-costs property-cuda ld-preload torch torch-medium torch-alloc-cost torch-capacity torch-capacity-medium"
+PARTS="driver-costs property-cuda ld-preload torch torch-medium torch-alloc-cost torch-capacity torch-capacity-medium viewer"
 ALL_TORCH_MODES="default expandable cualloc-enable cualloc-preload-nocache cualloc-preload-cache"
 case " $PARTS all " in *" $PART "*) ;; *) echo "run.sh: unknown part '$PART'" >&2; usage ;; esac
 for m in $MODES_ARG; do
@@ -81,6 +81,7 @@ estimate() {
         torch-alloc-cost) echo "about 1 minute (5 short processes)" ;;
         torch-capacity) echo "about 4-8 minutes (5 modes x about 5-10 probes of ~10 s, each a fresh process; capped at 9 minutes)" ;;
         torch-capacity-medium) echo "about 5-9 minutes (5 modes x about 5-10 probes of ~15 s; capped at 9 minutes)" ;;
+        viewer) echo "under a minute (CPU only: traces on the sim device, exports, PyTorch's viewer code)" ;;
     esac
 }
 
@@ -441,6 +442,52 @@ part_torch_capacity() {
     torch_end "$part"
 }
 
+# allocview export --pytorch under PyTorch's own viewer code (torch.cuda._memory_viz): traces
+# recorded here on the sim device (a classic one with an OOM and native stacks, an expandable one,
+# the demo job), PyTorch's own snapshots (the torch part's, the shared corpus's, bench/corpus)
+# imported and exported back; viewer_check.py runs the checks and writes the first snapshot's two
+# viewer pages. CPU only: it needs torch, not the GPU; without torch (--mock here) only the
+# Python re-implementation of the viewer's checks runs.
+part_viewer() {
+    local dir=$RESULTS/viewer av=$BUILD/tools/allocview/allocview work rc s t
+    need "$av" || return 1
+    need "$BUILD/tests/trace_scenarios" || return 1
+    work=$(mktemp -d "${TMPDIR:-/tmp}/cualloc-viewer.XXXXXX") || return 1
+    # shellcheck disable=SC2064
+    trap "rm -rf '$work'" RETURN
+    {
+        CUALLOC_CONF=driver:sim,sim_memory_mb:128,expandable_segments:0 "$BUILD/tests/trace_scenarios" frag "$work/frag.trace"
+        CUALLOC_CONF=driver:sim,sim_memory_mb:256 "$BUILD/tests/trace_scenarios" leak "$work/leak.trace"
+        CUALLOC_CONF=trace:$work/demo.trace,trace_stack_depth:8 "$BUILD/tools/cualloc-demo" --steps 3 --quiet
+        for s in "$RESULTS"/torch/snapshot-*.pickle "$ROOT"/../shared/traces/*.pickle "$ROOT"/bench/corpus/*.pickle; do
+            [ -r "$s" ] && "$av" import "$s" -o "$work/$(basename "$s" .pickle).trace"
+        done
+    } >"$dir/log.txt" 2>&1
+    local snaps=()
+    for t in "$work"/*.trace; do
+        [ -s "$t" ] || continue
+        if "$av" export --pytorch "${t%.trace}.pickle" "$t" >>"$dir/log.txt" 2>&1; then
+            snaps+=("${t%.trace}.pickle")
+        else
+            echo "run.sh: export of $(basename "$t") failed" | tee -a "$dir/log.txt"
+            printf '{"part":"viewer","op":"viewer","file":"%s","pass":false,"error":"export failed"}\n' \
+                "$(basename "$t" .trace).pickle" >>"$dir/results.jsonl"
+        fi
+    done
+    "$PY" "$HERE/viewer_check.py" "$dir/results.jsonl" "$dir" "${snaps[@]}" >>"$dir/log.txt" 2>&1
+    rc=$?
+    cat "$dir/log.txt"
+    if [ "$rc" != 0 ] || grep -q '"pass": *false' "$dir/results.jsonl"; then
+        status_line viewer fail 1 "a snapshot failed (see log.txt)"
+        rc=1
+    elif grep -q '"torch": *null' "$dir/results.jsonl"; then
+        status_line viewer "$([ "$MOCK" = 1 ] && echo mock || echo skipped)" 0 "no torch: only the Python re-implementation ran"
+    else
+        status_line viewer pass 0 "${#snaps[@]} snapshots through torch.cuda._memory_viz"
+    fi
+    summarize viewer
+    [ "$rc" = 0 ]
+}
 # bundle_logs DIR: gathers the part's *.log files into DIR/logs.txt, each under a "==> NAME <=="
 # line. At most 8 files per command come back from the GPU machine; one log file per mode and
 # phase would crowd out results.jsonl and the snapshots.
@@ -466,6 +513,7 @@ run_part() {
         torch-alloc-cost) part_torch_alloc_cost ;;
         torch-capacity) part_torch_capacity torch-capacity small ;;
         torch-capacity-medium) part_torch_capacity torch-capacity-medium medium ;;
+        viewer) part_viewer ;;
     esac
     rc=$?
     bundle_logs "$RESULTS/$part"

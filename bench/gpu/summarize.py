@@ -383,9 +383,25 @@ def targets_main(paths):
     return 0
 
 
+def viewer(rows):
+    runs = [r for r in rows if r.get("op") == "viewer"]
+    out = ["allocview export --pytorch, read by PyTorch's viewer code (torch.cuda._memory_viz) where torch is "
+           "installed, and always by tests/check_snapshot.py's re-implementation of its checks:", ""]
+    out += table(["snapshot", "bytes", "events", "segments", "Python checks", "torch", "segsum lines", "trace lines",
+                  "trace_plot bytes", "segment_plot bytes", "pass"],
+                 [[r.get("file"), r.get("bytes", "-"), r.get("events", "-"), r.get("segments", "-"),
+                   r.get("python_checks", "-"), r.get("torch") or "not installed", r.get("segsum_lines", "-"),
+                   r.get("trace_lines", "-"), r.get("trace_plot_bytes", "-"), r.get("segment_plot_bytes", "-"),
+                   r.get("pass")] for r in runs])
+    errs = [r for r in runs if r.get("error")]
+    for r in errs:
+        out.append("- %s: %s" % (r["file"], r["error"]))
+    return out
+
+
 PARTS = {"driver-costs": driver_costs, "property-cuda": property_cuda, "ld-preload": ld_preload, "torch": torch,
          "torch-medium": torch, "torch-alloc-cost": alloc_cost, "torch-capacity": capacity,
-         "torch-capacity-medium": capacity}
+         "torch-capacity-medium": capacity, "viewer": viewer}
 
 
 def main(argv):
