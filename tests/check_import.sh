@@ -64,6 +64,11 @@ if not (isinstance(r, list) and r[0]["peak_requested_bytes"] == s["peak_requeste
 sys.exit(0 if ok else 1)
 PY
 st=$?
+# Classic mode predicts PyTorch's default allocator: the replay reports its error against the
+# reserved peak the snapshot records (0 on this snapshot).
+"$allocview" replay "$tmp/t.trace" --conf default --conf expandable_segments:0 >"$tmp/replay.txt" 2>/dev/null
+grep -q "^peak reserved against the recorded .*expandable_segments:0 +0.000%" "$tmp/replay.txt" ||
+    { echo "FAIL: no prediction error reported, or not 0: $(cat "$tmp/replay.txt")"; st=1; }
 # A pickle with objects in it is refused with the opcode named.
 printf '\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x8c\x06system\x93.' >"$tmp/evil.pickle"
 "$allocview" import "$tmp/evil.pickle" -o "$tmp/evil.trace" 2>"$tmp/evil.err"

@@ -66,6 +66,11 @@ typedef struct trace_reqs {
     uint64_t peak_requested_dev[CUA_TRACE_MAX_DEVICES]; /* the requests' own peak (any allocator) */
     char *config;            /* the recorded configuration, or NULL */
     uint64_t records;
+    /* What the recording allocator itself did (peaks of the sums over devices): allocated from
+     * ALLOC/FREE sizes, reserved from MAP/UNMAP, initial state included. A replay under the
+     * recording's configuration should reproduce them; the difference is the prediction error. */
+    uint64_t rec_allocated, rec_reserved, rec_peak_allocated, rec_peak_reserved;
+    bool rec_maps;           /* the trace records its memory (MAP/INIT_MAP) */
 } trace_reqs_t;
 
 typedef struct run_result {
@@ -280,8 +285,21 @@ static int load_trace(const char *path, trace_reqs_t *t)
                 t->streams[id] = rec.u.stream.handle;
             }
             continue;
+        case CUA_TRACE_INIT_MAP:
+        case CUA_TRACE_MAP:
+            t->rec_maps = true;
+            t->rec_reserved += rec.size;
+            if (t->rec_reserved > t->rec_peak_reserved)
+                t->rec_peak_reserved = t->rec_reserved;
+            continue;
+        case CUA_TRACE_UNMAP:
+            t->rec_reserved -= rec.size < t->rec_reserved ? rec.size : t->rec_reserved;
+            continue;
         case CUA_TRACE_INIT_BLOCK:
         case CUA_TRACE_ALLOC:
+            t->rec_allocated += rec.size;
+            if (t->rec_allocated > t->rec_peak_allocated)
+                t->rec_peak_allocated = t->rec_allocated;
             e.op = rec.type == CUA_TRACE_INIT_BLOCK ? EV_INIT : EV_ALLOC;
             e.addr = rec.addr;
             e.size = rec.requested;
@@ -292,6 +310,7 @@ static int load_trace(const char *path, trace_reqs_t *t)
                 t->peak_requested_dev[rec.dev] = cur_req[rec.dev];
             break;
         case CUA_TRACE_FREE: {
+            t->rec_allocated -= rec.size < t->rec_allocated ? rec.size : t->rec_allocated;
             e.op = EV_FREE;
             e.addr = rec.addr;
             uint64_t req;
@@ -744,6 +763,22 @@ int av_cmd_replay(int argc, char **argv)
                 else
                     printf("  none up to 1 PiB");
             }
+            printf("\n");
+        }
+        if (t->rec_maps && t->rec_peak_reserved) {
+            /* The recording allocator's own figures, and each configuration's distance from them:
+             * under the recording's own configuration (for an imported PyTorch snapshot, classic
+             * mode predicts PyTorch's default allocator) the distance is the prediction error. */
+            printf("%-36s %16s %16s %16s %11.4f %6s\n", "recorded (the trace's own allocator)", "",
+                   txt_human(t->rec_peak_allocated, b2, sizeof b2), txt_human(t->rec_peak_reserved, b3, sizeof b3),
+                   (double)t->rec_peak_allocated / (double)t->rec_peak_reserved, "");
+            printf("peak reserved against the recorded %s (%s):", txt_human(t->rec_peak_reserved, b3, sizeof b3),
+                   t->config ? t->config : "configuration not recorded");
+            for (int i = 0; i < nconfs; i++)
+                if (ok[i])
+                    printf("%s %s %+.3f%%", i ? "," : "", confs[i],
+                           100.0 * ((double)res[i].peak_reserved - (double)t->rec_peak_reserved) /
+                               (double)t->rec_peak_reserved);
             printf("\n");
         }
         for (int i = 0; i < nconfs && t->ndev > 1; i++) {
