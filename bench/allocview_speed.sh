@@ -2,7 +2,10 @@
 # allocview_speed.sh BUILD_DIR [EVENTS] [TRACE] — the analyzer's speed: writes a synthetic trace
 # of EVENTS alloc/free records (default 50 M; bench/trace_synth.c) to TRACE (default a temporary
 # file, removed after), then times `allocview summary` on it three times with /usr/bin/time -v:
-# wall seconds, events/s, peak RSS. Not a test; results go to bench/RESULTS.md by hand.
+# wall seconds, events/s, peak RSS; then `allocview replay` once per configuration (cualloc's
+# default and classic mode; REPLAY=0 skips it): requests/s and peak RSS (a replay holds the
+# request sequence in memory, 24 bytes per request). Not a test; results go to bench/RESULTS.md by
+# hand.
 set -eu
 build=${1:?usage: allocview_speed.sh BUILD_DIR [EVENTS] [TRACE]}
 events=${2:-50000000}
@@ -28,4 +31,14 @@ for run in 1 2 3; do
     secs=$(python3 -c "import sys; p=sys.argv[1].split(':'); print(sum(float(x)*60**i for i,x in enumerate(reversed(p))))" "$wall")
     python3 -c "import sys; n,s=int(sys.argv[1]),float(sys.argv[2]); print('run %s: %.2f s wall (user %s, sys %s), %.1f M events/s, %.1f M records/s, peak RSS %s KiB' % (sys.argv[3], s, sys.argv[4], sys.argv[5], n/s/1e6, int(sys.argv[7])/s/1e6, sys.argv[6]))" \
         "$n" "$secs" "$run" "$user" "$sys" "$rss" "$recs"
+done
+[ "${REPLAY:-1}" = 0 ] && exit 0
+for conf in default expandable_segments:0; do
+    /usr/bin/time -v "$av" replay --conf "$conf" "$trace" >"$tmp/replay.txt" 2>"$tmp/time.txt"
+    wall=$(sed -n 's/.*Elapsed (wall clock) time (h:mm:ss or m:ss): //p' "$tmp/time.txt")
+    rss=$(sed -n 's/.*Maximum resident set size (kbytes): //p' "$tmp/time.txt")
+    rate=$(sed -n 's/^allocview replay: .*requests in \([0-9.]*\) s (\([0-9.]*\) M requests\/s)/\1 s replaying, \2 M requests\/s/p' "$tmp/time.txt")
+    secs=$(python3 -c "import sys; p=sys.argv[1].split(':'); print(sum(float(x)*60**i for i,x in enumerate(reversed(p))))" "$wall")
+    echo "replay --conf $conf: $secs s wall in all (loading included), $rate, peak RSS $rss KiB"
+    grep -E "^(conf|$conf) " "$tmp/replay.txt"
 done
