@@ -29,8 +29,12 @@
  *   VMM: a chunk is mapped iff an ALLOCATED or FREE block touches it; UNMAPPED blocks are
  *   chunk-aligned;
  *   every FREE block is in exactly the index of its (pool, tag); every CACHED block on exactly the
- *   quick list of its (size, tag), never with TAG_DEVICE_WIDE; every ALLOCATED block is in `live`
- *   under its address.
+ *   quick list of its (size, tag), never with TAG_DEVICE_WIDE; every ALLOCATED and every CACHED
+ *   block is in `live` under its address (a parked block keeps its entry, so that taking it again
+ *   and freeing it again cost a map look-up, not an insertion and a removal).
+ *   Accounting: stats.inactive_split_bytes is kept equal to the pools' free_mapped - releasable at
+ *   every step; its peak is taken where an operation ends. stats.active_* equal allocated_* at all
+ *   times (no block is allocated yet inactive) and are filled in when the stats are read.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -65,7 +69,8 @@ typedef struct stream_rec_s {
     bool event_in_flight;       /* event recorded on the stream, not yet seen complete */
     cua_event event;            /* created on first need */
     uint64_t frees_since_record; /* frees on this stream since the event was last recorded */
-    size_t free_bytes;          /* bytes of FREE blocks with this tag, both pools */
+    size_t free_bytes;          /* bytes of FREE blocks with this tag, both pools. CACHED blocks are
+                                 * not counted: every reader runs after quick_flush. */
 } stream_rec_t;
 
 /* Quick lists (VMM mode): freed blocks parked unmerged by exact (size, tag), so the sizes a
@@ -98,14 +103,15 @@ typedef struct pool_s {
     uint32_t free_block_searches; /* classic GC clock (PyTorch's get_free_blocks_call_count) */
     size_t mapped;               /* bytes backed by physical memory */
     size_t allocated;            /* bytes of ALLOCATED blocks */
-    size_t free_mapped;          /* bytes of FREE blocks; allocated + free_mapped == mapped */
-    size_t releasable;           /* bytes of FREE blocks that could be unmapped/freed now */
+    size_t free_mapped;          /* bytes of FREE and CACHED blocks; allocated + free_mapped == mapped */
+    size_t releasable;           /* bytes of those that could be unmapped/freed now (CACHED: once flushed) */
 } pool_t;
 
 struct heap_s {
     cua_lock_t lock;             /* guards everything below */
     int dev;
     bool vmm;
+    bool plain_rounding;         /* no roundup_power2_divisions: every request rounds up to 512 B */
     conf_t conf;
     const driver_ops_t *drv;
     size_t granularity;
@@ -115,7 +121,7 @@ struct heap_s {
     stream_rec_t tags[HEAP_MAX_TAGS]; /* tags[TAG_ANY] is the "settled" pseudo-stream */
     cua_stream last_stream;      /* one-entry cache of tag_of */
     unsigned last_tag;
-    ptrmap_t live;               /* ALLOCATED blocks by address */
+    ptrmap_t live;               /* ALLOCATED and CACHED blocks by address */
     slab_t blocks;               /* block records */
     cualloc_stats stats;
     unsigned oom_reports;        /* reports printed, to keep a failing loop from flooding */
@@ -288,18 +294,30 @@ static inline quick_t *quick_bucket(heap_t *h, size_t size, unsigned tag) {
     return &h->quick[(key * 2654435761u) >> 24];
 }
 
-/* Accounting shared by FREE and CACHED blocks: both are free physical memory of their tag. */
-static inline void free_account_add(heap_t *h, pool_t *p, const block_t *b) {
+/* Accounting shared by FREE and CACHED blocks: both are free physical memory. The part a release
+ * could not return is inactive-split (kept current here; its peak is taken by the caller). */
+static inline void cached_account_add(heap_t *h, pool_t *p, const block_t *b) {
     size_t rel = block_releasable(h, p, b);
     p->free_mapped += b->size;
     p->releasable += rel;
+    h->stats.inactive_split_bytes += b->size - rel;
+}
+
+static inline void cached_account_sub(heap_t *h, pool_t *p, const block_t *b) {
+    size_t rel = block_releasable(h, p, b);
+    p->free_mapped -= b->size;
+    p->releasable -= rel;
+    h->stats.inactive_split_bytes -= b->size - rel;
+}
+
+/* FREE blocks also count in their tag's free bytes. */
+static inline void free_account_add(heap_t *h, pool_t *p, const block_t *b) {
+    cached_account_add(h, p, b);
     h->tags[b->tag].free_bytes += b->size;
 }
 
 static inline void free_account_sub(heap_t *h, pool_t *p, const block_t *b) {
-    size_t rel = block_releasable(h, p, b);
-    p->free_mapped -= b->size;
-    p->releasable -= rel;
+    cached_account_sub(h, p, b);
     h->tags[b->tag].free_bytes -= b->size;
 }
 
@@ -319,7 +337,7 @@ static inline bool quick_push(heap_t *h, pool_t *p, block_t *b) {
     q->head = b;
     q->count++;
     h->quick_bytes += b->size;
-    free_account_add(h, p, b);
+    cached_account_add(h, p, b);
     return true;
 }
 
@@ -330,7 +348,7 @@ static inline block_t *quick_pop(heap_t *h, pool_t *p, size_t size, unsigned tag
     q->head = b->link.list.next_free;
     q->count--;
     h->quick_bytes -= b->size;
-    free_account_sub(h, p, b);
+    cached_account_sub(h, p, b);
     return b;
 }
 
@@ -346,7 +364,8 @@ static void quick_flush(heap_t *h) {
             q->head = b->link.list.next_free;
             q->count--;
             h->quick_bytes -= b->size;
-            free_account_sub(h, p, b);
+            cached_account_sub(h, p, b);
+            ptrmap_remove(&h->live, b->addr);
             b->state = BLOCK_FREE;
             b = coalesce_free(h, p, b);
             free_insert(h, p, b);
@@ -951,10 +970,9 @@ static bool should_split(const heap_t *h, const pool_t *p, size_t block_size, si
     return rsize < h->conf.max_split_size && remaining > CUALLOC_SMALL_MAX;
 }
 
-static void update_inactive_split(heap_t *h) {
-    size_t v = heap_inactive_split(h);
-    h->stats.inactive_split_bytes = v;
-    if (v > h->stats.inactive_split_peak) h->stats.inactive_split_peak = v;
+/* Where an operation ends: inactive_split_bytes is current (the accounting keeps it so); its peak. */
+static inline void update_inactive_split(heap_t *h) {
+    if (h->stats.inactive_split_bytes > h->stats.inactive_split_peak) h->stats.inactive_split_peak = h->stats.inactive_split_bytes;
 }
 
 static size_t largest_free_locked(heap_t *h) {
@@ -1092,7 +1110,8 @@ static cua_result alloc_fail(heap_t *h, cua_stream stream, size_t size, size_t r
 }
 
 cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
-    size_t rsize = heap_round_size(&h->conf, size);
+    size_t rsize = h->plain_rounding && size - 1 < ((size_t)1 << 48) ? (size + CUALLOC_ALIGN - 1) & ~(size_t)(CUALLOC_ALIGN - 1)
+                                                                      : heap_round_size(&h->conf, size);
     *out = NULL;
     cua_lock(&h->lock);
     if (__builtin_expect(rsize == 0 || rsize > ((size_t)1 << 48), 0)) return alloc_fail(h, stream, size, size);
@@ -1100,11 +1119,13 @@ cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
     unsigned tag = (stream == h->last_stream && h->last_tag) ? h->last_tag : tag_of(h, stream);
     if (__builtin_expect(tag >= HEAP_MAX_TAGS, 0)) return alloc_fail(h, stream, size, rsize);
     block_t *b = h->vmm ? quick_pop(h, p, rsize, tag) : NULL;
-    if (!b && !(b = alloc_search(h, p, tag, rsize))) return alloc_fail(h, stream, size, rsize);
-    if (__builtin_expect(!ptrmap_insert(&h->live, b->addr, b), 0)) {
-        b = coalesce_free(h, p, b);
-        free_insert(h, p, b);
-        return alloc_fail(h, stream, size, rsize);
+    if (!b) { /* a parked block is in `live` already; any other is not */
+        if (!(b = alloc_search(h, p, tag, rsize))) return alloc_fail(h, stream, size, rsize);
+        if (__builtin_expect(!ptrmap_insert(&h->live, b->addr, b), 0)) {
+            b = coalesce_free(h, p, b);
+            free_insert(h, p, b);
+            return alloc_fail(h, stream, size, rsize);
+        }
     }
     b->state = BLOCK_ALLOCATED;
     b->requested = size;
@@ -1116,8 +1137,6 @@ cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
     if (s->requested_bytes > s->requested_peak) s->requested_peak = s->requested_bytes;
     s->allocated_bytes += b->size;
     if (s->allocated_bytes > s->allocated_peak) s->allocated_peak = s->allocated_bytes;
-    s->active_bytes = s->allocated_bytes;
-    s->active_peak = s->allocated_peak;
     update_inactive_split(h);
     if (trace_enabled()) trace_on_alloc(h->dev, stream, b->addr, b->size, size);
     cua_unlock(&h->lock);
@@ -1144,20 +1163,20 @@ bool heap_free_device_wide(heap_t *h, void *ptr) {
 }
 
 static bool free_locked(heap_t *h, void *ptr, cua_stream stream, bool device_wide) {
-    block_t *b = ptrmap_remove(&h->live, (uintptr_t)ptr);
-    if (!b) return false;
+    block_t *b = ptrmap_get(&h->live, (uintptr_t)ptr);
+    if (!b || b->state != BLOCK_ALLOCATED) return false; /* not ours, or parked (freed already) */
     pool_t *p = &h->pools[b->pool];
     cualloc_stats *s = &h->stats;
     s->num_frees++;
     s->requested_bytes -= b->requested;
     s->allocated_bytes -= b->size;
-    s->active_bytes = s->allocated_bytes;
     p->allocated -= b->size;
     if (trace_enabled()) trace_on_free(h->dev, stream, b->addr, b->size, b->requested);
     if (device_wide) {
         /* Not reusable by anyone until the legacy stream and every non-blocking stream have
          * passed the free (settled lazily, or synchronized under pressure); never quick-listed. */
         h->tags[TAG_DEVICE_WIDE].frees_since_record++;
+        ptrmap_remove(&h->live, b->addr);
         b->tag = TAG_DEVICE_WIDE;
         b->requested = 0;
         b->state = BLOCK_FREE;
@@ -1182,7 +1201,8 @@ static bool free_locked(heap_t *h, void *ptr, cua_stream stream, bool device_wid
     }
     b->tag = (uint16_t)tag;
     b->requested = 0;
-    if (!h->vmm || !quick_push(h, p, b)) {
+    if (!h->vmm || !quick_push(h, p, b)) { /* parked: stays in `live` */
+        ptrmap_remove(&h->live, b->addr);
         b->state = BLOCK_FREE;
         b = coalesce_free(h, p, b);
         free_insert(h, p, b);
@@ -1264,6 +1284,9 @@ heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_re
     if (conf->max_memory && conf->max_memory < h->cap) h->cap = conf->max_memory;
     h->stats.capacity_bytes = h->cap;
     h->vmm = conf->expandable_segments && info.vmm_supported;
+    h->plain_rounding = true;
+    for (int i = 0; i < CONF_ROUNDUP_INTERVALS; i++)
+        if (conf->roundup_power2_divisions[i] > 1) h->plain_rounding = false;
     slab_init(&h->blocks, sizeof(block_t));
     h->tags[TAG_ANY].used = true;
     h->tags[TAG_DEVICE_WIDE].used = true;
@@ -1350,7 +1373,8 @@ bool heap_owns(heap_t *h, const void *ptr) {
         return false;
     }
     cua_lock(&h->lock);
-    bool owned = ptrmap_get(&h->live, a) != NULL;
+    block_t *b = ptrmap_get(&h->live, a);
+    bool owned = b && b->state == BLOCK_ALLOCATED;
     cua_unlock(&h->lock);
     return owned;
 }
@@ -1358,7 +1382,7 @@ bool heap_owns(heap_t *h, const void *ptr) {
 size_t heap_block_size(heap_t *h, const void *ptr) {
     cua_lock(&h->lock);
     block_t *b = ptrmap_get(&h->live, (uintptr_t)ptr);
-    size_t n = b ? b->requested : SIZE_MAX;
+    size_t n = b && b->state == BLOCK_ALLOCATED ? b->requested : SIZE_MAX;
     cua_unlock(&h->lock);
     return n;
 }
@@ -1367,6 +1391,7 @@ bool heap_block_range(heap_t *h, const void *ptr, uintptr_t *base, size_t *size)
     uintptr_t a = (uintptr_t)ptr;
     cua_lock(&h->lock);
     block_t *found = ptrmap_get(&h->live, a);
+    if (found && found->state != BLOCK_ALLOCATED) found = NULL; /* parked: free */
     /* An interior pointer: walk the blocks of the segment holding it (O(blocks); rare queries). */
     for (int pi = 0; pi < POOL_COUNT && !found; pi++) {
         for (block_t *seg = h->pools[pi].segments; seg && !found; seg = seg->seg_next) {
@@ -1412,7 +1437,10 @@ void heap_peer_enabled(heap_t *h) {
     cua_unlock(&h->lock);
 }
 
-block_t *heap_test_find_block(heap_t *h, const void *ptr) { return ptrmap_get(&h->live, (uintptr_t)ptr); }
+block_t *heap_test_find_block(heap_t *h, const void *ptr) {
+    block_t *b = ptrmap_get(&h->live, (uintptr_t)ptr);
+    return b && b->state == BLOCK_ALLOCATED ? b : NULL;
+}
 bool heap_is_vmm(const heap_t *h) { return h->vmm; }
 
 void heap_pool_range(const heap_t *h, pool_id_t pool, uintptr_t *lo, uintptr_t *hi) {
@@ -1455,6 +1483,8 @@ void heap_snapshot(heap_t *h, void (*mapped)(int dev, uintptr_t addr, size_t siz
 void heap_get_stats(heap_t *h, cualloc_stats *out) {
     cua_lock(&h->lock);
     *out = h->stats;
+    out->active_bytes = h->stats.allocated_bytes;
+    out->active_peak = h->stats.allocated_peak;
     out->largest_free_block = largest_free_locked(h);
     cua_unlock(&h->lock);
 }
@@ -1532,7 +1562,6 @@ typedef struct {
     int bad;
     size_t allocated_blocks;
     size_t cached_blocks;
-    size_t cached_bytes[HEAP_MAX_TAGS]; /* CACHED bytes per tag, both pools */
 } check_ctx_t;
 
 #define CHECK(ctx, cond, ...)                                   \
@@ -1558,14 +1587,14 @@ static void check_index_entry(block_t *b, void *arg) {
 
 static void check_live_entry(block_t *b, void *arg) {
     check_ctx_t *c = arg;
-    CHECK(c, b->state == BLOCK_ALLOCATED, "live map holds block %#lx in state %d", (unsigned long)b->addr, b->state);
+    CHECK(c, b->state == BLOCK_ALLOCATED || b->state == BLOCK_CACHED, "live map holds block %#lx in state %d",
+          (unsigned long)b->addr, b->state);
 }
 
 static void check_pool(check_ctx_t *c, pool_t *p, size_t *mapped_sum) {
     heap_t *h = c->h;
     size_t allocated = 0, free_mapped = 0, releasable = 0, unmapped_bytes = 0, unmapped_count = 0;
     size_t free_count[HEAP_MAX_TAGS] = {0}, free_bytes[HEAP_MAX_TAGS] = {0};
-    size_t *cached_bytes = c->cached_bytes;
     size_t segments = 0;
     for (block_t *seg = p->segments; seg; seg = seg->seg_next) {
         if (++segments > ((size_t)1 << 32)) break;
@@ -1606,8 +1635,8 @@ static void check_pool(check_ctx_t *c, pool_t *p, size_t *mapped_sum) {
                 CHECK(c, h->vmm, "cached block %#lx in classic mode", (unsigned long)b->addr);
                 free_mapped += b->size;
                 releasable += block_releasable(h, p, b);
-                if (b->tag < HEAP_MAX_TAGS) cached_bytes[b->tag] += b->size;
                 CHECK(c, b->tag != TAG_DEVICE_WIDE, "cached block %#lx is tagged device-wide", (unsigned long)b->addr);
+                CHECK(c, ptrmap_get(&h->live, b->addr) == b, "cached block %#lx missing from the live map", (unsigned long)b->addr);
                 c->cached_blocks++;
                 break;
             case BLOCK_UNMAPPED:
@@ -1675,7 +1704,7 @@ static void check_pool(check_ctx_t *c, pool_t *p, size_t *mapped_sum) {
 
 int heap_check(heap_t *h, FILE *report) {
     cua_lock(&h->lock);
-    check_ctx_t c = {h, report, 0, 0, 0, {0}};
+    check_ctx_t c = {h, report, 0, 0, 0};
     size_t mapped = 0, allocated = 0, free_mapped = 0, releasable = 0;
     for (int pi = 0; pi < POOL_COUNT; pi++) {
         check_pool(&c, &h->pools[pi], &mapped);
@@ -1689,8 +1718,7 @@ int heap_check(heap_t *h, FILE *report) {
             findex_t *ix = h->pools[pi].index[t];
             if (ix) bytes += h->vmm ? ix->sc.bytes : ix->tree.bytes;
         }
-        bytes += c.cached_bytes[t];
-        CHECK(&c, bytes == h->tags[t].free_bytes, "tag %u: indexes and quick lists hold %zu B, the stream record says %zu",
+        CHECK(&c, bytes == h->tags[t].free_bytes, "tag %u: indexes hold %zu B, the stream record says %zu",
               t, bytes, h->tags[t].free_bytes);
     }
     size_t listed = 0, listed_bytes = 0;
@@ -1726,9 +1754,10 @@ int heap_check(heap_t *h, FILE *report) {
     CHECK(&c, h->stats.reserved_bytes <= h->cap, "reserved %zu exceeds the cap %zu", h->stats.reserved_bytes, h->cap);
     CHECK(&c, h->stats.inactive_split_bytes == heap_inactive_split(h), "inactive_split_bytes is stale");
     CHECK(&c, h->stats.requested_bytes <= h->stats.allocated_bytes, "requested exceeds allocated");
-    CHECK(&c, c.allocated_blocks == h->live.count, "%zu allocated blocks, live map holds %zu", c.allocated_blocks, h->live.count);
-    CHECK(&c, h->stats.num_allocs - h->stats.num_frees == h->live.count, "allocs - frees = %llu, live blocks %zu",
-          (unsigned long long)(h->stats.num_allocs - h->stats.num_frees), h->live.count);
+    CHECK(&c, c.allocated_blocks + c.cached_blocks == h->live.count, "%zu allocated and %zu cached blocks, live map holds %zu",
+          c.allocated_blocks, c.cached_blocks, h->live.count);
+    CHECK(&c, h->stats.num_allocs - h->stats.num_frees == c.allocated_blocks, "allocs - frees = %llu, allocated blocks %zu",
+          (unsigned long long)(h->stats.num_allocs - h->stats.num_frees), c.allocated_blocks);
     c.bad += ptrmap_check(&h->live, report);
     ptrmap_foreach(&h->live, check_live_entry, &c);
     CHECK(&c, h->blocks.live >= h->live.count, "slab hands out fewer records than live blocks");
