@@ -25,15 +25,16 @@
  * Invariants (heap_check), per pool:
  *   blocks tile every segment in address order; no two adjacent FREE blocks have compatible tags
  *   (equal, or one of them ANY); no two adjacent UNMAPPED blocks;
- *   allocated + free_mapped == mapped, and summed over pools, mapped == stats.reserved_bytes;
+ *   the FREE and CACHED blocks' bytes == mapped - allocated, and summed over pools, mapped ==
+ *   stats.reserved_bytes;
  *   VMM: a chunk is mapped iff an ALLOCATED or FREE block touches it; UNMAPPED blocks are
  *   chunk-aligned;
  *   every FREE block is in exactly the index of its (pool, tag); every CACHED block on exactly the
  *   quick list of its (size, tag), never with TAG_DEVICE_WIDE; every ALLOCATED and every CACHED
  *   block is in `live` under its address (a parked block keeps its entry, so that taking it again
  *   and freeing it again cost a map look-up, not an insertion and a removal).
- *   Accounting: stats.inactive_split_bytes is kept equal to the pools' free_mapped - releasable at
- *   every step; its peak is taken where an operation ends. stats.active_* equal allocated_* at all
+ *   Accounting: stats.inactive_split_bytes is kept equal to the free bytes that are not releasable
+ *   (FREE and CACHED blocks, both pools) at every step; its peak is taken where an operation ends. stats.active_* equal allocated_* at all
  *   times (no block is allocated yet inactive) and are filled in when the stats are read.
  */
 #include <errno.h>
@@ -77,16 +78,19 @@ typedef struct stream_rec_s {
  * training step allocates again and again skip search, split and merge. A bucket belongs to one
  * (size, tag) while it holds blocks; a free whose bucket is taken by another key, or full, takes
  * the ordinary path. Parked blocks are merged back (flushed) before a search that misses them can
- * grow the heap, before anything is settled or released, so they never cost physical memory.
- * Invariant: every CACHED block is on exactly the list of its (size, tag); quick_bytes is their
- * total. */
-#define QUICK_BUCKETS 256
+ * grow the heap, before anything is settled or released, so they never cost physical memory; a
+ * search that misses in the small pool merges back only as many lists as it needs, so that the
+ * other sizes stay parked. 1024 buckets keep collisions between recurring sizes rare; a bitmap of
+ * the non-empty ones keeps flushes from visiting the rest.
+ * Invariant: every CACHED block is on exactly the list of its (size, tag), and the bit of a bucket
+ * is set iff it holds blocks; quick_bytes is their total. */
+#define QUICK_BUCKETS_LOG2 10
+#define QUICK_BUCKETS (1u << QUICK_BUCKETS_LOG2)
 #define QUICK_DEPTH 64
 typedef struct quick_s {
-    size_t size;
+    uint64_t key;                /* quick_key(size, tag) of its blocks; meaningless while empty */
     block_t *head;               /* newest first, linked through link.list.next_free */
-    uint16_t tag;
-    uint16_t count;
+    uint32_t count;
 } quick_t;
 
 typedef struct pool_s {
@@ -103,8 +107,8 @@ typedef struct pool_s {
     uint32_t free_block_searches; /* classic GC clock (PyTorch's get_free_blocks_call_count) */
     size_t mapped;               /* bytes backed by physical memory */
     size_t allocated;            /* bytes of ALLOCATED blocks */
-    size_t free_mapped;          /* bytes of FREE and CACHED blocks; allocated + free_mapped == mapped */
-    size_t releasable;           /* bytes of those that could be unmapped/freed now (CACHED: once flushed) */
+    size_t releasable;           /* bytes of FREE and CACHED blocks (together: mapped - allocated)
+                                  * that could be unmapped/freed now (CACHED: once flushed) */
 } pool_t;
 
 struct heap_s {
@@ -127,6 +131,8 @@ struct heap_s {
     unsigned oom_reports;        /* reports printed, to keep a failing loop from flooding */
     quick_t quick[QUICK_BUCKETS];
     size_t quick_bytes;          /* bytes of CACHED blocks, all buckets */
+    uint64_t quick_nonempty[QUICK_BUCKETS / 64]; /* bit i set iff quick[i] holds blocks */
+    unsigned quick_cursor;       /* the word of quick_nonempty where the next partial flush starts */
     cua_memhandle pending_release[HEAP_PENDING_RELEASES]; /* unmapped handles the driver would not release yet */
     size_t npending;
     /* Device-wide frees (cudaFree): the non-blocking streams the front door saw created (the
@@ -185,9 +191,11 @@ static findex_t *index_get(heap_t *h, pool_t *p, unsigned tag) {
 
 /* Bytes of a FREE block that a release could return to the device right now. */
 /* Free bytes that cannot be released now: free memory minus its releasable part, over both pools. */
+static inline size_t pool_free_mapped(const pool_t *p) { return p->mapped - p->allocated; }
+
 static inline size_t heap_inactive_split(const heap_t *h) {
-    return (h->pools[POOL_SMALL].free_mapped - h->pools[POOL_SMALL].releasable) +
-           (h->pools[POOL_LARGE].free_mapped - h->pools[POOL_LARGE].releasable);
+    return (pool_free_mapped(&h->pools[POOL_SMALL]) - h->pools[POOL_SMALL].releasable) +
+           (pool_free_mapped(&h->pools[POOL_LARGE]) - h->pools[POOL_LARGE].releasable);
 }
 
 static inline __attribute__((always_inline)) size_t block_releasable(const heap_t *h, const pool_t *p, const block_t *b) {
@@ -289,25 +297,33 @@ static block_t *block_split(heap_t *h, block_t *b, size_t size, uint8_t state, u
 
 static block_t *coalesce_free(heap_t *h, pool_t *p, block_t *b);
 
-static inline quick_t *quick_bucket(heap_t *h, size_t size, unsigned tag) {
-    uint32_t key = (uint32_t)(size >> 9) ^ ((uint32_t)tag << 26);
-    return &h->quick[(key * 2654435761u) >> 24];
+/* (size, tag) as one word: sizes are below 2^48 (heap_alloc refuses larger), tags below 2^16. */
+static inline uint64_t quick_key(size_t size, unsigned tag) { return (uint64_t)size | ((uint64_t)tag << 48); }
+
+static inline unsigned quick_index(uint64_t key) {
+    uint32_t k = (uint32_t)(key >> 9) ^ ((uint32_t)(key >> 48) << 26);
+    return (k * 2654435761u) >> (32 - QUICK_BUCKETS_LOG2);
 }
 
 /* Accounting shared by FREE and CACHED blocks: both are free physical memory. The part a release
  * could not return is inactive-split (kept current here; its peak is taken by the caller). */
 static inline void cached_account_add(heap_t *h, pool_t *p, const block_t *b) {
     size_t rel = block_releasable(h, p, b);
-    p->free_mapped += b->size;
     p->releasable += rel;
     h->stats.inactive_split_bytes += b->size - rel;
 }
 
 static inline void cached_account_sub(heap_t *h, pool_t *p, const block_t *b) {
     size_t rel = block_releasable(h, p, b);
-    p->free_mapped -= b->size;
     p->releasable -= rel;
     h->stats.inactive_split_bytes -= b->size - rel;
+}
+
+/* The same for quick lists (VMM only), where most blocks hold no whole chunk. */
+static inline void quick_account(heap_t *h, pool_t *p, const block_t *b, bool add) {
+    size_t rel = b->size < p->chunk ? 0 : block_releasable(h, p, b);
+    if (__builtin_expect(rel != 0, 0)) p->releasable += add ? rel : -rel;
+    h->stats.inactive_split_bytes += add ? b->size - rel : rel - b->size;
 }
 
 /* FREE blocks also count in their tag's free bytes. */
@@ -325,52 +341,92 @@ static inline void free_account_sub(heap_t *h, pool_t *p, const block_t *b) {
  * by another (size, tag) or full. */
 static inline bool quick_push(heap_t *h, pool_t *p, block_t *b) {
     if (__builtin_expect(b->tag == TAG_DEVICE_WIDE, 0)) return false; /* never handed out unsettled */
-    quick_t *q = quick_bucket(h, b->size, b->tag);
+    uint64_t key = quick_key(b->size, b->tag);
+    unsigned i = quick_index(key);
+    quick_t *q = &h->quick[i];
     if (q->head) {
-        if (q->size != b->size || q->tag != b->tag || q->count >= QUICK_DEPTH) return false;
+        if (q->key != key || q->count >= QUICK_DEPTH) return false;
     } else {
-        q->size = b->size;
-        q->tag = b->tag;
+        q->key = key;
+        h->quick_nonempty[i / 64] |= (uint64_t)1 << (i % 64);
     }
     b->state = BLOCK_CACHED;
     b->link.list.next_free = q->head;
     q->head = b;
     q->count++;
     h->quick_bytes += b->size;
-    cached_account_add(h, p, b);
+    quick_account(h, p, b, true);
     return true;
 }
 
+/* (No list has TAG_DEVICE_WIDE blocks: quick_push refuses them.) */
 static inline block_t *quick_pop(heap_t *h, pool_t *p, size_t size, unsigned tag) {
-    quick_t *q = quick_bucket(h, size, tag);
+    uint64_t key = quick_key(size, tag);
+    unsigned i = quick_index(key);
+    quick_t *q = &h->quick[i];
     block_t *b = q->head;
-    if (!b || q->size != size || q->tag != tag || tag == TAG_DEVICE_WIDE) return NULL;
+    if (!b || q->key != key) return NULL;
     q->head = b->link.list.next_free;
     q->count--;
+    if (!q->head) h->quick_nonempty[i / 64] &= ~((uint64_t)1 << (i % 64));
     h->quick_bytes -= b->size;
-    cached_account_sub(h, p, b);
+    quick_account(h, p, b, false);
     return b;
 }
 
-/* Merges every CACHED block back into the free indexes, restoring "no two adjacent compatible
- * FREE blocks" (a flushed block merges with neighbours flushed before it). */
+/* Merges the blocks of one quick list back into the free index, restoring "no two adjacent
+ * compatible FREE blocks" (a block merges with neighbours merged before it). Returns the largest
+ * merged block of pool `want` whose tag `tag` may use (TAG_ANY or its own), NULL when none. */
+static block_t *quick_evict(heap_t *h, unsigned i, pool_id_t want, unsigned tag) {
+    quick_t *q = &h->quick[i];
+    block_t *best = NULL;
+    h->quick_nonempty[i / 64] &= ~((uint64_t)1 << (i % 64));
+    while (q->head) {
+        block_t *b = q->head;
+        pool_t *p = &h->pools[b->pool];
+        q->head = b->link.list.next_free;
+        q->count--;
+        h->quick_bytes -= b->size;
+        cached_account_sub(h, p, b);
+        ptrmap_remove(&h->live, b->addr);
+        b->state = BLOCK_FREE;
+        b = coalesce_free(h, p, b);
+        free_insert(h, p, b);
+        if (b->pool == want && (b->tag == tag || b->tag == TAG_ANY) && (!best || b->size > best->size)) best = b;
+    }
+    return best;
+}
+
+/* Merges every CACHED block back into the free indexes. */
 static void quick_flush(heap_t *h) {
     if (!h->quick_bytes) return;
-    for (int i = 0; i < QUICK_BUCKETS; i++) {
-        quick_t *q = &h->quick[i];
-        while (q->head) {
-            block_t *b = q->head;
-            pool_t *p = &h->pools[b->pool];
-            q->head = b->link.list.next_free;
-            q->count--;
-            h->quick_bytes -= b->size;
-            cached_account_sub(h, p, b);
-            ptrmap_remove(&h->live, b->addr);
-            b->state = BLOCK_FREE;
-            b = coalesce_free(h, p, b);
-            free_insert(h, p, b);
+    for (unsigned w = 0; w < QUICK_BUCKETS / 64; w++)
+        while (h->quick_nonempty[w]) quick_evict(h, w * 64 + (unsigned)__builtin_ctzll(h->quick_nonempty[w]), POOL_SMALL, TAG_ANY);
+}
+
+/* A search for `rsize` on `tag` in pool p missed: merges pool p's quick lists back (the other
+ * pool's blocks lie in other address space and cannot help). With `until_fit`, one list at a
+ * time from a rotating start, stopping once a merge yields a block the search would find, so that
+ * one request does not empty every list (each emptied list costs its size a miss later). True
+ * when such a block appeared (the caller searches again: the block may have merged further). */
+static bool quick_flush_pool(heap_t *h, pool_t *p, unsigned tag, size_t rsize, bool until_fit) {
+    bool fit = false;
+    for (unsigned n = 0; n < QUICK_BUCKETS / 64; n++) {
+        unsigned w = (h->quick_cursor + n) % (QUICK_BUCKETS / 64);
+        for (uint64_t bits = h->quick_nonempty[w]; bits; bits &= bits - 1) {
+            unsigned i = w * 64 + (unsigned)__builtin_ctzll(bits);
+            if (h->quick[i].head->pool != p->id) continue;
+            block_t *m = quick_evict(h, i, p->id, tag);
+            if (m && m->size >= rsize) {
+                fit = true;
+                if (until_fit) {
+                    h->quick_cursor = w;
+                    return true;
+                }
+            }
         }
     }
+    return fit;
 }
 
 /* ------------------------------------------------------------------ streams */
@@ -985,8 +1041,8 @@ static size_t largest_free_locked(heap_t *h) {
             if (b && b->size > best) best = b->size;
         }
     }
-    for (int i = 0; i < QUICK_BUCKETS; i++)
-        if (h->quick[i].head && h->quick[i].size > best) best = h->quick[i].size;
+    for (unsigned i = 0; i < QUICK_BUCKETS; i++)
+        if (h->quick[i].head && h->quick[i].head->size > best) best = h->quick[i].head->size;
     return best;
 }
 
@@ -1082,8 +1138,12 @@ static void report_oom(heap_t *h, size_t size, size_t rsize) {
 static block_t *alloc_search(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
     block_t *b = find_free(h, p, tag, rsize);
     if (!b && h->quick_bytes) {
-        quick_flush(h);
-        b = find_free(h, p, tag, rsize);
+        /* Parked blocks are merged back before the heap grows (alloc_slow_vmm flushes every
+         * pool), so they never cost physical memory. First this pool's: in the small pool only as
+         * many as it takes; in the large pool all (leaving large blocks parked while carving
+         * others lets the address space fragment and the heap grow over time). */
+        if (p->id == POOL_SMALL && quick_flush_pool(h, p, tag, rsize, true)) b = find_free(h, p, tag, rsize);
+        if (!b && quick_flush_pool(h, p, tag, rsize, false)) b = find_free(h, p, tag, rsize);
     }
     if (!b) b = h->vmm ? alloc_slow_vmm(h, p, tag, rsize) : alloc_slow_classic(h, p, tag, rsize);
     if (!b) return NULL;
@@ -1109,6 +1169,25 @@ static cua_result alloc_fail(heap_t *h, cua_stream stream, size_t size, size_t r
     return CUA_ERROR_OUT_OF_MEMORY;
 }
 
+/* An allocation the quick lists did not serve: search, grow or release, then enter the block in
+ * `live` (a parked block is there already; any other is not). Returns the block, or NULL after
+ * alloc_fail (which unlocks). Out of line, so that the hit path stays short. */
+static __attribute__((noinline)) block_t *alloc_miss(heap_t *h, pool_t *p, cua_stream stream, unsigned tag, size_t size,
+                                                     size_t rsize) {
+    block_t *b = alloc_search(h, p, tag, rsize);
+    if (!b) {
+        alloc_fail(h, stream, size, rsize);
+        return NULL;
+    }
+    if (__builtin_expect(!ptrmap_insert(&h->live, b->addr, b), 0)) {
+        b = coalesce_free(h, p, b);
+        free_insert(h, p, b);
+        alloc_fail(h, stream, size, rsize);
+        return NULL;
+    }
+    return b;
+}
+
 cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
     size_t rsize = h->plain_rounding && size - 1 < ((size_t)1 << 48) ? (size + CUALLOC_ALIGN - 1) & ~(size_t)(CUALLOC_ALIGN - 1)
                                                                       : heap_round_size(&h->conf, size);
@@ -1119,14 +1198,7 @@ cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
     unsigned tag = (stream == h->last_stream && h->last_tag) ? h->last_tag : tag_of(h, stream);
     if (__builtin_expect(tag >= HEAP_MAX_TAGS, 0)) return alloc_fail(h, stream, size, rsize);
     block_t *b = h->vmm ? quick_pop(h, p, rsize, tag) : NULL;
-    if (!b) { /* a parked block is in `live` already; any other is not */
-        if (!(b = alloc_search(h, p, tag, rsize))) return alloc_fail(h, stream, size, rsize);
-        if (__builtin_expect(!ptrmap_insert(&h->live, b->addr, b), 0)) {
-            b = coalesce_free(h, p, b);
-            free_insert(h, p, b);
-            return alloc_fail(h, stream, size, rsize);
-        }
-    }
+    if (__builtin_expect(!b, 0) && !(b = alloc_miss(h, p, stream, tag, size, rsize))) return CUA_ERROR_OUT_OF_MEMORY;
     b->state = BLOCK_ALLOCATED;
     b->requested = size;
     b->stream = stream;
@@ -1144,7 +1216,75 @@ cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
     return CUA_SUCCESS;
 }
 
-static bool free_locked(heap_t *h, void *ptr, cua_stream stream, bool device_wide);
+/* A FREE block (tag final, not in `live`) into its index, merged with its neighbours. */
+static __attribute__((noinline)) void free_to_index(heap_t *h, pool_t *p, block_t *b) {
+    ptrmap_remove(&h->live, b->addr);
+    b->state = BLOCK_FREE;
+    b = coalesce_free(h, p, b);
+    free_insert(h, p, b);
+}
+
+/* A free on `tag`, or, when the tag table is full (tag == HEAP_MAX_TAGS) even after recycling,
+ * made safe for every stream the slow way. Into the free index. */
+static void free_on_tag(heap_t *h, pool_t *p, block_t *b, cua_stream stream, unsigned tag) {
+    if (tag >= HEAP_MAX_TAGS) {
+        stream_sync(h, stream);
+        tag = TAG_ANY;
+    } else {
+        h->tags[tag].frees_since_record++;
+    }
+    b->tag = (uint16_t)tag;
+    b->requested = 0;
+    free_to_index(h, p, b);
+}
+
+/* The frees that never park: device-wide ones, and all of classic mode. Accounting done. */
+static __attribute__((noinline)) void free_unparked(heap_t *h, pool_t *p, block_t *b, cua_stream stream, bool device_wide) {
+    if (device_wide) {
+        /* Not reusable by anyone until the legacy stream and every non-blocking stream have
+         * passed the free (settled lazily, or synchronized under pressure); never quick-listed. */
+        h->tags[TAG_DEVICE_WIDE].frees_since_record++;
+        b->tag = TAG_DEVICE_WIDE;
+        b->requested = 0;
+        free_to_index(h, p, b);
+        return;
+    }
+    if (!h->vmm && stream != b->stream && !is_capturing(h, stream)) {
+        /* Classic mode keeps PyTorch's rule that a segment serves one stream: the block returns to
+         * its allocation stream, which may reuse it only after the freeing stream's work. */
+        stream_sync(h, stream);
+        stream = b->stream;
+    }
+    free_on_tag(h, p, b, stream, tag_of(h, stream));
+}
+
+/* Lock held. The common case — a VMM free on a known stream — parks the block on its quick list. */
+static inline __attribute__((always_inline)) bool free_locked(heap_t *h, void *ptr, cua_stream stream, bool device_wide) {
+    block_t *b = ptrmap_get(&h->live, (uintptr_t)ptr);
+    if (!b || b->state != BLOCK_ALLOCATED) return false; /* not ours, or parked (freed already) */
+    pool_t *p = &h->pools[b->pool];
+    cualloc_stats *s = &h->stats;
+    s->num_frees++;
+    s->requested_bytes -= b->requested;
+    s->allocated_bytes -= b->size;
+    p->allocated -= b->size;
+    if (trace_enabled()) trace_on_free(h->dev, stream, b->addr, b->size, b->requested);
+    if (__builtin_expect(device_wide || !h->vmm, 0)) {
+        free_unparked(h, p, b, stream, device_wide);
+    } else {
+        unsigned tag = (stream == h->last_stream && h->last_tag) ? h->last_tag : tag_of(h, stream);
+        if (__builtin_expect(tag >= HEAP_MAX_TAGS, 0)) {
+            free_on_tag(h, p, b, stream, tag);
+        } else {
+            h->tags[tag].frees_since_record++;
+            b->tag = (uint16_t)tag;
+            b->requested = 0;
+            if (__builtin_expect(!quick_push(h, p, b), 0)) free_to_index(h, p, b); /* parked: stays in `live` */
+        }
+    }
+    update_inactive_split(h);
+    return true;
+}
 
 bool heap_free(heap_t *h, void *ptr, cua_stream stream) {
     cua_lock(&h->lock);
@@ -1160,55 +1300,6 @@ bool heap_free_device_wide(heap_t *h, void *ptr) {
     bool ok = free_locked(h, ptr, NULL, h->n_nb > 0 || h->nb_overflow);
     cua_unlock(&h->lock);
     return ok;
-}
-
-static bool free_locked(heap_t *h, void *ptr, cua_stream stream, bool device_wide) {
-    block_t *b = ptrmap_get(&h->live, (uintptr_t)ptr);
-    if (!b || b->state != BLOCK_ALLOCATED) return false; /* not ours, or parked (freed already) */
-    pool_t *p = &h->pools[b->pool];
-    cualloc_stats *s = &h->stats;
-    s->num_frees++;
-    s->requested_bytes -= b->requested;
-    s->allocated_bytes -= b->size;
-    p->allocated -= b->size;
-    if (trace_enabled()) trace_on_free(h->dev, stream, b->addr, b->size, b->requested);
-    if (device_wide) {
-        /* Not reusable by anyone until the legacy stream and every non-blocking stream have
-         * passed the free (settled lazily, or synchronized under pressure); never quick-listed. */
-        h->tags[TAG_DEVICE_WIDE].frees_since_record++;
-        ptrmap_remove(&h->live, b->addr);
-        b->tag = TAG_DEVICE_WIDE;
-        b->requested = 0;
-        b->state = BLOCK_FREE;
-        b = coalesce_free(h, p, b);
-        free_insert(h, p, b);
-        update_inactive_split(h);
-        return true;
-    }
-    if (!h->vmm && stream != b->stream && !is_capturing(h, stream)) {
-        /* Classic mode keeps PyTorch's rule that a segment serves one stream: the block returns to
-         * its allocation stream, which may reuse it only after the freeing stream's work. */
-        stream_sync(h, stream);
-        stream = b->stream;
-    }
-    unsigned tag = (stream == h->last_stream && h->last_tag) ? h->last_tag : tag_of(h, stream);
-    if (tag >= HEAP_MAX_TAGS) {
-        /* No stream slot even after recycling: make the block safe for everyone the slow way. */
-        stream_sync(h, stream);
-        tag = TAG_ANY;
-    } else {
-        h->tags[tag].frees_since_record++;
-    }
-    b->tag = (uint16_t)tag;
-    b->requested = 0;
-    if (!h->vmm || !quick_push(h, p, b)) { /* parked: stays in `live` */
-        ptrmap_remove(&h->live, b->addr);
-        b->state = BLOCK_FREE;
-        b = coalesce_free(h, p, b);
-        free_insert(h, p, b);
-    }
-    update_inactive_split(h);
-    return true;
 }
 
 /* ------------------------------------------------------------------ lifecycle */
@@ -1678,10 +1769,9 @@ static void check_pool(check_ctx_t *c, pool_t *p, size_t *mapped_sum) {
         c->bad += sizeclass_check(&p->unmapped, c->report);
     }
     CHECK(c, allocated == p->allocated, "pool %d: allocated blocks total %zu, accounting says %zu", p->id, allocated, p->allocated);
-    CHECK(c, free_mapped == p->free_mapped, "pool %d: free blocks total %zu, accounting says %zu", p->id, free_mapped, p->free_mapped);
     CHECK(c, releasable == p->releasable, "pool %d: releasable %zu, accounting says %zu", p->id, releasable, p->releasable);
-    CHECK(c, p->allocated + p->free_mapped == p->mapped, "pool %d: allocated %zu + free %zu != mapped %zu", p->id,
-          p->allocated, p->free_mapped, p->mapped);
+    CHECK(c, p->allocated <= p->mapped && free_mapped == p->mapped - p->allocated,
+          "pool %d: free blocks total %zu, but mapped %zu - allocated %zu", p->id, free_mapped, p->mapped, p->allocated);
     for (unsigned t = 0; t < HEAP_MAX_TAGS; t++) {
         findex_t *ix = p->index[t];
         size_t n = ix ? (h->vmm ? ix->sc.count : ix->tree.count) : 0;
@@ -1709,7 +1799,7 @@ int heap_check(heap_t *h, FILE *report) {
     for (int pi = 0; pi < POOL_COUNT; pi++) {
         check_pool(&c, &h->pools[pi], &mapped);
         allocated += h->pools[pi].allocated;
-        free_mapped += h->pools[pi].free_mapped;
+        free_mapped += pool_free_mapped(&h->pools[pi]);
         releasable += h->pools[pi].releasable;
     }
     for (unsigned t = 0; t < HEAP_MAX_TAGS; t++) {
@@ -1722,17 +1812,19 @@ int heap_check(heap_t *h, FILE *report) {
               t, bytes, h->tags[t].free_bytes);
     }
     size_t listed = 0, listed_bytes = 0;
-    for (int i = 0; i < QUICK_BUCKETS; i++) {
+    for (unsigned i = 0; i < QUICK_BUCKETS; i++) {
         quick_t *q = &h->quick[i];
         size_t n = 0;
         for (block_t *b = q->head; b && n <= QUICK_DEPTH; b = b->link.list.next_free, n++) {
-            CHECK(&c, b->state == BLOCK_CACHED && b->size == q->size && b->tag == q->tag,
-                  "quick list %d (%zu B, tag %u) holds block %#lx: state %d, %zu B, tag %u", i, q->size, q->tag,
+            CHECK(&c, b->state == BLOCK_CACHED && quick_key(b->size, b->tag) == q->key,
+                  "quick list %u (key %#llx) holds block %#lx: state %d, %zu B, tag %u", i, (unsigned long long)q->key,
                   (unsigned long)b->addr, b->state, b->size, b->tag);
-            CHECK(&c, quick_bucket(h, b->size, b->tag) == q, "block %#lx is on the wrong quick list", (unsigned long)b->addr);
+            CHECK(&c, quick_index(quick_key(b->size, b->tag)) == (unsigned)i, "block %#lx is on the wrong quick list",
+                  (unsigned long)b->addr);
             listed_bytes += b->size;
         }
-        CHECK(&c, n == q->count, "quick list %d holds %zu blocks, its count says %u", i, n, q->count);
+        CHECK(&c, n == q->count, "quick list %u holds %zu blocks, its count says %u", i, n, q->count);
+        CHECK(&c, !q->head == !(h->quick_nonempty[i / 64] >> (i % 64) & 1), "quick list %u: its non-empty bit is wrong", i);
         listed += n;
     }
     /* Device-wide frees: the pseudo-stream record, and the non-blocking stream table. */
@@ -1771,7 +1863,7 @@ void heap_dump(heap_t *h, FILE *out) {
     for (int pi = 0; pi < POOL_COUNT; pi++) {
         pool_t *p = &h->pools[pi];
         fprintf(out, "pool %s: mapped %zu allocated %zu free %zu releasable %zu\n", pi == POOL_SMALL ? "small" : "large",
-                p->mapped, p->allocated, p->free_mapped, p->releasable);
+                p->mapped, p->allocated, pool_free_mapped(p), p->releasable);
         for (block_t *seg = p->segments; seg; seg = seg->seg_next) {
             fprintf(out, " segment %#lx\n", (unsigned long)seg->addr);
             for (block_t *b = seg; b; b = b->next)
