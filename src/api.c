@@ -208,9 +208,7 @@ CUALLOC_API __attribute__((noinline)) void *cualloc_malloc(size_t size, int devi
     }
     /* The call stack, before any heap lock is taken (it may define new stack records). */
     if (trace_enabled()) trace_capture_stack(0);
-    void *p = NULL;
-    heap_alloc(h, size, (cua_stream)stream, &p);
-    return p;
+    return heap_malloc(h, size, (cua_stream)stream);
 }
 
 CUALLOC_API void cualloc_free(void *ptr, void *stream) {

@@ -53,6 +53,7 @@
 #define PT_ROUND_LARGE ((size_t)2 << 20)
 
 #define HEAP_PENDING_RELEASES 64
+#define HEAP_MAX_REQUEST ((size_t)1 << 48) /* larger requests fail (and sizes fit quick_key) */
 #define HEAP_MAX_NB_STREAMS 64
 #define HEAP_OOM_KINDS 16
 /* The pseudo-stream of device-wide frees: never a real stream's tag (tag_of stops before it). */
@@ -116,6 +117,7 @@ struct heap_s {
     int dev;
     bool vmm;
     bool plain_rounding;         /* no roundup_power2_divisions: every request rounds up to 512 B */
+    bool fast_alloc;             /* plain_rounding && vmm: heap_malloc's fast path may serve */
     conf_t conf;
     const driver_ops_t *drv;
     size_t granularity;
@@ -319,11 +321,15 @@ static inline void cached_account_sub(heap_t *h, pool_t *p, const block_t *b) {
     h->stats.inactive_split_bytes -= b->size - rel;
 }
 
-/* The same for quick lists (VMM only), where most blocks hold no whole chunk. */
-static inline void quick_account(heap_t *h, pool_t *p, const block_t *b, bool add) {
-    size_t rel = b->size < p->chunk ? 0 : block_releasable(h, p, b);
-    if (__builtin_expect(rel != 0, 0)) p->releasable += add ? rel : -rel;
-    h->stats.inactive_split_bytes += add ? b->size - rel : rel - b->size;
+/* The same for quick lists (VMM only; size == b->size), where most blocks hold no whole chunk. */
+static inline void quick_account(heap_t *h, pool_t *p, const block_t *b, size_t size, bool add) {
+    size_t rel = 0;
+    if (__builtin_expect(size >= p->chunk, 0)) {
+        size_t lo = (b->addr + p->chunk_mask) & ~p->chunk_mask, hi = (b->addr + size) & ~p->chunk_mask;
+        rel = hi > lo ? hi - lo : 0;
+        p->releasable += add ? rel : -rel;
+    }
+    h->stats.inactive_split_bytes += add ? size - rel : rel - size;
 }
 
 /* FREE blocks also count in their tag's free bytes. */
@@ -337,16 +343,15 @@ static inline void free_account_sub(heap_t *h, pool_t *p, const block_t *b) {
     h->tags[b->tag].free_bytes -= b->size;
 }
 
-/* Parks a just-freed block (tag and size final) on its quick list; false when the bucket is taken
- * by another (size, tag) or full. */
-static inline bool quick_push(heap_t *h, pool_t *p, block_t *b) {
-    if (__builtin_expect(b->tag == TAG_DEVICE_WIDE, 0)) return false; /* never handed out unsettled */
-    uint64_t key = quick_key(b->size, b->tag);
-    unsigned i = quick_index(key);
+/* Can list i take a block of `key`: empty, or holding that key with room? */
+static inline bool quick_room(const quick_t *q, uint64_t key) {
+    return !q->head || (q->key == key && q->count < QUICK_DEPTH);
+}
+
+/* Parks b (size bytes, tag final) on list i, for which quick_room(key) holds. */
+static inline void quick_park(heap_t *h, pool_t *p, block_t *b, size_t size, unsigned i, uint64_t key) {
     quick_t *q = &h->quick[i];
-    if (q->head) {
-        if (q->key != key || q->count >= QUICK_DEPTH) return false;
-    } else {
+    if (!q->head) {
         q->key = key;
         h->quick_nonempty[i / 64] |= (uint64_t)1 << (i % 64);
     }
@@ -354,8 +359,18 @@ static inline bool quick_push(heap_t *h, pool_t *p, block_t *b) {
     b->link.list.next_free = q->head;
     q->head = b;
     q->count++;
-    h->quick_bytes += b->size;
-    quick_account(h, p, b, true);
+    h->quick_bytes += size;
+    quick_account(h, p, b, size, true);
+}
+
+/* Parks a just-freed block (tag and size final) on its quick list; false when the bucket is taken
+ * by another (size, tag) or full. */
+static inline bool quick_push(heap_t *h, pool_t *p, block_t *b) {
+    if (__builtin_expect(b->tag == TAG_DEVICE_WIDE, 0)) return false; /* never handed out unsettled */
+    uint64_t key = quick_key(b->size, b->tag);
+    unsigned i = quick_index(key);
+    if (!quick_room(&h->quick[i], key)) return false;
+    quick_park(h, p, b, b->size, i, key);
     return true;
 }
 
@@ -369,8 +384,8 @@ static inline block_t *quick_pop(heap_t *h, pool_t *p, size_t size, unsigned tag
     q->head = b->link.list.next_free;
     q->count--;
     if (!q->head) h->quick_nonempty[i / 64] &= ~((uint64_t)1 << (i % 64));
-    h->quick_bytes -= b->size;
-    quick_account(h, p, b, false);
+    h->quick_bytes -= size;
+    quick_account(h, p, b, size, false);
     return b;
 }
 
@@ -1155,6 +1170,7 @@ static block_t *alloc_search(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
     return b;
 }
 
+/* Lock held; released here. */
 static cua_result alloc_fail(heap_t *h, cua_stream stream, size_t size, size_t rsize) {
     h->stats.num_ooms++;
     if (trace_enabled()) {
@@ -1188,17 +1204,23 @@ static __attribute__((noinline)) block_t *alloc_miss(heap_t *h, pool_t *p, cua_s
     return b;
 }
 
-cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
-    size_t rsize = h->plain_rounding && size - 1 < ((size_t)1 << 48) ? (size + CUALLOC_ALIGN - 1) & ~(size_t)(CUALLOC_ALIGN - 1)
-                                                                      : heap_round_size(&h->conf, size);
-    *out = NULL;
-    cua_lock(&h->lock);
-    if (__builtin_expect(rsize == 0 || rsize > ((size_t)1 << 48), 0)) return alloc_fail(h, stream, size, size);
+/* Every allocation heap_malloc's fast path does not serve. Lock held; released on return. The
+ * pointer, or NULL (out of memory, reported). */
+static __attribute__((noinline)) void *alloc_locked(heap_t *h, size_t size, cua_stream stream) {
+    size_t rsize = h->plain_rounding && size - 1 < HEAP_MAX_REQUEST ? (size + CUALLOC_ALIGN - 1) & ~(size_t)(CUALLOC_ALIGN - 1)
+                                                                   : heap_round_size(&h->conf, size);
+    if (__builtin_expect(rsize == 0 || rsize > HEAP_MAX_REQUEST, 0)) {
+        alloc_fail(h, stream, size, size);
+        return NULL;
+    }
     pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
     unsigned tag = (stream == h->last_stream && h->last_tag) ? h->last_tag : tag_of(h, stream);
-    if (__builtin_expect(tag >= HEAP_MAX_TAGS, 0)) return alloc_fail(h, stream, size, rsize);
+    if (__builtin_expect(tag >= HEAP_MAX_TAGS, 0)) {
+        alloc_fail(h, stream, size, rsize);
+        return NULL;
+    }
     block_t *b = h->vmm ? quick_pop(h, p, rsize, tag) : NULL;
-    if (__builtin_expect(!b, 0) && !(b = alloc_miss(h, p, stream, tag, size, rsize))) return CUA_ERROR_OUT_OF_MEMORY;
+    if (!b && !(b = alloc_miss(h, p, stream, tag, size, rsize))) return NULL;
     b->state = BLOCK_ALLOCATED;
     b->requested = size;
     b->stream = stream;
@@ -1212,8 +1234,41 @@ cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
     update_inactive_split(h);
     if (trace_enabled()) trace_on_alloc(h->dev, stream, b->addr, b->size, size);
     cua_unlock(&h->lock);
-    *out = (void *)b->addr;
-    return CUA_SUCCESS;
+    return (void *)b->addr;
+}
+
+/* The fast path (DESIGN: the allocation a training step repeats): 512 B rounding, the stream of
+ * the previous call, a block of exactly that size parked for that stream, no recorder. It does
+ * what alloc_locked would do for that case and nothing else; everything else goes there. Taking a
+ * parked block only lowers inactive_split_bytes, so its peak needs no update here. */
+void *heap_malloc(heap_t *h, size_t size, cua_stream stream) {
+    cua_lock(&h->lock);
+    if (__builtin_expect(h->fast_alloc && size - 1 < HEAP_MAX_REQUEST && stream == h->last_stream && h->last_tag &&
+                             !trace_enabled(), 1)) {
+        size_t rsize = (size + CUALLOC_ALIGN - 1) & ~(size_t)(CUALLOC_ALIGN - 1);
+        pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
+        block_t *b = quick_pop(h, p, rsize, h->last_tag);
+        if (__builtin_expect(b != NULL, 1)) {
+            b->state = BLOCK_ALLOCATED;
+            b->requested = size;
+            b->stream = stream;
+            p->allocated += rsize;
+            cualloc_stats *s = &h->stats;
+            s->num_allocs++;
+            s->requested_bytes += size;
+            if (s->requested_bytes > s->requested_peak) s->requested_peak = s->requested_bytes;
+            s->allocated_bytes += rsize;
+            if (s->allocated_bytes > s->allocated_peak) s->allocated_peak = s->allocated_bytes;
+            cua_unlock(&h->lock);
+            return (void *)b->addr;
+        }
+    }
+    return alloc_locked(h, size, stream);
+}
+
+cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
+    *out = heap_malloc(h, size, stream);
+    return *out ? CUA_SUCCESS : CUA_ERROR_OUT_OF_MEMORY;
 }
 
 /* A FREE block (tag final, not in `live`) into its index, merged with its neighbours. */
@@ -1258,10 +1313,13 @@ static __attribute__((noinline)) void free_unparked(heap_t *h, pool_t *p, block_
     free_on_tag(h, p, b, stream, tag_of(h, stream));
 }
 
-/* Lock held. The common case — a VMM free on a known stream — parks the block on its quick list. */
-static inline __attribute__((always_inline)) bool free_locked(heap_t *h, void *ptr, cua_stream stream, bool device_wide) {
-    block_t *b = ptrmap_get(&h->live, (uintptr_t)ptr);
-    if (!b || b->state != BLOCK_ALLOCATED) return false; /* not ours, or parked (freed already) */
+/* Every free heap_free's fast path does not serve. Lock held; released here. b: the live-map entry
+ * at ptr, NULL when none. False (nothing done) when b is not an ALLOCATED block. */
+static __attribute__((noinline)) bool free_locked(heap_t *h, block_t *b, cua_stream stream, bool device_wide) {
+    if (!b || b->state != BLOCK_ALLOCATED) { /* not ours, or parked (freed already) */
+        cua_unlock(&h->lock);
+        return false;
+    }
     pool_t *p = &h->pools[b->pool];
     cualloc_stats *s = &h->stats;
     s->num_frees++;
@@ -1269,37 +1327,59 @@ static inline __attribute__((always_inline)) bool free_locked(heap_t *h, void *p
     s->allocated_bytes -= b->size;
     p->allocated -= b->size;
     if (trace_enabled()) trace_on_free(h->dev, stream, b->addr, b->size, b->requested);
-    if (__builtin_expect(device_wide || !h->vmm, 0)) {
+    if (device_wide || !h->vmm) {
         free_unparked(h, p, b, stream, device_wide);
     } else {
         unsigned tag = (stream == h->last_stream && h->last_tag) ? h->last_tag : tag_of(h, stream);
-        if (__builtin_expect(tag >= HEAP_MAX_TAGS, 0)) {
+        if (tag >= HEAP_MAX_TAGS) {
             free_on_tag(h, p, b, stream, tag);
         } else {
             h->tags[tag].frees_since_record++;
             b->tag = (uint16_t)tag;
             b->requested = 0;
-            if (__builtin_expect(!quick_push(h, p, b), 0)) free_to_index(h, p, b); /* parked: stays in `live` */
+            if (!quick_push(h, p, b)) free_to_index(h, p, b); /* parked: stays in `live` */
         }
     }
     update_inactive_split(h);
+    cua_unlock(&h->lock);
     return true;
 }
 
+/* The fast path: a VMM free of an allocated block on the stream of the previous call, whose quick
+ * list has room, no recorder. What free_locked would do for that case and nothing else. */
 bool heap_free(heap_t *h, void *ptr, cua_stream stream) {
     cua_lock(&h->lock);
-    bool ok = free_locked(h, ptr, stream, false);
-    cua_unlock(&h->lock);
-    return ok;
+    block_t *b = ptrmap_get(&h->live, (uintptr_t)ptr);
+    if (__builtin_expect(b && b->state == BLOCK_ALLOCATED && h->vmm && stream == h->last_stream && h->last_tag &&
+                             !trace_enabled(), 1)) {
+        unsigned tag = h->last_tag;
+        size_t size = b->size;
+        uint64_t key = quick_key(size, tag);
+        unsigned i = quick_index(key);
+        if (__builtin_expect(quick_room(&h->quick[i], key), 1)) {
+            pool_t *p = &h->pools[b->pool];
+            cualloc_stats *s = &h->stats;
+            s->num_frees++;
+            s->requested_bytes -= b->requested;
+            s->allocated_bytes -= size;
+            p->allocated -= size;
+            h->tags[tag].frees_since_record++;
+            b->tag = (uint16_t)tag;
+            b->requested = 0;
+            quick_park(h, p, b, size, i, key); /* stays in `live` */
+            update_inactive_split(h);
+            cua_unlock(&h->lock);
+            return true;
+        }
+    }
+    return free_locked(h, b, stream, false);
 }
 
 bool heap_free_device_wide(heap_t *h, void *ptr) {
     cua_lock(&h->lock);
     /* No known non-blocking stream: the legacy stream orders every other one, so this is a free on
      * it (reused at once by the legacy stream, by others after its event). */
-    bool ok = free_locked(h, ptr, NULL, h->n_nb > 0 || h->nb_overflow);
-    cua_unlock(&h->lock);
-    return ok;
+    return free_locked(h, ptrmap_get(&h->live, (uintptr_t)ptr), NULL, h->n_nb > 0 || h->nb_overflow);
 }
 
 /* ------------------------------------------------------------------ lifecycle */
@@ -1378,6 +1458,7 @@ heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_re
     h->plain_rounding = true;
     for (int i = 0; i < CONF_ROUNDUP_INTERVALS; i++)
         if (conf->roundup_power2_divisions[i] > 1) h->plain_rounding = false;
+    h->fast_alloc = h->plain_rounding && h->vmm;
     slab_init(&h->blocks, sizeof(block_t));
     h->tags[TAG_ANY].used = true;
     h->tags[TAG_DEVICE_WIDE].used = true;
