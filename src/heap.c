@@ -92,6 +92,7 @@ typedef struct quick_s {
     uint64_t key;                /* quick_key(size, tag) of its blocks; meaningless while empty */
     block_t *head;               /* newest first, linked through link.list.next_free */
     uint32_t count;
+    bool ref;                    /* taken from since a partial flush last passed it (second chance) */
 } quick_t;
 
 typedef struct pool_s {
@@ -353,6 +354,7 @@ static inline void quick_park(heap_t *h, pool_t *p, block_t *b, size_t size, uns
     quick_t *q = &h->quick[i];
     if (!q->head) {
         q->key = key;
+        q->ref = false;
         h->quick_nonempty[i / 64] |= (uint64_t)1 << (i % 64);
     }
     b->state = BLOCK_CACHED;
@@ -383,6 +385,7 @@ static inline block_t *quick_pop(heap_t *h, pool_t *p, size_t size, unsigned tag
     if (!b || q->key != key) return NULL;
     q->head = b->link.list.next_free;
     q->count--;
+    q->ref = true;
     if (!q->head) h->quick_nonempty[i / 64] &= ~((uint64_t)1 << (i % 64));
     h->quick_bytes -= size;
     quick_account(h, p, b, size, false);
@@ -421,22 +424,31 @@ static void quick_flush(heap_t *h) {
 
 /* A search for `rsize` on `tag` in pool p missed: merges pool p's quick lists back (the other
  * pool's blocks lie in other address space and cannot help). With `until_fit`, one list at a
- * time from a rotating start, stopping once a merge yields a block the search would find, so that
- * one request does not empty every list (each emptied list costs its size a miss later). True
- * when such a block appeared (the caller searches again: the block may have merged further). */
+ * time, stopping once a merge yields a block the search would find, so that one request does not
+ * empty every list (each emptied list costs its size a miss later). The lists are visited in
+ * CLOCK order: from where the last such flush stopped, a list taken from since it was last passed
+ * gets a second chance, so sizes that stopped recurring (odd shapes) go first. True when a fitting
+ * block appeared (the caller searches again: the block may have merged further). */
 static bool quick_flush_pool(heap_t *h, pool_t *p, unsigned tag, size_t rsize, bool until_fit) {
     bool fit = false;
-    for (unsigned n = 0; n < QUICK_BUCKETS / 64; n++) {
-        unsigned w = (h->quick_cursor + n) % (QUICK_BUCKETS / 64);
-        for (uint64_t bits = h->quick_nonempty[w]; bits; bits &= bits - 1) {
-            unsigned i = w * 64 + (unsigned)__builtin_ctzll(bits);
-            if (h->quick[i].head->pool != p->id) continue;
-            block_t *m = quick_evict(h, i, p->id, tag);
-            if (m && m->size >= rsize) {
-                fit = true;
-                if (until_fit) {
-                    h->quick_cursor = w;
-                    return true;
+    for (unsigned pass = until_fit ? 0 : 1; pass < 2; pass++) {
+        for (unsigned n = 0; n < QUICK_BUCKETS / 64; n++) {
+            unsigned w = (h->quick_cursor + n) % (QUICK_BUCKETS / 64);
+            for (uint64_t bits = h->quick_nonempty[w]; bits; bits &= bits - 1) {
+                unsigned i = w * 64 + (unsigned)__builtin_ctzll(bits);
+                quick_t *q = &h->quick[i];
+                if (q->head->pool != p->id) continue;
+                if (pass == 0 && q->ref) {
+                    q->ref = false;
+                    continue;
+                }
+                block_t *m = quick_evict(h, i, p->id, tag);
+                if (m && m->size >= rsize) {
+                    fit = true;
+                    if (until_fit) {
+                        h->quick_cursor = w;
+                        return true;
+                    }
                 }
             }
         }
