@@ -1219,6 +1219,9 @@ static __attribute__((noinline)) block_t *alloc_miss(heap_t *h, pool_t *p, cua_s
 
 /* Every allocation heap_malloc's fast path does not serve. Lock held; released on return. The
  * pointer, or NULL (out of memory, reported). */
+static void *alloc_after_miss(heap_t *h, pool_t *p, cua_stream stream, unsigned tag, size_t size, size_t rsize);
+static inline void *alloc_finish(heap_t *h, pool_t *p, block_t *b, cua_stream stream, size_t size);
+
 static __attribute__((noinline)) void *alloc_locked(heap_t *h, size_t size, cua_stream stream) {
     size_t rsize = h->plain_rounding && size - 1 < HEAP_MAX_REQUEST ? (size + CUALLOC_ALIGN - 1) & ~(size_t)(CUALLOC_ALIGN - 1)
                                                                    : heap_round_size(&h->conf, size);
@@ -1233,7 +1236,20 @@ static __attribute__((noinline)) void *alloc_locked(heap_t *h, size_t size, cua_
         return NULL;
     }
     block_t *b = h->vmm ? quick_pop(h, p, rsize, tag) : NULL;
-    if (!b && !(b = alloc_miss(h, p, stream, tag, size, rsize))) return NULL;
+    if (!b) return alloc_after_miss(h, p, stream, tag, size, rsize);
+    return alloc_finish(h, p, b, stream, size);
+}
+
+/* alloc_locked after the quick lists missed (heap_malloc's fast path comes here directly). */
+static __attribute__((noinline)) void *alloc_after_miss(heap_t *h, pool_t *p, cua_stream stream, unsigned tag,
+                                                        size_t size, size_t rsize) {
+    block_t *b = alloc_miss(h, p, stream, tag, size, rsize);
+    return b ? alloc_finish(h, p, b, stream, size) : NULL;
+}
+
+/* The end of every allocation but the fast path's hit: b becomes ALLOCATED; accounting, the
+ * recorder, unlock. */
+static inline void *alloc_finish(heap_t *h, pool_t *p, block_t *b, cua_stream stream, size_t size) {
     b->state = BLOCK_ALLOCATED;
     b->requested = size;
     b->stream = stream;
@@ -1275,6 +1291,7 @@ void *heap_malloc(heap_t *h, size_t size, cua_stream stream) {
             cua_unlock(&h->lock);
             return (void *)b->addr;
         }
+        return alloc_after_miss(h, p, stream, h->last_tag, size, rsize);
     }
     return alloc_locked(h, size, stream);
 }
