@@ -393,11 +393,12 @@ static inline block_t *quick_pop(heap_t *h, pool_t *p, size_t size, unsigned tag
 }
 
 /* Merges the blocks of one quick list back into the free index, restoring "no two adjacent
- * compatible FREE blocks" (a block merges with neighbours merged before it). Returns the largest
- * merged block of pool `want` whose tag `tag` may use (TAG_ANY or its own), NULL when none. */
-static block_t *quick_evict(heap_t *h, unsigned i, pool_id_t want, unsigned tag) {
+ * compatible FREE blocks" (a block merges with neighbours merged before it). True when a merge
+ * yielded a block of pool `want`, at least `size` bytes, that tag `tag` may use (TAG_ANY or its
+ * own) — a hint only: a later merge may absorb it (its record is then gone) or change its tag. */
+static bool quick_evict(heap_t *h, unsigned i, pool_id_t want, unsigned tag, size_t size) {
     quick_t *q = &h->quick[i];
-    block_t *best = NULL;
+    bool fit = false;
     h->quick_nonempty[i / 64] &= ~((uint64_t)1 << (i % 64));
     while (q->head) {
         block_t *b = q->head;
@@ -410,16 +411,16 @@ static block_t *quick_evict(heap_t *h, unsigned i, pool_id_t want, unsigned tag)
         b->state = BLOCK_FREE;
         b = coalesce_free(h, p, b);
         free_insert(h, p, b);
-        if (b->pool == want && (b->tag == tag || b->tag == TAG_ANY) && (!best || b->size > best->size)) best = b;
+        if (b->pool == want && (b->tag == tag || b->tag == TAG_ANY) && b->size >= size) fit = true;
     }
-    return best;
+    return fit;
 }
 
 /* Merges every CACHED block back into the free indexes. */
 static void quick_flush(heap_t *h) {
     if (!h->quick_bytes) return;
     for (unsigned w = 0; w < QUICK_BUCKETS / 64; w++)
-        while (h->quick_nonempty[w]) quick_evict(h, w * 64 + (unsigned)__builtin_ctzll(h->quick_nonempty[w]), POOL_SMALL, TAG_ANY);
+        while (h->quick_nonempty[w]) quick_evict(h, w * 64 + (unsigned)__builtin_ctzll(h->quick_nonempty[w]), POOL_SMALL, TAG_ANY, SIZE_MAX);
 }
 
 /* A search for `rsize` on `tag` in pool p missed: merges pool p's quick lists back (the other
@@ -443,8 +444,7 @@ static bool quick_flush_pool(heap_t *h, pool_t *p, unsigned tag, size_t rsize, b
                     q->ref = false;
                     continue;
                 }
-                block_t *m = quick_evict(h, i, p->id, tag);
-                if (m && m->size >= rsize) {
+                if (quick_evict(h, i, p->id, tag, rsize)) {
                     fit = true;
                     if (until_fit) {
                         h->quick_cursor = w;
