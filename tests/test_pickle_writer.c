@@ -127,13 +127,16 @@ int main(int argc, char **argv)
     fclose(f);
 
     /* Misuse is reported, not written out silently. */
-    FILE *g = open_memstream(&(char *){NULL}, &(size_t){0});
+    char *gbuf = NULL;
+    size_t glen = 0;
+    FILE *g = open_memstream(&gbuf, &glen);
     pkw_t *w = pkw_new(g);
     pkw_list_begin(w);
     pkw_key(w, "not in a dict");
     char err[128];
     CHECK(!pkw_finish(w, err, sizeof err) && strstr(err, "misuse"), "misuse not reported");
     fclose(g);
+    free(gbuf);
 
     char perr[256];
     pk_doc_t *doc = pk_load(buf, len, NULL, perr, sizeof perr);
