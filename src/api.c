@@ -191,55 +191,67 @@ heap_t *api_owner(const void *ptr) {
 
 /* noinline: the recorder skips exactly this frame (trace_capture_stack(0)), inlined or not. */
 CUALLOC_API __attribute__((noinline)) void *cualloc_malloc(size_t size, int device, void *stream) {
-    api_ensure_init();
-    if (__builtin_expect(g.disabled, 0)) {
-        cua_devptr p = 0;
-        if (device < 0 || device >= g.device_count) return NULL;
-        return g.drv->mem_alloc(device, size ? size : 1, &p) == CUA_SUCCESS ? (void *)(uintptr_t)p : NULL;
-    }
     heap_t *h = NULL;
     if (__builtin_expect((unsigned)device < CUALLOC_MAX_DEVICES, 1))
         h = atomic_load_explicit(&g.heaps[device], memory_order_acquire);
-    if (__builtin_expect(!h, 0) && !(h = api_heap(device))) {
-        if (g.init_error == CUA_SUCCESS && (device < 0 || device >= g.device_count))
-            cua_error("cualloc_malloc: device %d is not valid (%d device%s)", device, g.device_count,
-                      g.device_count == 1 ? "" : "s");
-        return NULL;
+    /* A heap exists only after api_init (its acquire load orders g.disabled too). */
+    if (__builtin_expect(!h || g.disabled, 0)) {
+        api_ensure_init();
+        if (g.disabled) {
+            cua_devptr p = 0;
+            if (device < 0 || device >= g.device_count) return NULL;
+            return g.drv->mem_alloc(device, size ? size : 1, &p) == CUA_SUCCESS ? (void *)(uintptr_t)p : NULL;
+        }
+        if (!h && !(h = api_heap(device))) {
+            if (g.init_error == CUA_SUCCESS && (device < 0 || device >= g.device_count))
+                cua_error("cualloc_malloc: device %d is not valid (%d device%s)", device, g.device_count,
+                          g.device_count == 1 ? "" : "s");
+            return NULL;
+        }
     }
     /* The call stack, before any heap lock is taken (it may define new stack records). */
     if (trace_enabled()) trace_capture_stack(0);
-    void *p = NULL;
-    heap_alloc(h, size, (cua_stream)stream, &p);
-    return p;
+    return heap_malloc(h, size, (cua_stream)stream);
 }
 
-CUALLOC_API void cualloc_free(void *ptr, void *stream) {
-    if (!ptr) return;
-    api_ensure_init();
-    if (__builtin_expect(g.disabled, 0)) {
+/* cualloc_free's other cases, out of line so that the common one needs no frame: `in_range`, ptr
+ * lies in a VMM heap's range and that heap did not free it (or cualloc is disabled); otherwise
+ * api_init may not have run, the heap may be classic, or the pointer is not ours. */
+static __attribute__((noinline)) void api_free_slow(void *ptr, void *stream, bool in_range) {
+    if (!in_range) api_ensure_init();
+    if (g.disabled) {
         for (int d = 0; d < g.device_count; d++)
             if (g.drv->mem_free(d, (cua_devptr)(uintptr_t)ptr) == CUA_SUCCESS) return;
         return;
     }
+    if (!in_range) {
+        /* Classic heaps: the block lookup says. */
+        int n = g.device_count < CUALLOC_MAX_DEVICES ? g.device_count : CUALLOC_MAX_DEVICES;
+        for (int d = 0; d < n; d++) {
+            heap_t *h = api_existing_heap(d);
+            if (h && !heap_is_vmm(h) && heap_free(h, ptr, (cua_stream)stream)) return;
+        }
+    }
+    cua_error("cualloc_free: %p was not allocated by cualloc (or was already freed); ignored", ptr);
+}
+
+CUALLOC_API void cualloc_free(void *ptr, void *stream) {
+    if (!ptr) return;
     uintptr_t a = (uintptr_t)ptr;
+    /* VMM heaps: the address range names the device. Ranges are published with their heap, after
+     * api_init (before it, and in a forked child until its first heap, device_count is 0). */
     int n = g.device_count < CUALLOC_MAX_DEVICES ? g.device_count : CUALLOC_MAX_DEVICES;
-    /* VMM heaps: the address range names the device. */
     for (int d = 0; d < n; d++) {
         for (int pi = 0; pi < POOL_COUNT; pi++) {
             if (a - g.ranges[d][pi].lo < g.ranges[d][pi].hi - g.ranges[d][pi].lo) {
                 heap_t *h = atomic_load_explicit(&g.heaps[d], memory_order_acquire);
-                if (h && heap_free(h, ptr, (cua_stream)stream)) return;
-                goto not_owned;
+                if (__builtin_expect(h && !g.disabled, 1) && __builtin_expect(heap_free(h, ptr, (cua_stream)stream), 1)) return;
+                api_free_slow(ptr, stream, true);
+                return;
             }
         }
     }
-    /* Classic heaps: the block lookup says. */
-    for (int d = 0; d < n; d++) {
-        heap_t *h = api_existing_heap(d);
-        if (h && !heap_is_vmm(h) && heap_free(h, ptr, (cua_stream)stream)) return;
-    }
-not_owned:
-    cua_error("cualloc_free: %p was not allocated by cualloc (or was already freed); ignored", ptr);
+    api_free_slow(ptr, stream, false);
 }
 
 CUALLOC_API int cualloc_get_stats(int device, cualloc_stats *out) {

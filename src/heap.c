@@ -25,12 +25,17 @@
  * Invariants (heap_check), per pool:
  *   blocks tile every segment in address order; no two adjacent FREE blocks have compatible tags
  *   (equal, or one of them ANY); no two adjacent UNMAPPED blocks;
- *   allocated + free_mapped == mapped, and summed over pools, mapped == stats.reserved_bytes;
+ *   the FREE and CACHED blocks' bytes == mapped - allocated, and summed over pools, mapped ==
+ *   stats.reserved_bytes;
  *   VMM: a chunk is mapped iff an ALLOCATED or FREE block touches it; UNMAPPED blocks are
  *   chunk-aligned;
  *   every FREE block is in exactly the index of its (pool, tag); every CACHED block on exactly the
- *   quick list of its (size, tag), never with TAG_DEVICE_WIDE; every ALLOCATED block is in `live`
- *   under its address.
+ *   quick list of its (size, tag), never with TAG_DEVICE_WIDE; every ALLOCATED and every CACHED
+ *   block is in `live` under its address (a parked block keeps its entry, so that taking it again
+ *   and freeing it again cost a map look-up, not an insertion and a removal).
+ *   Accounting: stats.inactive_split_bytes is kept equal to the free bytes that are not releasable
+ *   (FREE and CACHED blocks, both pools) at every step; its peak is taken where an operation ends. stats.active_* equal allocated_* at all
+ *   times (no block is allocated yet inactive) and are filled in when the stats are read.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -48,6 +53,7 @@
 #define PT_ROUND_LARGE ((size_t)2 << 20)
 
 #define HEAP_PENDING_RELEASES 64
+#define HEAP_MAX_REQUEST ((size_t)1 << 48) /* larger requests fail (and sizes fit quick_key) */
 #define HEAP_MAX_NB_STREAMS 64
 #define HEAP_OOM_KINDS 16
 /* The pseudo-stream of device-wide frees: never a real stream's tag (tag_of stops before it). */
@@ -65,23 +71,28 @@ typedef struct stream_rec_s {
     bool event_in_flight;       /* event recorded on the stream, not yet seen complete */
     cua_event event;            /* created on first need */
     uint64_t frees_since_record; /* frees on this stream since the event was last recorded */
-    size_t free_bytes;          /* bytes of FREE blocks with this tag, both pools */
+    size_t free_bytes;          /* bytes of FREE blocks with this tag, both pools. CACHED blocks are
+                                 * not counted: every reader runs after quick_flush. */
 } stream_rec_t;
 
 /* Quick lists (VMM mode): freed blocks parked unmerged by exact (size, tag), so the sizes a
  * training step allocates again and again skip search, split and merge. A bucket belongs to one
  * (size, tag) while it holds blocks; a free whose bucket is taken by another key, or full, takes
  * the ordinary path. Parked blocks are merged back (flushed) before a search that misses them can
- * grow the heap, before anything is settled or released, so they never cost physical memory.
- * Invariant: every CACHED block is on exactly the list of its (size, tag); quick_bytes is their
- * total. */
-#define QUICK_BUCKETS 256
+ * grow the heap, before anything is settled or released, so they never cost physical memory; a
+ * search that misses in the small pool merges back only as many lists as it needs, so that the
+ * other sizes stay parked. 1024 buckets keep collisions between recurring sizes rare; a bitmap of
+ * the non-empty ones keeps flushes from visiting the rest.
+ * Invariant: every CACHED block is on exactly the list of its (size, tag), and the bit of a bucket
+ * is set iff it holds blocks; quick_bytes is their total. */
+#define QUICK_BUCKETS_LOG2 10
+#define QUICK_BUCKETS (1u << QUICK_BUCKETS_LOG2)
 #define QUICK_DEPTH 64
 typedef struct quick_s {
-    size_t size;
+    uint64_t key;                /* quick_key(size, tag) of its blocks; meaningless while empty */
     block_t *head;               /* newest first, linked through link.list.next_free */
-    uint16_t tag;
-    uint16_t count;
+    uint32_t count;
+    bool ref;                    /* taken from since a partial flush last passed it (second chance) */
 } quick_t;
 
 typedef struct pool_s {
@@ -98,14 +109,16 @@ typedef struct pool_s {
     uint32_t free_block_searches; /* classic GC clock (PyTorch's get_free_blocks_call_count) */
     size_t mapped;               /* bytes backed by physical memory */
     size_t allocated;            /* bytes of ALLOCATED blocks */
-    size_t free_mapped;          /* bytes of FREE blocks; allocated + free_mapped == mapped */
-    size_t releasable;           /* bytes of FREE blocks that could be unmapped/freed now */
+    size_t releasable;           /* bytes of FREE and CACHED blocks (together: mapped - allocated)
+                                  * that could be unmapped/freed now (CACHED: once flushed) */
 } pool_t;
 
 struct heap_s {
     cua_lock_t lock;             /* guards everything below */
     int dev;
     bool vmm;
+    bool plain_rounding;         /* no roundup_power2_divisions: every request rounds up to 512 B */
+    bool fast_alloc;             /* plain_rounding && vmm: heap_malloc's fast path may serve */
     conf_t conf;
     const driver_ops_t *drv;
     size_t granularity;
@@ -115,12 +128,14 @@ struct heap_s {
     stream_rec_t tags[HEAP_MAX_TAGS]; /* tags[TAG_ANY] is the "settled" pseudo-stream */
     cua_stream last_stream;      /* one-entry cache of tag_of */
     unsigned last_tag;
-    ptrmap_t live;               /* ALLOCATED blocks by address */
+    ptrmap_t live;               /* ALLOCATED and CACHED blocks by address */
     slab_t blocks;               /* block records */
     cualloc_stats stats;
     unsigned oom_reports;        /* reports printed, to keep a failing loop from flooding */
     quick_t quick[QUICK_BUCKETS];
     size_t quick_bytes;          /* bytes of CACHED blocks, all buckets */
+    uint64_t quick_nonempty[QUICK_BUCKETS / 64]; /* bit i set iff quick[i] holds blocks */
+    unsigned quick_cursor;       /* the word of quick_nonempty where the next partial flush starts */
     cua_memhandle pending_release[HEAP_PENDING_RELEASES]; /* unmapped handles the driver would not release yet */
     size_t npending;
     /* Device-wide frees (cudaFree): the non-blocking streams the front door saw created (the
@@ -179,9 +194,11 @@ static findex_t *index_get(heap_t *h, pool_t *p, unsigned tag) {
 
 /* Bytes of a FREE block that a release could return to the device right now. */
 /* Free bytes that cannot be released now: free memory minus its releasable part, over both pools. */
+static inline size_t pool_free_mapped(const pool_t *p) { return p->mapped - p->allocated; }
+
 static inline size_t heap_inactive_split(const heap_t *h) {
-    return (h->pools[POOL_SMALL].free_mapped - h->pools[POOL_SMALL].releasable) +
-           (h->pools[POOL_LARGE].free_mapped - h->pools[POOL_LARGE].releasable);
+    return (pool_free_mapped(&h->pools[POOL_SMALL]) - h->pools[POOL_SMALL].releasable) +
+           (pool_free_mapped(&h->pools[POOL_LARGE]) - h->pools[POOL_LARGE].releasable);
 }
 
 static inline __attribute__((always_inline)) size_t block_releasable(const heap_t *h, const pool_t *p, const block_t *b) {
@@ -283,75 +300,161 @@ static block_t *block_split(heap_t *h, block_t *b, size_t size, uint8_t state, u
 
 static block_t *coalesce_free(heap_t *h, pool_t *p, block_t *b);
 
-static inline quick_t *quick_bucket(heap_t *h, size_t size, unsigned tag) {
-    uint32_t key = (uint32_t)(size >> 9) ^ ((uint32_t)tag << 26);
-    return &h->quick[(key * 2654435761u) >> 24];
+/* (size, tag) as one word: sizes are below 2^48 (heap_alloc refuses larger), tags below 2^16. */
+static inline uint64_t quick_key(size_t size, unsigned tag) { return (uint64_t)size | ((uint64_t)tag << 48); }
+
+static inline unsigned quick_index(uint64_t key) {
+    uint32_t k = (uint32_t)(key >> 9) ^ ((uint32_t)(key >> 48) << 26);
+    return (k * 2654435761u) >> (32 - QUICK_BUCKETS_LOG2);
 }
 
-/* Accounting shared by FREE and CACHED blocks: both are free physical memory of their tag. */
-static inline void free_account_add(heap_t *h, pool_t *p, const block_t *b) {
+/* Accounting shared by FREE and CACHED blocks: both are free physical memory. The part a release
+ * could not return is inactive-split (kept current here; its peak is taken by the caller). */
+static inline void cached_account_add(heap_t *h, pool_t *p, const block_t *b) {
     size_t rel = block_releasable(h, p, b);
-    p->free_mapped += b->size;
     p->releasable += rel;
+    h->stats.inactive_split_bytes += b->size - rel;
+}
+
+static inline void cached_account_sub(heap_t *h, pool_t *p, const block_t *b) {
+    size_t rel = block_releasable(h, p, b);
+    p->releasable -= rel;
+    h->stats.inactive_split_bytes -= b->size - rel;
+}
+
+/* The same for quick lists (VMM only; size == b->size), where most blocks hold no whole chunk. */
+static inline void quick_account(heap_t *h, pool_t *p, const block_t *b, size_t size, bool add) {
+    size_t rel = 0;
+    if (__builtin_expect(size >= p->chunk, 0)) {
+        size_t lo = (b->addr + p->chunk_mask) & ~p->chunk_mask, hi = (b->addr + size) & ~p->chunk_mask;
+        rel = hi > lo ? hi - lo : 0;
+        p->releasable += add ? rel : -rel;
+    }
+    h->stats.inactive_split_bytes += add ? size - rel : rel - size;
+}
+
+/* FREE blocks also count in their tag's free bytes. */
+static inline void free_account_add(heap_t *h, pool_t *p, const block_t *b) {
+    cached_account_add(h, p, b);
     h->tags[b->tag].free_bytes += b->size;
 }
 
 static inline void free_account_sub(heap_t *h, pool_t *p, const block_t *b) {
-    size_t rel = block_releasable(h, p, b);
-    p->free_mapped -= b->size;
-    p->releasable -= rel;
+    cached_account_sub(h, p, b);
     h->tags[b->tag].free_bytes -= b->size;
+}
+
+/* Can list i take a block of `key`: empty, or holding that key with room? */
+static inline bool quick_room(const quick_t *q, uint64_t key) {
+    return !q->head || (q->key == key && q->count < QUICK_DEPTH);
+}
+
+/* Parks b (size bytes, tag final) on list i, for which quick_room(key) holds. */
+static inline void quick_park(heap_t *h, pool_t *p, block_t *b, size_t size, unsigned i, uint64_t key) {
+    quick_t *q = &h->quick[i];
+    if (!q->head) {
+        q->key = key;
+        q->ref = false;
+        h->quick_nonempty[i / 64] |= (uint64_t)1 << (i % 64);
+    }
+    b->state = BLOCK_CACHED;
+    b->link.list.next_free = q->head;
+    q->head = b;
+    q->count++;
+    h->quick_bytes += size;
+    quick_account(h, p, b, size, true);
 }
 
 /* Parks a just-freed block (tag and size final) on its quick list; false when the bucket is taken
  * by another (size, tag) or full. */
 static inline bool quick_push(heap_t *h, pool_t *p, block_t *b) {
     if (__builtin_expect(b->tag == TAG_DEVICE_WIDE, 0)) return false; /* never handed out unsettled */
-    quick_t *q = quick_bucket(h, b->size, b->tag);
-    if (q->head) {
-        if (q->size != b->size || q->tag != b->tag || q->count >= QUICK_DEPTH) return false;
-    } else {
-        q->size = b->size;
-        q->tag = b->tag;
-    }
-    b->state = BLOCK_CACHED;
-    b->link.list.next_free = q->head;
-    q->head = b;
-    q->count++;
-    h->quick_bytes += b->size;
-    free_account_add(h, p, b);
+    uint64_t key = quick_key(b->size, b->tag);
+    unsigned i = quick_index(key);
+    if (!quick_room(&h->quick[i], key)) return false;
+    quick_park(h, p, b, b->size, i, key);
     return true;
 }
 
+/* (No list has TAG_DEVICE_WIDE blocks: quick_push refuses them.) */
 static inline block_t *quick_pop(heap_t *h, pool_t *p, size_t size, unsigned tag) {
-    quick_t *q = quick_bucket(h, size, tag);
+    uint64_t key = quick_key(size, tag);
+    unsigned i = quick_index(key);
+    quick_t *q = &h->quick[i];
     block_t *b = q->head;
-    if (!b || q->size != size || q->tag != tag || tag == TAG_DEVICE_WIDE) return NULL;
+    if (!b || q->key != key) return NULL;
     q->head = b->link.list.next_free;
     q->count--;
-    h->quick_bytes -= b->size;
-    free_account_sub(h, p, b);
+    q->ref = true;
+    if (!q->head) h->quick_nonempty[i / 64] &= ~((uint64_t)1 << (i % 64));
+    h->quick_bytes -= size;
+    quick_account(h, p, b, size, false);
     return b;
 }
 
-/* Merges every CACHED block back into the free indexes, restoring "no two adjacent compatible
- * FREE blocks" (a flushed block merges with neighbours flushed before it). */
+/* Merges the blocks of one quick list back into the free index, restoring "no two adjacent
+ * compatible FREE blocks" (a block merges with neighbours merged before it). True when a merge
+ * yielded a block of pool `want`, at least `size` bytes, that tag `tag` may use (TAG_ANY or its
+ * own) — a hint only: a later merge may absorb it (its record is then gone) or change its tag. */
+static bool quick_evict(heap_t *h, unsigned i, pool_id_t want, unsigned tag, size_t size) {
+    quick_t *q = &h->quick[i];
+    bool fit = false;
+    h->quick_nonempty[i / 64] &= ~((uint64_t)1 << (i % 64));
+    while (q->head) {
+        block_t *b = q->head;
+        pool_t *p = &h->pools[b->pool];
+        q->head = b->link.list.next_free;
+        q->count--;
+        h->quick_bytes -= b->size;
+        cached_account_sub(h, p, b);
+        ptrmap_remove(&h->live, b->addr);
+        b->state = BLOCK_FREE;
+        b = coalesce_free(h, p, b);
+        free_insert(h, p, b);
+        if (b->pool == want && (b->tag == tag || b->tag == TAG_ANY) && b->size >= size) fit = true;
+    }
+    return fit;
+}
+
+/* Merges every CACHED block back into the free indexes. */
 static void quick_flush(heap_t *h) {
     if (!h->quick_bytes) return;
-    for (int i = 0; i < QUICK_BUCKETS; i++) {
-        quick_t *q = &h->quick[i];
-        while (q->head) {
-            block_t *b = q->head;
-            pool_t *p = &h->pools[b->pool];
-            q->head = b->link.list.next_free;
-            q->count--;
-            h->quick_bytes -= b->size;
-            free_account_sub(h, p, b);
-            b->state = BLOCK_FREE;
-            b = coalesce_free(h, p, b);
-            free_insert(h, p, b);
+    for (unsigned w = 0; w < QUICK_BUCKETS / 64; w++)
+        while (h->quick_nonempty[w]) quick_evict(h, w * 64 + (unsigned)__builtin_ctzll(h->quick_nonempty[w]), POOL_SMALL, TAG_ANY, SIZE_MAX);
+}
+
+/* A search for `rsize` on `tag` in pool p missed: merges pool p's quick lists back (the other
+ * pool's blocks lie in other address space and cannot help). The lists are visited in CLOCK
+ * order, from where the last such flush stopped. With `second_chance`, a list taken from since
+ * it was last passed is skipped once (its bit cleared), so sizes that stopped recurring (odd
+ * shapes) go first; without, every list goes. With `until_fit` (and second_chance), one list at a
+ * time, stopping once a merge yields a block the search would find, so that one request does not
+ * empty every list (each emptied list costs its size a miss later); without, only the first pass.
+ * True when a fitting block appeared (the caller searches again: it may have merged further). */
+static bool quick_flush_pool(heap_t *h, pool_t *p, unsigned tag, size_t rsize, bool until_fit, bool second_chance) {
+    bool fit = false;
+    for (unsigned pass = second_chance ? 0 : 1; pass < (until_fit || !second_chance ? 2u : 1u); pass++) {
+        for (unsigned n = 0; n < QUICK_BUCKETS / 64; n++) {
+            unsigned w = (h->quick_cursor + n) % (QUICK_BUCKETS / 64);
+            for (uint64_t bits = h->quick_nonempty[w]; bits; bits &= bits - 1) {
+                unsigned i = w * 64 + (unsigned)__builtin_ctzll(bits);
+                quick_t *q = &h->quick[i];
+                if (q->head->pool != p->id) continue;
+                if (pass == 0 && q->ref) {
+                    q->ref = false;
+                    continue;
+                }
+                if (quick_evict(h, i, p->id, tag, rsize)) {
+                    fit = true;
+                    if (until_fit) {
+                        h->quick_cursor = w;
+                        return true;
+                    }
+                }
+            }
         }
     }
+    return fit;
 }
 
 /* ------------------------------------------------------------------ streams */
@@ -951,10 +1054,9 @@ static bool should_split(const heap_t *h, const pool_t *p, size_t block_size, si
     return rsize < h->conf.max_split_size && remaining > CUALLOC_SMALL_MAX;
 }
 
-static void update_inactive_split(heap_t *h) {
-    size_t v = heap_inactive_split(h);
-    h->stats.inactive_split_bytes = v;
-    if (v > h->stats.inactive_split_peak) h->stats.inactive_split_peak = v;
+/* Where an operation ends: inactive_split_bytes is current (the accounting keeps it so); its peak. */
+static inline void update_inactive_split(heap_t *h) {
+    if (h->stats.inactive_split_bytes > h->stats.inactive_split_peak) h->stats.inactive_split_peak = h->stats.inactive_split_bytes;
 }
 
 static size_t largest_free_locked(heap_t *h) {
@@ -967,8 +1069,8 @@ static size_t largest_free_locked(heap_t *h) {
             if (b && b->size > best) best = b->size;
         }
     }
-    for (int i = 0; i < QUICK_BUCKETS; i++)
-        if (h->quick[i].head && h->quick[i].size > best) best = h->quick[i].size;
+    for (unsigned i = 0; i < QUICK_BUCKETS; i++)
+        if (h->quick[i].head && h->quick[i].head->size > best) best = h->quick[i].head->size;
     return best;
 }
 
@@ -1064,8 +1166,12 @@ static void report_oom(heap_t *h, size_t size, size_t rsize) {
 static block_t *alloc_search(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
     block_t *b = find_free(h, p, tag, rsize);
     if (!b && h->quick_bytes) {
-        quick_flush(h);
-        b = find_free(h, p, tag, rsize);
+        /* Parked blocks are merged back before the heap grows (alloc_slow_vmm flushes every
+         * pool), so they never cost physical memory. First this pool's: in the small pool only as
+         * many as it takes; in the large pool every list not taken from lately (stopping at the
+         * first fit there lets the address space fragment and the heap grow over time); then all. */
+        if (quick_flush_pool(h, p, tag, rsize, p->id == POOL_SMALL, true)) b = find_free(h, p, tag, rsize);
+        if (!b && quick_flush_pool(h, p, tag, rsize, false, false)) b = find_free(h, p, tag, rsize);
     }
     if (!b) b = h->vmm ? alloc_slow_vmm(h, p, tag, rsize) : alloc_slow_classic(h, p, tag, rsize);
     if (!b) return NULL;
@@ -1077,6 +1183,7 @@ static block_t *alloc_search(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
     return b;
 }
 
+/* Lock held; released here. */
 static cua_result alloc_fail(heap_t *h, cua_stream stream, size_t size, size_t rsize) {
     h->stats.num_ooms++;
     if (trace_enabled()) {
@@ -1091,21 +1198,58 @@ static cua_result alloc_fail(heap_t *h, cua_stream stream, size_t size, size_t r
     return CUA_ERROR_OUT_OF_MEMORY;
 }
 
-cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
-    size_t rsize = heap_round_size(&h->conf, size);
-    *out = NULL;
-    cua_lock(&h->lock);
-    if (__builtin_expect(rsize == 0 || rsize > ((size_t)1 << 48), 0)) return alloc_fail(h, stream, size, size);
-    pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
-    unsigned tag = (stream == h->last_stream && h->last_tag) ? h->last_tag : tag_of(h, stream);
-    if (__builtin_expect(tag >= HEAP_MAX_TAGS, 0)) return alloc_fail(h, stream, size, rsize);
-    block_t *b = h->vmm ? quick_pop(h, p, rsize, tag) : NULL;
-    if (!b && !(b = alloc_search(h, p, tag, rsize))) return alloc_fail(h, stream, size, rsize);
+/* An allocation the quick lists did not serve: search, grow or release, then enter the block in
+ * `live` (a parked block is there already; any other is not). Returns the block, or NULL after
+ * alloc_fail (which unlocks). Out of line, so that the hit path stays short. */
+static __attribute__((noinline)) block_t *alloc_miss(heap_t *h, pool_t *p, cua_stream stream, unsigned tag, size_t size,
+                                                     size_t rsize) {
+    block_t *b = alloc_search(h, p, tag, rsize);
+    if (!b) {
+        alloc_fail(h, stream, size, rsize);
+        return NULL;
+    }
     if (__builtin_expect(!ptrmap_insert(&h->live, b->addr, b), 0)) {
         b = coalesce_free(h, p, b);
         free_insert(h, p, b);
-        return alloc_fail(h, stream, size, rsize);
+        alloc_fail(h, stream, size, rsize);
+        return NULL;
     }
+    return b;
+}
+
+/* Every allocation heap_malloc's fast path does not serve. Lock held; released on return. The
+ * pointer, or NULL (out of memory, reported). */
+static void *alloc_after_miss(heap_t *h, pool_t *p, cua_stream stream, unsigned tag, size_t size, size_t rsize);
+static inline void *alloc_finish(heap_t *h, pool_t *p, block_t *b, cua_stream stream, size_t size);
+
+static __attribute__((noinline)) void *alloc_locked(heap_t *h, size_t size, cua_stream stream) {
+    size_t rsize = h->plain_rounding && size - 1 < HEAP_MAX_REQUEST ? (size + CUALLOC_ALIGN - 1) & ~(size_t)(CUALLOC_ALIGN - 1)
+                                                                   : heap_round_size(&h->conf, size);
+    if (__builtin_expect(rsize == 0 || rsize > HEAP_MAX_REQUEST, 0)) {
+        alloc_fail(h, stream, size, size);
+        return NULL;
+    }
+    pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
+    unsigned tag = (stream == h->last_stream && h->last_tag) ? h->last_tag : tag_of(h, stream);
+    if (__builtin_expect(tag >= HEAP_MAX_TAGS, 0)) {
+        alloc_fail(h, stream, size, rsize);
+        return NULL;
+    }
+    block_t *b = h->vmm ? quick_pop(h, p, rsize, tag) : NULL;
+    if (!b) return alloc_after_miss(h, p, stream, tag, size, rsize);
+    return alloc_finish(h, p, b, stream, size);
+}
+
+/* alloc_locked after the quick lists missed (heap_malloc's fast path comes here directly). */
+static __attribute__((noinline)) void *alloc_after_miss(heap_t *h, pool_t *p, cua_stream stream, unsigned tag,
+                                                        size_t size, size_t rsize) {
+    block_t *b = alloc_miss(h, p, stream, tag, size, rsize);
+    return b ? alloc_finish(h, p, b, stream, size) : NULL;
+}
+
+/* The end of every allocation but the fast path's hit: b becomes ALLOCATED; accounting, the
+ * recorder, unlock. */
+static inline void *alloc_finish(heap_t *h, pool_t *p, block_t *b, cua_stream stream, size_t size) {
     b->state = BLOCK_ALLOCATED;
     b->requested = size;
     b->stream = stream;
@@ -1116,65 +1260,59 @@ cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
     if (s->requested_bytes > s->requested_peak) s->requested_peak = s->requested_bytes;
     s->allocated_bytes += b->size;
     if (s->allocated_bytes > s->allocated_peak) s->allocated_peak = s->allocated_bytes;
-    s->active_bytes = s->allocated_bytes;
-    s->active_peak = s->allocated_peak;
     update_inactive_split(h);
     if (trace_enabled()) trace_on_alloc(h->dev, stream, b->addr, b->size, size);
     cua_unlock(&h->lock);
-    *out = (void *)b->addr;
-    return CUA_SUCCESS;
+    return (void *)b->addr;
 }
 
-static bool free_locked(heap_t *h, void *ptr, cua_stream stream, bool device_wide);
-
-bool heap_free(heap_t *h, void *ptr, cua_stream stream) {
+/* The fast path (DESIGN: the allocation a training step repeats): 512 B rounding, the stream of
+ * the previous call, a block of exactly that size parked for that stream, no recorder. It does
+ * what alloc_locked would do for that case and nothing else; everything else goes there. Taking a
+ * parked block only lowers inactive_split_bytes, so its peak needs no update here. */
+void *heap_malloc(heap_t *h, size_t size, cua_stream stream) {
     cua_lock(&h->lock);
-    bool ok = free_locked(h, ptr, stream, false);
-    cua_unlock(&h->lock);
-    return ok;
+    if (__builtin_expect(h->fast_alloc && size - 1 < HEAP_MAX_REQUEST && stream == h->last_stream && h->last_tag &&
+                             !trace_enabled(), 1)) {
+        size_t rsize = (size + CUALLOC_ALIGN - 1) & ~(size_t)(CUALLOC_ALIGN - 1);
+        pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
+        block_t *b = quick_pop(h, p, rsize, h->last_tag);
+        if (__builtin_expect(b != NULL, 1)) {
+            b->state = BLOCK_ALLOCATED;
+            b->requested = size;
+            b->stream = stream;
+            p->allocated += rsize;
+            cualloc_stats *s = &h->stats;
+            s->num_allocs++;
+            s->requested_bytes += size;
+            if (s->requested_bytes > s->requested_peak) s->requested_peak = s->requested_bytes;
+            s->allocated_bytes += rsize;
+            if (s->allocated_bytes > s->allocated_peak) s->allocated_peak = s->allocated_bytes;
+            cua_unlock(&h->lock);
+            return (void *)b->addr;
+        }
+        return alloc_after_miss(h, p, stream, h->last_tag, size, rsize);
+    }
+    return alloc_locked(h, size, stream);
 }
 
-bool heap_free_device_wide(heap_t *h, void *ptr) {
-    cua_lock(&h->lock);
-    /* No known non-blocking stream: the legacy stream orders every other one, so this is a free on
-     * it (reused at once by the legacy stream, by others after its event). */
-    bool ok = free_locked(h, ptr, NULL, h->n_nb > 0 || h->nb_overflow);
-    cua_unlock(&h->lock);
-    return ok;
+cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
+    *out = heap_malloc(h, size, stream);
+    return *out ? CUA_SUCCESS : CUA_ERROR_OUT_OF_MEMORY;
 }
 
-static bool free_locked(heap_t *h, void *ptr, cua_stream stream, bool device_wide) {
-    block_t *b = ptrmap_remove(&h->live, (uintptr_t)ptr);
-    if (!b) return false;
-    pool_t *p = &h->pools[b->pool];
-    cualloc_stats *s = &h->stats;
-    s->num_frees++;
-    s->requested_bytes -= b->requested;
-    s->allocated_bytes -= b->size;
-    s->active_bytes = s->allocated_bytes;
-    p->allocated -= b->size;
-    if (trace_enabled()) trace_on_free(h->dev, stream, b->addr, b->size, b->requested);
-    if (device_wide) {
-        /* Not reusable by anyone until the legacy stream and every non-blocking stream have
-         * passed the free (settled lazily, or synchronized under pressure); never quick-listed. */
-        h->tags[TAG_DEVICE_WIDE].frees_since_record++;
-        b->tag = TAG_DEVICE_WIDE;
-        b->requested = 0;
-        b->state = BLOCK_FREE;
-        b = coalesce_free(h, p, b);
-        free_insert(h, p, b);
-        update_inactive_split(h);
-        return true;
-    }
-    if (!h->vmm && stream != b->stream && !is_capturing(h, stream)) {
-        /* Classic mode keeps PyTorch's rule that a segment serves one stream: the block returns to
-         * its allocation stream, which may reuse it only after the freeing stream's work. */
-        stream_sync(h, stream);
-        stream = b->stream;
-    }
-    unsigned tag = (stream == h->last_stream && h->last_tag) ? h->last_tag : tag_of(h, stream);
+/* A FREE block (tag final, not in `live`) into its index, merged with its neighbours. */
+static __attribute__((noinline)) void free_to_index(heap_t *h, pool_t *p, block_t *b) {
+    ptrmap_remove(&h->live, b->addr);
+    b->state = BLOCK_FREE;
+    b = coalesce_free(h, p, b);
+    free_insert(h, p, b);
+}
+
+/* A free on `tag`, or, when the tag table is full (tag == HEAP_MAX_TAGS) even after recycling,
+ * made safe for every stream the slow way. Into the free index. */
+static void free_on_tag(heap_t *h, pool_t *p, block_t *b, cua_stream stream, unsigned tag) {
     if (tag >= HEAP_MAX_TAGS) {
-        /* No stream slot even after recycling: make the block safe for everyone the slow way. */
         stream_sync(h, stream);
         tag = TAG_ANY;
     } else {
@@ -1182,13 +1320,96 @@ static bool free_locked(heap_t *h, void *ptr, cua_stream stream, bool device_wid
     }
     b->tag = (uint16_t)tag;
     b->requested = 0;
-    if (!h->vmm || !quick_push(h, p, b)) {
-        b->state = BLOCK_FREE;
-        b = coalesce_free(h, p, b);
-        free_insert(h, p, b);
+    free_to_index(h, p, b);
+}
+
+/* The frees that never park: device-wide ones, and all of classic mode. Accounting done. */
+static __attribute__((noinline)) void free_unparked(heap_t *h, pool_t *p, block_t *b, cua_stream stream, bool device_wide) {
+    if (device_wide) {
+        /* Not reusable by anyone until the legacy stream and every non-blocking stream have
+         * passed the free (settled lazily, or synchronized under pressure); never quick-listed. */
+        h->tags[TAG_DEVICE_WIDE].frees_since_record++;
+        b->tag = TAG_DEVICE_WIDE;
+        b->requested = 0;
+        free_to_index(h, p, b);
+        return;
+    }
+    if (!h->vmm && stream != b->stream && !is_capturing(h, stream)) {
+        /* Classic mode keeps PyTorch's rule that a segment serves one stream: the block returns to
+         * its allocation stream, which may reuse it only after the freeing stream's work. */
+        stream_sync(h, stream);
+        stream = b->stream;
+    }
+    free_on_tag(h, p, b, stream, tag_of(h, stream));
+}
+
+/* Every free heap_free's fast path does not serve. Lock held; released here. b: the live-map entry
+ * at ptr, NULL when none. False (nothing done) when b is not an ALLOCATED block. */
+static __attribute__((noinline)) bool free_locked(heap_t *h, block_t *b, cua_stream stream, bool device_wide) {
+    if (!b || b->state != BLOCK_ALLOCATED) { /* not ours, or parked (freed already) */
+        cua_unlock(&h->lock);
+        return false;
+    }
+    pool_t *p = &h->pools[b->pool];
+    cualloc_stats *s = &h->stats;
+    s->num_frees++;
+    s->requested_bytes -= b->requested;
+    s->allocated_bytes -= b->size;
+    p->allocated -= b->size;
+    if (trace_enabled()) trace_on_free(h->dev, stream, b->addr, b->size, b->requested);
+    if (device_wide || !h->vmm) {
+        free_unparked(h, p, b, stream, device_wide);
+    } else {
+        unsigned tag = (stream == h->last_stream && h->last_tag) ? h->last_tag : tag_of(h, stream);
+        if (tag >= HEAP_MAX_TAGS) {
+            free_on_tag(h, p, b, stream, tag);
+        } else {
+            h->tags[tag].frees_since_record++;
+            b->tag = (uint16_t)tag;
+            b->requested = 0;
+            if (!quick_push(h, p, b)) free_to_index(h, p, b); /* parked: stays in `live` */
+        }
     }
     update_inactive_split(h);
+    cua_unlock(&h->lock);
     return true;
+}
+
+/* The fast path: a VMM free of an allocated block on the stream of the previous call, whose quick
+ * list has room, no recorder. What free_locked would do for that case and nothing else. */
+bool heap_free(heap_t *h, void *ptr, cua_stream stream) {
+    cua_lock(&h->lock);
+    block_t *b = ptrmap_get(&h->live, (uintptr_t)ptr);
+    if (__builtin_expect(b && b->state == BLOCK_ALLOCATED && h->vmm && stream == h->last_stream && h->last_tag &&
+                             !trace_enabled(), 1)) {
+        unsigned tag = h->last_tag;
+        size_t size = b->size;
+        uint64_t key = quick_key(size, tag);
+        unsigned i = quick_index(key);
+        if (__builtin_expect(quick_room(&h->quick[i], key), 1)) {
+            pool_t *p = &h->pools[b->pool];
+            cualloc_stats *s = &h->stats;
+            s->num_frees++;
+            s->requested_bytes -= b->requested;
+            s->allocated_bytes -= size;
+            p->allocated -= size;
+            h->tags[tag].frees_since_record++;
+            b->tag = (uint16_t)tag;
+            b->requested = 0;
+            quick_park(h, p, b, size, i, key); /* stays in `live` */
+            update_inactive_split(h);
+            cua_unlock(&h->lock);
+            return true;
+        }
+    }
+    return free_locked(h, b, stream, false);
+}
+
+bool heap_free_device_wide(heap_t *h, void *ptr) {
+    cua_lock(&h->lock);
+    /* No known non-blocking stream: the legacy stream orders every other one, so this is a free on
+     * it (reused at once by the legacy stream, by others after its event). */
+    return free_locked(h, ptrmap_get(&h->live, (uintptr_t)ptr), NULL, h->n_nb > 0 || h->nb_overflow);
 }
 
 /* ------------------------------------------------------------------ lifecycle */
@@ -1264,6 +1485,10 @@ heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_re
     if (conf->max_memory && conf->max_memory < h->cap) h->cap = conf->max_memory;
     h->stats.capacity_bytes = h->cap;
     h->vmm = conf->expandable_segments && info.vmm_supported;
+    h->plain_rounding = true;
+    for (int i = 0; i < CONF_ROUNDUP_INTERVALS; i++)
+        if (conf->roundup_power2_divisions[i] > 1) h->plain_rounding = false;
+    h->fast_alloc = h->plain_rounding && h->vmm;
     slab_init(&h->blocks, sizeof(block_t));
     h->tags[TAG_ANY].used = true;
     h->tags[TAG_DEVICE_WIDE].used = true;
@@ -1350,7 +1575,8 @@ bool heap_owns(heap_t *h, const void *ptr) {
         return false;
     }
     cua_lock(&h->lock);
-    bool owned = ptrmap_get(&h->live, a) != NULL;
+    block_t *b = ptrmap_get(&h->live, a);
+    bool owned = b && b->state == BLOCK_ALLOCATED;
     cua_unlock(&h->lock);
     return owned;
 }
@@ -1358,7 +1584,7 @@ bool heap_owns(heap_t *h, const void *ptr) {
 size_t heap_block_size(heap_t *h, const void *ptr) {
     cua_lock(&h->lock);
     block_t *b = ptrmap_get(&h->live, (uintptr_t)ptr);
-    size_t n = b ? b->requested : SIZE_MAX;
+    size_t n = b && b->state == BLOCK_ALLOCATED ? b->requested : SIZE_MAX;
     cua_unlock(&h->lock);
     return n;
 }
@@ -1367,6 +1593,7 @@ bool heap_block_range(heap_t *h, const void *ptr, uintptr_t *base, size_t *size)
     uintptr_t a = (uintptr_t)ptr;
     cua_lock(&h->lock);
     block_t *found = ptrmap_get(&h->live, a);
+    if (found && found->state != BLOCK_ALLOCATED) found = NULL; /* parked: free */
     /* An interior pointer: walk the blocks of the segment holding it (O(blocks); rare queries). */
     for (int pi = 0; pi < POOL_COUNT && !found; pi++) {
         for (block_t *seg = h->pools[pi].segments; seg && !found; seg = seg->seg_next) {
@@ -1412,7 +1639,10 @@ void heap_peer_enabled(heap_t *h) {
     cua_unlock(&h->lock);
 }
 
-block_t *heap_test_find_block(heap_t *h, const void *ptr) { return ptrmap_get(&h->live, (uintptr_t)ptr); }
+block_t *heap_test_find_block(heap_t *h, const void *ptr) {
+    block_t *b = ptrmap_get(&h->live, (uintptr_t)ptr);
+    return b && b->state == BLOCK_ALLOCATED ? b : NULL;
+}
 bool heap_is_vmm(const heap_t *h) { return h->vmm; }
 
 void heap_pool_range(const heap_t *h, pool_id_t pool, uintptr_t *lo, uintptr_t *hi) {
@@ -1455,6 +1685,8 @@ void heap_snapshot(heap_t *h, void (*mapped)(int dev, uintptr_t addr, size_t siz
 void heap_get_stats(heap_t *h, cualloc_stats *out) {
     cua_lock(&h->lock);
     *out = h->stats;
+    out->active_bytes = h->stats.allocated_bytes;
+    out->active_peak = h->stats.allocated_peak;
     out->largest_free_block = largest_free_locked(h);
     cua_unlock(&h->lock);
 }
@@ -1532,7 +1764,6 @@ typedef struct {
     int bad;
     size_t allocated_blocks;
     size_t cached_blocks;
-    size_t cached_bytes[HEAP_MAX_TAGS]; /* CACHED bytes per tag, both pools */
 } check_ctx_t;
 
 #define CHECK(ctx, cond, ...)                                   \
@@ -1558,14 +1789,14 @@ static void check_index_entry(block_t *b, void *arg) {
 
 static void check_live_entry(block_t *b, void *arg) {
     check_ctx_t *c = arg;
-    CHECK(c, b->state == BLOCK_ALLOCATED, "live map holds block %#lx in state %d", (unsigned long)b->addr, b->state);
+    CHECK(c, b->state == BLOCK_ALLOCATED || b->state == BLOCK_CACHED, "live map holds block %#lx in state %d",
+          (unsigned long)b->addr, b->state);
 }
 
 static void check_pool(check_ctx_t *c, pool_t *p, size_t *mapped_sum) {
     heap_t *h = c->h;
     size_t allocated = 0, free_mapped = 0, releasable = 0, unmapped_bytes = 0, unmapped_count = 0;
     size_t free_count[HEAP_MAX_TAGS] = {0}, free_bytes[HEAP_MAX_TAGS] = {0};
-    size_t *cached_bytes = c->cached_bytes;
     size_t segments = 0;
     for (block_t *seg = p->segments; seg; seg = seg->seg_next) {
         if (++segments > ((size_t)1 << 32)) break;
@@ -1606,8 +1837,8 @@ static void check_pool(check_ctx_t *c, pool_t *p, size_t *mapped_sum) {
                 CHECK(c, h->vmm, "cached block %#lx in classic mode", (unsigned long)b->addr);
                 free_mapped += b->size;
                 releasable += block_releasable(h, p, b);
-                if (b->tag < HEAP_MAX_TAGS) cached_bytes[b->tag] += b->size;
                 CHECK(c, b->tag != TAG_DEVICE_WIDE, "cached block %#lx is tagged device-wide", (unsigned long)b->addr);
+                CHECK(c, ptrmap_get(&h->live, b->addr) == b, "cached block %#lx missing from the live map", (unsigned long)b->addr);
                 c->cached_blocks++;
                 break;
             case BLOCK_UNMAPPED:
@@ -1649,10 +1880,9 @@ static void check_pool(check_ctx_t *c, pool_t *p, size_t *mapped_sum) {
         c->bad += sizeclass_check(&p->unmapped, c->report);
     }
     CHECK(c, allocated == p->allocated, "pool %d: allocated blocks total %zu, accounting says %zu", p->id, allocated, p->allocated);
-    CHECK(c, free_mapped == p->free_mapped, "pool %d: free blocks total %zu, accounting says %zu", p->id, free_mapped, p->free_mapped);
     CHECK(c, releasable == p->releasable, "pool %d: releasable %zu, accounting says %zu", p->id, releasable, p->releasable);
-    CHECK(c, p->allocated + p->free_mapped == p->mapped, "pool %d: allocated %zu + free %zu != mapped %zu", p->id,
-          p->allocated, p->free_mapped, p->mapped);
+    CHECK(c, p->allocated <= p->mapped && free_mapped == p->mapped - p->allocated,
+          "pool %d: free blocks total %zu, but mapped %zu - allocated %zu", p->id, free_mapped, p->mapped, p->allocated);
     for (unsigned t = 0; t < HEAP_MAX_TAGS; t++) {
         findex_t *ix = p->index[t];
         size_t n = ix ? (h->vmm ? ix->sc.count : ix->tree.count) : 0;
@@ -1675,12 +1905,12 @@ static void check_pool(check_ctx_t *c, pool_t *p, size_t *mapped_sum) {
 
 int heap_check(heap_t *h, FILE *report) {
     cua_lock(&h->lock);
-    check_ctx_t c = {h, report, 0, 0, 0, {0}};
+    check_ctx_t c = {h, report, 0, 0, 0};
     size_t mapped = 0, allocated = 0, free_mapped = 0, releasable = 0;
     for (int pi = 0; pi < POOL_COUNT; pi++) {
         check_pool(&c, &h->pools[pi], &mapped);
         allocated += h->pools[pi].allocated;
-        free_mapped += h->pools[pi].free_mapped;
+        free_mapped += pool_free_mapped(&h->pools[pi]);
         releasable += h->pools[pi].releasable;
     }
     for (unsigned t = 0; t < HEAP_MAX_TAGS; t++) {
@@ -1689,22 +1919,23 @@ int heap_check(heap_t *h, FILE *report) {
             findex_t *ix = h->pools[pi].index[t];
             if (ix) bytes += h->vmm ? ix->sc.bytes : ix->tree.bytes;
         }
-        bytes += c.cached_bytes[t];
-        CHECK(&c, bytes == h->tags[t].free_bytes, "tag %u: indexes and quick lists hold %zu B, the stream record says %zu",
+        CHECK(&c, bytes == h->tags[t].free_bytes, "tag %u: indexes hold %zu B, the stream record says %zu",
               t, bytes, h->tags[t].free_bytes);
     }
     size_t listed = 0, listed_bytes = 0;
-    for (int i = 0; i < QUICK_BUCKETS; i++) {
+    for (unsigned i = 0; i < QUICK_BUCKETS; i++) {
         quick_t *q = &h->quick[i];
         size_t n = 0;
         for (block_t *b = q->head; b && n <= QUICK_DEPTH; b = b->link.list.next_free, n++) {
-            CHECK(&c, b->state == BLOCK_CACHED && b->size == q->size && b->tag == q->tag,
-                  "quick list %d (%zu B, tag %u) holds block %#lx: state %d, %zu B, tag %u", i, q->size, q->tag,
+            CHECK(&c, b->state == BLOCK_CACHED && quick_key(b->size, b->tag) == q->key,
+                  "quick list %u (key %#llx) holds block %#lx: state %d, %zu B, tag %u", i, (unsigned long long)q->key,
                   (unsigned long)b->addr, b->state, b->size, b->tag);
-            CHECK(&c, quick_bucket(h, b->size, b->tag) == q, "block %#lx is on the wrong quick list", (unsigned long)b->addr);
+            CHECK(&c, quick_index(quick_key(b->size, b->tag)) == (unsigned)i, "block %#lx is on the wrong quick list",
+                  (unsigned long)b->addr);
             listed_bytes += b->size;
         }
-        CHECK(&c, n == q->count, "quick list %d holds %zu blocks, its count says %u", i, n, q->count);
+        CHECK(&c, n == q->count, "quick list %u holds %zu blocks, its count says %u", i, n, q->count);
+        CHECK(&c, !q->head == !(h->quick_nonempty[i / 64] >> (i % 64) & 1), "quick list %u: its non-empty bit is wrong", i);
         listed += n;
     }
     /* Device-wide frees: the pseudo-stream record, and the non-blocking stream table. */
@@ -1726,9 +1957,10 @@ int heap_check(heap_t *h, FILE *report) {
     CHECK(&c, h->stats.reserved_bytes <= h->cap, "reserved %zu exceeds the cap %zu", h->stats.reserved_bytes, h->cap);
     CHECK(&c, h->stats.inactive_split_bytes == heap_inactive_split(h), "inactive_split_bytes is stale");
     CHECK(&c, h->stats.requested_bytes <= h->stats.allocated_bytes, "requested exceeds allocated");
-    CHECK(&c, c.allocated_blocks == h->live.count, "%zu allocated blocks, live map holds %zu", c.allocated_blocks, h->live.count);
-    CHECK(&c, h->stats.num_allocs - h->stats.num_frees == h->live.count, "allocs - frees = %llu, live blocks %zu",
-          (unsigned long long)(h->stats.num_allocs - h->stats.num_frees), h->live.count);
+    CHECK(&c, c.allocated_blocks + c.cached_blocks == h->live.count, "%zu allocated and %zu cached blocks, live map holds %zu",
+          c.allocated_blocks, c.cached_blocks, h->live.count);
+    CHECK(&c, h->stats.num_allocs - h->stats.num_frees == c.allocated_blocks, "allocs - frees = %llu, allocated blocks %zu",
+          (unsigned long long)(h->stats.num_allocs - h->stats.num_frees), c.allocated_blocks);
     c.bad += ptrmap_check(&h->live, report);
     ptrmap_foreach(&h->live, check_live_entry, &c);
     CHECK(&c, h->blocks.live >= h->live.count, "slab hands out fewer records than live blocks");
@@ -1742,7 +1974,7 @@ void heap_dump(heap_t *h, FILE *out) {
     for (int pi = 0; pi < POOL_COUNT; pi++) {
         pool_t *p = &h->pools[pi];
         fprintf(out, "pool %s: mapped %zu allocated %zu free %zu releasable %zu\n", pi == POOL_SMALL ? "small" : "large",
-                p->mapped, p->allocated, p->free_mapped, p->releasable);
+                p->mapped, p->allocated, pool_free_mapped(p), p->releasable);
         for (block_t *seg = p->segments; seg; seg = seg->seg_next) {
             fprintf(out, " segment %#lx\n", (unsigned long)seg->addr);
             for (block_t *b = seg; b; b = b->next)

@@ -285,6 +285,8 @@ void heap_destroy(heap_t *h);
 /* 0 and *out on success; CUA_ERROR_OUT_OF_MEMORY (after releasing cache and retrying) or the
  * driver's error otherwise. Thread-safe. */
 cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out);
+/* heap_alloc returning the pointer, NULL on failure (heap_alloc fails only with out of memory). */
+void *heap_malloc(heap_t *h, size_t size, cua_stream stream);
 /* Frees ptr ordered on stream. Returns false (and does nothing) when h does not own ptr. */
 bool heap_free(heap_t *h, void *ptr, cua_stream stream);
 /* Does ptr fall in memory this heap manages? (Exact for VMM; allocated-block lookup for classic.) */

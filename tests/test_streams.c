@@ -2,6 +2,8 @@
  * controls: a block freed on stream S is reused at once by S, by another stream only after S's
  * work up to the free has completed, and memory pressure synchronizes instead of failing. Also the
  * fragmentation trap of the heap issue, in both modes. */
+#include <pthread.h>
+
 #include "internal.h"
 #include "testutil.h"
 
@@ -389,7 +391,91 @@ static void test_peer_enabled(void) {
     heap_destroy(h);
 }
 
+/* A freed block parked on a quick list is free: freeing it again is refused, it has no size, and
+ * the statistics count it as free (heap_check compares them with the blocks after every step). */
+static void test_parked_block_is_free(void) {
+    conf_t c;
+    heap_t *h = open_heap("sim_memory_mb:64", &c);
+    cua_stream s = sim_stream_create(0, true);
+    void *p = must_alloc(h, 300 << 10, s);
+    must_free(h, p, s);
+    cualloc_stats st = stats(h);
+    EXPECT(!heap_free(h, p, s), "a second free of a parked block is refused");
+    EXPECT(!heap_free_device_wide(h, p), "and a device-wide one too");
+    EXPECT(heap_block_size(h, p) == SIZE_MAX, "a parked block has no requested size");
+    uintptr_t base;
+    size_t size;
+    EXPECT(!heap_block_range(h, p, &base, &size), "nor an allocated range");
+    EXPECT(heap_test_find_block(h, p) == NULL, "nor an allocated block");
+    cualloc_stats st2 = stats(h);
+    EXPECT(st2.num_frees == st.num_frees && st2.allocated_bytes == 0 && st2.requested_bytes == 0 &&
+               st2.active_bytes == 0 && st2.active_peak == st2.allocated_peak && st2.allocated_peak == (300u << 10),
+           "the refused frees changed nothing; active equals allocated");
+    /* Parked, the block keeps its chunk from being releasable (a flush would merge it first). */
+    EXPECT(st2.inactive_split_bytes == st2.reserved_bytes && st2.reserved_bytes > 0,
+           "the parked block's chunk counts as inactive split: %zu of %zu", st2.inactive_split_bytes, st2.reserved_bytes);
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    void *q = must_alloc(h, 300 << 10, s);
+    EXPECT(q == p, "the same stream takes the parked block again");
+    st2 = stats(h);
+    EXPECT(st2.allocated_bytes == (300u << 10) && st2.inactive_split_bytes == st2.reserved_bytes - st2.allocated_bytes &&
+               st2.num_allocs == 2,
+           "and it is allocated again");
+    must_free(h, q, s);
+    heap_trim(h);
+    EXPECT(heap_check(h, stderr) == 0 && stats(h).reserved_bytes == 0, "trim releases parked blocks too");
+    heap_destroy(h);
+    sim_stream_destroy(s);
+}
+
+typedef struct {
+    heap_t *h;
+    cua_stream stream;
+    size_t size;
+    void *p;
+} big_alloc_t;
+
+static void *big_alloc_thread(void *arg) {
+    big_alloc_t *a = arg;
+    if (heap_alloc(a->h, a->size, a->stream, &a->p) != CUA_SUCCESS) a->p = NULL;
+    return NULL;
+}
+
+/* Memory parked on quick lists, by many sizes and two streams, is reclaimed by another thread's
+ * allocation that needs nearly all of the device: the lists are merged back, the streams' blocks
+ * settled, nothing new is mapped beyond the cap, and no OOM is reported. */
+static void test_parked_memory_reclaimed(void) {
+    conf_t c;
+    heap_t *h = open_heap("sim_memory_mb:64", &c);
+    cua_stream s = sim_stream_create(0, false), t = sim_stream_create(0, false), u = sim_stream_create(0, false);
+    void *ptrs[96];
+    size_t n = 0, total = 0;
+    for (size_t i = 0; n < 96 && total < (56u << 20); i++) {
+        size_t size = ((i % 24) + 1) * (48u << 10) + (i % 3) * 4096; /* small-pool sizes */
+        if (i % 5 == 4) size = ((i % 4) + 2) << 20;                  /* and large-pool ones */
+        ptrs[n++] = must_alloc(h, size, i % 2 ? s : t);
+        total += size;
+    }
+    for (size_t i = 0; i < n; i++) must_free(h, ptrs[i], i % 2 ? s : t);
+    EXPECT(stats(h).allocated_bytes == 0, "everything freed");
+    big_alloc_t a = {h, u, 60u << 20, NULL};
+    pthread_t th;
+    EXPECT(pthread_create(&th, NULL, big_alloc_thread, &a) == 0, "pthread_create");
+    pthread_join(th, NULL);
+    EXPECT(a.p != NULL, "a 60 MiB request on a third stream reclaims the parked memory");
+    cualloc_stats st = stats(h);
+    EXPECT(st.num_ooms == 0 && st.reserved_bytes <= (64u << 20), "no OOM, reserved %zu within the device", st.reserved_bytes);
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    must_free(h, a.p, u);
+    heap_destroy(h);
+    sim_stream_destroy(s);
+    sim_stream_destroy(t);
+    sim_stream_destroy(u);
+}
+
 int main(void) {
+    test_parked_block_is_free();
+    test_parked_memory_reclaimed();
     test_split_coalesce("sim_memory_mb:64");
     test_split_coalesce("sim_memory_mb:64,expandable_segments:0");
     test_max_split_bounded();
