@@ -239,16 +239,59 @@ typedef struct sizeclass_s {
     block_t *bins[SC_FL_COUNT][SC_SL_COUNT];
     size_t count, bytes;
 } sizeclass_t;
+#define SC_UNIT_SHIFT 9 /* sizes are counted in 512 B units */
 void sizeclass_init(sizeclass_t *sc);
-void sizeclass_insert(sizeclass_t *sc, block_t *b);
-void sizeclass_remove(sizeclass_t *sc, block_t *b);
+/* Bin of a size (also used by the tests). */
+static inline void sizeclass_mapping(size_t size, unsigned *fl, unsigned *sl) {
+    uint64_t u = size >> SC_UNIT_SHIFT;
+    if (u < SC_SL_COUNT) {
+        *fl = 0;
+        *sl = (unsigned)u;
+    } else {
+        unsigned f = 63u - (unsigned)__builtin_clzll(u);
+        *fl = f - SC_SL_LOG2 + 1;
+        *sl = (unsigned)(u >> (f - SC_SL_LOG2)) - SC_SL_COUNT;
+    }
+}
+/* Insert and remove are inline: the heap's miss path does one or two of each per request, and a
+ * call costs as much as the work. A block goes to the front of its bin (sizeclass_find's choice
+ * among equals depends on that order). */
+static inline void sizeclass_insert(sizeclass_t *sc, block_t *b) {
+    unsigned fl, sl;
+    sizeclass_mapping(b->size, &fl, &sl);
+    block_t *head = sc->bins[fl][sl];
+    b->link.list.prev_free = NULL;
+    b->link.list.next_free = head;
+    if (head) head->link.list.prev_free = b;
+    sc->bins[fl][sl] = b;
+    sc->sl_bitmap[fl] |= 1u << sl;
+    sc->fl_bitmap |= 1ull << fl;
+    sc->count++;
+    sc->bytes += b->size;
+}
+static inline void sizeclass_remove(sizeclass_t *sc, block_t *b) {
+    block_t *p = b->link.list.prev_free, *n = b->link.list.next_free;
+    if (n) n->link.list.prev_free = p;
+    if (p) {
+        p->link.list.next_free = n;
+    } else {
+        unsigned fl, sl;
+        sizeclass_mapping(b->size, &fl, &sl);
+        sc->bins[fl][sl] = n;
+        if (!n) {
+            sc->sl_bitmap[fl] &= ~(1u << sl);
+            if (!sc->sl_bitmap[fl]) sc->fl_bitmap &= ~(1ull << fl);
+        }
+    }
+    b->link.list.prev_free = b->link.list.next_free = NULL;
+    sc->count--;
+    sc->bytes -= b->size;
+}
 /* A block of size >= size: the best fit among a few of the request's own bin, else the first of
  * the next non-empty bin (every block there is larger). NULL when none. Does not remove it. */
 block_t *sizeclass_find(const sizeclass_t *sc, size_t size);
 /* The largest block (scans the top non-empty bin). NULL when empty. */
 block_t *sizeclass_largest(const sizeclass_t *sc);
-/* Bin of a size, exposed for tests. */
-void sizeclass_mapping(size_t size, unsigned *fl, unsigned *sl);
 /* Calls fn on every block (order unspecified); fn must not modify the index. */
 void sizeclass_foreach(const sizeclass_t *sc, void (*fn)(block_t *, void *), void *arg);
 int sizeclass_check(const sizeclass_t *sc, FILE *report);

@@ -3,65 +3,20 @@
  * blocks and their splitting and coalescing belong to heap.c.
  *
  * Sizes are multiples of 512 B, counted in units u = size / 512. Units below 32 each have an exact
- * bin (first level 0); above, each power of two [2^f, 2^(f+1)) is cut into 32 equal bins.
+ * bin (first level 0); above, each power of two [2^f, 2^(f+1)) is cut into 32 equal bins. The
+ * mapping, insert and remove are inline in internal.h (the heap's miss path calls them often).
  */
 #include <string.h>
 
 #include "internal.h"
 
-#define SC_UNIT_SHIFT 9
 /* How many blocks of the request's own bin are examined for a closer fit before moving on to the
  * next non-empty bin, whose every block is large enough. Bounds search at O(1). */
 #define SC_OWN_BIN_SCAN 8
 
 static inline unsigned floor_log2(uint64_t v) { return 63u - (unsigned)__builtin_clzll(v); }
 
-void sizeclass_mapping(size_t size, unsigned *fl, unsigned *sl) {
-    uint64_t u = size >> SC_UNIT_SHIFT;
-    if (u < SC_SL_COUNT) {
-        *fl = 0;
-        *sl = (unsigned)u;
-    } else {
-        unsigned f = floor_log2(u);
-        *fl = f - SC_SL_LOG2 + 1;
-        *sl = (unsigned)(u >> (f - SC_SL_LOG2)) - SC_SL_COUNT;
-    }
-}
-
 void sizeclass_init(sizeclass_t *sc) { memset(sc, 0, sizeof *sc); }
-
-void sizeclass_insert(sizeclass_t *sc, block_t *b) {
-    unsigned fl, sl;
-    sizeclass_mapping(b->size, &fl, &sl);
-    block_t *head = sc->bins[fl][sl];
-    b->link.list.prev_free = NULL;
-    b->link.list.next_free = head;
-    if (head) head->link.list.prev_free = b;
-    sc->bins[fl][sl] = b;
-    sc->sl_bitmap[fl] |= 1u << sl;
-    sc->fl_bitmap |= 1ull << fl;
-    sc->count++;
-    sc->bytes += b->size;
-}
-
-void sizeclass_remove(sizeclass_t *sc, block_t *b) {
-    block_t *p = b->link.list.prev_free, *n = b->link.list.next_free;
-    if (n) n->link.list.prev_free = p;
-    if (p) {
-        p->link.list.next_free = n;
-    } else {
-        unsigned fl, sl;
-        sizeclass_mapping(b->size, &fl, &sl);
-        sc->bins[fl][sl] = n;
-        if (!n) {
-            sc->sl_bitmap[fl] &= ~(1u << sl);
-            if (!sc->sl_bitmap[fl]) sc->fl_bitmap &= ~(1ull << fl);
-        }
-    }
-    b->link.list.prev_free = b->link.list.next_free = NULL;
-    sc->count--;
-    sc->bytes -= b->size;
-}
 
 block_t *sizeclass_find(const sizeclass_t *sc, size_t size) {
     unsigned fl, sl;
