@@ -82,9 +82,11 @@ typedef struct stream_rec_s {
  * grow the heap, before anything is settled or released, so they never cost physical memory; a
  * search that misses in the small pool merges back only as many lists as it needs, so that the
  * other sizes stay parked. 1024 buckets keep collisions between recurring sizes rare; a bitmap of
- * the non-empty ones keeps flushes from visiting the rest.
- * Invariant: every CACHED block is on exactly the list of its (size, tag), and the bit of a bucket
- * is set iff it holds blocks; quick_bytes is their total. */
+ * the non-empty ones per pool keeps flushes from visiting the rest, or the other pool's lists.
+ * Invariant: every CACHED block is on exactly the list of its (size, tag); the blocks of a list
+ * lie in one pool (the size decides the pool: VMM blocks are allocated at exactly the rounded
+ * size, from the pool that size selects); a bucket's bit is set in its pool's quick_nonempty iff
+ * it holds blocks, and clear in the other pool's; quick_bytes is their total. */
 #define QUICK_BUCKETS_LOG2 10
 #define QUICK_BUCKETS (1u << QUICK_BUCKETS_LOG2)
 #define QUICK_DEPTH 64
@@ -111,6 +113,7 @@ typedef struct pool_s {
     size_t allocated;            /* bytes of ALLOCATED blocks */
     size_t releasable;           /* bytes of FREE and CACHED blocks (together: mapped - allocated)
                                   * that could be unmapped/freed now (CACHED: once flushed) */
+    uint64_t quick_nonempty[QUICK_BUCKETS / 64]; /* bit i set iff quick[i] holds blocks of this pool */
 } pool_t;
 
 struct heap_s {
@@ -134,8 +137,8 @@ struct heap_s {
     unsigned oom_reports;        /* reports printed, to keep a failing loop from flooding */
     quick_t quick[QUICK_BUCKETS];
     size_t quick_bytes;          /* bytes of CACHED blocks, all buckets */
-    uint64_t quick_nonempty[QUICK_BUCKETS / 64]; /* bit i set iff quick[i] holds blocks */
-    unsigned quick_cursor;       /* the word of quick_nonempty where the next partial flush starts */
+    unsigned quick_cursor;       /* the word of the quick_nonempty bitmaps where the next partial
+                                  * flush starts */
     cua_memhandle pending_release[HEAP_PENDING_RELEASES]; /* unmapped handles the driver would not release yet */
     size_t npending;
     /* Device-wide frees (cudaFree): the non-blocking streams the front door saw created (the
@@ -281,15 +284,23 @@ static block_t *coalesce_unmapped(heap_t *h, pool_t *p, block_t *b) {
 /* Cuts b at `size` bytes; the back part becomes a new block after b, in state `state`, tag `tag`,
  * in no index. Returns it, or NULL when no record could be had (b is then unchanged). */
 static block_t *block_split(heap_t *h, block_t *b, size_t size, uint8_t state, unsigned tag) {
-    block_t *r = slab_alloc(&h->blocks);
+    /* Every field set here, the unused ones to zero as slab_alloc would: one store each instead of
+     * a memset call and the stores. */
+    block_t *r = slab_alloc_uninit(&h->blocks);
     if (!r) return NULL;
     r->addr = b->addr + size;
     r->size = b->size - size;
-    r->pool = b->pool;
-    r->state = state;
-    r->tag = (uint16_t)tag;
     r->prev = b;
     r->next = b->next;
+    r->link.list.prev_free = r->link.list.next_free = NULL;
+    r->seg_prev = r->seg_next = NULL;
+    r->requested = 0;
+    r->stream = NULL;
+    r->prio = 0;
+    r->gc_base = 0;
+    r->tag = (uint16_t)tag;
+    r->state = state;
+    r->pool = b->pool;
     if (r->next) r->next->prev = r;
     b->next = r;
     b->size = size;
@@ -356,7 +367,7 @@ static inline void quick_park(heap_t *h, pool_t *p, block_t *b, size_t size, uns
     if (!q->head) {
         q->key = key;
         q->ref = false;
-        h->quick_nonempty[i / 64] |= (uint64_t)1 << (i % 64);
+        p->quick_nonempty[i / 64] |= (uint64_t)1 << (i % 64);
     }
     b->state = BLOCK_CACHED;
     b->link.list.next_free = q->head;
@@ -387,7 +398,7 @@ static inline block_t *quick_pop(heap_t *h, pool_t *p, size_t size, unsigned tag
     q->head = b->link.list.next_free;
     q->count--;
     q->ref = true;
-    if (!q->head) h->quick_nonempty[i / 64] &= ~((uint64_t)1 << (i % 64));
+    if (!q->head) p->quick_nonempty[i / 64] &= ~((uint64_t)1 << (i % 64));
     h->quick_bytes -= size;
     quick_account(h, p, b, size, false);
     return b;
@@ -400,7 +411,7 @@ static inline block_t *quick_pop(heap_t *h, pool_t *p, size_t size, unsigned tag
 static bool quick_evict(heap_t *h, unsigned i, pool_id_t want, unsigned tag, size_t size) {
     quick_t *q = &h->quick[i];
     bool fit = false;
-    h->quick_nonempty[i / 64] &= ~((uint64_t)1 << (i % 64));
+    h->pools[q->head->pool].quick_nonempty[i / 64] &= ~((uint64_t)1 << (i % 64));
     while (q->head) {
         block_t *b = q->head;
         pool_t *p = &h->pools[b->pool];
@@ -420,8 +431,13 @@ static bool quick_evict(heap_t *h, unsigned i, pool_id_t want, unsigned tag, siz
 /* Merges every CACHED block back into the free indexes. */
 static void quick_flush(heap_t *h) {
     if (!h->quick_bytes) return;
-    for (unsigned w = 0; w < QUICK_BUCKETS / 64; w++)
-        while (h->quick_nonempty[w]) quick_evict(h, w * 64 + (unsigned)__builtin_ctzll(h->quick_nonempty[w]), POOL_SMALL, TAG_ANY, SIZE_MAX);
+    /* In bucket order over both pools, as if one bitmap: the order of the merges decides which
+     * records survive and the order of the bins' lists, hence later placement. */
+    for (unsigned w = 0; w < QUICK_BUCKETS / 64; w++) {
+        uint64_t bits;
+        while ((bits = h->pools[POOL_SMALL].quick_nonempty[w] | h->pools[POOL_LARGE].quick_nonempty[w]))
+            quick_evict(h, w * 64 + (unsigned)__builtin_ctzll(bits), POOL_SMALL, TAG_ANY, SIZE_MAX);
+    }
 }
 
 /* A search for `rsize` on `tag` in pool p missed: merges pool p's quick lists back (the other
@@ -437,10 +453,9 @@ static bool quick_flush_pool(heap_t *h, pool_t *p, unsigned tag, size_t rsize, b
     for (unsigned pass = second_chance ? 0 : 1; pass < (until_fit || !second_chance ? 2u : 1u); pass++) {
         for (unsigned n = 0; n < QUICK_BUCKETS / 64; n++) {
             unsigned w = (h->quick_cursor + n) % (QUICK_BUCKETS / 64);
-            for (uint64_t bits = h->quick_nonempty[w]; bits; bits &= bits - 1) {
+            for (uint64_t bits = p->quick_nonempty[w]; bits; bits &= bits - 1) {
                 unsigned i = w * 64 + (unsigned)__builtin_ctzll(bits);
                 quick_t *q = &h->quick[i];
-                if (q->head->pool != p->id) continue;
                 if (pass == 0 && q->ref) {
                     q->ref = false;
                     continue;
@@ -1201,9 +1216,10 @@ static cua_result alloc_fail(heap_t *h, cua_stream stream, size_t size, size_t r
 
 /* An allocation the quick lists did not serve: search, grow or release, then enter the block in
  * `live` (a parked block is there already; any other is not). Returns the block, or NULL after
- * alloc_fail (which unlocks). Out of line, so that the hit path stays short. */
-static __attribute__((noinline)) block_t *alloc_miss(heap_t *h, pool_t *p, cua_stream stream, unsigned tag, size_t size,
-                                                     size_t rsize) {
+ * alloc_fail (which unlocks). Part of alloc_after_miss, its only caller (out of line, so that
+ * the hit path stays short): one call frame for the whole miss. */
+static inline __attribute__((always_inline)) block_t *alloc_miss(heap_t *h, pool_t *p, cua_stream stream, unsigned tag,
+                                                                 size_t size, size_t rsize) {
     block_t *b = alloc_search(h, p, tag, rsize);
     if (!b) {
         alloc_fail(h, stream, size, rsize);
@@ -1933,10 +1949,13 @@ int heap_check(heap_t *h, FILE *report) {
                   (unsigned long)b->addr, b->state, b->size, b->tag);
             CHECK(&c, quick_index(quick_key(b->size, b->tag)) == (unsigned)i, "block %#lx is on the wrong quick list",
                   (unsigned long)b->addr);
+            CHECK(&c, b->pool == q->head->pool, "quick list %u holds blocks of both pools", i);
             listed_bytes += b->size;
         }
         CHECK(&c, n == q->count, "quick list %u holds %zu blocks, its count says %u", i, n, q->count);
-        CHECK(&c, !q->head == !(h->quick_nonempty[i / 64] >> (i % 64) & 1), "quick list %u: its non-empty bit is wrong", i);
+        for (unsigned pi = 0; pi < POOL_COUNT; pi++)
+            CHECK(&c, (q->head && q->head->pool == pi) == (h->pools[pi].quick_nonempty[i / 64] >> (i % 64) & 1),
+                  "quick list %u: its non-empty bit for pool %u is wrong", i, pi);
         listed += n;
     }
     /* Device-wide frees: the pseudo-stream record, and the non-blocking stream table. */

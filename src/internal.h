@@ -166,6 +166,7 @@ typedef struct slab_s {
 } slab_t;
 void slab_init(slab_t *s, size_t rec_size);
 void *slab_alloc(slab_t *s);   /* zeroed record, or NULL when mmap fails */
+void *slab_alloc_uninit(slab_t *s); /* the same, its contents unspecified (the caller sets them all) */
 void slab_free(slab_t *s, void *rec);
 void slab_destroy(slab_t *s);  /* returns every slab to the system */
 
