@@ -1283,12 +1283,26 @@ static inline void *alloc_finish(heap_t *h, pool_t *p, block_t *b, cua_stream st
     return (void *)b->addr;
 }
 
+/* The fast paths' unlock when a waiter sleeps: wakes it and returns what the fast path would
+ * have. Out of line and reached by tail calls, as the contended lock (heap_malloc_contended,
+ * heap_free_contended): the fast paths then make no call that returns to them, and the compiler
+ * gives them no stack frame (no registers saved and restored). */
+static __attribute__((noinline, cold)) void *unlock_wake_ptr(heap_t *h, void *ret) {
+    cua_wake(&h->lock);
+    return ret;
+}
+
+static __attribute__((noinline, cold)) bool unlock_wake_true(heap_t *h) {
+    cua_wake(&h->lock);
+    return true;
+}
+
 /* The fast path (DESIGN: the allocation a training step repeats): 512 B rounding, the stream of
  * the previous call, a block of exactly that size parked for that stream, no recorder. It does
  * what alloc_locked would do for that case and nothing else; everything else goes there. Taking a
- * parked block only lowers inactive_split_bytes, so its peak needs no update here. */
-void *heap_malloc(heap_t *h, size_t size, cua_stream stream) {
-    cua_lock(&h->lock);
+ * parked block only lowers inactive_split_bytes, so its peak needs no update here. Lock held;
+ * released on return. */
+static inline __attribute__((always_inline)) void *heap_malloc_locked(heap_t *h, size_t size, cua_stream stream) {
     if (__builtin_expect(h->fast_alloc && size - 1 < HEAP_MAX_REQUEST && stream == h->last_stream && h->last_tag &&
                              !trace_enabled(), 1)) {
         size_t rsize = (size + CUALLOC_ALIGN - 1) & ~(size_t)(CUALLOC_ALIGN - 1);
@@ -1305,12 +1319,23 @@ void *heap_malloc(heap_t *h, size_t size, cua_stream stream) {
             if (s->requested_bytes > s->requested_peak) s->requested_peak = s->requested_bytes;
             s->allocated_bytes += rsize;
             if (s->allocated_bytes > s->allocated_peak) s->allocated_peak = s->allocated_bytes;
-            cua_unlock(&h->lock);
-            return (void *)b->addr;
+            void *ptr = (void *)b->addr;
+            if (__builtin_expect(cua_unlock_nowake(&h->lock), 0)) return unlock_wake_ptr(h, ptr);
+            return ptr;
         }
         return alloc_after_miss(h, p, stream, h->last_tag, size, rsize);
     }
     return alloc_locked(h, size, stream);
+}
+
+static __attribute__((noinline, cold)) void *heap_malloc_contended(heap_t *h, size_t size, cua_stream stream) {
+    cua_lock(&h->lock);
+    return heap_malloc_locked(h, size, stream);
+}
+
+void *heap_malloc(heap_t *h, size_t size, cua_stream stream) {
+    if (__builtin_expect(!cua_trylock(&h->lock), 0)) return heap_malloc_contended(h, size, stream);
+    return heap_malloc_locked(h, size, stream);
 }
 
 cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
@@ -1393,9 +1418,9 @@ static __attribute__((noinline)) bool free_locked(heap_t *h, block_t *b, cua_str
 }
 
 /* The fast path: a VMM free of an allocated block on the stream of the previous call, whose quick
- * list has room, no recorder. What free_locked would do for that case and nothing else. */
-bool heap_free(heap_t *h, void *ptr, cua_stream stream) {
-    cua_lock(&h->lock);
+ * list has room, no recorder. What free_locked would do for that case and nothing else. Lock
+ * held; released on return. */
+static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, void *ptr, cua_stream stream) {
     block_t *b = ptrmap_get(&h->live, (uintptr_t)ptr);
     if (__builtin_expect(b && b->state == BLOCK_ALLOCATED && h->vmm && stream == h->last_stream && h->last_tag &&
                              !trace_enabled(), 1)) {
@@ -1415,11 +1440,21 @@ bool heap_free(heap_t *h, void *ptr, cua_stream stream) {
             b->requested = 0;
             quick_park(h, p, b, size, i, key); /* stays in `live` */
             update_inactive_split(h);
-            cua_unlock(&h->lock);
+            if (__builtin_expect(cua_unlock_nowake(&h->lock), 0)) return unlock_wake_true(h);
             return true;
         }
     }
     return free_locked(h, b, stream, false);
+}
+
+static __attribute__((noinline, cold)) bool heap_free_contended(heap_t *h, void *ptr, cua_stream stream) {
+    cua_lock(&h->lock);
+    return heap_free_locked(h, ptr, stream);
+}
+
+bool heap_free(heap_t *h, void *ptr, cua_stream stream) {
+    if (__builtin_expect(!cua_trylock(&h->lock), 0)) return heap_free_contended(h, ptr, stream);
+    return heap_free_locked(h, ptr, stream);
 }
 
 bool heap_free_device_wide(heap_t *h, void *ptr) {

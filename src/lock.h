@@ -7,6 +7,7 @@
 
 #include <linux/futex.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -46,6 +47,22 @@ static inline void cua_lock(cua_lock_t *l) {
         return;
     cua_lock_wait(l, c);
 }
+
+/* The uncontended acquisition alone: true when the lock was free and is now held. On false the
+ * caller takes the lock with cua_lock, typically in an out-of-line function, so that a fast path
+ * that makes no other call needs no stack frame. */
+static inline bool cua_trylock(cua_lock_t *l) {
+    uint32_t c = 0;
+    return atomic_compare_exchange_strong_explicit(&l->state, &c, 1, memory_order_acquire, memory_order_relaxed);
+}
+
+/* Releases the lock without waking a waiter: true when one sleeps, and the caller must then call
+ * cua_wake (out of line, for the reason above). */
+static inline bool cua_unlock_nowake(cua_lock_t *l) {
+    return atomic_exchange_explicit(&l->state, 0, memory_order_release) == 2;
+}
+
+static inline void cua_wake(cua_lock_t *l) { syscall(SYS_futex, &l->state, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0); }
 
 static inline void cua_unlock(cua_lock_t *l) {
     if (__builtin_expect(atomic_exchange_explicit(&l->state, 0, memory_order_release) == 2, 0))
