@@ -215,7 +215,7 @@ CUALLOC_API __attribute__((noinline)) void *cualloc_malloc(size_t size, int devi
 }
 
 /* cualloc_free's other cases, out of line so that the common one needs no frame: `in_range`, ptr
- * lies in a VMM heap's range and that heap did not free it (or cualloc is disabled); otherwise
+ * lies in a VMM heap's range and cualloc is disabled (or the heap is not published); otherwise
  * api_init may not have run, the heap may be classic, or the pointer is not ours. */
 static __attribute__((noinline)) void api_free_slow(void *ptr, void *stream, bool in_range) {
     if (!in_range) api_ensure_init();
@@ -245,7 +245,11 @@ CUALLOC_API void cualloc_free(void *ptr, void *stream) {
         for (int pi = 0; pi < POOL_COUNT; pi++) {
             if (a - g.ranges[d][pi].lo < g.ranges[d][pi].hi - g.ranges[d][pi].lo) {
                 heap_t *h = atomic_load_explicit(&g.heaps[d], memory_order_acquire);
-                if (__builtin_expect(h && !g.disabled, 1) && __builtin_expect(heap_free(h, ptr, (cua_stream)stream), 1)) return;
+                /* A tail call: the heap reports a pointer it does not hold, so no result comes back. */
+                if (__builtin_expect(h && !g.disabled, 1)) {
+                    heap_free_in_range(h, ptr, (cua_stream)stream);
+                    return;
+                }
                 api_free_slow(ptr, stream, true);
                 return;
             }

@@ -1420,7 +1420,14 @@ static __attribute__((noinline)) bool free_locked(heap_t *h, block_t *b, cua_str
 /* The fast path: a VMM free of an allocated block on the stream of the previous call, whose quick
  * list has room, no recorder. What free_locked would do for that case and nothing else. Lock
  * held; released on return. */
-static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, void *ptr, cua_stream stream) {
+static __attribute__((noinline)) bool free_locked_or_report(heap_t *h, block_t *b, cua_stream stream, void *ptr) {
+    if (free_locked(h, b, stream, false)) return true;
+    cua_error("cualloc_free: %p was not allocated by cualloc (or was already freed); ignored", ptr);
+    return false;
+}
+
+/* `report`: heap_free_in_range's (a constant where inlined). */
+static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, void *ptr, cua_stream stream, bool report) {
     block_t *b = ptrmap_get(&h->live, (uintptr_t)ptr);
     if (__builtin_expect(b && b->state == BLOCK_ALLOCATED && h->vmm && stream == h->last_stream && h->last_tag &&
                              !trace_enabled(), 1)) {
@@ -1444,17 +1451,25 @@ static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, vo
             return true;
         }
     }
-    return free_locked(h, b, stream, false);
+    return report ? free_locked_or_report(h, b, stream, ptr) : free_locked(h, b, stream, false);
 }
 
-static __attribute__((noinline, cold)) bool heap_free_contended(heap_t *h, void *ptr, cua_stream stream) {
+static __attribute__((noinline, cold)) bool heap_free_contended(heap_t *h, void *ptr, cua_stream stream, bool report) {
     cua_lock(&h->lock);
-    return heap_free_locked(h, ptr, stream);
+    return heap_free_locked(h, ptr, stream, report);
 }
 
 bool heap_free(heap_t *h, void *ptr, cua_stream stream) {
-    if (__builtin_expect(!cua_trylock(&h->lock), 0)) return heap_free_contended(h, ptr, stream);
-    return heap_free_locked(h, ptr, stream);
+    if (__builtin_expect(!cua_trylock(&h->lock), 0)) return heap_free_contended(h, ptr, stream, false);
+    return heap_free_locked(h, ptr, stream, false);
+}
+
+void heap_free_in_range(heap_t *h, void *ptr, cua_stream stream) {
+    if (__builtin_expect(!cua_trylock(&h->lock), 0)) {
+        heap_free_contended(h, ptr, stream, true);
+        return;
+    }
+    heap_free_locked(h, ptr, stream, true);
 }
 
 bool heap_free_device_wide(heap_t *h, void *ptr) {
