@@ -203,6 +203,9 @@ struct block_s {
     uint16_t tag;            /* FREE: stream tag (TAG_ANY = safe for every stream) */
     uint8_t state;           /* block_state_t */
     uint8_t pool;            /* pool_id_t */
+    uint16_t bin;            /* in a TLSF index: its bin, fl * SC_SL_COUNT + sl (set by
+                              * sizeclass_insert, so that removal need not map the size again; a
+                              * block's size does not change while it is in an index) */
 };
 
 /* ======================================================================== ptrmap.c */
@@ -265,6 +268,7 @@ static inline void sizeclass_insert(sizeclass_t *sc, block_t *b) {
     b->link.list.next_free = head;
     if (head) head->link.list.prev_free = b;
     sc->bins[fl][sl] = b;
+    b->bin = (uint16_t)(fl * SC_SL_COUNT + sl);
     sc->sl_bitmap[fl] |= 1u << sl;
     sc->fl_bitmap |= 1ull << fl;
     sc->count++;
@@ -276,8 +280,7 @@ static inline void sizeclass_remove(sizeclass_t *sc, block_t *b) {
     if (p) {
         p->link.list.next_free = n;
     } else {
-        unsigned fl, sl;
-        sizeclass_mapping(b->size, &fl, &sl);
+        unsigned fl = b->bin / SC_SL_COUNT, sl = b->bin % SC_SL_COUNT;
         sc->bins[fl][sl] = n;
         if (!n) {
             sc->sl_bitmap[fl] &= ~(1u << sl);

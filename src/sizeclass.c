@@ -86,10 +86,10 @@ int sizeclass_check(const sizeclass_t *sc, FILE *report) {
                 if (++guard > ((size_t)1 << 40)) { bad++; break; }
                 unsigned bfl, bsl;
                 sizeclass_mapping(b->size, &bfl, &bsl);
-                if (bfl != fl || bsl != sl) {
+                if (bfl != fl || bsl != sl || b->bin != fl * SC_SL_COUNT + sl) {
                     bad++;
-                    if (report) fprintf(report, "sizeclass: block %#lx size %zu in bin (%u,%u), belongs in (%u,%u)\n",
-                                        (unsigned long)b->addr, b->size, fl, sl, bfl, bsl);
+                    if (report) fprintf(report, "sizeclass: block %#lx size %zu in bin (%u,%u), belongs in (%u,%u), records bin %u\n",
+                                        (unsigned long)b->addr, b->size, fl, sl, bfl, bsl, (unsigned)b->bin);
                 }
                 if (b->link.list.prev_free != prev) {
                     bad++;
