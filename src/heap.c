@@ -315,8 +315,10 @@ static block_t *coalesce_free(heap_t *h, pool_t *p, block_t *b);
 /* (size, tag) as one word: sizes are below 2^48 (heap_alloc refuses larger), tags below 2^16. */
 static inline uint64_t quick_key(size_t size, unsigned tag) { return (uint64_t)size | ((uint64_t)tag << 48); }
 
-static inline unsigned quick_index(uint64_t key) {
-    uint32_t k = (uint32_t)(key >> 9) ^ ((uint32_t)(key >> 48) << 26);
+/* The bucket of (size, tag): a hash of the key's bits 9..40 (the size in 512 B units, low 32 bits)
+ * with the tag folded in, computed from the parts (no shifts of the packed key). */
+static inline unsigned quick_index(size_t size, unsigned tag) {
+    uint32_t k = (uint32_t)(size >> 9) ^ ((uint32_t)tag << 26);
     return (k * 2654435761u) >> (32 - QUICK_BUCKETS_LOG2);
 }
 
@@ -382,7 +384,7 @@ static inline void quick_park(heap_t *h, pool_t *p, block_t *b, size_t size, uns
 static inline bool quick_push(heap_t *h, pool_t *p, block_t *b) {
     if (__builtin_expect(b->tag == TAG_DEVICE_WIDE, 0)) return false; /* never handed out unsettled */
     uint64_t key = quick_key(b->size, b->tag);
-    unsigned i = quick_index(key);
+    unsigned i = quick_index(b->size, b->tag);
     if (!quick_room(&h->quick[i], key)) return false;
     quick_park(h, p, b, b->size, i, key);
     return true;
@@ -391,7 +393,7 @@ static inline bool quick_push(heap_t *h, pool_t *p, block_t *b) {
 /* (No list has TAG_DEVICE_WIDE blocks: quick_push refuses them.) */
 static inline block_t *quick_pop(heap_t *h, pool_t *p, size_t size, unsigned tag) {
     uint64_t key = quick_key(size, tag);
-    unsigned i = quick_index(key);
+    unsigned i = quick_index(size, tag);
     quick_t *q = &h->quick[i];
     block_t *b = q->head;
     if (!b || q->key != key) return NULL;
@@ -1434,7 +1436,7 @@ static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, vo
         unsigned tag = h->last_tag;
         size_t size = b->size;
         uint64_t key = quick_key(size, tag);
-        unsigned i = quick_index(key);
+        unsigned i = quick_index(size, tag);
         if (__builtin_expect(quick_room(&h->quick[i], key), 1)) {
             pool_t *p = &h->pools[b->pool];
             cualloc_stats *s = &h->stats;
@@ -1997,7 +1999,7 @@ int heap_check(heap_t *h, FILE *report) {
             CHECK(&c, b->state == BLOCK_CACHED && quick_key(b->size, b->tag) == q->key,
                   "quick list %u (key %#llx) holds block %#lx: state %d, %zu B, tag %u", i, (unsigned long long)q->key,
                   (unsigned long)b->addr, b->state, b->size, b->tag);
-            CHECK(&c, quick_index(quick_key(b->size, b->tag)) == (unsigned)i, "block %#lx is on the wrong quick list",
+            CHECK(&c, quick_index(b->size, b->tag) == (unsigned)i, "block %#lx is on the wrong quick list",
                   (unsigned long)b->addr);
             CHECK(&c, b->pool == q->head->pool, "quick list %u holds blocks of both pools", i);
             listed_bytes += b->size;
