@@ -235,8 +235,10 @@ static inline __attribute__((always_inline)) void free_remove(heap_t *h, pool_t 
 static inline bool tags_compatible(unsigned a, unsigned b) { return a == b || a == TAG_ANY || b == TAG_ANY; }
 
 /* Merges FREE block b (in no index) with compatible FREE neighbours; returns the merged block
- * (not in any index). The lower block's record survives, which keeps segment heads stable. */
-static block_t *coalesce_free(heap_t *h, pool_t *p, block_t *b) {
+ * (not in any index). The lower block's record survives, which keeps segment heads stable.
+ * Inline where a quick list is merged back (quick_evict: one call per parked block), out of line
+ * (coalesce_free) elsewhere. */
+static inline __attribute__((always_inline)) block_t *coalesce_free_inline(heap_t *h, pool_t *p, block_t *b) {
     block_t *n = b->next;
     if (n && n->state == BLOCK_FREE && tags_compatible(b->tag, n->tag)) {
         free_remove(h, p, n);
@@ -258,6 +260,8 @@ static block_t *coalesce_free(heap_t *h, pool_t *p, block_t *b) {
     }
     return b;
 }
+
+static block_t *coalesce_free(heap_t *h, pool_t *p, block_t *b) { return coalesce_free_inline(h, p, b); }
 
 /* Merges UNMAPPED block b (in no index) with UNMAPPED neighbours. */
 static block_t *coalesce_unmapped(heap_t *h, pool_t *p, block_t *b) {
@@ -423,7 +427,7 @@ static bool quick_evict(heap_t *h, unsigned i, pool_id_t want, unsigned tag, siz
         cached_account_sub(h, p, b);
         ptrmap_remove(&h->live, b->addr);
         b->state = BLOCK_FREE;
-        b = coalesce_free(h, p, b);
+        b = coalesce_free_inline(h, p, b);
         free_insert(h, p, b);
         if (b->pool == want && (b->tag == tag || b->tag == TAG_ANY) && b->size >= size) fit = true;
     }
