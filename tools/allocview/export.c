@@ -62,6 +62,10 @@
  * nonzero stream keeps the numbering on; cualloc's VMM pools belong to no stream anyway. */
 #define EX_VMM_SEGMENT_STREAM 1u
 
+/* The largest number the snapshot may carry: the viewer reads integers into JavaScript numbers,
+ * exact up to 2^53 (device addresses are below 2^48; only a damaged trace has more). */
+#define EX_MAX_NUMBER ((uint64_t)1 << 53)
+
 /* ------------------------------------------------------------------------------ live blocks */
 
 typedef struct xblock {
@@ -391,7 +395,8 @@ static void write_frames(exporter_t *ex, uint32_t stack)
         const tr_frame_t *f = &fr[i];
         if (f->kind == CUA_TRACE_FRAME_PYTHON) {
             pkw_item(ex->w);
-            write_frame(ex, f->function ? f->function : "??", f->file ? f->file : "??", f->line);
+            write_frame(ex, f->function ? f->function : "??", f->file ? f->file : "??",
+                        f->line <= INT32_MAX ? f->line : 0); /* a line past 2^31 is damage */
             continue;
         }
         sym_native_t nf;
@@ -543,8 +548,15 @@ static bool simulate(exporter_t *ex, uint32_t dv, enum sim_mode mode, uint64_t s
             continue;
         uint64_t end = rec.addr + rec.size;
         xblock_t *b;
+        if (rec.addr > EX_MAX_NUMBER || rec.size > EX_MAX_NUMBER || rec.requested > EX_MAX_NUMBER ||
+            stream_handle(ex, rec.stream) > EX_MAX_NUMBER ||
+            (rec.type == CUA_TRACE_OOM && (rec.u.oom.requested > EX_MAX_NUMBER || rec.u.oom.device_free > EX_MAX_NUMBER))) {
+            ok = xfail(ex, "device %u: record at offset %" PRIu64 " has a value past 2^53, more than PyTorch's viewer "
+                       "holds exactly (a damaged trace)", dv, rec.offset);
+            break;
+        }
         bool sized = rec.type != CUA_TRACE_OOM && rec.type != CUA_TRACE_FREE && rec.type != CUA_TRACE_FREE_DONE;
-        if (sized && (rec.size == 0 || end < rec.addr)) { /* only a damaged trace has these */
+        if (sized && (rec.size == 0 || end < rec.addr || end > EX_MAX_NUMBER)) { /* only a damaged trace has these */
             ok = xfail(ex, "device %u: record at offset %" PRIu64 " has %s (0x%" PRIx64 ", %" PRIu64 " bytes)", dv,
                        rec.offset, rec.size ? "a range past the end of the address space" : "an empty range", rec.addr,
                        rec.size);
@@ -584,7 +596,7 @@ static bool simulate(exporter_t *ex, uint32_t dv, enum sim_mode mode, uint64_t s
         case CUA_TRACE_FREE_DONE: {
             b = blocks_find(&d->live, rec.addr);
             if (!b) { /* freed, never seen allocated: live from the start */
-                if (rec.size == 0 || end < rec.addr) {
+                if (rec.size == 0 || end < rec.addr || end > EX_MAX_NUMBER) {
                     ok = xfail(ex, "device %u: free of 0x%" PRIx64 ", never allocated, with no usable size", dv,
                                rec.addr);
                     break;
@@ -661,7 +673,7 @@ static bool simulate(exporter_t *ex, uint32_t dv, enum sim_mode mode, uint64_t s
             break;
         case CUA_TRACE_OOM:
             ENTRY("oom", 0, rec.u.oom.requested, stream_handle(ex, rec.stream), rec.stack,
-                  (int64_t)(rec.u.oom.device_free & INT64_MAX));
+                  (int64_t)rec.u.oom.device_free);
             break;
         default:
             break;

@@ -460,7 +460,11 @@ static int decode_event(tr_reader_t *r, cursor_t *c, tr_record_t *rec, span_t *s
     rec->dev = dev;
     rec->thread = thread;
     rec->stream = has_stream ? stream : 0;
-    rec->stack = (has_slack || t == CUA_TRACE_OOM) ? stack : 0;
+    /* Stack ids count the file's STACK records (1, 2, ...; an event may come before the records of
+     * its own stack in sequence order), and a STACK record takes at least 7 bytes: an id past
+     * what the file could hold is damage. It reads as 0, unknown, so that no caller sizes a
+     * table by it. The delta state keeps the value as written. */
+    rec->stack = (has_slack || t == CUA_TRACE_OOM) && stack <= r->size / 7 ? stack : 0;
     rec->addr = addr;
     rec->size = size;
     rec->requested = requested;

@@ -14,7 +14,7 @@
  * reader never trusts the file: every length, varint and id is checked; on the first corrupt
  * record it stops with a message naming the offset, having returned every record before it.
  * A file cut short (a partial copy) ends like a crash: tr_next returns 0 and tr_warning() says
- * where. Not thread-safe: one reader per thread.
+ * where. An event naming a stack id larger than the file could define reads as stack 0 (unknown). Not thread-safe: one reader per thread.
  */
 #ifndef CUALLOC_READER_H
 #define CUALLOC_READER_H
