@@ -1689,23 +1689,28 @@ bool heap_block_range(heap_t *h, const void *ptr, uintptr_t *base, size_t *size)
     return found != NULL;
 }
 
+/* The next run of mapped chunks at or after chunk `from`: [*start, *end). False when none is left. */
+static bool next_mapped_run(const pool_t *p, size_t from, size_t *start, size_t *end) {
+    size_t i = from;
+    while (i < p->nchunks && !p->chunks[i]) i++;
+    if (i == p->nchunks) return false;
+    size_t j = i;
+    while (j < p->nchunks && p->chunks[j]) j++;
+    *start = i;
+    *end = j;
+    return true;
+}
+
 void heap_peer_enabled(heap_t *h) {
     cua_lock(&h->lock);
     if (h->vmm) {
         for (int pi = 0; pi < POOL_COUNT; pi++) {
             pool_t *p = &h->pools[pi];
-            for (size_t i = 0; i < p->nchunks;) {
-                if (!p->chunks[i]) {
-                    i++;
-                    continue;
-                }
-                size_t j = i;
-                while (j < p->nchunks && p->chunks[j]) j++;
+            for (size_t i = 0, j; next_mapped_run(p, i, &i, &j); i = j) {
                 cua_result r = h->drv->set_access(h->dev, p->va_base + i * p->chunk, (j - i) * p->chunk);
                 if (r != CUA_SUCCESS)
                     cua_error("device %d: granting peer access to %#lx (+%zu B) failed (%s)", h->dev,
                               (unsigned long)(p->va_base + i * p->chunk), (j - i) * p->chunk, driver_error_name(r));
-                i = j;
             }
         }
     }
@@ -1732,16 +1737,8 @@ void heap_snapshot(heap_t *h, void (*mapped)(int dev, uintptr_t addr, size_t siz
         pool_t *p = &h->pools[pi];
         if (h->vmm) {
             /* Runs of mapped chunks, each reported once. */
-            for (size_t i = 0; i < p->nchunks;) {
-                if (!p->chunks[i]) {
-                    i++;
-                    continue;
-                }
-                size_t j = i;
-                while (j < p->nchunks && p->chunks[j]) j++;
+            for (size_t i = 0, j; next_mapped_run(p, i, &i, &j); i = j)
                 if (mapped) mapped(h->dev, p->va_base + i * p->chunk, (j - i) * p->chunk, arg);
-                i = j;
-            }
         } else {
             for (block_t *seg = p->segments; seg; seg = seg->seg_next)
                 if (mapped) mapped(h->dev, seg->addr, seg_bytes(seg), arg);
