@@ -344,12 +344,6 @@ static void smap_free(xsmap_t *m)
 
 /* ------------------------------------------------------------------------------ frames */
 
-static const char *base_name(const char *p)
-{
-    const char *s = strrchr(p, '/');
-    return s ? s + 1 : p;
-}
-
 /* Writes one frame dict {name, filename, line}, memoized by its text. */
 static void write_frame(exporter_t *ex, const char *name, const char *file, uint64_t line)
 {
@@ -409,7 +403,7 @@ static void write_frames(exporter_t *ex, uint32_t stack)
         if (nf.function)
             name = nf.function;
         else if (f->module)
-            snprintf(addr_name, sizeof addr_name, "%s+0x%" PRIx64, base_name(f->module), off);
+            snprintf(addr_name, sizeof addr_name, "%s+0x%" PRIx64, txt_base_name(f->module), off);
         else
             snprintf(addr_name, sizeof addr_name, "0x%" PRIx64, off);
         pkw_item(ex->w);

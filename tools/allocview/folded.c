@@ -173,12 +173,6 @@ int64_t vw_replay_add(vw_replay_t *s, const tr_record_t *rec)
 
 /* ---------------------------------------------------------------------------------- naming */
 
-static const char *base_name(const char *path)
-{
-    const char *s = strrchr(path, '/');
-    return s ? s + 1 : path;
-}
-
 static bool prefixed(const char *s, const char *p) { return s && strncmp(s, p, strlen(p)) == 0; }
 
 bool vw_frame_is_allocator(const tr_frame_t *f)
@@ -186,7 +180,7 @@ bool vw_frame_is_allocator(const tr_frame_t *f)
     if (f->kind == CUA_TRACE_FRAME_NATIVE) {
         if (!f->module)
             return false;
-        const char *b = base_name(f->module);
+        const char *b = txt_base_name(f->module);
         return prefixed(b, "libcualloc") || prefixed(b, "libcudart") || prefixed(b, "libcuda");
     }
     return prefixed(f->function, "cualloc_") || prefixed(f->function, "cudaMalloc") ||
@@ -202,7 +196,7 @@ void vw_frame_name(const tr_frame_t *f, char *buf, size_t len)
             snprintf(buf, len, "(unknown Python frame)");
     } else if (f->module) {
         /* The recorded return address's offset, as symbolize.c prints an unsymbolized frame. */
-        snprintf(buf, len, "%s+0x%" PRIx64, base_name(f->module), f->module_offset);
+        snprintf(buf, len, "%s+0x%" PRIx64, txt_base_name(f->module), f->module_offset);
     } else {
         snprintf(buf, len, "0x%" PRIx64, f->addr);
     }

@@ -52,12 +52,6 @@ static const char *T(const av_t *a, uint64_t t)
     return tbuf[tnext];
 }
 
-static const char *base_name(const char *p)
-{
-    const char *s = strrchr(p, '/');
-    return s ? s + 1 : p;
-}
-
 /* Paths inside a command line or configuration shortened to their last component. */
 static void redact_paths(const char *in, char *out, size_t len)
 {
@@ -583,7 +577,7 @@ static void sites_json(FILE *out, site_t *v, size_t n, int top)
 static void header_text(FILE *out, const av_t *a, const ropts_t *o)
 {
     char buf[2048], ended[768], conf[1024];
-    fprintf(out, "%sallocview report%s: %s (%s)\n", C_B(), C_0(), o->redact ? base_name(a->path) : a->path,
+    fprintf(out, "%sallocview report%s: %s (%s)\n", C_B(), C_0(), o->redact ? txt_base_name(a->path) : a->path,
             a->recorder[0] ? a->recorder : "recorder unknown");
     fprintf(out, "%sWhat ran%s\n", C_B(), C_0());
     if (a->have_process) {
@@ -736,7 +730,7 @@ static void process_json(FILE *out, const av_t *a, const ropts_t *o)
 {
     char buf[2048];
     fprintf(out, "\"trace\": ");
-    txt_json_string(out, o->redact ? base_name(a->path) : a->path);
+    txt_json_string(out, o->redact ? txt_base_name(a->path) : a->path);
     fprintf(out, ", \"command\": ");
     if (o->redact)
         redact_paths(a->cmd, buf, sizeof buf);
@@ -962,14 +956,14 @@ static void report_many(FILE *out, av_t **as, size_t n, const ropts_t *o)
         char *paren = strstr(ended, " (");
         if (paren)
             *paren = '\0';
-        fprintf(out, "  %-5s %-24.24s %12s %12s %-14.14s %5zu  %s\n", r, base_name(a->path), H(a->peak_alloc),
+        fprintf(out, "  %-5s %-24.24s %12s %12s %-14.14s %5zu  %s\n", r, txt_base_name(a->path), H(a->peak_alloc),
                 H(a->acct.reserved_peak), a->have_peak ? a->segs[a->peak_seg].label : "-", a->nooms, ended);
     }
     if (highest >= 0)
-        fprintf(out, "  highest peak: %s (rank %" PRId64 "), %s allocated\n", base_name(as[highest]->path),
+        fprintf(out, "  highest peak: %s (rank %" PRId64 "), %s allocated\n", txt_base_name(as[highest]->path),
                 as[highest]->rank, H(as[highest]->peak_alloc));
     if (first_fail >= 0)
-        fprintf(out, "  %sfailed first: %s (rank %" PRId64 ")%s, %s\n", C_R(), base_name(as[first_fail]->path),
+        fprintf(out, "  %sfailed first: %s (rank %" PRId64 ")%s, %s\n", C_R(), txt_base_name(as[first_fail]->path),
                 as[first_fail]->rank, C_0(), as[first_fail]->nooms ? "OOM" : "no end record");
     else
         fprintf(out, "  no rank failed\n");

@@ -13,6 +13,8 @@
 #include <elfutils/libdwfl.h>
 #endif
 
+#include "text.h"
+
 #define SYM_MAX_FRAMES 64
 
 /* One module file, opened on first use. */
@@ -49,15 +51,9 @@ struct sym_ctx {
     size_t nstk;
 };
 
-static const char *base_name(const char *p)
-{
-    const char *s = strrchr(p, '/');
-    return s ? s + 1 : p;
-}
-
 static bool fold_module(const char *path)
 {
-    const char *b = base_name(path);
+    const char *b = txt_base_name(path);
     return fnmatch("libcualloc.so*", b, 0) == 0 || fnmatch("libcualloc_torch*", b, 0) == 0 ||
            fnmatch("libcudart*", b, 0) == 0 || fnmatch("libcuda.so*", b, 0) == 0 ||
            fnmatch("libc10_cuda*", b, 0) == 0 || fnmatch("libstubcudart*", b, 0) == 0;
@@ -141,7 +137,7 @@ static void mod_open(sym_ctx_t *c, sym_mod_t *m)
         return;
     }
     /* Reported at bias 0: lookups use the file's own addresses (the recorded offset). */
-    m->mod = dwfl_report_elf(m->dwfl, base_name(m->path), m->path, fd, 0, false);
+    m->mod = dwfl_report_elf(m->dwfl, txt_base_name(m->path), m->path, fd, 0, false);
     dwfl_report_end(m->dwfl, NULL, NULL);
     if (!m->mod)
         return;
@@ -200,11 +196,11 @@ static char *fmt_native(sym_ctx_t *c, const char *module, uint64_t off, bool *fo
     int line;
     native_lookup(c, module, off, &fn, &src, &line, fold);
     if (fn && src && line > 0)
-        snprintf(buf, sizeof buf, "%s (%s:%d)", fn, base_name(src), line);
+        snprintf(buf, sizeof buf, "%s (%s:%d)", fn, txt_base_name(src), line);
     else if (fn)
-        snprintf(buf, sizeof buf, "%s (%s)", fn, base_name(module));
+        snprintf(buf, sizeof buf, "%s (%s)", fn, txt_base_name(module));
     else if (module)
-        snprintf(buf, sizeof buf, "%s+0x%" PRIx64, base_name(module), off);
+        snprintf(buf, sizeof buf, "%s+0x%" PRIx64, txt_base_name(module), off);
     else
         snprintf(buf, sizeof buf, "0x%" PRIx64, off);
     return strdup(buf);

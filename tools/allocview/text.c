@@ -2,6 +2,8 @@
  * own formatter (fmt_bytes in src/error.c), so allocview and cualloc's messages print a size alike. */
 #include "text.h"
 
+#include <string.h>
+
 #include "internal.h"
 
 const char *txt_human(uint64_t bytes, char *buf, size_t len) { return fmt_bytes((size_t)bytes, buf, len); }
@@ -19,4 +21,10 @@ void txt_json_string(FILE *out, const char *s)
             fputc(ch, out);
     }
     fputc('"', out);
+}
+
+const char *txt_base_name(const char *path)
+{
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
 }

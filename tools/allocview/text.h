@@ -1,4 +1,4 @@
-/* text.h — output helpers every allocview command shares: human sizes and JSON strings. */
+/* text.h — output helpers every allocview command shares: human sizes, JSON strings, file names. */
 #ifndef CUALLOC_ALLOCVIEW_TEXT_H
 #define CUALLOC_ALLOCVIEW_TEXT_H
 
@@ -10,5 +10,7 @@
 const char *txt_human(uint64_t bytes, char *buf, size_t len);
 /* s as a JSON string literal (quoted, escaped); NULL writes "". */
 void txt_json_string(FILE *out, const char *s);
+/* The last component of a path ("libx.so" of "/usr/lib/libx.so"): a pointer into path. */
+const char *txt_base_name(const char *path);
 
 #endif
