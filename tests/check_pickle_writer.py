@@ -46,6 +46,10 @@ def main():
     if len(shared) != 601 or any(shared[i] is not shared[0] for i in range(1, 601, 2)) or shared[0] != {"name": "frame"}:
         print("FAIL: memoized values are not shared")
         ok = False
+    keyed = doc["keyed"]
+    if keyed != [[42], [42], [42], "frame"] or keyed[0] is not keyed[2]:
+        print("FAIL: keyed memo: %r" % (keyed,))
+        ok = False
     print("check_pickle_writer: %s" % ("all passed" if ok else "failed"))
     return 0 if ok else 1
 

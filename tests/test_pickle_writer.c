@@ -106,6 +106,24 @@ static void write_doc(FILE *f)
         pkw_str_memo(w, "frame", 5);
     }
     pkw_list_end(w);
+    /* A value memoized under a caller's key: written once, fetched after; the same bytes as a
+     * memoized string stay a different value (the two kinds of key are kept apart). */
+    pkw_key(w, "keyed");
+    pkw_list_begin(w);
+    for (int i = 0; i < 3; i++) {
+        pkw_item(w);
+        if (!pkw_get_keyed(w, "frame", 5)) {
+            CHECK(i == 0, "keyed value %d not found", i);
+            pkw_list_begin(w);
+            pkw_item(w);
+            pkw_int(w, 42);
+            pkw_list_end(w);
+            pkw_memoize_keyed(w, "frame", 5);
+        }
+    }
+    pkw_item(w);
+    pkw_str_memo(w, "frame", 5);
+    pkw_list_end(w);
     pkw_dict_end(w);
     char err[128];
     CHECK(pkw_finish(w, err, sizeof err), "pkw_finish: %s", err);
@@ -178,6 +196,11 @@ int main(int argc, char **argv)
         CHECK(py_item(sh, 0) == py_item(sh, 2 * GETS - 1), "a fetched value is not the memoized one");
         check_str(py_dict_get(py_item(sh, 2 * GETS - 1), "name"), "frame");
         check_str(py_item(sh, 2 * GETS), "frame");
+        const py_t *kd = py_dict_get(root, "keyed");
+        CHECK(py_len(kd) == 4 && py_item(kd, 0) && py_item(kd, 0)->kind == PY_LIST &&
+                  py_item(kd, 0) == py_item(kd, 2) && py_as_int(py_item(py_item(kd, 0), 0), &v) && v == 42,
+              "keyed values are not the one memoized list");
+        check_str(py_item(kd, 3), "frame");
         pk_free(doc);
     }
     if (argc > 1) {

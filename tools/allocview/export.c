@@ -232,9 +232,6 @@ static bool ranges_remove(xranges_t *m, uint64_t addr, uint64_t end)
 
 /* ------------------------------------------------------------------------------ the exporter */
 
-/* A string -> memo index map (frame dicts by their text). */
-typedef struct xsmap { char **k; uint64_t *v, *h; size_t mask, count; } xsmap_t;
-
 typedef struct xdev {
     bool present, vmm;
     xblocks_t live;
@@ -259,7 +256,7 @@ typedef struct exporter {
     uint64_t max_entries; /* 0: all */
     uint64_t *stack_memo; /* per stack id: memo index + 1 of its frame list; 0 = not written */
     size_t nstack_memo;
-    xsmap_t frames;
+    size_t nframes;       /* distinct frame dicts written */
     xmark_t *marks;
     size_t nmarks, capmarks;
     char error[768];
@@ -279,69 +276,6 @@ static bool xfail(exporter_t *ex, const char *fmt, ...)
     return false;
 }
 
-static uint64_t smap_hash(const char *s)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
-    return h;
-}
-
-/* The slot for key: *found says whether it holds key already. NULL: out of memory. */
-static uint64_t *smap_slot(xsmap_t *m, const char *key, bool *found)
-{
-    if ((m->count + 1) * 2 > m->mask + 1) {
-        size_t cap = m->mask ? (m->mask + 1) * 2 : 1024;
-        xsmap_t n = {.mask = cap - 1};
-        n.k = calloc(cap, sizeof *n.k);
-        n.v = calloc(cap, sizeof *n.v);
-        n.h = calloc(cap, sizeof *n.h);
-        if (!n.k || !n.v || !n.h) {
-            free(n.k);
-            free(n.v);
-            free(n.h);
-            return NULL;
-        }
-        for (size_t i = 0; m->k && i <= m->mask; i++)
-            if (m->k[i]) {
-                size_t j = m->h[i] & n.mask;
-                while (n.k[j])
-                    j = (j + 1) & n.mask;
-                n.k[j] = m->k[i];
-                n.v[j] = m->v[i];
-                n.h[j] = m->h[i];
-            }
-        n.count = m->count;
-        free(m->k);
-        free(m->v);
-        free(m->h);
-        *m = n;
-    }
-    uint64_t h = smap_hash(key);
-    size_t i = h & m->mask;
-    for (; m->k[i]; i = (i + 1) & m->mask)
-        if (m->h[i] == h && strcmp(m->k[i], key) == 0) {
-            *found = true;
-            return &m->v[i];
-        }
-    m->k[i] = strdup(key);
-    if (!m->k[i])
-        return NULL;
-    m->h[i] = h;
-    m->count++;
-    *found = false;
-    return &m->v[i];
-}
-
-static void smap_free(xsmap_t *m)
-{
-    for (size_t i = 0; m->k && i <= m->mask; i++)
-        free(m->k[i]);
-    free(m->k);
-    free(m->v);
-    free(m->h);
-}
-
 /* ------------------------------------------------------------------------------ frames */
 
 /* Writes one frame dict {name, filename, line}, memoized by its text. */
@@ -350,16 +284,12 @@ static void write_frame(exporter_t *ex, const char *name, const char *file, uint
     /* The key is the whole text: frames that differ only past some length stay apart. */
     size_t klen = strlen(name) + strlen(file) + 32;
     char *key = malloc(klen);
-    bool found = false;
-    uint64_t *slot = NULL;
     if (key) {
-        snprintf(key, klen, "%s\x1f%s\x1f%" PRIu64, name, file, line);
-        slot = smap_slot(&ex->frames, key, &found);
-        free(key);
-    }
-    if (slot && found) {
-        pkw_get(ex->w, *slot);
-        return;
+        klen = (size_t)snprintf(key, klen, "%s\x1f%s\x1f%" PRIu64, name, file, line);
+        if (pkw_get_keyed(ex->w, key, klen)) {
+            free(key);
+            return;
+        }
     }
     pkw_dict_begin(ex->w);
     pkw_key(ex->w, "name");
@@ -369,9 +299,10 @@ static void write_frame(exporter_t *ex, const char *name, const char *file, uint
     pkw_key(ex->w, "line");
     pkw_uint(ex->w, line);
     pkw_dict_end(ex->w);
-    uint64_t idx = pkw_memoize(ex->w);
-    if (slot)
-        *slot = idx;
+    if (key)
+        pkw_memoize_keyed(ex->w, key, klen);
+    free(key);
+    ex->nframes++;
 }
 
 /* Writes the frame list of stack id (innermost first, the allocator's frames left out); a stack
@@ -881,7 +812,6 @@ static void exporter_free(exporter_t *ex)
     }
     free(ex->dev);
     free(ex->stack_memo);
-    smap_free(&ex->frames);
     for (size_t i = 0; i < ex->nmarks; i++)
         free(ex->marks[i].label);
     free(ex->marks);
@@ -1047,7 +977,7 @@ int av_cmd_export(int argc, char **argv)
     fprintf(stderr,
             "allocview export: %s -> %s: %u device%s, %" PRIu64 " events, %" PRIu64 " segments, %" PRIu64
             " blocks live at the end, %zu marks, %zu distinct frames%s\n",
-            in, out, ndev, ndev == 1 ? "" : "s", ex.events_written, nsegs, nblocks, ex.nmarks, ex.frames.count,
+            in, out, ndev, ndev == 1 ? "" : "s", ex.events_written, nsegs, nblocks, ex.nmarks, ex.nframes,
             inferred ? " (the trace starts mid-run: its starting state was inferred)" : "");
     int status = ex.status ? ex.status : ex.a->status;
     if (status == VW_EXIT_CORRUPT)

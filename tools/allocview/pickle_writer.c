@@ -12,8 +12,10 @@ enum {
     OP_NEWTRUE = 0x88, OP_NEWFALSE = 0x89, OP_LONG1 = 0x8a, OP_SHORT_BINUNICODE = 0x8c, OP_MEMOIZE = 0x94,
 };
 
-/* A memoized string: its bytes live in the arena at off. */
-typedef struct pkw_sym { uint64_t hash, memo; size_t off, len; bool used; } pkw_sym_t;
+/* A memoized value by key: the key's bytes live in the arena at off. Keys of pkw_str_memo (the
+ * string itself) and of pkw_memoize_keyed (the caller's) are kept apart by ns. */
+typedef struct pkw_sym { uint64_t hash, memo; size_t off, len; uint8_t ns; bool used; } pkw_sym_t;
+enum { SYM_STRING = 0, SYM_CALLER = 1 };
 
 /* An open container: entries written in the current batch, whether it is a dict. */
 typedef struct pkw_open { uint32_t count; bool dict; } pkw_open_t;
@@ -318,23 +320,26 @@ static bool sym_grow(pkw_t *w)
     return true;
 }
 
-void pkw_str_memo(pkw_t *w, const char *s, size_t len)
+/* The slot of (ns, key): *found when it holds that key's memo index, else the empty slot where
+ * sym_add puts it (valid until the table next grows). NULL when out of memory. */
+static pkw_sym_t *sym_slot(pkw_t *w, uint8_t ns, const char *key, size_t len, bool *found)
 {
     if ((w->symcount + 1) * 2 > w->symcap && !sym_grow(w)) {
         fail(w, "out of memory");
-        return;
+        return NULL;
     }
-    uint64_t h = str_hash(s, len);
-    size_t j = h & (w->symcap - 1);
-    for (;; j = (j + 1) & (w->symcap - 1)) {
+    uint64_t h = str_hash(key, len) ^ ns;
+    for (size_t j = h & (w->symcap - 1);; j = (j + 1) & (w->symcap - 1)) {
         pkw_sym_t *e = &w->syms[j];
-        if (!e->used)
-            break;
-        if (e->hash == h && e->len == len && memcmp(w->arena + e->off, s, len) == 0) {
-            pkw_get(w, e->memo);
-            return;
-        }
+        *found = e->used;
+        if (!e->used || (e->hash == h && e->ns == ns && e->len == len && memcmp(w->arena + e->off, key, len) == 0))
+            return e;
     }
+}
+
+/* Fills the empty slot e (from sym_slot) with (ns, key) -> memo. */
+static void sym_add(pkw_t *w, pkw_sym_t *e, uint8_t ns, const char *key, size_t len, uint64_t memo)
+{
     if (w->arena_len + len > w->arena_cap) {
         size_t cap = (w->arena_cap ? w->arena_cap * 2 : 65536);
         while (cap < w->arena_len + len)
@@ -347,11 +352,43 @@ void pkw_str_memo(pkw_t *w, const char *s, size_t len)
         w->arena = p;
         w->arena_cap = cap;
     }
-    memcpy(w->arena + w->arena_len, s, len);
-    pkw_str(w, s, len);
-    w->syms[j] = (pkw_sym_t){.hash = h, .memo = pkw_memoize(w), .off = w->arena_len, .len = len, .used = true};
+    memcpy(w->arena + w->arena_len, key, len);
+    *e = (pkw_sym_t){.hash = str_hash(key, len) ^ ns, .memo = memo, .off = w->arena_len, .len = len, .ns = ns,
+                     .used = true};
     w->arena_len += len;
     w->symcount++;
+}
+
+void pkw_str_memo(pkw_t *w, const char *s, size_t len)
+{
+    bool found;
+    pkw_sym_t *e = sym_slot(w, SYM_STRING, s, len, &found);
+    if (!e)
+        return;
+    if (found) {
+        pkw_get(w, e->memo);
+        return;
+    }
+    pkw_str(w, s, len);
+    sym_add(w, e, SYM_STRING, s, len, pkw_memoize(w));
+}
+
+bool pkw_get_keyed(pkw_t *w, const char *key, size_t len)
+{
+    bool found;
+    pkw_sym_t *e = sym_slot(w, SYM_CALLER, key, len, &found);
+    if (e && found)
+        pkw_get(w, e->memo);
+    return e && found;
+}
+
+void pkw_memoize_keyed(pkw_t *w, const char *key, size_t len)
+{
+    uint64_t memo = pkw_memoize(w);
+    bool found;
+    pkw_sym_t *e = sym_slot(w, SYM_CALLER, key, len, &found); /* again: writing the value may have grown the table */
+    if (e && !found)
+        sym_add(w, e, SYM_CALLER, key, len, memo);
 }
 
 static void open_push(pkw_t *w, bool dict)

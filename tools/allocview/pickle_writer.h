@@ -14,7 +14,7 @@
  * BINPUT, whose explicit index MemoryViz.js does not count) and returns it; pkw_get pushes a
  * memoized value again. A repeated value written once and fetched by index is shared in the
  * reader (one object), which is how snapshots keep repeated stacks small. pkw_str_memo memoizes
- * strings by content itself.
+ * strings by content itself, pkw_get_keyed / pkw_memoize_keyed any value by a key of the caller's.
  *
  * Strings are written as UTF-8; invalid sequences are replaced by U+FFFD (a recorded module path
  * need not be UTF-8, and Python refuses to unpickle a string that is not). Errors (a failed
@@ -46,6 +46,11 @@ void pkw_str(pkw_t *w, const char *s, size_t len);
 void pkw_cstr(pkw_t *w, const char *s);
 /* A string written once and fetched from the memo afterwards (dict keys, repeated names). */
 void pkw_str_memo(pkw_t *w, const char *s, size_t len);
+/* Any value written once under a key of the caller's (apart from pkw_str_memo's strings) and
+ * fetched after that: pkw_get_keyed pushes the value memoized under key and returns true, or
+ * writes nothing and returns false; then write the value and call pkw_memoize_keyed(key). */
+bool pkw_get_keyed(pkw_t *w, const char *key, size_t len);
+void pkw_memoize_keyed(pkw_t *w, const char *key, size_t len);
 
 void pkw_dict_begin(pkw_t *w);
 void pkw_key(pkw_t *w, const char *key); /* the next entry's key (memoized) */
