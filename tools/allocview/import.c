@@ -33,87 +33,19 @@
 #include "pickle.h"
 #include "replay.h"
 #include "trace_writer.h"
+#include "u64map.h"
 
 enum { IM_EXIT_USAGE = 1, IM_EXIT_UNREADABLE = 2 };
-
-/* ------------------------------------------------------------------------------ a small map */
-
-typedef struct imap { uint64_t *k, *v; size_t mask, count; } imap_t;
-
-static uint64_t hmix(uint64_t k)
-{
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdull;
-    k ^= k >> 29;
-    k *= 0xc4ceb9fe1a85ec53ull;
-    k ^= k >> 32;
-    return k;
-}
-
-static bool imap_init(imap_t *m, size_t cap)
-{
-    m->k = malloc(cap * sizeof *m->k);
-    m->v = malloc(cap * sizeof *m->v);
-    if (!m->k || !m->v)
-        return false;
-    memset(m->k, 0xff, cap * sizeof *m->k);
-    m->mask = cap - 1;
-    m->count = 0;
-    return true;
-}
-
-static void imap_free(imap_t *m)
-{
-    free(m->k);
-    free(m->v);
-}
-
-static uint64_t *imap_slot(imap_t *m, uint64_t key, bool *found)
-{
-    if ((m->count + 1) * 2 > m->mask + 1) {
-        imap_t n;
-        if (!imap_init(&n, (m->mask + 1) * 2))
-            return NULL;
-        for (size_t i = 0; i <= m->mask; i++)
-            if (m->k[i] != UINT64_MAX) {
-                bool f;
-                *imap_slot(&n, m->k[i], &f) = m->v[i];
-            }
-        imap_free(m);
-        *m = n;
-    }
-    size_t i = hmix(key) & m->mask;
-    while (m->k[i] != UINT64_MAX && m->k[i] != key)
-        i = (i + 1) & m->mask;
-    *found = m->k[i] == key;
-    if (!*found) {
-        m->k[i] = key;
-        m->v[i] = 0;
-        m->count++;
-    }
-    return &m->v[i];
-}
-
-static bool imap_has(const imap_t *m, uint64_t key)
-{
-    size_t i = hmix(key) & m->mask;
-    while (m->k[i] != UINT64_MAX) {
-        if (m->k[i] == key)
-            return true;
-        i = (i + 1) & m->mask;
-    }
-    return false;
-}
 
 /* ------------------------------------------------------------------------------ importer */
 
 typedef struct imp {
     tw_t *w;
-    imap_t frames;   /* py_t* of a frame dict -> PYFRAME id */
-    imap_t lists;    /* py_t* of a frames list -> stack id: a list shared through the pickle memo is
+    u64map_t frames;   /* py_t* of a frame dict -> PYFRAME id */
+    u64map_t lists;    /* py_t* of a frames list -> stack id: a list shared through the pickle memo is
                       * walked once, so hostile sharing cannot make the import quadratic */
-    imap_t nodes;    /* (parent << 32 | pyframe) -> STACK id */
-    imap_t streams;  /* handle -> STREAM id */
+    u64map_t nodes;    /* (parent << 32 | pyframe) -> STACK id */
+    u64map_t streams;  /* handle -> STREAM id */
     uint32_t next_frame, next_node, next_stream;
     bool ok;
 } imp_t;
@@ -128,7 +60,7 @@ static uint64_t round_size(uint64_t req)
 static uint32_t stream_id(imp_t *im, uint64_t handle)
 {
     bool f;
-    uint64_t *v = imap_slot(&im->streams, handle, &f);
+    uint64_t *v = u64map_slot(&im->streams, handle, &f);
     if (!v) {
         im->ok = false;
         return 0;
@@ -156,7 +88,7 @@ static uint32_t stack_of(imp_t *im, const py_t *frames)
     if (!frames)
         return 0;
     bool found;
-    uint64_t *sid = imap_slot(&im->lists, (uint64_t)(uintptr_t)frames, &found);
+    uint64_t *sid = u64map_slot(&im->lists, (uint64_t)(uintptr_t)frames, &found);
     if (!sid) {
         im->ok = false;
         return 0;
@@ -175,7 +107,7 @@ static uint32_t stack_of_list(imp_t *im, const py_t *frames)
         if (!fr || fr->kind != PY_DICT)
             continue;
         bool f;
-        uint64_t *fid = imap_slot(&im->frames, (uint64_t)(uintptr_t)fr, &f);
+        uint64_t *fid = u64map_slot(&im->frames, (uint64_t)(uintptr_t)fr, &f);
         if (!fid) {
             im->ok = false;
             return 0;
@@ -193,7 +125,7 @@ static uint32_t stack_of_list(imp_t *im, const py_t *frames)
             free(file);
         }
         uint64_t key = (uint64_t)parent << 32 | *fid;
-        uint64_t *nid = imap_slot(&im->nodes, key, &f);
+        uint64_t *nid = u64map_slot(&im->nodes, key, &f);
         if (!nid) {
             im->ok = false;
             return 0;
@@ -322,8 +254,8 @@ int av_cmd_import(int argc, char **argv)
 
     imp_t im = {0};
     im.ok = true;
-    if (!imap_init(&im.frames, 1 << 12) || !imap_init(&im.nodes, 1 << 12) || !imap_init(&im.streams, 16) ||
-        !imap_init(&im.lists, 1 << 12)) {
+    if (!u64map_init(&im.frames, 1 << 12) || !u64map_init(&im.nodes, 1 << 12) || !u64map_init(&im.streams, 16) ||
+        !u64map_init(&im.lists, 1 << 12)) {
         pk_free(doc);
         return IM_EXIT_UNREADABLE;
     }
@@ -368,8 +300,8 @@ int av_cmd_import(int argc, char **argv)
     for (int d = 0; d < ndev && im.ok; d++) {
         const py_t *evs = py_item(traces, (size_t)d);
         /* Pass 1: what the trace saw allocated first, and what it freed without seeing it. */
-        imap_t seen_alloc, seen_seg, init_blocks;
-        if (!imap_init(&seen_alloc, 1 << 14) || !imap_init(&seen_seg, 1 << 10) || !imap_init(&init_blocks, 1 << 10)) {
+        u64map_t seen_alloc, seen_seg, init_blocks;
+        if (!u64map_init(&seen_alloc, 1 << 14) || !u64map_init(&seen_seg, 1 << 10) || !u64map_init(&init_blocks, 1 << 10)) {
             im.ok = false;
             break;
         }
@@ -379,22 +311,22 @@ int av_cmd_import(int argc, char **argv)
             uint64_t addr = (uint64_t)geti(e, "addr"), size = (uint64_t)geti(e, "size");
             bool seen_it;
             if (py_str_eq(a, "alloc")) {
-                imap_slot(&seen_alloc, addr, &seen_it);
-            } else if (py_str_eq(a, "free_completed") && !imap_has(&seen_alloc, addr)) {
-                uint64_t *v = imap_slot(&init_blocks, addr, &seen_it);
+                u64map_slot(&seen_alloc, addr, &seen_it);
+            } else if (py_str_eq(a, "free_completed") && !u64map_has(&seen_alloc, addr)) {
+                uint64_t *v = u64map_slot(&init_blocks, addr, &seen_it);
                 if (!seen_it) {
                     tw_alloc(im.w, t0, (uint32_t)d, stream_id(&im, (uint64_t)geti(e, "stream")), addr,
                              round_size(size), size, stack_of(&im, py_dict_get(e, "frames")), true);
                     nblocks++;
                 }
                 (void)v;
-                imap_slot(&seen_alloc, addr, &seen_it); /* a later alloc at that address is a new block */
+                u64map_slot(&seen_alloc, addr, &seen_it); /* a later alloc at that address is a new block */
             } else if (py_str_eq(a, "segment_alloc") || py_str_eq(a, "segment_map")) {
-                imap_slot(&seen_seg, addr, &seen_it);
-            } else if ((py_str_eq(a, "segment_free") || py_str_eq(a, "segment_unmap")) && !imap_has(&seen_seg, addr)) {
+                u64map_slot(&seen_seg, addr, &seen_it);
+            } else if ((py_str_eq(a, "segment_free") || py_str_eq(a, "segment_unmap")) && !u64map_has(&seen_seg, addr)) {
                 tw_map(im.w, t0, (uint32_t)d, addr, size, false, true);
                 nmaps++;
-                imap_slot(&seen_seg, addr, &seen_it);
+                u64map_slot(&seen_seg, addr, &seen_it);
             }
         }
         /* Final segments the trace never saw mapped, and their live blocks it never saw allocated. */
@@ -403,7 +335,7 @@ int av_cmd_import(int argc, char **argv)
             if (geti(seg, "device") != d)
                 continue;
             uint64_t saddr = (uint64_t)geti(seg, "address");
-            if (!imap_has(&seen_seg, saddr)) {
+            if (!u64map_has(&seen_seg, saddr)) {
                 tw_map(im.w, t0, (uint32_t)d, saddr, (uint64_t)geti(seg, "total_size"), false, true);
                 nmaps++;
             }
@@ -414,7 +346,7 @@ int av_cmd_import(int argc, char **argv)
                 if (!py_str_eq(state, "active_allocated") && !py_str_eq(state, "active_pending_free"))
                     continue;
                 uint64_t addr = (uint64_t)geti(blk, "address");
-                if (imap_has(&seen_alloc, addr))
+                if (u64map_has(&seen_alloc, addr))
                     continue;
                 uint64_t size = (uint64_t)geti(blk, "size"), req = (uint64_t)geti(blk, "requested_size");
                 tw_alloc(im.w, t0, (uint32_t)d, stream_id(&im, (uint64_t)geti(seg, "stream")), addr, size,
@@ -422,9 +354,9 @@ int av_cmd_import(int argc, char **argv)
                 nblocks++;
             }
         }
-        imap_free(&seen_alloc);
-        imap_free(&seen_seg);
-        imap_free(&init_blocks);
+        u64map_free(&seen_alloc);
+        u64map_free(&seen_seg);
+        u64map_free(&init_blocks);
     }
 
     /* Annotations, merged with the events by time. */
@@ -444,8 +376,8 @@ int av_cmd_import(int argc, char **argv)
     uint64_t live_alloc_sizes = 0;
     for (int d = 0; d < ndev && im.ok; d++) {
         const py_t *evs = py_item(traces, (size_t)d);
-        imap_t sizes; /* addr -> rounded size of blocks live in the trace */
-        if (!imap_init(&sizes, 1 << 14)) {
+        u64map_t sizes; /* addr -> rounded size of blocks live in the trace */
+        if (!u64map_init(&sizes, 1 << 14)) {
             im.ok = false;
             break;
         }
@@ -467,12 +399,12 @@ int av_cmd_import(int argc, char **argv)
             bool seen_it;
             if (py_str_eq(a, "alloc")) {
                 uint64_t r = round_size(size);
-                *imap_slot(&sizes, addr, &seen_it) = r;
+                *u64map_slot(&sizes, addr, &seen_it) = r;
                 im.ok &= tw_alloc(im.w, t, (uint32_t)d, sid, addr, r, size, stack_of(&im, py_dict_get(e, "frames")),
                                   false);
                 live_alloc_sizes++;
             } else if (py_str_eq(a, "free_completed")) {
-                uint64_t *r = imap_slot(&sizes, addr, &seen_it);
+                uint64_t *r = u64map_slot(&sizes, addr, &seen_it);
                 im.ok &= tw_free(im.w, t, (uint32_t)d, sid, addr, seen_it && *r ? *r : round_size(size), true);
             } else if (py_str_eq(a, "segment_alloc") || py_str_eq(a, "segment_map")) {
                 im.ok &= tw_map(im.w, t, (uint32_t)d, addr, size, false, false);
@@ -487,7 +419,7 @@ int av_cmd_import(int argc, char **argv)
             }
             nev++;
         }
-        imap_free(&sizes);
+        u64map_free(&sizes);
     }
     while (ai < nann) {
         write_annotation(im.w, &av[ai]);
@@ -500,10 +432,10 @@ int av_cmd_import(int argc, char **argv)
         fprintf(stderr, "allocview import: %s: %s\n", out, err);
         ok = false;
     }
-    imap_free(&im.frames);
-    imap_free(&im.lists);
-    imap_free(&im.nodes);
-    imap_free(&im.streams);
+    u64map_free(&im.frames);
+    u64map_free(&im.lists);
+    u64map_free(&im.nodes);
+    u64map_free(&im.streams);
     pk_free(doc);
     if (!ok) {
         fprintf(stderr, "allocview import: writing %s failed\n", out);

@@ -38,6 +38,7 @@
 #include "reader.h"
 #include "replay.h"
 #include "text.h"
+#include "u64map.h"
 
 enum { RP_EXIT_USAGE = 1, RP_EXIT_UNREADABLE = 2, RP_EXIT_CORRUPT = 3 };
 
@@ -125,100 +126,6 @@ static bool push(trace_reqs_t *t, ev_t e)
     return true;
 }
 
-/* Requested bytes live per device, for the requests' own peak (the lower bound of --min-fit). */
-typedef struct req_live { uint64_t key, req; } req_live_t;
-typedef struct req_map { req_live_t *s; size_t cap, count; } req_map_t;
-
-static uint64_t mix(uint64_t k)
-{
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdull;
-    k ^= k >> 29;
-    return k;
-}
-
-/* A small open-addressing map (linear probing, backward-shift deletion); key UINT64_MAX empty. */
-typedef struct u64map { uint64_t *k, *v; size_t mask, count; } u64map_t;
-
-static bool map_init(u64map_t *m, size_t cap)
-{
-    m->k = malloc(cap * sizeof *m->k);
-    m->v = malloc(cap * sizeof *m->v);
-    if (!m->k || !m->v) {
-        free(m->k);
-        free(m->v);
-        return false;
-    }
-    memset(m->k, 0xff, cap * sizeof *m->k);
-    m->mask = cap - 1;
-    m->count = 0;
-    return true;
-}
-
-static void map_free(u64map_t *m)
-{
-    free(m->k);
-    free(m->v);
-    m->k = m->v = NULL;
-}
-
-static bool map_grow(u64map_t *m);
-
-static bool map_put(u64map_t *m, uint64_t key, uint64_t val)
-{
-    if ((m->count + 1) * 2 > m->mask + 1 && !map_grow(m))
-        return false;
-    size_t i = mix(key) & m->mask;
-    while (m->k[i] != UINT64_MAX && m->k[i] != key)
-        i = (i + 1) & m->mask;
-    if (m->k[i] == UINT64_MAX)
-        m->count++;
-    m->k[i] = key;
-    m->v[i] = val;
-    return true;
-}
-
-static bool map_grow(u64map_t *m)
-{
-    u64map_t n;
-    if (!map_init(&n, (m->mask + 1) * 2))
-        return false;
-    for (size_t i = 0; i <= m->mask; i++)
-        if (m->k[i] != UINT64_MAX)
-            map_put(&n, m->k[i], m->v[i]);
-    map_free(m);
-    *m = n;
-    return true;
-}
-
-/* Removes key; true with *val when it was there. */
-static bool map_take(u64map_t *m, uint64_t key, uint64_t *val)
-{
-    size_t i = mix(key) & m->mask;
-    while (m->k[i] != key) {
-        if (m->k[i] == UINT64_MAX)
-            return false;
-        i = (i + 1) & m->mask;
-    }
-    *val = m->v[i];
-    m->count--;
-    size_t j = i;
-    for (;;) {
-        j = (j + 1) & m->mask;
-        if (m->k[j] == UINT64_MAX)
-            break;
-        size_t home = mix(m->k[j]) & m->mask;
-        /* move j back to i when its home is not in (i, j] cyclically */
-        if ((j > i && (home <= i || home > j)) || (j < i && (home <= i && home > j))) {
-            m->k[i] = m->k[j];
-            m->v[i] = m->v[j];
-            i = j;
-        }
-    }
-    m->k[i] = UINT64_MAX;
-    return true;
-}
-
 static uint64_t key_of(uint64_t dev, uint64_t addr)
 {
     return (addr << 8) ^ dev; /* addresses are below 2^56 */
@@ -241,7 +148,7 @@ static int load_trace(const char *path, trace_reqs_t *t)
         return RP_EXIT_UNREADABLE;
     }
     u64map_t live;
-    if (!map_init(&live, 1024)) {
+    if (!u64map_init(&live, 1024)) {
         tr_close(r);
         return RP_EXIT_UNREADABLE;
     }
@@ -303,7 +210,7 @@ static int load_trace(const char *path, trace_reqs_t *t)
             e.op = rec.type == CUA_TRACE_INIT_BLOCK ? EV_INIT : EV_ALLOC;
             e.addr = rec.addr;
             e.size = rec.requested;
-            if (!map_put(&live, key_of(rec.dev, rec.addr), rec.requested))
+            if (!u64map_put(&live, key_of(rec.dev, rec.addr), rec.requested))
                 goto oom;
             cur_req[rec.dev] += rec.requested;
             if (cur_req[rec.dev] > t->peak_requested_dev[rec.dev])
@@ -314,7 +221,7 @@ static int load_trace(const char *path, trace_reqs_t *t)
             e.op = EV_FREE;
             e.addr = rec.addr;
             uint64_t req;
-            if (map_take(&live, key_of(rec.dev, rec.addr), &req))
+            if (u64map_take(&live, key_of(rec.dev, rec.addr), &req))
                 cur_req[rec.dev] -= req;
             break;
         }
@@ -344,12 +251,12 @@ static int load_trace(const char *path, trace_reqs_t *t)
     } else if (tr_warning(r)[0]) {
         fprintf(stderr, "allocview replay: %s: %s\n", path, tr_warning(r));
     }
-    map_free(&live);
+    u64map_free(&live);
     tr_close(r);
     return status;
 oom:
     fprintf(stderr, "allocview replay: out of memory reading %s\n", path);
-    map_free(&live);
+    u64map_free(&live);
     tr_close(r);
     return RP_EXIT_UNREADABLE;
 }
@@ -431,7 +338,7 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
         st[d] = heap_test_stats(heaps[d]);
     }
     u64map_t ptrs;
-    if (!map_init(&ptrs, 1 << 16)) {
+    if (!u64map_init(&ptrs, 1 << 16)) {
         for (int d = 0; d < t->ndev; d++)
             heap_destroy(heaps[d]);
         return false;
@@ -449,9 +356,9 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
         case EV_ALLOC: {
             void *p = NULL;
             if (heap_alloc(h, (size_t)e->size, s, &p) == CUA_SUCCESS) {
-                if (!map_put(&ptrs, key_of(e->dev, e->addr), (uint64_t)(uintptr_t)p)) {
+                if (!u64map_put(&ptrs, key_of(e->dev, e->addr), (uint64_t)(uintptr_t)p)) {
                     fprintf(stderr, "allocview replay: out of memory\n");
-                    map_free(&ptrs);
+                    u64map_free(&ptrs);
                     return false;
                 }
             } else {
@@ -462,7 +369,7 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
         }
         case EV_FREE: {
             uint64_t p;
-            if (map_take(&ptrs, key_of(e->dev, e->addr), &p))
+            if (u64map_take(&ptrs, key_of(e->dev, e->addr), &p))
                 heap_free(h, (void *)(uintptr_t)p, s);
             else
                 res->failed_frees++;
@@ -510,7 +417,7 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
             res->peak_reserved = st[d]->reserved_peak;
         }
     }
-    map_free(&ptrs);
+    u64map_free(&ptrs);
     for (int d = 0; d < t->ndev; d++)
         heap_destroy(heaps[d]);
     return true;
