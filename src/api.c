@@ -22,8 +22,8 @@ static struct {
     _Atomic bool ready;      /* api_init has run: the fast paths skip pthread_once */
     bool heap_failed[CUALLOC_MAX_DEVICES]; /* heap_create failed; guarded by create_lock */
     /* VMM address ranges per device, published with the heap, so a free finds its device without
-     * a call or a lock. */
-    struct { uintptr_t lo, hi; } ranges[CUALLOC_MAX_DEVICES][POOL_COUNT];
+     * a call or a lock: [lo, lo + span); span 0 while the device has no VMM heap. */
+    struct { uintptr_t lo, span; } ranges[CUALLOC_MAX_DEVICES][POOL_COUNT];
 } g = {.once = PTHREAD_ONCE_INIT, .create_lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void api_init(void);
@@ -157,7 +157,10 @@ heap_t *api_heap(int device) {
         if (!h) g.heap_failed[device] = true;
         if (h && heap_is_vmm(h)) {
             for (int pi = 0; pi < POOL_COUNT; pi++) {
-                heap_pool_range(h, (pool_id_t)pi, &g.ranges[device][pi].lo, &g.ranges[device][pi].hi);
+                uintptr_t lo, hi;
+                heap_pool_range(h, (pool_id_t)pi, &lo, &hi);
+                g.ranges[device][pi].lo = lo;
+                g.ranges[device][pi].span = hi - lo;
             }
         }
         atomic_store_explicit(&g.heaps[device], h, memory_order_release);
@@ -172,16 +175,18 @@ int api_device_count(void) { return api_started() ? g.device_count : 0; }
 
 heap_t *api_heap_if_created(int device) { return api_started() ? api_existing_heap(device) : NULL; }
 
+/* Does address a lie in one of device d's VMM pools? (Two pools: unrolled.) */
+static inline bool api_in_vmm_range(int d, uintptr_t a) {
+    _Static_assert(POOL_COUNT == 2, "api_in_vmm_range checks two pools");
+    return a - g.ranges[d][0].lo < g.ranges[d][0].span || a - g.ranges[d][1].lo < g.ranges[d][1].span;
+}
+
 heap_t *api_owner(const void *ptr) {
     if (!ptr || !api_started() || g.disabled) return NULL;
     uintptr_t a = (uintptr_t)ptr;
     int n = g.device_count < CUALLOC_MAX_DEVICES ? g.device_count : CUALLOC_MAX_DEVICES;
-    for (int d = 0; d < n; d++) {
-        for (int pi = 0; pi < POOL_COUNT; pi++) {
-            if (a - g.ranges[d][pi].lo < g.ranges[d][pi].hi - g.ranges[d][pi].lo)
-                return atomic_load_explicit(&g.heaps[d], memory_order_acquire);
-        }
-    }
+    for (int d = 0; d < n; d++)
+        if (api_in_vmm_range(d, a)) return atomic_load_explicit(&g.heaps[d], memory_order_acquire);
     for (int d = 0; d < n; d++) {
         heap_t *h = api_existing_heap(d);
         if (h && !heap_is_vmm(h) && heap_owns(h, ptr)) return h;
@@ -189,28 +194,37 @@ heap_t *api_owner(const void *ptr) {
     return NULL;
 }
 
-/* noinline: the recorder skips exactly this frame (trace_capture_stack(0)), inlined or not. */
+/* cualloc_malloc's other cases, out of line so that the common one needs no stack frame: no heap
+ * yet (or an invalid device), cualloc disabled, or the recorder on. `caller_ip`: cualloc_malloc's
+ * return address, where the recorded stack starts (cualloc_malloc may or may not have tail-called
+ * this function, so a frame count would not do). */
+static __attribute__((noinline)) void *api_malloc_slow(size_t size, int device, void *stream, const void *caller_ip) {
+    api_ensure_init();
+    if (g.disabled) {
+        cua_devptr p = 0;
+        if (device < 0 || device >= g.device_count) return NULL;
+        return g.drv->mem_alloc(device, size ? size : 1, &p) == CUA_SUCCESS ? (void *)(uintptr_t)p : NULL;
+    }
+    heap_t *h = api_heap(device);
+    if (!h) {
+        if (g.init_error == CUA_SUCCESS && (device < 0 || device >= g.device_count))
+            cua_error("cualloc_malloc: device %d is not valid (%d device%s)", device, g.device_count,
+                      g.device_count == 1 ? "" : "s");
+        return NULL;
+    }
+    /* The call stack, before any heap lock is taken (it may define new stack records). */
+    if (trace_enabled()) trace_capture_stack_from(caller_ip);
+    return heap_malloc(h, size, (cua_stream)stream);
+}
+
+/* noinline: __builtin_return_address(0) must be this function's own return address. */
 CUALLOC_API __attribute__((noinline)) void *cualloc_malloc(size_t size, int device, void *stream) {
     heap_t *h = NULL;
     if (__builtin_expect((unsigned)device < CUALLOC_MAX_DEVICES, 1))
         h = atomic_load_explicit(&g.heaps[device], memory_order_acquire);
     /* A heap exists only after api_init (its acquire load orders g.disabled too). */
-    if (__builtin_expect(!h || g.disabled, 0)) {
-        api_ensure_init();
-        if (g.disabled) {
-            cua_devptr p = 0;
-            if (device < 0 || device >= g.device_count) return NULL;
-            return g.drv->mem_alloc(device, size ? size : 1, &p) == CUA_SUCCESS ? (void *)(uintptr_t)p : NULL;
-        }
-        if (!h && !(h = api_heap(device))) {
-            if (g.init_error == CUA_SUCCESS && (device < 0 || device >= g.device_count))
-                cua_error("cualloc_malloc: device %d is not valid (%d device%s)", device, g.device_count,
-                          g.device_count == 1 ? "" : "s");
-            return NULL;
-        }
-    }
-    /* The call stack, before any heap lock is taken (it may define new stack records). */
-    if (trace_enabled()) trace_capture_stack(0);
+    if (__builtin_expect(!h || g.disabled || trace_enabled(), 0))
+        return api_malloc_slow(size, device, stream, __builtin_return_address(0));
     return heap_malloc(h, size, (cua_stream)stream);
 }
 
@@ -242,17 +256,15 @@ CUALLOC_API void cualloc_free(void *ptr, void *stream) {
      * api_init (before it, and in a forked child until its first heap, device_count is 0). */
     int n = g.device_count < CUALLOC_MAX_DEVICES ? g.device_count : CUALLOC_MAX_DEVICES;
     for (int d = 0; d < n; d++) {
-        for (int pi = 0; pi < POOL_COUNT; pi++) {
-            if (a - g.ranges[d][pi].lo < g.ranges[d][pi].hi - g.ranges[d][pi].lo) {
-                heap_t *h = atomic_load_explicit(&g.heaps[d], memory_order_acquire);
-                /* A tail call: the heap reports a pointer it does not hold, so no result comes back. */
-                if (__builtin_expect(h && !g.disabled, 1)) {
-                    heap_free_in_range(h, ptr, (cua_stream)stream);
-                    return;
-                }
-                api_free_slow(ptr, stream, true);
+        if (api_in_vmm_range(d, a)) {
+            heap_t *h = atomic_load_explicit(&g.heaps[d], memory_order_acquire);
+            /* A tail call: the heap reports a pointer it does not hold, so no result comes back. */
+            if (__builtin_expect(h && !g.disabled, 1)) {
+                heap_free_in_range(h, ptr, (cua_stream)stream);
                 return;
             }
+            api_free_slow(ptr, stream, true);
+            return;
         }
     }
     api_free_slow(ptr, stream, false);

@@ -58,6 +58,8 @@
 #define HEAP_OOM_KINDS 16
 /* The pseudo-stream of device-wide frees: never a real stream's tag (tag_of stops before it). */
 #define DW_HANDLE ((cua_stream)(uintptr_t)UINTPTR_MAX)
+/* No stream: what the fast paths compare with while they may serve none. */
+#define NO_STREAM ((cua_stream)(uintptr_t)(UINTPTR_MAX - 1))
 
 /* A free index: TLSF in VMM mode, a (size, addr) treap in classic mode. */
 typedef union findex_u {
@@ -131,6 +133,14 @@ struct heap_s {
     stream_rec_t tags[HEAP_MAX_TAGS]; /* tags[TAG_ANY] is the "settled" pseudo-stream */
     cua_stream last_stream;      /* one-entry cache of tag_of */
     unsigned last_tag;
+    /* The fast paths' view of that cache (last_set keeps them in step): the stream heap_free's fast
+     * path serves (last_stream while last_tag is set in VMM mode, else NO_STREAM), the stream
+     * heap_malloc's serves (the same, and only with fast_alloc), and last_tag's parts of the quick
+     * lists' key and hash. One comparison then stands for four conditions. */
+    cua_stream fast_free_stream;
+    cua_stream fast_alloc_stream;
+    uint64_t last_tag_key;
+    uint32_t last_tag_hash;
     ptrmap_t live;               /* ALLOCATED and CACHED blocks by address */
     slab_t blocks;               /* block records */
     cualloc_stats stats;
@@ -317,14 +327,17 @@ static block_t *block_split(heap_t *h, block_t *b, size_t size, uint8_t state, u
 static block_t *coalesce_free(heap_t *h, pool_t *p, block_t *b);
 
 /* (size, tag) as one word: sizes are below 2^48 (heap_alloc refuses larger), tags below 2^16. */
-static inline uint64_t quick_key(size_t size, unsigned tag) { return (uint64_t)size | ((uint64_t)tag << 48); }
+static inline uint64_t quick_key_tag(unsigned tag) { return (uint64_t)tag << 48; }
+static inline uint64_t quick_key(size_t size, unsigned tag) { return (uint64_t)size | quick_key_tag(tag); }
 
 /* The bucket of (size, tag): a hash of the key's bits 9..40 (the size in 512 B units, low 32 bits)
  * with the tag folded in, computed from the parts (no shifts of the packed key). */
-static inline unsigned quick_index(size_t size, unsigned tag) {
-    uint32_t k = (uint32_t)(size >> 9) ^ ((uint32_t)tag << 26);
+static inline uint32_t quick_hash_tag(unsigned tag) { return (uint32_t)tag << 26; }
+static inline unsigned quick_index_hashed(size_t size, uint32_t tag_hash) {
+    uint32_t k = (uint32_t)(size >> 9) ^ tag_hash;
     return (k * 2654435761u) >> (32 - QUICK_BUCKETS_LOG2);
 }
+static inline unsigned quick_index(size_t size, unsigned tag) { return quick_index_hashed(size, quick_hash_tag(tag)); }
 
 /* Accounting shared by FREE and CACHED blocks: both are free physical memory. The part a release
  * could not return is inactive-split (kept current here; its peak is taken by the caller). */
@@ -395,9 +408,8 @@ static inline bool quick_push(heap_t *h, pool_t *p, block_t *b) {
 }
 
 /* (No list has TAG_DEVICE_WIDE blocks: quick_push refuses them.) */
-static inline block_t *quick_pop(heap_t *h, pool_t *p, size_t size, unsigned tag) {
-    uint64_t key = quick_key(size, tag);
-    unsigned i = quick_index(size, tag);
+static inline __attribute__((always_inline)) block_t *quick_pop_keyed(heap_t *h, pool_t *p, size_t size, uint64_t key,
+                                                                      unsigned i) {
     quick_t *q = &h->quick[i];
     block_t *b = q->head;
     if (!b || q->key != key) return NULL;
@@ -408,6 +420,10 @@ static inline block_t *quick_pop(heap_t *h, pool_t *p, size_t size, unsigned tag
     h->quick_bytes -= size;
     quick_account(h, p, b, size, false);
     return b;
+}
+
+static inline block_t *quick_pop(heap_t *h, pool_t *p, size_t size, unsigned tag) {
+    return quick_pop_keyed(h, p, size, quick_key(size, tag), quick_index(size, tag));
 }
 
 /* Merges the blocks of one quick list back into the free index, restoring "no two adjacent
@@ -484,14 +500,23 @@ static bool quick_flush_pool(heap_t *h, pool_t *p, unsigned tag, size_t rsize, b
  * HEAP_MAX_TAGS when the table is full even after recycling. */
 static void settle_all(heap_t *h, bool sync);
 
+/* Sets tag_of's one-entry cache (tag 0: empty) and the fast paths' view of it. */
+static void last_set(heap_t *h, cua_stream stream, unsigned tag) {
+    h->last_stream = stream;
+    h->last_tag = tag;
+    h->fast_free_stream = tag && h->vmm ? stream : NO_STREAM;
+    h->fast_alloc_stream = tag && h->fast_alloc ? stream : NO_STREAM;
+    h->last_tag_key = quick_key_tag(tag);
+    h->last_tag_hash = quick_hash_tag(tag);
+}
+
 static unsigned tag_of(heap_t *h, cua_stream stream) {
     if (stream == h->last_stream && h->last_tag) return h->last_tag;
     unsigned free_slot = 0;
     for (unsigned t = 1; t < TAG_DEVICE_WIDE; t++) {
         if (h->tags[t].used) {
             if (h->tags[t].handle == stream) {
-                h->last_stream = stream;
-                h->last_tag = t;
+                last_set(h, stream, t);
                 return t;
             }
         } else if (!free_slot) {
@@ -518,8 +543,7 @@ static unsigned tag_of(heap_t *h, cua_stream stream) {
     r->event = ev;
     r->used = true;
     r->handle = stream;
-    h->last_stream = stream;
-    h->last_tag = free_slot;
+    last_set(h, stream, free_slot);
     return free_slot;
 }
 
@@ -1310,11 +1334,10 @@ static __attribute__((noinline, cold)) bool unlock_wake_true(heap_t *h) {
  * parked block only lowers inactive_split_bytes, so its peak needs no update here. Lock held;
  * released on return. */
 static inline __attribute__((always_inline)) void *heap_malloc_locked(heap_t *h, size_t size, cua_stream stream) {
-    if (__builtin_expect(h->fast_alloc && size - 1 < HEAP_MAX_REQUEST && stream == h->last_stream && h->last_tag &&
-                             !trace_enabled(), 1)) {
+    if (__builtin_expect(stream == h->fast_alloc_stream && size - 1 < HEAP_MAX_REQUEST && !trace_enabled(), 1)) {
         size_t rsize = (size + CUALLOC_ALIGN - 1) & ~(size_t)(CUALLOC_ALIGN - 1);
         pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
-        block_t *b = quick_pop(h, p, rsize, h->last_tag);
+        block_t *b = quick_pop_keyed(h, p, rsize, rsize | h->last_tag_key, quick_index_hashed(rsize, h->last_tag_hash));
         if (__builtin_expect(b != NULL, 1)) {
             b->state = BLOCK_ALLOCATED;
             b->requested = size;
@@ -1436,12 +1459,11 @@ static __attribute__((noinline)) bool free_locked_or_report(heap_t *h, block_t *
 /* `report`: heap_free_in_range's (a constant where inlined). */
 static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, void *ptr, cua_stream stream, bool report) {
     block_t *b = ptrmap_get(&h->live, (uintptr_t)ptr);
-    if (__builtin_expect(b && b->state == BLOCK_ALLOCATED && h->vmm && stream == h->last_stream && h->last_tag &&
-                             !trace_enabled(), 1)) {
+    if (__builtin_expect(b && b->state == BLOCK_ALLOCATED && stream == h->fast_free_stream && !trace_enabled(), 1)) {
         unsigned tag = h->last_tag;
         size_t size = b->size;
-        uint64_t key = quick_key(size, tag);
-        unsigned i = quick_index(size, tag);
+        uint64_t key = size | h->last_tag_key;
+        unsigned i = quick_index_hashed(size, h->last_tag_hash);
         if (__builtin_expect(quick_room(&h->quick[i], key), 1)) {
             pool_t *p = &h->pools[b->pool];
             cualloc_stats *s = &h->stats;
@@ -1563,6 +1585,7 @@ heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_re
     for (int i = 0; i < CONF_ROUNDUP_INTERVALS; i++)
         if (conf->roundup_power2_divisions[i] > 1) h->plain_rounding = false;
     h->fast_alloc = h->plain_rounding && h->vmm;
+    last_set(h, NO_STREAM, 0);
     slab_init(&h->blocks, sizeof(block_t));
     h->tags[TAG_ANY].used = true;
     h->tags[TAG_DEVICE_WIDE].used = true;
@@ -1822,7 +1845,7 @@ void heap_stream_destroyed(heap_t *h, cua_stream stream) {
             if (h->vmm) settle_tag(h, t);
         }
         if (!r->free_bytes) r->used = false;
-        if (h->last_tag == t) h->last_tag = 0;
+        if (h->last_tag == t) last_set(h, NO_STREAM, 0);
     }
     cua_unlock(&h->lock);
 }
@@ -2018,6 +2041,13 @@ int heap_check(heap_t *h, FILE *report) {
     for (unsigned t = 1; t < TAG_DEVICE_WIDE; t++)
         CHECK(&c, !h->tags[t].used || h->tags[t].handle != DW_HANDLE, "tag %u names the device-wide pseudo-stream", t);
     CHECK(&c, h->n_nb <= HEAP_MAX_NB_STREAMS, "%u non-blocking streams recorded", h->n_nb);
+    CHECK(&c, !h->last_tag || (h->last_tag < TAG_DEVICE_WIDE && h->tags[h->last_tag].used &&
+                               h->tags[h->last_tag].handle == h->last_stream),
+          "the stream cache names tag %u, which is not stream %p's", h->last_tag, (void *)h->last_stream);
+    CHECK(&c, h->fast_free_stream == (h->last_tag && h->vmm ? h->last_stream : NO_STREAM) &&
+                  h->fast_alloc_stream == (h->last_tag && h->fast_alloc ? h->last_stream : NO_STREAM) &&
+                  h->last_tag_key == quick_key_tag(h->last_tag) && h->last_tag_hash == quick_hash_tag(h->last_tag),
+          "the fast paths' stream cache disagrees with the stream cache");
     for (unsigned i = 0; i < h->n_nb && i < HEAP_MAX_NB_STREAMS; i++)
         for (unsigned j = i + 1; j < h->n_nb && j < HEAP_MAX_NB_STREAMS; j++)
             CHECK(&c, h->nb[i].handle != h->nb[j].handle, "non-blocking stream %p recorded twice", (void *)h->nb[i].handle);

@@ -423,6 +423,10 @@ size_t trace_path(char *out, size_t len); /* the file being written ("" when non
  * and including the function that called it, plus `skip` more (front doors reached through their
  * own wrappers); that function must be a real frame: mark it noinline. */
 void trace_capture_stack(int skip);
+/* The same for a front door that passes its own return address (__builtin_return_address(0)) to
+ * an out-of-line helper it may or may not tail-call: the stack starts at the frame that address
+ * lies in, whichever frames the compiler left between. */
+void trace_capture_stack_from(const void *caller_ip);
 /* Event hooks (heap.c). Sizes are bytes; requested is the caller's size. trace_on_free records
  * a free requested and completed at once (the heap makes a block reusable by its stream at
  * once); the two separate ones are for stream-ordered frees that complete later. */

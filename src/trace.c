@@ -1077,7 +1077,9 @@ static uint32_t stack_intern_locked(const uint64_t *native, unsigned nnat, const
     return parent;
 }
 
-__attribute__((noinline)) void trace_capture_stack(int skip)
+/* The stack starts `skip` frames below the caller of the function that called trace_capture_stack,
+ * or, when caller_ip is set, at the frame whose return address it is (then skip is 0). */
+static __attribute__((always_inline)) inline void capture_stack(int skip, const void *caller_ip)
 {
     if (!trace_enabled() || tls.busy)
         return;
@@ -1097,7 +1099,8 @@ __attribute__((noinline)) void trace_capture_stack(int skip)
      * it is found once (self_frames) and reused. */
     static _Atomic int self_frames = -1;
     int self = atomic_load_explicit(&self_frames, memory_order_relaxed);
-    int want = (int)depth + skip + (self >= 0 ? self + 1 : 9);
+    /* caller_ip: the front door may have tail-called the function that called us, or not. */
+    int want = (int)depth + skip + (self >= 0 ? self + 1 : 9) + (caller_ip ? 2 : 0);
     int got = unwinder_get()(buf, want);
     if (self < 0) {
         void *ret = __builtin_return_address(0);
@@ -1112,6 +1115,13 @@ __attribute__((noinline)) void trace_capture_stack(int skip)
             atomic_store_explicit(&self_frames, self, memory_order_relaxed);
     }
     unsigned first = (unsigned)(self + 1 + skip); /* buf[self] is the front door itself */
+    if (caller_ip) {
+        for (int i = self + 1; i < got && i <= self + 3; i++)
+            if (buf[i] == caller_ip) {
+                first = (unsigned)i;
+                break;
+            }
+    }
     unsigned nnat = got > (int)first ? (unsigned)got - first : 0;
     if (nnat > depth)
         nnat = depth;
@@ -1140,6 +1150,10 @@ __attribute__((noinline)) void trace_capture_stack(int skip)
     py_release(pyf, npy);
     busy_leave();
 }
+
+__attribute__((noinline)) void trace_capture_stack(int skip) { capture_stack(skip, NULL); }
+
+__attribute__((noinline)) void trace_capture_stack_from(const void *caller_ip) { capture_stack(0, caller_ip); }
 
 /* ----------------------------------------------------------------------------------- events */
 
