@@ -1099,8 +1099,9 @@ static __attribute__((always_inline)) inline void capture_stack(int skip, const 
      * it is found once (self_frames) and reused. */
     static _Atomic int self_frames = -1;
     int self = atomic_load_explicit(&self_frames, memory_order_relaxed);
-    /* caller_ip: the front door may have tail-called the function that called us, or not. */
-    int want = (int)depth + skip + (self >= 0 ? self + 1 : 9) + (caller_ip ? 2 : 0);
+    /* caller_ip: the front door may have tail-called the function that called us, or not: at
+     * most one frame more. */
+    int want = (int)depth + skip + (self >= 0 ? self + 1 : 9) + (caller_ip ? 1 : 0);
     int got = unwinder_get()(buf, want);
     if (self < 0) {
         void *ret = __builtin_return_address(0);
@@ -1116,7 +1117,7 @@ static __attribute__((always_inline)) inline void capture_stack(int skip, const 
     }
     unsigned first = (unsigned)(self + 1 + skip); /* buf[self] is the front door itself */
     if (caller_ip) {
-        for (int i = self + 1; i < got && i <= self + 3; i++)
+        for (int i = self + 1; i < got && i <= self + 2; i++)
             if (buf[i] == caller_ip) {
                 first = (unsigned)i;
                 break;
