@@ -244,6 +244,15 @@ static inline __attribute__((always_inline)) void free_remove(heap_t *h, pool_t 
 
 static inline bool tags_compatible(unsigned a, unsigned b) { return a == b || a == TAG_ANY || b == TAG_ANY; }
 
+/* Merges b's next block into b (b's record survives, the next one's goes back to the slab). */
+static inline __attribute__((always_inline)) void absorb_next(heap_t *h, block_t *b) {
+    block_t *n = b->next;
+    b->size += n->size;
+    b->next = n->next;
+    if (b->next) b->next->prev = b;
+    slab_free(&h->blocks, n);
+}
+
 /* Merges FREE block b (in no index) with compatible FREE neighbours; returns the merged block
  * (not in any index). The lower block's record survives, which keeps segment heads stable.
  * Inline where a quick list is merged back (quick_evict: one call per parked block), out of line
@@ -253,19 +262,13 @@ static inline __attribute__((always_inline)) block_t *coalesce_free_inline(heap_
     if (n && n->state == BLOCK_FREE && tags_compatible(b->tag, n->tag)) {
         free_remove(h, p, n);
         if (b->tag == TAG_ANY) b->tag = n->tag;
-        b->size += n->size;
-        b->next = n->next;
-        if (b->next) b->next->prev = b;
-        slab_free(&h->blocks, n);
+        absorb_next(h, b);
     }
     block_t *pr = b->prev;
     if (pr && pr->state == BLOCK_FREE && tags_compatible(pr->tag, b->tag)) {
         free_remove(h, p, pr);
         if (pr->tag == TAG_ANY) pr->tag = b->tag;
-        pr->size += b->size;
-        pr->next = b->next;
-        if (pr->next) pr->next->prev = pr;
-        slab_free(&h->blocks, b);
+        absorb_next(h, pr);
         b = pr;
     }
     return b;
@@ -278,18 +281,12 @@ static block_t *coalesce_unmapped(heap_t *h, pool_t *p, block_t *b) {
     block_t *n = b->next;
     if (n && n->state == BLOCK_UNMAPPED) {
         sizeclass_remove(&p->unmapped, n);
-        b->size += n->size;
-        b->next = n->next;
-        if (b->next) b->next->prev = b;
-        slab_free(&h->blocks, n);
+        absorb_next(h, b);
     }
     block_t *pr = b->prev;
     if (pr && pr->state == BLOCK_UNMAPPED) {
         sizeclass_remove(&p->unmapped, pr);
-        pr->size += b->size;
-        pr->next = b->next;
-        if (pr->next) pr->next->prev = pr;
-        slab_free(&h->blocks, b);
+        absorb_next(h, pr);
         b = pr;
     }
     return b;
