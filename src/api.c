@@ -205,8 +205,8 @@ static __attribute__((noinline)) void *api_malloc_slow(size_t size, int device, 
         if (device < 0 || device >= g.device_count) return NULL;
         return g.drv->mem_alloc(device, size ? size : 1, &p) == CUA_SUCCESS ? (void *)(uintptr_t)p : NULL;
     }
-    heap_t *h = api_heap(device);
-    if (!h) {
+    heap_t *h = (unsigned)device < CUALLOC_MAX_DEVICES ? atomic_load_explicit(&g.heaps[device], memory_order_acquire) : NULL;
+    if (!h && !(h = api_heap(device))) {
         if (g.init_error == CUA_SUCCESS && (device < 0 || device >= g.device_count))
             cua_error("cualloc_malloc: device %d is not valid (%d device%s)", device, g.device_count,
                       g.device_count == 1 ? "" : "s");
