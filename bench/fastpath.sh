@@ -11,6 +11,7 @@
 #   FASTPATH_CG_THREADS thread count also counted under callgrind, for cualloc, jemalloc and the
 #                       loop alike (default 8; 0 = skip)
 #   FASTPATH_NATIVE=0   skip the native run;  FASTPATH_PROFILE=0  skip the per-function profile
+#   FASTPATH_BUILD=0    do not run ninja (the smoke test sets it: meson has built the program)
 # The callgrind profiles stay in <builddir>/fastpath-callgrind/ for callgrind_annotate.
 set -eu
 
@@ -23,7 +24,9 @@ cg_threads=${FASTPATH_CG_THREADS:-8}
 if [ ! -f "$build/build.ninja" ]; then
     meson setup "$build" "$root" >/dev/null || { echo "fastpath.sh: meson setup $build failed" >&2; exit 1; }
 fi
-ninja -C "$build" bench/fastpath >/dev/null || { echo "fastpath.sh: building bench/fastpath failed" >&2; exit 1; }
+if [ "${FASTPATH_BUILD:-1}" != 0 ]; then
+    ninja -C "$build" bench/fastpath >/dev/null || { echo "fastpath.sh: building bench/fastpath failed" >&2; exit 1; }
+fi
 exe=$build/bench/fastpath
 features=$("$exe" --features)
 case " $features " in *" jemalloc "*) allocs="cualloc jemalloc" ;; *) allocs="cualloc" ;; esac

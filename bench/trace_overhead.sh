@@ -9,25 +9,31 @@
 # environment:
 #   TRACE_OVERHEAD_RUNS   native runs per configuration (default 7)
 #   TRACE_OVERHEAD_NATIVE=0  skip the native run
+#   TRACE_OVERHEAD_PAIRS  pairs per native run (default 200000)
+#   TRACE_OVERHEAD_BUILD=0   do not run ninja (the smoke test sets it: meson has built the program)
 # The callgrind profiles stay in <builddir>/trace-overhead-callgrind/ for callgrind_annotate.
 set -eu
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build-bench}
 runs=${TRACE_OVERHEAD_RUNS:-7}
+pairs=${TRACE_OVERHEAD_PAIRS:-200000}
 cg_pairs=16384 # one period of the program's request sequence
 
 if [ ! -f "$build/build.ninja" ]; then
     meson setup "$build" "$root" >/dev/null || { echo "trace_overhead.sh: meson setup $build failed" >&2; exit 1; }
 fi
-ninja -C "$build" bench/trace_overhead >/dev/null || { echo "trace_overhead.sh: building bench/trace_overhead failed" >&2; exit 1; }
+if [ "${TRACE_OVERHEAD_BUILD:-1}" != 0 ]; then
+    ninja -C "$build" bench/trace_overhead >/dev/null ||
+        { echo "trace_overhead.sh: building bench/trace_overhead failed" >&2; exit 1; }
+fi
 exe=$build/bench/trace_overhead
 
 echo "== trace recorder overhead: $(date -u +%F), $(nproc) cpus, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')"
 if [ "${TRACE_OVERHEAD_NATIVE:-1}" != 0 ]; then
     for depth in 16 0; do
-        echo "== native: $exe --runs $runs --depth $depth"
-        "$exe" --runs "$runs" --depth "$depth"
+        echo "== native: $exe --runs $runs --pairs $pairs --depth $depth"
+        "$exe" --runs "$runs" --pairs "$pairs" --depth "$depth"
         echo
     done
 fi

@@ -1,0 +1,50 @@
+#!/bin/sh
+# check_bench_scripts.sh — the benchmark scripts still run and print their tables: bench/fastpath.sh
+# and bench/trace_overhead.sh on a short run (few pairs, callgrind included), each row of their
+# instruction tables present with numbers. The figures themselves are not judged here (a timed test
+# on a shared machine would be noise); bench/RESULTS.md records them.
+#
+# usage: check_bench_scripts.sh SOURCE_ROOT BUILD_ROOT      (skipped, 77, without valgrind)
+set -eu
+src=$1
+build=$2
+command -v valgrind >/dev/null 2>&1 || { echo "valgrind is not installed: skipping"; exit 77; }
+fail=0
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+
+# fastpath: a native run short enough that cualloc may still map (status 3: "not all cached", a
+# finding, not a failure of the script), callgrind on 1024 pairs at 1 and 2 threads.
+rc=0
+FASTPATH_BUILD=0 FASTPATH_PAIRS=20000 FASTPATH_CG_PAIRS=1024 FASTPATH_CG_THREADS=2 \
+    "$src/bench/fastpath.sh" "$build" >"$out" 2>&1 || rc=$?
+if [ "$rc" != 0 ] && [ "$rc" != 3 ]; then
+    echo "FAIL: bench/fastpath.sh exited with $rc"; cat "$out"; fail=1
+fi
+for pat in random stack repeat; do
+    for t in 1 2; do
+        # pattern threads cualloc jemalloc loop cualloc-net ... : cualloc's gross and net counts are numbers > 0
+        if ! awk -v p="$pat" -v t="$t" '$1 == p && $2 == t && $3 + 0 > 0 && $6 + 0 > 0 { ok = 1 } END { exit !ok }' "$out"; then
+            echo "FAIL: bench/fastpath.sh printed no instruction row for $pat, $t thread(s)"; fail=1
+        fi
+    done
+    grep -q "^cualloc  *$pat  *1 " "$out" || { echo "FAIL: bench/fastpath.sh printed no native row for $pat"; fail=1; }
+done
+grep -q "where cualloc's instructions go (random, 1 thread)" "$out" ||
+    { echo "FAIL: bench/fastpath.sh printed no profile"; fail=1; }
+[ "$fail" = 0 ] || cat "$out"
+
+# trace_overhead: one native run per depth, callgrind off and on for both depths.
+if ! TRACE_OVERHEAD_BUILD=0 TRACE_OVERHEAD_RUNS=1 TRACE_OVERHEAD_PAIRS=16384 \
+    "$src/bench/trace_overhead.sh" "$build" >"$out" 2>&1; then
+    echo "FAIL: bench/trace_overhead.sh failed"; cat "$out"; exit 1
+fi
+for depth in 16 0; do
+    # stack-depth tracing-off tracing-on added: tracing costs instructions, and more with stacks
+    awk -v d="$depth" '$1 == d && NF == 4 && $2 + 0 > 0 && $3 + 0 > $2 + 0 { ok = 1 } END { exit !ok }' "$out" ||
+        { echo "FAIL: bench/trace_overhead.sh printed no instruction row for depth $depth"; cat "$out"; fail=1; }
+done
+[ "$(grep -c 'added by tracing' "$out")" = 2 ] ||
+    { echo "FAIL: bench/trace_overhead.sh did not print both native runs"; cat "$out"; fail=1; }
+[ "$fail" = 0 ] && echo "bench scripts: fastpath.sh and trace_overhead.sh ran and printed every row"
+exit "$fail"
