@@ -1099,9 +1099,12 @@ static __attribute__((always_inline)) inline void capture_stack(int skip, const 
      * it is found once (self_frames) and reused. */
     static _Atomic int self_frames = -1;
     int self = atomic_load_explicit(&self_frames, memory_order_relaxed);
-    /* caller_ip: the front door may have tail-called the function that called us, or not: at
-     * most one frame more. */
-    int want = (int)depth + skip + (self >= 0 ? self + 1 : 9) + (caller_ip ? 1 : 0);
+    /* caller_ip: the front door may have tail-called the function that called us (0 frames
+     * between), or not (1). That too depends on the build only: found once (from_extra), then
+     * checked by one comparison per capture, and unwinding stops where the stack ends. */
+    static _Atomic int from_extra = -1;
+    int extra = caller_ip ? atomic_load_explicit(&from_extra, memory_order_relaxed) : 0;
+    int want = (int)depth + skip + (self >= 0 ? self + 1 : 9) + (extra >= 0 ? extra : 1);
     int got = unwinder_get()(buf, want);
     if (self < 0) {
         void *ret = __builtin_return_address(0);
@@ -1117,11 +1120,16 @@ static __attribute__((always_inline)) inline void capture_stack(int skip, const 
     }
     unsigned first = (unsigned)(self + 1 + skip); /* buf[self] is the front door itself */
     if (caller_ip) {
-        for (int i = self + 1; i < got && i <= self + 2; i++)
-            if (buf[i] == caller_ip) {
-                first = (unsigned)i;
-                break;
-            }
+        if (extra >= 0 && self + 1 + extra < got && buf[self + 1 + extra] == caller_ip) {
+            first = (unsigned)(self + 1 + extra);
+        } else {
+            for (int i = self + 1; i < got && i <= self + 2; i++)
+                if (buf[i] == caller_ip) {
+                    first = (unsigned)i;
+                    atomic_store_explicit(&from_extra, i - self - 1, memory_order_relaxed);
+                    break;
+                }
+        }
     }
     unsigned nnat = got > (int)first ? (unsigned)got - first : 0;
     if (nnat > depth)
