@@ -527,6 +527,7 @@ static unsigned tag_of(heap_t *h, cua_stream stream) {
         for (unsigned t = 1; t < TAG_DEVICE_WIDE; t++) {
             if (h->tags[t].free_bytes == 0 && !h->tags[t].event_in_flight) {
                 h->tags[t].used = false;
+                if (h->last_tag == t) last_set(h, NO_STREAM, 0);
                 if (!free_slot) free_slot = t;
             }
         }
