@@ -719,7 +719,7 @@ static void threads_body(void)
            "allocs %llu frees %llu vs heap %llu %llu", (unsigned long long)t.acct.num_allocs,
            (unsigned long long)t.acct.num_frees, (unsigned long long)(s0.num_allocs + s1.num_allocs),
            (unsigned long long)(s0.num_frees + s1.num_frees));
-    EXPECT(t.acct.live_count == 0, "nothing live at the end");
+    EXPECT(t.acct.live.count == 0, "nothing live at the end");
     EXPECT(count_type(&t, CUA_TRACE_THREAD) == NTHREADS + 1, "%zu threads", count_type(&t, CUA_TRACE_THREAD));
     EXPECT(count_type(&t, CUA_TRACE_MARK) == NTHREADS * (PER_THREAD / 1000), "marks");
     /* Each thread's events carry its own id; every thread id has events. */

@@ -155,7 +155,7 @@ static void summary_json(FILE *out, const char *path, const tr_reader_t *r, cons
     fprintf(out,
             ", \"live_blocks_at_end\": %zu, \"requested_bytes_at_end\": %" PRIu64 ", \"allocated_bytes_at_end\": %" PRIu64
             ", \"reserved_bytes_at_end\": %" PRIu64,
-            a->live_count, a->requested, a->allocated, a->reserved);
+            a->live.count, a->requested, a->allocated, a->reserved);
     fprintf(out, ", \"duration_ns\": %" PRIu64, a->any_event ? a->last_time - a->first_time : 0);
     fprintf(out, ", \"truncated\": %s, \"end_reason\": ", a->end_seen ? "false" : "true");
     if (a->end_seen)

@@ -1134,83 +1134,20 @@ size_t tr_format(const tr_reader_t *r, const tr_record_t *rec, unsigned flags, c
 
 /* ---------------------------------------------------------------------------- accounting */
 
-struct tr_live { uint64_t addr; uint64_t size, requested; uint32_t dev; bool used; };
+struct tr_live {
+    devaddr_entry_t key;
+    uint64_t size, requested;
+};
 
 void tr_acct_init(tr_acct_t *a)
 {
     memset(a, 0, sizeof *a);
+    devaddr_map_init(&a->live, sizeof(struct tr_live));
 }
 
 void tr_acct_free(tr_acct_t *a)
 {
-    free(a->live);
-    a->live = NULL;
-    a->live_cap = a->live_count = 0;
-}
-
-static uint64_t live_hash(uint32_t dev, uint64_t addr)
-{
-    uint64_t h = addr ^ ((uint64_t)dev * 0x9E3779B97F4A7C15ull);
-    h ^= h >> 31;
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 29;
-    return h;
-}
-
-static struct tr_live *live_find(tr_acct_t *a, uint32_t dev, uint64_t addr)
-{
-    if (!a->live_cap)
-        return NULL;
-    size_t mask = a->live_cap - 1;
-    for (size_t i = live_hash(dev, addr) & mask;; i = (i + 1) & mask) {
-        struct tr_live *e = &a->live[i];
-        if (!e->used)
-            return NULL;
-        if (e->addr == addr && e->dev == dev)
-            return e;
-    }
-}
-
-static bool live_insert(tr_acct_t *a, uint32_t dev, uint64_t addr, uint64_t size, uint64_t requested)
-{
-    if ((a->live_count + 1) * 2 > a->live_cap) {
-        size_t ncap = a->live_cap ? a->live_cap * 2 : 1024;
-        struct tr_live *nt = calloc(ncap, sizeof *nt);
-        if (!nt)
-            return false;
-        for (size_t i = 0; i < a->live_cap; i++) {
-            if (!a->live[i].used)
-                continue;
-            size_t k = live_hash(a->live[i].dev, a->live[i].addr) & (ncap - 1);
-            while (nt[k].used)
-                k = (k + 1) & (ncap - 1);
-            nt[k] = a->live[i];
-        }
-        free(a->live);
-        a->live = nt;
-        a->live_cap = ncap;
-    }
-    size_t mask = a->live_cap - 1, i = live_hash(dev, addr) & mask;
-    while (a->live[i].used)
-        i = (i + 1) & mask;
-    a->live[i] = (struct tr_live){addr, size, requested, dev, true};
-    a->live_count++;
-    return true;
-}
-
-/* Backward-shift deletion keeps probe runs intact. */
-static void live_erase(tr_acct_t *a, struct tr_live *e)
-{
-    size_t mask = a->live_cap - 1, i = (size_t)(e - a->live);
-    for (size_t j = (i + 1) & mask; a->live[j].used; j = (j + 1) & mask) {
-        size_t home = live_hash(a->live[j].dev, a->live[j].addr) & mask;
-        if (((j - home) & mask) >= ((j - i) & mask)) {
-            a->live[i] = a->live[j];
-            i = j;
-        }
-    }
-    a->live[i].used = false;
-    a->live_count--;
+    devaddr_map_free(&a->live);
 }
 
 static void peak(uint64_t *peakv, uint64_t v)
@@ -1246,12 +1183,15 @@ void tr_acct_add(tr_acct_t *a, const tr_record_t *rec)
             a->num_init_blocks++;
         }
         d->seen = true;
-        if (live_find(a, rec->dev, rec->addr)) {
+        if (devaddr_map_find(&a->live, rec->dev, rec->addr)) {
             a->double_allocs++;
             break;
         }
-        if (!live_insert(a, rec->dev, rec->addr, rec->size, rec->requested))
+        struct tr_live *e = devaddr_map_insert(&a->live, rec->dev, rec->addr);
+        if (!e)
             break;
+        e->size = rec->size;
+        e->requested = rec->requested;
         d->live_blocks++;
         d->requested += rec->requested;
         d->allocated += rec->size;
@@ -1267,7 +1207,7 @@ void tr_acct_add(tr_acct_t *a, const tr_record_t *rec)
         a->num_frees++;
         d->num_frees++;
         a->event_bytes += rec->length;
-        struct tr_live *e = live_find(a, rec->dev, rec->addr);
+        struct tr_live *e = devaddr_map_find(&a->live, rec->dev, rec->addr);
         if (!e) {
             a->unmatched_frees++;
             break;
@@ -1279,7 +1219,7 @@ void tr_acct_add(tr_acct_t *a, const tr_record_t *rec)
         sub(&a->requested, e->requested);
         sub(&a->allocated, e->size);
         d->live_blocks--;
-        live_erase(a, e);
+        devaddr_map_remove(&a->live, e);
         break;
     }
     case CUA_TRACE_FREE_DONE:

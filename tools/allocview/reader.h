@@ -25,6 +25,7 @@
 #include <stdio.h>
 
 #include "cualloc_trace.h"
+#include "devaddr_map.h"
 
 typedef struct tr_reader tr_reader_t;
 
@@ -141,9 +142,7 @@ typedef struct tr_acct {
     tr_acct_dev_t dev[CUA_TRACE_MAX_DEVICES];
     tr_end_dev_t end_devs[CUA_TRACE_MAX_DEVICES];
     uint32_t end_ndev;
-    /* live blocks: open addressing, key (dev, addr) */
-    struct tr_live *live;
-    size_t live_cap, live_count;
+    devaddr_map_t live;         /* live blocks; live.count: how many */
 } tr_acct_t;
 
 void tr_acct_init(tr_acct_t *a);
