@@ -10,19 +10,22 @@
 #include <unistd.h>
 
 struct av_live {
-    uint64_t addr;      /* 0: empty; key is (dev, addr) */
-    uint32_t dev, stack;
+    devaddr_entry_t key;
+    uint32_t stack;
     uint64_t size, req;
-    bool used, tomb;
 };
+
+static _Noreturn void out_of_memory(void)
+{
+    fprintf(stderr, "allocview: out of memory\n");
+    exit(2);
+}
 
 static void *xrealloc(void *p, size_t n)
 {
     void *q = realloc(p, n ? n : 1);
-    if (!q) {
-        fprintf(stderr, "allocview: out of memory\n");
-        exit(2);
-    }
+    if (!q)
+        out_of_memory();
     return q;
 }
 
@@ -31,82 +34,6 @@ static void copy_str(char *dst, size_t len, tr_str_t s)
     size_t n = s.len < len - 1 ? s.len : len - 1;
     memcpy(dst, s.p, n);
     dst[n] = '\0';
-}
-
-/* ------------------------------------------------------------------------ live blocks */
-
-static uint64_t hkey(uint32_t dev, uint64_t addr)
-{
-    uint64_t h = addr ^ ((uint64_t)dev << 56);
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdULL;
-    h ^= h >> 33;
-    return h;
-}
-
-static struct av_live *live_find(av_t *a, uint32_t dev, uint64_t addr)
-{
-    if (!a->live_cap)
-        return NULL;
-    size_t m = a->live_cap - 1;
-    for (size_t i = hkey(dev, addr) & m;; i = (i + 1) & m) {
-        struct av_live *e = &a->live[i];
-        if (!e->used && !e->tomb)
-            return NULL;
-        if (e->used && e->addr == addr && e->dev == dev)
-            return e;
-    }
-}
-
-static void live_grow(av_t *a);
-
-static struct av_live *live_insert(av_t *a, uint32_t dev, uint64_t addr)
-{
-    if ((a->live_count + a->live_tombs + 1) * 2 > a->live_cap)
-        live_grow(a);
-    size_t m = a->live_cap - 1;
-    for (size_t i = hkey(dev, addr) & m;; i = (i + 1) & m) {
-        struct av_live *e = &a->live[i];
-        if (!e->used) {
-            if (e->tomb)
-                a->live_tombs--;
-            e->used = true;
-            e->tomb = false;
-            e->addr = addr;
-            e->dev = dev;
-            a->live_count++;
-            return e;
-        }
-    }
-}
-
-static void live_grow(av_t *a)
-{
-    struct av_live *old = a->live;
-    size_t oldcap = a->live_cap;
-    a->live_cap = !oldcap ? 1024 : a->live_count * 4 < oldcap ? oldcap : oldcap * 2;
-    a->live_tombs = 0;
-    a->live = calloc(a->live_cap, sizeof *a->live);
-    if (!a->live) {
-        fprintf(stderr, "allocview: out of memory\n");
-        exit(2);
-    }
-    a->live_count = 0;
-    for (size_t i = 0; i < oldcap; i++)
-        if (old[i].used) {
-            struct av_live *e = live_insert(a, old[i].dev, old[i].addr);
-            *e = old[i];
-        }
-    free(old);
-}
-
-/* Deletion with backward shift would be nicer; tombstones are rebuilt on growth. */
-static void live_erase(av_t *a, struct av_live *e)
-{
-    e->used = false;
-    e->tomb = true;
-    a->live_count--;
-    a->live_tombs++;
 }
 
 /* ---------------------------------------------------------------------------- helpers */
@@ -287,7 +214,7 @@ static void snapshot_oom(av_t *a)
         a->st[i].oom_bytes = a->st[i].cur_bytes;
         a->st[i].oom_count = a->st[i].cur_count;
     }
-    a->oom_live_count = a->live_count;
+    a->oom_live_count = a->live.count;
 }
 
 static void progress(const av_t *a, uint64_t off, uint64_t total, int *last)
@@ -320,6 +247,7 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
     a->r = r;
     a->rank = -1;
     tr_acct_init(&a->acct);
+    devaddr_map_init(&a->live, sizeof(struct av_live));
     stack_get(a, 0);
     uint64_t fsize = tr_info(r)->file_size;
     /* Without step marks, leaks are judged over ~16 windows of allocations (estimated from the
@@ -400,11 +328,13 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
             break;
         case CUA_TRACE_ALLOC:
         case CUA_TRACE_INIT_BLOCK: {
-            if (live_find(a, rec.dev, rec.addr))
+            if (devaddr_map_find(&a->live, rec.dev, rec.addr))
                 break; /* double alloc: tr_acct counts it */
             av_stack_t *s = stack_get(a, rec.stack);
             stack_touch(a, s);
-            struct av_live *e = live_insert(a, rec.dev, rec.addr);
+            struct av_live *e = devaddr_map_insert(&a->live, rec.dev, rec.addr);
+            if (!e)
+                out_of_memory();
             e->stack = rec.stack;
             e->size = rec.size;
             e->req = rec.requested;
@@ -441,7 +371,7 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
             break;
         }
         case CUA_TRACE_FREE: {
-            struct av_live *e = live_find(a, rec.dev, rec.addr);
+            struct av_live *e = devaddr_map_find(&a->live, rec.dev, rec.addr);
             if (!e)
                 break;
             if (!seg_cur(a)->first_free_seq)
@@ -452,7 +382,7 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
             s->cur_req -= e->req <= s->cur_req ? e->req : s->cur_req;
             if (s->cur_count)
                 s->cur_count--;
-            live_erase(a, e);
+            devaddr_map_remove(&a->live, e);
             break;
         }
         case CUA_TRACE_MAP:
@@ -532,7 +462,7 @@ void av_free(av_t *a)
     free(a->st);
     free(a->segs);
     free(a->ooms);
-    free(a->live);
+    devaddr_map_free(&a->live);
     tr_close(a->r);
     free(a);
 }

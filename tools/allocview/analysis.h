@@ -72,8 +72,6 @@ typedef struct av_opts {
     bool progress;             /* a progress bar on stderr */
 } av_opts_t;
 
-struct av_live;
-
 typedef struct av {
     const char *path;
     tr_reader_t *r;            /* kept open: the stack and module definitions */
@@ -117,9 +115,7 @@ typedef struct av {
     bool at_hit;
     uint64_t at_time, at_seq, at_alloc, at_req, at_reserved;
     uint32_t at_seg;
-    /* live blocks */
-    struct av_live *live;
-    size_t live_cap, live_count, live_tombs;
+    devaddr_map_t live;        /* live blocks (struct av_live in analysis.c) */
     uint64_t last_seq, last_time;
 } av_t;
 
