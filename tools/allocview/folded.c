@@ -33,78 +33,23 @@ int vw_finish(const char *cmd, const char *path, tr_reader_t *r, int k)
 
 /* ---------------------------------------------------------------------------------- replay */
 
-struct vw_live { uint64_t addr, size; uint32_t dev, stack; bool used; };
+struct vw_live {
+    devaddr_entry_t key;
+    uint64_t size;
+    uint32_t stack;
+};
 
-void vw_replay_init(vw_replay_t *s) { memset(s, 0, sizeof *s); }
+void vw_replay_init(vw_replay_t *s)
+{
+    memset(s, 0, sizeof *s);
+    devaddr_map_init(&s->blocks, sizeof(struct vw_live));
+}
 
 void vw_replay_free(vw_replay_t *s)
 {
-    free(s->tab);
+    devaddr_map_free(&s->blocks);
     free(s->site_bytes);
     memset(s, 0, sizeof *s);
-}
-
-static uint64_t live_hash(uint32_t dev, uint64_t addr)
-{
-    uint64_t h = (addr >> 9) ^ ((uint64_t)dev * 0x9E3779B97F4A7C15ull);
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 32;
-    return h;
-}
-
-static vw_live_t *live_find(vw_replay_t *s, uint32_t dev, uint64_t addr)
-{
-    if (!s->cap)
-        return NULL;
-    size_t mask = s->cap - 1;
-    for (size_t i = live_hash(dev, addr) & mask;; i = (i + 1) & mask) {
-        vw_live_t *e = &s->tab[i];
-        if (!e->used)
-            return NULL;
-        if (e->addr == addr && e->dev == dev)
-            return e;
-    }
-}
-
-static bool live_insert(vw_replay_t *s, uint32_t dev, uint64_t addr, uint64_t size, uint32_t stack)
-{
-    if ((s->count + 1) * 2 > s->cap) {
-        size_t ncap = s->cap ? s->cap * 2 : 1024;
-        vw_live_t *nt = calloc(ncap, sizeof *nt);
-        if (!nt)
-            return false;
-        for (size_t i = 0; i < s->cap; i++) {
-            if (!s->tab[i].used)
-                continue;
-            size_t k = live_hash(s->tab[i].dev, s->tab[i].addr) & (ncap - 1);
-            while (nt[k].used)
-                k = (k + 1) & (ncap - 1);
-            nt[k] = s->tab[i];
-        }
-        free(s->tab);
-        s->tab = nt;
-        s->cap = ncap;
-    }
-    size_t mask = s->cap - 1, i = live_hash(dev, addr) & mask;
-    while (s->tab[i].used)
-        i = (i + 1) & mask;
-    s->tab[i] = (vw_live_t){addr, size, dev, stack, true};
-    s->count++;
-    return true;
-}
-
-static void live_erase(vw_replay_t *s, vw_live_t *e)
-{
-    size_t mask = s->cap - 1, i = (size_t)(e - s->tab);
-    for (size_t j = (i + 1) & mask; s->tab[j].used; j = (j + 1) & mask) {
-        size_t home = live_hash(s->tab[j].dev, s->tab[j].addr) & mask;
-        if (((j - home) & mask) >= ((j - i) & mask)) {
-            s->tab[i] = s->tab[j];
-            i = j;
-        }
-    }
-    s->tab[i].used = false;
-    s->count--;
 }
 
 static bool site_room(vw_replay_t *s, uint32_t stack)
@@ -129,13 +74,16 @@ int64_t vw_replay_add(vw_replay_t *s, const tr_record_t *rec)
         return -1;
     switch (rec->type) {
     case CUA_TRACE_ALLOC:
-    case CUA_TRACE_INIT_BLOCK:
-        if (live_find(s, rec->dev, rec->addr))
+    case CUA_TRACE_INIT_BLOCK: {
+        if (devaddr_map_find(&s->blocks, rec->dev, rec->addr))
             return -1; /* a double alloc: tr_acct counts it; the first one stays */
-        if (!site_room(s, rec->stack) || !live_insert(s, rec->dev, rec->addr, rec->size, rec->stack)) {
+        struct vw_live *e = site_room(s, rec->stack) ? devaddr_map_insert(&s->blocks, rec->dev, rec->addr) : NULL;
+        if (!e) {
             s->oom = true;
             return -1;
         }
+        e->size = rec->size;
+        e->stack = rec->stack;
         s->site_bytes[rec->stack] += rec->size;
         s->live += rec->size;
         if (s->live > s->live_peak) {
@@ -144,15 +92,16 @@ int64_t vw_replay_add(vw_replay_t *s, const tr_record_t *rec)
             s->live_peak_time = rec->time_ns;
         }
         return rec->stack;
+    }
     case CUA_TRACE_FREE: {
-        vw_live_t *e = live_find(s, rec->dev, rec->addr);
+        struct vw_live *e = devaddr_map_find(&s->blocks, rec->dev, rec->addr);
         if (!e)
             return -1; /* unmatched (a ring's overwritten start) */
         uint32_t st = e->stack;
         uint64_t sz = e->size;
         s->site_bytes[st] -= sz < s->site_bytes[st] ? sz : s->site_bytes[st];
         s->live -= sz < s->live ? sz : s->live;
-        live_erase(s, e);
+        devaddr_map_remove(&s->blocks, e);
         return st;
     }
     case CUA_TRACE_MAP:

@@ -35,8 +35,6 @@ bool av_wants_folded(int argc, char **argv);
 
 /* ------------------------------------------------------------------------------ replay */
 
-typedef struct vw_live vw_live_t;
-
 typedef struct vw_replay {
     uint64_t live, reserved;          /* allocated (rounded) and mapped bytes, all devices */
     uint64_t live_peak, reserved_peak;
@@ -44,8 +42,7 @@ typedef struct vw_replay {
     uint64_t reserved_peak_time;
     uint64_t *site_bytes;             /* live bytes per stack id (index 0: no stack) */
     uint32_t site_cap;                /* entries of site_bytes */
-    vw_live_t *tab;
-    size_t cap, count;
+    devaddr_map_t blocks;             /* live blocks (struct vw_live in folded.c) */
     bool oom;                         /* out of memory: the figures stopped being exact */
 } vw_replay_t;
 
