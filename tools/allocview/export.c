@@ -68,77 +68,27 @@
 
 /* ------------------------------------------------------------------------------ live blocks */
 
+/* A live block of one device; key.dev is that device. The same struct holds a device's starting
+ * blocks (init_blocks) and the sorted copy the final segments are written from. */
 typedef struct xblock {
-    uint64_t addr, size, requested, stream;
+    devaddr_entry_t key;
+    uint64_t size, requested, stream;
     uint32_t stack;
     bool pending; /* a stream-ordered free was requested, not completed */
-    bool used;
 } xblock_t;
 
-/* Open addressing, linear probing, deletion by backward shift (no tombstones). */
-typedef struct xblocks { xblock_t *v; size_t mask, count; } xblocks_t;
-
-static uint64_t addr_hash(uint64_t a)
+/* b under its key, replacing a block already there: init_blocks holds an address twice when a
+ * block live from the start was freed and a second free inferred another. NULL when out of
+ * memory. */
+static xblock_t *blocks_put(devaddr_map_t *t, const xblock_t *b)
 {
-    a ^= a >> 31;
-    a *= 0x9e3779b97f4a7c15ull;
-    return a ^ (a >> 29);
-}
-
-static bool blocks_init(xblocks_t *t)
-{
-    t->mask = 1023;
-    t->count = 0;
-    t->v = calloc(t->mask + 1, sizeof *t->v);
-    return t->v != NULL;
-}
-
-static xblock_t *blocks_find(const xblocks_t *t, uint64_t addr)
-{
-    for (size_t i = addr_hash(addr) & t->mask; t->v[i].used; i = (i + 1) & t->mask)
-        if (t->v[i].addr == addr)
-            return &t->v[i];
-    return NULL;
-}
-
-static bool blocks_put(xblocks_t *t, const xblock_t *b)
-{
-    if ((t->count + 1) * 2 > t->mask + 1) {
-        xblocks_t n = {.mask = t->mask * 2 + 1};
-        n.v = calloc(n.mask + 1, sizeof *n.v);
-        if (!n.v)
-            return false;
-        for (size_t i = 0; i <= t->mask; i++)
-            if (t->v[i].used)
-                blocks_put(&n, &t->v[i]);
-        free(t->v);
-        *t = n;
-    }
-    size_t i = addr_hash(b->addr) & t->mask;
-    while (t->v[i].used && t->v[i].addr != b->addr)
-        i = (i + 1) & t->mask;
-    if (!t->v[i].used)
-        t->count++;
-    t->v[i] = *b;
-    t->v[i].used = true;
-    return true;
-}
-
-static void blocks_del(xblocks_t *t, xblock_t *b)
-{
-    size_t i = (size_t)(b - t->v);
-    t->v[i].used = false;
-    t->count--;
-    /* Backward shift: move later members of the probe run into the hole when their home allows. */
-    for (size_t j = (i + 1) & t->mask; t->v[j].used; j = (j + 1) & t->mask) {
-        size_t home = addr_hash(t->v[j].addr) & t->mask;
-        bool movable = i <= j ? (home <= i || home > j) : (home <= i && home > j);
-        if (movable) {
-            t->v[i] = t->v[j];
-            t->v[j].used = false;
-            i = j;
-        }
-    }
+    xblock_t *e = devaddr_map_find(t, b->key.dev, b->key.addr);
+    if (!e && !(e = devaddr_map_insert(t, b->key.dev, b->key.addr)))
+        return NULL;
+    devaddr_entry_t key = e->key;
+    *e = *b;
+    e->key = key;
+    return e;
 }
 
 /* ------------------------------------------------------------------------------ mapped ranges */
@@ -234,7 +184,7 @@ static bool ranges_remove(xranges_t *m, uint64_t addr, uint64_t end)
 
 typedef struct xdev {
     bool present, vmm;
-    xblocks_t live;
+    devaddr_map_t live; /* of xblock_t */
     xranges_t mapped;
     /* the starting state: INIT records plus what the first pass inferred */
     xblock_t *init_blocks;
@@ -404,9 +354,7 @@ static bool add_init_block(xdev_t *d, const xblock_t *b)
 /* The starting state of a pass: the recorded and inferred initial blocks and mappings. */
 static bool sim_reset(xdev_t *d)
 {
-    free(d->live.v);
-    if (!blocks_init(&d->live))
-        return false;
+    devaddr_map_free(&d->live);
     d->mapped.n = 0;
     for (size_t i = 0; i < d->init_mapped.n; i++)
         if (!ranges_add(&d->mapped, d->init_mapped.v[i].addr, d->init_mapped.v[i].end))
@@ -493,7 +441,7 @@ static bool simulate(exporter_t *ex, uint32_t dv, enum sim_mode mode, uint64_t s
             bool init = rec.type == CUA_TRACE_INIT_BLOCK;
             if (init && !infer)
                 break; /* already in the starting state */
-            if (blocks_find(&d->live, rec.addr)) {
+            if (devaddr_map_find(&d->live, dv, rec.addr)) {
                 ok = xfail(ex, "device %u: 0x%" PRIx64 " allocated again while live (record at offset %" PRIu64 ")", dv,
                            rec.addr, rec.offset);
                 break;
@@ -507,7 +455,7 @@ static bool simulate(exporter_t *ex, uint32_t dv, enum sim_mode mode, uint64_t s
                 if (!(ok = infer_mapped(ex, d, rec.addr, end)))
                     break;
             }
-            xblock_t nb = {.addr = rec.addr, .size = rec.size, .requested = rec.requested,
+            xblock_t nb = {.key = {.addr = rec.addr, .dev = dv}, .size = rec.size, .requested = rec.requested,
                            .stream = stream_handle(ex, rec.stream), .stack = rec.stack};
             if (!blocks_put(&d->live, &nb) || (init && !add_init_block(d, &nb))) {
                 ok = xfail(ex, "out of memory");
@@ -519,7 +467,7 @@ static bool simulate(exporter_t *ex, uint32_t dv, enum sim_mode mode, uint64_t s
         }
         case CUA_TRACE_FREE:
         case CUA_TRACE_FREE_DONE: {
-            b = blocks_find(&d->live, rec.addr);
+            b = devaddr_map_find(&d->live, dv, rec.addr);
             if (!b) { /* freed, never seen allocated: live from the start */
                 if (rec.size == 0 || end < rec.addr || end > EX_MAX_NUMBER) {
                     ok = xfail(ex, "device %u: free of 0x%" PRIx64 ", never allocated, with no usable size", dv,
@@ -530,16 +478,15 @@ static bool simulate(exporter_t *ex, uint32_t dv, enum sim_mode mode, uint64_t s
                     ok = xfail(ex, "device %u: free of 0x%" PRIx64 ", which is not allocated", dv, rec.addr);
                     break;
                 }
-                xblock_t nb = {.addr = rec.addr, .size = rec.size, .requested = rec.size,
+                xblock_t nb = {.key = {.addr = rec.addr, .dev = dv}, .size = rec.size, .requested = rec.size,
                                .stream = stream_handle(ex, rec.stream), .pending = rec.type == CUA_TRACE_FREE_DONE};
                 if (!ranges_cover(&d->mapped, rec.addr, end) && !(ok = infer_mapped(ex, d, rec.addr, end)))
                     break;
-                if (!add_init_block(d, &nb) || !blocks_put(&d->live, &nb)) {
+                if (!add_init_block(d, &nb) || !(b = blocks_put(&d->live, &nb))) {
                     ok = xfail(ex, "out of memory");
                     break;
                 }
                 d->inferred++;
-                b = blocks_find(&d->live, rec.addr);
             }
             uint64_t stream = stream_handle(ex, rec.stream);
             if (rec.type == CUA_TRACE_FREE) {
@@ -554,7 +501,7 @@ static bool simulate(exporter_t *ex, uint32_t dv, enum sim_mode mode, uint64_t s
                 }
             }
             ENTRY("free_completed", rec.addr, b->requested, stream, b->stack, -1);
-            blocks_del(&d->live, b);
+            devaddr_map_remove(&d->live, b);
             break;
         }
         case CUA_TRACE_INIT_MAP:
@@ -618,7 +565,7 @@ static bool simulate(exporter_t *ex, uint32_t dv, enum sim_mode mode, uint64_t s
 static int block_cmp(const void *x, const void *y)
 {
     const xblock_t *a = x, *b = y;
-    return a->addr < b->addr ? -1 : a->addr > b->addr;
+    return a->key.addr < b->key.addr ? -1 : a->key.addr > b->key.addr;
 }
 
 static void write_block(exporter_t *ex, uint64_t addr, uint64_t size, uint64_t requested, const char *state,
@@ -649,9 +596,10 @@ static bool write_segments(exporter_t *ex, uint32_t dv, uint64_t *nsegs, uint64_
     xblock_t *bl = malloc((nlive ? nlive : 1) * sizeof *bl);
     if (!bl)
         return xfail(ex, "out of memory");
-    for (size_t i = 0; i <= d->live.mask; i++)
-        if (d->live.v[i].used)
-            bl[j++] = d->live.v[i];
+    /* The walk follows the hash; the sort on the (distinct) addresses fixes the order. */
+    const xblock_t *e;
+    for (size_t pos = 0; (e = devaddr_map_next(&d->live, &pos));)
+        bl[j++] = *e;
     qsort(bl, nlive, sizeof *bl, block_cmp);
     size_t bi = 0;
     bool ok = true;
@@ -660,20 +608,20 @@ static bool write_segments(exporter_t *ex, uint32_t dv, uint64_t *nsegs, uint64_
         s++;
         while (d->vmm && s < d->mapped.n && d->mapped.v[s].addr == send)
             send = d->mapped.v[s++].end;
-        if (bi < nlive && bl[bi].addr < saddr) {
-            ok = xfail(ex, "device %u: block 0x%" PRIx64 " lies outside mapped memory at the end", dv, bl[bi].addr);
+        if (bi < nlive && bl[bi].key.addr < saddr) {
+            ok = xfail(ex, "device %u: block 0x%" PRIx64 " lies outside mapped memory at the end", dv, bl[bi].key.addr);
             break;
         }
         /* The segment's blocks: first their totals, then the list. */
         size_t first = bi;
         uint64_t allocated = 0, active = 0, requested = 0;
-        for (uint64_t cur = saddr; bi < nlive && bl[bi].addr < send; bi++) {
-            if (bl[bi].addr < cur || bl[bi].addr + bl[bi].size > send) {
+        for (uint64_t cur = saddr; bi < nlive && bl[bi].key.addr < send; bi++) {
+            if (bl[bi].key.addr < cur || bl[bi].key.addr + bl[bi].size > send) {
                 ok = xfail(ex, "device %u: block 0x%" PRIx64 " (%" PRIu64 " bytes) overlaps another or crosses the end "
-                           "of segment 0x%" PRIx64, dv, bl[bi].addr, bl[bi].size, saddr);
+                           "of segment 0x%" PRIx64, dv, bl[bi].key.addr, bl[bi].size, saddr);
                 break;
             }
-            cur = bl[bi].addr + bl[bi].size;
+            cur = bl[bi].key.addr + bl[bi].size;
             active += bl[bi].size;
             if (!bl[bi].pending) {
                 allocated += bl[bi].size;
@@ -714,11 +662,11 @@ static bool write_segments(exporter_t *ex, uint32_t dv, uint64_t *nsegs, uint64_
         pkw_list_begin(w);
         uint64_t cur = saddr;
         for (size_t i = first; i < bi; i++) {
-            if (bl[i].addr > cur)
-                write_block(ex, cur, bl[i].addr - cur, 0, "inactive", 0);
-            write_block(ex, bl[i].addr, bl[i].size, bl[i].requested,
+            if (bl[i].key.addr > cur)
+                write_block(ex, cur, bl[i].key.addr - cur, 0, "inactive", 0);
+            write_block(ex, bl[i].key.addr, bl[i].size, bl[i].requested,
                         bl[i].pending ? "active_pending_free" : "active_allocated", bl[i].stack);
-            cur = bl[i].addr + bl[i].size;
+            cur = bl[i].key.addr + bl[i].size;
             ++*nblocks;
         }
         if (cur < send)
@@ -728,7 +676,7 @@ static bool write_segments(exporter_t *ex, uint32_t dv, uint64_t *nsegs, uint64_
         ++*nsegs;
     }
     if (ok && bi < nlive)
-        ok = xfail(ex, "device %u: block 0x%" PRIx64 " lies outside mapped memory at the end", dv, bl[bi].addr);
+        ok = xfail(ex, "device %u: block 0x%" PRIx64 " lies outside mapped memory at the end", dv, bl[bi].key.addr);
     free(bl);
     return ok;
 }
@@ -805,7 +753,7 @@ static void export_usage(FILE *out)
 static void exporter_free(exporter_t *ex)
 {
     for (uint32_t i = 0; i < ex->ndev; i++) {
-        free(ex->dev[i].live.v);
+        devaddr_map_free(&ex->dev[i].live);
         free(ex->dev[i].mapped.v);
         free(ex->dev[i].init_blocks);
         free(ex->dev[i].init_mapped.v);
@@ -926,6 +874,7 @@ int av_cmd_export(int argc, char **argv)
         return VW_EXIT_UNREADABLE;
     }
     for (uint32_t dv = 0; dv < ndev; dv++) {
+        devaddr_map_init(&ex.dev[dv].live, sizeof(xblock_t));
         ex.dev[dv].present = ex.a->have_dev[dv] || ex.a->acct.dev[dv].seen;
         ex.dev[dv].vmm = ex.a->have_dev[dv] && ex.a->dev_mode[dv] == CUA_TRACE_MODE_VMM;
     }
