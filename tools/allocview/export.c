@@ -866,8 +866,8 @@ int av_cmd_export(int argc, char **argv)
     for (uint32_t dv = 0; dv < CUA_TRACE_MAX_DEVICES; dv++)
         if (ex.a->have_dev[dv] || ex.a->acct.dev[dv].seen)
             ndev = dv + 1;
-    ex.ndev = ndev;
     ex.dev = calloc(ndev, sizeof *ex.dev);
+    ex.ndev = ex.dev ? ndev : 0; /* exporter_free walks ndev records */
     if (!ex.sym || !ex.stack_memo || !ex.dev) {
         fprintf(stderr, "allocview export: out of memory\n");
         exporter_free(&ex);
