@@ -61,6 +61,7 @@ static unw_backtrace_fn unwinder_get(void) {
 
 #include "cualloc_trace.h"
 #include "internal.h"
+#include "mix64.h"
 
 #ifndef CUALLOC_VERSION_STRING
 #define CUALLOC_VERSION_STRING "unknown"
@@ -247,16 +248,6 @@ static void put_le(uint8_t *p, uint64_t v, unsigned bytes)
 {
     for (unsigned i = 0; i < bytes; i++)
         p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static inline uint64_t mix64(uint64_t h)
-{
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
-    h *= 0xc4ceb9fe1a85ec53ull;
-    h ^= h >> 33;
-    return h;
 }
 
 static uint64_t hash_bytes(uint64_t h, const char *s)

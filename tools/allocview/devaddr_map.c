@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mix64.h"
+
 /* The first capacity: small, so that a map used for a few blocks stays small. */
 #define DEVADDR_MAP_MIN_CAP 16
 
@@ -12,13 +14,7 @@
  * addresses differing only in high or low bits, land far apart. */
 static uint64_t hash(uint32_t dev, uint64_t addr)
 {
-    uint64_t h = addr ^ ((uint64_t)dev * 0x9e3779b97f4a7c15ull);
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
-    h *= 0xc4ceb9fe1a85ec53ull;
-    h ^= h >> 33;
-    return h;
+    return mix64(addr ^ ((uint64_t)dev * 0x9e3779b97f4a7c15ull));
 }
 
 static size_t capacity(const devaddr_map_t *m)

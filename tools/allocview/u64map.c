@@ -4,15 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t mix(uint64_t k)
-{
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdull;
-    k ^= k >> 29;
-    k *= 0xc4ceb9fe1a85ec53ull;
-    k ^= k >> 32;
-    return k;
-}
+#include "mix64.h"
 
 bool u64map_init(u64map_t *m, size_t cap)
 {
@@ -44,7 +36,7 @@ static bool grow(u64map_t *m)
         return false;
     for (size_t i = 0; i <= m->mask; i++)
         if (m->k[i] != UINT64_MAX) {
-            size_t j = mix(m->k[i]) & n.mask;
+            size_t j = mix64(m->k[i]) & n.mask;
             while (n.k[j] != UINT64_MAX)
                 j = (j + 1) & n.mask;
             n.k[j] = m->k[i];
@@ -60,7 +52,7 @@ uint64_t *u64map_slot(u64map_t *m, uint64_t key, bool *found)
 {
     if ((m->count + 1) * 2 > m->mask + 1 && !grow(m))
         return NULL;
-    size_t i = mix(key) & m->mask;
+    size_t i = mix64(key) & m->mask;
     while (m->k[i] != UINT64_MAX && m->k[i] != key)
         i = (i + 1) & m->mask;
     *found = m->k[i] == key;
@@ -74,7 +66,7 @@ uint64_t *u64map_slot(u64map_t *m, uint64_t key, bool *found)
 
 bool u64map_has(const u64map_t *m, uint64_t key)
 {
-    for (size_t i = mix(key) & m->mask; m->k[i] != UINT64_MAX; i = (i + 1) & m->mask)
+    for (size_t i = mix64(key) & m->mask; m->k[i] != UINT64_MAX; i = (i + 1) & m->mask)
         if (m->k[i] == key)
             return true;
     return false;
@@ -91,7 +83,7 @@ bool u64map_put(u64map_t *m, uint64_t key, uint64_t val)
 
 bool u64map_take(u64map_t *m, uint64_t key, uint64_t *val)
 {
-    size_t i = mix(key) & m->mask;
+    size_t i = mix64(key) & m->mask;
     while (m->k[i] != key) {
         if (m->k[i] == UINT64_MAX)
             return false;
@@ -102,7 +94,7 @@ bool u64map_take(u64map_t *m, uint64_t key, uint64_t *val)
     /* Backward shift: a later member of the probe run moves into the hole unless its home slot
      * lies cyclically in (hole, its slot]. */
     for (size_t j = (i + 1) & m->mask; m->k[j] != UINT64_MAX; j = (j + 1) & m->mask) {
-        size_t home = mix(m->k[j]) & m->mask;
+        size_t home = mix64(m->k[j]) & m->mask;
         if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {
             m->k[i] = m->k[j];
             m->v[i] = m->v[j];
