@@ -207,13 +207,14 @@ find_nvcc() {
 }
 
 # One run of a preload_kernels build: appends its JSON line. run_prog KIND MODE PROG [ENV...]
+# At most 80 s each: the part's six runs and two builds must end within one command's 10 minutes.
 run_prog() {
     local kind=$1 mode=$2 prog=$3 dir=$RESULTS/ld-preload
     shift 3
     local log=$dir/run-$kind-$mode.log rc t0 t1 result interpose
     echo "run: $* $prog"
     t0=$(date +%s.%N)
-    env "$@" timeout 240 "$prog" >"$log" 2>&1
+    env "$@" timeout 80 "$prog" >"$log" 2>&1
     rc=$?
     t1=$(date +%s.%N)
     result=$(sed -n 's/^preload_kernels: RESULT //p' "$log" | tail -1)
