@@ -460,7 +460,10 @@ part_viewer() {
         CUALLOC_CONF=driver:sim,sim_memory_mb:128,expandable_segments:0 "$BUILD/tests/trace_scenarios" frag "$work/frag.trace"
         CUALLOC_CONF=driver:sim,sim_memory_mb:256 "$BUILD/tests/trace_scenarios" leak "$work/leak.trace"
         CUALLOC_CONF=trace:$work/demo.trace,trace_stack_depth:8 "$BUILD/tools/cualloc-demo" --steps 3 --quiet
-        for s in "$RESULTS"/torch/snapshot-*.pickle "$ROOT"/../shared/traces/*.pickle "$ROOT"/bench/corpus/*.pickle; do
+        # Each device command starts with an empty $OUT: the torch part's snapshots are found here
+        # only when both ran in one command; otherwise put them in bench/corpus first.
+        for s in "$RESULTS"/torch/snapshot-*.pickle "$ROOT"/../shared/traces/*.pickle "$ROOT"/shared/traces/*.pickle \
+            "$ROOT"/bench/corpus/*.pickle; do
             [ -r "$s" ] && "$av" import "$s" -o "$work/$(basename "$s" .pickle).trace"
         done
     } >"$dir/log.txt" 2>&1
