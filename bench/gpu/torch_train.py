@@ -408,11 +408,15 @@ class Ballast:
         gran = ctypes.c_size_t()
         self._check(cu.cuMemGetAllocationGranularity(ctypes.byref(gran), ctypes.byref(prop), 0),
                     "cuMemGetAllocationGranularity")
-        # The previous probe's memory may still be on its way back to the driver: wait for it.
+        # The previous probe's memory may still be on its way back to the driver: wait until at
+        # least the budget is free and two readings 0.2 s apart agree (a ballast sized while memory
+        # was still coming back would leave this probe more than the budget).
         free, total = self.mem_info()
+        prev = None
         t_end = time.time() + wait_s
-        while free < budget and time.time() < t_end:
-            time.sleep(0.5)
+        while (free < budget or free != prev) and time.time() < t_end:
+            prev = free
+            time.sleep(0.2)
             free, total = self.mem_info()
         self.budget, self.total, self.free_before, self.granularity = budget, total, free, gran.value
         if free < budget:
