@@ -246,8 +246,15 @@ part_ld_preload() {
     # shellcheck disable=SC2054
     local arch=(-gencode arch=compute_90,code=sm_90 -gencode arch=compute_75,code=compute_75)
     if [ -n "$nvcc" ]; then
-        local cudart_dir
-        cudart_dir=$(cd "$(dirname "$nvcc")/../lib64" 2>/dev/null && pwd)
+        # Where the shared libcudart lies beside this nvcc (toolkit installs: lib64; others: lib or
+        # targets/<arch>/lib): the shared build's rpath.
+        local cudart_dir="" d
+        for d in lib64 lib "targets/$(uname -m)-linux/lib"; do
+            if ls "$(dirname "$nvcc")/../$d"/libcudart.so* >/dev/null 2>&1; then
+                cudart_dir=$(cd "$(dirname "$nvcc")/../$d" && pwd)
+                break
+            fi
+        done
         for kind in $kinds; do
             echo "build: $nvcc -O2 -cudart $kind ${arch[*]} -o preload_kernels_$kind preload_kernels.cu -ldl"
             if ! "$nvcc" -O2 -cudart "$kind" "${arch[@]}" -o "$bin/preload_kernels_$kind" "$HERE/preload_kernels.cu" \
