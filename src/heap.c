@@ -58,7 +58,8 @@
 #define HEAP_OOM_KINDS 16
 /* The pseudo-stream of device-wide frees: never a real stream's tag (tag_of stops before it). */
 #define DW_HANDLE ((cua_stream)(uintptr_t)UINTPTR_MAX)
-/* No stream: what the fast paths compare with while they may serve none. */
+/* No stream: what the fast paths compare with while they may serve none. Not a CUDA stream handle
+ * (those are 0, the small constants cudaStreamLegacy and cudaStreamPerThread, and pointers). */
 #define NO_STREAM ((cua_stream)(uintptr_t)(UINTPTR_MAX - 1))
 
 /* A free index: TLSF in VMM mode, a (size, addr) treap in classic mode. */
