@@ -34,8 +34,9 @@
  *   block is in `live` under its address (a parked block keeps its entry, so that taking it again
  *   and freeing it again cost a map look-up, not an insertion and a removal).
  *   Accounting: stats.inactive_split_bytes is kept equal to the free bytes that are not releasable
- *   (FREE and CACHED blocks, both pools) at every step; its peak is taken where an operation ends. stats.active_* equal allocated_* at all
- *   times (no block is allocated yet inactive) and are filled in when the stats are read.
+ *   (FREE and CACHED blocks, both pools) at every step; its peak is taken where an operation ends.
+ *   stats.active_* equal allocated_* at all times (no block is allocated yet inactive) and are
+ *   filled in when the stats are read.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -206,20 +207,26 @@ static findex_t *index_get(heap_t *h, pool_t *p, unsigned tag) {
     return ix;
 }
 
-/* Bytes of a FREE block that a release could return to the device right now. */
-/* Free bytes that cannot be released now: free memory minus its releasable part, over both pools. */
+/* Bytes of FREE and CACHED blocks in the pool. */
 static inline size_t pool_free_mapped(const pool_t *p) { return p->mapped - p->allocated; }
 
+/* Free bytes that cannot be released now: free memory minus its releasable part, over both pools. */
 static inline size_t heap_inactive_split(const heap_t *h) {
     return (pool_free_mapped(&h->pools[POOL_SMALL]) - h->pools[POOL_SMALL].releasable) +
            (pool_free_mapped(&h->pools[POOL_LARGE]) - h->pools[POOL_LARGE].releasable);
 }
 
+/* Bytes of the whole chunks that [addr, addr + size) covers (VMM). */
+static inline size_t chunk_interior(const pool_t *p, uintptr_t addr, size_t size) {
+    size_t lo = (addr + p->chunk_mask) & ~p->chunk_mask, hi = (addr + size) & ~p->chunk_mask;
+    return hi > lo ? hi - lo : 0;
+}
+
+/* Bytes of a free block that a release could return to the device right now. */
 static inline __attribute__((always_inline)) size_t block_releasable(const heap_t *h, const pool_t *p, const block_t *b) {
     if (!h->vmm) return (!b->prev && !b->next) ? b->size : 0;
     if (b->size < p->chunk) return 0; /* holds no whole chunk: the common case, decided at once */
-    size_t lo = (b->addr + p->chunk_mask) & ~p->chunk_mask, hi = (b->addr + b->size) & ~p->chunk_mask;
-    return hi > lo ? hi - lo : 0;
+    return chunk_interior(p, b->addr, b->size);
 }
 
 static inline void free_account_add(heap_t *h, pool_t *p, const block_t *b);
@@ -355,8 +362,7 @@ static inline void cached_account_sub(heap_t *h, pool_t *p, const block_t *b) {
 static inline void quick_account(heap_t *h, pool_t *p, const block_t *b, size_t size, bool add) {
     size_t rel = 0;
     if (__builtin_expect(size >= p->chunk, 0)) {
-        size_t lo = (b->addr + p->chunk_mask) & ~p->chunk_mask, hi = (b->addr + size) & ~p->chunk_mask;
-        rel = hi > lo ? hi - lo : 0;
+        rel = chunk_interior(p, b->addr, size);
         p->releasable += add ? rel : -rel;
     }
     h->stats.inactive_split_bytes += add ? size - rel : rel - size;
@@ -508,8 +514,7 @@ static void last_set(heap_t *h, cua_stream stream, unsigned tag) {
     h->last_tag_hash = quick_hash_tag(tag);
 }
 
-static unsigned tag_of(heap_t *h, cua_stream stream) {
-    if (stream == h->last_stream && h->last_tag) return h->last_tag;
+static __attribute__((noinline)) unsigned tag_of_uncached(heap_t *h, cua_stream stream) {
     unsigned free_slot = 0;
     for (unsigned t = 1; t < TAG_DEVICE_WIDE; t++) {
         if (h->tags[t].used) {
@@ -544,6 +549,11 @@ static unsigned tag_of(heap_t *h, cua_stream stream) {
     r->handle = stream;
     last_set(h, stream, free_slot);
     return free_slot;
+}
+
+/* The tag of a stream: the one-entry cache inline, the table out of line. */
+static inline unsigned tag_of(heap_t *h, cua_stream stream) {
+    return stream == h->last_stream && h->last_tag ? h->last_tag : tag_of_uncached(h, stream);
 }
 
 /* Moves every FREE block tagged `tag` to TAG_ANY, merging as it goes (a merged block takes a
@@ -1244,6 +1254,39 @@ static cua_result alloc_fail(heap_t *h, cua_stream stream, size_t size, size_t r
     return CUA_ERROR_OUT_OF_MEMORY;
 }
 
+/* b (`bytes` long) becomes ALLOCATED for `size` requested bytes on `stream`: its record, its pool's
+ * and the heap's statistics with their peaks. Shared by the fast path and alloc_finish. */
+static inline __attribute__((always_inline)) void account_alloc(heap_t *h, pool_t *p, block_t *b, size_t bytes,
+                                                                size_t size, cua_stream stream) {
+    b->state = BLOCK_ALLOCATED;
+    b->requested = size;
+    b->stream = stream;
+    p->allocated += bytes;
+    cualloc_stats *s = &h->stats;
+    s->num_allocs++;
+    s->requested_bytes += size;
+    if (s->requested_bytes > s->requested_peak) s->requested_peak = s->requested_bytes;
+    s->allocated_bytes += bytes;
+    if (s->allocated_bytes > s->allocated_peak) s->allocated_peak = s->allocated_bytes;
+}
+
+/* The statistics of freeing ALLOCATED block b (`bytes` long); its record is the caller's. Shared by
+ * the fast path and free_locked. */
+static inline __attribute__((always_inline)) void account_free(heap_t *h, pool_t *p, const block_t *b, size_t bytes) {
+    cualloc_stats *s = &h->stats;
+    s->num_frees++;
+    s->requested_bytes -= b->requested;
+    s->allocated_bytes -= bytes;
+    p->allocated -= bytes;
+}
+
+/* A free on `tag` (a real stream's): counted for the tag's lazy event, the block tagged. */
+static inline __attribute__((always_inline)) void free_tag(heap_t *h, block_t *b, unsigned tag) {
+    h->tags[tag].frees_since_record++;
+    b->tag = (uint16_t)tag;
+    b->requested = 0;
+}
+
 /* An allocation the quick lists did not serve: search, grow or release, then enter the block in
  * `live` (a parked block is there already; any other is not). Returns the block, or NULL after
  * alloc_fail (which unlocks). Part of alloc_after_miss, its only caller (out of line, so that
@@ -1277,7 +1320,7 @@ static __attribute__((noinline)) void *alloc_locked(heap_t *h, size_t size, cua_
         return NULL;
     }
     pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
-    unsigned tag = (stream == h->last_stream && h->last_tag) ? h->last_tag : tag_of(h, stream);
+    unsigned tag = tag_of(h, stream);
     if (__builtin_expect(tag >= HEAP_MAX_TAGS, 0)) {
         alloc_fail(h, stream, size, rsize);
         return NULL;
@@ -1297,16 +1340,7 @@ static __attribute__((noinline)) void *alloc_after_miss(heap_t *h, pool_t *p, cu
 /* The end of every allocation but the fast path's hit: b becomes ALLOCATED; accounting, the
  * recorder, unlock. */
 static inline void *alloc_finish(heap_t *h, pool_t *p, block_t *b, cua_stream stream, size_t size) {
-    b->state = BLOCK_ALLOCATED;
-    b->requested = size;
-    b->stream = stream;
-    p->allocated += b->size;
-    cualloc_stats *s = &h->stats;
-    s->num_allocs++;
-    s->requested_bytes += size;
-    if (s->requested_bytes > s->requested_peak) s->requested_peak = s->requested_bytes;
-    s->allocated_bytes += b->size;
-    if (s->allocated_bytes > s->allocated_peak) s->allocated_peak = s->allocated_bytes;
+    account_alloc(h, p, b, b->size, size, stream);
     update_inactive_split(h);
     if (trace_enabled()) trace_on_alloc(h->dev, stream, b->addr, b->size, size);
     cua_unlock(&h->lock);
@@ -1338,16 +1372,7 @@ static inline __attribute__((always_inline)) void *heap_malloc_locked(heap_t *h,
         pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
         block_t *b = quick_pop_keyed(h, p, rsize, rsize | h->last_tag_key, quick_index_hashed(rsize, h->last_tag_hash));
         if (__builtin_expect(b != NULL, 1)) {
-            b->state = BLOCK_ALLOCATED;
-            b->requested = size;
-            b->stream = stream;
-            p->allocated += rsize;
-            cualloc_stats *s = &h->stats;
-            s->num_allocs++;
-            s->requested_bytes += size;
-            if (s->requested_bytes > s->requested_peak) s->requested_peak = s->requested_bytes;
-            s->allocated_bytes += rsize;
-            if (s->allocated_bytes > s->allocated_peak) s->allocated_peak = s->allocated_bytes;
+            account_alloc(h, p, b, rsize, size, stream);
             void *ptr = (void *)b->addr;
             if (__builtin_expect(cua_unlock_nowake(&h->lock), 0)) return unlock_wake_ptr(h, ptr);
             return ptr;
@@ -1422,22 +1447,16 @@ static __attribute__((noinline)) bool free_locked(heap_t *h, block_t *b, cua_str
         return false;
     }
     pool_t *p = &h->pools[b->pool];
-    cualloc_stats *s = &h->stats;
-    s->num_frees++;
-    s->requested_bytes -= b->requested;
-    s->allocated_bytes -= b->size;
-    p->allocated -= b->size;
+    account_free(h, p, b, b->size);
     if (trace_enabled()) trace_on_free(h->dev, stream, b->addr, b->size, b->requested);
     if (device_wide || !h->vmm) {
         free_unparked(h, p, b, stream, device_wide);
     } else {
-        unsigned tag = (stream == h->last_stream && h->last_tag) ? h->last_tag : tag_of(h, stream);
+        unsigned tag = tag_of(h, stream);
         if (tag >= HEAP_MAX_TAGS) {
             free_on_tag(h, p, b, stream, tag);
         } else {
-            h->tags[tag].frees_since_record++;
-            b->tag = (uint16_t)tag;
-            b->requested = 0;
+            free_tag(h, b, tag);
             if (!quick_push(h, p, b)) free_to_index(h, p, b); /* parked: stays in `live` */
         }
     }
@@ -1446,16 +1465,17 @@ static __attribute__((noinline)) bool free_locked(heap_t *h, block_t *b, cua_str
     return true;
 }
 
-/* The fast path: a VMM free of an allocated block on the stream of the previous call, whose quick
- * list has room, no recorder. What free_locked would do for that case and nothing else. Lock
- * held; released on return. */
+/* free_locked for heap_free_in_range: a pointer it does not hold is reported. */
 static __attribute__((noinline)) bool free_locked_or_report(heap_t *h, block_t *b, cua_stream stream, void *ptr) {
     if (free_locked(h, b, stream, false)) return true;
     cua_error("cualloc_free: %p was not allocated by cualloc (or was already freed); ignored", ptr);
     return false;
 }
 
-/* `report`: heap_free_in_range's (a constant where inlined). */
+/* The fast path: a VMM free of an allocated block on the stream of the previous call, whose quick
+ * list has room, no recorder. What free_locked would do for that case and nothing else;
+ * everything else goes there. Lock held; released on return. `report`: heap_free_in_range's (a
+ * constant where inlined). */
 static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, void *ptr, cua_stream stream, bool report) {
     block_t *b = ptrmap_get(&h->live, (uintptr_t)ptr);
     if (__builtin_expect(b && b->state == BLOCK_ALLOCATED && stream == h->fast_free_stream && !trace_enabled(), 1)) {
@@ -1465,14 +1485,8 @@ static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, vo
         unsigned i = quick_index_hashed(size, h->last_tag_hash);
         if (__builtin_expect(quick_room(&h->quick[i], key), 1)) {
             pool_t *p = &h->pools[b->pool];
-            cualloc_stats *s = &h->stats;
-            s->num_frees++;
-            s->requested_bytes -= b->requested;
-            s->allocated_bytes -= size;
-            p->allocated -= size;
-            h->tags[tag].frees_since_record++;
-            b->tag = (uint16_t)tag;
-            b->requested = 0;
+            account_free(h, p, b, size);
+            free_tag(h, b, tag);
             quick_park(h, p, b, size, i, key); /* stays in `live` */
             update_inactive_split(h);
             if (__builtin_expect(cua_unlock_nowake(&h->lock), 0)) return unlock_wake_true(h);
