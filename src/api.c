@@ -32,6 +32,9 @@ static inline void api_ensure_init(void) {
     if (__builtin_expect(!atomic_load_explicit(&g.ready, memory_order_acquire), 0)) pthread_once(&g.once, api_init);
 }
 
+/* The devices that may have a heap: the driver's count, at most CUALLOC_MAX_DEVICES. */
+static inline int api_ndevices(void) { return g.device_count < CUALLOC_MAX_DEVICES ? g.device_count : CUALLOC_MAX_DEVICES; }
+
 static void api_print_summary(void) {
     for (int d = 0; d < g.device_count && d < CUALLOC_MAX_DEVICES; d++) {
         heap_t *h = atomic_load_explicit(&g.heaps[d], memory_order_acquire);
@@ -84,7 +87,7 @@ static void api_atfork_child(void) {
 static void api_trace_end(void) {
     cualloc_stats stats[CUALLOC_MAX_DEVICES];
     const cualloc_stats *per[CUALLOC_MAX_DEVICES] = {0};
-    int n = g.device_count < CUALLOC_MAX_DEVICES ? g.device_count : CUALLOC_MAX_DEVICES;
+    int n = api_ndevices();
     for (int d = 0; d < n; d++) {
         heap_t *h = atomic_load_explicit(&g.heaps[d], memory_order_acquire);
         if (!h) continue;
@@ -184,7 +187,7 @@ static inline bool api_in_vmm_range(int d, uintptr_t a) {
 heap_t *api_owner(const void *ptr) {
     if (!ptr || !api_started() || g.disabled) return NULL;
     uintptr_t a = (uintptr_t)ptr;
-    int n = g.device_count < CUALLOC_MAX_DEVICES ? g.device_count : CUALLOC_MAX_DEVICES;
+    int n = api_ndevices();
     for (int d = 0; d < n; d++)
         if (api_in_vmm_range(d, a)) return atomic_load_explicit(&g.heaps[d], memory_order_acquire);
     for (int d = 0; d < n; d++) {
@@ -205,7 +208,7 @@ static __attribute__((noinline)) void *api_malloc_slow(size_t size, int device, 
         if (device < 0 || device >= g.device_count) return NULL;
         return g.drv->mem_alloc(device, size ? size : 1, &p) == CUA_SUCCESS ? (void *)(uintptr_t)p : NULL;
     }
-    heap_t *h = (unsigned)device < CUALLOC_MAX_DEVICES ? atomic_load_explicit(&g.heaps[device], memory_order_acquire) : NULL;
+    heap_t *h = api_existing_heap(device);
     if (!h && !(h = api_heap(device))) {
         if (g.init_error == CUA_SUCCESS && (device < 0 || device >= g.device_count))
             cua_error("cualloc_malloc: device %d is not valid (%d device%s)", device, g.device_count,
@@ -240,7 +243,7 @@ static __attribute__((noinline)) void api_free_slow(void *ptr, void *stream, boo
     }
     if (!in_range) {
         /* Classic heaps: the block lookup says. */
-        int n = g.device_count < CUALLOC_MAX_DEVICES ? g.device_count : CUALLOC_MAX_DEVICES;
+        int n = api_ndevices();
         for (int d = 0; d < n; d++) {
             heap_t *h = api_existing_heap(d);
             if (h && !heap_is_vmm(h) && heap_free(h, ptr, (cua_stream)stream)) return;
@@ -254,7 +257,7 @@ CUALLOC_API void cualloc_free(void *ptr, void *stream) {
     uintptr_t a = (uintptr_t)ptr;
     /* VMM heaps: the address range names the device. Ranges are published with their heap, after
      * api_init (before it, and in a forked child until its first heap, device_count is 0). */
-    int n = g.device_count < CUALLOC_MAX_DEVICES ? g.device_count : CUALLOC_MAX_DEVICES;
+    int n = api_ndevices();
     for (int d = 0; d < n; d++) {
         if (api_in_vmm_range(d, a)) {
             heap_t *h = atomic_load_explicit(&g.heaps[d], memory_order_acquire);
@@ -296,7 +299,7 @@ CUALLOC_API int cualloc_enable_peer_access_all(void) {
     api_ensure_init();
     if (g.init_error != CUA_SUCCESS || !g.drv->peer_enable) return -1;
     if (g.disabled) return 0;
-    int n = g.device_count < CUALLOC_MAX_DEVICES ? g.device_count : CUALLOC_MAX_DEVICES, pairs = 0;
+    int n = api_ndevices(), pairs = 0;
     for (int owner = 0; owner < n; owner++) {
         int here = 0;
         for (int acc = 0; acc < n; acc++)
@@ -345,7 +348,7 @@ int api_trace_start(const char *path, const conf_t *conf) {
     pthread_mutex_lock(&g.create_lock);
     int r = trace_start(path, conf);
     if (r == 0) {
-        int n = g.device_count < CUALLOC_MAX_DEVICES ? g.device_count : CUALLOC_MAX_DEVICES;
+        int n = api_ndevices();
         for (int d = 0; d < n; d++) {
             heap_t *h = atomic_load_explicit(&g.heaps[d], memory_order_acquire);
             if (h && !trace_device_begun(d)) heap_snapshot(h, api_snap_map, api_snap_block, api_snap_done, NULL);
