@@ -101,5 +101,32 @@ if env -u LD_PRELOAD python3 "$src/bench/gpu/torch_train.py" --mode cualloc-prel
         --build "$build" >/dev/null 2>&1; then
     bad "torch_train.py accepted cualloc-preload-cache without LD_PRELOAD"
 fi
+# Which exceptions count as "out of device memory" (an OOM ends a capacity probe as a failure of
+# the size, any other error as a failure of the run).
+PYTHONPATH="$src/bench/gpu" python3 - <<'PY' || bad "torch_train.is_memory_error misclassifies"
+import torch_train as t
+
+
+class OutOfMemoryError(RuntimeError):
+    pass
+
+
+class FakeTorch:
+    OutOfMemoryError = OutOfMemoryError
+
+
+cases = [
+    (OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+    (RuntimeError("cualloc: CUDA out of memory: tried to allocate 1.5 GiB"), True),
+    (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), True),
+    (RuntimeError("CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`"), True),
+    (RuntimeError("CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasLtCreate(&handle)`"), True),
+    (RuntimeError("CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasSgemm(...)`"), False),
+    (RuntimeError("CUDA error: an illegal memory access was encountered"), False),
+    (ValueError("shapes do not match"), False),
+]
+for e, want in cases:
+    assert t.is_memory_error(FakeTorch, e) is want, (e, want)
+PY
 [ "$fail" = 0 ] && echo "gpu_run_mock: ok"
 exit "$fail"

@@ -257,8 +257,9 @@ part_ld_preload() {
         done
         for kind in $kinds; do
             echo "build: $nvcc -O2 -cudart $kind ${arch[*]} -o preload_kernels_$kind preload_kernels.cu -ldl"
-            if ! "$nvcc" -O2 -cudart "$kind" "${arch[@]}" -o "$bin/preload_kernels_$kind" "$HERE/preload_kernels.cu" \
-                -ldl -Xlinker "-rpath=$cudart_dir" >"$dir/build-$kind.log" 2>&1; then
+            # Bounded, as the runs are: a hung compiler must not take the part past one device command.
+            if ! timeout 150 "$nvcc" -O2 -cudart "$kind" "${arch[@]}" -o "$bin/preload_kernels_$kind" \
+                "$HERE/preload_kernels.cu" -ldl -Xlinker "-rpath=$cudart_dir" >"$dir/build-$kind.log" 2>&1; then
                 cat "$dir/build-$kind.log"
                 printf '{"part":"ld-preload","op":"build","cudart":"%s","ok":false}\n' "$kind" >>"$dir/results.jsonl"
                 fail=1

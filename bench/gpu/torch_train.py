@@ -619,9 +619,13 @@ def is_oom_type(torch, e):
 def is_memory_error(torch, e):
     """An exception that means "not enough device memory", whichever allocator ran out: PyTorch's
     OutOfMemoryError, cualloc's RuntimeError ("CUDA out of memory ..."), a CUDA error 2 raised
-    elsewhere, or a library (cuBLAS) that could not get its workspace."""
+    elsewhere, or a library (cuBLAS) that could not get its workspace. cuBLAS reports a handle it
+    could not create for want of memory as NOT_INITIALIZED ("CUBLAS_STATUS_NOT_INITIALIZED when
+    calling `cublasCreate(handle)`"); the process got that far, so the driver itself works."""
     text = str(e)
-    return is_oom_type(torch, e) or "out of memory" in text.lower() or "ALLOC_FAILED" in text
+    if is_oom_type(torch, e) or "out of memory" in text.lower() or "ALLOC_FAILED" in text:
+        return True
+    return "NOT_INITIALIZED" in text and ("cublasCreate" in text or "cublasLtCreate" in text)
 
 
 # ---------------------------------------------------------------------------------------------
