@@ -10,6 +10,11 @@
 
 #include "internal.h"
 
+typedef struct api_vmm_s {
+    struct { uintptr_t lo, span; } pool[POOL_COUNT];
+    heap_t *heap;
+} api_vmm_t;
+
 static struct {
     pthread_once_t once;
     conf_t conf;
@@ -21,9 +26,12 @@ static struct {
     _Atomic(heap_t *) heaps[CUALLOC_MAX_DEVICES];
     _Atomic bool ready;      /* api_init has run: the fast paths skip pthread_once */
     bool heap_failed[CUALLOC_MAX_DEVICES]; /* heap_create failed; guarded by create_lock */
-    /* VMM address ranges per device, published with the heap, so a free finds its device without
-     * a call or a lock: [lo, lo + span); span 0 while the device has no VMM heap. */
-    struct { uintptr_t lo, span; } ranges[CUALLOC_MAX_DEVICES][POOL_COUNT];
+    /* VMM address ranges per device, and its heap beside them, published with the heap, so a free
+     * finds its heap without a call or a lock: [lo, lo + span); span 0 while the device has no VMM
+     * heap. Never published while disabled, so a pointer in a range is that heap's to free.
+     * ranged_devices: every device with ranges is below it (stored after them, with release). */
+    api_vmm_t vmm[CUALLOC_MAX_DEVICES];
+    _Atomic int ranged_devices;
 } g = {.once = PTHREAD_ONCE_INIT, .create_lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void api_init(void);
@@ -75,7 +83,8 @@ static void api_atfork_child(void) {
         atomic_store_explicit(&g.heaps[d], NULL, memory_order_relaxed);
         g.heap_failed[d] = false;
     }
-    memset(g.ranges, 0, sizeof g.ranges);
+    memset(g.vmm, 0, sizeof g.vmm);
+    atomic_store_explicit(&g.ranged_devices, 0, memory_order_relaxed);
     g.device_count = 0;
     g.init_error = CUA_SUCCESS;
     atomic_store_explicit(&g.ready, false, memory_order_relaxed);
@@ -158,15 +167,19 @@ heap_t *api_heap(int device) {
         h = heap_create(device, &g.conf, g.drv, NULL);
         /* A device whose heap cannot be set up says so once (heap_create did), not per call. */
         if (!h) g.heap_failed[device] = true;
-        if (h && heap_is_vmm(h)) {
+        bool ranged = h && heap_is_vmm(h) && !g.disabled;
+        if (ranged) {
             for (int pi = 0; pi < POOL_COUNT; pi++) {
                 uintptr_t lo, hi;
                 heap_pool_range(h, (pool_id_t)pi, &lo, &hi);
-                g.ranges[device][pi].lo = lo;
-                g.ranges[device][pi].span = hi - lo;
+                g.vmm[device].pool[pi].lo = lo;
+                g.vmm[device].pool[pi].span = hi - lo;
             }
+            g.vmm[device].heap = h;
         }
         atomic_store_explicit(&g.heaps[device], h, memory_order_release);
+        if (ranged && device >= atomic_load_explicit(&g.ranged_devices, memory_order_relaxed))
+            atomic_store_explicit(&g.ranged_devices, device + 1, memory_order_release);
     }
     pthread_mutex_unlock(&g.create_lock);
     return h;
@@ -178,18 +191,19 @@ int api_device_count(void) { return api_started() ? g.device_count : 0; }
 
 heap_t *api_heap_if_created(int device) { return api_started() ? api_existing_heap(device) : NULL; }
 
-/* Does address a lie in one of device d's VMM pools? (Two pools: unrolled.) */
-static inline bool api_in_vmm_range(int d, uintptr_t a) {
+/* Does address a lie in one of v's VMM pools? (Two pools: unrolled.) */
+static inline bool api_in_vmm_range(const api_vmm_t *v, uintptr_t a) {
     _Static_assert(POOL_COUNT == 2, "api_in_vmm_range checks two pools");
-    return a - g.ranges[d][0].lo < g.ranges[d][0].span || a - g.ranges[d][1].lo < g.ranges[d][1].span;
+    return a - v->pool[0].lo < v->pool[0].span || a - v->pool[1].lo < v->pool[1].span;
 }
 
 heap_t *api_owner(const void *ptr) {
     if (!ptr || !api_started() || g.disabled) return NULL;
     uintptr_t a = (uintptr_t)ptr;
+    int ranged = atomic_load_explicit(&g.ranged_devices, memory_order_acquire);
+    for (int d = 0; d < ranged; d++)
+        if (api_in_vmm_range(&g.vmm[d], a)) return g.vmm[d].heap;
     int n = api_ndevices();
-    for (int d = 0; d < n; d++)
-        if (api_in_vmm_range(d, a)) return atomic_load_explicit(&g.heaps[d], memory_order_acquire);
     for (int d = 0; d < n; d++) {
         heap_t *h = api_existing_heap(d);
         if (h && !heap_is_vmm(h) && heap_owns(h, ptr)) return h;
@@ -232,9 +246,11 @@ CUALLOC_API __attribute__((noinline)) void *cualloc_malloc(size_t size, int devi
 }
 
 /* cualloc_free's other cases, out of line so that the common one needs no frame: `in_range`, ptr
- * lies in a VMM heap's range and cualloc is disabled (or the heap is not published); otherwise
- * api_init may not have run, the heap may be classic, or the pointer is not ours. */
+ * lies in a VMM heap's range but the heap is not visible to this thread (a pointer that was never
+ * allocated); otherwise NULL, api_init may not have run, cualloc is disabled, the heap may be
+ * classic, or the pointer is not ours. */
 static __attribute__((noinline)) void api_free_slow(void *ptr, void *stream, bool in_range) {
+    if (!ptr) return;
     if (!in_range) api_ensure_init();
     if (g.disabled) {
         for (int d = 0; d < g.device_count; d++)
@@ -253,16 +269,17 @@ static __attribute__((noinline)) void api_free_slow(void *ptr, void *stream, boo
 }
 
 CUALLOC_API void cualloc_free(void *ptr, void *stream) {
-    if (!ptr) return;
     uintptr_t a = (uintptr_t)ptr;
     /* VMM heaps: the address range names the device. Ranges are published with their heap, after
-     * api_init (before it, and in a forked child until its first heap, device_count is 0). */
-    int n = api_ndevices();
-    for (int d = 0; d < n; d++) {
-        if (api_in_vmm_range(d, a)) {
-            heap_t *h = atomic_load_explicit(&g.heaps[d], memory_order_acquire);
+     * api_init, never while disabled (before it, and in a forked child until its first heap,
+     * ranged_devices is 0). NULL lies in no range (every range starts above 0). */
+    const api_vmm_t *end = g.vmm + atomic_load_explicit(&g.ranged_devices, memory_order_acquire);
+    for (const api_vmm_t *v = g.vmm; v < end; v++) {
+        if (api_in_vmm_range(v, a)) {
+            /* Set with the range. (Whoever holds a pointer the heap made has seen both written.) */
+            heap_t *h = v->heap;
             /* A tail call: the heap reports a pointer it does not hold, so no result comes back. */
-            if (__builtin_expect(h && !g.disabled, 1)) {
+            if (__builtin_expect(h != NULL, 1)) {
                 heap_free_in_range(h, ptr, (cua_stream)stream);
                 return;
             }

@@ -87,10 +87,15 @@ typedef struct stream_rec_s {
  * search that misses in the small pool merges back only as many lists as it needs, so that the
  * other sizes stay parked. 1024 buckets keep collisions between recurring sizes rare; a bitmap of
  * the non-empty ones per pool keeps flushes from visiting the rest, or the other pool's lists.
+ * The bitmaps are cleared lazily, by the flushes that find a bit stale, so that taking a list's
+ * last block does not touch them. A list's key stays when it empties; it is only ever set on the
+ * bucket its key hashes to, so a key that matches also names the right bucket (the free path's
+ * hint relies on it).
  * Invariant: every CACHED block is on exactly the list of its (size, tag); the blocks of a list
  * lie in one pool (the size decides the pool: VMM blocks are allocated at exactly the rounded
- * size, from the pool that size selects); a bucket's bit is set in its pool's quick_nonempty iff
- * it holds blocks, and clear in the other pool's; quick_bytes is their total. */
+ * size, from the pool that size selects); a bucket that holds blocks has its bit set in its
+ * pool's quick_nonempty (a set bit may be stale: the list empty, or holding the other pool's
+ * blocks); a non-empty list's key hashes to its bucket; quick_bytes is their total. */
 #define QUICK_BUCKETS_LOG2 10
 #define QUICK_BUCKETS (1u << QUICK_BUCKETS_LOG2)
 #define QUICK_DEPTH 64
@@ -117,7 +122,8 @@ typedef struct pool_s {
     size_t allocated;            /* bytes of ALLOCATED blocks */
     size_t releasable;           /* bytes of FREE and CACHED blocks (together: mapped - allocated)
                                   * that could be unmapped/freed now (CACHED: once flushed) */
-    uint64_t quick_nonempty[QUICK_BUCKETS / 64]; /* bit i set iff quick[i] holds blocks of this pool */
+    uint64_t quick_nonempty[QUICK_BUCKETS / 64]; /* bit i set if quick[i] holds blocks of this pool
+                                  * (may be stale; cleared by the flushes) */
 } pool_t;
 
 struct heap_s {
@@ -320,6 +326,7 @@ static block_t *block_split(heap_t *h, block_t *b, size_t size, uint8_t state, u
     r->tag = (uint16_t)tag;
     r->state = state;
     r->pool = b->pool;
+    r->quick_hint = 0;
     if (r->next) r->next->prev = r;
     b->next = r;
     b->size = size;
@@ -392,6 +399,7 @@ static inline void quick_park(heap_t *h, pool_t *p, block_t *b, size_t size, uns
         q->ref = false;
         p->quick_nonempty[i / 64] |= (uint64_t)1 << (i % 64);
     }
+    b->quick_hint = (uint16_t)i;
     b->state = BLOCK_CACHED;
     b->link.list.next_free = q->head;
     q->head = b;
@@ -420,8 +428,7 @@ static inline __attribute__((always_inline)) block_t *quick_pop_keyed(heap_t *h,
     q->head = b->link.list.next_free;
     q->count--;
     q->ref = true;
-    if (!q->head) p->quick_nonempty[i / 64] &= ~((uint64_t)1 << (i % 64));
-    h->quick_bytes -= size;
+    h->quick_bytes -= size; /* the bucket's bit stays, if this was its last block (lazy) */
     quick_account(h, p, b, size, false);
     return b;
 }
@@ -437,7 +444,6 @@ static inline block_t *quick_pop(heap_t *h, pool_t *p, size_t size, unsigned tag
 static bool quick_evict(heap_t *h, unsigned i, pool_id_t want, unsigned tag, size_t size) {
     quick_t *q = &h->quick[i];
     bool fit = false;
-    h->pools[q->head->pool].quick_nonempty[i / 64] &= ~((uint64_t)1 << (i % 64));
     while (q->head) {
         block_t *b = q->head;
         pool_t *p = &h->pools[b->pool];
@@ -460,9 +466,12 @@ static void quick_flush(heap_t *h) {
     /* In bucket order over both pools, as if one bitmap: the order of the merges decides which
      * records survive and the order of the bins' lists, hence later placement. */
     for (unsigned w = 0; w < QUICK_BUCKETS / 64; w++) {
-        uint64_t bits;
-        while ((bits = h->pools[POOL_SMALL].quick_nonempty[w] | h->pools[POOL_LARGE].quick_nonempty[w]))
-            quick_evict(h, w * 64 + (unsigned)__builtin_ctzll(bits), POOL_SMALL, TAG_ANY, SIZE_MAX);
+        uint64_t bits = h->pools[POOL_SMALL].quick_nonempty[w] | h->pools[POOL_LARGE].quick_nonempty[w];
+        h->pools[POOL_SMALL].quick_nonempty[w] = h->pools[POOL_LARGE].quick_nonempty[w] = 0;
+        for (; bits; bits &= bits - 1) {
+            unsigned i = w * 64 + (unsigned)__builtin_ctzll(bits);
+            if (h->quick[i].head) quick_evict(h, i, POOL_SMALL, TAG_ANY, SIZE_MAX);
+        }
     }
 }
 
@@ -481,10 +490,15 @@ static bool quick_flush_pool(heap_t *h, pool_t *p, unsigned tag, size_t rsize, b
             for (uint64_t bits = p->quick_nonempty[w]; bits; bits &= bits - 1) {
                 unsigned i = w * 64 + (unsigned)__builtin_ctzll(bits);
                 quick_t *q = &h->quick[i];
+                if (!q->head || q->head->pool != p->id) { /* a stale bit */
+                    p->quick_nonempty[w] &= ~((uint64_t)1 << (i % 64));
+                    continue;
+                }
                 if (pass == 0 && q->ref) {
                     q->ref = false;
                     continue;
                 }
+                p->quick_nonempty[w] &= ~((uint64_t)1 << (i % 64));
                 if (quick_evict(h, i, p->id, tag, rsize)) {
                     fit = true;
                     if (until_fit) {
@@ -1482,8 +1496,18 @@ static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, vo
         unsigned tag = h->last_tag;
         size_t size = b->size;
         uint64_t key = size | h->last_tag_key;
-        unsigned i = quick_index_hashed(size, h->last_tag_hash);
-        if (__builtin_expect(quick_room(&h->quick[i], key), 1)) {
+        /* The list the block was parked on last is the likely one: a key that matches there names
+         * the right bucket (keys are set only on their own bucket, and stay when it empties), so
+         * no hash is needed, and the list is empty or holds that key: its count decides. */
+        unsigned i = b->quick_hint;
+        bool room;
+        if (__builtin_expect(h->quick[i].key == key, 1)) {
+            room = h->quick[i].count < QUICK_DEPTH;
+        } else {
+            i = quick_index_hashed(size, h->last_tag_hash);
+            room = quick_room(&h->quick[i], key);
+        }
+        if (__builtin_expect(room, 1)) {
             pool_t *p = &h->pools[b->pool];
             account_free(h, p, b, size);
             free_tag(h, b, tag);
@@ -1914,6 +1938,8 @@ static void check_pool(check_ctx_t *c, pool_t *p, size_t *mapped_sum) {
             CHECK(c, b->size > 0 && b->size % CUALLOC_ALIGN == 0 && b->addr % CUALLOC_ALIGN == 0,
                   "block %#lx size %zu not aligned", (unsigned long)b->addr, b->size);
             CHECK(c, b->pool == p->id, "block %#lx of pool %d found in pool %d", (unsigned long)b->addr, b->pool, p->id);
+            CHECK(c, b->quick_hint < QUICK_BUCKETS, "block %#lx: quick-list hint %u is no bucket", (unsigned long)b->addr,
+                  b->quick_hint);
             if (b->next) {
                 CHECK(c, b->next->prev == b, "block %#lx: next's prev link is wrong", (unsigned long)b->addr);
                 CHECK(c, b->addr + b->size == b->next->addr, "block %#lx + %zu does not meet next at %#lx",
@@ -2043,9 +2069,12 @@ int heap_check(heap_t *h, FILE *report) {
             listed_bytes += b->size;
         }
         CHECK(&c, n == q->count, "quick list %u holds %zu blocks, its count says %u", i, n, q->count);
-        for (unsigned pi = 0; pi < POOL_COUNT; pi++)
-            CHECK(&c, (q->head && q->head->pool == pi) == (h->pools[pi].quick_nonempty[i / 64] >> (i % 64) & 1),
-                  "quick list %u: its non-empty bit for pool %u is wrong", i, pi);
+        /* Empty or not: the free path takes a matching key as naming the right bucket. */
+        CHECK(&c, !q->key || quick_index((size_t)(q->key & (HEAP_MAX_REQUEST - 1)), (unsigned)(q->key >> 48)) == i,
+              "quick list %u has key %#llx, which belongs to another bucket", i, (unsigned long long)q->key);
+        if (q->head)
+            CHECK(&c, h->pools[q->head->pool].quick_nonempty[i / 64] >> (i % 64) & 1,
+                  "quick list %u holds blocks of pool %u, but its non-empty bit is clear", i, q->head->pool);
         listed += n;
     }
     /* Device-wide frees: the pseudo-stream record, and the non-blocking stream table. */

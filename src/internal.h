@@ -206,6 +206,8 @@ struct block_s {
     uint16_t bin;            /* in a TLSF index: its bin, fl * SC_SL_COUNT + sl (set by
                               * sizeclass_insert, so that removal need not map the size again; a
                               * block's size does not change while it is in an index) */
+    uint16_t quick_hint;     /* VMM: the quick list it was last parked on (a bucket index, any
+                              * value below the bucket count; only a hint: the list's key decides) */
 };
 
 /* ======================================================================== ptrmap.c */
