@@ -10,10 +10,13 @@
 
 #include "internal.h"
 
-typedef struct api_vmm_s {
+/* What the front door's fast paths need of a device: its heap, and its VMM pools' address ranges
+ * [lo, lo + span) (span 0 in classic mode), so that a free finds its heap without a call or a
+ * lock. */
+typedef struct api_dev_s {
     struct { uintptr_t lo, span; } pool[POOL_COUNT];
-    heap_t *heap;
-} api_vmm_t;
+    _Atomic(heap_t *) heap;
+} api_dev_t;
 
 static struct {
     pthread_once_t once;
@@ -26,12 +29,12 @@ static struct {
     _Atomic(heap_t *) heaps[CUALLOC_MAX_DEVICES];
     _Atomic bool ready;      /* api_init has run: the fast paths skip pthread_once */
     bool heap_failed[CUALLOC_MAX_DEVICES]; /* heap_create failed; guarded by create_lock */
-    /* VMM address ranges per device, and its heap beside them, published with the heap, so a free
-     * finds its heap without a call or a lock: [lo, lo + span); span 0 while the device has no VMM
-     * heap. Never published while disabled, so a pointer in a range is that heap's to free.
-     * ranged_devices: every device with ranges is below it (stored after them, with release). */
-    api_vmm_t vmm[CUALLOC_MAX_DEVICES];
-    _Atomic int ranged_devices;
+    /* The fast paths' copy of each heap with its ranges, written once when the heap is made, never
+     * while disabled: a heap found here, or a pointer in one of its ranges, is the heap's to
+     * serve. published_devices: every device published here is below it (stored after it, with
+     * release). */
+    api_dev_t fast[CUALLOC_MAX_DEVICES];
+    _Atomic int published_devices;
 } g = {.once = PTHREAD_ONCE_INIT, .create_lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void api_init(void);
@@ -83,8 +86,8 @@ static void api_atfork_child(void) {
         atomic_store_explicit(&g.heaps[d], NULL, memory_order_relaxed);
         g.heap_failed[d] = false;
     }
-    memset(g.vmm, 0, sizeof g.vmm);
-    atomic_store_explicit(&g.ranged_devices, 0, memory_order_relaxed);
+    memset(g.fast, 0, sizeof g.fast);
+    atomic_store_explicit(&g.published_devices, 0, memory_order_relaxed);
     g.device_count = 0;
     g.init_error = CUA_SUCCESS;
     atomic_store_explicit(&g.ready, false, memory_order_relaxed);
@@ -167,19 +170,21 @@ heap_t *api_heap(int device) {
         h = heap_create(device, &g.conf, g.drv, NULL);
         /* A device whose heap cannot be set up says so once (heap_create did), not per call. */
         if (!h) g.heap_failed[device] = true;
-        bool ranged = h && heap_is_vmm(h) && !g.disabled;
-        if (ranged) {
+        bool publish = h && !g.disabled;
+        if (publish && heap_is_vmm(h)) {
             for (int pi = 0; pi < POOL_COUNT; pi++) {
                 uintptr_t lo, hi;
                 heap_pool_range(h, (pool_id_t)pi, &lo, &hi);
-                g.vmm[device].pool[pi].lo = lo;
-                g.vmm[device].pool[pi].span = hi - lo;
+                g.fast[device].pool[pi].lo = lo;
+                g.fast[device].pool[pi].span = hi - lo;
             }
-            g.vmm[device].heap = h;
         }
         atomic_store_explicit(&g.heaps[device], h, memory_order_release);
-        if (ranged && device >= atomic_load_explicit(&g.ranged_devices, memory_order_relaxed))
-            atomic_store_explicit(&g.ranged_devices, device + 1, memory_order_release);
+        if (publish) {
+            atomic_store_explicit(&g.fast[device].heap, h, memory_order_release);
+            if (device >= atomic_load_explicit(&g.published_devices, memory_order_relaxed))
+                atomic_store_explicit(&g.published_devices, device + 1, memory_order_release);
+        }
     }
     pthread_mutex_unlock(&g.create_lock);
     return h;
@@ -192,7 +197,7 @@ int api_device_count(void) { return api_started() ? g.device_count : 0; }
 heap_t *api_heap_if_created(int device) { return api_started() ? api_existing_heap(device) : NULL; }
 
 /* Does address a lie in one of v's VMM pools? (Two pools: unrolled.) */
-static inline bool api_in_vmm_range(const api_vmm_t *v, uintptr_t a) {
+static inline bool api_in_vmm_range(const api_dev_t *v, uintptr_t a) {
     _Static_assert(POOL_COUNT == 2, "api_in_vmm_range checks two pools");
     return a - v->pool[0].lo < v->pool[0].span || a - v->pool[1].lo < v->pool[1].span;
 }
@@ -200,9 +205,9 @@ static inline bool api_in_vmm_range(const api_vmm_t *v, uintptr_t a) {
 heap_t *api_owner(const void *ptr) {
     if (!ptr || !api_started() || g.disabled) return NULL;
     uintptr_t a = (uintptr_t)ptr;
-    int ranged = atomic_load_explicit(&g.ranged_devices, memory_order_acquire);
-    for (int d = 0; d < ranged; d++)
-        if (api_in_vmm_range(&g.vmm[d], a)) return g.vmm[d].heap;
+    int published = atomic_load_explicit(&g.published_devices, memory_order_acquire);
+    for (int d = 0; d < published; d++)
+        if (api_in_vmm_range(&g.fast[d], a)) return atomic_load_explicit(&g.fast[d].heap, memory_order_relaxed);
     int n = api_ndevices();
     for (int d = 0; d < n; d++) {
         heap_t *h = api_existing_heap(d);
@@ -238,9 +243,9 @@ static __attribute__((noinline)) void *api_malloc_slow(size_t size, int device, 
 CUALLOC_API __attribute__((noinline)) void *cualloc_malloc(size_t size, int device, void *stream) {
     heap_t *h = NULL;
     if (__builtin_expect((unsigned)device < CUALLOC_MAX_DEVICES, 1))
-        h = atomic_load_explicit(&g.heaps[device], memory_order_acquire);
-    /* A heap exists only after api_init (its acquire load orders g.disabled too). */
-    if (__builtin_expect(!h || g.disabled || trace_enabled(), 0))
+        h = atomic_load_explicit(&g.fast[device].heap, memory_order_acquire);
+    /* Published only after api_init, and never while disabled. */
+    if (__builtin_expect(!h || trace_enabled(), 0))
         return api_malloc_slow(size, device, stream, __builtin_return_address(0));
     return heap_malloc(h, size, (cua_stream)stream);
 }
@@ -272,12 +277,12 @@ CUALLOC_API void cualloc_free(void *ptr, void *stream) {
     uintptr_t a = (uintptr_t)ptr;
     /* VMM heaps: the address range names the device. Ranges are published with their heap, after
      * api_init, never while disabled (before it, and in a forked child until its first heap,
-     * ranged_devices is 0). NULL lies in no range (every range starts above 0). */
-    const api_vmm_t *end = g.vmm + atomic_load_explicit(&g.ranged_devices, memory_order_acquire);
-    for (const api_vmm_t *v = g.vmm; v < end; v++) {
+     * published_devices is 0). NULL lies in no range (every range starts above 0). */
+    const api_dev_t *end = g.fast + atomic_load_explicit(&g.published_devices, memory_order_acquire);
+    for (const api_dev_t *v = g.fast; v < end; v++) {
         if (api_in_vmm_range(v, a)) {
             /* Set with the range. (Whoever holds a pointer the heap made has seen both written.) */
-            heap_t *h = v->heap;
+            heap_t *h = atomic_load_explicit(&v->heap, memory_order_relaxed);
             /* A tail call: the heap reports a pointer it does not hold, so no result comes back. */
             if (__builtin_expect(h != NULL, 1)) {
                 heap_free_in_range(h, ptr, (cua_stream)stream);
@@ -368,7 +373,9 @@ int api_trace_start(const char *path, const conf_t *conf) {
         int n = api_ndevices();
         for (int d = 0; d < n; d++) {
             heap_t *h = atomic_load_explicit(&g.heaps[d], memory_order_acquire);
-            if (h && !trace_device_begun(d)) heap_snapshot(h, api_snap_map, api_snap_block, api_snap_done, NULL);
+            if (!h) continue;
+            if (trace_device_begun(d)) heap_snapshot(h, NULL, NULL, NULL, NULL); /* only to start recording */
+            else heap_snapshot(h, api_snap_map, api_snap_block, api_snap_done, NULL);
         }
     }
     pthread_mutex_unlock(&g.create_lock);

@@ -118,10 +118,12 @@ typedef struct pool_s {
     sizeclass_t unmapped;        /* VMM: UNMAPPED blocks */
     findex_t *index[HEAP_MAX_TAGS]; /* FREE blocks per tag, created on first use */
     uint32_t free_block_searches; /* classic GC clock (PyTorch's get_free_blocks_call_count) */
-    size_t mapped;               /* bytes backed by physical memory */
-    size_t allocated;            /* bytes of ALLOCATED blocks */
-    size_t releasable;           /* bytes of FREE and CACHED blocks (together: mapped - allocated)
-                                  * that could be unmapped/freed now (CACHED: once flushed) */
+    size_t mapped;               /* bytes backed by physical memory (its ALLOCATED, FREE and CACHED
+                                  * blocks; the pools' ALLOCATED bytes together are
+                                  * stats.allocated_bytes, not kept per pool: the fast paths would
+                                  * pay for a figure only heap_check reads) */
+    size_t releasable;           /* bytes of FREE and CACHED blocks that could be unmapped/freed
+                                  * now (CACHED: once flushed) */
     uint64_t quick_nonempty[QUICK_BUCKETS / 64]; /* bit i set if quick[i] holds blocks of this pool
                                   * (may be stale; cleared by the flushes) */
 } pool_t;
@@ -132,6 +134,9 @@ struct heap_s {
     bool vmm;
     bool plain_rounding;         /* no roundup_power2_divisions: every request rounds up to 512 B */
     bool fast_alloc;             /* plain_rounding && vmm: heap_malloc's fast path may serve */
+    bool recording;              /* the recorder may be on: the fast paths stand aside (last_set).
+                                  * Set with the recorder's snapshot of the heap (or at creation),
+                                  * cleared by the first slow path that finds it off again */
     conf_t conf;
     const driver_ops_t *drv;
     size_t granularity;
@@ -142,9 +147,10 @@ struct heap_s {
     cua_stream last_stream;      /* one-entry cache of tag_of */
     unsigned last_tag;
     /* The fast paths' view of that cache (last_set keeps them in step): the stream heap_free's fast
-     * path serves (last_stream while last_tag is set in VMM mode, else NO_STREAM), the stream
-     * heap_malloc's serves (the same, and only with fast_alloc), and last_tag's parts of the quick
-     * lists' key and hash. One comparison then stands for four conditions. */
+     * path serves (last_stream while last_tag is set in VMM mode and not recording, else
+     * NO_STREAM), the stream heap_malloc's serves (the same, and only with fast_alloc), and
+     * last_tag's parts of the quick lists' key and hash. One comparison then stands for five
+     * conditions. */
     cua_stream fast_free_stream;
     cua_stream fast_alloc_stream;
     uint64_t last_tag_key;
@@ -213,13 +219,11 @@ static findex_t *index_get(heap_t *h, pool_t *p, unsigned tag) {
     return ix;
 }
 
-/* Bytes of FREE and CACHED blocks in the pool. */
-static inline size_t pool_free_mapped(const pool_t *p) { return p->mapped - p->allocated; }
-
-/* Free bytes that cannot be released now: free memory minus its releasable part, over both pools. */
+/* Free bytes that cannot be released now: free memory (mapped, not allocated) minus its
+ * releasable part, over both pools. */
 static inline size_t heap_inactive_split(const heap_t *h) {
-    return (pool_free_mapped(&h->pools[POOL_SMALL]) - h->pools[POOL_SMALL].releasable) +
-           (pool_free_mapped(&h->pools[POOL_LARGE]) - h->pools[POOL_LARGE].releasable);
+    const pool_t *s = &h->pools[POOL_SMALL], *l = &h->pools[POOL_LARGE];
+    return s->mapped + l->mapped - h->stats.allocated_bytes - s->releasable - l->releasable;
 }
 
 /* Bytes of the whole chunks that [addr, addr + size) covers (VMM). */
@@ -522,10 +526,19 @@ static void settle_all(heap_t *h, bool sync);
 static void last_set(heap_t *h, cua_stream stream, unsigned tag) {
     h->last_stream = stream;
     h->last_tag = tag;
-    h->fast_free_stream = tag && h->vmm ? stream : NO_STREAM;
-    h->fast_alloc_stream = tag && h->fast_alloc ? stream : NO_STREAM;
+    h->fast_free_stream = tag && h->vmm && !h->recording ? stream : NO_STREAM;
+    h->fast_alloc_stream = tag && h->fast_alloc && !h->recording ? stream : NO_STREAM;
     h->last_tag_key = quick_key_tag(tag);
     h->last_tag_hash = quick_hash_tag(tag);
+}
+
+/* The recorder stopped (any way it can: cualloc_trace_stop, exit, a write error, fork): the fast
+ * paths may serve again. The slow paths call this, since while recording every call takes them. */
+static inline void recording_check(heap_t *h) {
+    if (__builtin_expect(h->recording, 0) && !trace_enabled()) {
+        h->recording = false;
+        last_set(h, h->last_stream, h->last_tag);
+    }
 }
 
 static __attribute__((noinline)) unsigned tag_of_uncached(heap_t *h, cua_stream stream) {
@@ -1268,14 +1281,13 @@ static cua_result alloc_fail(heap_t *h, cua_stream stream, size_t size, size_t r
     return CUA_ERROR_OUT_OF_MEMORY;
 }
 
-/* b (`bytes` long) becomes ALLOCATED for `size` requested bytes on `stream`: its record, its pool's
- * and the heap's statistics with their peaks. Shared by the fast path and alloc_finish. */
-static inline __attribute__((always_inline)) void account_alloc(heap_t *h, pool_t *p, block_t *b, size_t bytes,
-                                                                size_t size, cua_stream stream) {
+/* b (`bytes` long) becomes ALLOCATED for `size` requested bytes on `stream`: its record and the
+ * heap's statistics with their peaks. Shared by the fast path and alloc_finish. */
+static inline __attribute__((always_inline)) void account_alloc(heap_t *h, block_t *b, size_t bytes, size_t size,
+                                                                cua_stream stream) {
     b->state = BLOCK_ALLOCATED;
     b->requested = size;
     b->stream = stream;
-    p->allocated += bytes;
     cualloc_stats *s = &h->stats;
     s->num_allocs++;
     s->requested_bytes += size;
@@ -1286,12 +1298,11 @@ static inline __attribute__((always_inline)) void account_alloc(heap_t *h, pool_
 
 /* The statistics of freeing ALLOCATED block b (`bytes` long); its record is the caller's. Shared by
  * the fast path and free_locked. */
-static inline __attribute__((always_inline)) void account_free(heap_t *h, pool_t *p, const block_t *b, size_t bytes) {
+static inline __attribute__((always_inline)) void account_free(heap_t *h, const block_t *b, size_t bytes) {
     cualloc_stats *s = &h->stats;
     s->num_frees++;
     s->requested_bytes -= b->requested;
     s->allocated_bytes -= bytes;
-    p->allocated -= bytes;
 }
 
 /* A free on `tag` (a real stream's): counted for the tag's lazy event, the block tagged. */
@@ -1327,6 +1338,7 @@ static void *alloc_after_miss(heap_t *h, pool_t *p, cua_stream stream, unsigned 
 static inline void *alloc_finish(heap_t *h, pool_t *p, block_t *b, cua_stream stream, size_t size);
 
 static __attribute__((noinline)) void *alloc_locked(heap_t *h, size_t size, cua_stream stream) {
+    recording_check(h);
     size_t rsize = h->plain_rounding && size - 1 < HEAP_MAX_REQUEST ? (size + CUALLOC_ALIGN - 1) & ~(size_t)(CUALLOC_ALIGN - 1)
                                                                    : heap_round_size(&h->conf, size);
     if (__builtin_expect(rsize == 0 || rsize > HEAP_MAX_REQUEST, 0)) {
@@ -1354,7 +1366,7 @@ static __attribute__((noinline)) void *alloc_after_miss(heap_t *h, pool_t *p, cu
 /* The end of every allocation but the fast path's hit: b becomes ALLOCATED; accounting, the
  * recorder, unlock. */
 static inline void *alloc_finish(heap_t *h, pool_t *p, block_t *b, cua_stream stream, size_t size) {
-    account_alloc(h, p, b, b->size, size, stream);
+    account_alloc(h, b, b->size, size, stream);
     update_inactive_split(h);
     if (trace_enabled()) trace_on_alloc(h->dev, stream, b->addr, b->size, size);
     cua_unlock(&h->lock);
@@ -1376,17 +1388,17 @@ static __attribute__((noinline, cold)) bool unlock_wake_true(heap_t *h) {
 }
 
 /* The fast path (DESIGN: the allocation a training step repeats): 512 B rounding, the stream of
- * the previous call, a block of exactly that size parked for that stream, no recorder. It does
+ * the previous call, a block of exactly that size parked for that stream, not recording. It does
  * what alloc_locked would do for that case and nothing else; everything else goes there. Taking a
  * parked block only lowers inactive_split_bytes, so its peak needs no update here. Lock held;
  * released on return. */
 static inline __attribute__((always_inline)) void *heap_malloc_locked(heap_t *h, size_t size, cua_stream stream) {
-    if (__builtin_expect(stream == h->fast_alloc_stream && size - 1 < HEAP_MAX_REQUEST && !trace_enabled(), 1)) {
+    if (__builtin_expect(stream == h->fast_alloc_stream && size - 1 < HEAP_MAX_REQUEST, 1)) {
         size_t rsize = (size + CUALLOC_ALIGN - 1) & ~(size_t)(CUALLOC_ALIGN - 1);
         pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
         block_t *b = quick_pop_keyed(h, p, rsize, rsize | h->last_tag_key, quick_index_hashed(rsize, h->last_tag_hash));
         if (__builtin_expect(b != NULL, 1)) {
-            account_alloc(h, p, b, rsize, size, stream);
+            account_alloc(h, b, rsize, size, stream);
             void *ptr = (void *)b->addr;
             if (__builtin_expect(cua_unlock_nowake(&h->lock), 0)) return unlock_wake_ptr(h, ptr);
             return ptr;
@@ -1456,12 +1468,13 @@ static __attribute__((noinline)) void free_unparked(heap_t *h, pool_t *p, block_
 /* Every free heap_free's fast path does not serve. Lock held; released here. b: the live-map entry
  * at ptr, NULL when none. False (nothing done) when b is not an ALLOCATED block. */
 static __attribute__((noinline)) bool free_locked(heap_t *h, block_t *b, cua_stream stream, bool device_wide) {
+    recording_check(h);
     if (!b || b->state != BLOCK_ALLOCATED) { /* not ours, or parked (freed already) */
         cua_unlock(&h->lock);
         return false;
     }
     pool_t *p = &h->pools[b->pool];
-    account_free(h, p, b, b->size);
+    account_free(h, b, b->size);
     if (trace_enabled()) trace_on_free(h->dev, stream, b->addr, b->size, b->requested);
     if (device_wide || !h->vmm) {
         free_unparked(h, p, b, stream, device_wide);
@@ -1487,12 +1500,12 @@ static __attribute__((noinline)) bool free_locked_or_report(heap_t *h, block_t *
 }
 
 /* The fast path: a VMM free of an allocated block on the stream of the previous call, whose quick
- * list has room, no recorder. What free_locked would do for that case and nothing else;
+ * list has room, not recording. What free_locked would do for that case and nothing else;
  * everything else goes there. Lock held; released on return. `report`: heap_free_in_range's (a
  * constant where inlined). */
 static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, void *ptr, cua_stream stream, bool report) {
     block_t *b = ptrmap_get(&h->live, (uintptr_t)ptr);
-    if (__builtin_expect(b && b->state == BLOCK_ALLOCATED && stream == h->fast_free_stream && !trace_enabled(), 1)) {
+    if (__builtin_expect(b && b->state == BLOCK_ALLOCATED && stream == h->fast_free_stream, 1)) {
         unsigned tag = h->last_tag;
         size_t size = b->size;
         uint64_t key = size | h->last_tag_key;
@@ -1509,7 +1522,7 @@ static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, vo
         }
         if (__builtin_expect(room, 1)) {
             pool_t *p = &h->pools[b->pool];
-            account_free(h, p, b, size);
+            account_free(h, b, size);
             free_tag(h, b, tag);
             quick_park(h, p, b, size, i, key); /* stays in `live` */
             update_inactive_split(h);
@@ -1622,6 +1635,7 @@ heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_re
     for (int i = 0; i < CONF_ROUNDUP_INTERVALS; i++)
         if (conf->roundup_power2_divisions[i] > 1) h->plain_rounding = false;
     h->fast_alloc = h->plain_rounding && h->vmm;
+    h->recording = trace_enabled(); /* heaps are made, and recorders started, under one lock (api.c) */
     last_set(h, NO_STREAM, 0);
     slab_init(&h->blocks, sizeof(block_t));
     h->tags[TAG_ANY].used = true;
@@ -1794,6 +1808,9 @@ void heap_snapshot(heap_t *h, void (*mapped)(int dev, uintptr_t addr, size_t siz
                    void (*live)(int dev, const block_t *b, void *arg), void (*done)(int dev, void *arg),
                    void *arg) {
     cua_lock(&h->lock);
+    /* Every change after this snapshot must reach the recorder: the fast paths stand aside. */
+    h->recording = true;
+    last_set(h, h->last_stream, h->last_tag);
     for (int pi = 0; pi < POOL_COUNT; pi++) {
         pool_t *p = &h->pools[pi];
         if (h->vmm) {
@@ -1924,7 +1941,7 @@ static void check_live_entry(block_t *b, void *arg) {
           (unsigned long)b->addr, b->state);
 }
 
-static void check_pool(check_ctx_t *c, pool_t *p, size_t *mapped_sum) {
+static void check_pool(check_ctx_t *c, pool_t *p, size_t *mapped_sum, size_t *allocated_sum) {
     heap_t *h = c->h;
     size_t allocated = 0, free_mapped = 0, releasable = 0, unmapped_bytes = 0, unmapped_count = 0;
     size_t free_count[HEAP_MAX_TAGS] = {0}, free_bytes[HEAP_MAX_TAGS] = {0};
@@ -2012,10 +2029,9 @@ static void check_pool(check_ctx_t *c, pool_t *p, size_t *mapped_sum) {
               p->unmapped.bytes, unmapped_count, unmapped_bytes);
         c->bad += sizeclass_check(&p->unmapped, c->report);
     }
-    CHECK(c, allocated == p->allocated, "pool %d: allocated blocks total %zu, accounting says %zu", p->id, allocated, p->allocated);
     CHECK(c, releasable == p->releasable, "pool %d: releasable %zu, accounting says %zu", p->id, releasable, p->releasable);
-    CHECK(c, p->allocated <= p->mapped && free_mapped == p->mapped - p->allocated,
-          "pool %d: free blocks total %zu, but mapped %zu - allocated %zu", p->id, free_mapped, p->mapped, p->allocated);
+    CHECK(c, allocated + free_mapped == p->mapped, "pool %d: allocated blocks total %zu and free ones %zu, but %zu are mapped",
+          p->id, allocated, free_mapped, p->mapped);
     for (unsigned t = 0; t < HEAP_MAX_TAGS; t++) {
         findex_t *ix = p->index[t];
         size_t n = ix ? (h->vmm ? ix->sc.count : ix->tree.count) : 0;
@@ -2034,6 +2050,7 @@ static void check_pool(check_ctx_t *c, pool_t *p, size_t *mapped_sum) {
         }
     }
     *mapped_sum += p->mapped;
+    *allocated_sum += allocated;
 }
 
 int heap_check(heap_t *h, FILE *report) {
@@ -2041,9 +2058,11 @@ int heap_check(heap_t *h, FILE *report) {
     check_ctx_t c = {h, report, 0, 0, 0};
     size_t mapped = 0, allocated = 0, free_mapped = 0, releasable = 0;
     for (int pi = 0; pi < POOL_COUNT; pi++) {
-        check_pool(&c, &h->pools[pi], &mapped);
-        allocated += h->pools[pi].allocated;
-        free_mapped += pool_free_mapped(&h->pools[pi]);
+        size_t pool_mapped = 0, pool_allocated = 0;
+        check_pool(&c, &h->pools[pi], &pool_mapped, &pool_allocated);
+        mapped += pool_mapped;
+        allocated += pool_allocated;
+        free_mapped += pool_mapped - pool_allocated;
         releasable += h->pools[pi].releasable;
     }
     for (unsigned t = 0; t < HEAP_MAX_TAGS; t++) {
@@ -2083,11 +2102,13 @@ int heap_check(heap_t *h, FILE *report) {
     for (unsigned t = 1; t < TAG_DEVICE_WIDE; t++)
         CHECK(&c, !h->tags[t].used || h->tags[t].handle != DW_HANDLE, "tag %u names the device-wide pseudo-stream", t);
     CHECK(&c, h->n_nb <= HEAP_MAX_NB_STREAMS, "%u non-blocking streams recorded", h->n_nb);
+    CHECK(&c, h->recording || !trace_enabled() || !trace_device_begun(h->dev),
+          "the recorder is on and has begun device %d, but its fast paths still serve", h->dev);
     CHECK(&c, !h->last_tag || (h->last_tag < TAG_DEVICE_WIDE && h->tags[h->last_tag].used &&
                                h->tags[h->last_tag].handle == h->last_stream),
           "the stream cache names tag %u, which is not stream %p's", h->last_tag, (void *)h->last_stream);
-    CHECK(&c, h->fast_free_stream == (h->last_tag && h->vmm ? h->last_stream : NO_STREAM) &&
-                  h->fast_alloc_stream == (h->last_tag && h->fast_alloc ? h->last_stream : NO_STREAM) &&
+    CHECK(&c, h->fast_free_stream == (h->last_tag && h->vmm && !h->recording ? h->last_stream : NO_STREAM) &&
+                  h->fast_alloc_stream == (h->last_tag && h->fast_alloc && !h->recording ? h->last_stream : NO_STREAM) &&
                   h->last_tag_key == quick_key_tag(h->last_tag) && h->last_tag_hash == quick_hash_tag(h->last_tag),
           "the fast paths' stream cache disagrees with the stream cache");
     for (unsigned i = 0; i < h->n_nb && i < HEAP_MAX_NB_STREAMS; i++)
@@ -2119,8 +2140,11 @@ void heap_dump(heap_t *h, FILE *out) {
     static const char *state_names[] = {"?", "allocated", "free", "unmapped", "cached"};
     for (int pi = 0; pi < POOL_COUNT; pi++) {
         pool_t *p = &h->pools[pi];
+        size_t allocated = 0;
+        for (block_t *seg = p->segments; seg; seg = seg->seg_next)
+            for (block_t *b = seg; b; b = b->next) allocated += b->state == BLOCK_ALLOCATED ? b->size : 0;
         fprintf(out, "pool %s: mapped %zu allocated %zu free %zu releasable %zu\n", pi == POOL_SMALL ? "small" : "large",
-                p->mapped, p->allocated, pool_free_mapped(p), p->releasable);
+                p->mapped, allocated, p->mapped - allocated, p->releasable);
         for (block_t *seg = p->segments; seg; seg = seg->seg_next) {
             fprintf(out, " segment %#lx\n", (unsigned long)seg->addr);
             for (block_t *b = seg; b; b = b->next)

@@ -384,7 +384,9 @@ size_t heap_chunk_size(const heap_t *h, pool_id_t pool);
 /* A consistent picture of the heap for a trace started mid-run, in one critical section under
  * the heap lock: mapped(dev, addr, size, arg) for every range of physical memory (VMM: runs of
  * mapped chunks; classic: segments), then live(dev, block, arg) for every allocated block in
- * address order, then done(dev, arg). The callbacks must not call the heap. */
+ * address order, then done(dev, arg). The callbacks must not call the heap (any may be NULL).
+ * From then on the heap's fast paths stand aside, so that every later change reaches the
+ * recorder, until a slow path finds the recorder stopped. */
 void heap_snapshot(heap_t *h, void (*mapped)(int dev, uintptr_t addr, size_t size, void *arg),
                    void (*live)(int dev, const block_t *b, void *arg), void (*done)(int dev, void *arg),
                    void *arg);
