@@ -128,5 +128,66 @@ cases = [
 for e, want in cases:
     assert t.is_memory_error(FakeTorch, e) is want, (e, want)
 PY
+# The memory sampler against a fake device: the peak over the job less the baseline, from NVML
+# where it loads (mem_get_info then every tenth sample and at the end), else from mem_get_info.
+PYTHONPATH="$src/bench/gpu" python3 - <<'PY' || bad "torch_train.Sampler measures wrongly"
+import torch_train as t
+
+GiB = 1 << 30
+
+
+class Device:
+    used = 5 * GiB
+    mgi_calls = 0
+
+
+class Cuda:
+    @staticmethod
+    def mem_get_info():
+        Device.mgi_calls += 1
+        return 80 * GiB - Device.used, 80 * GiB
+
+    @staticmethod
+    def set_device(i):
+        pass
+
+
+class FakeTorch:
+    cuda = Cuda
+
+
+class FakeNvml:
+    def __init__(self, index):
+        pass
+
+    def used(self):
+        return Device.used + GiB  # NVML also counts what the driver keeps for itself
+
+
+for with_nvml in (True, False):
+    if with_nvml:
+        t.Nvml = FakeNvml
+    else:
+        def no_nvml(index):
+            raise OSError("no libnvidia-ml.so.1")
+        t.Nvml = no_nvml
+    Device.used, Device.mgi_calls = 5 * GiB, 0
+    s = t.Sampler(FakeTorch, 0.001)
+    s.stop_flag.set()  # its thread ends at once: the samples below are the test's
+    s.start()
+    for used in (7, 12, 9):  # the job's memory over time; the sampler samples each level 20 times
+        Device.used = used * GiB
+        for _ in range(20):
+            s.sample()
+    Device.used = 6 * GiB
+    out = s.finish()
+    assert out["peak_bytes"] == 7 * GiB, out
+    assert out["peak_source"] == ("nvml" if with_nvml else "mem_get_info"), out
+    assert out["samples"] == 61, out
+    # one call at the start, then every sample without NVML; every tenth (and the last) with it
+    assert Device.mgi_calls == (1 + 7 if with_nvml else 1 + 61), (with_nvml, Device.mgi_calls)
+    if with_nvml:
+        assert out["baseline_used_bytes_nvml"] == 6 * GiB, out
+PY
 [ "$fail" = 0 ] && echo "gpu_run_mock: ok"
 exit "$fail"

@@ -323,9 +323,17 @@ class Sampler(threading.Thread):
         self.max_mgi = self.base_mgi
         self.max_nvml = self.base_nvml
 
-    def sample(self):
-        free, _ = self.torch.cuda.mem_get_info()
-        self.max_mgi = max(self.max_mgi, self.total - free)
+    # With NVML, mem_get_info only every MGI_EVERY-th sample: under LD_PRELOAD it is cualloc's
+    # cudaMemGetInfo, which takes the heap's lock, so polling it every few ms would cost the
+    # preload modes more than the others. (NVML goes through ctypes, which lets go of the GIL.)
+    MGI_EVERY = 10
+
+    def sample(self, mgi=None):
+        if mgi is None:
+            mgi = not self.nvml or self.samples % self.MGI_EVERY == 0
+        if mgi:
+            free, _ = self.torch.cuda.mem_get_info()
+            self.max_mgi = max(self.max_mgi, self.total - free)
         if self.nvml:
             self.max_nvml = max(self.max_nvml, self.nvml.used())
         self.samples += 1
@@ -339,7 +347,7 @@ class Sampler(threading.Thread):
     def finish(self):
         self.stop_flag.set()
         self.join()
-        self.sample()
+        self.sample(mgi=True)
         out = {"peak_bytes_mem_get_info": self.max_mgi - self.base_mgi, "baseline_used_bytes": self.base_mgi,
                "samples": self.samples, "device_total_bytes": self.total}
         if self.nvml:
