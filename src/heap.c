@@ -494,15 +494,13 @@ static bool quick_flush_pool(heap_t *h, pool_t *p, unsigned tag, size_t rsize, b
             for (uint64_t bits = p->quick_nonempty[w]; bits; bits &= bits - 1) {
                 unsigned i = w * 64 + (unsigned)__builtin_ctzll(bits);
                 quick_t *q = &h->quick[i];
-                if (!q->head || q->head->pool != p->id) { /* a stale bit */
-                    p->quick_nonempty[w] &= ~((uint64_t)1 << (i % 64));
-                    continue;
-                }
-                if (pass == 0 && q->ref) {
+                bool stale = !q->head || q->head->pool != p->id; /* empty, or the other pool's */
+                if (!stale && pass == 0 && q->ref) {
                     q->ref = false;
                     continue;
                 }
                 p->quick_nonempty[w] &= ~((uint64_t)1 << (i % 64));
+                if (stale) continue;
                 if (quick_evict(h, i, p->id, tag, rsize)) {
                     fit = true;
                     if (until_fit) {
@@ -1941,7 +1939,8 @@ static void check_live_entry(block_t *b, void *arg) {
           (unsigned long)b->addr, b->state);
 }
 
-static void check_pool(check_ctx_t *c, pool_t *p, size_t *mapped_sum, size_t *allocated_sum) {
+/* Checks pool p; returns the bytes of its ALLOCATED blocks. */
+static size_t check_pool(check_ctx_t *c, pool_t *p) {
     heap_t *h = c->h;
     size_t allocated = 0, free_mapped = 0, releasable = 0, unmapped_bytes = 0, unmapped_count = 0;
     size_t free_count[HEAP_MAX_TAGS] = {0}, free_bytes[HEAP_MAX_TAGS] = {0};
@@ -2049,8 +2048,7 @@ static void check_pool(check_ctx_t *c, pool_t *p, size_t *mapped_sum, size_t *al
             tree_foreach(&ix->tree, check_index_entry, &ic);
         }
     }
-    *mapped_sum += p->mapped;
-    *allocated_sum += allocated;
+    return allocated;
 }
 
 int heap_check(heap_t *h, FILE *report) {
@@ -2058,12 +2056,12 @@ int heap_check(heap_t *h, FILE *report) {
     check_ctx_t c = {h, report, 0, 0, 0};
     size_t mapped = 0, allocated = 0, free_mapped = 0, releasable = 0;
     for (int pi = 0; pi < POOL_COUNT; pi++) {
-        size_t pool_mapped = 0, pool_allocated = 0;
-        check_pool(&c, &h->pools[pi], &pool_mapped, &pool_allocated);
-        mapped += pool_mapped;
+        pool_t *p = &h->pools[pi];
+        size_t pool_allocated = check_pool(&c, p);
+        mapped += p->mapped;
         allocated += pool_allocated;
-        free_mapped += pool_mapped - pool_allocated;
-        releasable += h->pools[pi].releasable;
+        free_mapped += p->mapped - pool_allocated;
+        releasable += p->releasable;
     }
     for (unsigned t = 0; t < HEAP_MAX_TAGS; t++) {
         size_t bytes = 0;
