@@ -1,13 +1,15 @@
 /* test_devaddr_map.c — allocview's (device, address) hash table (tools/allocview/devaddr_map.c)
- * against a plain array: random inserts, finds, removes and walks over key pools small (dense
+ * against a plain array: random inserts, gets, finds, removes and walks over key pools small (dense
  * probe runs, wrap-around, backward shifts at every position) and large (growth), with addresses
  * 0 and UINT64_MAX and many devices; the checker after every operation. Then the checker itself
- * against a map broken on purpose.
+ * against a map broken on purpose, and u64map (import's key-to-value map, built on it) with the
+ * extreme keys.
  */
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "../tools/allocview/devaddr_map.h"
+#include "../tools/allocview/u64map.h"
 #include "testutil.h"
 
 typedef struct ent {
@@ -131,8 +133,12 @@ static void run(rng_t *g, size_t nkeys, size_t ops, bool payload)
         EXPECT(!e == !r.present[k], "key %zu: found %d, model %d", k, e != NULL, r.present[k]);
         if (what < insert_pct) {
             if (!e) {
-                e = devaddr_map_insert(&m, r.dev[k], r.addr[k]);
+                /* Half the time through get, which must say the key was absent. */
+                bool found = false;
+                e = what % 2 ? devaddr_map_insert(&m, r.dev[k], r.addr[k])
+                             : devaddr_map_get(&m, r.dev[k], r.addr[k], &found);
                 EXPECT(e, "insert: out of memory");
+                EXPECT(!found, "get: an absent key reported found");
                 EXPECT(e->key.used && e->key.dev == r.dev[k] && e->key.addr == r.addr[k], "insert: header");
                 if (payload) {
                     EXPECT(e->val == 0 && e->idx == 0, "insert: payload not zeroed");
@@ -142,6 +148,13 @@ static void run(rng_t *g, size_t nkeys, size_t ops, bool payload)
                 }
                 r.present[k] = true;
                 r.live++;
+            } else {
+                /* get of a present key: that entry (it may have moved: get grows first). */
+                bool found = false;
+                e = devaddr_map_get(&m, r.dev[k], r.addr[k], &found);
+                EXPECT(e && found && e->key.used && e->key.dev == r.dev[k] && e->key.addr == r.addr[k] &&
+                           (!payload || e->val == r.val[k]),
+                       "get of present key %zu: not its entry", k);
             }
         } else if (what < 95) {
             if (e) {
@@ -233,6 +246,32 @@ static void check_the_checker(void)
     devaddr_map_free(&m);
 }
 
+/* u64map: every key storable, 0 and UINT64_MAX included (they are no empty-slot markers); a slot
+ * of a new key starts at 0, and keeps its value. */
+static void check_u64map(void)
+{
+    static const uint64_t keys[] = {0, UINT64_MAX, 1, UINT64_MAX - 1, (uint64_t)1 << 63, 512};
+    const size_t n = sizeof keys / sizeof keys[0];
+    u64map_t m;
+    u64map_init(&m);
+    for (size_t i = 0; i < n; i++) {
+        EXPECT(!u64map_has(&m, keys[i]), "key %#llx present before insertion", (unsigned long long)keys[i]);
+        bool found = true;
+        uint64_t *v = u64map_slot(&m, keys[i], &found);
+        EXPECT(v && !found && *v == 0, "key %#llx: a new slot", (unsigned long long)keys[i]);
+        *v = i + 100;
+    }
+    for (size_t i = 0; i < n; i++) {
+        bool found = false;
+        uint64_t *v = u64map_slot(&m, keys[i], &found);
+        EXPECT(v && found && *v == i + 100 && u64map_has(&m, keys[i]), "key %#llx lost its value",
+               (unsigned long long)keys[i]);
+    }
+    EXPECT(!u64map_has(&m, 2), "a key never inserted is present");
+    EXPECT(devaddr_map_check(&m.map, stderr) == 0, "u64map's table is unsound");
+    u64map_free(&m);
+}
+
 int main(void)
 {
     rng_t g = {test_seed("test_devaddr_map")};
@@ -240,6 +279,7 @@ int main(void)
     run(&g, 12, 20000, true);     /* a handful of keys: 16 to 32 slots, dense, wrapping */
     run(&g, 40, 20000, false);    /* header-only entries: a set */
     run(&g, 700, 40000, true);    /* growth to 2048 slots and back down to empty */
+    check_u64map();
     printf("test_devaddr_map: ok\n");
     return 0;
 }

@@ -86,17 +86,41 @@ static bool grow(devaddr_map_t *m)
     return true;
 }
 
-void *devaddr_map_insert(devaddr_map_t *m, uint32_t dev, uint64_t addr)
+/* Makes free slot e the entry of (dev, addr), its payload zeroed. */
+static void *occupy(devaddr_map_t *m, devaddr_entry_t *e, uint32_t dev, uint64_t addr)
 {
-    if ((m->count + 1) * 2 > capacity(m) && !grow(m))
-        return NULL;
-    devaddr_entry_t *e = free_slot(m, dev, addr);
     memset(e, 0, m->elem_size);
     e->addr = addr;
     e->dev = dev;
     e->used = true;
     m->count++;
     return e;
+}
+
+void *devaddr_map_insert(devaddr_map_t *m, uint32_t dev, uint64_t addr)
+{
+    if ((m->count + 1) * 2 > capacity(m) && !grow(m))
+        return NULL;
+    return occupy(m, free_slot(m, dev, addr), dev, addr);
+}
+
+void *devaddr_map_get(devaddr_map_t *m, uint32_t dev, uint64_t addr, bool *found)
+{
+    *found = false;
+    /* Grown first, so that the probe below ends where the entry stays. */
+    if ((m->count + 1) * 2 > capacity(m) && !grow(m))
+        return NULL;
+    devaddr_entry_t *e;
+    for (size_t i = hash(dev, addr) & m->mask;; i = (i + 1) & m->mask) {
+        e = slot(m, i);
+        if (!e->used)
+            break;
+        if (e->addr == addr && e->dev == dev) {
+            *found = true;
+            return e;
+        }
+    }
+    return occupy(m, e, dev, addr);
 }
 
 void devaddr_map_remove(devaddr_map_t *m, void *entry)

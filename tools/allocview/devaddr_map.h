@@ -37,7 +37,10 @@ void *devaddr_map_find(const devaddr_map_t *m, uint32_t dev, uint64_t addr);
 /* A new entry for (dev, addr), which must not be in the map (find first): the header set, the
  * payload zeroed. NULL when out of memory; the map is unchanged then. */
 void *devaddr_map_insert(devaddr_map_t *m, uint32_t dev, uint64_t addr);
-/* Removes an entry that find or insert returned (and no insert or remove has moved since). */
+/* The entry of (dev, addr), added as insert adds it when absent (*found says which), in one
+ * probe. NULL when out of memory (*found false, the map unchanged). */
+void *devaddr_map_get(devaddr_map_t *m, uint32_t dev, uint64_t addr, bool *found);
+/* Removes an entry that find, insert or get returned (and no insert or remove has moved since). */
 void devaddr_map_remove(devaddr_map_t *m, void *entry);
 /* The entries in slot order, which follows the hash, not the keys: start with *pos = 0; NULL
  * after the last. The map must not change during the walk. */

@@ -82,8 +82,9 @@ typedef struct xblock {
  * memory. */
 static xblock_t *blocks_put(devaddr_map_t *t, const xblock_t *b)
 {
-    xblock_t *e = devaddr_map_find(t, b->key.dev, b->key.addr);
-    if (!e && !(e = devaddr_map_insert(t, b->key.dev, b->key.addr)))
+    bool found;
+    xblock_t *e = devaddr_map_get(t, b->key.dev, b->key.addr, &found);
+    if (!e)
         return NULL;
     devaddr_entry_t key = e->key;
     *e = *b;

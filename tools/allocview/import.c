@@ -57,6 +57,15 @@ static uint64_t round_size(uint64_t req)
     return (req + 511) / 512 * 512;
 }
 
+/* Adds key to the set m; true when it was there already. Out of memory fails the import. */
+static bool set_add(imp_t *im, u64map_t *m, uint64_t key)
+{
+    bool found;
+    if (!u64map_slot(m, key, &found))
+        im->ok = false;
+    return found;
+}
+
 static uint32_t stream_id(imp_t *im, uint64_t handle)
 {
     bool f;
@@ -254,11 +263,10 @@ int av_cmd_import(int argc, char **argv)
 
     imp_t im = {0};
     im.ok = true;
-    if (!u64map_init(&im.frames, 1 << 12) || !u64map_init(&im.nodes, 1 << 12) || !u64map_init(&im.streams, 16) ||
-        !u64map_init(&im.lists, 1 << 12)) {
-        pk_free(doc);
-        return IM_EXIT_UNREADABLE;
-    }
+    u64map_init(&im.frames);
+    u64map_init(&im.nodes);
+    u64map_init(&im.streams);
+    u64map_init(&im.lists);
     im.w = tw_open(out, err, sizeof err);
     if (!im.w) {
         fprintf(stderr, "allocview import: %s\n", err);
@@ -301,32 +309,28 @@ int av_cmd_import(int argc, char **argv)
         const py_t *evs = py_item(traces, (size_t)d);
         /* Pass 1: what the trace saw allocated first, and what it freed without seeing it. */
         u64map_t seen_alloc, seen_seg, init_blocks;
-        if (!u64map_init(&seen_alloc, 1 << 14) || !u64map_init(&seen_seg, 1 << 10) || !u64map_init(&init_blocks, 1 << 10)) {
-            im.ok = false;
-            break;
-        }
+        u64map_init(&seen_alloc);
+        u64map_init(&seen_seg);
+        u64map_init(&init_blocks);
         for (size_t i = 0; i < py_len(evs); i++) {
             const py_t *e = py_item(evs, i);
             const py_t *a = py_dict_get(e, "action");
             uint64_t addr = (uint64_t)geti(e, "addr"), size = (uint64_t)geti(e, "size");
-            bool seen_it;
             if (py_str_eq(a, "alloc")) {
-                u64map_slot(&seen_alloc, addr, &seen_it);
+                set_add(&im, &seen_alloc, addr);
             } else if (py_str_eq(a, "free_completed") && !u64map_has(&seen_alloc, addr)) {
-                uint64_t *v = u64map_slot(&init_blocks, addr, &seen_it);
-                if (!seen_it) {
+                if (!set_add(&im, &init_blocks, addr)) {
                     tw_alloc(im.w, t0, (uint32_t)d, stream_id(&im, (uint64_t)geti(e, "stream")), addr,
                              round_size(size), size, stack_of(&im, py_dict_get(e, "frames")), true);
                     nblocks++;
                 }
-                (void)v;
-                u64map_slot(&seen_alloc, addr, &seen_it); /* a later alloc at that address is a new block */
+                set_add(&im, &seen_alloc, addr); /* a later alloc at that address is a new block */
             } else if (py_str_eq(a, "segment_alloc") || py_str_eq(a, "segment_map")) {
-                u64map_slot(&seen_seg, addr, &seen_it);
+                set_add(&im, &seen_seg, addr);
             } else if ((py_str_eq(a, "segment_free") || py_str_eq(a, "segment_unmap")) && !u64map_has(&seen_seg, addr)) {
                 tw_map(im.w, t0, (uint32_t)d, addr, size, false, true);
                 nmaps++;
-                u64map_slot(&seen_seg, addr, &seen_it);
+                set_add(&im, &seen_seg, addr);
             }
         }
         /* Final segments the trace never saw mapped, and their live blocks it never saw allocated. */
@@ -377,10 +381,7 @@ int av_cmd_import(int argc, char **argv)
     for (int d = 0; d < ndev && im.ok; d++) {
         const py_t *evs = py_item(traces, (size_t)d);
         u64map_t sizes; /* addr -> rounded size of blocks live in the trace */
-        if (!u64map_init(&sizes, 1 << 14)) {
-            im.ok = false;
-            break;
-        }
+        u64map_init(&sizes);
         bool in_free_run = false;
         for (size_t i = 0; i < py_len(evs) && im.ok; i++) {
             const py_t *e = py_item(evs, i);
@@ -398,14 +399,19 @@ int av_cmd_import(int argc, char **argv)
             in_free_run = py_str_eq(a, "segment_free") ? true : (segfree ? in_free_run : false);
             bool seen_it;
             if (py_str_eq(a, "alloc")) {
-                uint64_t r = round_size(size);
-                *u64map_slot(&sizes, addr, &seen_it) = r;
+                uint64_t r = round_size(size), *slot = u64map_slot(&sizes, addr, &seen_it);
+                if (slot)
+                    *slot = r;
+                else
+                    im.ok = false;
                 im.ok &= tw_alloc(im.w, t, (uint32_t)d, sid, addr, r, size, stack_of(&im, py_dict_get(e, "frames")),
                                   false);
                 live_alloc_sizes++;
             } else if (py_str_eq(a, "free_completed")) {
                 uint64_t *r = u64map_slot(&sizes, addr, &seen_it);
-                im.ok &= tw_free(im.w, t, (uint32_t)d, sid, addr, seen_it && *r ? *r : round_size(size), true);
+                if (!r)
+                    im.ok = false;
+                im.ok &= tw_free(im.w, t, (uint32_t)d, sid, addr, r && *r ? *r : round_size(size), true);
             } else if (py_str_eq(a, "segment_alloc") || py_str_eq(a, "segment_map")) {
                 im.ok &= tw_map(im.w, t, (uint32_t)d, addr, size, false, false);
             } else if (segfree) {

@@ -38,7 +38,7 @@
 #include "reader.h"
 #include "replay.h"
 #include "text.h"
-#include "u64map.h"
+#include "devaddr_map.h"
 
 enum { RP_EXIT_USAGE = 1, RP_EXIT_UNREADABLE = 2, RP_EXIT_CORRUPT = 3 };
 
@@ -126,9 +126,33 @@ static bool push(trace_reqs_t *t, ev_t e)
     return true;
 }
 
-static uint64_t key_of(uint64_t dev, uint64_t addr)
+/* A live block's value by (device, address), any address: its requested size while the trace
+ * loads, its pointer in the replay heap while replaying. */
+typedef struct rp_block {
+    devaddr_entry_t key;
+    uint64_t val;
+} rp_block_t;
+
+/* Sets (dev, addr)'s value, adding the block if absent; false when out of memory. */
+static bool block_put(devaddr_map_t *m, uint32_t dev, uint64_t addr, uint64_t val)
 {
-    return (addr << 8) ^ dev; /* addresses are below 2^56 */
+    bool found;
+    rp_block_t *b = devaddr_map_get(m, dev, addr, &found);
+    if (!b)
+        return false;
+    b->val = val;
+    return true;
+}
+
+/* Removes (dev, addr); true with *val when it was there. */
+static bool block_take(devaddr_map_t *m, uint32_t dev, uint64_t addr, uint64_t *val)
+{
+    rp_block_t *b = devaddr_map_find(m, dev, addr);
+    if (!b)
+        return false;
+    *val = b->val;
+    devaddr_map_remove(m, b);
+    return true;
 }
 
 static void reqs_free(trace_reqs_t *t)
@@ -147,11 +171,8 @@ static int load_trace(const char *path, trace_reqs_t *t)
         fprintf(stderr, "allocview: %s: %s\n", path, err);
         return RP_EXIT_UNREADABLE;
     }
-    u64map_t live;
-    if (!u64map_init(&live, 1024)) {
-        tr_close(r);
-        return RP_EXIT_UNREADABLE;
-    }
+    devaddr_map_t live;
+    devaddr_map_init(&live, sizeof(rp_block_t));
     uint64_t cur_req[CUA_TRACE_MAX_DEVICES] = {0};
     tr_record_t rec;
     int k;
@@ -210,7 +231,7 @@ static int load_trace(const char *path, trace_reqs_t *t)
             e.op = rec.type == CUA_TRACE_INIT_BLOCK ? EV_INIT : EV_ALLOC;
             e.addr = rec.addr;
             e.size = rec.requested;
-            if (!u64map_put(&live, key_of(rec.dev, rec.addr), rec.requested))
+            if (!block_put(&live, rec.dev, rec.addr, rec.requested))
                 goto oom;
             cur_req[rec.dev] += rec.requested;
             if (cur_req[rec.dev] > t->peak_requested_dev[rec.dev])
@@ -221,7 +242,7 @@ static int load_trace(const char *path, trace_reqs_t *t)
             e.op = EV_FREE;
             e.addr = rec.addr;
             uint64_t req;
-            if (u64map_take(&live, key_of(rec.dev, rec.addr), &req))
+            if (block_take(&live, rec.dev, rec.addr, &req))
                 cur_req[rec.dev] -= req;
             break;
         }
@@ -251,12 +272,12 @@ static int load_trace(const char *path, trace_reqs_t *t)
     } else if (tr_warning(r)[0]) {
         fprintf(stderr, "allocview replay: %s: %s\n", path, tr_warning(r));
     }
-    u64map_free(&live);
+    devaddr_map_free(&live);
     tr_close(r);
     return status;
 oom:
     fprintf(stderr, "allocview replay: out of memory reading %s\n", path);
-    u64map_free(&live);
+    devaddr_map_free(&live);
     tr_close(r);
     return RP_EXIT_UNREADABLE;
 }
@@ -337,12 +358,8 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
         }
         st[d] = heap_test_stats(heaps[d]);
     }
-    u64map_t ptrs;
-    if (!u64map_init(&ptrs, 1 << 16)) {
-        for (int d = 0; d < t->ndev; d++)
-            heap_destroy(heaps[d]);
-        return false;
-    }
+    devaddr_map_t ptrs;
+    devaddr_map_init(&ptrs, sizeof(rp_block_t));
     int single = 0;
     for (int d = 0; d < t->ndev; d++)
         single += t->dev_used[d];
@@ -356,9 +373,9 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
         case EV_ALLOC: {
             void *p = NULL;
             if (heap_alloc(h, (size_t)e->size, s, &p) == CUA_SUCCESS) {
-                if (!u64map_put(&ptrs, key_of(e->dev, e->addr), (uint64_t)(uintptr_t)p)) {
+                if (!block_put(&ptrs, e->dev, e->addr, (uint64_t)(uintptr_t)p)) {
                     fprintf(stderr, "allocview replay: out of memory\n");
-                    u64map_free(&ptrs);
+                    devaddr_map_free(&ptrs);
                     return false;
                 }
             } else {
@@ -369,7 +386,7 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
         }
         case EV_FREE: {
             uint64_t p;
-            if (u64map_take(&ptrs, key_of(e->dev, e->addr), &p))
+            if (block_take(&ptrs, e->dev, e->addr, &p))
                 heap_free(h, (void *)(uintptr_t)p, s);
             else
                 res->failed_frees++;
@@ -417,7 +434,7 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
             res->peak_reserved = st[d]->reserved_peak;
         }
     }
-    u64map_free(&ptrs);
+    devaddr_map_free(&ptrs);
     for (int d = 0; d < t->ndev; d++)
         heap_destroy(heaps[d]);
     return true;

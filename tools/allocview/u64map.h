@@ -1,24 +1,22 @@
-/* u64map.h — a map from 64-bit keys to 64-bit values for allocview's commands (addresses to
- * sizes, handles and pointers to ids): open addressing, linear probing, backward-shift deletion
- * (no tombstones), doubling at half full. The key UINT64_MAX marks an empty slot and cannot be
- * stored. */
+/* u64map.h — a map from 64-bit keys to 64-bit values for allocview's import (pointers and
+ * handles to ids, addresses to sizes): devaddr_map's table with every key on device 0, so any
+ * key can be stored, 0 and UINT64_MAX included. */
 #ifndef CUALLOC_ALLOCVIEW_U64MAP_H
 #define CUALLOC_ALLOCVIEW_U64MAP_H
 
 #include <stdbool.h>
-#include <stddef.h>
 #include <stdint.h>
 
-typedef struct u64map { uint64_t *k, *v; size_t mask, count; } u64map_t;
+#include "devaddr_map.h"
 
-/* cap: a power of two. False when out of memory (nothing to free then). */
-bool u64map_init(u64map_t *m, size_t cap);
+typedef struct u64map { devaddr_map_t map; } u64map_t;
+
+/* An empty map; allocates nothing. */
+void u64map_init(u64map_t *m);
 void u64map_free(u64map_t *m);
-/* The value of key, inserted as 0 when absent (*found says which); NULL when out of memory. */
+/* The value of key, inserted as 0 when absent (*found says which); NULL when out of memory
+ * (*found false, the map unchanged). Valid until the next insertion. */
 uint64_t *u64map_slot(u64map_t *m, uint64_t key, bool *found);
 bool u64map_has(const u64map_t *m, uint64_t key);
-bool u64map_put(u64map_t *m, uint64_t key, uint64_t val);
-/* Removes key; true with *val when it was there. */
-bool u64map_take(u64map_t *m, uint64_t key, uint64_t *val);
 
 #endif
