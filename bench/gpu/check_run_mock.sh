@@ -189,5 +189,41 @@ for with_nvml in (True, False):
     if with_nvml:
         assert out["baseline_used_bytes_nvml"] == 6 * GiB, out
 PY
+
+# carry-libs.sh on a copy of the build's programs (links): every library they load that is not the
+# C library's or libstdc++/libgcc_s must then come from BUILD/gpu-libs.
+fb=$tmp/carry-build
+for p in tools/allocview/allocview tests/trace_scenarios tools/cualloc-demo bench/driver_costs \
+        bench/property_cuda src/libcualloc.so; do
+    mkdir -p "$fb/$(dirname "$p")"
+    ln -s "$build/$p" "$fb/$p"
+done
+if "$src/bench/gpu/carry-libs.sh" "$fb" >"$tmp/carry.log" 2>&1; then
+    for p in tools/allocview/allocview tests/trace_scenarios tools/cualloc-demo; do
+        LD_LIBRARY_PATH=$fb/gpu-libs ldd "$fb/$p" | awk -v d="$fb/gpu-libs/" '$2 == "=>" && $1 !~ /^(libc|libm|libdl|libpthread|librt|libresolv|libstdc\+\+|libgcc_s)\.so|^ld-linux|^libcualloc/ && index($3, d) != 1 { print }' >"$tmp/outside"
+        [ -s "$tmp/outside" ] && bad "carry-libs.sh: $p still loads from outside gpu-libs: $(cat "$tmp/outside")"
+    done
+    if ldd "$build/tools/allocview/allocview" | grep -q libjemalloc; then
+        [ -f "$fb/gpu-libs/libjemalloc.so.2" ] || bad "carry-libs.sh did not copy libjemalloc.so.2"
+    fi
+    [ -e "$fb/gpu-libs/libc.so.6" ] && bad "carry-libs.sh copied the C library"
+else
+    bad "carry-libs.sh failed: $(cat "$tmp/carry.log")"
+fi
+
+# On a machine without allocview's libraries the viewer part stops at once and says what to do.
+nb=$tmp/nolibs-build
+mkdir -p "$nb/tools/allocview" "$nb/tests"
+printf '#!/bin/sh\necho "$0: error while loading shared libraries: libjemalloc.so.2: cannot open shared object file: No such file or directory" >&2\nexit 127\n' \
+    >"$nb/tools/allocview/allocview"
+chmod +x "$nb/tools/allocview/allocview"
+: >"$nb/tests/trace_scenarios"
+env -u OUT "$src/bench/gpu/run.sh" viewer --mock --out "$tmp/nolibs" --build "$nb" >"$tmp/nolibs.log" 2>&1
+rc=$?
+[ "$rc" != 0 ] || bad "run.sh viewer without allocview's libraries exited 0"
+grep -q "libjemalloc.so.2 is missing" "$tmp/nolibs.log" && grep -q "carry-libs.sh" "$tmp/nolibs.log" ||
+    bad "run.sh viewer without allocview's libraries did not say so: $(cat "$tmp/nolibs.log")"
+grep -q '"status":"fail"' "$tmp/nolibs/viewer/results.jsonl" 2>/dev/null || bad "the viewer part's status line is not fail"
+
 [ "$fail" = 0 ] && echo "gpu_run_mock: ok"
 exit "$fail"

@@ -69,6 +69,7 @@ RESULTS=$(cd "$RESULTS" && pwd)
 PY=${PYTHON:-python3}
 FAKECUDA=$BUILD/tests/fakecuda
 LIBCUALLOC=$BUILD/src/libcualloc.so
+GPU_LIBS=$BUILD/gpu-libs  # bench/gpu/carry-libs.sh: libraries BUILD's programs need and a GPU machine may lack
 
 # Estimated device time per part on an H100 (minutes), printed before each part.
 estimate() {
@@ -148,6 +149,31 @@ summarize() {
 
 need() {
     [ -e "$1" ] || { echo "run.sh: $1 is missing: build first (meson compile -C $BUILD)" >&2; return 1; }
+}
+
+# build_prog PROGRAM ARGS...: runs a program of BUILD with the carried libraries (GPU_LIBS) found
+# first. Only BUILD's own programs: PyTorch and nvcc's programs keep the machine's libraries.
+build_prog() {
+    if [ -d "$GPU_LIBS" ]; then
+        LD_LIBRARY_PATH="$GPU_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"
+    else
+        "$@"
+    fi
+}
+
+# starts PROGRAM: PROGRAM (of BUILD) can start here, its shared libraries found; else says which
+# are missing and how to bring them.
+starts() {
+    local out missing
+    out=$(build_prog "$1" --version 2>&1) && return 0
+    missing=$(echo "$out" | sed -n 's/.*error while loading shared libraries: \([^:]*\):.*/\1/p' | head -1)
+    if [ -n "$missing" ]; then
+        echo "run.sh: $1 cannot start here: $missing is missing. On the build machine run" \
+            "bench/gpu/carry-libs.sh $BUILD (it copies the libraries into $GPU_LIBS), then copy the build folder again" >&2
+    else
+        echo "run.sh: $1 --version failed: $out" >&2
+    fi
+    return 1
 }
 
 # ------------------------------------------------------------------------------------ parts
@@ -461,24 +487,30 @@ part_viewer() {
     local dir=$RESULTS/viewer av=$BUILD/tools/allocview/allocview work rc s t
     need "$av" || return 1
     need "$BUILD/tests/trace_scenarios" || return 1
+    if ! starts "$av" 2>"$dir/log.txt"; then
+        cat "$dir/log.txt" >&2
+        status_line viewer fail 1 "$(cat "$dir/log.txt")"
+        summarize viewer
+        return 1
+    fi
     work=$(mktemp -d "${TMPDIR:-/tmp}/cualloc-viewer.XXXXXX") || return 1
     # shellcheck disable=SC2064
     trap "rm -rf '$work'" RETURN
     {
-        CUALLOC_CONF=driver:sim,sim_memory_mb:128,expandable_segments:0 "$BUILD/tests/trace_scenarios" frag "$work/frag.trace"
-        CUALLOC_CONF=driver:sim,sim_memory_mb:256 "$BUILD/tests/trace_scenarios" leak "$work/leak.trace"
-        CUALLOC_CONF=trace:$work/demo.trace,trace_stack_depth:8 "$BUILD/tools/cualloc-demo" --steps 3 --quiet
+        CUALLOC_CONF=driver:sim,sim_memory_mb:128,expandable_segments:0 build_prog "$BUILD/tests/trace_scenarios" frag "$work/frag.trace"
+        CUALLOC_CONF=driver:sim,sim_memory_mb:256 build_prog "$BUILD/tests/trace_scenarios" leak "$work/leak.trace"
+        CUALLOC_CONF=trace:$work/demo.trace,trace_stack_depth:8 build_prog "$BUILD/tools/cualloc-demo" --steps 3 --quiet
         # Each device command starts with an empty $OUT: the torch part's snapshots are found here
         # only when both ran in one command; otherwise put them in bench/corpus first.
         for s in "$RESULTS"/torch/snapshot-*.pickle "$ROOT"/../shared/traces/*.pickle "$ROOT"/shared/traces/*.pickle \
             "$ROOT"/bench/corpus/*.pickle; do
-            [ -r "$s" ] && "$av" import "$s" -o "$work/$(basename "$s" .pickle).trace"
+            [ -r "$s" ] && build_prog "$av" import "$s" -o "$work/$(basename "$s" .pickle).trace"
         done
     } >"$dir/log.txt" 2>&1
     local snaps=()
     for t in "$work"/*.trace; do
         [ -s "$t" ] || continue
-        if "$av" export --pytorch "${t%.trace}.pickle" "$t" >>"$dir/log.txt" 2>&1; then
+        if build_prog "$av" export --pytorch "${t%.trace}.pickle" "$t" >>"$dir/log.txt" 2>&1; then
             snaps+=("${t%.trace}.pickle")
         else
             echo "run.sh: export of $(basename "$t") failed" | tee -a "$dir/log.txt"
