@@ -10,6 +10,9 @@
 #   FASTPATH_CG_PAIRS   timed pairs under callgrind, a multiple of 64 (default 20480)
 #   FASTPATH_CG_THREADS thread count also counted under callgrind, for cualloc, jemalloc and the
 #                       loop alike (default 8; 0 = skip)
+#   FASTPATH_SEEDS      more seeds of the mix (e.g. "2 3 4"), counted at 1 thread after the main
+#                       table, with the range over all seeds per pattern: one seed's figure can
+#                       flatter or wrong an allocator (default: none)
 #   FASTPATH_NATIVE=0   skip the native run;  FASTPATH_PROFILE=0  skip the per-function profile
 #   FASTPATH_BUILD=0    do not run ninja (the smoke test sets it: meson has built the program)
 # The callgrind profiles stay in <builddir>/fastpath-callgrind/ for callgrind_annotate.
@@ -52,12 +55,14 @@ out=$build/fastpath-callgrind
 mkdir -p "$out"
 
 # Runs one configuration under callgrind, collecting only inside bench_loop_* (the timed loop);
-# prints the instructions collected.
-cg_run() { # allocator pattern threads
-    f=$out/cg.$1.$2.t$3
+# prints the instructions collected. SEED: the mix's seed (default: the program's own).
+cg_run() { # allocator pattern threads [seed]
+    f=$out/cg.$1.$2.t$3${4:+.s$4}
     rc=0
+    # shellcheck disable=SC2046
     valgrind --tool=callgrind $instr_opt --toggle-collect='bench_loop_*' --callgrind-out-file="$f" \
-        "$exe" --allocator "$1" --pattern "$2" --threads "$3" --pairs "$cg_pairs" --quiet >"$f.log" 2>&1 || rc=$?
+        "$exe" --allocator "$1" --pattern "$2" --threads "$3" --pairs "$cg_pairs" $([ -n "${4:-}" ] && echo --seed "$4") \
+        --quiet >"$f.log" 2>&1 || rc=$?
     if [ "$rc" = 3 ]; then # ran, but cualloc mapped memory inside the timed loop
         echo "fastpath.sh: note: $1/$2/$3 threads under callgrind: $(sed -n 's/.* \([0-9]* maps\), .*/\1/p' "$f.log") in the timed loop" >&2
     elif [ "$rc" != 0 ]; then
@@ -78,32 +83,52 @@ per_pair() { # instructions pairs -> per pair, one decimal
 # both allocators are counted on the same mix in the same run. Under callgrind the threads run one
 # at a time (callgrind serializes them), so an N-thread row is the cost with N threads' heaps,
 # caches and streams alive but without lock contention.
-cg_row() { # pattern threads
+cg_row() { # pattern threads [seed]
     n=$(($2 * cg_pairs))
-    loop=$(per_pair "$(cg_run null "$1" "$2")" "$n")
-    cua=$(per_pair "$(cg_run cualloc "$1" "$2")" "$n")
+    loop=$(per_pair "$(cg_run null "$1" "$2" "${3:-}")" "$n")
+    cua=$(per_pair "$(cg_run cualloc "$1" "$2" "${3:-}")" "$n")
     je=-
-    case "$allocs" in *jemalloc*) je=$(per_pair "$(cg_run jemalloc "$1" "$2")" "$n") ;; esac
+    case "$allocs" in *jemalloc*) je=$(per_pair "$(cg_run jemalloc "$1" "$2" "${3:-}")" "$n") ;; esac
     cua_net=$(awk -v a="$cua" -v b="$loop" 'BEGIN { printf "%.1f", a - b }')
     je_net=- ratio=-
     if [ "$je" != - ]; then
         je_net=$(awk -v a="$je" -v b="$loop" 'BEGIN { printf "%.1f", a - b }')
         ratio=$(awk -v a="$je_net" -v b="$cua_net" 'BEGIN { if (b > 0) printf "%.1fx", a / b; else printf "-" }')
     fi
-    printf '%-8s %7d %10s %10s %8s %12s %12s %8s\n' "$1" "$2" "$cua" "$je" "$loop" "$cua_net" "$je_net" "$ratio"
+    printf '%-8s %7s %10s %10s %8s %12s %12s %8s\n' "$1" "${3:-$2}" "$cua" "$je" "$loop" "$cua_net" "$je_net" "$ratio"
 }
 
 echo "== instructions per alloc+free pair (callgrind Ir inside the timed loop, $cg_pairs pairs per thread after warm-up)"
 echo "   'loop' is the benchmark loop itself (a do-nothing allocator); 'net' subtracts it."
 printf '%-8s %7s %10s %10s %8s %12s %12s %8s\n' pattern threads cualloc jemalloc loop cualloc-net jemalloc-net je/cua
+main_rows=$out/rows.txt
 for pat in random stack repeat; do
     cg_row "$pat" 1
-done
+done | tee "$main_rows"
 if [ "$cg_threads" -gt 1 ]; then
     for pat in random stack repeat; do
         cg_row "$pat" "$cg_threads"
     done
     echo "   ($cg_threads threads: callgrind serializes threads, so this is the instruction cost without contention)"
+fi
+if [ -n "${FASTPATH_SEEDS:-}" ]; then
+    seeds_out=$out/seeds.txt
+    echo
+    echo "== the same, 1 thread, other seeds of the mix ($FASTPATH_SEEDS; the table above is the default seed)"
+    printf '%-8s %7s %10s %10s %8s %12s %12s %8s\n' pattern seed cualloc jemalloc loop cualloc-net jemalloc-net je/cua
+    for seed in $FASTPATH_SEEDS; do
+        for pat in random stack repeat; do
+            cg_row "$pat" 1 "$seed"
+        done
+    done | tee "$seeds_out"
+    # The range per pattern over every seed counted, the default's 1-thread row included.
+    for pat in random stack repeat; do
+        awk -v p="$pat" '$1 == p && $6 + 0 > 0 {
+            n++; c = $6 + 0; if (n == 1 || c < cmin) cmin = c; if (n == 1 || c > cmax) cmax = c
+            if ($8 != "-") { r = $8 + 0; if (nr++ == 0 || r < rmin) rmin = r; if (r > rmax) rmax = r } }
+            END { if (n) printf "   %s over %d seeds: cualloc-net %.1f..%.1f%s\n", p, n, cmin, cmax,
+                  nr ? sprintf(", je/cua %.1fx..%.1fx", rmin, rmax) : "" }' "$seeds_out" "$main_rows"
+    done
 fi
 
 # Self instructions and calls per pair, by function, from a callgrind profile (call counts are

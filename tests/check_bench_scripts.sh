@@ -14,9 +14,10 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 
 # fastpath: a native run short enough that cualloc may still map (status 3: "not all cached", a
-# finding, not a failure of the script), callgrind on 1024 pairs at 1 and 2 threads.
+# finding, not a failure of the script), callgrind on 1024 pairs at 1 and 2 threads, and at 1 thread
+# with a second seed of the mix.
 rc=0
-FASTPATH_BUILD=0 FASTPATH_PAIRS=20000 FASTPATH_CG_PAIRS=1024 FASTPATH_CG_THREADS=2 \
+FASTPATH_BUILD=0 FASTPATH_PAIRS=20000 FASTPATH_CG_PAIRS=1024 FASTPATH_CG_THREADS=2 FASTPATH_SEEDS=7 \
     "$src/bench/fastpath.sh" "$build" >"$out" 2>&1 || rc=$?
 if [ "$rc" != 0 ] && [ "$rc" != 3 ]; then
     echo "FAIL: bench/fastpath.sh exited with $rc"; cat "$out"; fail=1
@@ -29,6 +30,11 @@ for pat in random stack repeat; do
         fi
     done
     grep -q "^cualloc  *$pat  *1 " "$out" || { echo "FAIL: bench/fastpath.sh printed no native row for $pat"; fail=1; }
+    # FASTPATH_SEEDS=7: a row for seed 7 after the seeds table's header, and the range over both seeds
+    awk -v p="$pat" '/other seeds of the mix/ { seeds = 1 } seeds && $1 == p && $2 == 7 && $6 + 0 > 0 { ok = 1 } END { exit !ok }' "$out" ||
+        { echo "FAIL: bench/fastpath.sh printed no row for $pat with seed 7"; fail=1; }
+    grep -q "^   $pat over 2 seeds: cualloc-net [0-9.]*\.\.[0-9.]*" "$out" ||
+        { echo "FAIL: bench/fastpath.sh printed no range over the seeds for $pat"; fail=1; }
 done
 grep -q "where cualloc's instructions go (random, 1 thread)" "$out" ||
     { echo "FAIL: bench/fastpath.sh printed no profile"; fail=1; }
