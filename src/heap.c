@@ -1303,7 +1303,8 @@ static inline __attribute__((always_inline)) void account_free(heap_t *h, const 
     s->allocated_bytes -= bytes;
 }
 
-/* A free on `tag` (a real stream's): counted for the tag's lazy event, the block tagged. */
+/* A free on `tag` (a stream's, or the device-wide pseudo-stream's): counted for the tag's lazy
+ * event, the block tagged. */
 static inline __attribute__((always_inline)) void free_tag(heap_t *h, block_t *b, unsigned tag) {
     h->tags[tag].frees_since_record++;
     b->tag = (uint16_t)tag;
@@ -1448,9 +1449,7 @@ static __attribute__((noinline)) void free_unparked(heap_t *h, pool_t *p, block_
     if (device_wide) {
         /* Not reusable by anyone until the legacy stream and every non-blocking stream have
          * passed the free (settled lazily, or synchronized under pressure); never quick-listed. */
-        h->tags[TAG_DEVICE_WIDE].frees_since_record++;
-        b->tag = TAG_DEVICE_WIDE;
-        b->requested = 0;
+        free_tag(h, b, TAG_DEVICE_WIDE);
         free_to_index(h, p, b);
         return;
     }
