@@ -59,9 +59,8 @@ mkdir -p "$out"
 cg_run() { # allocator pattern threads [seed]
     f=$out/cg.$1.$2.t$3${4:+.s$4}
     rc=0
-    # shellcheck disable=SC2046
     valgrind --tool=callgrind $instr_opt --toggle-collect='bench_loop_*' --callgrind-out-file="$f" \
-        "$exe" --allocator "$1" --pattern "$2" --threads "$3" --pairs "$cg_pairs" $([ -n "${4:-}" ] && echo --seed "$4") \
+        "$exe" --allocator "$1" --pattern "$2" --threads "$3" --pairs "$cg_pairs" ${4:+--seed "$4"} \
         --quiet >"$f.log" 2>&1 || rc=$?
     if [ "$rc" = 3 ]; then # ran, but cualloc mapped memory inside the timed loop
         echo "fastpath.sh: note: $1/$2/$3 threads under callgrind: $(sed -n 's/.* \([0-9]* maps\), .*/\1/p' "$f.log") in the timed loop" >&2

@@ -1,9 +1,10 @@
 #!/bin/sh
-# carry-libs.sh [BUILD] — on the build machine, before the build folder is copied to a GPU machine
-# that has no package registry: copies the shared libraries that BUILD's programs need and a
-# machine with PyTorch may lack (jemalloc, elfutils' libdw and libelf, their compressors) into
-# BUILD/gpu-libs/. bench/gpu/run.sh puts that folder on LD_LIBRARY_PATH for the programs of BUILD
-# it runs (allocview, the trace scenarios), and for nothing else: PyTorch keeps its own.
+# carry-libs.sh [BUILD [DEST]] — on the build machine, before the build folder is copied to a GPU
+# machine that has no package registry: copies the shared libraries that BUILD's programs need and
+# a machine with PyTorch may lack (jemalloc, elfutils' libdw and libelf, their compressors) into
+# DEST (default BUILD/gpu-libs/, where it travels with the build). bench/gpu/run.sh puts
+# BUILD/gpu-libs on LD_LIBRARY_PATH for the programs of BUILD it runs (allocview, the trace
+# scenarios), and for nothing else: PyTorch keeps its own.
 #
 # Left out: the C library's own (libc, libm, libdl, libpthread, librt, the loader), which must be
 # the machine's, and libstdc++ / libgcc_s, which every PyTorch installation brings; copying older
@@ -16,7 +17,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build}
 [ -d "$build" ] || { echo "carry-libs.sh: no build folder '$build'" >&2; exit 1; }
 build=$(cd "$build" && pwd)
-dest=$build/gpu-libs
+dest=${2:-$build/gpu-libs}
 
 # What run.sh runs from BUILD on the GPU machine (the rest of its programs link only the C library
 # and libcualloc.so, or are built there).

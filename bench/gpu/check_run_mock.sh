@@ -190,23 +190,18 @@ for with_nvml in (True, False):
         assert out["baseline_used_bytes_nvml"] == 6 * GiB, out
 PY
 
-# carry-libs.sh on a copy of the build's programs (links): every library they load that is not the
-# C library's or libstdc++/libgcc_s must then come from BUILD/gpu-libs.
-fb=$tmp/carry-build
-for p in tools/allocview/allocview tests/trace_scenarios tools/cualloc-demo bench/driver_costs \
-        bench/property_cuda src/libcualloc.so; do
-    mkdir -p "$fb/$(dirname "$p")"
-    ln -s "$build/$p" "$fb/$p"
-done
-if "$src/bench/gpu/carry-libs.sh" "$fb" >"$tmp/carry.log" 2>&1; then
+# carry-libs.sh into a folder of its own: every library the build's programs load that is not the
+# C library's or libstdc++/libgcc_s must then come from there.
+libs=$tmp/gpu-libs
+if "$src/bench/gpu/carry-libs.sh" "$build" "$libs" >"$tmp/carry.log" 2>&1; then
     for p in tools/allocview/allocview tests/trace_scenarios tools/cualloc-demo; do
-        LD_LIBRARY_PATH=$fb/gpu-libs ldd "$fb/$p" | awk -v d="$fb/gpu-libs/" '$2 == "=>" && $1 !~ /^(libc|libm|libdl|libpthread|librt|libresolv|libstdc\+\+|libgcc_s)\.so|^ld-linux|^libcualloc/ && index($3, d) != 1 { print }' >"$tmp/outside"
+        LD_LIBRARY_PATH=$libs ldd "$build/$p" | awk -v d="$libs/" '$2 == "=>" && $1 !~ /^(libc|libm|libdl|libpthread|librt|libresolv|libstdc\+\+|libgcc_s)\.so|^ld-linux|^libcualloc/ && index($3, d) != 1 { print }' >"$tmp/outside"
         [ -s "$tmp/outside" ] && bad "carry-libs.sh: $p still loads from outside gpu-libs: $(cat "$tmp/outside")"
     done
     if ldd "$build/tools/allocview/allocview" | grep -q libjemalloc; then
-        [ -f "$fb/gpu-libs/libjemalloc.so.2" ] || bad "carry-libs.sh did not copy libjemalloc.so.2"
+        [ -f "$libs/libjemalloc.so.2" ] || bad "carry-libs.sh did not copy libjemalloc.so.2"
     fi
-    [ -e "$fb/gpu-libs/libc.so.6" ] && bad "carry-libs.sh copied the C library"
+    [ -e "$libs/libc.so.6" ] && bad "carry-libs.sh copied the C library"
 else
     bad "carry-libs.sh failed: $(cat "$tmp/carry.log")"
 fi
