@@ -69,6 +69,10 @@ fi
 grep -q "^ended      stop (complete)" "$tmp/summary.txt" || bad "summary text: $(cat "$tmp/summary.txt")"
 "$allocview" "$trace" >"$tmp/plain.txt" || bad "allocview TRACE exited $?"
 grep -q "^allocview report" "$tmp/plain.txt" || bad "allocview TRACE is not the report: $(head -3 "$tmp/plain.txt")"
+# The report's options go before the trace as well as after it.
+"$allocview" --no-color "$trace" >"$tmp/plain2.txt" || bad "allocview --no-color TRACE exited $?"
+cmp -s "$tmp/plain.txt" "$tmp/plain2.txt" || bad "allocview --no-color TRACE differs from allocview TRACE (no tty)"
+"$allocview" --json "$trace" | grep -q '^{"report": "report"' || bad "allocview --json TRACE is not the report's JSON"
 
 # 4. A trace cut short (like a copy taken while the process ran): truncated, exit 0, a warning.
 head -c $((4096 + 65536 + 300)) "$trace" >"$tmp/cut.trace"
@@ -120,6 +124,8 @@ grep -q "not a cualloc trace" "$tmp/text.err" || bad "not a trace: $(cat "$tmp/t
 [ $? = 1 ] || bad "unknown command: want exit 1"
 "$allocview" summary --bogus "$trace" >/dev/null 2>&1
 [ $? = 1 ] || bad "unknown option: want exit 1"
+"$allocview" --bogus "$trace" >/dev/null 2>&1
+[ $? = 1 ] || bad "unknown leading option: want exit 1"
 "$allocview" --verbose summary "$trace" >/dev/null 2>"$tmp/verbose.err" || bad "--verbose exited $?"
 [ -s "$tmp/verbose.err" ] || bad "--verbose printed no allocator statistics"
 

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# check_allocview_reports.sh SCENARIOS ALLOCVIEW EXPECTED_DIR — allocview's reports against
+# check_allocview_reports.sh SCENARIOS ALLOCVIEW EXPECTED_DIR [DEMO] — allocview's reports against
 # training-shaped traces (tests/trace_scenarios.c, recorded through libcualloc.so on the sim
 # device: deterministic addresses and clock): the default report and `oom`/`leaks`/`peak`/`sites`
 # of each scenario equal expected/report_*.txt (--no-color --redact); --json is valid JSON; several
 # traces give a rank table; every report command on a truncated trace exits 0 or 3 with a report.
+# With DEMO (cualloc-demo), the demo's own trace is cut into its steps and diagnosed as what it is.
 #   UPDATE_EXPECTED=1 check_allocview_reports.sh ...   rewrites the expected files.
 set -u
-scen=$1 allocview=$2 expected=$3
+scen=$1 allocview=$2 expected=$3 demo=${4:-}
 case $allocview in /*) ;; *) allocview=$PWD/$allocview ;; esac
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -23,6 +24,7 @@ record shortage shortage sim_memory_mb:128
 record frag frag sim_memory_mb:128,expandable_segments:0
 record step2 step2 sim_memory_mb:256
 record longest longest sim_memory_mb:512
+record varlen varlen sim_memory_mb:512
 record phase phase sim_memory_mb:512
 
 # Call sites are named through libdw; an allocview built without it names module+offset, which
@@ -47,7 +49,7 @@ check() { # EXPECTED-NAME ARGS...
         bad "allocview $* differs from expected/report_$name.txt (UPDATE_EXPECTED=1 to regenerate)"
     fi
 }
-for t in leak shortage frag step2 longest phase; do
+for t in leak shortage frag step2 longest varlen phase; do
     check "$t" report "$t.trace"
 done
 check oom_shortage oom shortage.trace
@@ -63,7 +65,7 @@ want() { # TRACE RULE
     grep -q "\"rule\": \"$2\"" "$tmp/$1.json" || bad "$1: no $2 diagnosis in $(cat "$tmp/$1.json")"
 }
 wantnot() { grep -q "\"rule\": \"$2\"" "$tmp/$1.json" && bad "$1: unexpected $2 diagnosis"; }
-for t in leak shortage frag step2 longest phase; do
+for t in leak shortage frag step2 longest varlen phase; do
     "$allocview" report --json "$tmp/$t.trace" >"$tmp/$t.json" 2>/dev/null
     if command -v python3 >/dev/null 2>&1; then
         python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$tmp/$t.json" || bad "$t: report --json is not JSON"
@@ -78,7 +80,20 @@ want shortage oom-shortage; wantnot shortage oom-fragmentation; wantnot shortage
 want frag oom-fragmentation; wantnot frag oom-shortage
 want step2 step2-jump; wantnot step2 leak; wantnot step2 longest-batch
 want longest longest-batch; wantnot longest step2-jump; wantnot longest leak
+want varlen longest-batch; wantnot varlen step2-jump; wantnot varlen leak
 want phase phase; wantnot phase leak
+
+# The main job: GPT-2-small-shaped steps whose sequence length is drawn from 128..1024, AdamW state
+# made at the first optimizer step. Its longest batches set the peak (the optimizer's state is
+# too small beside them to be the step-2 jump); its 20 "step N" marks cut the report into steps.
+if [ -n "$demo" ]; then
+    CUALLOC_CONF="trace:$tmp/demo.trace" "$demo" --quiet >"$tmp/demo.out" 2>&1 || bad "cualloc-demo failed: $(cat "$tmp/demo.out")"
+    "$allocview" report --json "$tmp/demo.trace" >"$tmp/demo.json" 2>"$tmp/demo.err" || bad "report on the demo's trace: $(cat "$tmp/demo.err")"
+    want demo longest-batch; wantnot demo step2-jump; wantnot demo leak
+    "$allocview" report --no-color "$tmp/demo.trace" >"$tmp/demo.txt" 2>&1
+    grep -q "20 marks (20 steps)" "$tmp/demo.txt" || bad "the demo's trace lacks its 20 step marks: $(head -12 "$tmp/demo.txt")"
+    grep -q "Longest batches: step [0-9]* peaked at" "$tmp/demo.txt" || bad "the demo's diagnosis: $(tail -4 "$tmp/demo.txt")"
+fi
 
 # Every command on truncated copies: exit 0 or 3, a report on stdout, never a crash.
 for t in leak shortage; do

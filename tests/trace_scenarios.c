@@ -2,8 +2,7 @@
  * sim device, for allocview's report tests (tests/check_allocview_reports.sh, expected/report_*.txt).
  * Every allocation goes through one helper, tensor_empty(), as a framework's would, so the reports
  * must show the callers that tell the call sites apart. "step N" marks follow cualloc_torch's
- * convention: written after step N's optimizer step. The sim's addresses and clock are
- * deterministic; call sites are named from this binary's debug information.
+ * convention (after step N's optimizer step). The sim's addresses and clock are deterministic.
  *
  *   trace_scenarios SCENARIO TRACE
  *     leak       each step keeps a 2 MiB "loss" tensor alive (accumulating losses)
@@ -12,6 +11,7 @@
  *                request fails though the live blocks plus it fit: OOM, the process dies
  *     step2      Adam-like state allocated at the first optimizer step raises every later peak
  *     longest    one batch of 8 is three times as long as the others
+ *     varlen     12 steps whose activations follow sequence lengths drawn from 128..1024
  *     phase      an evaluation phase peaks above training
  */
 #include <stdint.h>
@@ -111,7 +111,7 @@ static NOINLINE void *big_buffer(size_t bytes) { return tensor_empty(bytes); }
 int main(int argc, char **argv)
 {
     if (argc != 3) {
-        fprintf(stderr, "usage: trace_scenarios leak|shortage|frag|step2|longest|phase TRACE\n");
+        fprintf(stderr, "usage: trace_scenarios leak|shortage|frag|step2|longest|varlen|phase TRACE\n");
         return 1;
     }
     const char *s = argv[1];
@@ -149,6 +149,14 @@ int main(int argc, char **argv)
         init_params(32 * MIB);
         for (int step = 1; step <= 8; step++) {
             train_step(step == 6 ? 24 * MIB : 8 * MIB, 4);
+            mark_step(step);
+        }
+    } else if (strcmp(s, "varlen") == 0) {
+        /* A shuffled draw of sequence lengths, in units of 128 tokens (1 MiB of activation each). */
+        static const int len128[12] = {3, 8, 5, 2, 7, 4, 8, 1, 6, 3, 7, 2};
+        init_params(32 * MIB);
+        for (int step = 1; step <= 12; step++) {
+            train_step((size_t)len128[step - 1] * MIB, 4);
             mark_step(step);
         }
     } else if (strcmp(s, "phase") == 0) {

@@ -34,7 +34,7 @@ static void usage(FILE *out)
             "allocview — reads cualloc trace files (CUALLOC_CONF=trace:PATH, cualloc_trace_start).\n"
             "\n"
             "usage: allocview [--verbose] COMMAND [OPTIONS] TRACE\n"
-            "       allocview [--verbose] TRACE [TRACE...] [--json] [--no-color]\n"
+            "       allocview [--verbose] [--json] [--no-color] TRACE [TRACE...]\n"
             "                            the after-a-crash report: what ran, the peak and its call sites,\n"
             "                            the OOM, steps, and a diagnosis with the fix to try first; several\n"
             "                            traces (one per rank): a table of ranks first\n"
@@ -349,6 +349,15 @@ static void print_allocator_stats(void)
 #endif
 }
 
+/* What every command ends with: its output flushed, and under --verbose the heap's statistics. */
+static int finish(int status)
+{
+    fflush(stdout);
+    if (verbose)
+        print_allocator_stats();
+    return status;
+}
+
 int main(int argc, char **argv)
 {
     int i = 1;
@@ -362,6 +371,11 @@ int main(int argc, char **argv)
             return 0;
         } else if (strcmp(argv[i], "--verbose") == 0) {
             verbose = true;
+        } else if (strcmp(argv[i], "--json") == 0 || strcmp(argv[i], "--no-color") == 0 ||
+                   strcmp(argv[i], "--no-colour") == 0 || strcmp(argv[i], "--redact") == 0 ||
+                   strcmp(argv[i], "--top") == 0) {
+            /* allocview --no-color TRACE: the default report's options may come first too. */
+            return finish(report_main("report", argc - i, argv + i));
         } else {
             fprintf(stderr, "allocview: unknown option %s (see allocview --help)\n", argv[i]);
             return EXIT_USAGE;
@@ -428,8 +442,5 @@ int main(int argc, char **argv)
         fprintf(stderr, "allocview: unknown command '%s' (see allocview --help)\n", cmd);
         return EXIT_USAGE;
     }
-    fflush(stdout);
-    if (verbose)
-        print_allocator_stats();
-    return status;
+    return finish(status);
 }

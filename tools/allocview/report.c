@@ -411,26 +411,49 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
         }
         free(v);
     }
-    /* 4. The longest batch: one outlier step sets the peak, well above the median step. */
-    if (np >= 4 && best && second && nd < maxd) {
+    /* 4. The longest batch: the peak step lies well above the median step, either as one outlier
+     * or as the top of step peaks that rise and fall with the batch's shape (variable sequence
+     * lengths). Step peaks that only rise are a trend (a leak, a growing cache), not a shape. */
+    if (np >= 4 && best && second && nd < maxd && (uint32_t)(best - a->segs) == a->peak_seg) {
         uint64_t sorted[4096];
         memcpy(sorted, peaks, np * sizeof *peaks);
         qsort(sorted, np, sizeof *sorted, cmp_u64);
         uint64_t med = sorted[np / 2 - (np % 2 == 0)];
         uint64_t over = best->peak_alloc - med;
-        bool outlier = best->peak_alloc > med + med / 5 && second->peak_alloc < med + over / 2 &&
-                       (uint32_t)(best - a->segs) == a->peak_seg;
-        if (outlier) {
+        bool single = second->peak_alloc < med + over / 2;
+        /* Falls of more than a twentieth from one step to the next: a quarter of the steps or more
+         * is a shape that varies, not one that grows. */
+        size_t falls = 0, high = 0;
+        for (size_t i = 0; i < np; i++) {
+            if (i > 0 && peaks[i] < peaks[i - 1] - peaks[i - 1] / 20)
+                falls++;
+            if (peaks[i] >= med + over / 2)
+                high++;
+        }
+        bool varying = falls * 4 >= np - 1;
+        bool leak = false;
+        for (size_t i = 0; i < nd; i++)
+            leak |= strcmp(d[i].rule, "leak") == 0;
+        if (best->peak_alloc > med + med / 5 && !leak && (single || varying)) {
             diag_t *x = &d[nd++];
             memset(x, 0, sizeof *x);
             x->rule = "longest-batch";
-            snprintf(x->text, sizeof x->text,
-                     "Longest batch: %s peaked at %s, %s above the median step's peak (%s over %zu steps); the "
-                     "next highest step reached %s. One outlier batch sets the peak.",
-                     best->label, H(best->peak_alloc), H(over), H(med), np, H(second->peak_alloc));
+            if (single)
+                snprintf(x->text, sizeof x->text,
+                         "Longest batch: %s peaked at %s, %s above the median step's peak (%s over %zu steps); "
+                         "the next highest step reached %s. One outlier batch sets the peak.",
+                         best->label, H(best->peak_alloc), H(over), H(med), np, H(second->peak_alloc));
+            else
+                snprintf(x->text, sizeof x->text,
+                         "Longest batches: %s peaked at %s, %.1fx the median step's peak (%s over %zu steps); "
+                         "%zu step%s reached %s or more, the next highest %s. Step peaks rise and fall with the "
+                         "batch's shape: the longest batches set the peak.",
+                         best->label, H(best->peak_alloc), (double)best->peak_alloc / (double)(med ? med : 1),
+                         H(med), np, high, high == 1 ? "" : "s", H(med + over / 2), H(second->peak_alloc));
             snprintf(x->fix, sizeof x->fix,
-                     "Fix (ladder rung 1, for that batch): cap the sequence length or bucket / sort by length so "
+                     "Fix (ladder rung 1, for %s): cap the sequence length or bucket / sort by length so "
                      "the longest batch is no larger than typical ones%s. Saves up to %s at the peak.",
+                     single ? "that batch" : "those batches",
                      dev_vmm(a, 0) ? "" : "; expandable_segments:True also helps with the variable shapes",
                      H(over));
             x->saving = over;
