@@ -56,16 +56,6 @@ long av_step_of(const char *label)
     return n;
 }
 
-const av_module_t *av_module(const av_t *a, const char *path)
-{
-    if (!path)
-        return NULL;
-    for (size_t i = a->nmods; i-- > 0;)
-        if (strcmp(a->mods[i].path, path) == 0)
-            return &a->mods[i];
-    return NULL;
-}
-
 static av_stack_t *stack_get(av_t *a, uint32_t id)
 {
     if (id >= a->nst) {
@@ -308,21 +298,6 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
                 a->dev_mode[d] = rec.u.device.mode;
             }
             break;
-        case CUA_TRACE_MODULE: {
-            if (a->nmods == a->capmods) {
-                a->capmods = a->capmods ? a->capmods * 2 : 16;
-                a->mods = xrealloc(a->mods, a->capmods * sizeof *a->mods);
-            }
-            av_module_t *m = &a->mods[a->nmods++];
-            memset(m, 0, sizeof *m);
-            m->path = xrealloc(NULL, rec.u.module.path.len + 1);
-            memcpy(m->path, rec.u.module.path.p, rec.u.module.path.len);
-            m->path[rec.u.module.path.len] = '\0';
-            m->build_id_len = (unsigned)(rec.u.module.build_id.len < sizeof m->build_id ? rec.u.module.build_id.len
-                                                                                         : sizeof m->build_id);
-            memcpy(m->build_id, rec.u.module.build_id.p, m->build_id_len);
-            break;
-        }
         case CUA_TRACE_STACK:
             stack_get(a, (uint32_t)rec.u.stack.id);
             break;
@@ -456,9 +431,6 @@ void av_free(av_t *a)
     if (!a)
         return;
     tr_acct_free(&a->acct);
-    for (size_t i = 0; i < a->nmods; i++)
-        free(a->mods[i].path);
-    free(a->mods);
     free(a->st);
     free(a->segs);
     free(a->ooms);

@@ -60,12 +60,6 @@ typedef struct av_oom {
     uint64_t requested, rounded, capacity, allocated, reserved, device_free, largest_free;
 } av_oom_t;
 
-typedef struct av_module {
-    char *path;
-    unsigned char build_id[64];
-    unsigned build_id_len;
-} av_module_t;
-
 typedef struct av_opts {
     int64_t at_time_ns;        /* peak --at TIME (ns after the first event); -1: none */
     const char *at_mark;       /* peak --at MARK: the state when this mark was written */
@@ -89,8 +83,6 @@ typedef struct av {
     char dev_name[CUA_TRACE_MAX_DEVICES][96];
     uint64_t dev_total[CUA_TRACE_MAX_DEVICES], dev_capacity[CUA_TRACE_MAX_DEVICES];
     uint8_t dev_mode[CUA_TRACE_MAX_DEVICES];
-    av_module_t *mods;
-    size_t nmods, capmods;
     /* stacks, indexed by stack id (0: not captured) */
     av_stack_t *st;
     size_t nst;
@@ -135,6 +127,5 @@ static inline uint32_t av_peak_count(const av_t *a, const av_stack_t *s)
 bool av_leak_growing(const av_leak_t *l, uint64_t end_bytes);
 /* Parses "step N" (also "step N (optimizer K)"); returns N or -1. */
 long av_step_of(const char *label);
-const av_module_t *av_module(const av_t *a, const char *path);
 
 #endif

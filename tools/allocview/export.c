@@ -859,7 +859,7 @@ int av_cmd_export(int argc, char **argv)
         fprintf(stderr, "allocview export: %s: %s\n", in, err);
         return VW_EXIT_UNREADABLE;
     }
-    ex.sym = sym_new(ex.a);
+    ex.sym = sym_new(ex.a->r);
     ex.nstack_memo = (size_t)tr_stack_count(ex.a->r) + 1;
     ex.stack_memo = calloc(ex.nstack_memo, sizeof *ex.stack_memo);
     /* Devices: every one the trace defines or has events on. */

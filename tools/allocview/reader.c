@@ -43,7 +43,7 @@ typedef struct cursor {
 typedef struct node { uint64_t value; uint32_t parent; uint8_t kind; } node_t;
 typedef struct pyf { char *function, *file; uint64_t line; } pyf_t;
 typedef struct thr { uint64_t tid; char *name; } thr_t;
-typedef struct mod { uint64_t base, start, end; char *path; } mod_t;
+typedef struct mod { uint64_t base, start, end; char *path; unsigned char build_id[64]; unsigned build_id_len; } mod_t;
 
 struct tr_reader {
     int fd;
@@ -259,6 +259,9 @@ static int define(tr_reader_t *r, const tr_record_t *rec)
         m->start = rec->u.module.start;
         m->end = rec->u.module.end;
         m->path = dupstr(rec->u.module.path);
+        m->build_id_len = (unsigned)(rec->u.module.build_id.len < sizeof m->build_id ? rec->u.module.build_id.len
+                                                                                   : sizeof m->build_id);
+        memcpy(m->build_id, rec->u.module.build_id.p, m->build_id_len);
         return 0;
     }
     default:
@@ -842,6 +845,18 @@ const char *tr_warning(const tr_reader_t *r) { return r->warning; }
 const tr_info_t *tr_info(const tr_reader_t *r) { return &r->info; }
 
 /* ----------------------------------------------------------------------------- lookups */
+
+size_t tr_module_build_id(const tr_reader_t *r, const char *path, const unsigned char **id)
+{
+    /* The latest record of that path: a file loaded again (after a rebuild) has its own. */
+    for (uint32_t i = r->nmods; path && i-- > 0;)
+        if (r->mods[i].path && strcmp(r->mods[i].path, path) == 0) {
+            *id = r->mods[i].build_id;
+            return r->mods[i].build_id_len;
+        }
+    *id = NULL;
+    return 0;
+}
 
 static const mod_t *module_for(const tr_reader_t *r, uint64_t addr)
 {

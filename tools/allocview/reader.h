@@ -100,6 +100,9 @@ typedef struct tr_frame {
 /* The frames of stack `id`, innermost first; returns how many (<= max). */
 size_t tr_stack_frames(const tr_reader_t *r, uint32_t id, tr_frame_t *out, size_t max);
 uint32_t tr_stack_count(const tr_reader_t *r);
+/* The build id recorded for the module at `path` (its latest record): its length, 0 when none
+ * (*id then NULL). The bytes belong to the reader. */
+size_t tr_module_build_id(const tr_reader_t *r, const char *path, const unsigned char **id);
 bool tr_stream_handle(const tr_reader_t *r, uint32_t id, uint64_t *handle);
 bool tr_thread_info(const tr_reader_t *r, uint32_t id, uint64_t *tid, const char **name);
 

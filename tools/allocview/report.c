@@ -823,7 +823,7 @@ static void oom_json(FILE *out, const av_t *a, sym_ctx_t *sym, const ropts_t *o)
 
 static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
 {
-    sym_ctx_t *sym = sym_new(a);
+    sym_ctx_t *sym = sym_new(a->r);
     /* Labels tell a site apart from every call site of the trace, not only from those listed. */
     ref_sites = collect_sites(a, sym, VIEW_EVER, NULL, &nref_sites);
     diag_t d[32];

@@ -39,12 +39,12 @@ typedef struct sym_ent {
 } sym_ent_t;
 
 struct sym_ctx {
-    const av_t *a;
+    const tr_reader_t *r;
     sym_mod_t *mods;
     size_t nmods;
     sym_ent_t *ents;
     size_t cap, count;
-    /* per stack: cached folded frames */
+    /* per stack id (< nstk, grown on demand): its user frames, once computed */
     char ***stk;
     size_t *stkn;
     bool *stkdone;
@@ -65,19 +65,45 @@ static bool fold_function(const char *fn)
                   strncmp(fn, "cualloc_", 8) == 0);
 }
 
-sym_ctx_t *sym_new(const av_t *a)
+sym_ctx_t *sym_new(const tr_reader_t *r)
 {
     sym_ctx_t *c = calloc(1, sizeof *c);
     if (!c)
         return NULL;
-    c->a = a;
+    c->r = r;
     c->cap = 1024;
     c->ents = calloc(c->cap, sizeof *c->ents);
-    c->nstk = a->nst;
-    c->stk = calloc(c->nstk ? c->nstk : 1, sizeof *c->stk);
-    c->stkn = calloc(c->nstk ? c->nstk : 1, sizeof *c->stkn);
-    c->stkdone = calloc(c->nstk ? c->nstk : 1, sizeof *c->stkdone);
+    if (!c->ents) {
+        free(c);
+        return NULL;
+    }
     return c;
+}
+
+/* Room in the per-stack caches for stack `id`. */
+static bool stk_room(sym_ctx_t *c, uint32_t id)
+{
+    if (id < c->nstk)
+        return true;
+    size_t n = c->nstk ? c->nstk : 64;
+    while (n <= id)
+        n *= 2;
+    char ***stk = realloc(c->stk, n * sizeof *stk);
+    if (stk)
+        c->stk = stk;
+    size_t *stkn = realloc(c->stkn, n * sizeof *stkn);
+    if (stkn)
+        c->stkn = stkn;
+    bool *stkdone = realloc(c->stkdone, n * sizeof *stkdone);
+    if (stkdone)
+        c->stkdone = stkdone;
+    if (!stk || !stkn || !stkdone)
+        return false;
+    memset(c->stk + c->nstk, 0, (n - c->nstk) * sizeof *stk);
+    memset(c->stkn + c->nstk, 0, (n - c->nstk) * sizeof *stkn);
+    memset(c->stkdone + c->nstk, 0, (n - c->nstk) * sizeof *stkdone);
+    c->nstk = n;
+    return true;
 }
 
 void sym_free(sym_ctx_t *c)
@@ -142,12 +168,13 @@ static void mod_open(sym_ctx_t *c, sym_mod_t *m)
     if (!m->mod)
         return;
     /* The build id must match the recorded one: a rebuilt file would name the wrong code. */
-    const av_module_t *rec = av_module(c->a, m->path);
-    if (rec && rec->build_id_len) {
+    const unsigned char *want;
+    size_t want_len = tr_module_build_id(c->r, m->path, &want);
+    if (want_len) {
         const unsigned char *bits;
         GElf_Addr vaddr;
         int n = dwfl_module_build_id(m->mod, &bits, &vaddr);
-        if (n <= 0 || (unsigned)n != rec->build_id_len || memcmp(bits, rec->build_id, (size_t)n) != 0)
+        if (n <= 0 || (size_t)n != want_len || memcmp(bits, want, want_len) != 0)
             return;
     }
     dwfl_module_info(m->mod, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
@@ -261,12 +288,12 @@ static sym_ent_t *ent_get(sym_ctx_t *c, const tr_frame_t *f)
 
 size_t sym_stack(sym_ctx_t *c, uint32_t id, const char **out, size_t max)
 {
-    if (id == 0 || id >= c->nstk)
+    if (id == 0 || id > tr_stack_count(c->r) || !stk_room(c, id))
         return 0;
     if (!c->stkdone[id]) {
         c->stkdone[id] = true;
         tr_frame_t fr[SYM_MAX_FRAMES];
-        size_t n = tr_stack_frames(c->a->r, id, fr, SYM_MAX_FRAMES);
+        size_t n = tr_stack_frames(c->r, id, fr, SYM_MAX_FRAMES);
         c->stk[id] = calloc(n ? n : 1, sizeof(char *));
         size_t m = 0;
         for (size_t i = 0; i < n; i++) {

@@ -11,11 +11,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "analysis.h"
+#include "reader.h"
 
 typedef struct sym_ctx sym_ctx_t;
 
-sym_ctx_t *sym_new(const av_t *a);
+/* A context naming the stacks of `r` (which must outlive it); NULL when out of memory. */
+sym_ctx_t *sym_new(const tr_reader_t *r);
 void sym_free(sym_ctx_t *c);
 
 /* The user's frames of stack `id`, innermost first, as text ("fn (file.c:12)", "fn (libx.so)",
