@@ -3,8 +3,9 @@
 # training-shaped traces (tests/trace_scenarios.c, recorded through libcualloc.so on the sim
 # device: deterministic addresses and clock): the default report and `oom`/`leaks`/`peak`/`sites`
 # of each scenario equal expected/report_*.txt (--no-color --redact); --json is valid JSON; several
-# traces give a rank table; every report command on a truncated trace exits 0 or 3 with a report.
-# With DEMO (cualloc-demo), the demo's own trace is cut into its steps and diagnosed as what it is.
+# traces give a rank table; every report command on a truncated trace exits 0 or 3 with a report;
+# timeline, folded and diff name the sites as the report does. With DEMO (cualloc-demo), the
+# demo's own trace is cut into its steps and diagnosed as what it is.
 #   UPDATE_EXPECTED=1 check_allocview_reports.sh ...   rewrites the expected files.
 set -u
 scen=$1 allocview=$2 expected=$3 demo=${4:-}
@@ -82,6 +83,17 @@ want step2 step2-jump; wantnot step2 leak; wantnot step2 longest-batch
 want longest longest-batch; wantnot longest step2-jump; wantnot longest leak
 want varlen longest-batch; wantnot varlen step2-jump; wantnot varlen leak
 want phase phase; wantnot phase leak
+
+# The views name call sites as the report does: function (file:line), callers where needed.
+"$allocview" timeline --no-color --ascii --top 3 "$tmp/leak.trace" >"$tmp/tl.txt" 2>&1 || bad "timeline exited $?"
+grep -q "  tensor_empty (trace_scenarios.c:[0-9]*) <- record_loss (trace_scenarios.c:[0-9]*)$" "$tmp/tl.txt" ||
+    bad "timeline's top sites are not named like the report's: $(tail -4 "$tmp/tl.txt")"
+"$allocview" folded "$tmp/leak.trace" >"$tmp/leak.folded" 2>&1 || bad "folded exited $?"
+grep -q "^main (trace_scenarios.c:[0-9]*);record_loss (trace_scenarios.c:[0-9]*);tensor_empty (trace_scenarios.c:[0-9]*) 10485760$" \
+    "$tmp/leak.folded" || bad "folded stacks are not symbolized: $(cat "$tmp/leak.folded")"
+"$allocview" diff "$tmp/step2.trace" "$tmp/leak.trace" >"$tmp/diff.txt" 2>&1 || bad "diff exited $?"
+grep -q "  tensor_empty (trace_scenarios.c:[0-9]*) <- adam_init_state (trace_scenarios.c:[0-9]*)  (gone in B)$" "$tmp/diff.txt" ||
+    bad "diff does not name the optimizer state's sites: $(cat "$tmp/diff.txt")"
 
 # The main job: GPT-2-small-shaped steps whose sequence length is drawn from 128..1024, AdamW state
 # made at the first optimizer step. Its longest batches set the peak (the optimizer's state is

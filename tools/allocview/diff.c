@@ -1,7 +1,8 @@
 /* diff.c — `allocview diff A B`: what grew between two traces. Each trace's live bytes at its own
  * allocated peak are taken per call site (vw_peak_sites); sites are matched between the traces by
- * their symbolic frames (vw_site_folded: module+offset and Python function/file/line, root first),
- * never by stack id or address, which differ from run to run. Largest growth first.
+ * their symbolic frames (vw_site_folded: function and file:line, or module+offset without debug
+ * information, and Python function/file/line, root first), never by stack id or address, which
+ * differ from run to run. Largest growth first; each site labelled as the report labels it.
  */
 #include "views.h"
 
@@ -9,10 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct dsite { char *key; char *name; uint64_t a, b; } dsite_t;
+/* A site: its key, its bytes at each trace's peak, and where its frames come from (the side and
+ * stack of the first stack that gave the key). */
+typedef struct dsite { char *key; uint64_t a, b; int side; uint32_t stack; } dsite_t;
 
 typedef struct side {
     tr_reader_t *r;
+    sym_ctx_t *sym;
     vw_peak_t p;
     int status;
 } side_t;
@@ -50,15 +54,14 @@ static bool collect(side_t *s, int which, dsite_t **v, size_t *n, size_t *cap)
             *cap = nc;
         }
         dsite_t *d = &(*v)[*n];
-        vw_site_folded(s->r, id, buf, sizeof buf);
+        vw_site_frames_t f;
+        vw_site_frames(s->sym, id, &f);
+        vw_site_folded(&f, buf, sizeof buf);
         d->key = strdup(buf);
-        vw_site_name(s->r, id, buf, sizeof buf);
-        d->name = strdup(buf);
-        if (!d->key || !d->name) {
-            free(d->key);
-            free(d->name);
+        if (!d->key)
             return false;
-        }
+        d->side = which;
+        d->stack = id;
         d->a = which == 0 ? s->p.bytes[id] : 0;
         d->b = which == 1 ? s->p.bytes[id] : 0;
         (*n)++;
@@ -78,7 +81,8 @@ static void diff_usage(FILE *out)
     fprintf(out, "usage: allocview diff [--json] [--all] A B\n"
                  "  what grew from trace A to trace B: each call site's live bytes at its trace's peak of\n"
                  "  allocated memory, A against B, largest growth first; and the two peaks. Sites are\n"
-                 "  matched by their frames (module+offset, Python function and line), not by address.\n"
+                 "  matched by their frames (function and file:line, or module+offset; Python function and\n"
+                 "  line), not by address.\n"
                  "  Sites that did not change are left out unless --all.\n");
 }
 
@@ -124,6 +128,8 @@ int av_cmd_diff(int argc, char **argv)
     dsite_t *v = NULL;
     size_t n = 0, cap = 0;
     int status = VW_EXIT_OK;
+    s[0].sym = sym_new(s[0].r);
+    s[1].sym = sym_new(s[1].r);
     if (!collect(&s[0], 0, &v, &n, &cap) || !collect(&s[1], 1, &v, &n, &cap)) {
         fprintf(stderr, "allocview diff: out of memory\n");
         status = VW_EXIT_UNREADABLE;
@@ -136,13 +142,33 @@ int av_cmd_diff(int argc, char **argv)
             v[m - 1].a += v[i].a;
             v[m - 1].b += v[i].b;
             free(v[i].key);
-            free(v[i].name);
         } else {
             v[m++] = v[i];
         }
     }
     n = m;
     qsort(v, n, sizeof *v, growth_cmp);
+    /* The sites listed (changed ones, or all), labelled among themselves. */
+    size_t nshown = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (all || v[i].a != v[i].b)
+            v[nshown++] = v[i];
+        else
+            free(v[i].key);
+    }
+    size_t same = n - nshown;
+    n = nshown;
+    vw_site_frames_t *frames = calloc(n ? n : 1, sizeof *frames);
+    char (*names)[1024] = calloc(n ? n : 1, sizeof *names);
+    if (!frames || !names) {
+        fprintf(stderr, "allocview diff: out of memory\n");
+        status = VW_EXIT_UNREADABLE;
+        n = 0;
+    }
+    for (size_t i = 0; i < n; i++)
+        vw_site_frames(s[v[i].side].sym, v[i].stack, &frames[i]);
+    for (size_t i = 0; i < n; i++)
+        vw_site_label(frames, n, i, names[i], sizeof names[i]);
 
     char h1[32], h2[32], h3[32];
     if (json) {
@@ -157,10 +183,8 @@ int av_cmd_diff(int argc, char **argv)
         printf(", \"sites\": [");
         const char *sep = "";
         for (size_t i = 0; i < n; i++) {
-            if (!all && v[i].a == v[i].b)
-                continue;
             printf("%s{\"name\": ", sep);
-            txt_json_string(stdout, v[i].name);
+            txt_json_string(stdout, names[i]);
             printf(", \"stack\": ");
             txt_json_string(stdout, v[i].key);
             printf(", \"a_bytes\": %" PRIu64 ", \"b_bytes\": %" PRIu64 ", \"diff_bytes\": %" PRId64 "}", v[i].a,
@@ -178,18 +202,12 @@ int av_cmd_diff(int argc, char **argv)
                txt_human(s[1].p.reserved_peak, h2, sizeof h2), h3);
         printf("live at each trace's peak, by call site (largest growth first):\n");
         printf("  %12s  %12s  %12s  %s\n", "change", "A", "B", "site");
-        size_t shown = 0, same = 0;
         for (size_t i = 0; i < n; i++) {
-            if (!all && v[i].a == v[i].b) {
-                same++;
-                continue;
-            }
             signed_human((int64_t)(v[i].b - v[i].a), h3, sizeof h3);
             printf("  %12s  %12s  %12s  %s%s\n", h3, txt_human(v[i].a, h1, sizeof h1), txt_human(v[i].b, h2, sizeof h2),
-                   v[i].name, !v[i].a ? "  (new in B)" : !v[i].b ? "  (gone in B)" : "");
-            shown++;
+                   names[i], !v[i].a ? "  (new in B)" : !v[i].b ? "  (gone in B)" : "");
         }
-        if (!shown)
+        if (!n)
             printf("  (no call site changed)\n");
         if (same)
             printf("  %zu site%s unchanged (--all shows them)\n", same, same == 1 ? "" : "s");
@@ -198,16 +216,17 @@ int av_cmd_diff(int argc, char **argv)
                    s[0].p.truncated && s[1].p.truncated ? "each trace" : s[0].p.truncated ? "A" : "B");
     }
     fflush(stdout);
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++)
         free(v[i].key);
-        free(v[i].name);
-    }
     free(v);
+    free(frames);
+    free(names);
     for (int i = 0; i < 2; i++) {
         int st = vw_finish("diff", i ? pb : pa, s[i].r, s[i].status == VW_EXIT_CORRUPT ? -1 : 0);
         if (st && !status)
             status = st;
         vw_peak_free(&s[i].p);
+        sym_free(s[i].sym);
         tr_close(s[i].r);
     }
     return status;

@@ -122,74 +122,53 @@ int64_t vw_replay_add(vw_replay_t *s, const tr_record_t *rec)
 
 /* ---------------------------------------------------------------------------------- naming */
 
-static bool prefixed(const char *s, const char *p) { return s && strncmp(s, p, strlen(p)) == 0; }
-
-bool vw_frame_is_allocator(const tr_frame_t *f)
+void vw_site_frames(sym_ctx_t *sym, uint32_t stack, vw_site_frames_t *out)
 {
-    if (f->kind == CUA_TRACE_FRAME_NATIVE) {
-        if (!f->module)
+    out->stack = stack;
+    out->n = sym ? sym_stack(sym, stack, out->f, VW_SITE_FRAMES) : 0;
+}
+
+static bool same_site_frames(const vw_site_frames_t *a, const vw_site_frames_t *b)
+{
+    if (a->n != b->n)
+        return false;
+    for (size_t i = 0; i < a->n; i++)
+        if (strcmp(a->f[i], b->f[i]) != 0)
             return false;
-        const char *b = txt_base_name(f->module);
-        return prefixed(b, "libcualloc") || prefixed(b, "libcudart") || prefixed(b, "libcuda");
+    return true;
+}
+
+void vw_site_label(const vw_site_frames_t *v, size_t n, size_t i, char *buf, size_t len)
+{
+    size_t need = 1;
+    bool twin = false;
+    for (size_t j = 0; j < n; j++) {
+        if (j == i)
+            continue;
+        size_t d = sym_label_depth(v[i].f, v[i].n, v[j].f, v[j].n);
+        if (d > need)
+            need = d;
+        twin |= v[i].stack != v[j].stack && same_site_frames(&v[i], &v[j]);
     }
-    return prefixed(f->function, "cualloc_") || prefixed(f->function, "cudaMalloc") ||
-           prefixed(f->function, "cuMemAlloc");
+    sym_label(v[i].f, v[i].n, need, v[i].stack != 0, buf, len);
+    size_t k = strlen(buf);
+    if (twin && k < len)
+        snprintf(buf + k, len - k, " [stack %" PRIu32 "]", v[i].stack);
 }
 
-void vw_frame_name(const tr_frame_t *f, char *buf, size_t len)
+size_t vw_site_folded(const vw_site_frames_t *s, char *buf, size_t len)
 {
-    if (f->kind == CUA_TRACE_FRAME_PYTHON) {
-        if (f->function)
-            snprintf(buf, len, "%s (%s:%" PRIu64 ")", f->function, f->file ? f->file : "?", f->line);
-        else
-            snprintf(buf, len, "(unknown Python frame)");
-    } else if (f->module) {
-        /* The recorded return address's offset, as symbolize.c prints an unsymbolized frame. */
-        snprintf(buf, len, "%s+0x%" PRIx64, txt_base_name(f->module), f->module_offset);
-    } else {
-        snprintf(buf, len, "0x%" PRIx64, f->addr);
-    }
-}
-
-/* The frames of `stack`, innermost first; *first = the first not the allocator's (n if none). */
-static size_t site_frames(const tr_reader_t *r, uint32_t stack, tr_frame_t *fr, size_t *first)
-{
-    size_t n = tr_stack_frames(r, stack, fr, VW_MAX_FRAMES);
-    size_t i = 0;
-    while (i < n && vw_frame_is_allocator(&fr[i]))
-        i++;
-    *first = i;
-    return n;
-}
-
-void vw_site_name(const tr_reader_t *r, uint32_t stack, char *buf, size_t len)
-{
-    static tr_frame_t fr[VW_MAX_FRAMES];
-    size_t first, n = site_frames(r, stack, fr, &first);
-    if (n == 0)
-        snprintf(buf, len, stack ? "(stack %" PRIu32 " unknown)" : "(no stack)", stack);
-    else if (first == n)
-        snprintf(buf, len, "(allocator)");
-    else
-        vw_frame_name(&fr[first], buf, len);
-}
-
-size_t vw_site_folded(const tr_reader_t *r, uint32_t stack, char *buf, size_t len)
-{
-    static tr_frame_t fr[VW_MAX_FRAMES];
-    size_t first, n = site_frames(r, stack, fr, &first), o = 0;
     if (len == 0)
         return 0;
     buf[0] = '\0';
-    if (n == 0 || first == n) {
-        char name[64];
-        vw_site_name(r, stack, name, sizeof name);
-        snprintf(buf, len, "%s", name);
+    if (s->n == 0) {
+        sym_label(s->f, 0, 1, s->stack != 0, buf, len);
         return strlen(buf);
     }
-    for (size_t i = n; i-- > first;) {
+    size_t o = 0;
+    for (size_t i = s->n; i-- > 0;) {
         char name[1024];
-        vw_frame_name(&fr[i], name, sizeof name);
+        snprintf(name, sizeof name, "%s", s->f[i]);
         for (char *p = name; *p; p++) /* the separators of the folded format */
             if (*p == ';')
                 *p = ':';
@@ -287,10 +266,13 @@ int vw_write_folded(FILE *out, const char *path)
     fline_t *lines = calloc(p.nstacks ? p.nstacks : 1, sizeof *lines);
     size_t n = 0;
     static char buf[65536];
+    sym_ctx_t *sym = sym_new(r);
     for (uint32_t id = 0; lines && id < p.nstacks; id++) {
         if (!p.bytes[id])
             continue;
-        vw_site_folded(r, id, buf, sizeof buf);
+        vw_site_frames_t f;
+        vw_site_frames(sym, id, &f);
+        vw_site_folded(&f, buf, sizeof buf);
         lines[n].text = strdup(buf);
         lines[n].bytes = p.bytes[id];
         if (lines[n].text)
@@ -316,6 +298,7 @@ int vw_write_folded(FILE *out, const char *path)
     for (size_t i = 0; i < n; i++)
         free(lines[i].text);
     free(lines);
+    sym_free(sym);
     if (!lines)
         fprintf(stderr, "allocview folded: out of memory\n");
     int st2 = vw_finish("folded", path, r, status == VW_EXIT_CORRUPT ? -1 : 0);

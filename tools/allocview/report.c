@@ -192,25 +192,11 @@ static void label_sites(site_t *v, size_t n)
             const site_t *w = j < n ? &v[j] : &ref_sites[j - n];
             if (j == i || (j >= n && same_frames(w, v[i].frames, v[i].nframes)))
                 continue;
-            size_t c = 0;
-            while (c < v[i].nframes && c < w->nframes && strcmp(v[i].frames[c], w->frames[c]) == 0)
-                c++;
-            if (c + 1 > need)
-                need = c + 1;
+            size_t d = sym_label_depth(v[i].frames, v[i].nframes, w->frames, w->nframes);
+            if (d > need)
+                need = d;
         }
-        if (need > v[i].nframes)
-            need = v[i].nframes;
-        if (need > 6)
-            need = 6;
-        char *o = v[i].label;
-        size_t len = sizeof v[i].label, k = 0;
-        if (v[i].nframes == 0) {
-            snprintf(o, len, "%s", v[i].first_stack == 0 ? "(stack not recorded)" : "(allocator frames only)");
-            continue;
-        }
-        o[0] = '\0';
-        for (size_t f = 0; f < need && k + 8 < len; f++)
-            k += (size_t)snprintf(o + k, len - k, "%s%s", f ? " <- " : "", v[i].frames[f]);
+        sym_label(v[i].frames, v[i].nframes, need, v[i].first_stack != 0, v[i].label, sizeof v[i].label);
     }
 }
 

@@ -15,7 +15,7 @@
 
 #include "text.h"
 
-#define SYM_MAX_FRAMES 64
+#define SYM_MAX_FRAMES 512 /* the recorder keeps at most 128 (64 native, 64 Python); imports may hold more */
 
 /* One module file, opened on first use. */
 typedef struct sym_mod {
@@ -311,4 +311,34 @@ size_t sym_stack(sym_ctx_t *c, uint32_t id, const char **out, size_t max)
     for (size_t i = 0; i < n; i++)
         out[i] = c->stk[id][i];
     return n;
+}
+
+size_t sym_label_depth(const char *const *f, size_t n, const char *const *g, size_t m)
+{
+    size_t c = 0;
+    while (c < n && c < m && strcmp(f[c], g[c]) == 0)
+        c++;
+    return c + 1;
+}
+
+void sym_label(const char *const *f, size_t n, size_t depth, bool recorded, char *buf, size_t len)
+{
+    if (len == 0)
+        return;
+    buf[0] = '\0';
+    if (n == 0) {
+        snprintf(buf, len, "%s", recorded ? "(allocator frames only)" : "(stack not recorded)");
+        return;
+    }
+    if (depth > n)
+        depth = n;
+    if (depth > SYM_LABEL_FRAMES)
+        depth = SYM_LABEL_FRAMES;
+    size_t k = 0;
+    for (size_t i = 0; i < depth && k + 8 < len; i++) {
+        int w = snprintf(buf + k, len - k, "%s%s", i ? " <- " : "", f[i]);
+        if (w < 0)
+            break;
+        k += (size_t)w;
+    }
 }

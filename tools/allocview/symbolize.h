@@ -24,6 +24,16 @@ void sym_free(sym_ctx_t *c);
  * context. 0 when the stack was not captured. */
 size_t sym_stack(sym_ctx_t *c, uint32_t id, const char **out, size_t max);
 
+/* Labels of call sites listed together: a site's user frames (from sym_stack, innermost first),
+ * joined by " <- ", down to the first frame that tells it apart from every other site listed (an
+ * allocation helper shared by many sites is followed by its callers), at most SYM_LABEL_FRAMES.
+ * sym_label_depth: how many frames of f tell it apart from g (one more than their common
+ * prefix); the caller takes the largest over the other sites. sym_label writes the label;
+ * `recorded`: the site has a stack (no frames then means only the allocator's frames). */
+#define SYM_LABEL_FRAMES 6
+size_t sym_label_depth(const char *const *f, size_t n, const char *const *g, size_t m);
+void sym_label(const char *const *f, size_t n, size_t depth, bool recorded, char *buf, size_t len);
+
 /* One native frame (module + offset: the return address as recorded; module NULL: offset is the
  * address): its function (NULL when unknown), source file (NULL when unknown) and line (0), and
  * whether it is the allocator's or the CUDA runtime's (fold). Strings belong to the context. */

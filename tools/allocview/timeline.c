@@ -49,7 +49,7 @@ typedef struct tl {
     size_t nooms, ooms_total;
     /* the top sites */
     uint32_t top_id[MAX_TOP];
-    char top_name[MAX_TOP][256];
+    char top_name[MAX_TOP][1024];
     uint64_t top_max[MAX_TOP];
     unsigned ntop;
     bool have_other;
@@ -169,15 +169,14 @@ static void pick_top(tl_t *t, const tr_reader_t *r)
         if (t->ntop < t->top)
             t->ntop++;
     }
-    for (unsigned i = 0; i < t->ntop; i++) {
-        vw_site_name(r, t->top_id[i], t->top_name[i], sizeof t->top_name[i]);
-        for (unsigned j = 0; j < i; j++)
-            if (strcmp(t->top_name[i], t->top_name[j]) == 0) {
-                size_t n = strlen(t->top_name[i]);
-                snprintf(t->top_name[i] + n, sizeof t->top_name[i] - n, " [stack %" PRIu32 "]", t->top_id[i]);
-                break;
-            }
-    }
+    /* Named as the report names them: frames down to the one that tells the top sites apart. */
+    static vw_site_frames_t f[MAX_TOP];
+    sym_ctx_t *sym = sym_new(r);
+    for (unsigned i = 0; i < t->ntop; i++)
+        vw_site_frames(sym, t->top_id[i], &f[i]);
+    for (unsigned i = 0; i < t->ntop; i++)
+        vw_site_label(f, t->ntop, i, t->top_name[i], sizeof t->top_name[i]);
+    sym_free(sym);
 }
 
 static void snapshot(const tl_t *t, const vw_replay_t *s, bucket_t *b)

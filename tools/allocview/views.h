@@ -4,10 +4,10 @@
  *  - vw_replay_t: the live state replayed from the events (live blocks keyed by device and address,
  *    with the stack that allocated them; live bytes per stack id; allocated and reserved totals,
  *    summed over devices as tr_acct does). Memory grows with live blocks and stacks only.
- *  - call-site naming: a call site is a whole stack (the stack id of the ALLOC record). It is named
- *    by its innermost frame that is not the allocator or the CUDA runtime (frames in modules
- *    libcualloc*, libcudart*, libcuda*, or functions cualloc_*, cudaMalloc*, cuMemAlloc* are
- *    folded); a native frame reads "module+0xOFFSET" (the module's file name), a Python frame
+ *  - call-site naming: a call site is a whole stack (the stack id of the ALLOC record), named as
+ *    the report names it (symbolize.h): the user's frames, the allocator's and the CUDA runtime's
+ *    folded away; a native frame reads "function (file.c:12)" where the module file has debug
+ *    information and matches the recorded build id, "module+0xOFFSET" otherwise; a Python frame
  *    "function (file:line)". Names and keys use only what is the same from run to run (no
  *    addresses where a module is known), so `diff` can match sites of two traces.
  *  - vw_peak_sites: each stack's live bytes at the moment of the allocated peak (two passes).
@@ -21,6 +21,7 @@
 #include <stdio.h>
 
 #include "reader.h"
+#include "symbolize.h"
 #include "text.h"
 
 /* allocview's exit statuses (main.c). */
@@ -56,17 +57,21 @@ int64_t vw_replay_add(vw_replay_t *s, const tr_record_t *rec);
 
 #define VW_MAX_FRAMES 512
 
-/* true: the frame belongs to the allocator or the CUDA runtime (folded away). */
-bool vw_frame_is_allocator(const tr_frame_t *f);
-/* One frame's name ("libfoo.so+0x1a2b", "forward (model.py:42)", "0x7f00..." without a module). */
-void vw_frame_name(const tr_frame_t *f, char *buf, size_t len);
-/* The call site's name: its innermost frame that is not the allocator's; "(no stack)" for id 0,
- * "(allocator)" when every frame is the allocator's. */
-void vw_site_name(const tr_reader_t *r, uint32_t stack, char *buf, size_t len);
-/* The site's frames, root first, separated by ';', the allocator's innermost frames folded:
- * the folded-stack line of flamegraph tools, and diff's key. Returns the length written (the text
- * is cut at len-1). */
-size_t vw_site_folded(const tr_reader_t *r, uint32_t stack, char *buf, size_t len);
+/* A call site's user frames (sym_stack: the allocator's and the CUDA runtime's folded away),
+ * innermost first, the first VW_SITE_FRAMES of them; `stack` its id. */
+#define VW_SITE_FRAMES VW_MAX_FRAMES
+typedef struct vw_site_frames {
+    const char *f[VW_SITE_FRAMES]; /* the symbolizer's strings */
+    size_t n;
+    uint32_t stack;
+} vw_site_frames_t;
+void vw_site_frames(sym_ctx_t *sym, uint32_t stack, vw_site_frames_t *out);
+/* The label of v[i] among the n sites listed with it (sym_label: frames down to the one that
+ * tells it apart; " [stack N]" when another site has the same frames). */
+void vw_site_label(const vw_site_frames_t *v, size_t n, size_t i, char *buf, size_t len);
+/* The site's frames, root first, separated by ';': the folded-stack line of flamegraph tools,
+ * and diff's key. Returns the length written (the text is cut at len-1). */
+size_t vw_site_folded(const vw_site_frames_t *s, char *buf, size_t len);
 
 /* ------------------------------------------------------------------------- peak sites */
 
