@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# check_allocview_reports.sh SCENARIOS ALLOCVIEW EXPECTED_DIR [DEMO] — allocview's reports against
+# check_allocview_reports.sh SCENARIOS ALLOCVIEW EXPECTED_DIR [DEMO [INLINE]] — allocview's reports against
 # training-shaped traces (tests/trace_scenarios.c, recorded through libcualloc.so on the sim
 # device: deterministic addresses and clock): the default report and `oom`/`leaks`/`peak`/`sites`
 # of each scenario equal expected/report_*.txt (--no-color --redact); --json is valid JSON; several
 # traces give a rank table; every report command on a truncated trace exits 0 or 3 with a report;
 # timeline, folded and diff name the sites as the report does. With DEMO (cualloc-demo), the
-# demo's own trace is cut into its steps and diagnosed as what it is.
+# demo's own trace is cut into its steps and diagnosed as what it is. With INLINE
+# (trace_inline_fixture), a call site inside inlined functions is named frame by frame.
 #   UPDATE_EXPECTED=1 check_allocview_reports.sh ...   rewrites the expected files.
 set -u
-scen=$1 allocview=$2 expected=$3 demo=${4:-}
+scen=$1 allocview=$2 expected=$3 demo=${4:-} inline=${5:-}
 case $allocview in /*) ;; *) allocview=$PWD/$allocview ;; esac
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -94,6 +95,24 @@ grep -q "^main (trace_scenarios.c:[0-9]*);record_loss (trace_scenarios.c:[0-9]*)
 "$allocview" diff "$tmp/step2.trace" "$tmp/leak.trace" >"$tmp/diff.txt" 2>&1 || bad "diff exited $?"
 grep -q "  tensor_empty (trace_scenarios.c:[0-9]*) <- adam_init_state (trace_scenarios.c:[0-9]*)  (gone in B)$" "$tmp/diff.txt" ||
     bad "diff does not name the optimizer state's sites: $(cat "$tmp/diff.txt")"
+
+# One return address inside two inlined functions: four frames, each with its line, in every view
+# (the report's label stops where the site is told apart: here, at its first frame).
+if [ -n "$inline" ]; then
+    CUALLOC_CONF=driver:sim,sim_memory_mb:64 "$inline" "$tmp/inline.trace" 2>"$tmp/inline.err" || bad "trace_inline_fixture: $(cat "$tmp/inline.err")"
+    "$allocview" folded "$tmp/inline.trace" >"$tmp/inline.folded" 2>&1 || bad "folded (inlined) exited $?"
+    grep -q "^main (trace_inline_fixture.c:[0-9]*);model_forward (trace_inline_fixture.c:[0-9]*);attention (trace_inline_fixture.c:[0-9]*);tensor_empty (trace_inline_fixture.c:[0-9]*) 8388608$" \
+        "$tmp/inline.folded" || bad "inlined frames are not named: $(cat "$tmp/inline.folded")"
+    "$allocview" export --pytorch "$tmp/inline.pickle" "$tmp/inline.trace" >/dev/null 2>&1 || bad "export (inlined) exited $?"
+    if command -v python3 >/dev/null 2>&1; then
+        python3 - "$tmp/inline.pickle" <<'PY' || bad "the exported snapshot lacks the inlined frames"
+import pickle, sys
+snap = pickle.load(open(sys.argv[1], "rb"))
+names = [[f["name"] for f in e["frames"]][:4] for t in snap["device_traces"] for e in t if e["action"] == "alloc"]
+assert ["tensor_empty", "attention", "model_forward", "main"] in names, names
+PY
+    fi
+fi
 
 # The main job: GPT-2-small-shaped steps whose sequence length is drawn from 128..1024, AdamW state
 # made at the first optimizer step. Its longest batches set the peak (the optimizer's state is

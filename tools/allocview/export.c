@@ -275,21 +275,21 @@ static void write_frames(exporter_t *ex, uint32_t stack)
                         f->line <= INT32_MAX ? f->line : 0); /* a line past 2^31 is damage */
             continue;
         }
-        sym_native_t nf;
+        sym_native_t nf[16];
         uint64_t off = f->module ? f->module_offset : f->addr;
-        sym_native_frame(ex->sym, f->module, off, &nf);
-        if (nf.fold)
-            continue;
-        char addr_name[512];
-        const char *name = addr_name;
-        if (nf.function)
-            name = nf.function;
-        else if (f->module)
-            snprintf(addr_name, sizeof addr_name, "%s+0x%" PRIx64, txt_base_name(f->module), off);
-        else
-            snprintf(addr_name, sizeof addr_name, "0x%" PRIx64, off);
-        pkw_item(ex->w);
-        write_frame(ex, name, nf.file ? nf.file : f->module ? f->module : "??", (uint64_t)nf.line);
+        size_t nn = sym_native_frames(ex->sym, f->module, off, nf, sizeof nf / sizeof nf[0]);
+        for (size_t k = 0; k < nn && !nf[k].fold; k++) { /* inlined functions first, as PyTorch writes them */
+            char addr_name[512];
+            const char *name = addr_name;
+            if (nf[k].function)
+                name = nf[k].function;
+            else if (f->module)
+                snprintf(addr_name, sizeof addr_name, "%s+0x%" PRIx64, txt_base_name(f->module), off);
+            else
+                snprintf(addr_name, sizeof addr_name, "0x%" PRIx64, off);
+            pkw_item(ex->w);
+            write_frame(ex, name, nf[k].file ? nf[k].file : f->module ? f->module : "??", (uint64_t)nf[k].line);
+        }
     }
     pkw_list_end(ex->w);
     if (stack && stack < ex->nstack_memo)

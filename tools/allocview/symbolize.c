@@ -10,11 +10,13 @@
 #include <unistd.h>
 
 #ifdef HAVE_LIBDW
+#include <dwarf.h>
 #include <elfutils/libdwfl.h>
 #endif
 
 #include "text.h"
 
+#define SYM_INLINE_MAX 16 /* source-level frames kept per native frame */
 #define SYM_MAX_FRAMES 512 /* the recorder keeps at most 128 (64 native, 64 Python); imports may hold more */
 
 /* One module file, opened on first use. */
@@ -28,13 +30,17 @@ typedef struct sym_mod {
     bool tried, usable;
 } sym_mod_t;
 
-/* A symbolized frame, cached by (module, offset) or python frame. */
+/* A symbolized frame, cached by (module, offset) or python frame: one text per source-level
+ * frame (a native frame inside inlined code is several: the inlined functions, then the one the
+ * code was inlined into), innermost first. */
 typedef struct sym_ent {
     bool used;
     uint8_t kind;
     uint64_t key; /* module offset (native) or address when no module */
     const char *mod;
-    char *text;
+    char **text;
+    size_t ntext;
+    sym_native_t *nf; /* native: the frames behind text (sym_native_frames), ntext of them */
     bool fold;
 } sym_ent_t;
 
@@ -118,8 +124,12 @@ void sym_free(sym_ctx_t *c)
         free(c->mods[i].path);
     }
     free(c->mods);
-    for (size_t i = 0; i < c->cap; i++)
+    for (size_t i = 0; i < c->cap; i++) {
+        for (size_t k = 0; k < c->ents[i].ntext; k++)
+            free(c->ents[i].text[k]);
         free(c->ents[i].text);
+        free(c->ents[i].nf);
+    }
     free(c->ents);
     for (size_t i = 0; i < c->nstk; i++)
         free(c->stk[i]);
@@ -185,57 +195,132 @@ static void mod_open(sym_ctx_t *c, sym_mod_t *m)
 }
 #endif
 
-/* Function, source file and line of the call before return address module+off, through libdwfl
- * (NULLs and 0 when unknown); *fold when the module or the function is the allocator's. */
-static void native_lookup(sym_ctx_t *c, const char *module, uint64_t off, const char **fn, const char **src,
-                          int *line, bool *fold)
-{
-    *fn = NULL;
-    *src = NULL;
-    *line = 0;
-    *fold = module && fold_module(module);
 #ifdef HAVE_LIBDW
-    if (module) {
+/* The chain of DIEs of functions, inlined instances and blocks around DWARF address pc below
+ * `die`, outermost first, into path[depth...]: descends into the child whose ranges hold pc (and
+ * into imported units, which link-time optimization emits). Returns the new depth. dwarf_getscopes
+ * is not used: it finds nothing in the partial units of LTO builds. */
+static int die_path(Dwarf_Die *die, Dwarf_Addr pc, Dwarf_Die *path, int depth, int max)
+{
+    Dwarf_Die child;
+    if (depth >= max || dwarf_child(die, &child) != 0)
+        return depth;
+    do {
+        int tag = dwarf_tag(&child);
+        if (tag == DW_TAG_imported_unit) {
+            Dwarf_Attribute at;
+            Dwarf_Die unit;
+            if (dwarf_formref_die(dwarf_attr(&child, DW_AT_import, &at), &unit)) {
+                int d = die_path(&unit, pc, path, depth, max);
+                if (d > depth)
+                    return d;
+            }
+        } else if ((tag == DW_TAG_subprogram || tag == DW_TAG_inlined_subroutine || tag == DW_TAG_lexical_block) &&
+                   dwarf_haspc(&child, pc) == 1) {
+            path[depth] = child;
+            return die_path(&child, pc, path, depth + 1, max);
+        } else if (tag == DW_TAG_namespace || tag == DW_TAG_class_type || tag == DW_TAG_structure_type) {
+            int d = die_path(&child, pc, path, depth, max);
+            if (d > depth)
+                return d;
+        }
+    } while (dwarf_siblingof(&child, &child) == 0);
+    return depth;
+}
+
+/* The source-level frames at pc (a file address of m): each inlined function around it,
+ * innermost first, with its line (the innermost's from the line table, the others' from the call
+ * site of the one inlined into them), then the function pc lies in (`symbol`, as the symbol table
+ * names it) at the call site of the outermost inlined one. Returns how many (<= max, >= 1). */
+static size_t inline_frames(sym_mod_t *m, GElf_Addr pc, const char *symbol, const char *src, int line,
+                            sym_native_t *out, size_t max)
+{
+    size_t n = 0;
+    Dwarf_Addr bias = 0;
+    Dwarf_Die *cu = dwfl_module_addrdie(m->mod, pc, &bias);
+    Dwarf_Die path[64];
+    int np = cu ? die_path(cu, pc - bias, path, 0, 64) : 0;
+    for (int i = np - 1; i >= 0 && n + 1 < max; i--) {
+        if (dwarf_tag(&path[i]) != DW_TAG_inlined_subroutine)
+            continue;
+        const char *name = dwarf_diename(&path[i]);
+        out[n++] = (sym_native_t){.function = name ? name : "??", .file = src, .line = line};
+        /* Where it was inlined: the location in the next frame out (call_file indexes the file
+         * table of the unit that holds the inlined instance). */
+        Dwarf_Attribute at;
+        Dwarf_Word w;
+        Dwarf_Die unit;
+        Dwarf_Files *files;
+        size_t nfiles;
+        src = NULL;
+        line = 0;
+        if (dwarf_formudata(dwarf_attr(&path[i], DW_AT_call_line, &at), &w) == 0 && w <= INT32_MAX)
+            line = (int)w;
+        if (dwarf_formudata(dwarf_attr(&path[i], DW_AT_call_file, &at), &w) == 0 &&
+            dwarf_diecu(&path[i], &unit, NULL, NULL) && dwarf_getsrcfiles(&unit, &files, &nfiles) == 0 && w < nfiles)
+            src = dwarf_filesrc(files, w, NULL, NULL);
+    }
+    out[n++] = (sym_native_t){.function = symbol, .file = src, .line = line};
+    return n;
+}
+#endif
+
+/* The source-level frames of the call before return address module+off (sym_native_frames). */
+static size_t native_lookup(sym_ctx_t *c, const char *module, uint64_t off, sym_native_t *out, size_t max)
+{
+    bool fold = module && fold_module(module);
+    size_t n = 0;
+#ifdef HAVE_LIBDW
+    if (module && max > 0) {
         sym_mod_t *m = mod_get(c, module);
         if (!m->tried)
             mod_open(c, m);
         if (m->usable) {
             GElf_Addr pc = off - 1 + m->bias; /* a return address: look up the call */
-            *fn = dwfl_module_addrname(m->mod, pc);
+            const char *fn = dwfl_module_addrname(m->mod, pc);
+            int line = 0;
             Dwfl_Line *ln = dwfl_module_getsrc(m->mod, pc);
-            *src = ln ? dwfl_lineinfo(ln, NULL, line, NULL, NULL, NULL) : NULL;
-            if (!*src || *line < 0)
-                *line = 0;
-            if (fold_function(*fn))
-                *fold = true;
+            const char *src = ln ? dwfl_lineinfo(ln, NULL, &line, NULL, NULL, NULL) : NULL;
+            if (!src || line < 0)
+                line = 0;
+            n = inline_frames(m, pc, fn, src, line, out, max);
         }
     }
 #else
     (void)c;
     (void)off;
 #endif
+    if (n == 0 && max > 0)
+        out[n++] = (sym_native_t){0};
+    for (size_t i = 0; i < n; i++)
+        fold |= fold_function(out[i].function);
+    for (size_t i = 0; i < n; i++)
+        out[i].fold = fold;
+    return n;
 }
 
-static char *fmt_native(sym_ctx_t *c, const char *module, uint64_t off, bool *fold)
+/* The texts of a native frame (module+off) into e: "fn (file.c:12)" per source-level frame. */
+static void fmt_native(sym_ctx_t *c, const char *module, uint64_t off, sym_ent_t *e)
 {
-    char buf[1024];
-    const char *fn, *src;
-    int line;
-    native_lookup(c, module, off, &fn, &src, &line, fold);
-    if (fn && src && line > 0)
-        snprintf(buf, sizeof buf, "%s (%s:%d)", fn, txt_base_name(src), line);
-    else if (fn)
-        snprintf(buf, sizeof buf, "%s (%s)", fn, txt_base_name(module));
-    else if (module)
-        snprintf(buf, sizeof buf, "%s+0x%" PRIx64, txt_base_name(module), off);
-    else
-        snprintf(buf, sizeof buf, "0x%" PRIx64, off);
-    return strdup(buf);
-}
-
-void sym_native_frame(sym_ctx_t *c, const char *module, uint64_t offset, sym_native_t *out)
-{
-    native_lookup(c, module, offset, &out->function, &out->file, &out->line, &out->fold);
+    sym_native_t nf[SYM_INLINE_MAX];
+    size_t n = native_lookup(c, module, off, nf, SYM_INLINE_MAX);
+    e->text = calloc(n, sizeof *e->text);
+    e->nf = malloc(n * sizeof *e->nf);
+    e->fold = nf[0].fold;
+    for (size_t i = 0; e->text && e->nf && i < n; i++) {
+        e->nf[i] = nf[i];
+        char buf[1024];
+        if (nf[i].function && nf[i].file && nf[i].line > 0)
+            snprintf(buf, sizeof buf, "%s (%s:%d)", nf[i].function, txt_base_name(nf[i].file), nf[i].line);
+        else if (nf[i].function)
+            snprintf(buf, sizeof buf, "%s (%s)", nf[i].function, txt_base_name(module));
+        else if (module)
+            snprintf(buf, sizeof buf, "%s+0x%" PRIx64, txt_base_name(module), off);
+        else
+            snprintf(buf, sizeof buf, "0x%" PRIx64, off);
+        if ((e->text[e->ntext] = strdup(buf)))
+            e->ntext++;
+    }
 }
 
 static sym_ent_t *ent_get(sym_ctx_t *c, const tr_frame_t *f)
@@ -274,16 +359,32 @@ static sym_ent_t *ent_get(sym_ctx_t *c, const tr_frame_t *f)
                 char buf[1024];
                 snprintf(buf, sizeof buf, "%s (%s:%" PRIu64 ")", f->function ? f->function : "?",
                          f->file ? f->file : "?", f->line);
-                e->text = strdup(buf);
+                e->text = calloc(1, sizeof *e->text);
+                if (e->text && (e->text[0] = strdup(buf)))
+                    e->ntext = 1;
                 e->fold = false;
             } else {
-                e->text = fmt_native(c, f->module, f->module ? f->module_offset : f->addr, &e->fold);
+                fmt_native(c, f->module, f->module ? f->module_offset : f->addr, e);
             }
             return e;
         }
         if (e->key == key && e->mod == modp && e->kind == f->kind)
             return e;
     }
+}
+
+size_t sym_native_frames(sym_ctx_t *c, const char *module, uint64_t offset, sym_native_t *out, size_t max)
+{
+    tr_frame_t f = {.kind = CUA_TRACE_FRAME_NATIVE, .addr = offset, .module = module, .module_offset = offset};
+    const sym_ent_t *e = ent_get(c, &f);
+    size_t n = e->ntext < max ? e->ntext : max;
+    for (size_t i = 0; i < n; i++)
+        out[i] = e->nf[i];
+    if (n == 0 && max > 0) {
+        out[0] = (sym_native_t){.fold = e->fold};
+        n = 1;
+    }
+    return n;
 }
 
 size_t sym_stack(sym_ctx_t *c, uint32_t id, const char **out, size_t max)
@@ -294,16 +395,24 @@ size_t sym_stack(sym_ctx_t *c, uint32_t id, const char **out, size_t max)
         c->stkdone[id] = true;
         tr_frame_t fr[SYM_MAX_FRAMES];
         size_t n = tr_stack_frames(c->r, id, fr, SYM_MAX_FRAMES);
-        c->stk[id] = calloc(n ? n : 1, sizeof(char *));
-        size_t m = 0;
+        static sym_ent_t *ents[SYM_MAX_FRAMES];
+        size_t total = 0;
         for (size_t i = 0; i < n; i++) {
-            sym_ent_t *e = ent_get(c, &fr[i]);
-            if (e->fold)
+            ents[i] = ent_get(c, &fr[i]);
+            total += ents[i]->ntext;
+        }
+        c->stk[id] = calloc(total ? total : 1, sizeof(char *));
+        size_t m = 0;
+        for (size_t i = 0; c->stk[id] && i < n; i++) {
+            if (ents[i]->fold)
                 continue;
-            /* The C runtime's start-up frames are below every stack: not the user's. */
-            if (strncmp(e->text, "__libc_start", 12) == 0 || strncmp(e->text, "_start ", 7) == 0)
-                continue;
-            c->stk[id][m++] = e->text;
+            for (size_t k = 0; k < ents[i]->ntext; k++) {
+                const char *t = ents[i]->text[k];
+                /* The C runtime's start-up frames are below every stack: not the user's. */
+                if (strncmp(t, "__libc_start", 12) == 0 || strncmp(t, "_start ", 7) == 0)
+                    continue;
+                c->stk[id][m++] = ents[i]->text[k];
+            }
         }
         c->stkn[id] = m;
     }

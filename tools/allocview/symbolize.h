@@ -1,6 +1,7 @@
 /* symbolize.h — names the frames of recorded stacks offline, from the module map records:
  * function and file:line through elfutils' libdwfl where the module file is present, has
- * symbols and its build id matches the recorded one; module+offset otherwise. Frames of the
+ * symbols and its build id matches the recorded one (with the functions inlined at the address,
+ * from the debug information); module+offset otherwise. Frames of the
  * allocator and the CUDA runtime (libcualloc.so, libcudart*, libcuda*, libc10_cuda*, functions
  * cudaMalloc*, cuMemAlloc*, cualloc_*) are marked to fold, so the first frame shown is the user's.
  * Without libdw (HAVE_LIBDW undefined) every native frame is module+offset. */
@@ -20,8 +21,8 @@ sym_ctx_t *sym_new(const tr_reader_t *r);
 void sym_free(sym_ctx_t *c);
 
 /* The user's frames of stack `id`, innermost first, as text ("fn (file.c:12)", "fn (libx.so)",
- * "libx.so+0x1a2b", "fn (script.py:7)"). Returns how many (<= max); the strings belong to the
- * context. 0 when the stack was not captured. */
+ * "libx.so+0x1a2b", "fn (script.py:7)"), inlined functions as frames of their own. Returns how
+ * many (<= max); the strings belong to the context. 0 when the stack was not captured. */
 size_t sym_stack(sym_ctx_t *c, uint32_t id, const char **out, size_t max);
 
 /* Labels of call sites listed together: a site's user frames (from sym_stack, innermost first),
@@ -35,13 +36,16 @@ size_t sym_label_depth(const char *const *f, size_t n, const char *const *g, siz
 void sym_label(const char *const *f, size_t n, size_t depth, bool recorded, char *buf, size_t len);
 
 /* One native frame (module + offset: the return address as recorded; module NULL: offset is the
- * address): its function (NULL when unknown), source file (NULL when unknown) and line (0), and
- * whether it is the allocator's or the CUDA runtime's (fold). Strings belong to the context. */
+ * address) as source-level frames, innermost first: inside inlined code, each inlined function
+ * and then the function it was inlined into, each with its source file and line at the call
+ * (function NULL when unknown, file NULL, line 0). `fold`, the same in each: the frame is the
+ * allocator's or the CUDA runtime's. Returns how many (at least 1 when max > 0); the strings
+ * belong to the context. */
 typedef struct sym_native {
     const char *function, *file;
     int line;
     bool fold;
 } sym_native_t;
-void sym_native_frame(sym_ctx_t *c, const char *module, uint64_t offset, sym_native_t *out);
+size_t sym_native_frames(sym_ctx_t *c, const char *module, uint64_t offset, sym_native_t *out, size_t max);
 
 #endif
