@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# check_import.sh ALLOCVIEW SNAPSHOT — `allocview import` of a real PyTorch snapshot (see
+# check_import.sh ALLOCVIEW SNAPSHOT [VARLEN_SNAPSHOT] — `allocview import` of a real PyTorch snapshot (see
 # shared/traces/README.md): the imported trace reads back, and its peaks match what the snapshot
 # implies, computed here with python3 (a restricted unpickler: plain data only): reserved from the
 # segments (final total_size - segment_alloc + segment_free at the start, then the segment events),
 # allocated from the final allocated_size - allocs + frees, then the alloc/free_completed events;
 # within 0.3% (the README's size-kind difference, about 0.25%); `allocview summary` of the import
-# equals expected/import_summary_NAME.txt (UPDATE_EXPECTED=1 rewrites it). Skips (77) without the
+# equals expected/import_summary_NAME.txt (UPDATE_EXPECTED=1 rewrites it); the report names call
+# sites by the user's frames, PyTorch's machinery left out, and cuts the run into the steps
+# PyTorch's optimizer annotations mark. VARLEN_SNAPSHOT (a run with variable sequence lengths,
+# optional): its report cuts it into steps and names the longest batch. Skips (77) without the
 # snapshot.
 set -u
-allocview=$1 snap=${CUALLOC_SNAPSHOT:-${2:-}}
+allocview=$1 snap=${CUALLOC_SNAPSHOT:-${2:-}} varlen=${3:-}
 [ -n "$snap" ] && [ -r "$snap" ] || { echo "snapshot ${snap:-(none)} not found; skipping"; exit 77; }
 command -v python3 >/dev/null 2>&1 || { echo "python3 not found; skipping"; exit 77; }
 tmp=$(mktemp -d)
@@ -74,5 +77,24 @@ printf '\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x8c\x06system\x93
 "$allocview" import "$tmp/evil.pickle" -o "$tmp/evil.trace" 2>"$tmp/evil.err"
 [ $? = 2 ] || { echo "FAIL: a pickle with STACK_GLOBAL was not refused"; st=1; }
 grep -q "STACK_GLOBAL" "$tmp/evil.err" || { echo "FAIL: refusal does not name the opcode: $(cat "$tmp/evil.err")"; st=1; }
+# The report: call sites named by the frames that tell them apart, never by PyTorch's own
+# machinery (its caching allocator, its stack capture, its dispatcher, the interpreter's loop,
+# nn.Module's call wrappers), which every stack of a snapshot passes through.
+machinery='unwind::unwind|CapturedTraceback|CUDACachingAllocator|_PyEval_|PyObject_|wrap_kernel_functor|Register[A-Za-z]*\.cpp|_call_impl|__libc_start'
+check_report() { # TRACE NAME
+    "$allocview" report --no-color "$1" >"$tmp/$2.txt" 2>&1 || { echo "FAIL: report on $2 exited $?"; st=1; }
+    sed -n '/call sites holding memory at the peak/,/^Steps/p' "$tmp/$2.txt" >"$tmp/$2.sites"
+    [ "$(grep -c ' <- \|^ *[0-9.]* [KMG]iB .*[a-z]' "$tmp/$2.sites")" -ge 3 ] || { echo "FAIL: $2: no call sites: $(cat "$tmp/$2.txt")"; st=1; }
+    if grep -E "$machinery" "$tmp/$2.sites"; then echo "FAIL: $2: call sites named by PyTorch's machinery (above)"; st=1; fi
+    grep -q '\.py:[0-9]*)' "$tmp/$2.sites" || { echo "FAIL: $2: no Python line names a site: $(cat "$tmp/$2.sites")"; st=1; }
+    grep -q '^  step 1 ' "$tmp/$2.txt" || { echo "FAIL: $2: the optimizer's annotations do not cut steps: $(cat "$tmp/$2.txt")"; st=1; }
+}
+check_report "$tmp/t.trace" snapshot
+if [ -n "$varlen" ] && [ -r "$varlen" ]; then
+    "$allocview" import "$varlen" -o "$tmp/v.trace" 2>/dev/null || { echo "FAIL: import of $varlen exited $?"; st=1; }
+    check_report "$tmp/v.trace" varlen
+    grep -q '^  step 6 ' "$tmp/varlen.txt" || { echo "FAIL: varlen: want 6 steps: $(cat "$tmp/varlen.txt")"; st=1; }
+    grep -q 'Longest batch: step [0-9]* peaked at' "$tmp/varlen.txt" || { echo "FAIL: varlen: the longest batch is not named: $(tail -4 "$tmp/varlen.txt")"; st=1; }
+fi
 [ $st = 0 ] && echo "check_import: all passed"
 exit $st

@@ -124,7 +124,9 @@ static av_seg_t *seg_cur(av_t *a)
     return &a->segs[a->nsegs - 1];
 }
 
-static void seg_open(av_t *a, const char *mark, uint64_t time, uint64_t seq)
+/* `mark`: the label of the mark that opens it (NULL: the start); `step`: its step number, or -1
+ * when it is not a step mark (a phase). */
+static void seg_open(av_t *a, const char *mark, long step, uint64_t time, uint64_t seq)
 {
     if (a->nsegs == a->capsegs) {
         a->capsegs = a->capsegs ? a->capsegs * 2 : 16;
@@ -140,7 +142,7 @@ static void seg_open(av_t *a, const char *mark, uint64_t time, uint64_t seq)
     g->kind = AV_SEG_START;
     /* Provisional label from the opening mark; fixed when the segment closes. */
     if (mark) {
-        long n = av_step_of(mark);
+        long n = step;
         if (n < 0) {
             g->kind = AV_SEG_PHASE;
             snprintf(g->label, sizeof g->label, "%s", mark);
@@ -159,10 +161,32 @@ static void seg_open(av_t *a, const char *mark, uint64_t time, uint64_t seq)
     }
 }
 
+/* PyTorch's own annotations around the optimizer (record_function "START/END Optimizer.step#
+ * AdamW.step", "... Optimizer.zero_grad#...", in snapshots recorded with them): the end of the
+ * first optimizer's step ends a training step, as cualloc_torch's "step N" does, numbered by
+ * count; the other optimizer annotations open no segment of their own. Returns the step number,
+ * -1 for any other mark (a phase, or "step N" by av_step_of), -2 for an annotation to pass over. */
+static long torch_optimizer_mark(av_t *a, const char *label)
+{
+    if (strncmp(label, "START Optimizer.", 16) != 0 && strncmp(label, "END Optimizer.", 14) != 0)
+        return -1;
+    if (strncmp(label, "END Optimizer.step", 18) != 0)
+        return -2;
+    if (!a->torch_step_label[0])
+        snprintf(a->torch_step_label, sizeof a->torch_step_label, "%s", label);
+    if (strcmp(label, a->torch_step_label) != 0)
+        return -2; /* a second optimizer's step: the first one's count the steps */
+    return ++a->torch_steps;
+}
+
 static void on_mark(av_t *a, const char *label, uint64_t time, uint64_t seq)
 {
-    long n = av_step_of(label);
     a->nmarks++;
+    long n = torch_optimizer_mark(a, label);
+    if (n == -2)
+        return;
+    if (n == -1)
+        n = av_step_of(label);
     if (n >= 0 && !a->mark_convention_known) {
         a->mark_convention_known = true;
         /* A "step N" written before any allocation starts its step; after work, it ends it. */
@@ -182,7 +206,7 @@ static void on_mark(av_t *a, const char *label, uint64_t time, uint64_t seq)
         a->step_bounds++;
         a->nstep_marks++;
     }
-    seg_open(a, label, time, seq);
+    seg_open(a, label, n, time, seq);
 }
 
 static void new_peak(av_t *a, uint64_t time, uint64_t seq)
@@ -245,7 +269,7 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
     a->win_every = fsize / 8 / 16;
     if (a->win_every < 16)
         a->win_every = 16;
-    seg_open(a, NULL, 0, 0);
+    seg_open(a, NULL, -1, 0, 0);
     int last_pct = -1;
     bool prog = opts && opts->progress && fsize > ((uint64_t)64 << 20);
     tr_record_t rec;

@@ -96,6 +96,8 @@ typedef struct av {
     size_t nsegs, capsegs;
     uint32_t nmarks, nstep_marks;
     bool marks_start_steps, mark_convention_known;
+    char torch_step_label[96];  /* PyTorch's "END Optimizer.step#..." annotation that ends steps */
+    long torch_steps;           /* how many of them so far */
     uint32_t step_bounds, win_bounds;
     uint64_t win_every, win_allocs;
     /* OOMs */

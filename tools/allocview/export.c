@@ -278,7 +278,9 @@ static void write_frames(exporter_t *ex, uint32_t stack)
         sym_native_t nf[16];
         uint64_t off = f->module ? f->module_offset : f->addr;
         size_t nn = sym_native_frames(ex->sym, f->module, off, nf, sizeof nf / sizeof nf[0]);
-        for (size_t k = 0; k < nn && !nf[k].fold; k++) { /* inlined functions first, as PyTorch writes them */
+        for (size_t k = 0; k < nn; k++) { /* inlined functions first, as PyTorch writes them */
+            if (nf[k].fold)
+                continue;
             char addr_name[512];
             const char *name = addr_name;
             if (nf[k].function)

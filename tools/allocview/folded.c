@@ -126,6 +126,7 @@ void vw_site_frames(sym_ctx_t *sym, uint32_t stack, vw_site_frames_t *out)
 {
     out->stack = stack;
     out->n = sym ? sym_stack(sym, stack, out->f, VW_SITE_FRAMES) : 0;
+    out->nlabel = sym ? sym_stack_label(sym, stack, out->label, VW_SITE_FRAMES) : 0;
 }
 
 static bool same_site_frames(const vw_site_frames_t *a, const vw_site_frames_t *b)
@@ -145,12 +146,12 @@ void vw_site_label(const vw_site_frames_t *v, size_t n, size_t i, char *buf, siz
     for (size_t j = 0; j < n; j++) {
         if (j == i)
             continue;
-        size_t d = sym_label_depth(v[i].f, v[i].n, v[j].f, v[j].n);
+        size_t d = sym_label_depth(v[i].label, v[i].nlabel, v[j].label, v[j].nlabel);
         if (d > need)
             need = d;
         twin |= v[i].stack != v[j].stack && same_site_frames(&v[i], &v[j]);
     }
-    sym_label(v[i].f, v[i].n, need, v[i].stack != 0, buf, len);
+    sym_label(v[i].label, v[i].nlabel, need, v[i].stack != 0, buf, len);
     size_t k = strlen(buf);
     if (twin && k < len)
         snprintf(buf + k, len - k, " [stack %" PRIu32 "]", v[i].stack);

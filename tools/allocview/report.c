@@ -88,6 +88,8 @@ static void redact_paths(const char *in, char *out, size_t len)
 typedef struct site {
     const char *frames[32];
     size_t nframes;
+    const char *lframes[32]; /* what its label is made of (sym_stack_label) */
+    size_t nlframes;
     uint32_t first_stack;
     uint64_t bytes, count;
     uint64_t extra; /* leaks: growth */
@@ -166,6 +168,7 @@ static site_t *collect_sites(const av_t *a, sym_ctx_t *sym, int view, bool (*onl
             memset(x, 0, sizeof *x);
             memcpy(x->frames, f, nf * sizeof *f);
             x->nframes = nf;
+            x->nlframes = sym_stack_label(sym, (uint32_t)id, x->lframes, 32);
             x->first_stack = (uint32_t)id;
             h[j] = (int32_t)n++;
         }
@@ -192,11 +195,11 @@ static void label_sites(site_t *v, size_t n)
             const site_t *w = j < n ? &v[j] : &ref_sites[j - n];
             if (j == i || (j >= n && same_frames(w, v[i].frames, v[i].nframes)))
                 continue;
-            size_t d = sym_label_depth(v[i].frames, v[i].nframes, w->frames, w->nframes);
+            size_t d = sym_label_depth(v[i].lframes, v[i].nlframes, w->lframes, w->nlframes);
             if (d > need)
                 need = d;
         }
-        sym_label(v[i].frames, v[i].nframes, need, v[i].first_stack != 0, v[i].label, sizeof v[i].label);
+        sym_label(v[i].lframes, v[i].nlframes, need, v[i].first_stack != 0, v[i].label, sizeof v[i].label);
     }
 }
 
@@ -664,7 +667,7 @@ static void oom_text(FILE *out, const av_t *a, sym_ctx_t *sym, const ropts_t *o)
     fprintf(out, "  reserved but unallocated %s, largest free block %s, device free %s\n",
             H(x->reserved - x->allocated), H(x->largest_free), H(x->device_free));
     const char *f[32];
-    size_t nf = sym_stack(sym, x->stack, f, 32);
+    size_t nf = sym_stack_label(sym, x->stack, f, 32);
     fprintf(out, "  failing request from: ");
     if (!nf)
         fprintf(out, "%s\n", x->stack ? "(allocator frames only)" : "(stack not recorded)");

@@ -40,9 +40,22 @@ typedef struct sym_ent {
     const char *mod;
     char **text;
     size_t ntext;
+    uint8_t *flags;   /* per text: SF_* */
     sym_native_t *nf; /* native: the frames behind text (sym_native_frames), ntext of them */
-    bool fold;
+    bool fold;        /* the allocator's or the CUDA runtime's frame: every text left out */
 } sym_ent_t;
+
+#define SF_PLUMBING 1u /* machinery between the user's code and the allocation: left out of sites */
+#define SF_PYSRC 2u    /* a frame of Python source: what labels of Python programs are made of */
+
+/* A stack's user frames (texts of the ents, innermost first), and the frames its label is made of:
+ * the innermost, then, in a Python program, only the Python source frames (the native frames
+ * between an allocation and the Python line that caused it are many and alike). */
+typedef struct sym_stk {
+    const char **frames, **label;
+    size_t nframes, nlabel;
+    bool done;
+} sym_stk_t;
 
 struct sym_ctx {
     const tr_reader_t *r;
@@ -50,10 +63,7 @@ struct sym_ctx {
     size_t nmods;
     sym_ent_t *ents;
     size_t cap, count;
-    /* per stack id (< nstk, grown on demand): its user frames, once computed */
-    char ***stk;
-    size_t *stkn;
-    bool *stkdone;
+    sym_stk_t *stk; /* per stack id (< nstk, grown on demand) */
     size_t nstk;
 };
 
@@ -65,10 +75,171 @@ static bool fold_module(const char *path)
            fnmatch("libc10_cuda*", b, 0) == 0 || fnmatch("libstubcudart*", b, 0) == 0;
 }
 
+static bool prefixed(const char *s, const char *p) { return strncmp(s, p, strlen(p)) == 0; }
+
+/* The allocator's own functions: cualloc's, the CUDA runtime's and driver's allocation entry
+ * points, and PyTorch's caching allocator (in stacks imported from its snapshots). */
 static bool fold_function(const char *fn)
 {
-    return fn && (strncmp(fn, "cudaMalloc", 10) == 0 || strncmp(fn, "cuMemAlloc", 10) == 0 ||
-                  strncmp(fn, "cualloc_", 8) == 0);
+    return fn && (prefixed(fn, "cudaMalloc") || prefixed(fn, "cuMemAlloc") || prefixed(fn, "cualloc_") ||
+                  strstr(fn, "c10::cuda::CUDACachingAllocator::") != NULL);
+}
+
+/* Frames that only carry the call from the user's code to the allocation, and say nothing of which
+ * site it is: the process's start, the Python interpreter's evaluation loop and call protocol,
+ * PyTorch's operator dispatcher (its boxing wrappers and generated Register*.cpp / Redispatch
+ * wrappers), its Python wrappers of module calls and optimizer steps, and its own stack capture
+ * (in imported snapshots). Left out of call sites, as
+ * PyTorch's memory viewer leaves them out; kept in export, whose viewer filters for itself. */
+static bool plumbing_frame(const char *fn, const char *file)
+{
+    static const char *const fn_prefixes[] = {
+        "__libc_start", "__libc_init_first",
+        "Py_RunMain", "Py_BytesMain", "pymain_", "PyRun_", "_PyRun_", "pyrun_", "run_mod", "run_eval_code_obj",
+        "PyEval_", "_PyEval_", "PyObject_", "_PyObject_", "PyFunction_", "_PyFunction_", "PyVectorcall_",
+        "_PyVectorcall_", "method_vectorcall", "cfunction_call", "cfunction_vectorcall", "slot_tp_",
+        "c10::impl::wrap_kernel_functor_unboxed_", "c10::impl::make_boxed_from_unboxed_functor",
+        "c10::impl::BoxedKernelWrapper", "c10::Dispatcher::", "c10::KernelFunction::", "c10::BoxedKernel::",
+        "at::_ops::",
+    };
+    /* Also PyTorch's tensor factories (every tensor passes through them: they say "a tensor", not
+     * which); demangled names may start with a return type, hence parts, not prefixes. */
+    static const char *const fn_parts[] = {
+        "unwind::unwind", "CapturedTraceback::gather", "gather_with_cpp",
+        "at::detail::empty_", "at::detail::_empty_", "at::native::empty_cuda(", "at::native::empty_strided_cuda(",
+    };
+    if (fn) {
+        if (strcmp(fn, "_start") == 0)
+            return true;
+        for (size_t i = 0; i < sizeof fn_prefixes / sizeof fn_prefixes[0]; i++)
+            if (prefixed(fn, fn_prefixes[i]))
+                return true;
+        for (size_t i = 0; i < sizeof fn_parts / sizeof fn_parts[0]; i++)
+            if (strstr(fn, fn_parts[i]))
+                return true;
+    }
+    if (file) {
+        const char *b = txt_base_name(file);
+        if (prefixed(b, "Register") || prefixed(b, "Redispatch") || strstr(file, "core/boxing"))
+            return true;
+    }
+    /* PyTorch's Python wrappers around every module call, optimizer step and no_grad function. */
+    static const char *const py_wrappers[][2] = {
+        {"torch/nn/modules/module.py", "_call_impl"},
+        {"torch/nn/modules/module.py", "_wrapped_call_impl"},
+        {"torch/utils/_contextlib.py", "decorate_context"},
+        {"torch/optim/optimizer.py", "wrapper"},
+        {"torch/optim/optimizer.py", "_use_grad"},
+    };
+    if (fn && file) {
+        size_t n = strlen(file);
+        for (size_t i = 0; i < sizeof py_wrappers / sizeof py_wrappers[0]; i++) {
+            size_t k = strlen(py_wrappers[i][0]);
+            if (n >= k && strcmp(file + n - k, py_wrappers[i][0]) == 0 && strcmp(fn, py_wrappers[i][1]) == 0)
+                return true;
+        }
+    }
+    return false;
+}
+
+/* A frame of Python source code (a .py file, or "<string>", "<frozen ...>"), as opposed to a
+ * native frame: for imported snapshots, whose native frames come as (function, file, line) too. */
+static bool python_source(const char *file)
+{
+    if (!file)
+        return false;
+    size_t n = strlen(file);
+    return file[0] == '<' || (n > 3 && strcmp(file + n - 3, ".py") == 0);
+}
+
+/* A Python file as labels show it: an installed package's path from the package on
+ * (".../site-packages/torch/nn/modules/module.py" -> "torch/nn/modules/module.py"). */
+static const char *python_file_name(const char *file)
+{
+    static const char *const roots[] = {"/site-packages/", "/dist-packages/"};
+    for (size_t i = 0; i < 2; i++) {
+        const char *p = strstr(file, roots[i]);
+        if (p)
+            return p + strlen(roots[i]);
+    }
+    return file;
+}
+
+/* A C++ function as labels show it: without its return type, parameter list, cv-qualifiers and
+ * clone suffix, long template arguments elided ("at::TensorBase at::detail::_empty_generic<
+ * c10::ArrayRef<long> >(c10::ArrayRef<long>, ...) [clone .constprop.0]" -> "at::detail::
+ * _empty_generic<...>"). Names that are not C++ (C, Python) come back unchanged. */
+static void cxx_short_name(const char *fn, char *out, size_t len)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", fn);
+    char *clone = strstr(buf, " [clone ");
+    if (clone)
+        *clone = '\0';
+    size_t n = strlen(buf);
+    while (n > 0 && (buf[n - 1] == ' ' || buf[n - 1] == '&'))
+        buf[--n] = '\0';
+    if (n > 6 && strcmp(buf + n - 6, " const") == 0)
+        buf[n -= 6] = '\0';
+    /* The parameter list: the bracket group that ends the name. */
+    if (n > 0 && buf[n - 1] == ')') {
+        int depth = 0;
+        for (size_t i = n; i-- > 0;) {
+            if (buf[i] == ')' || buf[i] == '>')
+                depth++;
+            else if ((buf[i] == '(' || buf[i] == '<') && --depth == 0) {
+                if (i > 0 && buf[i] == '(')
+                    buf[i] = '\0';
+                break;
+            }
+        }
+    }
+    /* The return type: everything before the last space outside brackets. */
+    const char *name = buf;
+    int depth = 0;
+    for (const char *p = buf; *p; p++) {
+        if (*p == '(' || *p == '<')
+            depth++;
+        else if ((*p == ')' || *p == '>') && depth > 0)
+            depth--;
+        else if (*p == ' ' && depth == 0)
+            name = p + 1;
+    }
+    /* Template arguments longer than a few words: "<...>". */
+    size_t o = 0;
+    for (const char *p = name; *p && o + 6 < len; p++) {
+        if (*p == '<' && strncmp(p, "<lambda", 7) != 0) {
+            const char *q = p;
+            int d = 0;
+            do {
+                d += *q == '<' ? 1 : *q == '>' ? -1 : 0;
+                q++;
+            } while (*q && d > 0);
+            if (q - p > 24) {
+                memcpy(out + o, "<...>", 5);
+                o += 5;
+                p = q - 1;
+                continue;
+            }
+        }
+        out[o++] = *p;
+    }
+    out[o] = '\0';
+}
+
+/* The text of a frame: "function (file:line)", or "function (file)" without a line, or only the
+ * function when nothing is known of its place. */
+static void frame_text(const char *fn, const char *file, uint64_t line, char *buf, size_t len)
+{
+    char name[1024];
+    cxx_short_name(fn, name, sizeof name);
+    bool nofile = !file || !file[0] || strcmp(file, "??") == 0;
+    if (nofile && line == 0)
+        snprintf(buf, len, "%s", name);
+    else if (line == 0)
+        snprintf(buf, len, "%s (%s)", name, file);
+    else
+        snprintf(buf, len, "%s (%s:%" PRIu64 ")", name, nofile ? "?" : file, line);
 }
 
 sym_ctx_t *sym_new(const tr_reader_t *r)
@@ -86,7 +257,7 @@ sym_ctx_t *sym_new(const tr_reader_t *r)
     return c;
 }
 
-/* Room in the per-stack caches for stack `id`. */
+/* Room in the per-stack cache for stack `id`. */
 static bool stk_room(sym_ctx_t *c, uint32_t id)
 {
     if (id < c->nstk)
@@ -94,20 +265,11 @@ static bool stk_room(sym_ctx_t *c, uint32_t id)
     size_t n = c->nstk ? c->nstk : 64;
     while (n <= id)
         n *= 2;
-    char ***stk = realloc(c->stk, n * sizeof *stk);
-    if (stk)
-        c->stk = stk;
-    size_t *stkn = realloc(c->stkn, n * sizeof *stkn);
-    if (stkn)
-        c->stkn = stkn;
-    bool *stkdone = realloc(c->stkdone, n * sizeof *stkdone);
-    if (stkdone)
-        c->stkdone = stkdone;
-    if (!stk || !stkn || !stkdone)
+    sym_stk_t *stk = realloc(c->stk, n * sizeof *stk);
+    if (!stk)
         return false;
-    memset(c->stk + c->nstk, 0, (n - c->nstk) * sizeof *stk);
-    memset(c->stkn + c->nstk, 0, (n - c->nstk) * sizeof *stkn);
-    memset(c->stkdone + c->nstk, 0, (n - c->nstk) * sizeof *stkdone);
+    memset(stk + c->nstk, 0, (n - c->nstk) * sizeof *stk);
+    c->stk = stk;
     c->nstk = n;
     return true;
 }
@@ -128,14 +290,15 @@ void sym_free(sym_ctx_t *c)
         for (size_t k = 0; k < c->ents[i].ntext; k++)
             free(c->ents[i].text[k]);
         free(c->ents[i].text);
+        free(c->ents[i].flags);
         free(c->ents[i].nf);
     }
     free(c->ents);
-    for (size_t i = 0; i < c->nstk; i++)
-        free(c->stk[i]);
+    for (size_t i = 0; i < c->nstk; i++) {
+        free(c->stk[i].frames);
+        free(c->stk[i].label);
+    }
     free(c->stk);
-    free(c->stkn);
-    free(c->stkdone);
     free(c);
 }
 
@@ -294,8 +457,10 @@ static size_t native_lookup(sym_ctx_t *c, const char *module, uint64_t off, sym_
         out[n++] = (sym_native_t){0};
     for (size_t i = 0; i < n; i++)
         fold |= fold_function(out[i].function);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         out[i].fold = fold;
+        out[i].plumbing = plumbing_frame(out[i].function, out[i].file);
+    }
     return n;
 }
 
@@ -305,15 +470,17 @@ static void fmt_native(sym_ctx_t *c, const char *module, uint64_t off, sym_ent_t
     sym_native_t nf[SYM_INLINE_MAX];
     size_t n = native_lookup(c, module, off, nf, SYM_INLINE_MAX);
     e->text = calloc(n, sizeof *e->text);
+    e->flags = calloc(n, sizeof *e->flags);
     e->nf = malloc(n * sizeof *e->nf);
     e->fold = nf[0].fold;
-    for (size_t i = 0; e->text && e->nf && i < n; i++) {
+    for (size_t i = 0; e->text && e->flags && e->nf && i < n; i++) {
         e->nf[i] = nf[i];
+        e->flags[e->ntext] = nf[i].plumbing ? SF_PLUMBING : 0;
         char buf[1024];
         if (nf[i].function && nf[i].file && nf[i].line > 0)
-            snprintf(buf, sizeof buf, "%s (%s:%d)", nf[i].function, txt_base_name(nf[i].file), nf[i].line);
+            frame_text(nf[i].function, txt_base_name(nf[i].file), (uint64_t)nf[i].line, buf, sizeof buf);
         else if (nf[i].function)
-            snprintf(buf, sizeof buf, "%s (%s)", nf[i].function, txt_base_name(module));
+            frame_text(nf[i].function, txt_base_name(module), 0, buf, sizeof buf);
         else if (module)
             snprintf(buf, sizeof buf, "%s+0x%" PRIx64, txt_base_name(module), off);
         else
@@ -357,12 +524,16 @@ static sym_ent_t *ent_get(sym_ctx_t *c, const tr_frame_t *f)
             c->count++;
             if (f->kind == CUA_TRACE_FRAME_PYTHON) {
                 char buf[1024];
-                snprintf(buf, sizeof buf, "%s (%s:%" PRIu64 ")", f->function ? f->function : "?",
-                         f->file ? f->file : "?", f->line);
+                frame_text(f->function ? f->function : "?", f->file ? python_file_name(f->file) : NULL, f->line,
+                           buf, sizeof buf);
                 e->text = calloc(1, sizeof *e->text);
-                if (e->text && (e->text[0] = strdup(buf)))
+                e->flags = calloc(1, sizeof *e->flags);
+                if (e->text && e->flags && (e->text[0] = strdup(buf))) {
                     e->ntext = 1;
-                e->fold = false;
+                    e->flags[0] = (uint8_t)((plumbing_frame(f->function, f->file) ? SF_PLUMBING : 0) |
+                                            (python_source(f->file) ? SF_PYSRC : 0));
+                }
+                e->fold = fold_function(f->function);
             } else {
                 fmt_native(c, f->module, f->module ? f->module_offset : f->addr, e);
             }
@@ -387,38 +558,65 @@ size_t sym_native_frames(sym_ctx_t *c, const char *module, uint64_t offset, sym_
     return n;
 }
 
-size_t sym_stack(sym_ctx_t *c, uint32_t id, const char **out, size_t max)
+/* The cache entry of stack id, computed on first use; NULL when there is none. */
+static const sym_stk_t *stk_get(sym_ctx_t *c, uint32_t id)
 {
     if (id == 0 || id > tr_stack_count(c->r) || !stk_room(c, id))
-        return 0;
-    if (!c->stkdone[id]) {
-        c->stkdone[id] = true;
-        tr_frame_t fr[SYM_MAX_FRAMES];
-        size_t n = tr_stack_frames(c->r, id, fr, SYM_MAX_FRAMES);
-        static sym_ent_t *ents[SYM_MAX_FRAMES];
-        size_t total = 0;
-        for (size_t i = 0; i < n; i++) {
-            ents[i] = ent_get(c, &fr[i]);
-            total += ents[i]->ntext;
-        }
-        c->stk[id] = calloc(total ? total : 1, sizeof(char *));
-        size_t m = 0;
-        for (size_t i = 0; c->stk[id] && i < n; i++) {
-            if (ents[i]->fold)
-                continue;
-            for (size_t k = 0; k < ents[i]->ntext; k++) {
-                const char *t = ents[i]->text[k];
-                /* The C runtime's start-up frames are below every stack: not the user's. */
-                if (strncmp(t, "__libc_start", 12) == 0 || strncmp(t, "_start ", 7) == 0)
-                    continue;
-                c->stk[id][m++] = ents[i]->text[k];
-            }
-        }
-        c->stkn[id] = m;
+        return NULL;
+    sym_stk_t *st = &c->stk[id];
+    if (st->done)
+        return st;
+    st->done = true;
+    static tr_frame_t fr[SYM_MAX_FRAMES];
+    /* Copies of the entries: a later ent_get may move them (the table grows), not their arrays. */
+    static sym_ent_t ents_copy[SYM_MAX_FRAMES], *ents[SYM_MAX_FRAMES];
+    size_t n = tr_stack_frames(c->r, id, fr, SYM_MAX_FRAMES), total = 0;
+    for (size_t i = 0; i < n; i++) {
+        ents_copy[i] = *ent_get(c, &fr[i]);
+        ents[i] = &ents_copy[i];
+        total += ents[i]->ntext;
     }
-    size_t n = c->stkn[id] < max ? c->stkn[id] : max;
+    st->frames = calloc(total ? total : 1, sizeof *st->frames);
+    st->label = calloc(total ? total : 1, sizeof *st->label);
+    if (!st->frames || !st->label)
+        return st;
+    static uint8_t flags[SYM_MAX_FRAMES * SYM_INLINE_MAX];
+    for (size_t i = 0; i < n; i++) {
+        if (ents[i]->fold)
+            continue;
+        for (size_t k = 0; k < ents[i]->ntext; k++) {
+            if (ents[i]->flags[k] & SF_PLUMBING)
+                continue;
+            flags[st->nframes] = ents[i]->flags[k];
+            st->frames[st->nframes++] = ents[i]->text[k];
+        }
+    }
+    /* The label: the innermost frame (what allocated), then, when there are any, only the Python
+     * lines that led there; otherwise every frame. */
+    bool python = false;
+    for (size_t j = 1; j < st->nframes; j++)
+        python |= (flags[j] & SF_PYSRC) != 0;
+    for (size_t j = 0; j < st->nframes; j++)
+        if (j == 0 || !python || (flags[j] & SF_PYSRC))
+            st->label[st->nlabel++] = st->frames[j];
+    return st;
+}
+
+size_t sym_stack(sym_ctx_t *c, uint32_t id, const char **out, size_t max)
+{
+    const sym_stk_t *st = stk_get(c, id);
+    size_t n = !st ? 0 : st->nframes < max ? st->nframes : max;
     for (size_t i = 0; i < n; i++)
-        out[i] = c->stk[id][i];
+        out[i] = st->frames[i];
+    return n;
+}
+
+size_t sym_stack_label(sym_ctx_t *c, uint32_t id, const char **out, size_t max)
+{
+    const sym_stk_t *st = stk_get(c, id);
+    size_t n = !st ? 0 : st->nlabel < max ? st->nlabel : max;
+    for (size_t i = 0; i < n; i++)
+        out[i] = st->label[i];
     return n;
 }
 

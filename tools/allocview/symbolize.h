@@ -3,7 +3,9 @@
  * symbols and its build id matches the recorded one (with the functions inlined at the address,
  * from the debug information); module+offset otherwise. Frames of the
  * allocator and the CUDA runtime (libcualloc.so, libcudart*, libcuda*, libc10_cuda*, functions
- * cudaMalloc*, cuMemAlloc*, cualloc_*) are marked to fold, so the first frame shown is the user's.
+ * cudaMalloc*, cuMemAlloc*, cualloc_*, PyTorch's CUDACachingAllocator) are marked to fold, so the
+ * first frame shown is the user's; the interpreter's, PyTorch dispatcher's and process start-up's
+ * frames (plumbing) are left out of call sites too.
  * Without libdw (HAVE_LIBDW undefined) every native frame is module+offset. */
 #ifndef ALLOCVIEW_SYMBOLIZE_H
 #define ALLOCVIEW_SYMBOLIZE_H
@@ -24,6 +26,10 @@ void sym_free(sym_ctx_t *c);
  * "libx.so+0x1a2b", "fn (script.py:7)"), inlined functions as frames of their own. Returns how
  * many (<= max); the strings belong to the context. 0 when the stack was not captured. */
 size_t sym_stack(sym_ctx_t *c, uint32_t id, const char **out, size_t max);
+/* The frames a label of stack `id` is made of: its innermost user frame, then, in a Python
+ * program, only the Python source frames (the native frames between an allocation and the Python
+ * line behind it are many and alike); otherwise the same as sym_stack. */
+size_t sym_stack_label(sym_ctx_t *c, uint32_t id, const char **out, size_t max);
 
 /* Labels of call sites listed together: a site's user frames (from sym_stack, innermost first),
  * joined by " <- ", down to the first frame that tells it apart from every other site listed (an
@@ -44,7 +50,8 @@ void sym_label(const char *const *f, size_t n, size_t depth, bool recorded, char
 typedef struct sym_native {
     const char *function, *file;
     int line;
-    bool fold;
+    bool fold;     /* the allocator's or the CUDA runtime's */
+    bool plumbing; /* interpreter, dispatcher or process start-up: left out of call sites */
 } sym_native_t;
 size_t sym_native_frames(sym_ctx_t *c, const char *module, uint64_t offset, sym_native_t *out, size_t max);
 

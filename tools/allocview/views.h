@@ -63,6 +63,8 @@ int64_t vw_replay_add(vw_replay_t *s, const tr_record_t *rec);
 typedef struct vw_site_frames {
     const char *f[VW_SITE_FRAMES]; /* the symbolizer's strings */
     size_t n;
+    const char *label[VW_SITE_FRAMES]; /* what its label is made of (sym_stack_label) */
+    size_t nlabel;
     uint32_t stack;
 } vw_site_frames_t;
 void vw_site_frames(sym_ctx_t *sym, uint32_t stack, vw_site_frames_t *out);
