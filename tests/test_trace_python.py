@@ -90,6 +90,16 @@ while sid:
 assert native > 0, "native frames come with the Python ones"
 assert python_frames(allocs[1][1]) == [], "no Python frames without the GIL: %r" % python_frames(allocs[1][1])
 assert '"python step"' in dump
+# allocview names the site by its Python lines: the ctypes call and libffi's trampoline between
+# them and the allocation are left out, like the interpreter's own frames.
+folded = subprocess.run([allocview, "folded", trace], capture_output=True, text=True, check=True).stdout
+with_python = [l for l in folded.splitlines() if "allocate_here" in l]
+assert len(with_python) == 1, folded
+frames = with_python[0].rsplit(" ", 1)[0].split(";")
+assert frames[-3:] == ["<module> (%s:%d)" % (__file__, line_of("# SITE-C")),
+                       "Model.forward (%s:%d)" % (__file__, line_of("# SITE-B")),
+                       "allocate_here (%s:%d)" % (__file__, line_of("# SITE-A"))], frames
+assert not any("ffi" in f or "_ctypes" in f or "PyEval" in f for f in frames), frames
 os.remove(trace)
 os.rmdir(tmp)
 print("test_trace_python: Python frames recorded: %s" % ", ".join("%s (%s:%d)" % f for f in got))

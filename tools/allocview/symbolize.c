@@ -86,7 +86,8 @@ static bool fold_function(const char *fn)
 }
 
 /* Frames that only carry the call from the user's code to the allocation, and say nothing of which
- * site it is: the process's start, the Python interpreter's evaluation loop and call protocol,
+ * site it is: the process's start, the Python interpreter's evaluation loop and call protocol (and
+ * ctypes' foreign calls),
  * PyTorch's operator dispatcher (its boxing wrappers and generated Register*.cpp / Redispatch
  * wrappers), its Python wrappers of module calls and optimizer steps, and its own stack capture
  * (in imported snapshots). Left out of call sites, as
@@ -101,6 +102,7 @@ static bool plumbing_frame(const char *fn, const char *file)
         "c10::impl::wrap_kernel_functor_unboxed_", "c10::impl::make_boxed_from_unboxed_functor",
         "c10::impl::BoxedKernelWrapper", "c10::Dispatcher::", "c10::KernelFunction::", "c10::BoxedKernel::",
         "at::_ops::",
+        "PyCFuncPtr_call", "_ctypes_callproc", "_call_function_pointer", "ffi_call",
     };
     /* Also PyTorch's tensor factories (every tensor passes through them: they say "a tensor", not
      * which); demangled names may start with a return type, hence parts, not prefixes. */
@@ -457,9 +459,11 @@ static size_t native_lookup(sym_ctx_t *c, const char *module, uint64_t off, sym_
         out[n++] = (sym_native_t){0};
     for (size_t i = 0; i < n; i++)
         fold |= fold_function(out[i].function);
+    /* libffi: the trampoline of ctypes and cffi calls, in every foreign call from Python. */
+    bool ffi = module && fnmatch("libffi.so*", txt_base_name(module), 0) == 0;
     for (size_t i = 0; i < n; i++) {
         out[i].fold = fold;
-        out[i].plumbing = plumbing_frame(out[i].function, out[i].file);
+        out[i].plumbing = ffi || plumbing_frame(out[i].function, out[i].file);
     }
     return n;
 }
