@@ -6,8 +6,8 @@
 # allocated from the final allocated_size - allocs + frees, then the alloc/free_completed events;
 # within 0.3% (the README's size-kind difference, about 0.25%); `allocview summary` of the import
 # equals expected/import_summary_NAME.txt (UPDATE_EXPECTED=1 rewrites it); the report names call
-# sites by the user's frames, PyTorch's machinery left out, and cuts the run into the steps
-# PyTorch's optimizer annotations mark. VARLEN_SNAPSHOT (a run with variable sequence lengths,
+# sites by the user's frames, PyTorch's machinery left out, cuts the run into the steps PyTorch's
+# optimizer annotations mark, and names the optimizer's step as where the 2.7B run peaked. VARLEN_SNAPSHOT (a run with variable sequence lengths,
 # optional): its report cuts it into steps and names the longest batch. Skips (77) without the
 # snapshot.
 set -u
@@ -90,11 +90,16 @@ check_report() { # TRACE NAME
     grep -q '^  step 1 ' "$tmp/$2.txt" || { echo "FAIL: $2: the optimizer's annotations do not cut steps: $(cat "$tmp/$2.txt")"; st=1; }
 }
 check_report "$tmp/t.trace" snapshot
+# Its peak lies inside the optimizer's (annotated) step, where AdamW's state is made.
+grep -q 'Optimizer step: the peak (51.16 GiB) lies inside the optimizer.s step (Optimizer.step#AdamW.step)' "$tmp/snapshot.txt" ||
+    [ "$(basename "$snap")" != pytorch-2.7b-ctx128-fullstep.pickle ] ||
+    { echo "FAIL: snapshot: the optimizer step is not named: $(sed -n '/^Diagnosis/,$p' "$tmp/snapshot.txt")"; st=1; }
 if [ -n "$varlen" ] && [ -r "$varlen" ]; then
     "$allocview" import "$varlen" -o "$tmp/v.trace" 2>/dev/null || { echo "FAIL: import of $varlen exited $?"; st=1; }
     check_report "$tmp/v.trace" varlen
     grep -q '^  step 6 ' "$tmp/varlen.txt" || { echo "FAIL: varlen: want 6 steps: $(cat "$tmp/varlen.txt")"; st=1; }
     grep -q 'Longest batch: step [0-9]* peaked at' "$tmp/varlen.txt" || { echo "FAIL: varlen: the longest batch is not named: $(tail -4 "$tmp/varlen.txt")"; st=1; }
+    if grep -q 'Optimizer step:' "$tmp/varlen.txt"; then echo "FAIL: varlen: its peak is not in the optimizer"; st=1; fi
 fi
 [ $st = 0 ] && echo "check_import: all passed"
 exit $st

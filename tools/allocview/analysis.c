@@ -166,10 +166,18 @@ static void seg_open(av_t *a, const char *mark, long step, uint64_t time, uint64
  * first optimizer's step ends a training step, as cualloc_torch's "step N" does, numbered by
  * count; the other optimizer annotations open no segment of their own. Returns the step number,
  * -1 for any other mark (a phase, or "step N" by av_step_of), -2 for an annotation to pass over. */
-static long torch_optimizer_mark(av_t *a, const char *label)
+static long torch_optimizer_mark(av_t *a, const char *label, uint64_t seq)
 {
     if (strncmp(label, "START Optimizer.", 16) != 0 && strncmp(label, "END Optimizer.", 14) != 0)
         return -1;
+    /* Inside an optimizer step (any optimizer's): where its state is made. */
+    if (strncmp(label, "START Optimizer.step", 20) == 0 && !a->opt_open) {
+        a->opt_open = true;
+        a->opt_start_seq = seq;
+        snprintf(a->opt_name, sizeof a->opt_name, "%s", label + 6);
+    }
+    if (strncmp(label, "END Optimizer.step", 18) == 0 && a->opt_open && strcmp(label + 4, a->opt_name) == 0)
+        a->opt_open = false;
     if (strncmp(label, "END Optimizer.step", 18) != 0)
         return -2;
     if (!a->torch_step_label[0])
@@ -182,7 +190,7 @@ static long torch_optimizer_mark(av_t *a, const char *label)
 static void on_mark(av_t *a, const char *label, uint64_t time, uint64_t seq)
 {
     a->nmarks++;
-    long n = torch_optimizer_mark(a, label);
+    long n = torch_optimizer_mark(a, label, seq);
     if (n == -2)
         return;
     if (n == -1)
@@ -219,6 +227,9 @@ static void new_peak(av_t *a, uint64_t time, uint64_t seq)
     a->peak_time = time;
     a->peak_seq = seq;
     a->peak_seg = (uint32_t)(a->nsegs - 1);
+    a->peak_in_opt = a->opt_open;
+    a->peak_opt_start_seq = a->opt_start_seq;
+    snprintf(a->peak_opt_name, sizeof a->peak_opt_name, "%s", a->opt_name);
 }
 
 static void snapshot_oom(av_t *a)

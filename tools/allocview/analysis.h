@@ -98,6 +98,11 @@ typedef struct av {
     bool marks_start_steps, mark_convention_known;
     char torch_step_label[96];  /* PyTorch's "END Optimizer.step#..." annotation that ends steps */
     long torch_steps;           /* how many of them so far */
+    /* Inside PyTorch's "START/END Optimizer.step#NAME" annotations: open, since which record, NAME;
+     * and the same at the allocated peak. */
+    bool opt_open, peak_in_opt;
+    uint64_t opt_start_seq, peak_opt_start_seq;
+    char opt_name[96], peak_opt_name[96];
     uint32_t step_bounds, win_bounds;
     uint64_t win_every, win_allocs;
     /* OOMs */

@@ -206,7 +206,8 @@ static void label_sites(site_t *v, size_t n)
 /* ----------------------------------------------------------------------- the facts, by rule */
 
 typedef struct diag {
-    const char *rule;      /* "oom-fragmentation", "oom-shortage", "leak", "step2-jump", "longest-batch", "phase" */
+    const char *rule;      /* "oom-fragmentation", "oom-shortage", "leak", "step2-jump", "optimizer-step",
+                              "longest-batch", "phase" */
     char text[1024];
     char fix[1024];
     uint64_t saving;       /* bytes the trace implies the fix can save (0: none claimed) */
@@ -227,6 +228,13 @@ static bool is_leak(const av_t *a, uint32_t id)
 {
     const av_stack_t *s = &a->st[id];
     return av_leak_growing(use_step_leaks(a) ? &s->lk_step : &s->lk_win, s->cur_bytes);
+}
+
+/* First allocated inside the optimizer step that holds the peak (PyTorch's annotations). */
+static bool is_optimizer_new(const av_t *a, uint32_t id)
+{
+    const av_stack_t *s = &a->st[id];
+    return s->first_seq != UINT64_MAX && s->first_seq > a->peak_opt_start_seq && s->first_seq <= a->peak_seq;
 }
 
 static const av_seg_t *step1_seg;
@@ -397,6 +405,41 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                      "state, which held %s at the peak; (8) ZeRO-1 / FSDP shards it across GPUs.",
                      H(late));
             x->saving = late;
+        }
+        free(v);
+    }
+    /* 3b. The peak inside the optimizer's step (PyTorch's annotations): what the step allocated
+     * for the first time (its state, on the first step, and its temporaries) held at the peak. */
+    if (a->peak_in_opt && nd < maxd) {
+        bool step2 = false;
+        for (size_t i = 0; i < nd; i++)
+            step2 |= strcmp(d[i].rule, "step2-jump") == 0;
+        size_t ns;
+        site_t *v = step2 ? NULL : collect_sites(a, sym, VIEW_PEAK, is_optimizer_new, &ns);
+        uint64_t made = 0, blocks = 0;
+        for (size_t i = 0; v && i < ns; i++) {
+            made += v[i].bytes;
+            blocks += v[i].count;
+        }
+        if (v && ns && made * 5 >= a->peak_alloc) {
+            label_sites(v, ns < 8 ? ns : 8);
+            diag_t *x = &d[nd++];
+            memset(x, 0, sizeof *x);
+            x->rule = "optimizer-step";
+            snprintf(x->site, sizeof x->site, "%s", v[0].label);
+            snprintf(x->text, sizeof x->text,
+                     "Optimizer step: the peak (%s) lies inside the optimizer's step (%s), whose own first "
+                     "allocations hold %s of it (%" PRIu64 " blocks: its state, created on its first step, and "
+                     "its temporaries) — largest: %s, %s in %" PRIu64 " block%s.",
+                     H(a->peak_alloc), a->peak_opt_name, H(made), blocks, v[0].label, H(v[0].bytes), v[0].count,
+                     v[0].count == 1 ? "" : "s");
+            snprintf(x->fix, sizeof x->fix,
+                     "Fix: the batch size does not matter here (activations are gone by the optimizer's step); "
+                     "parameters, gradients and this state do. In cost order: fused=True or foreach=False makes "
+                     "fewer temporaries; (7) an 8-bit or paged optimizer shrinks the state; (8) ZeRO-1 / FSDP "
+                     "shards it across GPUs. Up to %s is at stake.",
+                     H(made));
+            x->saving = made;
         }
         free(v);
     }
