@@ -28,6 +28,7 @@ record step2 step2 sim_memory_mb:256
 record longest longest sim_memory_mb:512
 record varlen varlen sim_memory_mb:512
 record phase phase sim_memory_mb:512
+record optstep optstep sim_memory_mb:512
 
 # Call sites are named through libdw; an allocview built without it names module+offset, which
 # the expected text cannot hold: skip.
@@ -67,7 +68,7 @@ want() { # TRACE RULE
     grep -q "\"rule\": \"$2\"" "$tmp/$1.json" || bad "$1: no $2 diagnosis in $(cat "$tmp/$1.json")"
 }
 wantnot() { grep -q "\"rule\": \"$2\"" "$tmp/$1.json" && bad "$1: unexpected $2 diagnosis"; }
-for t in leak shortage frag step2 longest varlen phase; do
+for t in leak shortage frag step2 longest varlen phase optstep; do
     "$allocview" report --json "$tmp/$t.trace" >"$tmp/$t.json" 2>/dev/null
     if command -v python3 >/dev/null 2>&1; then
         python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$tmp/$t.json" || bad "$t: report --json is not JSON"
@@ -84,6 +85,7 @@ want step2 step2-jump; wantnot step2 leak; wantnot step2 longest-batch
 want longest longest-batch; wantnot longest step2-jump; wantnot longest leak
 want varlen longest-batch; wantnot varlen step2-jump; wantnot varlen leak
 want phase phase; wantnot phase leak
+want optstep optimizer-step; wantnot optstep step2-jump; wantnot step2 optimizer-step
 
 # The views name call sites as the report does: function (file:line), callers where needed.
 "$allocview" timeline --no-color --ascii --top 3 "$tmp/leak.trace" >"$tmp/tl.txt" 2>&1 || bad "timeline exited $?"

@@ -403,14 +403,15 @@ class Marks(TorchLibCase):
 
     def test_watch_optimizer(self):
         marks = self._record_marks()
-        opt = self.torch.optim.Optimizer()
+        opt = self.torch.optim.AdamW()
         handle = self.ct.watch_optimizer(opt)
         opt.step()
         opt.step()
-        self.assertEqual(marks, ["step 1", "step 2"])
+        start = "START Optimizer.step#AdamW.step"  # PyTorch's own annotation of the step
+        self.assertEqual(marks, [start, "step 1", start, "step 2"])
         handle.remove()
         opt.step()
-        self.assertEqual(marks, ["step 1", "step 2"])
+        self.assertEqual(marks, [start, "step 1", start, "step 2"])
 
     def test_step_marks_for_all_optimizers(self):
         marks = self._record_marks()
@@ -419,12 +420,13 @@ class Marks(TorchLibCase):
         g.step()
         d.step()
         g.step()
-        self.assertEqual(marks, ["step 1", "step 1 (optimizer 1)", "step 2"])
+        start = "START Optimizer.step#Optimizer.step"
+        self.assertEqual(marks, [start, "step 1", start, "step 1 (optimizer 1)", start, "step 2"])
         # An optimizer also watched explicitly is marked once per step, not twice.
         marks.clear()
         self.ct.watch_optimizer(g)
         g.step()
-        self.assertEqual(marks, ["step 3"])
+        self.assertEqual(marks, [start, "step 3"])
         self.ct._global_hook_handle.remove()
 
 

@@ -7,12 +7,12 @@
  *   trace_scenarios SCENARIO TRACE
  *     leak       each step keeps a 2 MiB "loss" tensor alive (accumulating losses)
  *     shortage   step 2's activations do not fit (sim_memory_mb:128): OOM, the process dies
- *     frag       classic segments (expandable_segments:0): live blocks pin split segments; a 56 MiB
- *                request fails though the live blocks plus it fit: OOM, the process dies
+ *     frag       classic segments: live blocks pin split segments; a 56 MiB request fails: OOM
  *     step2      Adam-like state allocated at the first optimizer step raises every later peak
  *     longest    one batch of 8 is three times as long as the others
  *     varlen     12 steps whose activations follow sequence lengths drawn from 128..1024
  *     phase      an evaluation phase peaks above training
+ *     optstep    one step whose peak lies in the optimizer's (annotated) step, as its state is made
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -111,7 +111,7 @@ static NOINLINE void *big_buffer(size_t bytes) { return tensor_empty(bytes); }
 int main(int argc, char **argv)
 {
     if (argc != 3) {
-        fprintf(stderr, "usage: trace_scenarios leak|shortage|frag|step2|longest|varlen|phase TRACE\n");
+        fprintf(stderr, "usage: trace_scenarios leak|shortage|frag|step2|longest|varlen|phase|optstep TRACE\n");
         return 1;
     }
     const char *s = argv[1];
@@ -170,6 +170,12 @@ int main(int argc, char **argv)
         cualloc_mark("train");
         train_step(8 * MIB, 4);
         mark_step(4);
+    } else if (strcmp(s, "optstep") == 0) {
+        init_params(32 * MIB);
+        train_step(8 * MIB, 4);
+        cualloc_mark("START Optimizer.step#AdamW.step"); /* as cualloc_torch.watch_optimizer writes */
+        adam_init_state(32 * MIB);
+        mark_step(1);
     } else {
         fprintf(stderr, "trace_scenarios: unknown scenario %s\n", s);
         return 1;

@@ -385,7 +385,10 @@ def mark(label):
 
 
 # Step marks: "step N" after each optimizer step. Counted per optimizer; the first optimizer seen
-# writes "step N", any other "step N (optimizer K)" so a GAN's two optimizers stay apart.
+# writes "step N", any other "step N (optimizer K)" so a GAN's two optimizers stay apart. Before
+# each step, "START Optimizer.step#<class>.step", the name of PyTorch's own profiler annotation of
+# the step, so that allocview finds a peak inside the optimizer's step in cualloc's traces as in
+# PyTorch's snapshots.
 _step_counts = weakref.WeakKeyDictionary()
 _optimizer_ids = weakref.WeakKeyDictionary()
 _watched = weakref.WeakSet()
@@ -406,6 +409,26 @@ def _on_step(opt, args=None, kwargs=None):
     mark(_step_label(opt))
 
 
+def _on_step_start(opt, args=None, kwargs=None):
+    mark("START Optimizer.step#%s.step" % type(opt).__name__)
+
+
+def _on_step_start_global(opt, args=None, kwargs=None):
+    if opt not in _watched:  # watch_optimizer already marks this one
+        _on_step_start(opt)
+
+
+class _Handles:
+    """The hooks of one watch: remove() removes them all."""
+
+    def __init__(self, *handles):
+        self._handles = [h for h in handles if h is not None]
+
+    def remove(self):
+        for h in self._handles:
+            h.remove()
+
+
 def _on_step_global(opt, args=None, kwargs=None):
     if opt not in _watched:  # watch_optimizer already marks this one
         mark(_step_label(opt))
@@ -413,12 +436,14 @@ def _on_step_global(opt, args=None, kwargs=None):
 
 def watch_optimizer(opt):
     """Marks "step N" in the trace after each opt.step() (Optimizer.register_step_post_hook,
-    PyTorch >= 2.0). Returns the hook's handle (handle.remove() stops it)."""
+    PyTorch >= 2.0), and "START Optimizer.step#<class>.step" before it. Returns a handle
+    (handle.remove() stops both)."""
     if not hasattr(opt, "register_step_post_hook"):
         raise RuntimeError("cualloc_torch.watch_optimizer(): this optimizer has no register_step_post_hook "
                            "(PyTorch >= 2.0 needed); call cualloc_torch.mark('step N') yourself")
     _watched.add(opt)
-    return opt.register_step_post_hook(_on_step)
+    pre = opt.register_step_pre_hook(_on_step_start) if hasattr(opt, "register_step_pre_hook") else None
+    return _Handles(pre, opt.register_step_post_hook(_on_step))
 
 
 def _watch_all_optimizers():
@@ -431,7 +456,9 @@ def _watch_all_optimizers():
         _warn_once("step-marks", "cualloc_torch: this PyTorch has no torch.optim.optimizer."
                    "register_optimizer_step_post_hook; use cualloc_torch.watch_optimizer(opt) for step marks")
         return False
-    _global_hook_handle = register(_on_step_global)
+    register_pre = getattr(optimizer_mod, "register_optimizer_step_pre_hook", None)
+    _global_hook_handle = _Handles(register_pre(_on_step_start_global) if register_pre else None,
+                                   register(_on_step_global))
     return True
 
 

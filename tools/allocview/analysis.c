@@ -195,6 +195,8 @@ static void on_mark(av_t *a, const char *label, uint64_t time, uint64_t seq)
         return;
     if (n == -1)
         n = av_step_of(label);
+    if (n >= 0)
+        a->opt_open = false; /* a step ends with its optimizer's step (cualloc_torch's "step N") */
     if (n >= 0 && !a->mark_convention_known) {
         a->mark_convention_known = true;
         /* A "step N" written before any allocation starts its step; after work, it ends it. */

@@ -1,7 +1,9 @@
-"""FAKE torch.optim.optimizer — a test double (see tests/fake_torch/README.md): step post hooks,
-per optimizer and global, with PyTorch 2.x's signature hook(optimizer, args, kwargs)."""
+"""FAKE torch.optim.optimizer — a test double (see tests/fake_torch/README.md): step pre and post
+hooks, per optimizer and global, with PyTorch 2.x's signatures and order (global pre hooks, the
+optimizer's pre hooks, the step, the optimizer's post hooks, global post hooks)."""
 import itertools
 
+_global_optimizer_pre_hooks = {}
 _global_optimizer_post_hooks = {}
 _ids = itertools.count()
 
@@ -14,24 +16,41 @@ class _Handle:
         self._table.pop(self._key, None)
 
 
-def register_optimizer_step_post_hook(hook):
+def _register(table, hook):
     key = next(_ids)
-    _global_optimizer_post_hooks[key] = hook
-    return _Handle(_global_optimizer_post_hooks, key)
+    table[key] = hook
+    return _Handle(table, key)
+
+
+def register_optimizer_step_pre_hook(hook):
+    return _register(_global_optimizer_pre_hooks, hook)
+
+
+def register_optimizer_step_post_hook(hook):
+    return _register(_global_optimizer_post_hooks, hook)
 
 
 class Optimizer:
     def __init__(self):
+        self._optimizer_step_pre_hooks = {}
         self._optimizer_step_post_hooks = {}
         self.steps = 0
 
+    def register_step_pre_hook(self, hook):
+        return _register(self._optimizer_step_pre_hooks, hook)
+
     def register_step_post_hook(self, hook):
-        key = next(_ids)
-        self._optimizer_step_post_hooks[key] = hook
-        return _Handle(self._optimizer_step_post_hooks, key)
+        return _register(self._optimizer_step_post_hooks, hook)
 
     def step(self, *args, **kwargs):
+        for hook in itertools.chain(list(_global_optimizer_pre_hooks.values()),
+                                    list(self._optimizer_step_pre_hooks.values())):
+            hook(self, args, kwargs)
         self.steps += 1
         for hook in itertools.chain(list(self._optimizer_step_post_hooks.values()),
                                     list(_global_optimizer_post_hooks.values())):
             hook(self, args, kwargs)
+
+
+class AdamW(Optimizer):
+    pass
