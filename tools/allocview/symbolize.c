@@ -363,9 +363,10 @@ static void mod_open(sym_ctx_t *c, sym_mod_t *m)
 #ifdef HAVE_LIBDW
 /* The chain of DIEs of functions, inlined instances and blocks around DWARF address pc below
  * `die`, outermost first, into path[depth...]: descends into the child whose ranges hold pc (and
- * into imported units, which link-time optimization emits). Returns the new depth. dwarf_getscopes
- * is not used: it finds nothing in the partial units of LTO builds. */
-static int die_path(Dwarf_Die *die, Dwarf_Addr pc, Dwarf_Die *path, int depth, int max)
+ * into imported units, which link-time optimization emits, at most `imports` deep: a damaged file
+ * may import in a cycle). Returns the new depth. dwarf_getscopes is not used: it finds nothing in
+ * the partial units of LTO builds. */
+static int die_path(Dwarf_Die *die, Dwarf_Addr pc, Dwarf_Die *path, int depth, int max, int imports)
 {
     Dwarf_Die child;
     if (depth >= max || dwarf_child(die, &child) != 0)
@@ -375,17 +376,17 @@ static int die_path(Dwarf_Die *die, Dwarf_Addr pc, Dwarf_Die *path, int depth, i
         if (tag == DW_TAG_imported_unit) {
             Dwarf_Attribute at;
             Dwarf_Die unit;
-            if (dwarf_formref_die(dwarf_attr(&child, DW_AT_import, &at), &unit)) {
-                int d = die_path(&unit, pc, path, depth, max);
+            if (imports > 0 && dwarf_formref_die(dwarf_attr(&child, DW_AT_import, &at), &unit)) {
+                int d = die_path(&unit, pc, path, depth, max, imports - 1);
                 if (d > depth)
                     return d;
             }
         } else if ((tag == DW_TAG_subprogram || tag == DW_TAG_inlined_subroutine || tag == DW_TAG_lexical_block) &&
                    dwarf_haspc(&child, pc) == 1) {
             path[depth] = child;
-            return die_path(&child, pc, path, depth + 1, max);
+            return die_path(&child, pc, path, depth + 1, max, imports);
         } else if (tag == DW_TAG_namespace || tag == DW_TAG_class_type || tag == DW_TAG_structure_type) {
-            int d = die_path(&child, pc, path, depth, max);
+            int d = die_path(&child, pc, path, depth, max, imports);
             if (d > depth)
                 return d;
         }
@@ -404,7 +405,7 @@ static size_t inline_frames(sym_mod_t *m, GElf_Addr pc, const char *symbol, cons
     Dwarf_Addr bias = 0;
     Dwarf_Die *cu = dwfl_module_addrdie(m->mod, pc, &bias);
     Dwarf_Die path[64];
-    int np = cu ? die_path(cu, pc - bias, path, 0, 64) : 0;
+    int np = cu ? die_path(cu, pc - bias, path, 0, 64, 8) : 0;
     for (int i = np - 1; i >= 0 && n + 1 < max; i--) {
         if (dwarf_tag(&path[i]) != DW_TAG_inlined_subroutine)
             continue;
