@@ -214,6 +214,17 @@ typedef struct diag {
     char site[1024];
 } diag_t;
 
+/* A new diagnosis for `rule` (site: the call site it names, or NULL), cleared. */
+static diag_t *diag_add(diag_t *d, size_t *nd, const char *rule, const char *site)
+{
+    diag_t *x = &d[(*nd)++];
+    memset(x, 0, sizeof *x);
+    x->rule = rule;
+    if (site)
+        snprintf(x->site, sizeof x->site, "%s", site);
+    return x;
+}
+
 static const av_seg_t *first_step(const av_t *a)
 {
     for (size_t i = 0; i < a->nsegs; i++)
@@ -270,8 +281,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
         size_t ns;
         site_t *v = collect_sites(a, sym, VIEW_OOM, NULL, &ns);
         label_sites(v, ns < 8 ? ns : 8);
-        diag_t *x = &d[nd++];
-        memset(x, 0, sizeof *x);
+        diag_t *x = diag_add(d, &nd, NULL, NULL);
         if (fits) {
             x->rule = "oom-fragmentation";
             snprintf(x->text, sizeof x->text,
@@ -336,10 +346,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                     if (same_frames(&v[i], f, nf))
                         atpeak += av_peak_bytes(a, &a->st[id]);
                 }
-            diag_t *x = &d[nd++];
-            memset(x, 0, sizeof *x);
-            x->rule = "leak";
-            snprintf(x->site, sizeof x->site, "%s", v[i].label);
+            diag_t *x = diag_add(d, &nd, "leak", v[i].label);
             snprintf(x->text, sizeof x->text,
                      "Leak: call site %s grew from %s to %s over %u %s (+%s per %s on average) and never gave it "
                      "back; it holds %s in %" PRIu64 " blocks at the end, %s at the peak.",
@@ -388,10 +395,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
         uint64_t rise = a->peak_alloc - step1_seg->peak_alloc;
         if (ns && late * 2 >= rise && late * 20 >= a->peak_alloc) {
             label_sites(v, ns < 8 ? ns : 8);
-            diag_t *x = &d[nd++];
-            memset(x, 0, sizeof *x);
-            x->rule = "step2-jump";
-            snprintf(x->site, sizeof x->site, "%s", v[0].label);
+            diag_t *x = diag_add(d, &nd, "step2-jump", v[0].label);
             snprintf(x->text, sizeof x->text,
                      "Step-2 jump: %s peaked at %s, the peak (%s) is %s higher in %s. Allocations first made "
                      "late in %s (once it had begun freeing) and kept held %s at the peak — largest: %s, %s in "
@@ -423,10 +427,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
         }
         if (v && ns && made * 5 >= a->peak_alloc) {
             label_sites(v, ns < 8 ? ns : 8);
-            diag_t *x = &d[nd++];
-            memset(x, 0, sizeof *x);
-            x->rule = "optimizer-step";
-            snprintf(x->site, sizeof x->site, "%s", v[0].label);
+            diag_t *x = diag_add(d, &nd, "optimizer-step", v[0].label);
             snprintf(x->text, sizeof x->text,
                      "Optimizer step: the peak (%s) lies inside the optimizer's step (%s), whose own first "
                      "allocations hold %s of it (%" PRIu64 " blocks: its state, created on its first step, and "
@@ -467,9 +468,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
         for (size_t i = 0; i < nd; i++)
             leak |= strcmp(d[i].rule, "leak") == 0;
         if (best->peak_alloc > med + med / 5 && !leak && (single || varying)) {
-            diag_t *x = &d[nd++];
-            memset(x, 0, sizeof *x);
-            x->rule = "longest-batch";
+            diag_t *x = diag_add(d, &nd, "longest-batch", NULL);
             if (single)
                 snprintf(x->text, sizeof x->text,
                          "Longest batch: %s peaked at %s, %s above the median step's peak (%s over %zu steps); "
@@ -503,9 +502,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                     dup = true;
             if (dup)
                 continue;
-            diag_t *x = &d[nd++];
-            memset(x, 0, sizeof *x);
-            x->rule = "phase";
+            diag_t *x = diag_add(d, &nd, "phase", NULL);
             snprintf(x->text, sizeof x->text,
                      "Phase '%s' peaked at %s, %s above the highest training step (%s).", g->label,
                      H(g->peak_alloc), H(g->peak_alloc - max_step), H(max_step));

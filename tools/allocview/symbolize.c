@@ -607,22 +607,26 @@ static const sym_stk_t *stk_get(sym_ctx_t *c, uint32_t id)
     return st;
 }
 
+/* The first `max` of n frames into out; how many. */
+static size_t frames_out(const char **frames, size_t n, const char **out, size_t max)
+{
+    if (n > max)
+        n = max;
+    for (size_t i = 0; i < n; i++)
+        out[i] = frames[i];
+    return n;
+}
+
 size_t sym_stack(sym_ctx_t *c, uint32_t id, const char **out, size_t max)
 {
     const sym_stk_t *st = stk_get(c, id);
-    size_t n = !st ? 0 : st->nframes < max ? st->nframes : max;
-    for (size_t i = 0; i < n; i++)
-        out[i] = st->frames[i];
-    return n;
+    return st ? frames_out(st->frames, st->nframes, out, max) : 0;
 }
 
 size_t sym_stack_label(sym_ctx_t *c, uint32_t id, const char **out, size_t max)
 {
     const sym_stk_t *st = stk_get(c, id);
-    size_t n = !st ? 0 : st->nlabel < max ? st->nlabel : max;
-    for (size_t i = 0; i < n; i++)
-        out[i] = st->label[i];
-    return n;
+    return st ? frames_out(st->label, st->nlabel, out, max) : 0;
 }
 
 size_t sym_label_depth(const char *const *f, size_t n, const char *const *g, size_t m)
