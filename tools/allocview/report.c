@@ -1030,8 +1030,10 @@ static void help(const char *cmd, FILE *out)
                 "  The after-a-crash report: what ran and how it ended, the peak and the call sites holding\n"
                 "  memory then, the OOM (what was live, where the failing request came from), the peak of\n"
                 "  each step or phase, and a diagnosis (OOM by shortage or fragmentation, leaks, the step-2\n"
-                "  jump, the longest batch, a phase above training) with the fix to try first and what the\n"
-                "  trace says it saves. Several traces (one per rank): a table of ranks first.\n");
+                "  jump, the optimizer's step, the longest batch, a phase above training) with the fix to try\n"
+                "  first and what the trace says it saves. Several traces (one per rank): a table of ranks\n"
+                "  first. --json: \"diagnosis\" entries' \"rule\" is one of oom-fragmentation, oom-shortage,\n"
+                "  leak, step2-jump, optimizer-step, longest-batch, phase.\n");
     else if (strcmp(cmd, "peak") == 0)
         fprintf(out, "usage: allocview peak [--at TIME|MARK] [--json] [--no-color] [--redact] [--top N] TRACE\n"
                      "  The peak of allocated bytes: when, in which step or phase, requested / allocated /\n"
