@@ -167,8 +167,8 @@ static const char *python_file_name(const char *file)
     return file;
 }
 
-/* A C++ function as labels show it: without its return type, parameter list, cv-qualifiers and
- * clone suffix, long template arguments elided ("at::TensorBase at::detail::_empty_generic<
+/* A function as labels show it: without its return type, parameter list, cv-qualifiers and the
+ * suffix of a compiler's clone, long template arguments elided ("at::TensorBase at::detail::_empty_generic<
  * c10::ArrayRef<long> >(c10::ArrayRef<long>, ...) [clone .constprop.0]" -> "at::detail::
  * _empty_generic<...>"). Names that are not C++ (C, Python) come back unchanged. */
 static void cxx_short_name(const char *fn, char *out, size_t len)
@@ -178,6 +178,11 @@ static void cxx_short_name(const char *fn, char *out, size_t len)
     char *clone = strstr(buf, " [clone ");
     if (clone)
         *clone = '\0';
+    /* The compiler's clones of a C function carry their kind in the symbol: "talloc.constprop.0". */
+    static const char *const clone_kinds[] = {".constprop.", ".isra.", ".part.", ".lto_priv.", ".cold"};
+    for (size_t i = 0; i < sizeof clone_kinds / sizeof clone_kinds[0]; i++)
+        if ((clone = strstr(buf, clone_kinds[i])) && clone > buf)
+            *clone = '\0';
     size_t n = strlen(buf);
     while (n > 0 && (buf[n - 1] == ' ' || buf[n - 1] == '&'))
         buf[--n] = '\0';
