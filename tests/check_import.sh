@@ -7,15 +7,54 @@
 # within 0.3% (the README's size-kind difference, about 0.25%); `allocview summary` of the import
 # equals expected/import_summary_NAME.txt (UPDATE_EXPECTED=1 rewrites it); the report names call
 # sites by the user's frames, PyTorch's machinery left out, cuts the run into the steps PyTorch's
-# optimizer annotations mark, and names the optimizer's step as where the 2.7B run peaked. VARLEN_SNAPSHOT (a run with variable sequence lengths,
-# optional): its report cuts it into steps and names the longest batch. Skips (77) without the
-# snapshot.
+# optimizer annotations mark, and names the optimizer's step as where the 2.7B run peaked.
+# VARLEN_SNAPSHOT (a run with variable sequence lengths, optional): its report cuts it into steps
+# and names the longest batch. Before those, always: the same on small snapshots made by
+# tests/make_snapshot.py, and refusal of a pickle with objects in it; without the corpus snapshot
+# only those run. Skips (77) without python3.
 set -u
 allocview=$1 snap=${CUALLOC_SNAPSHOT:-${2:-}} varlen=${3:-}
-[ -n "$snap" ] && [ -r "$snap" ] || { echo "snapshot ${snap:-(none)} not found; skipping"; exit 77; }
 command -v python3 >/dev/null 2>&1 || { echo "python3 not found; skipping"; exit 77; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+st=0
+
+# The report: call sites named by the frames that tell them apart, never by PyTorch's own
+# machinery (its caching allocator, its stack capture, its dispatcher, the interpreter's loop,
+# nn.Module's call wrappers), which every stack of a snapshot passes through.
+machinery='unwind::unwind|CapturedTraceback|CUDACachingAllocator|_PyEval_|PyObject_|wrap_kernel_functor|Register[A-Za-z]*\.cpp|_call_impl|__libc_start|at::_ops'
+check_report() { # TRACE NAME
+    "$allocview" report --no-color "$1" >"$tmp/$2.txt" 2>&1 || { echo "FAIL: report on $2 exited $?"; st=1; }
+    sed -n '/call sites holding memory at the peak/,/^Steps/p' "$tmp/$2.txt" >"$tmp/$2.sites"
+    [ "$(grep -c ' <- \|^ *[0-9.]* [KMG]iB .*[a-z]' "$tmp/$2.sites")" -ge 3 ] || { echo "FAIL: $2: no call sites: $(cat "$tmp/$2.txt")"; st=1; }
+    if grep -E "$machinery" "$tmp/$2.sites"; then echo "FAIL: $2: call sites named by PyTorch's machinery (above)"; st=1; fi
+    grep -q '\.py:[0-9]*)' "$tmp/$2.sites" || { echo "FAIL: $2: no Python line names a site: $(cat "$tmp/$2.sites")"; st=1; }
+    grep -q '^  step 1 ' "$tmp/$2.txt" || { echo "FAIL: $2: the optimizer's annotations do not cut steps: $(cat "$tmp/$2.txt")"; st=1; }
+}
+
+# Small snapshots made here (tests/make_snapshot.py), with real snapshots' frames: the operator and
+# the user's line name each site; six annotated steps of drawn lengths are the longest batches'; a
+# peak inside the annotated optimizer step is the optimizer's.
+for kind in varlen optstep; do
+    python3 "$(dirname "$0")/make_snapshot.py" "$tmp/made-$kind.pickle" $kind || { echo "FAIL: make_snapshot.py $kind"; st=1; }
+    "$allocview" import "$tmp/made-$kind.pickle" -o "$tmp/made-$kind.trace" 2>/dev/null || { echo "FAIL: import of made-$kind exited $?"; st=1; }
+    check_report "$tmp/made-$kind.trace" "made-$kind"
+done
+grep -q '  at::native::gelu <- forward (/home/u/model.py:20)$' "$tmp/made-varlen.sites" ||
+    { echo "FAIL: made-varlen: want the operator and the user's line: $(cat "$tmp/made-varlen.sites")"; st=1; }
+grep -q '^  step 6 ' "$tmp/made-varlen.txt" || { echo "FAIL: made-varlen: want 6 steps: $(cat "$tmp/made-varlen.txt")"; st=1; }
+grep -q 'Longest batches: step 2 peaked at 384.00 MiB' "$tmp/made-varlen.txt" ||
+    { echo "FAIL: made-varlen: $(sed -n '/^Diagnosis/,$p' "$tmp/made-varlen.txt")"; st=1; }
+grep -q 'Optimizer step: the peak (320.00 MiB) lies inside the optimizer.s step (Optimizer.step#AdamW.step), whose own first allocations hold 256.00 MiB' "$tmp/made-optstep.txt" ||
+    { echo "FAIL: made-optstep: $(sed -n '/^Diagnosis/,$p' "$tmp/made-optstep.txt")"; st=1; }
+if grep -q 'Optimizer step:' "$tmp/made-varlen.txt"; then echo "FAIL: made-varlen: its peak is not in the optimizer"; st=1; fi
+
+# A pickle with objects in it is refused with the opcode named.
+printf '\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x8c\x06system\x93.' >"$tmp/evil.pickle"
+"$allocview" import "$tmp/evil.pickle" -o "$tmp/evil.trace" 2>"$tmp/evil.err"
+[ $? = 2 ] || { echo "FAIL: a pickle with STACK_GLOBAL was not refused"; st=1; }
+grep -q "STACK_GLOBAL" "$tmp/evil.err" || { echo "FAIL: refusal does not name the opcode: $(cat "$tmp/evil.err")"; st=1; }
+[ -n "$snap" ] && [ -r "$snap" ] || { echo "snapshot ${snap:-(none)} not found; the corpus checks are skipped"; [ $st = 0 ] && echo "check_import: made snapshots passed"; exit $st; }
 "$allocview" import "$snap" -o "$tmp/t.trace" || { echo "FAIL: import exited $?"; exit 1; }
 "$allocview" summary --json "$tmp/t.trace" >"$tmp/s.json" || { echo "FAIL: summary exited $?"; exit 1; }
 "$allocview" replay --json "$tmp/t.trace" >"$tmp/r.json" || { echo "FAIL: replay exited $?"; exit 1; }
@@ -66,29 +105,12 @@ if not (isinstance(r, list) and r[0]["peak_requested_bytes"] == s["peak_requeste
     print("FAIL: replay's peak requested differs from the trace's: %s" % r); ok = False
 sys.exit(0 if ok else 1)
 PY
-st=$?
+[ $? = 0 ] || st=1
 # Classic mode predicts PyTorch's default allocator: the replay reports its error against the
 # reserved peak the snapshot records (0 on this snapshot).
 "$allocview" replay "$tmp/t.trace" --conf default --conf expandable_segments:0 >"$tmp/replay.txt" 2>/dev/null
 grep -q "^peak reserved against the recorded .*expandable_segments:0 +0.000%" "$tmp/replay.txt" ||
     { echo "FAIL: no prediction error reported, or not 0: $(cat "$tmp/replay.txt")"; st=1; }
-# A pickle with objects in it is refused with the opcode named.
-printf '\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x8c\x06system\x93.' >"$tmp/evil.pickle"
-"$allocview" import "$tmp/evil.pickle" -o "$tmp/evil.trace" 2>"$tmp/evil.err"
-[ $? = 2 ] || { echo "FAIL: a pickle with STACK_GLOBAL was not refused"; st=1; }
-grep -q "STACK_GLOBAL" "$tmp/evil.err" || { echo "FAIL: refusal does not name the opcode: $(cat "$tmp/evil.err")"; st=1; }
-# The report: call sites named by the frames that tell them apart, never by PyTorch's own
-# machinery (its caching allocator, its stack capture, its dispatcher, the interpreter's loop,
-# nn.Module's call wrappers), which every stack of a snapshot passes through.
-machinery='unwind::unwind|CapturedTraceback|CUDACachingAllocator|_PyEval_|PyObject_|wrap_kernel_functor|Register[A-Za-z]*\.cpp|_call_impl|__libc_start'
-check_report() { # TRACE NAME
-    "$allocview" report --no-color "$1" >"$tmp/$2.txt" 2>&1 || { echo "FAIL: report on $2 exited $?"; st=1; }
-    sed -n '/call sites holding memory at the peak/,/^Steps/p' "$tmp/$2.txt" >"$tmp/$2.sites"
-    [ "$(grep -c ' <- \|^ *[0-9.]* [KMG]iB .*[a-z]' "$tmp/$2.sites")" -ge 3 ] || { echo "FAIL: $2: no call sites: $(cat "$tmp/$2.txt")"; st=1; }
-    if grep -E "$machinery" "$tmp/$2.sites"; then echo "FAIL: $2: call sites named by PyTorch's machinery (above)"; st=1; fi
-    grep -q '\.py:[0-9]*)' "$tmp/$2.sites" || { echo "FAIL: $2: no Python line names a site: $(cat "$tmp/$2.sites")"; st=1; }
-    grep -q '^  step 1 ' "$tmp/$2.txt" || { echo "FAIL: $2: the optimizer's annotations do not cut steps: $(cat "$tmp/$2.txt")"; st=1; }
-}
 check_report "$tmp/t.trace" snapshot
 # Its peak lies inside the optimizer's (annotated) step, where AdamW's state is made.
 grep -q 'Optimizer step: the peak (51.16 GiB) lies inside the optimizer.s step (Optimizer.step#AdamW.step)' "$tmp/snapshot.txt" ||
