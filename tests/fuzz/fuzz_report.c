@@ -3,7 +3,8 @@
  * a clear refusal — never a crash or an out-of-bounds access — through the after-a-crash report,
  * `oom --json` and `folded`, whose call-site naming (frame texts, C++ name shortening, labels that
  * tell sites apart, step and optimizer marks) reads every string a trace holds. Seeds: the trace
- * reader's corpus (real traces with 4 KiB blocks) and a PyTorch snapshot's import.
+ * reader's corpus (real traces with 4 KiB blocks), an optimizer-step scenario and the import of a
+ * PyTorch-shaped snapshot (tests/make_snapshot.py varlen).
  */
 // sources: tools/allocview/report.c tools/allocview/analysis.c tools/allocview/symbolize.c tools/allocview/folded.c tools/allocview/reader.c tools/allocview/devaddr_map.c tools/allocview/text.c src/error.c
 #include <stdint.h>
