@@ -68,7 +68,12 @@ need = {
     "ld-preload": lambda: len([r for r in body if r["op"] == "run"]) == 6,
     "torch": lambda: dry(body) == sorted([(m, p) for m in MODES for p in ["train", "oom"]]
                                          + [("default", "snapshot"), ("expandable", "snapshot")])
-                     and all(r["shrink_check"]["ok"] for r in body if r.get("phase") == "snapshot"),
+                     and all(r["shrink_check"]["ok"] for r in body if r.get("phase") == "snapshot")
+                     # allocview diagnosed each cualloc mode's forced OOM from its trace (in the mock,
+                     # the demo's OOM on the sim device stands in)
+                     and sorted(r["mode"] for r in body if r.get("op") == "oom-report" and r.get("pass")
+                                and r["failing_site"] and any(x.startswith("oom-") for x in r["rules"]))
+                         == sorted(MODES[2:]),
     "torch-medium": lambda: dry(body) == sorted((m, "train") for m in MODES)
                             and all(r["model"] == "medium" for r in body if r.get("dry_run")),
     "torch-alloc-cost": lambda: dry(body) == sorted((m, "allocpair") for m in MODES),

@@ -349,6 +349,7 @@ part_ld_preload() {
 
 TORCH_MODES=${MODES_ARG:-$ALL_TORCH_MODES}
 TORCH_CAP_GB=16
+TORCH_PART=torch  # the part whose folder a forced OOM's trace goes to (set by torch_job)
 
 # mode_env MODE PHASE: the environment of a torch mode, as arguments of env(1). Variables a mode
 # must not have are unset (-u), not emptied: PyTorch treats PYTORCH_NO_CUDA_MEMORY_CACHING as set
@@ -357,7 +358,8 @@ TORCH_CAP_GB=16
 mode_env() {
     local mode=$1 phase=$2 cap=""
     local unset_all="-u PYTORCH_CUDA_ALLOC_CONF -u PYTORCH_NO_CUDA_MEMORY_CACHING -u LD_PRELOAD -u CUALLOC_CONF"
-    [ "$phase" = oom ] && cap=",max_memory_mb:$((TORCH_CAP_GB * 1024))"
+    # The forced OOM under cualloc is recorded (oom_report reads the trace).
+    [ "$phase" = oom ] && cap=",max_memory_mb:$((TORCH_CAP_GB * 1024)),trace:$RESULTS/$TORCH_PART/$mode-oom.trace"
     case $mode in
         default) echo "$unset_all" ;;
         expandable) echo "$unset_all PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" ;;
@@ -378,6 +380,7 @@ torch_left() { echo $((PART_BUDGET - ($(date +%s) - T_PART))); }
 # sets TORCH_FAIL. In --mock the process is a --dry-run.
 torch_job() {
     local part=$1 mode=$2 phase=$3 limit=$4 dir=$RESULTS/$1 rc left
+    TORCH_PART=$part
     shift 4
     local log=$dir/$mode-$phase.log dry=()
     [ "$MOCK" = 1 ] && dry=(--dry-run)
@@ -406,6 +409,47 @@ torch_job() {
     fi
 }
 
+# oom_report PART MODE: what allocview says of the trace cualloc recorded in MODE's forced-OOM run
+# (PART/MODE-oom.trace, with PyTorch's Python frames): the report's text among the logs
+# (MODE-oom-report.log) and an "oom-report" line in results.jsonl (whether it found the OOM, its
+# rules, the failing call site); the trace itself is removed (the files that come back from the GPU
+# machine are few). In --mock a dry run records nothing: the demo's OOM on a 4 GiB sim device
+# stands in, so that the pipeline is what the mock tests.
+oom_report() {
+    local part=$1 mode=$2 dir=$RESULTS/$1 trace=$RESULTS/$1/$2-oom.trace av=$BUILD/tools/allocview/allocview
+    if [ "$MOCK" = 1 ] && [ ! -s "$trace" ]; then
+        CUALLOC_CONF=trace:$trace,trace_stack_depth:8 build_prog "$BUILD/tools/cualloc-demo" --steps 3 --quiet \
+            --memory-mb 4096 >/dev/null 2>&1
+    fi
+    if [ ! -s "$trace" ]; then
+        echo "run.sh: $part $mode: no trace of the forced OOM ($trace)"
+        printf '{"part":"%s","op":"oom-report","mode":"%s","trace":false}\n' "$part" "$mode" >>"$dir/results.jsonl"
+        TORCH_FAIL=1
+        return 1
+    fi
+    local text=$dir/$mode-oom-report.log json=$dir/$mode-oom-report.json.tmp
+    build_prog "$av" report --no-color "$trace" >"$text" 2>&1
+    build_prog "$av" report --json "$trace" >"$json" 2>>"$text"
+    if ! "$PY" - "$json" "$part" "$mode" >>"$dir/results.jsonl" <<'PY'
+import json, sys
+path, part, mode = sys.argv[1:4]
+d = json.load(open(path))
+oom = d.get("oom") or {}
+rules = [x.get("rule") for x in d.get("diagnosis") or []]
+print(json.dumps({"part": part, "op": "oom-report", "mode": mode, "trace": True, "ended": d.get("ended"),
+                  "oom_found": bool(oom), "rules": rules, "failing_site": (oom.get("failing_site") or [])[:4],
+                  "top_live_site": ((oom.get("live_sites") or [{}])[0]).get("site"),
+                  "pass": bool(oom) and any(r and r.startswith("oom-") for r in rules)}))
+sys.exit(0 if oom and any(r and r.startswith("oom-") for r in rules) else 1)
+PY
+    then
+        echo "run.sh: $part $mode: allocview did not diagnose the OOM (see $(basename "$text") in logs.txt)"
+        TORCH_FAIL=1
+    fi
+    sed -n '/^OOM at/,/^Steps/p;/^Diagnosis/,$p' "$text" | head -12
+    rm -f "$json" "$trace"
+}
+
 # torch_end PART: the status line and the part's summary; also the side-by-side comparison with the
 # targets (RESULTS/torch-targets.md) from every torch part present under RESULTS.
 torch_end() {
@@ -432,6 +476,7 @@ part_torch() {
     for mode in $TORCH_MODES; do
         torch_job torch "$mode" train 200 --model small --steps "$STEPS"
         torch_job torch "$mode" oom 120 --model small --steps "$STEPS" --oom-cap-gb "$TORCH_CAP_GB"
+        case $mode in cualloc-*) oom_report torch "$mode" ;; esac
     done
     for mode in $TORCH_MODES; do
         case $mode in default|expandable)

@@ -216,6 +216,17 @@ def torch(rows):
                        r.get("recovered"), (r.get("message") or "-")[:160].replace("|", "/").replace("\n", " ")]
                       for m, r in oom.items()])
         out.append("")
+    reports = [r for r in rows if r.get("op") == "oom-report"]
+    if reports:
+        out.append("allocview on cualloc's trace of each forced OOM (`allocview TRACE`; the text is in logs.txt):")
+        out.append("")
+        out += table(["mode", "trace", "OOM found", "diagnosis rules", "failing call site (innermost first)",
+                      "largest live site at the OOM", "pass"],
+                     [[r["mode"], r.get("trace"), r.get("oom_found", "-"), ", ".join(r.get("rules") or []) or "-",
+                       " <- ".join(r.get("failing_site") or [])[:160].replace("|", "/") or "-",
+                       (r.get("top_live_site") or "-")[:120].replace("|", "/"), r.get("pass", False)]
+                      for r in reports])
+        out.append("")
     snaps = [r for r in rows if r.get("op") == "snapshot" and not r.get("dry_run")]
     if snaps:
         out.append("PyTorch memory snapshots (replay corpus; `allocview import FILE -o TRACE`):")
