@@ -477,7 +477,8 @@ def setup(a):
     if a.mode == "cualloc-enable":
         sys.path.insert(0, os.path.join(a.repo, "tools"))
         import cualloc_torch as ct  # noqa: E402
-        ct.enable(os.path.join(a.build, "src", "libcualloc_torch.so"))
+        # step marks: a traced run (the forced OOM's) is cut into steps; untraced, a mark is a no-op
+        ct.enable(os.path.join(a.build, "src", "libcualloc_torch.so"), step_marks=True)
     elif a.mode in PRELOAD_MODES:
         sys.path.insert(0, os.path.join(a.repo, "tools"))
         import cualloc_torch as ct  # noqa: E402 (statistics only: the preloaded copy)
