@@ -638,14 +638,18 @@ static void header_text(FILE *out, const av_t *a, const ropts_t *o)
         else
             snprintf(buf, sizeof buf, "%s", a->cmd);
         fprintf(out, "  command   %s\n", buf);
-        if (o->redact)
-            fprintf(out, "  process   pid * on *");
-        else
-            fprintf(out, "  process   pid %" PRIu64 " on %s", a->pid, a->host);
-        if (a->rank >= 0)
-            fprintf(out, ", rank %" PRId64 "\n", a->rank);
-        else
-            fprintf(out, ", no rank\n");
+        if (a->pid == 0 && !a->host[0])
+            fprintf(out, "  process   not recorded (an import)\n"); /* a PyTorch snapshot has neither */
+        else {
+            if (o->redact)
+                fprintf(out, "  process   pid * on *");
+            else
+                fprintf(out, "  process   pid %" PRIu64 " on %s", a->pid, a->host);
+            if (a->rank >= 0)
+                fprintf(out, ", rank %" PRId64 "\n", a->rank);
+            else
+                fprintf(out, ", no rank\n");
+        }
     } else {
         fprintf(out, "  command   (not recorded)\n");
     }
