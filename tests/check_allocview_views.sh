@@ -80,6 +80,15 @@ if grep -q '0x4321' "$tmp/a.folded"; then bad "folded: the allocator's frame is 
 sum=$(awk '{s += $NF} END {print s}' "$tmp/a.folded")
 [ "$sum" = $((297 * 1048576)) ] || bad "folded: bytes sum to $sum, want the peak 297 MiB"
 
+# 4b. A trace naming a FIFO (or any file not regular) as a module: allocview does not open it to
+#     wait for a writer, and names the frames module+offset.
+mkfifo "$tmp/libtorch_cuda.so"
+SITES_TORCH_PATH=$tmp/libtorch_cuda.so "$sites" A "$tmp/fifo.trace" || bad "trace_sites_fixture A (FIFO) did not run"
+timeout 20 "$allocview" folded "$tmp/fifo.trace" >"$tmp/fifo.folded" 2>&1
+st=$?
+[ $st = 0 ] || bad "folded on a trace naming a FIFO as a module: exit $st (124: it waited on the FIFO)"
+grep -q 'libtorch_cuda.so+0x4000 134217728$' "$tmp/fifo.folded" || bad "folded (FIFO module): $(cat "$tmp/fifo.folded")"
+
 # 5. Cut-short and corrupt traces: exit 0 or 3, never a crash.
 for t in fx a; do
     size=$(wc -c <"$tmp/$t.trace")

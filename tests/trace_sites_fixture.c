@@ -7,8 +7,11 @@
  *                                 optimizer state, a workspace
  *   trace_sites_fixture B TRACE   the same, plus one more call site (cache.py:remember) that keeps
  *                                 8 MiB per step; its stack ids and addresses differ from A's
+ * SITES_TORCH_PATH=FILE names the file recorded for libtorch_cuda.so (default a path that does not
+ * exist here).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "trace_writer.h"
@@ -56,7 +59,11 @@ int main(int argc, char **argv)
     }
     tw_device(&w, 0, 16ull << 30, "sim device 0");
     tw_module(&w, cualloc_base, cualloc_base, cualloc_base + 0x100000, "/opt/cualloc/lib/libcualloc.so");
-    tw_module(&w, torch_base, torch_base, torch_base + 0x1000000, "/venv/torch/lib/libtorch_cuda.so");
+    /* SITES_TORCH_PATH: the file the trace says libtorch_cuda.so was (a test of what allocview
+     * opens: a FIFO there must not make it wait). */
+    const char *torch_path = getenv("SITES_TORCH_PATH");
+    tw_module(&w, torch_base, torch_base, torch_base + 0x1000000,
+              torch_path ? torch_path : "/venv/torch/lib/libtorch_cuda.so");
     uint32_t f_main = tw_pyframe(&w, 10, "main", "train.py");
     uint32_t main_st = tw_stack(&w, 0, CUA_TRACE_FRAME_PYTHON, f_main);
     if (b) /* an unrelated stack first: B's stack ids are all shifted */

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #ifdef HAVE_LIBDW
@@ -334,9 +335,16 @@ static void mod_open(sym_ctx_t *c, sym_mod_t *m)
     m->tried = true;
     if (m->path[0] != '/')
         return;
-    int fd = open(m->path, O_RDONLY | O_CLOEXEC);
+    /* The path comes from the trace: only a regular file is read (O_NONBLOCK: opening a FIFO a
+     * trace names must not wait for a writer). */
+    int fd = open(m->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return;
+    }
     m->dwfl = dwfl_begin(&callbacks);
     if (!m->dwfl) {
         close(fd);
