@@ -230,8 +230,12 @@ static void new_peak(av_t *a, uint64_t time, uint64_t seq)
     a->peak_seq = seq;
     a->peak_seg = (uint32_t)(a->nsegs - 1);
     a->peak_in_opt = a->opt_open;
-    a->peak_opt_start_seq = a->opt_start_seq;
-    snprintf(a->peak_opt_name, sizeof a->peak_opt_name, "%s", a->opt_name);
+    /* The window's start and name, copied once per window (a rising trace makes a peak per
+     * allocation). */
+    if (a->opt_open && a->peak_opt_start_seq != a->opt_start_seq) {
+        a->peak_opt_start_seq = a->opt_start_seq;
+        snprintf(a->peak_opt_name, sizeof a->peak_opt_name, "%s", a->opt_name);
+    }
 }
 
 static void snapshot_oom(av_t *a)
