@@ -225,6 +225,15 @@ static diag_t *diag_add(diag_t *d, size_t *nd, const char *rule, const char *sit
     return x;
 }
 
+/* Has a diagnosis of `rule` been made already? */
+static bool has_rule(const diag_t *d, size_t nd, const char *rule)
+{
+    for (size_t i = 0; i < nd; i++)
+        if (strcmp(d[i].rule, rule) == 0)
+            return true;
+    return false;
+}
+
 static const av_seg_t *first_step(const av_t *a)
 {
     for (size_t i = 0; i < a->nsegs; i++)
@@ -415,11 +424,9 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
     /* 3b. The peak inside the optimizer's step (PyTorch's annotations): what the step allocated
      * for the first time (its state, on the first step, and its temporaries) held at the peak. */
     if (a->peak_in_opt && nd < maxd) {
-        bool step2 = false;
-        for (size_t i = 0; i < nd; i++)
-            step2 |= strcmp(d[i].rule, "step2-jump") == 0;
         size_t ns;
-        site_t *v = step2 ? NULL : collect_sites(a, sym, VIEW_PEAK, is_optimizer_new, &ns);
+        site_t *v = has_rule(d, nd, "step2-jump") ? NULL
+                                                   : collect_sites(a, sym, VIEW_PEAK, is_optimizer_new, &ns);
         uint64_t made = 0, blocks = 0;
         for (size_t i = 0; v && i < ns; i++) {
             made += v[i].bytes;
@@ -464,10 +471,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                 high++;
         }
         bool varying = falls * 4 >= np - 1;
-        bool leak = false;
-        for (size_t i = 0; i < nd; i++)
-            leak |= strcmp(d[i].rule, "leak") == 0;
-        if (best->peak_alloc > med + med / 5 && !leak && (single || varying)) {
+        if (best->peak_alloc > med + med / 5 && !has_rule(d, nd, "leak") && (single || varying)) {
             diag_t *x = diag_add(d, &nd, "longest-batch", NULL);
             if (single)
                 snprintf(x->text, sizeof x->text,
@@ -712,13 +716,9 @@ static void oom_text(FILE *out, const av_t *a, sym_ctx_t *sym, const ropts_t *o)
             H(x->reserved - x->allocated), H(x->largest_free), H(x->device_free));
     const char *f[32];
     size_t nf = sym_stack_label(sym, x->stack, f, 32);
-    fprintf(out, "  failing request from: ");
-    if (!nf)
-        fprintf(out, "%s\n", x->stack ? "(allocator frames only)" : "(stack not recorded)");
-    for (size_t i = 0; i < nf && i < 6; i++)
-        fprintf(out, "%s%s", i ? " <- " : "", f[i]);
-    if (nf)
-        fprintf(out, "\n");
+    static char from[SYM_LABEL_FRAMES * 1024 + 64];
+    sym_label(f, nf, nf, x->stack != 0, from, sizeof from);
+    fprintf(out, "  failing request from: %s\n", from);
     size_t n;
     site_t *v = collect_sites(a, sym, VIEW_OOM, NULL, &n);
     fprintf(out, "  live at the OOM (%" PRIu64 " blocks), largest first:\n", a->oom_live_count);
