@@ -275,7 +275,7 @@ static void write_frames(exporter_t *ex, uint32_t stack)
                         f->line <= INT32_MAX ? f->line : 0); /* a line past 2^31 is damage */
             continue;
         }
-        sym_native_t nf[16];
+        sym_native_t nf[SYM_INLINE_MAX];
         uint64_t off = f->module ? f->module_offset : f->addr;
         size_t nn = sym_native_frames(ex->sym, f->module, off, nf, sizeof nf / sizeof nf[0]);
         for (size_t k = 0; k < nn; k++) { /* inlined functions first, as PyTorch writes them */

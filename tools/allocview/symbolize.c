@@ -17,7 +17,6 @@
 
 #include "text.h"
 
-#define SYM_INLINE_MAX 16 /* source-level frames kept per native frame */
 #define SYM_MAX_FRAMES 512 /* the recorder keeps at most 128 (64 native, 64 Python); imports may hold more */
 
 /* One module file, opened on first use. */
@@ -77,6 +76,11 @@ static bool fold_module(const char *path)
 }
 
 static bool prefixed(const char *s, const char *p) { return strncmp(s, p, strlen(p)) == 0; }
+static bool suffixed(const char *s, const char *p)
+{
+    size_t n = strlen(s), k = strlen(p);
+    return n >= k && strcmp(s + n - k, p) == 0;
+}
 
 /* The allocator's own functions: cualloc's, the CUDA runtime's and driver's allocation entry
  * points, and PyTorch's caching allocator (in stacks imported from its snapshots). */
@@ -88,11 +92,10 @@ static bool fold_function(const char *fn)
 
 /* Frames that only carry the call from the user's code to the allocation, and say nothing of which
  * site it is: the process's start, the Python interpreter's evaluation loop and call protocol (and
- * ctypes' foreign calls),
- * PyTorch's operator dispatcher (its boxing wrappers and generated Register*.cpp / Redispatch
- * wrappers), its Python wrappers of module calls and optimizer steps, and its own stack capture
- * (in imported snapshots). Left out of call sites, as
- * PyTorch's memory viewer leaves them out; kept in export, whose viewer filters for itself. */
+ * ctypes' foreign calls), PyTorch's operator dispatcher (its boxing wrappers and generated
+ * Register*.cpp / Redispatch wrappers), its Python wrappers of module calls and optimizer steps,
+ * and its own stack capture (in imported snapshots). Left out of call sites, as PyTorch's memory
+ * viewer leaves them out; kept in export, whose viewer filters for itself. */
 static bool plumbing_frame(const char *fn, const char *file)
 {
     static const char *const fn_prefixes[] = {
@@ -134,14 +137,10 @@ static bool plumbing_frame(const char *fn, const char *file)
         {"torch/optim/optimizer.py", "wrapper"},
         {"torch/optim/optimizer.py", "_use_grad"},
     };
-    if (fn && file) {
-        size_t n = strlen(file);
-        for (size_t i = 0; i < sizeof py_wrappers / sizeof py_wrappers[0]; i++) {
-            size_t k = strlen(py_wrappers[i][0]);
-            if (n >= k && strcmp(file + n - k, py_wrappers[i][0]) == 0 && strcmp(fn, py_wrappers[i][1]) == 0)
+    if (fn && file)
+        for (size_t i = 0; i < sizeof py_wrappers / sizeof py_wrappers[0]; i++)
+            if (suffixed(file, py_wrappers[i][0]) && strcmp(fn, py_wrappers[i][1]) == 0)
                 return true;
-        }
-    }
     return false;
 }
 
@@ -149,10 +148,7 @@ static bool plumbing_frame(const char *fn, const char *file)
  * native frame: for imported snapshots, whose native frames come as (function, file, line) too. */
 static bool python_source(const char *file)
 {
-    if (!file)
-        return false;
-    size_t n = strlen(file);
-    return file[0] == '<' || (n > 3 && strcmp(file + n - 3, ".py") == 0);
+    return file && (file[0] == '<' || (strcmp(file, ".py") != 0 && suffixed(file, ".py")));
 }
 
 /* A Python file as labels show it: an installed package's path from the package on
@@ -169,9 +165,9 @@ static const char *python_file_name(const char *file)
 }
 
 /* A function as labels show it: without its return type, parameter list, cv-qualifiers and the
- * suffix of a compiler's clone, long template arguments elided ("at::TensorBase at::detail::_empty_generic<
- * c10::ArrayRef<long> >(c10::ArrayRef<long>, ...) [clone .constprop.0]" -> "at::detail::
- * _empty_generic<...>"). Names that are not C++ (C, Python) come back unchanged. */
+ * suffix of a compiler's clone, long template arguments elided ("at::TensorBase
+ * at::detail::_empty_generic<c10::ArrayRef<long> >(c10::ArrayRef<long>, ...) [clone .constprop.0]"
+ * -> "at::detail::_empty_generic<...>"). Names that are not C++ (C, Python) come back unchanged. */
 static void cxx_short_name(const char *fn, char *out, size_t len)
 {
     char buf[1024];
@@ -187,7 +183,7 @@ static void cxx_short_name(const char *fn, char *out, size_t len)
     size_t n = strlen(buf);
     while (n > 0 && (buf[n - 1] == ' ' || buf[n - 1] == '&'))
         buf[--n] = '\0';
-    if (n > 6 && strcmp(buf + n - 6, " const") == 0)
+    if (n > 6 && suffixed(buf, " const"))
         buf[n -= 6] = '\0';
     /* The parameter list: the bracket group that ends the name. */
     if (n > 0 && buf[n - 1] == ')') {
@@ -587,12 +583,11 @@ static const sym_stk_t *stk_get(sym_ctx_t *c, uint32_t id)
     st->done = true;
     static tr_frame_t fr[SYM_MAX_FRAMES];
     /* Copies of the entries: a later ent_get may move them (the table grows), not their arrays. */
-    static sym_ent_t ents_copy[SYM_MAX_FRAMES], *ents[SYM_MAX_FRAMES];
+    static sym_ent_t ents[SYM_MAX_FRAMES];
     size_t n = tr_stack_frames(c->r, id, fr, SYM_MAX_FRAMES), total = 0;
     for (size_t i = 0; i < n; i++) {
-        ents_copy[i] = *ent_get(c, &fr[i]);
-        ents[i] = &ents_copy[i];
-        total += ents[i]->ntext;
+        ents[i] = *ent_get(c, &fr[i]);
+        total += ents[i].ntext;
     }
     st->frames = calloc(total ? total : 1, sizeof *st->frames);
     st->label = calloc(total ? total : 1, sizeof *st->label);
@@ -600,13 +595,13 @@ static const sym_stk_t *stk_get(sym_ctx_t *c, uint32_t id)
         return st;
     static uint8_t flags[SYM_MAX_FRAMES * SYM_INLINE_MAX];
     for (size_t i = 0; i < n; i++) {
-        if (ents[i]->fold)
+        if (ents[i].fold)
             continue;
-        for (size_t k = 0; k < ents[i]->ntext; k++) {
-            if (ents[i]->flags[k] & SF_PLUMBING)
+        for (size_t k = 0; k < ents[i].ntext; k++) {
+            if (ents[i].flags[k] & SF_PLUMBING)
                 continue;
-            flags[st->nframes] = ents[i]->flags[k];
-            st->frames[st->nframes++] = ents[i]->text[k];
+            flags[st->nframes] = ents[i].flags[k];
+            st->frames[st->nframes++] = ents[i].text[k];
         }
     }
     /* The label: the innermost frame (what allocated), then, when there are any, only the Python

@@ -47,6 +47,7 @@ void sym_label(const char *const *f, size_t n, size_t depth, bool recorded, char
  * (function NULL when unknown, file NULL, line 0). `fold`, the same in each: the frame is the
  * allocator's or the CUDA runtime's. Returns how many (at least 1 when max > 0); the strings
  * belong to the context. */
+#define SYM_INLINE_MAX 16 /* source-level frames kept per native frame */
 typedef struct sym_native {
     const char *function, *file;
     int line;
