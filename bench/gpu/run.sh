@@ -349,17 +349,18 @@ part_ld_preload() {
 
 TORCH_MODES=${MODES_ARG:-$ALL_TORCH_MODES}
 TORCH_CAP_GB=16
-TORCH_PART=torch  # the part whose folder a forced OOM's trace goes to (set by torch_job)
+# oom_trace PART MODE: the trace cualloc records of MODE's forced OOM (oom_report reads it).
+oom_trace() { echo "$RESULTS/$1/$2-oom.trace"; }
 
-# mode_env MODE PHASE: the environment of a torch mode, as arguments of env(1). Variables a mode
+# mode_env PART MODE PHASE: the environment of a torch mode, as arguments of env(1). Variables a mode
 # must not have are unset (-u), not emptied: PyTorch treats PYTORCH_NO_CUDA_MEMORY_CACHING as set
 # whatever its value. Only phase oom caps memory through CUALLOC_CONF; the capacity parts enforce
 # their budget with a ballast instead, the same way for every mode.
 mode_env() {
-    local mode=$1 phase=$2 cap=""
+    local part=$1 mode=$2 phase=$3 cap=""
     local unset_all="-u PYTORCH_CUDA_ALLOC_CONF -u PYTORCH_NO_CUDA_MEMORY_CACHING -u LD_PRELOAD -u CUALLOC_CONF"
     # The forced OOM under cualloc is recorded (oom_report reads the trace).
-    [ "$phase" = oom ] && cap=",max_memory_mb:$((TORCH_CAP_GB * 1024)),trace:$RESULTS/$TORCH_PART/$mode-oom.trace"
+    [ "$phase" = oom ] && cap=",max_memory_mb:$((TORCH_CAP_GB * 1024)),trace:$(oom_trace "$part" "$mode")"
     case $mode in
         default) echo "$unset_all" ;;
         expandable) echo "$unset_all PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" ;;
@@ -380,7 +381,6 @@ torch_left() { echo $((PART_BUDGET - ($(date +%s) - T_PART))); }
 # sets TORCH_FAIL. In --mock the process is a --dry-run.
 torch_job() {
     local part=$1 mode=$2 phase=$3 limit=$4 dir=$RESULTS/$1 rc left
-    TORCH_PART=$part
     shift 4
     local log=$dir/$mode-$phase.log dry=()
     [ "$MOCK" = 1 ] && dry=(--dry-run)
@@ -394,9 +394,9 @@ torch_job() {
         return 1
     fi
     # shellcheck disable=SC2046
-    echo "run: $(mode_env "$mode" "$phase") $PY torch_train.py --mode $mode --phase $phase $* ${dry[*]}"
+    echo "run: $(mode_env "$part" "$mode" "$phase") $PY torch_train.py --mode $mode --phase $phase $* ${dry[*]}"
     # shellcheck disable=SC2046
-    env $(mode_env "$mode" "$phase") timeout "$limit" "$PY" "$HERE/torch_train.py" --part "$part" --mode "$mode" \
+    env $(mode_env "$part" "$mode" "$phase") timeout "$limit" "$PY" "$HERE/torch_train.py" --part "$part" --mode "$mode" \
         --phase "$phase" --repo "$ROOT" --build "$BUILD" --out "$dir/results.jsonl" "${dry[@]}" "$@" >"$log" 2>&1
     rc=$?
     tail -4 "$log"
@@ -416,7 +416,8 @@ torch_job() {
 # machine are few). In --mock a dry run records nothing: the demo's OOM on a 4 GiB sim device
 # stands in, so that the pipeline is what the mock tests.
 oom_report() {
-    local part=$1 mode=$2 dir=$RESULTS/$1 trace=$RESULTS/$1/$2-oom.trace av=$BUILD/tools/allocview/allocview
+    local part=$1 mode=$2 dir=$RESULTS/$1 av=$BUILD/tools/allocview/allocview trace
+    trace=$(oom_trace "$part" "$mode")
     if [ "$MOCK" = 1 ] && [ ! -s "$trace" ]; then
         CUALLOC_CONF=trace:$trace,trace_stack_depth:8 build_prog "$BUILD/tools/cualloc-demo" --steps 3 --quiet \
             --memory-mb 4096 >/dev/null 2>&1
@@ -436,11 +437,11 @@ path, part, mode = sys.argv[1:4]
 d = json.load(open(path))
 oom = d.get("oom") or {}
 rules = [x.get("rule") for x in d.get("diagnosis") or []]
+ok = bool(oom) and any(r and r.startswith("oom-") for r in rules)
 print(json.dumps({"part": part, "op": "oom-report", "mode": mode, "trace": True, "ended": d.get("ended"),
                   "oom_found": bool(oom), "rules": rules, "failing_site": (oom.get("failing_site") or [])[:4],
-                  "top_live_site": ((oom.get("live_sites") or [{}])[0]).get("site"),
-                  "pass": bool(oom) and any(r and r.startswith("oom-") for r in rules)}))
-sys.exit(0 if oom and any(r and r.startswith("oom-") for r in rules) else 1)
+                  "top_live_site": ((oom.get("live_sites") or [{}])[0]).get("site"), "pass": ok}))
+sys.exit(0 if ok else 1)
 PY
     then
         echo "run.sh: $part $mode: allocview did not diagnose the OOM (see $(basename "$text") in logs.txt)"
