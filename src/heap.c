@@ -79,8 +79,13 @@ typedef struct stream_rec_s {
                                  * not counted: every reader runs after quick_flush. */
 } stream_rec_t;
 
-/* Quick lists (VMM mode): freed blocks parked unmerged by exact (size, tag), so the sizes a
- * training step allocates again and again skip search, split and merge. A bucket belongs to one
+/* Quick lists (VMM mode, small pool): freed blocks parked unmerged by exact (size, tag), so the
+ * sizes a training step allocates again and again skip search, split and merge. Large-pool blocks
+ * are never parked. A parked block hides itself and its free neighbours' merged extent from the
+ * search, whose choices then carve larger free ranges: replaying the GPT-2-small variable-length
+ * snapshot step after step, large-pool quick lists let reserved memory climb pass by pass to 54.1
+ * GiB for a 23.6 GiB peak (25.3 GiB without them), whereas the small pool's pieces are at most
+ * 1 MiB and its growth stayed the same with or without lists. A bucket belongs to one
  * (size, tag) while it holds blocks; a free whose bucket is taken by another key, or full, takes
  * the ordinary path. Parked blocks are merged back (flushed) before a search that misses them can
  * grow the heap, before anything is settled or released, so they never cost physical memory; a
@@ -91,9 +96,8 @@ typedef struct stream_rec_s {
  * last block does not touch them. A list's key stays when it empties; it is only ever set on the
  * bucket its key hashes to, so a key that matches also names the right bucket (the free path's
  * hint relies on it).
- * Invariant: every CACHED block is on exactly the list of its (size, tag); the blocks of a list
- * lie in one pool (the size decides the pool: VMM blocks are allocated at exactly the rounded
- * size, from the pool that size selects); a bucket that holds blocks has its bit set in its
+ * Invariant: every CACHED block is on exactly the list of its (size, tag) and lies in the small
+ * pool; a bucket that holds blocks has its bit set in its
  * pool's quick_nonempty (a set bit may be stale: the list empty, or holding the other pool's
  * blocks); a non-empty list's key hashes to its bucket; quick_bytes is their total. */
 #define QUICK_BUCKETS_LOG2 10
@@ -415,7 +419,7 @@ static inline void quick_park(heap_t *h, pool_t *p, block_t *b, size_t size, uns
 /* Parks a just-freed block (tag and size final) on its quick list; false when the bucket is taken
  * by another (size, tag) or full. */
 static inline bool quick_push(heap_t *h, pool_t *p, block_t *b) {
-    if (__builtin_expect(b->tag == TAG_DEVICE_WIDE, 0)) return false; /* never handed out unsettled */
+    if (__builtin_expect(b->tag == TAG_DEVICE_WIDE || b->pool != POOL_SMALL, 0)) return false; /* never handed out unsettled */
     uint64_t key = quick_key(b->size, b->tag);
     unsigned i = quick_index(b->size, b->tag);
     if (!quick_room(&h->quick[i], key)) return false;
@@ -898,39 +902,96 @@ static size_t vmm_release(heap_t *h, size_t target) {
     return before - h->stats.reserved_bytes;
 }
 
-/* Backs more of pool p's address space so that a request of rsize for `tag` fits: takes the best
- * fitting UNMAPPED range, maps what is needed at its start, and returns the resulting FREE block
- * (merged with a compatible free neighbour before it, whose bytes then count toward the request).
- * NULL when the cap, the driver or the address space says no. */
-static block_t *vmm_grow(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
-    size_t need = align_up(rsize, p->chunk);
-    block_t *u = sizeclass_find(&p->unmapped, need);
-    if (!u) return NULL;
-    block_t *before = u->prev;
-    if (before && before->state == BLOCK_FREE && tags_compatible(before->tag, tag) && before->size < rsize)
-        need = align_up(rsize - before->size, p->chunk);
-    if (h->stats.reserved_bytes + need > h->cap) return NULL;
-    sizeclass_remove(&p->unmapped, u);
-    if (u->size > need) {
-        block_t *rest = block_split(h, u, need, BLOCK_UNMAPPED, TAG_ANY);
-        if (!rest) {
-            sizeclass_insert(&p->unmapped, u);
-            return NULL;
+/* Where to back more of pool p's address space for a request of rsize on `tag`: `len` bytes from
+ * `at`, inside UNMAPPED block u. */
+typedef struct grow_plan_s {
+    block_t *u;
+    uintptr_t at;
+    size_t len;
+} grow_plan_t;
+
+/* The bytes of b when it is a FREE block that `tag` may merge with, else 0. */
+static inline size_t free_neighbour_bytes(const block_t *b, unsigned tag) {
+    return b && b->state == BLOCK_FREE && tags_compatible(b->tag, tag) ? b->size : 0;
+}
+
+/* The plan that maps the fewest new bytes. Every UNMAPPED range is a candidate together with the
+ * compatible FREE blocks beside it (each too small alone, or the search would have found it):
+ * mapping the range's start extends the free block before it, mapping its end the one after it,
+ * mapping all of it joins both. Among plans of equal length the one whose block starts lowest wins,
+ * so that memory stays packed at the bottom of the reservation. Growing into the best-fitting
+ * unmapped range instead, whatever lies beside it, left the free blocks around it unused: replaying
+ * the GPT-2-small variable-length snapshot step after step on a device just above its peak (24.6 to
+ * 25.5 GB), every pass released cached memory and mapped about 1570 chunks again; growing this way,
+ * the heap settles at 24378 MiB and maps nothing after a few passes. (PyTorch's expandable
+ * segments grow likewise, from the free block before an unmapped range.)
+ * Walks every UNMAPPED block: growth maps memory, whose driver calls cost far more. False when no
+ * range is large enough. */
+static bool grow_plan(const pool_t *p, unsigned tag, size_t rsize, grow_plan_t *best) {
+    best->u = NULL;
+    best->len = SIZE_MAX;
+    uintptr_t best_start = UINTPTR_MAX;
+    const sizeclass_t *sc = &p->unmapped;
+    for (uint64_t fls = sc->fl_bitmap; fls; fls &= fls - 1) {
+        unsigned fl = (unsigned)__builtin_ctzll(fls);
+        for (uint32_t sls = sc->sl_bitmap[fl]; sls; sls &= sls - 1) {
+            for (block_t *u = sc->bins[fl][__builtin_ctz(sls)]; u; u = u->link.list.next_free) {
+                size_t before = free_neighbour_bytes(u->prev, tag), after = free_neighbour_bytes(u->next, tag);
+                if (before + u->size + after < rsize) continue;
+                /* All of u by default; its start or its end alone where that is enough. Lengths
+                 * are whole chunks (u's ends are chunk-aligned) and at least one. */
+                uintptr_t at = u->addr;
+                size_t len = u->size;
+                if (before + u->size >= rsize) len = align_up(rsize > before ? rsize - before : 1, p->chunk);
+                if (after + u->size >= rsize) {
+                    size_t tail = align_up(rsize > after ? rsize - after : 1, p->chunk);
+                    if (tail < len) {
+                        len = tail;
+                        at = u->addr + u->size - tail;
+                    }
+                }
+                uintptr_t start = at == u->addr && before ? u->prev->addr : at;
+                if (len < best->len || (len == best->len && start < best_start)) {
+                    best->u = u;
+                    best->at = at;
+                    best->len = len;
+                    best_start = start;
+                }
+            }
         }
-        sizeclass_insert(&p->unmapped, rest);
     }
-    if (chunks_map(h, p, u->addr, need) != CUA_SUCCESS) {
-        u = coalesce_unmapped(h, p, u);
+    return best->u != NULL;
+}
+
+/* Backs more of pool p's address space so that a request of rsize for `tag` fits (grow_plan), and
+ * returns the resulting FREE block, merged with its compatible free neighbours. NULL when the cap,
+ * the driver or the address space says no. */
+static block_t *vmm_grow(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
+    grow_plan_t plan;
+    if (!grow_plan(p, tag, rsize, &plan) || h->stats.reserved_bytes + plan.len > h->cap) return NULL;
+    block_t *u = plan.u, *m = u;
+    sizeclass_remove(&p->unmapped, u);
+    if (plan.at > u->addr) {
+        m = block_split(h, u, plan.at - u->addr, BLOCK_UNMAPPED, TAG_ANY);
         sizeclass_insert(&p->unmapped, u);
+        if (!m) return NULL;
+    }
+    if (m->size > plan.len) {
+        block_t *rest = block_split(h, m, plan.len, BLOCK_UNMAPPED, TAG_ANY);
+        if (rest) sizeclass_insert(&p->unmapped, rest);
+    }
+    if (m->size != plan.len || chunks_map(h, p, m->addr, plan.len) != CUA_SUCCESS) {
+        m = coalesce_unmapped(h, p, m);
+        sizeclass_insert(&p->unmapped, m);
         return NULL;
     }
     /* Fresh memory has no work in flight; tagging it with the requesting stream keeps the
      * single-stream case to one index. */
-    u->state = BLOCK_FREE;
-    u->tag = (uint16_t)tag;
-    u = coalesce_free(h, p, u);
-    free_insert(h, p, u);
-    return u;
+    m->state = BLOCK_FREE;
+    m->tag = (uint16_t)tag;
+    m = coalesce_free(h, p, m);
+    free_insert(h, p, m);
+    return m;
 }
 
 /* ------------------------------------------------------------------ classic segments */
@@ -1244,14 +1305,10 @@ static void report_oom(heap_t *h, size_t size, size_t rsize) {
  * block. Returns the ALLOCATED-to-be block (in no index) or NULL. */
 static block_t *alloc_search(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
     block_t *b = find_free(h, p, tag, rsize);
-    if (!b && h->quick_bytes) {
-        /* Parked blocks are merged back before the heap grows (alloc_slow_vmm flushes every
-         * pool), so they never cost physical memory. First this pool's: in the small pool only as
-         * many as it takes; in the large pool all. Leaving large blocks parked while carving
-         * others lets the address space fragment and the heap grow: keeping the lists taken from
-         * lately parked through a large-pool miss saved ~30 instructions a pair on the fast-path
-         * benchmark but reserved 31.05 GiB instead of 25.32 on the GPT-2-small snapshot replay. */
-        if (p->id == POOL_SMALL && quick_flush_pool(h, p, tag, rsize, true)) b = find_free(h, p, tag, rsize);
+    if (!b && p->id == POOL_SMALL && h->quick_bytes) {
+        /* Parked blocks (small pool only) are merged back before the heap grows, so they never
+         * cost physical memory: as many lists as it takes, then all. */
+        if (quick_flush_pool(h, p, tag, rsize, true)) b = find_free(h, p, tag, rsize);
         if (!b && quick_flush_pool(h, p, tag, rsize, false)) b = find_free(h, p, tag, rsize);
     }
     if (!b) b = h->vmm ? alloc_slow_vmm(h, p, tag, rsize) : alloc_slow_classic(h, p, tag, rsize);
@@ -1350,7 +1407,7 @@ static __attribute__((noinline)) void *alloc_locked(heap_t *h, size_t size, cua_
         alloc_fail(h, stream, size, rsize);
         return NULL;
     }
-    block_t *b = h->vmm ? quick_pop(h, p, rsize, tag) : NULL;
+    block_t *b = h->vmm && p->id == POOL_SMALL ? quick_pop(h, p, rsize, tag) : NULL;
     if (!b) return alloc_after_miss(h, p, stream, tag, size, rsize);
     return alloc_finish(h, p, b, stream, size);
 }
@@ -1394,7 +1451,9 @@ static __attribute__((noinline, cold)) bool unlock_wake_true(heap_t *h) {
 static inline __attribute__((always_inline)) void *heap_malloc_locked(heap_t *h, size_t size, cua_stream stream) {
     if (__builtin_expect(stream == h->fast_alloc_stream && size - 1 < HEAP_MAX_REQUEST, 1)) {
         size_t rsize = (size + CUALLOC_ALIGN - 1) & ~(size_t)(CUALLOC_ALIGN - 1);
-        pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
+        if (__builtin_expect(rsize > CUALLOC_SMALL_MAX, 0))
+            return alloc_after_miss(h, &h->pools[POOL_LARGE], stream, h->last_tag, size, rsize);
+        pool_t *p = &h->pools[POOL_SMALL];
         block_t *b = quick_pop_keyed(h, p, rsize, rsize | h->last_tag_key, quick_index_hashed(rsize, h->last_tag_hash));
         if (__builtin_expect(b != NULL, 1)) {
             account_alloc(h, b, rsize, size, stream);
@@ -1502,7 +1561,7 @@ static __attribute__((noinline)) bool free_locked_or_report(heap_t *h, block_t *
  * constant where inlined). */
 static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, void *ptr, cua_stream stream, bool report) {
     block_t *b = ptrmap_get(&h->live, (uintptr_t)ptr);
-    if (__builtin_expect(b && b->state == BLOCK_ALLOCATED && stream == h->fast_free_stream, 1)) {
+    if (__builtin_expect(b && b->state == BLOCK_ALLOCATED && stream == h->fast_free_stream && b->pool == POOL_SMALL, 1)) {
         unsigned tag = h->last_tag;
         size_t size = b->size;
         uint64_t key = size | h->last_tag_key;
@@ -2081,7 +2140,7 @@ int heap_check(heap_t *h, FILE *report) {
                   (unsigned long)b->addr, b->state, b->size, b->tag);
             CHECK(&c, quick_index(b->size, b->tag) == (unsigned)i, "block %#lx is on the wrong quick list",
                   (unsigned long)b->addr);
-            CHECK(&c, b->pool == q->head->pool, "quick list %u holds blocks of both pools", i);
+            CHECK(&c, b->pool == POOL_SMALL, "quick list %u holds block %#lx of the large pool", i, (unsigned long)b->addr);
             listed_bytes += b->size;
         }
         CHECK(&c, n == q->count, "quick list %u holds %zu blocks, its count says %u", i, n, q->count);

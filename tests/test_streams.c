@@ -228,14 +228,15 @@ static void test_split_coalesce(const char *text) {
 }
 
 /* PyTorch's expandable segments with max_split_size_mb can grow reserved memory without bound. Here a
- * long pattern of mixed large requests under that configuration reaches its reserved peak early
- * and stays there: the cache is reused, not grown, and never exceeds twice the live peak. */
+ * long pattern of mixed large requests under that configuration keeps its reserved peak within a
+ * quarter above the live peak: the cache is reused, not grown. (Reserved does rise after the first
+ * quarter of the rounds, but with the live peak, which rises too.) */
 static void test_max_split_bounded(void) {
     conf_t c;
     heap_t *h = open_heap("sim_memory_mb:8192,max_split_size_mb:64", &c);
     rng_t r = {12345};
     void *live[8] = {0};
-    size_t live_bytes = 0, peak_live = 0, sizes[8] = {0}, reserved_at_quarter = 0;
+    size_t live_bytes = 0, peak_live = 0, sizes[8] = {0};
     const int rounds = 40000;
     for (int i = 0; i < rounds; i++) {
         int k = (int)rng_below(&r, 8);
@@ -249,15 +250,12 @@ static void test_max_split_bounded(void) {
             live_bytes += sizes[k];
             if (live_bytes > peak_live) peak_live = live_bytes;
         }
-        if (i == rounds / 4) reserved_at_quarter = stats(h).reserved_peak;
     }
     cualloc_stats s = stats(h);
-    printf("  max_split_size_mb with expandable segments: live peak %zu MiB, reserved peak %zu MiB after %d "
-           "rounds (%zu MiB after %d)\n", peak_live >> 20, s.reserved_peak >> 20, rounds, reserved_at_quarter >> 20,
-           rounds / 4);
-    EXPECT(s.reserved_peak <= 2 * peak_live, "reserved peaked at %zu B for a live peak of %zu B", s.reserved_peak, peak_live);
-    EXPECT(s.reserved_peak <= reserved_at_quarter + (64u << 20), "reserved kept growing: %zu B, %zu B at a quarter",
-           s.reserved_peak, reserved_at_quarter);
+    printf("  max_split_size_mb with expandable segments: live peak %zu MiB, reserved peak %zu MiB after %d rounds\n",
+           peak_live >> 20, s.reserved_peak >> 20, rounds);
+    EXPECT(s.reserved_peak * 4 <= peak_live * 5, "reserved peaked at %zu B for a live peak of %zu B (more than 1.25x)",
+           s.reserved_peak, peak_live);
     EXPECT(s.num_ooms == 0, "no OOM");
     for (int k = 0; k < 8; k++) if (live[k]) must_free(h, live[k], NULL);
     heap_destroy(h);
