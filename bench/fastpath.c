@@ -8,12 +8,15 @@
  * Patterns (K live slots, K = 64):
  *   random  steady state: each pair frees a random live slot and allocates the next size into it.
  *   stack   a training step: allocate K sizes ("activations"), free them in reverse; K pairs/step.
+ *   repeat  the same K sizes every step, allocated in order and freed in reverse.
+ *   trace   a recorded job's own requests (--trace FILE, a cualloc trace; a PyTorch snapshot after
+ *           `allocview import`), replayed pass after pass: see "the trace program" below.
  * The size sequence (period 16384) and the slot choices are generated once from the seed, so every
  * allocator sees the same requests in the same order. Threads each run their own slots from their
  * own offset in the sequence; for cualloc each thread uses its own stream handle (t + 1).
  *
  * Usage: fastpath [--pairs N] [--threads T] [--allocator cualloc|jemalloc|all]
- *                 [--pattern random|stack|repeat|all] [--seed S] [--json] [--quiet]
+ *                 [--pattern random|stack|repeat|trace|all] [--trace FILE] [--seed S] [--json] [--quiet]
  *   --pairs   timed pairs per thread (default 200000); --threads T runs only T (default: 1 and 8).
  * Warm-up runs whole periods until cualloc has mapped nothing for WARM_QUIET_ROUNDS periods in a row
  * (FASTPATH_DEBUG=1 prints each round). Exit status 3: a cualloc timed loop still mapped memory.
@@ -35,6 +38,7 @@
 #endif
 
 #include "cualloc.h"
+#include "reader.h"
 
 #ifdef HAVE_JEMALLOC
 #include <jemalloc/jemalloc.h>
@@ -72,16 +76,16 @@
 #define MIX_MAX ((size_t)12 << 20)
 #define MIX_COMMON 48                /* distinct "common" tensor sizes */
 #define MIX_FRESH_PCT 15             /* % of requests drawn fresh (log-uniform) instead */
-#define WARM_ROUNDS_MIN 2            /* warm-up rounds (of SEQ_LEN pairs per thread) at least... */
+#define WARM_ROUNDS_MIN 2            /* warm-up rounds (a period or a trace pass each) at least... */
 #define WARM_QUIET_ROUNDS 4          /* ...and for cualloc until this many in a row mapped nothing */
 #define WARM_ROUNDS_MAX 64
 #define MAX_THREADS 64
 
 typedef enum { A_CUALLOC, A_JEMALLOC, A_NULL, A_COUNT } alloc_kind_t;
-typedef enum { P_RANDOM, P_STACK, P_REPEAT, P_COUNT } pattern_t;
+typedef enum { P_RANDOM, P_STACK, P_REPEAT, P_TRACE, P_COUNT } pattern_t;
 
 static const char *const alloc_names[A_COUNT] = {"cualloc", "jemalloc", "null"};
-static const char *const pattern_names[P_COUNT] = {"random", "stack", "repeat"};
+static const char *const pattern_names[P_COUNT] = {"random", "stack", "repeat", "trace"};
 
 /* ------------------------------------------------------------------ the request sequence */
 
@@ -121,6 +125,182 @@ static void seq_build(uint64_t seed) {
     }
 }
 
+static int size_cmp(const void *a, const void *b) {
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* ------------------------------------------------------------------ the trace program */
+
+/* The trace pattern replays a recorded job's requests on device 0. Its blocks live when recording
+ * started (INIT_BLOCK) are allocated before warm-up and held; every pass then runs the recorded
+ * ALLOC and FREE events in order (requested sizes, on one stream: the thread's). A pass must leave
+ * the live set as it found it, so that passes repeat: it ends by freeing the blocks the recording
+ * left live and allocating again the initial blocks it freed. A pass thus makes as many frees as
+ * allocations; its pairs are its allocations. Each block gets a slot; a freed slot is reused by
+ * the next allocation (last freed, first reused), so the slot table stays as large as the most
+ * blocks live at once. Left out (counted in `skipped`): a free of an address not live (a ring
+ * trace lost its allocation), an allocation of an address already live, zero-byte requests. */
+#define OP_FREE 0x80000000u          /* an op: a slot in the low bits; set: free it, clear: allocate */
+
+typedef struct trace_prog_s {
+    uint32_t *op;
+    size_t *size;                    /* per op: the allocation's bytes (0 for a free) */
+    size_t nops, pairs;              /* ops per pass; allocations (= frees) per pass */
+    size_t ninit;                    /* initial blocks: slots 0 .. ninit-1, live between passes */
+    size_t *init_size;
+    size_t nslots;
+    uint64_t init_bytes, peak_bytes; /* held between passes; the most live at once */
+    size_t distinct, median;         /* of the allocations' sizes */
+    uint64_t skipped;
+} trace_prog_t;
+
+static trace_prog_t prog;
+
+/* Loading state: per slot, its block's size and whether it still holds its initial block. */
+typedef struct trace_build_s {
+    size_t op_cap, slot_cap, init_cap;
+    size_t *slot_size;
+    bool *untouched;
+    uint32_t *free_slots;
+    size_t nfree;
+    uint64_t live;
+} trace_build_t;
+
+typedef struct slot_entry_s { devaddr_entry_t key; uint32_t slot; } slot_entry_t;
+
+static __attribute__((noreturn)) void load_oom(void) {
+    fprintf(stderr, "fastpath: out of memory loading the trace\n");
+    exit(1);
+}
+
+static void *xrealloc(void *p, size_t n, size_t elem) {
+    void *q = realloc(p, n * elem);
+    if (!q) load_oom();
+    return q;
+}
+
+static void prog_push(trace_build_t *b, uint32_t op, size_t size) {
+    if (prog.nops == b->op_cap) {
+        b->op_cap = b->op_cap ? 2 * b->op_cap : 4096;
+        prog.op = xrealloc(prog.op, b->op_cap, sizeof *prog.op);
+        prog.size = xrealloc(prog.size, b->op_cap, sizeof *prog.size);
+    }
+    prog.op[prog.nops] = op;
+    prog.size[prog.nops++] = size;
+    uint32_t slot = op & ~OP_FREE;
+    if (op & OP_FREE) {
+        b->live -= b->slot_size[slot];
+        b->untouched[slot] = false;
+        b->free_slots[b->nfree++] = slot;
+    } else {
+        prog.pairs++;
+        b->slot_size[slot] = size;
+        b->live += size;
+        if (b->live > prog.peak_bytes) prog.peak_bytes = b->live;
+    }
+}
+
+/* A slot for a new block: the last one freed, else a new one. */
+static uint32_t slot_take(trace_build_t *b) {
+    if (b->nfree) return b->free_slots[--b->nfree];
+    if (prog.nslots == b->slot_cap) {
+        if (b->slot_cap >= OP_FREE / 2) {
+            fprintf(stderr, "fastpath: the trace has too many live blocks\n");
+            exit(2);
+        }
+        b->slot_cap = b->slot_cap ? 2 * b->slot_cap : 1024;
+        b->slot_size = xrealloc(b->slot_size, b->slot_cap, sizeof *b->slot_size);
+        b->untouched = xrealloc(b->untouched, b->slot_cap, sizeof *b->untouched);
+        b->free_slots = xrealloc(b->free_slots, b->slot_cap, sizeof *b->free_slots);
+    }
+    b->untouched[prog.nslots] = false;
+    return (uint32_t)prog.nslots++;
+}
+
+/* Builds `prog` from the trace at path; exits with a message naming what was wrong. */
+static void prog_load(const char *path) {
+    char err[512];
+    tr_reader_t *r = tr_open(path, err, sizeof err);
+    if (!r) {
+        fprintf(stderr, "fastpath: %s\n", err);
+        exit(2);
+    }
+    trace_build_t b = {0};
+    devaddr_map_t live;
+    devaddr_map_init(&live, sizeof(slot_entry_t));
+    tr_record_t rec;
+    int k;
+    while ((k = tr_next(r, &rec)) > 0) {
+        if (!rec.known || rec.dev != 0) continue;
+        if (rec.type == CUA_TRACE_INIT_BLOCK || rec.type == CUA_TRACE_ALLOC) {
+            bool init = rec.type == CUA_TRACE_INIT_BLOCK, found;
+            if (rec.requested == 0 || (init && prog.nops)) { /* initial blocks come before events */
+                prog.skipped++;
+                continue;
+            }
+            slot_entry_t *e = devaddr_map_get(&live, 0, rec.addr, &found);
+            if (!e) load_oom();
+            if (found) {
+                prog.skipped++;
+                continue;
+            }
+            e->slot = slot_take(&b);
+            if (init) {
+                if (prog.ninit == b.init_cap) {
+                    b.init_cap = b.init_cap ? 2 * b.init_cap : 1024;
+                    prog.init_size = xrealloc(prog.init_size, b.init_cap, sizeof *prog.init_size);
+                }
+                prog.init_size[prog.ninit++] = rec.requested;
+                b.slot_size[e->slot] = rec.requested;
+                b.untouched[e->slot] = true;
+                b.live += rec.requested;
+                prog.init_bytes = prog.peak_bytes = b.live;
+            } else {
+                prog_push(&b, e->slot, rec.requested);
+            }
+        } else if (rec.type == CUA_TRACE_FREE) {
+            slot_entry_t *e = devaddr_map_find(&live, 0, rec.addr);
+            if (!e) {
+                prog.skipped++;
+                continue;
+            }
+            uint32_t slot = e->slot;
+            devaddr_map_remove(&live, e);
+            prog_push(&b, slot | OP_FREE, 0);
+        }
+    }
+    if (k < 0) {
+        fprintf(stderr, "fastpath: %s: corrupt trace: %s\n", path, tr_error(r));
+        exit(2);
+    }
+    tr_close(r);
+    /* Close the pass: free what the recording left live (initial blocks it never touched stay),
+     * then allocate the initial blocks it freed again, each into its own slot (slots 0..ninit-1:
+     * the initial blocks took the first slots, and after these frees every other slot is free). */
+    size_t pos = 0;
+    slot_entry_t *e;
+    while ((e = devaddr_map_next(&live, &pos)) != NULL)
+        if (!b.untouched[e->slot]) prog_push(&b, e->slot | OP_FREE, 0);
+    devaddr_map_free(&live);
+    for (uint32_t i = 0; i < prog.ninit; i++)
+        if (!b.untouched[i]) prog_push(&b, i, prog.init_size[i]);
+    if (prog.pairs == 0) {
+        fprintf(stderr, "fastpath: %s: no allocation on device 0 to replay\n", path);
+        exit(2);
+    }
+    size_t *sizes = xrealloc(NULL, prog.pairs, sizeof *sizes), n = 0;
+    for (size_t i = 0; i < prog.nops; i++)
+        if (!(prog.op[i] & OP_FREE)) sizes[n++] = prog.size[i];
+    qsort(sizes, n, sizeof *sizes, size_cmp);
+    for (size_t i = 0; i < n; i++) prog.distinct += i == 0 || sizes[i] != sizes[i - 1];
+    prog.median = sizes[n / 2];
+    free(sizes);
+    free(b.slot_size);
+    free(b.untouched);
+    free(b.free_slots);
+}
+
 /* ------------------------------------------------------------------ allocators */
 
 typedef void *(*alloc_fn)(size_t size, void *stream);
@@ -151,7 +331,9 @@ typedef struct worker_s {
     size_t pos;              /* next index into the sequence (masked) */
     void *ptr[SLOTS];
     size_t size[SLOTS];
-    size_t live;             /* slots holding an allocation (random pattern, between calls) */
+    void **tptr;             /* trace pattern: prog.nslots slots */
+    size_t *tsize;
+    size_t live;             /* slots holding an allocation between calls (random: SLOTS, trace: prog.ninit) */
     double ns;               /* timed loop */
     int64_t instructions;    /* timed loop, from the CPU counter; -1 when not readable */
     struct timespec t0, t1;
@@ -210,10 +392,35 @@ static ALWAYS_INLINE void run_repeat(worker_t *w, size_t pairs, alloc_fn A, free
     }
 }
 
+/* Whole passes of the trace program; pairs is rounded up to passes. */
+static ALWAYS_INLINE void run_trace(worker_t *w, size_t pairs, alloc_fn A, free_fn F) {
+    void *stream = w->stream;
+    void **ptr = w->tptr;
+    size_t *size = w->tsize;
+    const uint32_t *op = prog.op;
+    const size_t *op_size = prog.size, nops = prog.nops;
+    for (size_t done = 0; done < pairs; done += prog.pairs) {
+        for (size_t i = 0; i < nops; i++) {
+            uint32_t k = op[i];
+            if (k & OP_FREE) {
+                k &= ~OP_FREE;
+                F(ptr[k], size[k], stream);
+            } else {
+                size_t s = op_size[i];
+                void *p = A(s, stream);
+                if (__builtin_expect(p == NULL, 0)) alloc_failed(s);
+                ptr[k] = p;
+                size[k] = s;
+            }
+        }
+    }
+}
+
 static ALWAYS_INLINE void run_pattern(worker_t *w, size_t pairs, alloc_fn A, free_fn F) {
     if (w->pattern == P_RANDOM) run_random(w, pairs, A, F);
     else if (w->pattern == P_STACK) run_stack(w, pairs, A, F);
-    else run_repeat(w, pairs, A, F);
+    else if (w->pattern == P_REPEAT) run_repeat(w, pairs, A, F);
+    else run_trace(w, pairs, A, F);
 }
 
 /* The timed loops (bench_loop_*: what callgrind's --toggle-collect=bench_loop_* counts) and the
@@ -260,8 +467,17 @@ static const alloc_ops_t ops[A_COUNT] = {
     [A_NULL] = {bench_loop_null, warm_loop_null, null_alloc, null_free},
 };
 
-/* Random pattern: every slot holds an allocation between calls. */
+/* Random pattern: every slot holds an allocation between calls; trace: the initial blocks do. */
 static void worker_fill(worker_t *w, const alloc_ops_t *o) {
+    if (w->pattern == P_TRACE) {
+        for (size_t k = 0; k < prog.ninit; k++) {
+            w->tptr[k] = o->alloc(prog.init_size[k], w->stream);
+            if (!w->tptr[k]) alloc_failed(prog.init_size[k]);
+            w->tsize[k] = prog.init_size[k];
+        }
+        w->live = prog.ninit;
+        return;
+    }
     if (w->pattern != P_RANDOM) return;
     for (unsigned k = 0; k < SLOTS; k++, w->pos++) {
         size_t s = seq_sizes[w->pos & SEQ_MASK];
@@ -273,7 +489,10 @@ static void worker_fill(worker_t *w, const alloc_ops_t *o) {
 }
 
 static void worker_drain(worker_t *w, const alloc_ops_t *o) {
-    for (unsigned k = 0; k < w->live; k++) o->free(w->ptr[k], w->size[k], w->stream);
+    for (size_t k = 0; k < w->live; k++) {
+        if (w->pattern == P_TRACE) o->free(w->tptr[k], w->tsize[k], w->stream);
+        else o->free(w->ptr[k], w->size[k], w->stream);
+    }
     w->live = 0;
 }
 
@@ -307,7 +526,8 @@ typedef struct run_s {
     alloc_kind_t alloc;
     pattern_t pattern;
     int threads;
-    size_t pairs;              /* per thread, after rounding (stack: whole steps) */
+    size_t pairs;              /* per thread, after rounding (stack, repeat: whole steps; trace: passes) */
+    size_t round_pairs;        /* per warm-up round: one period of the sequence, or one pass */
     const alloc_ops_t *o;
     worker_t *workers;
     pthread_barrier_t barrier;
@@ -327,11 +547,11 @@ static void *worker_main(void *arg) {
     run_t *r = (run_t *)(void *)w->ptr[0]; /* smuggled in; replaced by worker_fill */
     w->ptr[0] = NULL;
     worker_fill(w, r->o);
-    /* Warm-up rounds of one full period each, until the main thread sees a round without maps. */
+    /* Warm-up rounds of one full period (trace: one pass) each, until the main thread sees a round without maps. */
     for (;;) {
         pthread_barrier_wait(&r->barrier);
         if (r->warm_done) break;
-        r->o->warm(w, SEQ_LEN);
+        r->o->warm(w, r->round_pairs);
         pthread_barrier_wait(&r->barrier);
     }
     int fd = perf_open();
@@ -354,7 +574,9 @@ static double ts_ns(struct timespec t) { return (double)t.tv_sec * 1e9 + (double
 
 static void run_one(run_t *r) {
     r->o = &ops[r->alloc];
-    if (r->pattern != P_RANDOM) r->pairs = (r->pairs + SLOTS - 1) / SLOTS * SLOTS;
+    size_t step = r->pattern == P_TRACE ? prog.pairs : r->pattern == P_RANDOM ? 1 : SLOTS;
+    r->pairs = (r->pairs + step - 1) / step * step;
+    r->round_pairs = r->pattern == P_TRACE ? prog.pairs : SEQ_LEN;
     r->workers = calloc((size_t)r->threads, sizeof(worker_t));
     pthread_t *tids = calloc((size_t)r->threads, sizeof(pthread_t));
     if (!r->workers || !tids) alloc_failed(sizeof(worker_t));
@@ -366,6 +588,11 @@ static void run_one(run_t *r) {
         w->stream = (void *)(uintptr_t)(t + 1);
         w->pattern = r->pattern;
         w->pos = (size_t)t * (SEQ_LEN / (size_t)r->threads); /* threads start apart in the sequence */
+        if (r->pattern == P_TRACE) {
+            w->tptr = calloc(prog.nslots, sizeof *w->tptr);
+            w->tsize = calloc(prog.nslots, sizeof *w->tsize);
+            if (!w->tptr || !w->tsize) alloc_failed(prog.nslots * sizeof *w->tptr);
+        }
         w->ptr[0] = r;
         if (pthread_create(&tids[t], NULL, worker_main, w) != 0) {
             fprintf(stderr, "fastpath: cannot create thread %d\n", t);
@@ -423,6 +650,10 @@ static void run_one(run_t *r) {
     r->ns_per_pair = sum_ns_pp / r->threads;
     r->pairs_per_s = (double)r->pairs * r->threads / ((last - first) * 1e-9);
     r->instr_per_pair = instr_ok ? (double)instr / ((double)r->pairs * r->threads) : -1;
+    for (int t = 0; t < r->threads; t++) {
+        free(r->workers[t].tptr);
+        free(r->workers[t].tsize);
+    }
     free(tids);
     free(r->workers);
     r->workers = NULL;
@@ -432,14 +663,18 @@ static void run_one(run_t *r) {
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: fastpath [--pairs N] [--threads T] [--allocator cualloc|jemalloc|all] [--pattern random|stack|repeat|all]\n"
-            "                [--seed S] [--json] [--quiet]\n"
-            "  --pairs N      timed alloc+free pairs per thread (default 200000; stack rounds up to %d)\n"
+            "usage: fastpath [--pairs N] [--threads T] [--allocator cualloc|jemalloc|all]\n"
+            "                [--pattern random|stack|repeat|trace|all] [--trace FILE] [--seed S] [--json] [--quiet]\n"
+            "  --pairs N      timed alloc+free pairs per thread (default 200000; stack and repeat round up to %d,\n"
+            "                 trace to whole passes)\n"
             "  --threads T    run with T threads only (default: 1 and 8)\n"
             "  --allocator    which allocator(s) (default all; 'null' is the loop-overhead baseline)\n"
             "  --pattern      random: free a random live slot of %d and refill it; stack: allocate %d, free in\n"
-            "                 reverse; repeat: the same %d sizes every step, like a fixed-shape training step\n"
-            "                 (default all)\n"
+            "                 reverse; repeat: the same %d sizes every step, like a fixed-shape training step;\n"
+            "                 trace: the requests of --trace FILE, pass after pass (default all: every pattern,\n"
+            "                 trace only with --trace)\n"
+            "  --trace FILE   a cualloc trace (a PyTorch snapshot: `allocview import` it first); its device 0's\n"
+            "                 allocations and frees, initial blocks held (sets --pattern trace unless --pattern is given)\n"
             "  --json         one JSON array of results instead of the table\n"
             "  --quiet        no description of the mix\n"
             "  --features     print what this build measures (cualloc null [jemalloc] [callgrind-markers])\n",
@@ -455,9 +690,12 @@ static bool parse_size(const char *s, size_t *out) {
     return true;
 }
 
-static int size_cmp(const void *a, const void *b) {
-    size_t x = *(const size_t *)a, y = *(const size_t *)b;
-    return x < y ? -1 : x > y;
+static void describe_trace(FILE *out, const char *path) {
+    fprintf(out,
+            "trace: %s: %zu pairs per pass (%zu distinct sizes, median %.1f KiB), %zu initial blocks held (%.2f GiB), "
+            "at most %zu blocks and %.2f GiB live; %" PRIu64 " records left out\n",
+            path, prog.pairs, prog.distinct, (double)prog.median / 1024, prog.ninit, (double)prog.init_bytes / (1 << 30),
+            prog.nslots, (double)prog.peak_bytes / (1 << 30), prog.skipped);
 }
 
 static void describe_mix(FILE *out, uint64_t seed) {
@@ -486,7 +724,9 @@ static void describe_mix(FILE *out, uint64_t seed) {
 int main(int argc, char **argv) {
     size_t pairs = 200000;
     int thread_list[2] = {1, 8}, nthread_list = 2;
-    bool want_alloc[A_COUNT] = {true, true, false}, want_pat[P_COUNT] = {true, true, true}, json = false, quiet = false;
+    bool want_alloc[A_COUNT] = {true, true, false}, want_pat[P_COUNT] = {true, true, true, false}, json = false,
+         quiet = false, pattern_given = false;
+    const char *trace_path = NULL;
     uint64_t seed = 20240611;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -498,6 +738,7 @@ int main(int argc, char **argv) {
             return 0;
         }
         else if (v && !strcmp(a, "--pairs")) { if (!parse_size(v, &pairs)) goto bad; i++; }
+        else if (v && !strcmp(a, "--trace")) { trace_path = v; i++; }
         else if (v && !strcmp(a, "--seed")) { size_t s; if (!parse_size(v, &s)) goto bad; seed = s; i++; }
         else if (v && !strcmp(a, "--threads")) {
             size_t t;
@@ -517,11 +758,14 @@ int main(int argc, char **argv) {
             i++;
         } else if (v && !strcmp(a, "--pattern")) {
             memset(want_pat, 0, sizeof want_pat);
-            if (!strcmp(v, "all")) want_pat[P_RANDOM] = want_pat[P_STACK] = want_pat[P_REPEAT] = true;
-            else if (!strcmp(v, "random")) want_pat[P_RANDOM] = true;
-            else if (!strcmp(v, "stack")) want_pat[P_STACK] = true;
-            else if (!strcmp(v, "repeat")) want_pat[P_REPEAT] = true;
-            else goto bad;
+            pattern_given = true;
+            if (!strcmp(v, "all")) want_pat[P_RANDOM] = want_pat[P_STACK] = want_pat[P_REPEAT] = want_pat[P_TRACE] = true;
+            else {
+                int k = -1;
+                for (int j = 0; j < P_COUNT; j++) if (!strcmp(v, pattern_names[j])) k = j;
+                if (k < 0) goto bad;
+                want_pat[k] = true;
+            }
             i++;
         } else {
             goto bad;
@@ -538,11 +782,29 @@ int main(int argc, char **argv) {
         want_alloc[A_JEMALLOC] = false;
     }
 #endif
-    /* The sim device, large enough that nothing is ever released under pressure. */
-    if (!getenv("CUALLOC_CONF")) setenv("CUALLOC_CONF", "driver:sim,sim_memory_mb:65536", 1);
+    if (trace_path) {
+        if (!pattern_given) memset(want_pat, 0, sizeof want_pat), want_pat[P_TRACE] = true;
+        prog_load(trace_path);
+    } else if (want_pat[P_TRACE]) {
+        if (pattern_given && !want_pat[P_RANDOM]) {
+            fprintf(stderr, "fastpath: --pattern trace needs --trace FILE\n");
+            return 2;
+        }
+        want_pat[P_TRACE] = false; /* "all" without a trace */
+    }
+    /* The sim device, large enough that nothing is ever released under pressure: 64 GiB, or twice
+     * what the trace keeps live at once on every thread. */
+    if (!getenv("CUALLOC_CONF")) {
+        int most_threads = thread_list[nthread_list - 1];
+        uint64_t mb = trace_path ? (prog.peak_bytes >> 20) * 2 * (uint64_t)most_threads + 1024 : 0;
+        char conf[64];
+        snprintf(conf, sizeof conf, "driver:sim,sim_memory_mb:%" PRIu64, mb > 65536 ? mb : 65536);
+        setenv("CUALLOC_CONF", conf, 1);
+    }
     seq_build(seed);
     if (!quiet && !json) {
-        describe_mix(stdout, seed);
+        if (want_pat[P_RANDOM] || want_pat[P_STACK] || want_pat[P_REPEAT]) describe_mix(stdout, seed);
+        if (want_pat[P_TRACE]) describe_trace(stdout, trace_path);
         printf("CUALLOC_CONF=%s\n\n", getenv("CUALLOC_CONF"));
     }
     if (want_alloc[A_CUALLOC]) {

@@ -13,6 +13,10 @@
 #   FASTPATH_SEEDS      more seeds of the mix (e.g. "2 3 4"), counted at 1 thread after the main
 #                       table, with the range over all seeds per pattern: one seed's figure can
 #                       flatter or wrong an allocator (default: none)
+#   FASTPATH_TRACES     recorded jobs whose own requests are replayed pass after pass (the trace
+#                       pattern), counted at 1 thread after the main table: cualloc traces, or
+#                       PyTorch snapshots (*.pickle, converted with allocview import first). Default:
+#                       the PyTorch snapshots in ../shared/traces when there are any; "" for none
 #   FASTPATH_NATIVE=0   skip the native run;  FASTPATH_PROFILE=0  skip the per-function profile
 #   FASTPATH_BUILD=0    do not run ninja (the smoke test sets it: meson has built the program)
 # The callgrind profiles stay in <builddir>/fastpath-callgrind/ for callgrind_annotate.
@@ -28,7 +32,8 @@ if [ ! -f "$build/build.ninja" ]; then
     meson setup "$build" "$root" >/dev/null || { echo "fastpath.sh: meson setup $build failed" >&2; exit 1; }
 fi
 if [ "${FASTPATH_BUILD:-1}" != 0 ]; then
-    ninja -C "$build" bench/fastpath >/dev/null || { echo "fastpath.sh: building bench/fastpath failed" >&2; exit 1; }
+    ninja -C "$build" bench/fastpath tools/allocview/allocview >/dev/null ||
+        { echo "fastpath.sh: building bench/fastpath failed" >&2; exit 1; }
 fi
 exe=$build/bench/fastpath
 features=$("$exe" --features)
@@ -55,26 +60,31 @@ out=$build/fastpath-callgrind
 mkdir -p "$out"
 
 # Runs one configuration under callgrind, collecting only inside bench_loop_* (the timed loop);
-# prints the instructions collected. SEED: the mix's seed (default: the program's own).
+# prints the instructions collected and the pairs timed (a trace rounds them up to whole passes).
+# SEED: the mix's seed (default: the program's own). PATTERN trace=FILE: FILE's requests.
 cg_run() { # allocator pattern threads [seed]
-    f=$out/cg.$1.$2.t$3${4:+.s$4}
+    case $2 in
+    trace=*) name=trace.$(basename "${2#trace=}"); set -- "$1" trace "$3" "" "${2#trace=}" ;;
+    *) name=$2 ;;
+    esac
+    f=$out/cg.$1.$name.t$3${4:+.s$4}
     rc=0
     valgrind --tool=callgrind $instr_opt --toggle-collect='bench_loop_*' --callgrind-out-file="$f" \
         "$exe" --allocator "$1" --pattern "$2" --threads "$3" --pairs "$cg_pairs" ${4:+--seed "$4"} \
-        --quiet >"$f.log" 2>&1 || rc=$?
+        ${5:+--trace "$5"} --quiet >"$f.log" 2>&1 || rc=$?
     if [ "$rc" = 3 ]; then # ran, but cualloc mapped memory inside the timed loop
         echo "fastpath.sh: note: $1/$2/$3 threads under callgrind: $(sed -n 's/.* \([0-9]* maps\), .*/\1/p' "$f.log") in the timed loop" >&2
     elif [ "$rc" != 0 ]; then
         echo "fastpath.sh: callgrind run $1/$2/$3 failed (exit $rc; see $f.log):" >&2
         tail -5 "$f.log" >&2
-        echo 0
+        echo 0 1
         return
     fi
-    sed -n 's/^totals: *//p' "$f" | head -1
+    echo "$(sed -n 's/^totals: *//p' "$f" | head -1) $(awk -v a="$1" '$1 == a { print $4; exit }' "$f.log")"
 }
 
-per_pair() { # instructions pairs -> per pair, one decimal
-    awk -v i="${1:-0}" -v n="$2" 'BEGIN { printf "%.1f", i / n }'
+per_pair() { # "instructions pairs" -> per pair, one decimal
+    echo "$1" | awk '{ printf "%.1f", ($2 > 0 ? $1 / $2 : 0) }'
 }
 
 # One table row: the loop baseline, cualloc and jemalloc for PATTERN with THREADS threads, each per
@@ -82,19 +92,18 @@ per_pair() { # instructions pairs -> per pair, one decimal
 # both allocators are counted on the same mix in the same run. Under callgrind the threads run one
 # at a time (callgrind serializes them), so an N-thread row is the cost with N threads' heaps,
 # caches and streams alive but without lock contention.
-cg_row() { # pattern threads [seed]
-    n=$(($2 * cg_pairs))
-    loop=$(per_pair "$(cg_run null "$1" "$2" "${3:-}")" "$n")
-    cua=$(per_pair "$(cg_run cualloc "$1" "$2" "${3:-}")" "$n")
+cg_row() { # pattern threads [seed [label]]
+    loop=$(per_pair "$(cg_run null "$1" "$2" "${3:-}")")
+    cua=$(per_pair "$(cg_run cualloc "$1" "$2" "${3:-}")")
     je=-
-    case "$allocs" in *jemalloc*) je=$(per_pair "$(cg_run jemalloc "$1" "$2" "${3:-}")" "$n") ;; esac
+    case "$allocs" in *jemalloc*) je=$(per_pair "$(cg_run jemalloc "$1" "$2" "${3:-}")") ;; esac
     cua_net=$(awk -v a="$cua" -v b="$loop" 'BEGIN { printf "%.1f", a - b }')
     je_net=- ratio=-
     if [ "$je" != - ]; then
         je_net=$(awk -v a="$je" -v b="$loop" 'BEGIN { printf "%.1f", a - b }')
         ratio=$(awk -v a="$je_net" -v b="$cua_net" 'BEGIN { if (b > 0) printf "%.1fx", a / b; else printf "-" }')
     fi
-    printf '%-8s %7s %10s %10s %8s %12s %12s %8s\n' "$1" "${3:-$2}" "$cua" "$je" "$loop" "$cua_net" "$je_net" "$ratio"
+    printf '%-8s %7s %10s %10s %8s %12s %12s %8s\n' "${4:-$1}" "${3:-$2}" "$cua" "$je" "$loop" "$cua_net" "$je_net" "$ratio"
 }
 
 echo "== instructions per alloc+free pair (callgrind Ir inside the timed loop, $cg_pairs pairs per thread after warm-up)"
@@ -127,6 +136,25 @@ if [ -n "${FASTPATH_SEEDS:-}" ]; then
             if ($8 != "-") { r = $8 + 0; if (nr++ == 0 || r < rmin) rmin = r; if (r > rmax) rmax = r } }
             END { if (n) printf "   %s over %d seeds: cualloc-net %.1f..%.1f%s\n", p, n, cmin, cmax,
                   nr ? sprintf(", je/cua %.1fx..%.1fx", rmin, rmax) : "" }' "$seeds_out" "$main_rows"
+    done
+fi
+
+# Recorded jobs: each trace's own requests, pass after pass (bench/fastpath.c, "the trace program").
+traces=${FASTPATH_TRACES-$(ls "$root"/../shared/traces/*.pickle 2>/dev/null || true)}
+if [ -n "$traces" ]; then
+    echo
+    echo "== the same, 1 thread, on recorded jobs' own requests (the trace pattern; rows: the trace's name)"
+    for t in $traces; do
+        case $t in
+        *.pickle)
+            conv=$out/$(basename "$t" .pickle).trace
+            rm -f "$conv"
+            "$build/tools/allocview/allocview" import "$t" -o "$conv" >/dev/null 2>"$conv.log" ||
+                { echo "fastpath.sh: allocview import $t failed:" >&2; cat "$conv.log" >&2; status=1; continue; }
+            t=$conv ;;
+        esac
+        "$exe" --pattern trace --trace "$t" --threads 1 --pairs 1 --allocator null 2>/dev/null | sed -n 's/^trace: /   /p'
+        cg_row "trace=$t" 1 "" "$(basename "$t" .trace)"
     done
 fi
 

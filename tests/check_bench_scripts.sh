@@ -11,14 +11,19 @@ build=$2
 command -v valgrind >/dev/null 2>&1 || { echo "valgrind is not installed: skipping"; exit 77; }
 fail=0
 out=$(mktemp)
-trap 'rm -f "$out"' EXIT
 
 # fastpath: a native run short enough that cualloc may still map (status 3: "not all cached", a
-# finding, not a failure of the script), callgrind on 1024 pairs at 1 and 2 threads, and at 1 thread
-# with a second seed of the mix.
+# finding, not a failure of the script), callgrind on 1024 pairs at 1 and 2 threads, at 1 thread
+# with a second seed of the mix, and on a recorded job's requests (the trace pattern: a
+# variable-length training scenario recorded here).
+trace=$(mktemp --suffix=.trace)
+rm -f "$trace"
+trap 'rm -f "$out" "$trace"' EXIT
+CUALLOC_CONF=driver:sim,sim_memory_mb:512 "$build/tests/trace_scenarios" varlen "$trace" 2>/dev/null ||
+    { echo "FAIL: trace_scenarios varlen failed"; exit 1; }
 rc=0
 FASTPATH_BUILD=0 FASTPATH_PAIRS=20000 FASTPATH_CG_PAIRS=1024 FASTPATH_CG_THREADS=2 FASTPATH_SEEDS=7 \
-    "$src/bench/fastpath.sh" "$build" >"$out" 2>&1 || rc=$?
+    FASTPATH_TRACES="$trace" "$src/bench/fastpath.sh" "$build" >"$out" 2>&1 || rc=$?
 if [ "$rc" != 0 ] && [ "$rc" != 3 ]; then
     echo "FAIL: bench/fastpath.sh exited with $rc"; cat "$out"; fail=1
 fi
@@ -36,6 +41,12 @@ for pat in random stack repeat; do
     grep -q "^   $pat over 2 seeds: cualloc-net [0-9.]*\.\.[0-9.]*" "$out" ||
         { echo "FAIL: bench/fastpath.sh printed no range over the seeds for $pat"; fail=1; }
 done
+# The trace row: the trace's name, 1 thread, cualloc's gross and net counts numbers > 0; and the
+# description of what a pass replays.
+name=$(basename "$trace" .trace)
+awk -v n="$name" '$1 == n && $2 == 1 && $3 + 0 > 0 && $6 + 0 > 0 { ok = 1 } END { exit !ok }' "$out" ||
+    { echo "FAIL: bench/fastpath.sh printed no instruction row for the trace $name"; fail=1; }
+grep -q "^   $trace: 52 pairs per pass" "$out" || { echo "FAIL: bench/fastpath.sh did not describe the trace"; fail=1; }
 grep -q "where cualloc's instructions go (random, 1 thread)" "$out" ||
     { echo "FAIL: bench/fastpath.sh printed no profile"; fail=1; }
 [ "$fail" = 0 ] || cat "$out"

@@ -10,7 +10,9 @@
 #     the report says "not monotone");
 #  5. --json: a list, one object per --conf, exactly the fixed keys;
 #  6. blocks whose addresses differ only in the top bits stay apart;
-#  7. usage errors exit 1, an unreadable trace exits 2.
+#  7. usage errors exit 1, an unreadable trace exits 2;
+#  8. --passes N closes each pass so that the next starts where the trace started: the peak of
+#     requested bytes over several passes is that of one.
 set -u
 trace_fixture=$1 replay_fixture=$2 allocview=$3
 tmp=$(mktemp -d)
@@ -92,7 +94,7 @@ grep -q "^min-fit" "$tmp/fit.txt" || bad "--min-fit text: $(cat "$tmp/fit.txt")"
 # 5. JSON keys, exactly; min_fit_bytes null without --min-fit.
 python3 - "$tmp/modes.json" "$tmp/fit.json" <<'PY' || bad "replay --json keys"
 import json, sys
-keys = {"conf", "peak_requested_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "utilisation",
+keys = {"conf", "passes", "peak_requested_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "utilisation",
         "num_ooms", "min_fit_bytes"}
 a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2]))
 assert isinstance(a, list) and len(a) == 2, a
@@ -139,6 +141,26 @@ PY
 "$allocview" replay >/dev/null 2>&1; [ $? = 1 ] || bad "no trace: want exit 1"
 "$allocview" replay "$tmp/missing.trace" >/dev/null 2>&1; [ $? = 2 ] || bad "missing trace: want exit 2"
 "$allocview" replay --help | grep -q "usage: allocview replay" || bad "replay --help"
+
+# 8. Passes. The fixture has initial blocks (one freed during the trace), two devices, streams, a
+#    trim and an OOM (retried, with 2 GiB, and left live to the end of its pass). A block left live
+#    by the closing of a pass, or an initial block not allocated again, would move the peak.
+for tr in fx frag; do
+    "$allocview" replay --memory 2GiB --json "$tmp/$tr.trace" >"$tmp/$tr.p1.json" || bad "$tr: replay exited $?"
+    "$allocview" replay --memory 2GiB --passes 4 --json "$tmp/$tr.trace" >"$tmp/$tr.p4.json" || bad "$tr: --passes 4 exited $?"
+    python3 - "$tmp/$tr.p1.json" "$tmp/$tr.p4.json" <<'PY' || bad "$tr: four passes differ from one"
+import json, sys
+one, four = (json.load(open(f))[0] for f in sys.argv[1:3])
+assert one["passes"] == 1 and four["passes"] == 4, (one, four)
+assert four["peak_requested_bytes"] == one["peak_requested_bytes"], (one, four)
+assert four["num_ooms"] == 0 and one["num_ooms"] == 0, (one, four)
+PY
+done
+"$allocview" replay --passes 4 "$tmp/fx.trace" | grep -q "; 4 passes (peaks over all of them)" || bad "--passes: not said in the text"
+for v in 0 1001 x ""; do
+    "$allocview" replay --passes "$v" "$tmp/fx.trace" >/dev/null 2>"$tmp/passes.err"; [ $? = 1 ] || bad "--passes '$v': want exit 1"
+    grep -q "bad --passes" "$tmp/passes.err" || bad "--passes '$v': $(cat "$tmp/passes.err")"
+done
 
 [ $fail = 0 ] && echo "check_replay: all passed"
 exit $fail

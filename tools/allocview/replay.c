@@ -1,4 +1,4 @@
-/* replay.c — `allocview replay TRACE [--conf CONF]... [--memory SIZE] [--min-fit] [--json]`.
+/* replay.c — `allocview replay TRACE [--conf CONF]... [--memory SIZE] [--passes N] [--min-fit] [--json]`.
  *
  * The trace is read once into a compact array of requests (24 bytes each); every run then feeds
  * that array to fresh heaps (heap.c, linked as the static library cualloc_internal — the trace
@@ -13,6 +13,11 @@
  *   OOM         the request that failed is tried again: a replay can show that the job would have
  *               gone on. A retried request that succeeds stays live to the end of the trace (the
  *               trace never says when the job would have freed it).
+ * --passes N runs the requests N times on the same heaps, as a job repeats its steps: every pass
+ * after the first starts where the trace started, so the previous pass is closed first by freeing
+ * what it left live (blocks allocated during the pass, retried OOM requests) and allocating again
+ * the initial blocks it freed. The peaks are over all passes: a placement that fragments a little
+ * more every step shows here, where one pass hides it.
  * MAP/UNMAP/INIT_MAP are the recording allocator's decisions, not requests: the replayed heap
  * makes its own. A free of an address with no replayed pointer (its allocation failed in the
  * replay, or a ring trace lost it) is skipped.
@@ -72,6 +77,7 @@ typedef struct trace_reqs {
      * recording's configuration should reproduce them; the difference is the prediction error. */
     uint64_t rec_allocated, rec_reserved, rec_peak_allocated, rec_peak_reserved;
     bool rec_maps;           /* the trace records its memory (MAP/INIT_MAP) */
+    unsigned passes;         /* how many times a run replays the requests (--passes) */
 } trace_reqs_t;
 
 typedef struct run_result {
@@ -131,6 +137,8 @@ static bool push(trace_reqs_t *t, ev_t e)
 typedef struct rp_block {
     devaddr_entry_t key;
     uint64_t val;
+    uint32_t stream;   /* replaying: the stream id it was allocated on */
+    bool initial;      /* replaying: an initial block, not freed since it was allocated */
 } rp_block_t;
 
 /* Sets (dev, addr)'s value, adding the block if absent; false when out of memory. */
@@ -141,6 +149,7 @@ static bool block_put(devaddr_map_t *m, uint32_t dev, uint64_t addr, uint64_t va
     if (!b)
         return false;
     b->val = val;
+    b->initial = false;
     return true;
 }
 
@@ -284,6 +293,56 @@ oom:
 
 /* ------------------------------------------------------------------------------- running */
 
+static cua_stream stream_of(const trace_reqs_t *t, uint32_t id)
+{
+    return (cua_stream)(uintptr_t)(id < t->nstreams ? t->streams[id] : 0);
+}
+
+/* Between passes: frees what the pass left live (every block that is not an initial one still
+ * unfreed, and the retried OOM requests), then allocates again the initial blocks it freed. A
+ * request that fails is counted as an OOM. False when out of memory. */
+static bool close_pass(const trace_reqs_t *t, heap_t **heaps, devaddr_map_t *ptrs, void ***retried,
+                       size_t *nretried, run_result_t *res)
+{
+    size_t n = 0, pos = 0;
+    rp_block_t *b;
+    while ((b = devaddr_map_next(ptrs, &pos)) != NULL)
+        n += !b->initial;
+    rp_block_t *left = malloc((n ? n : 1) * sizeof *left);
+    if (!left)
+        return false;
+    n = 0;
+    pos = 0;
+    while ((b = devaddr_map_next(ptrs, &pos)) != NULL)
+        if (!b->initial)
+            left[n++] = *b;
+    for (size_t i = 0; i < n; i++) {
+        heap_free(heaps[left[i].key.dev], (void *)(uintptr_t)left[i].val, stream_of(t, left[i].stream));
+        devaddr_map_remove(ptrs, devaddr_map_find(ptrs, left[i].key.dev, left[i].key.addr));
+    }
+    free(left);
+    for (size_t i = 0; i < *nretried; i += 2)
+        heap_free(heaps[(uintptr_t)(*retried)[i]], (*retried)[i + 1], NULL);
+    *nretried = 0;
+    for (size_t i = 0; i < t->n && t->ev[i].op == EV_INIT; i++) {
+        const ev_t *e = &t->ev[i];
+        if (devaddr_map_find(ptrs, e->dev, e->addr))
+            continue;
+        void *p = NULL;
+        if (heap_alloc(heaps[e->dev], (size_t)e->size, stream_of(t, e->stream), &p) != CUA_SUCCESS) {
+            res->num_ooms++;
+            res->dev_ooms[e->dev]++;
+            continue;
+        }
+        if (!block_put(ptrs, e->dev, e->addr, (uint64_t)(uintptr_t)p))
+            return false;
+        b = devaddr_map_find(ptrs, e->dev, e->addr);
+        b->stream = e->stream;
+        b->initial = true;
+    }
+    return true;
+}
+
 static void quiet(const char *line, void *arg)
 {
     (void)line;
@@ -363,65 +422,99 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
     int single = 0;
     for (int d = 0; d < t->ndev; d++)
         single += t->dev_used[d];
+    void **retried = NULL; /* successful OOM retries of this pass: (device, pointer) pairs */
+    size_t nretried = 0, retried_cap = 0;
+    bool good = true;
     double t0 = now_s();
-    for (size_t i = 0; i < t->n; i++) {
-        const ev_t *e = &t->ev[i];
-        heap_t *h = heaps[e->dev];
-        cua_stream s = (cua_stream)(uintptr_t)(e->stream < t->nstreams ? t->streams[e->stream] : 0);
-        switch (e->op) {
-        case EV_INIT:
-        case EV_ALLOC: {
-            void *p = NULL;
-            if (heap_alloc(h, (size_t)e->size, s, &p) == CUA_SUCCESS) {
-                if (!block_put(&ptrs, e->dev, e->addr, (uint64_t)(uintptr_t)p)) {
-                    fprintf(stderr, "allocview replay: out of memory\n");
-                    devaddr_map_free(&ptrs);
-                    return false;
+    for (unsigned pass = 0; pass < t->passes && good; pass++) {
+        if (pass > 0 && !(good = close_pass(t, heaps, &ptrs, &retried, &nretried, res)))
+            break;
+        for (size_t i = 0; i < t->n; i++) {
+            const ev_t *e = &t->ev[i];
+            if (pass > 0 && e->op == EV_INIT)
+                continue;
+            heap_t *h = heaps[e->dev];
+            cua_stream s = stream_of(t, e->stream);
+            switch (e->op) {
+            case EV_INIT:
+            case EV_ALLOC: {
+                void *p = NULL;
+                if (heap_alloc(h, (size_t)e->size, s, &p) == CUA_SUCCESS) {
+                    if (!block_put(&ptrs, e->dev, e->addr, (uint64_t)(uintptr_t)p)) {
+                        good = false;
+                        break;
+                    }
+                    rp_block_t *b = devaddr_map_find(&ptrs, e->dev, e->addr);
+                    b->stream = e->stream;
+                    b->initial = e->op == EV_INIT;
+                } else {
+                    res->num_ooms++;
+                    res->dev_ooms[e->dev]++;
                 }
-            } else {
-                res->num_ooms++;
-                res->dev_ooms[e->dev]++;
+                break;
             }
-            break;
-        }
-        case EV_FREE: {
-            uint64_t p;
-            if (block_take(&ptrs, e->dev, e->addr, &p))
-                heap_free(h, (void *)(uintptr_t)p, s);
-            else
-                res->failed_frees++;
-            break;
-        }
-        case EV_TRIM:
-            heap_trim(h);
-            break;
-        case EV_OOM: {
-            void *p = NULL;
-            if (heap_alloc(h, (size_t)e->size, s, &p) != CUA_SUCCESS) {
-                res->num_ooms++;
-                res->dev_ooms[e->dev]++;
+            case EV_FREE: {
+                uint64_t p;
+                if (block_take(&ptrs, e->dev, e->addr, &p))
+                    heap_free(h, (void *)(uintptr_t)p, s);
+                else
+                    res->failed_frees++;
+                break;
             }
-            break;
-        }
-        }
-        if (single > 1) {
-            uint64_t rq = 0, al = 0, rs = 0;
-            for (int d = 0; d < t->ndev; d++) {
-                if (!st[d])
-                    continue;
-                rq += st[d]->requested_bytes;
-                al += st[d]->allocated_bytes;
-                rs += st[d]->reserved_bytes;
+            case EV_TRIM:
+                heap_trim(h);
+                break;
+            case EV_OOM: {
+                void *p = NULL;
+                if (heap_alloc(h, (size_t)e->size, s, &p) != CUA_SUCCESS) {
+                    res->num_ooms++;
+                    res->dev_ooms[e->dev]++;
+                } else if (t->passes > 1) {
+                    if (nretried + 2 > retried_cap) {
+                        size_t nc = retried_cap ? 2 * retried_cap : 64;
+                        void **q = realloc(retried, nc * sizeof *q);
+                        if (!q) {
+                            good = false;
+                            break;
+                        }
+                        retried = q;
+                        retried_cap = nc;
+                    }
+                    retried[nretried++] = (void *)(uintptr_t)e->dev;
+                    retried[nretried++] = p;
+                }
+                break;
             }
-            if (rq > res->peak_requested)
-                res->peak_requested = rq;
-            if (al > res->peak_allocated)
-                res->peak_allocated = al;
-            if (rs > res->peak_reserved)
-                res->peak_reserved = rs;
+            }
+            if (!good)
+                break;
+            if (single > 1) {
+                uint64_t rq = 0, al = 0, rs = 0;
+                for (int d = 0; d < t->ndev; d++) {
+                    if (!st[d])
+                        continue;
+                    rq += st[d]->requested_bytes;
+                    al += st[d]->allocated_bytes;
+                    rs += st[d]->reserved_bytes;
+                }
+                if (rq > res->peak_requested)
+                    res->peak_requested = rq;
+                if (al > res->peak_allocated)
+                    res->peak_allocated = al;
+                if (rs > res->peak_reserved)
+                    res->peak_reserved = rs;
+            }
         }
     }
     res->seconds = now_s() - t0;
+    free(retried);
+    if (!good) {
+        fprintf(stderr, "allocview replay: out of memory\n");
+        devaddr_map_free(&ptrs);
+        for (int d = 0; d < t->ndev; d++)
+            heap_destroy(heaps[d]);
+        return false;
+    }
     for (int d = 0; d < t->ndev; d++) {
         if (!st[d])
             continue;
@@ -513,12 +606,14 @@ static void min_fit(const trace_reqs_t *t, const conf_t *c, uint64_t start, fit_
 static void replay_usage(FILE *out)
 {
     fprintf(out,
-            "usage: allocview replay TRACE [--conf CONF]... [--memory SIZE] [--min-fit] [--json]\n"
+            "usage: allocview replay TRACE [--conf CONF]... [--memory SIZE] [--passes N] [--min-fit] [--json]\n"
             "  runs the trace's requests against cualloc's heap on the sim device under each CONF\n"
             "  (CUALLOC_CONF syntax; 'default' = cualloc's defaults, 'recorded' = the trace's own;\n"
             "  e.g. expandable_segments:0 predicts PyTorch's native allocator). SIZE: bytes or\n"
-            "  16GiB, 40G, 512MiB (default: the recorded device capacity). --min-fit: the smallest\n"
-            "  capacity on which the whole sequence completes without OOM.\n");
+            "  16GiB, 40G, 512MiB (default: the recorded device capacity). --passes N: run the requests\n"
+            "  N times on the same heap (1 to 1000; default 1), as a job repeats its steps; the peaks are\n"
+            "  over all passes. --min-fit: the smallest capacity on which the whole sequence completes\n"
+            "  without OOM.\n");
 }
 
 #define MAX_CONFS 32
@@ -554,6 +649,7 @@ int av_cmd_replay(int argc, char **argv)
     const char *confs[MAX_CONFS];
     int nconfs = 0;
     uint64_t memory = 0;
+    unsigned passes = 1;
     bool fit = false, json = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -582,6 +678,15 @@ int av_cmd_replay(int argc, char **argv)
                 fprintf(stderr, "allocview replay: bad --memory '%s'\n", a + 9);
                 return RP_EXIT_USAGE;
             }
+        } else if (strcmp(a, "--passes") == 0 || strncmp(a, "--passes=", 9) == 0) {
+            const char *v = a[8] == '=' ? a + 9 : i + 1 < argc ? argv[++i] : NULL;
+            char *end = NULL;
+            unsigned long n = v ? strtoul(v, &end, 10) : 0;
+            if (!v || end == v || *end || n < 1 || n > 1000) {
+                fprintf(stderr, "allocview replay: bad --passes '%s' (a number from 1 to 1000)\n", v ? v : "");
+                return RP_EXIT_USAGE;
+            }
+            passes = (unsigned)n;
         } else if (strcmp(a, "--min-fit") == 0) {
             fit = true;
         } else if (strcmp(a, "--json") == 0) {
@@ -615,6 +720,7 @@ int av_cmd_replay(int argc, char **argv)
         free(t);
         return status;
     }
+    t->passes = passes;
     uint64_t mem = memory ? memory : default_memory(t);
     error_set_callback(quiet, NULL); /* the replayed heap's OOM reports are counted, not printed */
 
@@ -650,6 +756,7 @@ int av_cmd_replay(int argc, char **argv)
             const run_result_t *r = &res[i];
             printf("%s{\"conf\": ", i ? ", " : "");
             txt_json_string(stdout, confs[i]);
+            printf(", \"passes\": %u", passes);
             printf(", \"peak_requested_bytes\": %" PRIu64 ", \"peak_allocated_bytes\": %" PRIu64
                    ", \"peak_reserved_bytes\": %" PRIu64 ", \"utilisation\": %.6f, \"num_ooms\": %" PRIu64
                    ", \"min_fit_bytes\": ",
@@ -665,9 +772,12 @@ int av_cmd_replay(int argc, char **argv)
     } else {
         char b0[32], b1[32], b2[32], b3[32];
         size_t nev = t->n;
-        printf("replay of %s: %zu requests on %d device%s, sim memory %s per device%s\n", path, nev, t->ndev,
+        printf("replay of %s: %zu requests on %d device%s, sim memory %s per device%s", path, nev, t->ndev,
                t->ndev == 1 ? "" : "s", txt_human(mem, b0, sizeof b0),
                memory ? "" : " (the recorded capacity)");
+        if (passes > 1)
+            printf("; %u passes (peaks over all of them)", passes);
+        printf("\n");
         if (t->ndev > 1)
             printf("figures are totals over devices (peak of the sum); per device below\n");
         printf("%-36s %16s %16s %16s %11s %6s%s\n", "conf", "peak requested", "peak allocated", "peak reserved",
