@@ -725,7 +725,7 @@ int main(int argc, char **argv) {
     size_t pairs = 200000;
     int thread_list[2] = {1, 8}, nthread_list = 2;
     bool want_alloc[A_COUNT] = {true, true, false}, want_pat[P_COUNT] = {true, true, true, false}, json = false,
-         quiet = false, pattern_given = false;
+         quiet = false, pattern_given = false, pattern_all = false;
     const char *trace_path = NULL;
     uint64_t seed = 20240611;
     for (int i = 1; i < argc; i++) {
@@ -759,7 +759,8 @@ int main(int argc, char **argv) {
         } else if (v && !strcmp(a, "--pattern")) {
             memset(want_pat, 0, sizeof want_pat);
             pattern_given = true;
-            if (!strcmp(v, "all")) want_pat[P_RANDOM] = want_pat[P_STACK] = want_pat[P_REPEAT] = want_pat[P_TRACE] = true;
+            pattern_all = !strcmp(v, "all");
+            if (pattern_all) want_pat[P_RANDOM] = want_pat[P_STACK] = want_pat[P_REPEAT] = want_pat[P_TRACE] = true;
             else {
                 int k = -1;
                 for (int j = 0; j < P_COUNT; j++) if (!strcmp(v, pattern_names[j])) k = j;
@@ -786,7 +787,7 @@ int main(int argc, char **argv) {
         if (!pattern_given) memset(want_pat, 0, sizeof want_pat), want_pat[P_TRACE] = true;
         prog_load(trace_path);
     } else if (want_pat[P_TRACE]) {
-        if (pattern_given && !want_pat[P_RANDOM]) {
+        if (!pattern_all) {
             fprintf(stderr, "fastpath: --pattern trace needs --trace FILE\n");
             return 2;
         }

@@ -419,7 +419,8 @@ static inline void quick_park(heap_t *h, pool_t *p, block_t *b, size_t size, uns
 /* Parks a just-freed block (tag and size final) on its quick list; false when the bucket is taken
  * by another (size, tag) or full. */
 static inline bool quick_push(heap_t *h, pool_t *p, block_t *b) {
-    if (__builtin_expect(b->tag == TAG_DEVICE_WIDE || b->pool != POOL_SMALL, 0)) return false; /* never handed out unsettled */
+    /* Device-wide frees are never handed out unsettled; large blocks are never parked. */
+    if (__builtin_expect(b->tag == TAG_DEVICE_WIDE || b->pool != POOL_SMALL, 0)) return false;
     uint64_t key = quick_key(b->size, b->tag);
     unsigned i = quick_index(b->size, b->tag);
     if (!quick_room(&h->quick[i], key)) return false;

@@ -44,6 +44,7 @@
 #include "replay.h"
 #include "text.h"
 #include "devaddr_map.h"
+#include "grow.h"
 
 enum { RP_EXIT_USAGE = 1, RP_EXIT_UNREADABLE = 2, RP_EXIT_CORRUPT = 3 };
 
@@ -62,7 +63,7 @@ typedef struct trace_reqs {
     ev_t *ev;
     size_t n, cap;
     uint64_t *streams;       /* handle per stream id */
-    uint32_t nstreams;
+    size_t nstreams;
     int ndev;                /* devices 0..ndev-1 */
     bool dev_used[CUA_TRACE_MAX_DEVICES];
     uint64_t dev_capacity[CUA_TRACE_MAX_DEVICES];
@@ -210,15 +211,10 @@ static int load_trace(const char *path, trace_reqs_t *t)
         case CUA_TRACE_STREAM:
             if (rec.u.stream.id < (1u << 24)) {
                 uint32_t id = (uint32_t)rec.u.stream.id;
-                if (id >= t->nstreams) {
-                    uint32_t nn = id + 16;
-                    uint64_t *p = realloc(t->streams, nn * sizeof *p);
-                    if (!p)
-                        goto oom;
-                    memset(p + t->nstreams, 0, (nn - t->nstreams) * sizeof *p);
-                    t->streams = p;
-                    t->nstreams = nn;
-                }
+                uint64_t *streams = av_grow_zeroed(t->streams, &t->nstreams, id, sizeof *streams);
+                if (!streams)
+                    goto oom;
+                t->streams = streams;
                 t->streams[id] = rec.u.stream.handle;
             }
             continue;
@@ -301,7 +297,13 @@ static cua_stream stream_of(const trace_reqs_t *t, uint32_t id)
 /* Between passes: frees what the pass left live (every block that is not an initial one still
  * unfreed, and the retried OOM requests), then allocates again the initial blocks it freed. A
  * request that fails is counted as an OOM. False when out of memory. */
-static bool close_pass(const trace_reqs_t *t, heap_t **heaps, devaddr_map_t *ptrs, void ***retried,
+/* An OOM request that succeeded when retried: live to the end of its pass. */
+typedef struct retried {
+    int dev;
+    void *ptr;
+} retried_t;
+
+static bool close_pass(const trace_reqs_t *t, heap_t **heaps, devaddr_map_t *ptrs, const retried_t *retried,
                        size_t *nretried, run_result_t *res)
 {
     size_t n = 0, pos = 0;
@@ -321,8 +323,8 @@ static bool close_pass(const trace_reqs_t *t, heap_t **heaps, devaddr_map_t *ptr
         devaddr_map_remove(ptrs, devaddr_map_find(ptrs, left[i].key.dev, left[i].key.addr));
     }
     free(left);
-    for (size_t i = 0; i < *nretried; i += 2)
-        heap_free(heaps[(uintptr_t)(*retried)[i]], (*retried)[i + 1], NULL);
+    for (size_t i = 0; i < *nretried; i++)
+        heap_free(heaps[retried[i].dev], retried[i].ptr, NULL);
     *nretried = 0;
     for (size_t i = 0; i < t->n && t->ev[i].op == EV_INIT; i++) {
         const ev_t *e = &t->ev[i];
@@ -422,12 +424,12 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
     int single = 0;
     for (int d = 0; d < t->ndev; d++)
         single += t->dev_used[d];
-    void **retried = NULL; /* successful OOM retries of this pass: (device, pointer) pairs */
+    retried_t *retried = NULL; /* this pass's */
     size_t nretried = 0, retried_cap = 0;
     bool good = true;
     double t0 = now_s();
     for (unsigned pass = 0; pass < t->passes && good; pass++) {
-        if (pass > 0 && !(good = close_pass(t, heaps, &ptrs, &retried, &nretried, res)))
+        if (pass > 0 && !(good = close_pass(t, heaps, &ptrs, retried, &nretried, res)))
             break;
         for (size_t i = 0; i < t->n; i++) {
             const ev_t *e = &t->ev[i];
@@ -470,9 +472,9 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
                     res->num_ooms++;
                     res->dev_ooms[e->dev]++;
                 } else if (t->passes > 1) {
-                    if (nretried + 2 > retried_cap) {
-                        size_t nc = retried_cap ? 2 * retried_cap : 64;
-                        void **q = realloc(retried, nc * sizeof *q);
+                    if (nretried == retried_cap) {
+                        size_t nc = retried_cap ? 2 * retried_cap : 32;
+                        retried_t *q = realloc(retried, nc * sizeof *q);
                         if (!q) {
                             good = false;
                             break;
@@ -480,8 +482,7 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
                         retried = q;
                         retried_cap = nc;
                     }
-                    retried[nretried++] = (void *)(uintptr_t)e->dev;
-                    retried[nretried++] = p;
+                    retried[nretried++] = (retried_t){e->dev, p};
                 }
                 break;
             }
