@@ -15,6 +15,7 @@
 #include <elfutils/libdwfl.h>
 #endif
 
+#include "grow.h"
 #include "text.h"
 
 #define SYM_MAX_FRAMES 512 /* the recorder keeps at most 128 (64 native, 64 Python); imports may hold more */
@@ -264,17 +265,10 @@ sym_ctx_t *sym_new(const tr_reader_t *r)
 /* Room in the per-stack cache for stack `id`. */
 static bool stk_room(sym_ctx_t *c, uint32_t id)
 {
-    if (id < c->nstk)
-        return true;
-    size_t n = c->nstk ? c->nstk : 64;
-    while (n <= id)
-        n *= 2;
-    sym_stk_t *stk = realloc(c->stk, n * sizeof *stk);
+    sym_stk_t *stk = av_grow_zeroed(c->stk, &c->nstk, id, sizeof *stk);
     if (!stk)
         return false;
-    memset(stk + c->nstk, 0, (n - c->nstk) * sizeof *stk);
     c->stk = stk;
-    c->nstk = n;
     return true;
 }
 
