@@ -75,8 +75,6 @@ typedef struct stream_rec_s {
     bool event_in_flight;       /* event recorded on the stream, not yet seen complete */
     cua_event event;            /* created on first need */
     uint64_t frees_since_record; /* frees on this stream since the event was last recorded */
-    size_t free_bytes;          /* bytes of FREE blocks with this tag, both pools. CACHED blocks are
-                                 * not counted: every reader runs after quick_flush. */
 } stream_rec_t;
 
 /* Quick lists (VMM mode, small pool): freed blocks parked unmerged by exact (size, tag), so the
@@ -236,15 +234,46 @@ static inline size_t chunk_interior(const pool_t *p, uintptr_t addr, size_t size
     return hi > lo ? hi - lo : 0;
 }
 
-/* Bytes of a free block that a release could return to the device right now. */
-static inline __attribute__((always_inline)) size_t block_releasable(const heap_t *h, const pool_t *p, const block_t *b) {
-    if (!h->vmm) return (!b->prev && !b->next) ? b->size : 0;
-    if (b->size < p->chunk) return 0; /* holds no whole chunk: the common case, decided at once */
-    return chunk_interior(p, b->addr, b->size);
+/* Bytes of a free range that a release could return to the device right now (VMM). */
+static inline __attribute__((always_inline)) size_t vmm_releasable(const pool_t *p, uintptr_t addr, size_t size) {
+    if (size < p->chunk) return 0; /* holds no whole chunk: the common case, decided at once */
+    return chunk_interior(p, addr, size);
 }
 
-static inline void free_account_add(heap_t *h, pool_t *p, const block_t *b);
-static inline void free_account_sub(heap_t *h, pool_t *p, const block_t *b);
+/* The same for a free block, either mode. */
+static inline __attribute__((always_inline)) size_t block_releasable(const heap_t *h, const pool_t *p, const block_t *b) {
+    if (!h->vmm) return (!b->prev && !b->next) ? b->size : 0;
+    return vmm_releasable(p, b->addr, b->size);
+}
+
+/* Accounting shared by FREE and CACHED blocks: both are free physical memory. The part a release
+ * could not return is inactive-split (kept current here; its peak is taken by the caller). */
+static inline void cached_account_add(heap_t *h, pool_t *p, const block_t *b) {
+    size_t rel = block_releasable(h, p, b);
+    p->releasable += rel;
+    h->stats.inactive_split_bytes += b->size - rel;
+}
+
+static inline void cached_account_sub(heap_t *h, pool_t *p, const block_t *b) {
+    size_t rel = block_releasable(h, p, b);
+    p->releasable -= rel;
+    h->stats.inactive_split_bytes -= b->size - rel;
+}
+
+/* FREE blocks: the same (their tag's free bytes are its indexes' own count: tag_free_bytes). */
+static inline void free_account_add(heap_t *h, pool_t *p, const block_t *b) { cached_account_add(h, p, b); }
+static inline void free_account_sub(heap_t *h, pool_t *p, const block_t *b) { cached_account_sub(h, p, b); }
+
+/* Bytes of FREE blocks with tag t, both pools (CACHED blocks are not counted: every reader that
+ * must see them runs after quick_flush). */
+static size_t tag_free_bytes(const heap_t *h, unsigned t) {
+    size_t bytes = 0;
+    for (int pi = 0; pi < POOL_COUNT; pi++) {
+        const findex_t *ix = h->pools[pi].index[t];
+        if (ix) bytes += h->vmm ? ix->sc.bytes : ix->tree.bytes;
+    }
+    return bytes;
+}
 
 /* Puts a FREE block (tag and size final) into its index and the accounting. The index exists:
  * free_insert's callers made it with index_get when they took the tag. Inline, as free_remove:
@@ -297,6 +326,55 @@ static inline __attribute__((always_inline)) block_t *coalesce_free_inline(heap_
 }
 
 static block_t *coalesce_free(heap_t *h, pool_t *p, block_t *b) { return coalesce_free_inline(h, p, b); }
+
+/* VMM: FREE block b, in its index, becomes [addr, addr + size) with the same tag; its bin and the
+ * accounting follow. Afterwards b heads its bin, exactly as if it had been removed and inserted
+ * again (sizeclass_find's choice among equals depends on that order); when the size stays in its
+ * bin and b heads it already, no list or bitmap is touched. Carving an allocation off a free block
+ * and merging a freed block into a free neighbour both come down to this. */
+static inline __attribute__((always_inline)) void free_resize(heap_t *h, pool_t *p, block_t *b, uintptr_t addr, size_t size) {
+    size_t old_rel = vmm_releasable(p, b->addr, b->size), rel = vmm_releasable(p, addr, size);
+    p->releasable += rel - old_rel;
+    h->stats.inactive_split_bytes += (size - rel) - (b->size - old_rel);
+    b->addr = addr;
+    sizeclass_resize(&p->index[b->tag]->sc, b, size);
+}
+
+/* VMM: what coalesce_free and free_insert do together for a just-freed block b (FREE, in no index,
+ * tag not TAG_ANY), merging in place where it can: into its lower neighbour when that one has b's
+ * tag, else into its upper neighbour when that one has b's tag and b does not head its segment (a
+ * segment's first record lives as long as the segment). The surviving record is then resized, not
+ * taken out and put back; the addresses, tags and bin order that result are coalesce_free's. */
+static inline __attribute__((always_inline)) void coalesce_insert_vmm(heap_t *h, pool_t *p, block_t *b) {
+    block_t *pr = b->prev, *n = b->next;
+    unsigned tag = b->tag;
+    bool next_free = n && n->state == BLOCK_FREE && tags_compatible(tag, n->tag);
+    if (pr && pr->state == BLOCK_FREE && pr->tag == tag) {
+        /* pr's size changes only in free_resize, which accounts from the old one. */
+        block_t *last = b;
+        size_t size = pr->size + b->size;
+        if (next_free) {
+            free_remove(h, p, n);
+            size += n->size;
+            last = n;
+        }
+        pr->next = last->next;
+        if (pr->next) pr->next->prev = pr;
+        if (last != b) slab_free(&h->blocks, last);
+        slab_free(&h->blocks, b);
+        free_resize(h, p, pr, pr->addr, size);
+        return;
+    }
+    if (next_free && n->tag == tag && pr && !(pr->state == BLOCK_FREE && tags_compatible(pr->tag, tag))) {
+        pr->next = n;
+        n->prev = pr;
+        free_resize(h, p, n, b->addr, b->size + n->size);
+        slab_free(&h->blocks, b);
+        return;
+    }
+    b = coalesce_free_inline(h, p, b);
+    free_insert(h, p, b);
+}
 
 /* Merges UNMAPPED block b (in no index) with UNMAPPED neighbours. */
 static block_t *coalesce_unmapped(heap_t *h, pool_t *p, block_t *b) {
@@ -359,19 +437,6 @@ static inline unsigned quick_index_hashed(size_t size, uint32_t tag_hash) {
 }
 static inline unsigned quick_index(size_t size, unsigned tag) { return quick_index_hashed(size, quick_hash_tag(tag)); }
 
-/* Accounting shared by FREE and CACHED blocks: both are free physical memory. The part a release
- * could not return is inactive-split (kept current here; its peak is taken by the caller). */
-static inline void cached_account_add(heap_t *h, pool_t *p, const block_t *b) {
-    size_t rel = block_releasable(h, p, b);
-    p->releasable += rel;
-    h->stats.inactive_split_bytes += b->size - rel;
-}
-
-static inline void cached_account_sub(heap_t *h, pool_t *p, const block_t *b) {
-    size_t rel = block_releasable(h, p, b);
-    p->releasable -= rel;
-    h->stats.inactive_split_bytes -= b->size - rel;
-}
 
 /* The same for quick lists (VMM only; size == b->size), where most blocks hold no whole chunk. */
 static inline void quick_account(heap_t *h, pool_t *p, const block_t *b, size_t size, bool add) {
@@ -383,16 +448,6 @@ static inline void quick_account(heap_t *h, pool_t *p, const block_t *b, size_t 
     h->stats.inactive_split_bytes += add ? size - rel : rel - size;
 }
 
-/* FREE blocks also count in their tag's free bytes. */
-static inline void free_account_add(heap_t *h, pool_t *p, const block_t *b) {
-    cached_account_add(h, p, b);
-    h->tags[b->tag].free_bytes += b->size;
-}
-
-static inline void free_account_sub(heap_t *h, pool_t *p, const block_t *b) {
-    cached_account_sub(h, p, b);
-    h->tags[b->tag].free_bytes -= b->size;
-}
 
 /* Can list i take a block of `key`: empty, or holding that key with room? */
 static inline bool quick_room(const quick_t *q, uint64_t key) {
@@ -561,7 +616,7 @@ static __attribute__((noinline)) unsigned tag_of_uncached(heap_t *h, cua_stream 
          * then hold nothing. Allocated blocks remember stream handles, not tags, so this is safe. */
         settle_all(h, true);
         for (unsigned t = 1; t < TAG_DEVICE_WIDE; t++) {
-            if (h->tags[t].free_bytes == 0 && !h->tags[t].event_in_flight) {
+            if (tag_free_bytes(h, t) == 0 && !h->tags[t].event_in_flight) {
                 h->tags[t].used = false;
                 if (h->last_tag == t) last_set(h, NO_STREAM, 0);
                 if (!free_slot) free_slot = t;
@@ -637,7 +692,7 @@ static bool dw_any_capturing(heap_t *h) {
 /* Under pressure: waits for all the group's work (one device synchronize) and settles. */
 static void dw_sync(heap_t *h) {
     stream_rec_t *r = &h->tags[TAG_DEVICE_WIDE];
-    if (r->free_bytes == 0 && !r->event_in_flight) return;
+    if (tag_free_bytes(h, TAG_DEVICE_WIDE) == 0 && !r->event_in_flight) return;
     if (dw_any_capturing(h)) return; /* a synchronize would break the capture: stay unsettled */
     h->stats.num_syncs++;
     if (h->drv->device_synchronize(h->dev) != CUA_SUCCESS) return;
@@ -664,7 +719,7 @@ static bool dw_query(heap_t *h) {
 
 static bool dw_settle_completed(heap_t *h) {
     stream_rec_t *r = &h->tags[TAG_DEVICE_WIDE];
-    if (r->free_bytes == 0 || h->nb_overflow) return false;
+    if (tag_free_bytes(h, TAG_DEVICE_WIDE) == 0 || h->nb_overflow) return false;
     if (r->event_in_flight && !dw_query(h)) return false;
     if (r->frees_since_record > 0) {
         if (dw_any_capturing(h)) return false;
@@ -693,13 +748,13 @@ static void settle_all(heap_t *h, bool sync) {
     if (sync) {
         uint64_t before = h->stats.num_syncs;
         dw_sync(h);
-        device_synced = h->stats.num_syncs != before && h->tags[TAG_DEVICE_WIDE].free_bytes == 0;
+        device_synced = h->stats.num_syncs != before && tag_free_bytes(h, TAG_DEVICE_WIDE) == 0;
     } else {
         dw_settle_completed(h);
     }
     for (unsigned t = 1; t < TAG_DEVICE_WIDE; t++) {
         stream_rec_t *r = &h->tags[t];
-        if (!r->used || (r->free_bytes == 0 && !r->event_in_flight)) continue;
+        if (!r->used || (tag_free_bytes(h, t) == 0 && !r->event_in_flight)) continue;
         if (is_capturing(h, r->handle)) continue; /* its blocks stay unsettled until the capture ends */
         if (sync && !device_synced && stream_sync(h, r->handle) != CUA_SUCCESS) {
             /* A stream the driver will not synchronize (destroyed, or another device's): wait for
@@ -712,7 +767,7 @@ static void settle_all(heap_t *h, bool sync) {
             r->event_in_flight = false;
             r->frees_since_record = 0;
         }
-        if (h->vmm && r->free_bytes && !r->event_in_flight && r->frees_since_record == 0) settle_tag(h, t);
+        if (h->vmm && !r->event_in_flight && r->frees_since_record == 0 && tag_free_bytes(h, t)) settle_tag(h, t);
     }
 }
 
@@ -725,7 +780,7 @@ static bool settle_completed(heap_t *h, unsigned self) {
     if (dw_settle_completed(h)) settled = true;
     for (unsigned t = 1; t < TAG_DEVICE_WIDE; t++) {
         stream_rec_t *r = &h->tags[t];
-        if (t == self || !r->used || r->free_bytes == 0) continue;
+        if (t == self || !r->used || tag_free_bytes(h, t) == 0) continue;
         if (is_capturing(h, r->handle)) continue;
         if (r->event_in_flight) {
             cua_result q = h->drv->event_query(h->dev, r->event);
@@ -1138,14 +1193,17 @@ static void classic_garbage_collect(heap_t *h) {
 
 /* ------------------------------------------------------------------ allocation */
 
+/* VMM: the closer fit of the tag's own index and the settled (TAG_ANY) one. */
+static inline __attribute__((always_inline)) block_t *find_free_vmm(pool_t *p, unsigned tag, size_t rsize) {
+    findex_t *own = p->index[tag], *any = p->index[TAG_ANY];
+    block_t *a = own ? sizeclass_find(&own->sc, rsize) : NULL;
+    block_t *b = any && any->sc.count ? sizeclass_find(&any->sc, rsize) : NULL;
+    if (!a) return b;
+    return (b && b->size < a->size) ? b : a;
+}
+
 static block_t *find_free(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
-    if (h->vmm) {
-        findex_t *own = p->index[tag], *any = p->index[TAG_ANY];
-        block_t *a = own ? sizeclass_find(&own->sc, rsize) : NULL;
-        block_t *b = any && any->sc.count ? sizeclass_find(&any->sc, rsize) : NULL;
-        if (!a) return b;
-        return (b && b->size < a->size) ? b : a;
-    }
+    if (h->vmm) return find_free_vmm(p, tag, rsize);
     /* PyTorch's get_free_block, including its refusals under max_split_size. */
     findex_t *ix = p->index[tag];
     p->free_block_searches++;
@@ -1302,6 +1360,52 @@ static void report_oom(heap_t *h, size_t size, size_t rsize) {
     }
 }
 
+/* The front `size` bytes of b become a new record before it, in state `state`, tag `tag`, in no
+ * index; b keeps the rest (its addr and size are the caller's to change). NULL when no record
+ * could be had. Not for a segment's first block (b->prev must exist: see block_t). */
+static block_t *block_split_front(heap_t *h, block_t *b, size_t size, uint8_t state, unsigned tag) {
+    block_t *f = slab_alloc_uninit(&h->blocks);
+    if (!f) return NULL;
+    f->addr = b->addr;
+    f->size = size;
+    f->prev = b->prev;
+    f->next = b;
+    f->link.list.prev_free = f->link.list.next_free = NULL;
+    f->seg_prev = f->seg_next = NULL;
+    f->requested = 0;
+    f->stream = NULL;
+    f->prio = 0;
+    f->gc_base = 0;
+    f->tag = (uint16_t)tag;
+    f->state = state;
+    f->pool = b->pool;
+    f->quick_hint = 0;
+    f->prev->next = f;
+    b->prev = f;
+    return f;
+}
+
+/* Takes the front `rsize` bytes of FREE block b, found for them, out of the free index; returns the
+ * block that holds them (in no index). The rest, if it is to be split off, stays there as a FREE
+ * block of the same tag: in VMM mode b's own record, resized in place (unless b heads its
+ * segment), else a new one. (A split that gets no record leaves b whole: the caller then holds a
+ * little more than it asked for.) */
+static inline __attribute__((always_inline)) block_t *block_take(heap_t *h, pool_t *p, block_t *b, size_t rsize) {
+    if (h->vmm && b->size - rsize >= CUALLOC_ALIGN && b->prev) {
+        block_t *f = block_split_front(h, b, rsize, BLOCK_FREE, b->tag);
+        if (__builtin_expect(f != NULL, 1)) {
+            free_resize(h, p, b, b->addr + rsize, b->size - rsize);
+            return f;
+        }
+    }
+    free_remove(h, p, b);
+    if (should_split(h, p, b->size, rsize)) {
+        block_t *rest = block_split(h, b, rsize, BLOCK_FREE, b->tag);
+        if (rest) free_insert(h, p, rest);
+    }
+    return b;
+}
+
 /* The slow part of an allocation: flush the quick lists, search, grow or release; then carve the
  * block. Returns the ALLOCATED-to-be block (in no index) or NULL. */
 static block_t *alloc_search(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
@@ -1314,12 +1418,7 @@ static block_t *alloc_search(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
     }
     if (!b) b = h->vmm ? alloc_slow_vmm(h, p, tag, rsize) : alloc_slow_classic(h, p, tag, rsize);
     if (!b) return NULL;
-    free_remove(h, p, b);
-    if (should_split(h, p, b->size, rsize)) {
-        block_t *rest = block_split(h, b, rsize, BLOCK_FREE, b->tag);
-        if (rest) free_insert(h, p, rest);
-    }
-    return b;
+    return block_take(h, p, b, rsize);
 }
 
 /* Lock held; released here. */
@@ -1369,6 +1468,16 @@ static inline __attribute__((always_inline)) void free_tag(heap_t *h, block_t *b
     b->requested = 0;
 }
 
+/* The live map could not grow to take b (block_take'n for the request): b goes back, and the
+ * allocation fails. Lock held; released here. */
+static __attribute__((noinline, cold)) void alloc_untake(heap_t *h, pool_t *p, block_t *b, cua_stream stream, size_t size,
+                                                         size_t rsize) {
+    b->state = BLOCK_FREE;
+    b = coalesce_free(h, p, b);
+    free_insert(h, p, b);
+    alloc_fail(h, stream, size, rsize);
+}
+
 /* An allocation the quick lists did not serve: search, grow or release, then enter the block in
  * `live` (a parked block is there already; any other is not). Returns the block, or NULL after
  * alloc_fail (which unlocks). Part of alloc_after_miss, its only caller (out of line, so that
@@ -1381,9 +1490,7 @@ static inline __attribute__((always_inline)) block_t *alloc_miss(heap_t *h, pool
         return NULL;
     }
     if (__builtin_expect(!ptrmap_insert(&h->live, b->addr, b), 0)) {
-        b = coalesce_free(h, p, b);
-        free_insert(h, p, b);
-        alloc_fail(h, stream, size, rsize);
+        alloc_untake(h, p, b, stream, size, rsize);
         return NULL;
     }
     return b;
@@ -1430,6 +1537,28 @@ static inline void *alloc_finish(heap_t *h, pool_t *p, block_t *b, cua_stream st
     return (void *)b->addr;
 }
 
+static __attribute__((noinline, cold)) void *unlock_wake_ptr(heap_t *h, void *ret);
+
+/* heap_malloc's fast path in the large pool, whose blocks are never parked: every allocation there
+ * searches and splits. What alloc_after_miss does when the free indexes hold a fitting block, for
+ * the fast path's case (VMM, 512 B rounding, the previous call's stream, not recording), without
+ * its general checks and calls; a miss goes there. Lock held; released on return. */
+static __attribute__((noinline)) void *alloc_large_fast(heap_t *h, size_t size, size_t rsize, cua_stream stream) {
+    pool_t *p = &h->pools[POOL_LARGE];
+    block_t *b = find_free_vmm(p, h->last_tag, rsize);
+    if (__builtin_expect(!b, 0)) return alloc_after_miss(h, p, stream, h->last_tag, size, rsize);
+    b = block_take(h, p, b, rsize);
+    if (__builtin_expect(!ptrmap_insert(&h->live, b->addr, b), 0)) {
+        alloc_untake(h, p, b, stream, size, rsize);
+        return NULL;
+    }
+    account_alloc(h, b, b->size, size, stream);
+    update_inactive_split(h);
+    void *ptr = (void *)b->addr;
+    if (__builtin_expect(cua_unlock_nowake(&h->lock), 0)) return unlock_wake_ptr(h, ptr);
+    return ptr;
+}
+
 /* The fast paths' unlock when a waiter sleeps: wakes it and returns what the fast path would
  * have. Out of line and reached by tail calls, as the contended lock (heap_malloc_contended,
  * heap_free_contended): the fast paths then make no call that returns to them, and the compiler
@@ -1452,8 +1581,7 @@ static __attribute__((noinline, cold)) bool unlock_wake_true(heap_t *h) {
 static inline __attribute__((always_inline)) void *heap_malloc_locked(heap_t *h, size_t size, cua_stream stream) {
     if (__builtin_expect(stream == h->fast_alloc_stream && size - 1 < HEAP_MAX_REQUEST, 1)) {
         size_t rsize = (size + CUALLOC_ALIGN - 1) & ~(size_t)(CUALLOC_ALIGN - 1);
-        if (__builtin_expect(rsize > CUALLOC_SMALL_MAX, 0))
-            return alloc_after_miss(h, &h->pools[POOL_LARGE], stream, h->last_tag, size, rsize);
+        if (__builtin_expect(rsize > CUALLOC_SMALL_MAX, 0)) return alloc_large_fast(h, size, rsize, stream);
         pool_t *p = &h->pools[POOL_SMALL];
         block_t *b = quick_pop_keyed(h, p, rsize, rsize | h->last_tag_key, quick_index_hashed(rsize, h->last_tag_hash));
         if (__builtin_expect(b != NULL, 1)) {
@@ -1482,12 +1610,22 @@ cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
     return *out ? CUA_SUCCESS : CUA_ERROR_OUT_OF_MEMORY;
 }
 
-/* A FREE block (tag final, not in `live`) into its index, merged with its neighbours. */
+/* A just-freed block (tag final, out of `live` now) goes into its index, merged with its
+ * neighbours. */
+static inline __attribute__((always_inline)) void free_into_index(heap_t *h, pool_t *p, block_t *b) {
+    b->state = BLOCK_FREE;
+    if (h->vmm && b->tag != TAG_ANY) {
+        coalesce_insert_vmm(h, p, b);
+        return;
+    }
+    b = coalesce_free_inline(h, p, b);
+    free_insert(h, p, b);
+}
+
+/* The same for a block still in `live`. */
 static __attribute__((noinline)) void free_to_index(heap_t *h, pool_t *p, block_t *b) {
     ptrmap_remove(&h->live, b->addr);
-    b->state = BLOCK_FREE;
-    b = coalesce_free(h, p, b);
-    free_insert(h, p, b);
+    free_into_index(h, p, b);
 }
 
 /* A free on `tag`, or, when the tag table is full (tag == HEAP_MAX_TAGS) even after recycling,
@@ -1549,6 +1687,20 @@ static __attribute__((noinline)) bool free_locked(heap_t *h, block_t *b, cua_str
     return true;
 }
 
+/* heap_free's fast path in the large pool, whose blocks are never parked: what free_locked does for
+ * the fast path's case (VMM, an ALLOCATED block, the previous call's stream, not recording)
+ * without its general checks and calls. `slot`: b's in `live`. Lock held; released on return. */
+static __attribute__((noinline)) bool free_large_fast(heap_t *h, block_t *b, size_t slot) {
+    pool_t *p = &h->pools[POOL_LARGE];
+    account_free(h, b, b->size);
+    free_tag(h, b, h->last_tag);
+    ptrmap_remove_at(&h->live, slot);
+    free_into_index(h, p, b);
+    update_inactive_split(h);
+    if (__builtin_expect(cua_unlock_nowake(&h->lock), 0)) return unlock_wake_true(h);
+    return true;
+}
+
 /* free_locked for heap_free_in_range: a pointer it does not hold is reported. */
 static __attribute__((noinline)) bool free_locked_or_report(heap_t *h, block_t *b, cua_stream stream, void *ptr) {
     if (free_locked(h, b, stream, false)) return true;
@@ -1561,8 +1713,10 @@ static __attribute__((noinline)) bool free_locked_or_report(heap_t *h, block_t *
  * everything else goes there. Lock held; released on return. `report`: heap_free_in_range's (a
  * constant where inlined). */
 static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, void *ptr, cua_stream stream, bool report) {
-    block_t *b = ptrmap_get(&h->live, (uintptr_t)ptr);
-    if (__builtin_expect(b && b->state == BLOCK_ALLOCATED && stream == h->fast_free_stream && b->pool == POOL_SMALL, 1)) {
+    size_t slot = ptrmap_find(&h->live, (uintptr_t)ptr);
+    block_t *b = h->live.slots[slot].val;
+    if (__builtin_expect(b && b->state == BLOCK_ALLOCATED && stream == h->fast_free_stream, 1)) {
+        if (__builtin_expect(b->pool != POOL_SMALL, 0)) return free_large_fast(h, b, slot);
         unsigned tag = h->last_tag;
         size_t size = b->size;
         uint64_t key = size | h->last_tag_key;
@@ -1913,7 +2067,7 @@ static void nb_forget(heap_t *h, cua_stream stream) {
     for (unsigned i = 0; i < h->n_nb; i++) {
         if (h->nb[i].handle != stream) continue;
         stream_rec_t *dw = &h->tags[TAG_DEVICE_WIDE];
-        if (dw->free_bytes && (h->nb[i].in_flight || dw->frees_since_record)) {
+        if (tag_free_bytes(h, TAG_DEVICE_WIDE) && (h->nb[i].in_flight || dw->frees_since_record)) {
             if (is_capturing(h, stream) || stream_sync(h, stream) != CUA_SUCCESS) h->nb_overflow = true;
         }
         if (h->nb[i].event) h->drv->event_destroy(h->dev, h->nb[i].event);
@@ -1948,14 +2102,14 @@ void heap_stream_destroyed(heap_t *h, cua_stream stream) {
     for (unsigned t = 1; t < TAG_DEVICE_WIDE; t++) {
         stream_rec_t *r = &h->tags[t];
         if (!r->used || r->handle != stream) continue;
-        if (r->free_bytes) {
+        if (tag_free_bytes(h, t)) {
             /* The handle may come back for a new stream: its blocks must not stay tied to it. */
             stream_sync(h, stream);
             r->event_in_flight = false;
             r->frees_since_record = 0;
             if (h->vmm) settle_tag(h, t);
         }
-        if (!r->free_bytes) r->used = false;
+        if (!tag_free_bytes(h, t)) r->used = false;
         if (h->last_tag == t) last_set(h, NO_STREAM, 0);
     }
     cua_unlock(&h->lock);
@@ -2122,15 +2276,6 @@ int heap_check(heap_t *h, FILE *report) {
         free_mapped += p->mapped - pool_allocated;
         releasable += p->releasable;
     }
-    for (unsigned t = 0; t < HEAP_MAX_TAGS; t++) {
-        size_t bytes = 0;
-        for (int pi = 0; pi < POOL_COUNT; pi++) {
-            findex_t *ix = h->pools[pi].index[t];
-            if (ix) bytes += h->vmm ? ix->sc.bytes : ix->tree.bytes;
-        }
-        CHECK(&c, bytes == h->tags[t].free_bytes, "tag %u: indexes hold %zu B, the stream record says %zu",
-              t, bytes, h->tags[t].free_bytes);
-    }
     size_t listed = 0, listed_bytes = 0;
     for (unsigned i = 0; i < QUICK_BUCKETS; i++) {
         quick_t *q = &h->quick[i];
@@ -2212,7 +2357,7 @@ void heap_dump(heap_t *h, FILE *out) {
     for (unsigned t = 0; t < HEAP_MAX_TAGS; t++)
         if (h->tags[t].used)
             fprintf(out, "tag %u: stream %p free %zu in-flight %d frees-since-record %llu\n", t, (void *)h->tags[t].handle,
-                    h->tags[t].free_bytes, h->tags[t].event_in_flight, (unsigned long long)h->tags[t].frees_since_record);
+                    tag_free_bytes(h, t), h->tags[t].event_in_flight, (unsigned long long)h->tags[t].frees_since_record);
     cua_unlock(&h->lock);
 }
 

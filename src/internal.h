@@ -224,9 +224,52 @@ typedef struct ptrmap_s {
 } ptrmap_t;
 bool ptrmap_init(ptrmap_t *m);
 void ptrmap_destroy(ptrmap_t *m);
-bool ptrmap_insert(ptrmap_t *m, uintptr_t key, block_t *val); /* false when growing failed */
-block_t *ptrmap_get(const ptrmap_t *m, uintptr_t key);
-block_t *ptrmap_remove(ptrmap_t *m, uintptr_t key);
+bool ptrmap_grow(ptrmap_t *m); /* doubles the table; false when no memory could be had */
+/* Look-up, insertion and removal are inline: every allocation and free outside the quick lists
+ * makes one or two, and a call costs about as much as the work. An empty slot has key 0 and val
+ * NULL (keys are block addresses, never 0). */
+static inline size_t ptrmap_home(const ptrmap_t *m, uintptr_t key) {
+    /* Fibonacci hashing of the address without its always-zero low bits. */
+    return (size_t)(((uint64_t)(key >> 8) * 0x9E3779B97F4A7C15ull) >> m->shift);
+}
+/* The slot holding key, or the empty slot that ends its probe run. */
+static inline size_t ptrmap_find(const ptrmap_t *m, uintptr_t key) {
+    size_t i = ptrmap_home(m, key);
+    while (m->slots[i].key != key && m->slots[i].key) i = (i + 1) & m->mask;
+    return i;
+}
+static inline block_t *ptrmap_get(const ptrmap_t *m, uintptr_t key) { return m->slots[ptrmap_find(m, key)].val; }
+/* false when the table had to grow and could not */
+static inline bool ptrmap_insert(ptrmap_t *m, uintptr_t key, block_t *val) {
+    if (__builtin_expect((m->count + 1) * 2 > m->mask + 1, 0) && !ptrmap_grow(m)) return false;
+    size_t i = ptrmap_home(m, key);
+    while (m->slots[i].key) i = (i + 1) & m->mask;
+    m->slots[i].key = key;
+    m->slots[i].val = val;
+    m->count++;
+    return true;
+}
+/* Empties occupied slot i (from ptrmap_find), shifting later entries of its run back unless their
+ * home lies after the hole. */
+static inline void ptrmap_remove_at(ptrmap_t *m, size_t i) {
+    for (size_t j = (i + 1) & m->mask; m->slots[j].key; j = (j + 1) & m->mask) {
+        size_t h = ptrmap_home(m, m->slots[j].key);
+        if (((j - h) & m->mask) >= ((j - i) & m->mask)) {
+            m->slots[i] = m->slots[j];
+            i = j;
+        }
+    }
+    m->slots[i].key = 0;
+    m->slots[i].val = NULL;
+    m->count--;
+}
+/* The record under key, removed; NULL when key is not in the map. */
+static inline block_t *ptrmap_remove(ptrmap_t *m, uintptr_t key) {
+    size_t i = ptrmap_find(m, key);
+    block_t *val = m->slots[i].val;
+    if (val) ptrmap_remove_at(m, i);
+    return val;
+}
 void ptrmap_foreach(const ptrmap_t *m, void (*fn)(block_t *, void *), void *arg);
 int ptrmap_check(const ptrmap_t *m, FILE *report);
 
@@ -259,12 +302,11 @@ static inline void sizeclass_mapping(size_t size, unsigned *fl, unsigned *sl) {
         *sl = (unsigned)(u >> (f - SC_SL_LOG2)) - SC_SL_COUNT;
     }
 }
-/* Insert and remove are inline: the heap's miss path does one or two of each per request, and a
- * call costs as much as the work. A block goes to the front of its bin (sizeclass_find's choice
- * among equals depends on that order). */
-static inline void sizeclass_insert(sizeclass_t *sc, block_t *b) {
-    unsigned fl, sl;
-    sizeclass_mapping(b->size, &fl, &sl);
+/* Insert, remove and resize are inline: the heap's miss path does one or two of them per request,
+ * and a call costs as much as the work. A block goes to the front of its bin (sizeclass_find's
+ * choice among equals depends on that order). link/unlink do the lists and bitmaps, not the
+ * counters. */
+static inline void sizeclass_link(sizeclass_t *sc, block_t *b, unsigned fl, unsigned sl) {
     block_t *head = sc->bins[fl][sl];
     b->link.list.prev_free = NULL;
     b->link.list.next_free = head;
@@ -273,10 +315,8 @@ static inline void sizeclass_insert(sizeclass_t *sc, block_t *b) {
     b->bin = (uint16_t)(fl * SC_SL_COUNT + sl);
     sc->sl_bitmap[fl] |= 1u << sl;
     sc->fl_bitmap |= 1ull << fl;
-    sc->count++;
-    sc->bytes += b->size;
 }
-static inline void sizeclass_remove(sizeclass_t *sc, block_t *b) {
+static inline void sizeclass_unlink(sizeclass_t *sc, block_t *b) {
     block_t *p = b->link.list.prev_free, *n = b->link.list.next_free;
     if (n) n->link.list.prev_free = p;
     if (p) {
@@ -289,9 +329,30 @@ static inline void sizeclass_remove(sizeclass_t *sc, block_t *b) {
             if (!sc->sl_bitmap[fl]) sc->fl_bitmap &= ~(1ull << fl);
         }
     }
+}
+static inline void sizeclass_insert(sizeclass_t *sc, block_t *b) {
+    unsigned fl, sl;
+    sizeclass_mapping(b->size, &fl, &sl);
+    sizeclass_link(sc, b, fl, sl);
+    sc->count++;
+    sc->bytes += b->size;
+}
+static inline void sizeclass_remove(sizeclass_t *sc, block_t *b) {
+    sizeclass_unlink(sc, b);
     b->link.list.prev_free = b->link.list.next_free = NULL;
     sc->count--;
     sc->bytes -= b->size;
+}
+/* b, in the index, takes size `size`: it ends at the front of that size's bin, exactly as remove
+ * then insert would leave it, and when it heads that bin already nothing moves. */
+static inline void sizeclass_resize(sizeclass_t *sc, block_t *b, size_t size) {
+    unsigned fl, sl;
+    sizeclass_mapping(size, &fl, &sl);
+    sc->bytes += size - b->size;
+    b->size = size;
+    if (b->bin == fl * SC_SL_COUNT + sl && !b->link.list.prev_free) return;
+    sizeclass_unlink(sc, b);
+    sizeclass_link(sc, b, fl, sl);
 }
 /* A block of size >= size: the best fit among a few of the request's own bin, else the first of
  * the next non-empty bin (every block there is larger). NULL when none. Does not remove it. */

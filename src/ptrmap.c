@@ -1,17 +1,13 @@
 /* ptrmap.c — the map from an allocated block's address to its record, used by every free. Open
  * addressing, linear probing, backward-shift deletion (no tombstones, so probe runs stay short
- * under the alloc/free churn of training). It owns only its table; blocks belong to heap.c. */
+ * under the alloc/free churn of training). It owns only its table; blocks belong to heap.c. The
+ * operations every allocation and free make are inline in internal.h; this file holds the rest. */
 #include <string.h>
 #include <sys/mman.h>
 
 #include "internal.h"
 
 #define PTRMAP_MIN_CAPACITY 1024
-
-static inline size_t ptrmap_home(const ptrmap_t *m, uintptr_t key) {
-    /* Fibonacci hashing of the address without its always-zero low bits. */
-    return (size_t)(((uint64_t)(key >> 8) * 0x9E3779B97F4A7C15ull) >> m->shift);
-}
 
 static ptrmap_entry_t *ptrmap_table(size_t capacity) {
     void *p = mmap(NULL, capacity * sizeof(ptrmap_entry_t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -39,7 +35,7 @@ static void ptrmap_place(ptrmap_t *m, uintptr_t key, block_t *val) {
     m->slots[i].val = val;
 }
 
-static bool ptrmap_grow(ptrmap_t *m) {
+bool ptrmap_grow(ptrmap_t *m) {
     size_t old_cap = m->mask + 1, cap = old_cap * 2;
     ptrmap_entry_t *old = m->slots, *fresh = ptrmap_table(cap);
     if (!fresh) return false;
@@ -52,41 +48,7 @@ static bool ptrmap_grow(ptrmap_t *m) {
     return true;
 }
 
-bool ptrmap_insert(ptrmap_t *m, uintptr_t key, block_t *val) {
-    if ((m->count + 1) * 2 > m->mask + 1 && !ptrmap_grow(m)) return false;
-    ptrmap_place(m, key, val);
-    m->count++;
-    return true;
-}
-
-block_t *ptrmap_get(const ptrmap_t *m, uintptr_t key) {
-    for (size_t i = ptrmap_home(m, key);; i = (i + 1) & m->mask) {
-        if (m->slots[i].key == key) return m->slots[i].val;
-        if (!m->slots[i].key) return NULL;
-    }
-}
-
-block_t *ptrmap_remove(ptrmap_t *m, uintptr_t key) {
-    if (!key) return NULL;
-    size_t i = ptrmap_home(m, key);
-    while (m->slots[i].key != key) {
-        if (!m->slots[i].key) return NULL;
-        i = (i + 1) & m->mask;
-    }
-    block_t *val = m->slots[i].val;
-    /* Shift later entries of the run back unless their home lies after the hole. */
-    for (size_t j = (i + 1) & m->mask; m->slots[j].key; j = (j + 1) & m->mask) {
-        size_t h = ptrmap_home(m, m->slots[j].key);
-        if (((j - h) & m->mask) >= ((j - i) & m->mask)) {
-            m->slots[i] = m->slots[j];
-            i = j;
-        }
-    }
-    m->slots[i].key = 0;
-    m->slots[i].val = NULL;
-    m->count--;
-    return val;
-}
+/* (Look-up, insertion and removal are inline in internal.h.) */
 
 void ptrmap_foreach(const ptrmap_t *m, void (*fn)(block_t *, void *), void *arg) {
     for (size_t i = 0; i <= m->mask; i++)
