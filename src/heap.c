@@ -98,6 +98,7 @@ typedef struct stream_rec_s {
  * pool; a bucket that holds blocks has its bit set in its
  * pool's quick_nonempty (a set bit may be stale: the list empty, or holding the other pool's
  * blocks); a non-empty list's key hashes to its bucket; quick_bytes is their total. */
+#define LARGE_GRANULE_SHIFT 20 /* 1 MiB == CUALLOC_SMALL_MAX: see pool_t.by_mib */
 #define QUICK_BUCKETS_LOG2 10
 #define QUICK_BUCKETS (1u << QUICK_BUCKETS_LOG2)
 #define QUICK_DEPTH 64
@@ -128,6 +129,11 @@ typedef struct pool_s {
                                   * now (CACHED: once flushed) */
     uint64_t quick_nonempty[QUICK_BUCKETS / 64]; /* bit i set if quick[i] holds blocks of this pool
                                   * (may be stale; cleared by the flushes) */
+    block_t **by_mib;            /* VMM large pool: the ALLOCATED blocks, each at the 1 MiB granule of
+                                  * the reservation its address falls in, NULL elsewhere (mmap'd,
+                                  * va_size >> LARGE_GRANULE_SHIFT entries). Its blocks are larger
+                                  * than 1 MiB, so no two start in one granule: a free finds its block
+                                  * with one load, and an allocation enters it with one store. */
 } pool_t;
 
 struct heap_s {
@@ -157,7 +163,8 @@ struct heap_s {
     cua_stream fast_alloc_stream;
     uint64_t last_tag_key;
     uint32_t last_tag_hash;
-    ptrmap_t live;               /* ALLOCATED and CACHED blocks by address */
+    ptrmap_t live;               /* ALLOCATED and CACHED blocks by address, but for the VMM large
+                                  * pool's ALLOCATED ones, which are in its by_mib (live_get) */
     slab_t blocks;               /* block records */
     cualloc_stats stats;
     unsigned oom_reports;        /* reports printed, to keep a failing loop from flooding */
@@ -184,6 +191,41 @@ struct heap_s {
 static inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 static inline size_t align_down(size_t v, size_t a) { return v / a * a; }
 static inline unsigned floor_log2(uint64_t v) { return 63u - (unsigned)__builtin_clzll(v); }
+
+/* ------------------------------------------------------------------ live blocks */
+
+/* The ALLOCATED and CACHED blocks by address: pool_t.by_mib for the VMM large pool's, `live` for
+ * the others. */
+static inline bool in_large_va(const heap_t *h, uintptr_t a) {
+    const pool_t *p = &h->pools[POOL_LARGE];
+    return a - p->va_base < p->va_size; /* va_size is 0 in classic mode */
+}
+static inline size_t by_mib_bytes(const pool_t *p) {
+    size_t entries = (p->va_size + ((size_t)1 << LARGE_GRANULE_SHIFT) - 1) >> LARGE_GRANULE_SHIFT;
+    return (entries * sizeof(block_t *) + 4095) & ~(size_t)4095;
+}
+static inline block_t **large_slot(const pool_t *p, uintptr_t a) {
+    return &p->by_mib[(a - p->va_base) >> LARGE_GRANULE_SHIFT];
+}
+static block_t *live_get(const heap_t *h, uintptr_t a) {
+    if (in_large_va(h, a)) {
+        block_t *b = *large_slot(&h->pools[POOL_LARGE], a);
+        return b && b->addr == a ? b : NULL;
+    }
+    return ptrmap_get(&h->live, a);
+}
+/* False when `live` had to grow and could not. */
+static inline __attribute__((always_inline)) bool live_insert(heap_t *h, block_t *b) {
+    if (in_large_va(h, b->addr)) {
+        *large_slot(&h->pools[POOL_LARGE], b->addr) = b;
+        return true;
+    }
+    return ptrmap_insert(&h->live, b->addr, b);
+}
+static inline __attribute__((always_inline)) void live_remove(heap_t *h, block_t *b) {
+    if (in_large_va(h, b->addr)) *large_slot(&h->pools[POOL_LARGE], b->addr) = NULL;
+    else ptrmap_remove(&h->live, b->addr);
+}
 
 /* ------------------------------------------------------------------ rounding */
 
@@ -344,8 +386,9 @@ static inline __attribute__((always_inline)) void free_resize(heap_t *h, pool_t 
  * tag not TAG_ANY), merging in place where it can: into its lower neighbour when that one has b's
  * tag, else into its upper neighbour when that one has b's tag and b does not head its segment (a
  * segment's first record lives as long as the segment). The surviving record is then resized, not
- * taken out and put back; the addresses, tags and bin order that result are coalesce_free's. */
-static inline __attribute__((always_inline)) void coalesce_insert_vmm(heap_t *h, pool_t *p, block_t *b) {
+ * taken out and put back; the addresses, tags and bin order that result are coalesce_free's.
+ * Returns the merged block (in its index). */
+static inline __attribute__((always_inline)) block_t *coalesce_insert_vmm(heap_t *h, pool_t *p, block_t *b) {
     block_t *pr = b->prev, *n = b->next;
     unsigned tag = b->tag;
     bool next_free = n && n->state == BLOCK_FREE && tags_compatible(tag, n->tag);
@@ -363,17 +406,18 @@ static inline __attribute__((always_inline)) void coalesce_insert_vmm(heap_t *h,
         if (last != b) slab_free(&h->blocks, last);
         slab_free(&h->blocks, b);
         free_resize(h, p, pr, pr->addr, size);
-        return;
+        return pr;
     }
     if (next_free && n->tag == tag && pr && !(pr->state == BLOCK_FREE && tags_compatible(pr->tag, tag))) {
         pr->next = n;
         n->prev = pr;
         free_resize(h, p, n, b->addr, b->size + n->size);
         slab_free(&h->blocks, b);
-        return;
+        return n;
     }
     b = coalesce_free_inline(h, p, b);
     free_insert(h, p, b);
+    return b;
 }
 
 /* Merges UNMAPPED block b (in no index) with UNMAPPED neighbours. */
@@ -515,10 +559,14 @@ static bool quick_evict(heap_t *h, unsigned i, pool_id_t want, unsigned tag, siz
         q->count--;
         h->quick_bytes -= b->size;
         cached_account_sub(h, p, b);
-        ptrmap_remove(&h->live, b->addr);
+        ptrmap_remove(&h->live, b->addr); /* (small pool: in `live`) */
         b->state = BLOCK_FREE;
-        b = coalesce_free_inline(h, p, b);
-        free_insert(h, p, b);
+        if (__builtin_expect(b->tag != TAG_ANY, 1)) { /* (quick lists are VMM's, tags streams') */
+            b = coalesce_insert_vmm(h, p, b);
+        } else {
+            b = coalesce_free_inline(h, p, b);
+            free_insert(h, p, b);
+        }
         if (b->pool == want && (b->tag == tag || b->tag == TAG_ANY) && b->size >= size) fit = true;
     }
     return fit;
@@ -1363,7 +1411,8 @@ static void report_oom(heap_t *h, size_t size, size_t rsize) {
 /* The front `size` bytes of b become a new record before it, in state `state`, tag `tag`, in no
  * index; b keeps the rest (its addr and size are the caller's to change). NULL when no record
  * could be had. Not for a segment's first block (b->prev must exist: see block_t). */
-static block_t *block_split_front(heap_t *h, block_t *b, size_t size, uint8_t state, unsigned tag) {
+static inline __attribute__((always_inline)) block_t *block_split_front(heap_t *h, block_t *b, size_t size, uint8_t state,
+                                                                       unsigned tag) {
     block_t *f = slab_alloc_uninit(&h->blocks);
     if (!f) return NULL;
     f->addr = b->addr;
@@ -1489,7 +1538,7 @@ static inline __attribute__((always_inline)) block_t *alloc_miss(heap_t *h, pool
         alloc_fail(h, stream, size, rsize);
         return NULL;
     }
-    if (__builtin_expect(!ptrmap_insert(&h->live, b->addr, b), 0)) {
+    if (__builtin_expect(!live_insert(h, b), 0)) {
         alloc_untake(h, p, b, stream, size, rsize);
         return NULL;
     }
@@ -1548,10 +1597,7 @@ static __attribute__((noinline)) void *alloc_large_fast(heap_t *h, size_t size, 
     block_t *b = find_free_vmm(p, h->last_tag, rsize);
     if (__builtin_expect(!b, 0)) return alloc_after_miss(h, p, stream, h->last_tag, size, rsize);
     b = block_take(h, p, b, rsize);
-    if (__builtin_expect(!ptrmap_insert(&h->live, b->addr, b), 0)) {
-        alloc_untake(h, p, b, stream, size, rsize);
-        return NULL;
-    }
+    *large_slot(p, b->addr) = b;
     account_alloc(h, b, b->size, size, stream);
     update_inactive_split(h);
     void *ptr = (void *)b->addr;
@@ -1615,7 +1661,7 @@ cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
 static inline __attribute__((always_inline)) void free_into_index(heap_t *h, pool_t *p, block_t *b) {
     b->state = BLOCK_FREE;
     if (h->vmm && b->tag != TAG_ANY) {
-        coalesce_insert_vmm(h, p, b);
+        (void)coalesce_insert_vmm(h, p, b);
         return;
     }
     b = coalesce_free_inline(h, p, b);
@@ -1624,7 +1670,7 @@ static inline __attribute__((always_inline)) void free_into_index(heap_t *h, poo
 
 /* The same for a block still in `live`. */
 static __attribute__((noinline)) void free_to_index(heap_t *h, pool_t *p, block_t *b) {
-    ptrmap_remove(&h->live, b->addr);
+    live_remove(h, b);
     free_into_index(h, p, b);
 }
 
@@ -1689,12 +1735,12 @@ static __attribute__((noinline)) bool free_locked(heap_t *h, block_t *b, cua_str
 
 /* heap_free's fast path in the large pool, whose blocks are never parked: what free_locked does for
  * the fast path's case (VMM, an ALLOCATED block, the previous call's stream, not recording)
- * without its general checks and calls. `slot`: b's in `live`. Lock held; released on return. */
-static __attribute__((noinline)) bool free_large_fast(heap_t *h, block_t *b, size_t slot) {
+ * without its general checks and calls. `slot`: b's in by_mib. Lock held; released on return. */
+static __attribute__((noinline)) bool free_large_fast(heap_t *h, block_t *b, block_t **slot) {
     pool_t *p = &h->pools[POOL_LARGE];
     account_free(h, b, b->size);
     free_tag(h, b, h->last_tag);
-    ptrmap_remove_at(&h->live, slot);
+    *slot = NULL;
     free_into_index(h, p, b);
     update_inactive_split(h);
     if (__builtin_expect(cua_unlock_nowake(&h->lock), 0)) return unlock_wake_true(h);
@@ -1709,14 +1755,23 @@ static __attribute__((noinline)) bool free_locked_or_report(heap_t *h, block_t *
 }
 
 /* The fast path: a VMM free of an allocated block on the stream of the previous call, whose quick
- * list has room, not recording. What free_locked would do for that case and nothing else;
- * everything else goes there. Lock held; released on return. `report`: heap_free_in_range's (a
- * constant where inlined). */
+ * list has room (or that lies in the large pool), not recording. What free_locked would do for
+ * that case and nothing else; everything else goes there. Lock held; released on return.
+ * `report`: heap_free_in_range's (a constant where inlined). */
 static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, void *ptr, cua_stream stream, bool report) {
-    size_t slot = ptrmap_find(&h->live, (uintptr_t)ptr);
-    block_t *b = h->live.slots[slot].val;
+    uintptr_t a = (uintptr_t)ptr;
+    block_t *b;
+    if (__builtin_expect(in_large_va(h, a), 0)) {
+        block_t **slot = large_slot(&h->pools[POOL_LARGE], a);
+        b = *slot;
+        if (b && b->addr != a) b = NULL;
+        if (__builtin_expect(b && stream == h->fast_free_stream, 1)) return free_large_fast(h, b, slot);
+        return report ? free_locked_or_report(h, b, stream, ptr) : free_locked(h, b, stream, false);
+    }
+    /* Below: `live`, which holds the small pool's blocks in VMM mode (the only mode of the fast
+     * stream). */
+    b = ptrmap_get(&h->live, a);
     if (__builtin_expect(b && b->state == BLOCK_ALLOCATED && stream == h->fast_free_stream, 1)) {
-        if (__builtin_expect(b->pool != POOL_SMALL, 0)) return free_large_fast(h, b, slot);
         unsigned tag = h->last_tag;
         size_t size = b->size;
         uint64_t key = size | h->last_tag_key;
@@ -1766,7 +1821,7 @@ bool heap_free_device_wide(heap_t *h, void *ptr) {
     cua_lock(&h->lock);
     /* No known non-blocking stream: the legacy stream orders every other one, so this is a free on
      * it (reused at once by the legacy stream, by others after its event). */
-    return free_locked(h, ptrmap_get(&h->live, (uintptr_t)ptr), NULL, h->n_nb > 0 || h->nb_overflow);
+    return free_locked(h, live_get(h, (uintptr_t)ptr), NULL, h->n_nb > 0 || h->nb_overflow);
 }
 
 /* ------------------------------------------------------------------ lifecycle */
@@ -1780,6 +1835,11 @@ static cua_result pool_init_vmm(heap_t *h, pool_t *p, size_t chunk, size_t va_si
     void *mem = mmap(NULL, table, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (mem == MAP_FAILED) return CUA_ERROR_OUT_OF_MEMORY;
     p->chunks = mem;
+    if (p->id == POOL_LARGE) {
+        mem = mmap(NULL, by_mib_bytes(p), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (mem == MAP_FAILED) return CUA_ERROR_OUT_OF_MEMORY;
+        p->by_mib = mem;
+    }
     cua_devptr va = 0;
     cua_result r = h->drv->va_reserve(h->dev, p->va_size, chunk, &va);
     if (r != CUA_SUCCESS) return r;
@@ -1909,6 +1969,7 @@ void heap_destroy(heap_t *h) {
             seg = next_seg;
         }
         if (p->chunks) munmap(p->chunks, align_up(p->nchunks * sizeof(cua_memhandle), 4096));
+        if (p->by_mib) munmap(p->by_mib, by_mib_bytes(p));
         for (unsigned t = 0; t < HEAP_MAX_TAGS; t++)
             if (p->index[t]) munmap(p->index[t], sizeof(findex_t));
     }
@@ -1934,7 +1995,7 @@ bool heap_owns(heap_t *h, const void *ptr) {
         return false;
     }
     cua_lock(&h->lock);
-    block_t *b = ptrmap_get(&h->live, a);
+    block_t *b = live_get(h, a);
     bool owned = b && b->state == BLOCK_ALLOCATED;
     cua_unlock(&h->lock);
     return owned;
@@ -1942,7 +2003,7 @@ bool heap_owns(heap_t *h, const void *ptr) {
 
 size_t heap_block_size(heap_t *h, const void *ptr) {
     cua_lock(&h->lock);
-    block_t *b = ptrmap_get(&h->live, (uintptr_t)ptr);
+    block_t *b = live_get(h, (uintptr_t)ptr);
     size_t n = b && b->state == BLOCK_ALLOCATED ? b->requested : SIZE_MAX;
     cua_unlock(&h->lock);
     return n;
@@ -1951,7 +2012,7 @@ size_t heap_block_size(heap_t *h, const void *ptr) {
 bool heap_block_range(heap_t *h, const void *ptr, uintptr_t *base, size_t *size) {
     uintptr_t a = (uintptr_t)ptr;
     cua_lock(&h->lock);
-    block_t *found = ptrmap_get(&h->live, a);
+    block_t *found = live_get(h, a);
     if (found && found->state != BLOCK_ALLOCATED) found = NULL; /* parked: free */
     /* An interior pointer: walk the blocks of the segment holding it (O(blocks); rare queries). */
     for (int pi = 0; pi < POOL_COUNT && !found; pi++) {
@@ -2004,7 +2065,7 @@ void heap_peer_enabled(heap_t *h) {
 }
 
 block_t *heap_test_find_block(heap_t *h, const void *ptr) {
-    block_t *b = ptrmap_get(&h->live, (uintptr_t)ptr);
+    block_t *b = live_get(h, (uintptr_t)ptr);
     return b && b->state == BLOCK_ALLOCATED ? b : NULL;
 }
 bool heap_is_vmm(const heap_t *h) { return h->vmm; }
@@ -2184,7 +2245,7 @@ static size_t check_pool(check_ctx_t *c, pool_t *p) {
             case BLOCK_ALLOCATED:
                 allocated += b->size;
                 c->allocated_blocks++;
-                CHECK(c, ptrmap_get(&h->live, b->addr) == b, "allocated block %#lx missing from the live map", (unsigned long)b->addr);
+                CHECK(c, live_get(h, b->addr) == b, "allocated block %#lx missing from the live map", (unsigned long)b->addr);
                 break;
             case BLOCK_FREE:
                 free_mapped += b->size;
@@ -2326,8 +2387,19 @@ int heap_check(heap_t *h, FILE *report) {
     CHECK(&c, h->stats.reserved_bytes <= h->cap, "reserved %zu exceeds the cap %zu", h->stats.reserved_bytes, h->cap);
     CHECK(&c, h->stats.inactive_split_bytes == heap_inactive_split(h), "inactive_split_bytes is stale");
     CHECK(&c, h->stats.requested_bytes <= h->stats.allocated_bytes, "requested exceeds allocated");
-    CHECK(&c, c.allocated_blocks + c.cached_blocks == h->live.count, "%zu allocated and %zu cached blocks, live map holds %zu",
-          c.allocated_blocks, c.cached_blocks, h->live.count);
+    /* by_mib: only ALLOCATED large-pool blocks, each at its own granule. */
+    size_t large_live = 0;
+    const pool_t *lp = &h->pools[POOL_LARGE];
+    for (size_t i = 0; lp->by_mib && i < by_mib_bytes(lp) / sizeof(block_t *); i++) {
+        block_t *b = lp->by_mib[i];
+        if (!b) continue;
+        large_live++;
+        CHECK(&c, b->state == BLOCK_ALLOCATED && b->pool == POOL_LARGE && large_slot(lp, b->addr) == &lp->by_mib[i],
+              "large-pool map entry %zu holds block %#lx (state %d, pool %d)", i, (unsigned long)b->addr, b->state, b->pool);
+    }
+    CHECK(&c, c.allocated_blocks + c.cached_blocks == h->live.count + large_live,
+          "%zu allocated and %zu cached blocks, live maps hold %zu + %zu", c.allocated_blocks, c.cached_blocks,
+          h->live.count, large_live);
     CHECK(&c, h->stats.num_allocs - h->stats.num_frees == c.allocated_blocks, "allocs - frees = %llu, allocated blocks %zu",
           (unsigned long long)(h->stats.num_allocs - h->stats.num_frees), c.allocated_blocks);
     c.bad += ptrmap_check(&h->live, report);

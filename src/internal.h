@@ -354,9 +354,37 @@ static inline void sizeclass_resize(sizeclass_t *sc, block_t *b, size_t size) {
     sizeclass_unlink(sc, b);
     sizeclass_link(sc, b, fl, sl);
 }
+/* How many blocks of the request's own bin are examined for a closer fit before moving on to the
+ * next non-empty bin, whose every block is large enough. Bounds search at O(1). */
+#define SC_OWN_BIN_SCAN 8
+/* sizeclass_find's last chance, out of line: the best fit in bin (fl, sl) beyond the first few. */
+block_t *sizeclass_find_rest(const sizeclass_t *sc, unsigned fl, unsigned sl, size_t size);
 /* A block of size >= size: the best fit among a few of the request's own bin, else the first of
  * the next non-empty bin (every block there is larger). NULL when none. Does not remove it. */
-block_t *sizeclass_find(const sizeclass_t *sc, size_t size);
+static inline block_t *sizeclass_find(const sizeclass_t *sc, size_t size) {
+    unsigned fl, sl;
+    sizeclass_mapping(size, &fl, &sl);
+    if (!sc->fl_bitmap) return NULL;
+    /* Own bin: it may hold blocks both smaller and larger than the request. */
+    block_t *best = NULL;
+    int scanned = 0;
+    for (block_t *b = sc->bins[fl][sl]; b && scanned < SC_OWN_BIN_SCAN; b = b->link.list.next_free, scanned++) {
+        if (b->size == size) return b;
+        if (b->size > size && (!best || b->size < best->size)) best = b;
+    }
+    if (best) return best;
+    /* Every block of a higher bin is larger than the request. */
+    uint32_t sl_map = (uint32_t)(((uint64_t)sc->sl_bitmap[fl] >> (sl + 1)) << (sl + 1));
+    if (sl_map) return sc->bins[fl][__builtin_ctz(sl_map)];
+    uint64_t fl_map = fl + 1 < 64 ? (sc->fl_bitmap >> (fl + 1)) << (fl + 1) : 0;
+    if (fl_map) {
+        unsigned f = (unsigned)__builtin_ctzll(fl_map);
+        return sc->bins[f][__builtin_ctz(sc->sl_bitmap[f])];
+    }
+    /* Nothing larger anywhere: the rest of the own bin is the last chance, so NULL always means
+     * that no block is large enough. */
+    return scanned == SC_OWN_BIN_SCAN ? sizeclass_find_rest(sc, fl, sl, size) : NULL;
+}
 /* The largest block (scans the top non-empty bin). NULL when empty. */
 block_t *sizeclass_largest(const sizeclass_t *sc);
 /* Calls fn on every block (order unspecified); fn must not modify the index. */

@@ -4,42 +4,19 @@
  *
  * Sizes are multiples of 512 B, counted in units u = size / 512. Units below 32 each have an exact
  * bin (first level 0); above, each power of two [2^f, 2^(f+1)) is cut into 32 equal bins. The
- * mapping, insert and remove are inline in internal.h (the heap's miss path calls them often).
+ * mapping, insert, remove, resize and search are inline in internal.h (the heap's miss path calls
+ * them often).
  */
 #include <string.h>
 
 #include "internal.h"
 
-/* How many blocks of the request's own bin are examined for a closer fit before moving on to the
- * next non-empty bin, whose every block is large enough. Bounds search at O(1). */
-#define SC_OWN_BIN_SCAN 8
-
 static inline unsigned floor_log2(uint64_t v) { return 63u - (unsigned)__builtin_clzll(v); }
 
 void sizeclass_init(sizeclass_t *sc) { memset(sc, 0, sizeof *sc); }
 
-block_t *sizeclass_find(const sizeclass_t *sc, size_t size) {
-    unsigned fl, sl;
-    sizeclass_mapping(size, &fl, &sl);
-    if (!sc->fl_bitmap) return NULL;
-    /* Own bin: it may hold blocks both smaller and larger than the request. */
+block_t *sizeclass_find_rest(const sizeclass_t *sc, unsigned fl, unsigned sl, size_t size) {
     block_t *best = NULL;
-    int scanned = 0;
-    for (block_t *b = sc->bins[fl][sl]; b && scanned < SC_OWN_BIN_SCAN; b = b->link.list.next_free, scanned++) {
-        if (b->size == size) return b;
-        if (b->size > size && (!best || b->size < best->size)) best = b;
-    }
-    if (best) return best;
-    /* Every block of a higher bin is larger than the request. */
-    uint32_t sl_map = (uint32_t)(((uint64_t)sc->sl_bitmap[fl] >> (sl + 1)) << (sl + 1));
-    if (sl_map) return sc->bins[fl][__builtin_ctz(sl_map)];
-    uint64_t fl_map = fl + 1 < 64 ? (sc->fl_bitmap >> (fl + 1)) << (fl + 1) : 0;
-    if (fl_map) {
-        unsigned f = (unsigned)__builtin_ctzll(fl_map);
-        return sc->bins[f][__builtin_ctz(sc->sl_bitmap[f])];
-    }
-    /* Nothing larger anywhere: the rest of the own bin is the last chance, so NULL always means
-     * that no block is large enough. */
     for (block_t *b = sc->bins[fl][sl]; b; b = b->link.list.next_free)
         if (b->size >= size && (!best || b->size < best->size)) best = b;
     return best;
