@@ -89,15 +89,13 @@ typedef struct stream_rec_s {
  * grow the heap, before anything is settled or released, so they never cost physical memory; a
  * search that misses in the small pool merges back only as many lists as it needs, so that the
  * other sizes stay parked. 1024 buckets keep collisions between recurring sizes rare; a bitmap of
- * the non-empty ones per pool keeps flushes from visiting the rest, or the other pool's lists.
- * The bitmaps are cleared lazily, by the flushes that find a bit stale, so that taking a list's
- * last block does not touch them. A list's key stays when it empties; it is only ever set on the
+ * the non-empty ones keeps flushes from visiting the rest. It is cleared lazily, by the flushes
+ * that find a bit stale, so that taking a list's last block does not touch it. A list's key stays when it empties; it is only ever set on the
  * bucket its key hashes to, so a key that matches also names the right bucket (the free path's
  * hint relies on it).
  * Invariant: every CACHED block is on exactly the list of its (size, tag) and lies in the small
- * pool; a bucket that holds blocks has its bit set in its
- * pool's quick_nonempty (a set bit may be stale: the list empty, or holding the other pool's
- * blocks); a non-empty list's key hashes to its bucket; quick_bytes is their total. */
+ * pool; a bucket that holds blocks has its bit set in quick_nonempty (a set bit may be stale: the
+ * list empty); a non-empty list's key hashes to its bucket; quick_bytes is their total. */
 #define LARGE_GRANULE_SHIFT 20 /* 1 MiB == CUALLOC_SMALL_MAX: see pool_t.by_mib */
 #define QUICK_BUCKETS_LOG2 10
 #define QUICK_BUCKETS (1u << QUICK_BUCKETS_LOG2)
@@ -127,8 +125,6 @@ typedef struct pool_s {
                                   * pay for a figure only heap_check reads) */
     size_t releasable;           /* bytes of FREE and CACHED blocks that could be unmapped/freed
                                   * now (CACHED: once flushed) */
-    uint64_t quick_nonempty[QUICK_BUCKETS / 64]; /* bit i set if quick[i] holds blocks of this pool
-                                  * (may be stale; cleared by the flushes) */
     block_t **by_mib;            /* VMM large pool: the ALLOCATED blocks, each at the 1 MiB granule of
                                   * the reservation its address falls in, NULL elsewhere (mmap'd,
                                   * va_size >> LARGE_GRANULE_SHIFT entries). Its blocks are larger
@@ -170,7 +166,9 @@ struct heap_s {
     unsigned oom_reports;        /* reports printed, to keep a failing loop from flooding */
     quick_t quick[QUICK_BUCKETS];
     size_t quick_bytes;          /* bytes of CACHED blocks, all buckets */
-    unsigned quick_cursor;       /* the word of the quick_nonempty bitmaps where the next partial
+    uint64_t quick_nonempty[QUICK_BUCKETS / 64]; /* bit i set if quick[i] holds blocks (may be
+                                  * stale; cleared by the flushes) */
+    unsigned quick_cursor;       /* the word of quick_nonempty where the next partial
                                   * flush starts */
     cua_memhandle pending_release[HEAP_PENDING_RELEASES]; /* unmapped handles the driver would not release yet */
     size_t npending;
@@ -504,7 +502,7 @@ static inline void quick_park(heap_t *h, pool_t *p, block_t *b, size_t size, uns
     if (!q->head) {
         q->key = key;
         q->ref = false;
-        p->quick_nonempty[i / 64] |= (uint64_t)1 << (i % 64);
+        h->quick_nonempty[i / 64] |= (uint64_t)1 << (i % 64);
     }
     b->quick_hint = (uint16_t)i;
     b->state = BLOCK_CACHED;
@@ -545,16 +543,16 @@ static inline block_t *quick_pop(heap_t *h, pool_t *p, size_t size, unsigned tag
     return quick_pop_keyed(h, p, size, quick_key(size, tag), quick_index(size, tag));
 }
 
-/* Merges the blocks of one quick list back into the free index, restoring "no two adjacent
- * compatible FREE blocks" (a block merges with neighbours merged before it). True when a merge
- * yielded a block of pool `want`, at least `size` bytes, that tag `tag` may use (TAG_ANY or its
- * own) — a hint only: a later merge may absorb it (its record is then gone) or change its tag. */
-static bool quick_evict(heap_t *h, unsigned i, pool_id_t want, unsigned tag, size_t size) {
+/* Merges the blocks of one quick list back into the small pool's free index, restoring "no two
+ * adjacent compatible FREE blocks" (a block merges with neighbours merged before it). True when a
+ * merge yielded a block of at least `size` bytes that tag `tag` may use (TAG_ANY or its own) — a
+ * hint only: a later merge may absorb it (its record is then gone) or change its tag. */
+static bool quick_evict(heap_t *h, unsigned i, unsigned tag, size_t size) {
     quick_t *q = &h->quick[i];
+    pool_t *p = &h->pools[POOL_SMALL];
     bool fit = false;
     while (q->head) {
         block_t *b = q->head;
-        pool_t *p = &h->pools[b->pool];
         q->head = b->link.list.next_free;
         q->count--;
         h->quick_bytes -= b->size;
@@ -567,7 +565,7 @@ static bool quick_evict(heap_t *h, unsigned i, pool_id_t want, unsigned tag, siz
             b = coalesce_free_inline(h, p, b);
             free_insert(h, p, b);
         }
-        if (b->pool == want && (b->tag == tag || b->tag == TAG_ANY) && b->size >= size) fit = true;
+        if ((b->tag == tag || b->tag == TAG_ANY) && b->size >= size) fit = true;
     }
     return fit;
 }
@@ -575,41 +573,40 @@ static bool quick_evict(heap_t *h, unsigned i, pool_id_t want, unsigned tag, siz
 /* Merges every CACHED block back into the free indexes. */
 static void quick_flush(heap_t *h) {
     if (!h->quick_bytes) return;
-    /* In bucket order over both pools, as if one bitmap: the order of the merges decides which
-     * records survive and the order of the bins' lists, hence later placement. */
+    /* In bucket order: the order of the merges decides which records survive and the order of the
+     * bins' lists, hence later placement. */
     for (unsigned w = 0; w < QUICK_BUCKETS / 64; w++) {
-        uint64_t bits = h->pools[POOL_SMALL].quick_nonempty[w] | h->pools[POOL_LARGE].quick_nonempty[w];
-        h->pools[POOL_SMALL].quick_nonempty[w] = h->pools[POOL_LARGE].quick_nonempty[w] = 0;
+        uint64_t bits = h->quick_nonempty[w];
+        h->quick_nonempty[w] = 0;
         for (; bits; bits &= bits - 1) {
             unsigned i = w * 64 + (unsigned)__builtin_ctzll(bits);
-            if (h->quick[i].head) quick_evict(h, i, POOL_SMALL, TAG_ANY, SIZE_MAX);
+            if (h->quick[i].head) quick_evict(h, i, TAG_ANY, SIZE_MAX);
         }
     }
 }
 
-/* A search for `rsize` on `tag` in pool p missed: merges pool p's quick lists back (the other
- * pool's blocks lie in other address space and cannot help). With `until_fit`, one list at a
- * time, stopping once a merge yields a block the search would find, so that one request does not
+/* A search for `rsize` on `tag` in the small pool missed: merges its quick lists back. With
+ * `until_fit`, one list at a time, stopping once a merge yields a block the search would find, so that one request does not
  * empty every list (each emptied list costs its size a miss later). The lists are visited in
  * CLOCK order: from where the last such flush stopped, a list taken from since it was last passed
  * gets a second chance, so sizes that stopped recurring (odd shapes) go first. True when a fitting
  * block appeared (the caller searches again: the block may have merged further). */
-static bool quick_flush_pool(heap_t *h, pool_t *p, unsigned tag, size_t rsize, bool until_fit) {
+static bool quick_flush_small(heap_t *h, unsigned tag, size_t rsize, bool until_fit) {
     bool fit = false;
     for (unsigned pass = until_fit ? 0 : 1; pass < 2; pass++) {
         for (unsigned n = 0; n < QUICK_BUCKETS / 64; n++) {
             unsigned w = (h->quick_cursor + n) % (QUICK_BUCKETS / 64);
-            for (uint64_t bits = p->quick_nonempty[w]; bits; bits &= bits - 1) {
+            for (uint64_t bits = h->quick_nonempty[w]; bits; bits &= bits - 1) {
                 unsigned i = w * 64 + (unsigned)__builtin_ctzll(bits);
                 quick_t *q = &h->quick[i];
-                bool stale = !q->head || q->head->pool != p->id; /* empty, or the other pool's */
+                bool stale = !q->head;
                 if (!stale && pass == 0 && q->ref) {
                     q->ref = false;
                     continue;
                 }
-                p->quick_nonempty[w] &= ~((uint64_t)1 << (i % 64));
+                h->quick_nonempty[w] &= ~((uint64_t)1 << (i % 64));
                 if (stale) continue;
-                if (quick_evict(h, i, p->id, tag, rsize)) {
+                if (quick_evict(h, i, tag, rsize)) {
                     fit = true;
                     if (until_fit) {
                         h->quick_cursor = w;
@@ -1462,8 +1459,8 @@ static block_t *alloc_search(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
     if (!b && p->id == POOL_SMALL && h->quick_bytes) {
         /* Parked blocks (small pool only) are merged back before the heap grows, so they never
          * cost physical memory: as many lists as it takes, then all. */
-        if (quick_flush_pool(h, p, tag, rsize, true)) b = find_free(h, p, tag, rsize);
-        if (!b && quick_flush_pool(h, p, tag, rsize, false)) b = find_free(h, p, tag, rsize);
+        if (quick_flush_small(h, tag, rsize, true)) b = find_free(h, p, tag, rsize);
+        if (!b && quick_flush_small(h, tag, rsize, false)) b = find_free(h, p, tag, rsize);
     }
     if (!b) b = h->vmm ? alloc_slow_vmm(h, p, tag, rsize) : alloc_slow_classic(h, p, tag, rsize);
     if (!b) return NULL;
@@ -2357,8 +2354,7 @@ int heap_check(heap_t *h, FILE *report) {
         CHECK(&c, !q->key || quick_index((size_t)(q->key & (HEAP_MAX_REQUEST - 1)), (unsigned)(q->key >> 48)) == i,
               "quick list %u has key %#llx, which belongs to another bucket", i, (unsigned long long)q->key);
         if (q->head)
-            CHECK(&c, h->pools[q->head->pool].quick_nonempty[i / 64] >> (i % 64) & 1,
-                  "quick list %u holds blocks of pool %u, but its non-empty bit is clear", i, q->head->pool);
+            CHECK(&c, h->quick_nonempty[i / 64] >> (i % 64) & 1, "quick list %u holds blocks, but its non-empty bit is clear", i);
         listed += n;
     }
     /* Device-wide frees: the pseudo-stream record, and the non-blocking stream table. */
