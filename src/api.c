@@ -280,14 +280,12 @@ CUALLOC_API void cualloc_free(void *ptr, void *stream) {
      * published_devices is 0). NULL lies in no range (every range starts above 0). */
     const api_dev_t *end = g.fast + atomic_load_explicit(&g.published_devices, memory_order_acquire);
     for (const api_dev_t *v = g.fast; v < end; v++) {
-        for (int pool = 0; pool < POOL_COUNT; pool++) {
-            if (a - v->pool[pool].lo >= v->pool[pool].span) continue;
+        if (api_in_vmm_range(v, a)) {
             /* Set with the range. (Whoever holds a pointer the heap made has seen both written.) */
             heap_t *h = atomic_load_explicit(&v->heap, memory_order_relaxed);
-            /* A tail call: the heap reports a pointer it does not hold, so no result comes back. The
-             * pool is passed on: the heap need not find it again. */
+            /* A tail call: the heap reports a pointer it does not hold, so no result comes back. */
             if (__builtin_expect(h != NULL, 1)) {
-                heap_free_in_pool(h, ptr, (cua_stream)stream, (pool_id_t)pool);
+                heap_free_in_range(h, ptr, (cua_stream)stream);
                 return;
             }
             api_free_slow(ptr, stream, true);

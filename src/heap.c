@@ -1754,13 +1754,11 @@ static __attribute__((noinline)) bool free_locked_or_report(heap_t *h, block_t *
 /* The fast path: a VMM free of an allocated block on the stream of the previous call, whose quick
  * list has room (or that lies in the large pool), not recording. What free_locked would do for
  * that case and nothing else; everything else goes there. Lock held; released on return.
- * `report`: heap_free_in_pool's. `in_large`: 1 or 0 when the caller knows whether ptr lies in the
- * large pool's reservation, -1 when not. (Both are constants where inlined.) */
-static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, void *ptr, cua_stream stream, bool report,
-                                                                   int in_large) {
+ * `report`: heap_free_in_range's (a constant where inlined). */
+static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, void *ptr, cua_stream stream, bool report) {
     uintptr_t a = (uintptr_t)ptr;
     block_t *b;
-    if (__builtin_expect(in_large < 0 ? in_large_va(h, a) : in_large, 0)) {
+    if (__builtin_expect(in_large_va(h, a), 0)) {
         block_t **slot = large_slot(&h->pools[POOL_LARGE], a);
         b = *slot;
         if (b && b->addr != a) b = NULL;
@@ -1800,20 +1798,20 @@ static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, vo
 
 static __attribute__((noinline, cold)) bool heap_free_contended(heap_t *h, void *ptr, cua_stream stream, bool report) {
     cua_lock(&h->lock);
-    return heap_free_locked(h, ptr, stream, report, -1);
+    return heap_free_locked(h, ptr, stream, report);
 }
 
 bool heap_free(heap_t *h, void *ptr, cua_stream stream) {
     if (__builtin_expect(!cua_trylock(&h->lock), 0)) return heap_free_contended(h, ptr, stream, false);
-    return heap_free_locked(h, ptr, stream, false, -1);
+    return heap_free_locked(h, ptr, stream, false);
 }
 
-void heap_free_in_pool(heap_t *h, void *ptr, cua_stream stream, pool_id_t pool) {
+void heap_free_in_range(heap_t *h, void *ptr, cua_stream stream) {
     if (__builtin_expect(!cua_trylock(&h->lock), 0)) {
         heap_free_contended(h, ptr, stream, true);
         return;
     }
-    heap_free_locked(h, ptr, stream, true, pool == POOL_LARGE);
+    heap_free_locked(h, ptr, stream, true);
 }
 
 bool heap_free_device_wide(heap_t *h, void *ptr) {

@@ -427,11 +427,11 @@ cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out);
 void *heap_malloc(heap_t *h, size_t size, cua_stream stream);
 /* Frees ptr ordered on stream. Returns false (and does nothing) when h does not own ptr. */
 bool heap_free(heap_t *h, void *ptr, cua_stream stream);
-/* heap_free for a pointer the caller found in the address range of this heap's pool `pool`
- * (heap_pool_range), which it therefore owns or nobody does: when h has no allocated block at ptr
- * (a pointer not returned by cualloc, or one freed already) it reports that and ignores it.
- * Returns nothing, so that the front door's common case is a tail call. */
-void heap_free_in_pool(heap_t *h, void *ptr, cua_stream stream, pool_id_t pool);
+/* heap_free for a pointer the caller found in this heap's address range, which it therefore owns
+ * or nobody does: when h has no allocated block at ptr (a pointer not returned by cualloc, or one
+ * freed already) it reports that and ignores it. Returns nothing, so that the front door's common
+ * case is a tail call. */
+void heap_free_in_range(heap_t *h, void *ptr, cua_stream stream);
 /* Does ptr fall in memory this heap manages? (Exact for VMM; allocated-block lookup for classic.) */
 bool heap_owns(heap_t *h, const void *ptr);
 /* The requested size of an allocated block, or SIZE_MAX when ptr is not one of h's. */
