@@ -1,5 +1,6 @@
 /* analysis.c — see analysis.h. */
 #include "analysis.h"
+#include "grow.h"
 
 #include <ctype.h>
 #include <inttypes.h>
@@ -59,17 +60,16 @@ long av_step_of(const char *label)
 static av_stack_t *stack_get(av_t *a, uint32_t id)
 {
     if (id >= a->nst) {
-        size_t n = a->nst ? a->nst : 64;
-        while (n <= id)
-            n *= 2;
-        a->st = xrealloc(a->st, n * sizeof *a->st);
-        memset(a->st + a->nst, 0, (n - a->nst) * sizeof *a->st);
-        for (size_t i = a->nst; i < n; i++) {
+        size_t old = a->nst;
+        av_stack_t *st = av_grow_zeroed(a->st, &a->nst, id, sizeof *st);
+        if (!st)
+            out_of_memory();
+        a->st = st;
+        for (size_t i = old; i < a->nst; i++) {
             a->st[i].lk_step.last_b = a->step_bounds;
             a->st[i].lk_win.last_b = a->win_bounds;
             a->st[i].first_seq = UINT64_MAX;
         }
-        a->nst = n;
     }
     return &a->st[id];
 }

@@ -42,7 +42,7 @@ static int growth_cmp(const void *x, const void *y)
 static bool collect(side_t *s, int which, dsite_t **v, size_t *n, size_t *cap)
 {
     static char buf[65536];
-    for (uint32_t id = 0; id < s->p.nstacks; id++) {
+    for (size_t id = 0; id < s->p.nstacks; id++) {
         if (!s->p.bytes[id])
             continue;
         if (*n == *cap) {

@@ -3,6 +3,7 @@
  * of the peak for flamegraph tools (also what `sites --folded` prints).
  */
 #include "views.h"
+#include "grow.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -54,17 +55,10 @@ void vw_replay_free(vw_replay_t *s)
 
 static bool site_room(vw_replay_t *s, uint32_t stack)
 {
-    if (stack < s->site_cap)
-        return true;
-    uint32_t nc = s->site_cap ? s->site_cap : 256;
-    while (nc <= stack)
-        nc = nc > UINT32_MAX / 2 ? stack + 1 : nc * 2;
-    uint64_t *n = realloc(s->site_bytes, (size_t)nc * sizeof *n);
+    uint64_t *n = av_grow_zeroed(s->site_bytes, &s->site_cap, stack, sizeof *n);
     if (!n)
         return false;
-    memset(n + s->site_cap, 0, (size_t)(nc - s->site_cap) * sizeof *n);
     s->site_bytes = n;
-    s->site_cap = nc;
     return true;
 }
 
@@ -268,7 +262,7 @@ int vw_write_folded(FILE *out, const char *path)
     size_t n = 0;
     static char buf[65536];
     sym_ctx_t *sym = sym_new(r);
-    for (uint32_t id = 0; lines && id < p.nstacks; id++) {
+    for (size_t id = 0; lines && id < p.nstacks; id++) {
         if (!p.bytes[id])
             continue;
         vw_site_frames_t f;

@@ -12,6 +12,7 @@
  * bytes as a line, marks and OOMs as vertical rules — SVG 1.1, self-contained.
  */
 #include "views.h"
+#include "grow.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -42,7 +43,7 @@ typedef struct tl {
     uint64_t t0, t1;
     uint64_t live_peak, live_peak_time, reserved_peak, reserved_peak_time;
     uint64_t *site_max;
-    uint32_t site_max_cap;
+    size_t site_max_cap;
     tl_mark_t marks[MAX_MARKS];
     size_t nmarks, marks_total;
     tl_oom_t ooms[MAX_OOMS];
@@ -104,15 +105,12 @@ static int pass1(tl_t *t, tr_reader_t **rp)
         if (st >= 0) {
             uint32_t id = (uint32_t)st;
             if (id >= t->site_max_cap) {
-                uint32_t nc = s.site_cap;
-                uint64_t *n = realloc(t->site_max, (size_t)nc * sizeof *n);
+                uint64_t *n = av_grow_zeroed(t->site_max, &t->site_max_cap, id, sizeof *n);
                 if (!n) {
                     fprintf(stderr, "allocview timeline: out of memory\n");
                     break;
                 }
-                memset(n + t->site_max_cap, 0, (size_t)(nc - t->site_max_cap) * sizeof *n);
                 t->site_max = n;
-                t->site_max_cap = nc;
             }
             if (s.site_bytes[id] > t->site_max[id])
                 t->site_max[id] = s.site_bytes[id];
@@ -147,7 +145,7 @@ static int pass1(tl_t *t, tr_reader_t **rp)
 static void pick_top(tl_t *t, const tr_reader_t *r)
 {
     t->ntop = 0;
-    for (uint32_t id = 0; id < t->site_max_cap; id++) {
+    for (size_t id = 0; id < t->site_max_cap; id++) {
         uint64_t v = t->site_max[id];
         if (!v)
             continue;

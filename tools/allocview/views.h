@@ -42,7 +42,7 @@ typedef struct vw_replay {
     uint64_t live_peak_seq, live_peak_time; /* the record that first reached live_peak */
     uint64_t reserved_peak_time;
     uint64_t *site_bytes;             /* live bytes per stack id (index 0: no stack) */
-    uint32_t site_cap;                /* entries of site_bytes */
+    size_t site_cap;                  /* entries of site_bytes */
     devaddr_map_t blocks;             /* live blocks (struct vw_live in folded.c) */
     bool oom;                         /* out of memory: the figures stopped being exact */
 } vw_replay_t;
@@ -84,7 +84,7 @@ size_t vw_site_folded(const vw_site_frames_t *s, char *buf, size_t len);
 typedef struct vw_peak {
     uint64_t live_peak, reserved_peak, peak_time;
     uint64_t *bytes;     /* per stack id, at the peak */
-    uint32_t nstacks;    /* entries of bytes */
+    size_t nstacks;      /* entries of bytes */
     bool truncated;      /* no END record */
 } vw_peak_t;
 int vw_peak_sites(const char *path, tr_reader_t **rp, vw_peak_t *p);
