@@ -434,17 +434,19 @@ static block_t *coalesce_unmapped(heap_t *h, pool_t *p, block_t *b) {
     return b;
 }
 
-/* Cuts b at `size` bytes; the back part becomes a new block after b, in state `state`, tag `tag`,
- * in no index. Returns it, or NULL when no record could be had (b is then unchanged). */
-static block_t *block_split(heap_t *h, block_t *b, size_t size, uint8_t state, unsigned tag) {
+/* A new record for [addr, addr + size), linked into the address list between prev and next
+ * (either may be NULL), in state `state`, tag `tag`, pool `pool`, in no index. NULL when no record
+ * could be had (nothing is changed then). */
+static inline __attribute__((always_inline)) block_t *block_new(heap_t *h, uintptr_t addr, size_t size, block_t *prev,
+                                                               block_t *next, uint8_t state, unsigned tag, uint8_t pool) {
     /* Every field set here, the unused ones to zero as slab_alloc would: one store each instead of
      * a memset call and the stores. */
     block_t *r = slab_alloc_uninit(&h->blocks);
     if (!r) return NULL;
-    r->addr = b->addr + size;
-    r->size = b->size - size;
-    r->prev = b;
-    r->next = b->next;
+    r->addr = addr;
+    r->size = size;
+    r->prev = prev;
+    r->next = next;
     r->link.list.prev_free = r->link.list.next_free = NULL;
     r->seg_prev = r->seg_next = NULL;
     r->requested = 0;
@@ -453,11 +455,18 @@ static block_t *block_split(heap_t *h, block_t *b, size_t size, uint8_t state, u
     r->gc_base = 0;
     r->tag = (uint16_t)tag;
     r->state = state;
-    r->pool = b->pool;
+    r->pool = pool;
     r->quick_hint = 0;
-    if (r->next) r->next->prev = r;
-    b->next = r;
-    b->size = size;
+    if (prev) prev->next = r;
+    if (next) next->prev = r;
+    return r;
+}
+
+/* Cuts b at `size` bytes; the back part becomes a new block after b, in state `state`, tag `tag`,
+ * in no index. Returns it, or NULL when no record could be had (b is then unchanged). */
+static block_t *block_split(heap_t *h, block_t *b, size_t size, uint8_t state, unsigned tag) {
+    block_t *r = block_new(h, b->addr + size, b->size - size, b, b->next, state, tag, b->pool);
+    if (r) b->size = size;
     return r;
 }
 
@@ -1410,25 +1419,7 @@ static void report_oom(heap_t *h, size_t size, size_t rsize) {
  * could be had. Not for a segment's first block (b->prev must exist: see block_t). */
 static inline __attribute__((always_inline)) block_t *block_split_front(heap_t *h, block_t *b, size_t size, uint8_t state,
                                                                        unsigned tag) {
-    block_t *f = slab_alloc_uninit(&h->blocks);
-    if (!f) return NULL;
-    f->addr = b->addr;
-    f->size = size;
-    f->prev = b->prev;
-    f->next = b;
-    f->link.list.prev_free = f->link.list.next_free = NULL;
-    f->seg_prev = f->seg_next = NULL;
-    f->requested = 0;
-    f->stream = NULL;
-    f->prio = 0;
-    f->gc_base = 0;
-    f->tag = (uint16_t)tag;
-    f->state = state;
-    f->pool = b->pool;
-    f->quick_hint = 0;
-    f->prev->next = f;
-    b->prev = f;
-    return f;
+    return block_new(h, b->addr, size, b->prev, b, state, tag, b->pool);
 }
 
 /* Takes the front `rsize` bytes of FREE block b, found for them, out of the free index; returns the
