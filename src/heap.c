@@ -90,9 +90,9 @@ typedef struct stream_rec_s {
  * search that misses in the small pool merges back only as many lists as it needs, so that the
  * other sizes stay parked. 1024 buckets keep collisions between recurring sizes rare; a bitmap of
  * the non-empty ones keeps flushes from visiting the rest. It is cleared lazily, by the flushes
- * that find a bit stale, so that taking a list's last block does not touch it. A list's key stays when it empties; it is only ever set on the
- * bucket its key hashes to, so a key that matches also names the right bucket (the free path's
- * hint relies on it).
+ * that find a bit stale, so that taking a list's last block does not touch it. A list's key stays
+ * when it empties; it is only ever set on the bucket its key hashes to, so a key that matches also
+ * names the right bucket (the free path's hint relies on it).
  * Invariant: every CACHED block is on exactly the list of its (size, tag) and lies in the small
  * pool; a bucket that holds blocks has its bit set in quick_nonempty (a set bit may be stale: the
  * list empty); a non-empty list's key hashes to its bucket; quick_bytes is their total. */
@@ -287,7 +287,8 @@ static inline __attribute__((always_inline)) size_t block_releasable(const heap_
 }
 
 /* Accounting shared by FREE and CACHED blocks: both are free physical memory. The part a release
- * could not return is inactive-split (kept current here; its peak is taken by the caller). */
+ * could not return is inactive-split (kept current here; its peak is taken by the caller). A tag's
+ * free bytes are not counted here: they are its indexes' own count (tag_free_bytes). */
 static inline void cached_account_add(heap_t *h, pool_t *p, const block_t *b) {
     size_t rel = block_releasable(h, p, b);
     p->releasable += rel;
@@ -299,10 +300,6 @@ static inline void cached_account_sub(heap_t *h, pool_t *p, const block_t *b) {
     p->releasable -= rel;
     h->stats.inactive_split_bytes -= b->size - rel;
 }
-
-/* FREE blocks: the same (their tag's free bytes are its indexes' own count: tag_free_bytes). */
-static inline void free_account_add(heap_t *h, pool_t *p, const block_t *b) { cached_account_add(h, p, b); }
-static inline void free_account_sub(heap_t *h, pool_t *p, const block_t *b) { cached_account_sub(h, p, b); }
 
 /* Bytes of FREE blocks with tag t, both pools (CACHED blocks are not counted: every reader that
  * must see them runs after quick_flush). */
@@ -322,7 +319,7 @@ static inline __attribute__((always_inline)) void free_insert(heap_t *h, pool_t 
     findex_t *ix = p->index[b->tag];
     if (h->vmm) sizeclass_insert(&ix->sc, b);
     else tree_insert(&ix->tree, b);
-    free_account_add(h, p, b);
+    cached_account_add(h, p, b);
     b->gc_base = p->free_block_searches;
 }
 
@@ -330,7 +327,7 @@ static inline __attribute__((always_inline)) void free_remove(heap_t *h, pool_t 
     findex_t *ix = p->index[b->tag];
     if (h->vmm) sizeclass_remove(&ix->sc, b);
     else tree_remove(&ix->tree, b);
-    free_account_sub(h, p, b);
+    cached_account_sub(h, p, b);
 }
 
 static inline bool tags_compatible(unsigned a, unsigned b) { return a == b || a == TAG_ANY || b == TAG_ANY; }
@@ -488,8 +485,8 @@ static inline unsigned quick_index_hashed(size_t size, uint32_t tag_hash) {
 }
 static inline unsigned quick_index(size_t size, unsigned tag) { return quick_index_hashed(size, quick_hash_tag(tag)); }
 
-
-/* The same for quick lists (VMM only; size == b->size), where most blocks hold no whole chunk. */
+/* cached_account_add (add) or _sub for a parked block (VMM only; size == b->size), where most
+ * blocks hold no whole chunk. */
 static inline void quick_account(heap_t *h, pool_t *p, const block_t *b, size_t size, bool add) {
     size_t rel = 0;
     if (__builtin_expect(size >= p->chunk, 0)) {
@@ -498,7 +495,6 @@ static inline void quick_account(heap_t *h, pool_t *p, const block_t *b, size_t 
     }
     h->stats.inactive_split_bytes += add ? size - rel : rel - size;
 }
-
 
 /* Can list i take a block of `key`: empty, or holding that key with room? */
 static inline bool quick_room(const quick_t *q, uint64_t key) {
@@ -595,8 +591,8 @@ static void quick_flush(heap_t *h) {
 }
 
 /* A search for `rsize` on `tag` in the small pool missed: merges its quick lists back. With
- * `until_fit`, one list at a time, stopping once a merge yields a block the search would find, so that one request does not
- * empty every list (each emptied list costs its size a miss later). The lists are visited in
+ * `until_fit`, one list at a time, stopping once a merge yields a block the search would find, so
+ * that one request does not empty every list (each emptied list costs its size a miss later). The lists are visited in
  * CLOCK order: from where the last such flush stopped, a list taken from since it was last passed
  * gets a second chance, so sizes that stopped recurring (odd shapes) go first. True when a fitting
  * block appeared (the caller searches again: the block may have merged further). */

@@ -195,7 +195,7 @@ struct block_s {
     } link;
     block_t *seg_prev, *seg_next; /* first block of each segment: the pool's segment list. The
                               * first block of a segment keeps its record for the segment's life
-                              * (splits keep the front, merges keep the lower block). */
+                              * (splits and merges that touch it keep its record: heap.c). */
     size_t requested;        /* ALLOCATED: the caller's size */
     cua_stream stream;       /* ALLOCATED: the stream it was allocated on */
     uint32_t prio;           /* treap priority (classic) */
