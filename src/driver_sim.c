@@ -119,18 +119,27 @@ typedef struct sim_range_s {
     uint64_t access_mask; /* mappings: the devices granted (bit d), at the last set_access */
 } sim_range_t;
 
-/* Ranges sorted by va, pairwise disjoint. */
+/* Ranges sorted by va, pairwise disjoint, in a gap buffer: the k-th range (k counted in va order)
+ * is v[k] for k < gap and v[k + cap - n] after it; the cap - n unused slots lie between. An insert
+ * or removal moves the gap to its place first, so that a run of them at consecutive places (the
+ * heap maps and unmaps chunk after chunk) moves nothing more, where a plain sorted array moved
+ * every later range each time. A pointer from ranges_at and the finders below is valid until the
+ * next insert or removal. */
 typedef struct range_list_s {
     sim_range_t *v;
-    size_t n, cap;
+    size_t n, cap, gap;
 } range_list_t;
+
+static inline sim_range_t *ranges_at(const range_list_t *l, size_t k) {
+    return &l->v[k < l->gap ? k : k + (l->cap - l->n)];
+}
 
 /* Number of ranges starting at or below addr; only the one before that index can contain addr. */
 static size_t ranges_upper(const range_list_t *l, cua_devptr addr) {
     size_t lo = 0, hi = l->n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (l->v[mid].va <= addr) lo = mid + 1;
+        if (ranges_at(l, mid)->va <= addr) lo = mid + 1;
         else hi = mid;
     }
     return lo;
@@ -139,20 +148,28 @@ static size_t ranges_upper(const range_list_t *l, cua_devptr addr) {
 static sim_range_t *ranges_containing(const range_list_t *l, cua_devptr addr) {
     size_t i = ranges_upper(l, addr);
     if (i == 0) return NULL;
-    sim_range_t *r = &l->v[i - 1];
+    sim_range_t *r = ranges_at(l, i - 1);
     return addr - r->va < r->size ? r : NULL;
 }
 
 static sim_range_t *ranges_starting_at(const range_list_t *l, cua_devptr addr) {
     size_t i = ranges_upper(l, addr);
-    return i > 0 && l->v[i - 1].va == addr ? &l->v[i - 1] : NULL;
+    return i > 0 && ranges_at(l, i - 1)->va == addr ? ranges_at(l, i - 1) : NULL;
 }
 
 /* Does any range intersect [va, va + size)? (size > 0, no overflow) */
 static bool ranges_overlap(const range_list_t *l, cua_devptr va, size_t size) {
     size_t i = ranges_upper(l, va);
-    if (i > 0 && l->v[i - 1].va + l->v[i - 1].size > va) return true;
-    return i < l->n && l->v[i].va < va + size;
+    if (i > 0 && ranges_at(l, i - 1)->va + ranges_at(l, i - 1)->size > va) return true;
+    return i < l->n && ranges_at(l, i)->va < va + size;
+}
+
+/* Moves the gap to place k (0..n). */
+static void ranges_gap_to(range_list_t *l, size_t k) {
+    size_t gap_len = l->cap - l->n;
+    if (k < l->gap) memmove(&l->v[k + gap_len], &l->v[k], (l->gap - k) * sizeof *l->v);
+    else if (k > l->gap) memmove(&l->v[l->gap], &l->v[l->gap + gap_len], (k - l->gap) * sizeof *l->v);
+    l->gap = k;
 }
 
 /* Makes room for one more range, so the insert that follows cannot fail. */
@@ -161,6 +178,9 @@ static bool ranges_reserve(range_list_t *l) {
     size_t ncap = l->cap ? l->cap * 2 : 16;
     sim_range_t *v = realloc(l->v, ncap * sizeof *v);
     if (!v) return false;
+    /* The ranges after the gap move to the end of the larger array (the gap was empty: n == cap). */
+    size_t tail = l->n - l->gap;
+    memmove(&v[ncap - tail], &v[l->gap], tail * sizeof *v);
     l->v = v;
     l->cap = ncap;
     return true;
@@ -168,16 +188,16 @@ static bool ranges_reserve(range_list_t *l) {
 
 /* ranges_reserve must have succeeded; r must not overlap any range. */
 static void ranges_insert(range_list_t *l, const sim_range_t *r) {
-    size_t i = ranges_upper(l, r->va);
-    memmove(&l->v[i + 1], &l->v[i], (l->n - i) * sizeof *l->v);
-    l->v[i] = *r;
+    ranges_gap_to(l, ranges_upper(l, r->va));
+    l->v[l->gap++] = *r;
     l->n++;
 }
 
+/* r: from ranges_at or a finder. */
 static void ranges_remove(range_list_t *l, sim_range_t *r) {
-    size_t i = (size_t)(r - l->v);
-    memmove(&l->v[i], &l->v[i + 1], (l->n - i - 1) * sizeof *l->v);
-    l->n--;
+    size_t phys = (size_t)(r - l->v);
+    ranges_gap_to(l, phys < l->gap ? phys : phys - (l->cap - l->n));
+    l->n--; /* the range just after the gap now lies inside it */
 }
 
 static void ranges_free(range_list_t *l) {
@@ -368,9 +388,10 @@ static void sim_teardown(void) {
         sim_device_t *d = &sim.devs[i];
         if (sim.host_backed) {
             /* Unmapping a reservation also drops the memfd mappings inside it. */
-            for (size_t k = 0; k < d->resv.n; k++) munmap((void *)(uintptr_t)d->resv.v[k].va, d->resv.v[k].size);
+            for (size_t k = 0; k < d->resv.n; k++)
+                munmap((void *)(uintptr_t)ranges_at(&d->resv, k)->va, ranges_at(&d->resv, k)->size);
             for (size_t k = 0; k < d->allocs.n; k++)
-                munmap((void *)(uintptr_t)d->allocs.v[k].va, d->allocs.v[k].size);
+                munmap((void *)(uintptr_t)ranges_at(&d->allocs, k)->va, ranges_at(&d->allocs, k)->size);
         }
         if (d->memfd >= 0) close(d->memfd);
         free(d->bitmap);
@@ -663,12 +684,12 @@ static cua_result set_access_locked(int dev, cua_devptr va, size_t size) {
     if (!res || va + size > res->va + res->size) return CUA_ERROR_INVALID_VALUE;
     /* The range must be tiled exactly by whole, adjacent mappings. */
     size_t i = ranges_upper(&d->maps, va);
-    if (i == 0 || d->maps.v[i - 1].va != va) return CUA_ERROR_INVALID_VALUE;
+    if (i == 0 || ranges_at(&d->maps, i - 1)->va != va) return CUA_ERROR_INVALID_VALUE;
     size_t first = i - 1, k = first;
     cua_devptr cur = va, end = va + size;
     while (cur < end) {
-        if (k >= d->maps.n || d->maps.v[k].va != cur) return CUA_ERROR_INVALID_VALUE;
-        cur += d->maps.v[k].size;
+        if (k >= d->maps.n || ranges_at(&d->maps, k)->va != cur) return CUA_ERROR_INVALID_VALUE;
+        cur += ranges_at(&d->maps, k)->size;
         k++;
     }
     if (cur != end) return CUA_ERROR_INVALID_VALUE;
@@ -676,8 +697,8 @@ static cua_result set_access_locked(int dev, cua_devptr va, size_t size) {
         return CUA_ERROR_UNKNOWN;
     uint64_t mask = d->peers | (dev < 64 ? (uint64_t)1 << dev : 0);
     for (size_t j = first; j < k; j++) {
-        d->maps.v[j].access = true;
-        d->maps.v[j].access_mask = mask;
+        ranges_at(&d->maps, j)->access = true;
+        ranges_at(&d->maps, j)->access_mask = mask;
     }
     return 0;
 }
@@ -1131,7 +1152,7 @@ static bool range_accessible_locked(const sim_device_t *d, cua_devptr va, size_t
     cua_devptr cur = va, end = va + size;
     for (size_t k = i - 1; cur < end; k++) {
         if (k >= d->maps.n) return false;
-        const sim_range_t *m = &d->maps.v[k];
+        const sim_range_t *m = ranges_at(&d->maps, k);
         if (!m->access || cur < m->va || cur >= m->va + m->size) return false;
         cur = m->va + m->size;
     }
@@ -1163,7 +1184,7 @@ bool sim_range_accessible_from(int dev, cua_devptr va, size_t size) {
             cua_devptr cur = va, end = va + size;
             bool all = true;
             for (k = k - 1; cur < end; k++) {
-                const sim_range_t *m = k < d->maps.n ? &d->maps.v[k] : NULL;
+                const sim_range_t *m = k < d->maps.n ? ranges_at(&d->maps, k) : NULL;
                 if (!m || !m->access || cur < m->va || cur >= m->va + m->size || !((m->access_mask >> dev) & 1)) {
                     all = false;
                     break;

@@ -215,6 +215,69 @@ static void test_map_rules(void) {
     EXPECT(sim_used_bytes(0) == 0 && sim_live_handles(0) == 0 && sim_live_mappings(0) == 0, "all gone");
 }
 
+/* Random maps, unmaps and set_access calls over one reservation against a model of which granules
+ * each mapping covers: the sim keeps its mappings in a gap buffer that moves with every insert and
+ * removal, in whatever order they come. */
+static void test_map_model(void) {
+    enum { SLOTS = 256, STEPS = 20000 };
+    conf_t c = base_conf((SLOTS + 8) * G, false);
+    configure(&c);
+    rng_t r = {test_seed("test_sim map model")};
+    cua_devptr va;
+    EXPECT_R(ops->va_reserve(0, SLOTS * G, 0, &va), CUA_SUCCESS);
+    /* len[i]: granules of the mapping that starts at granule i (0: none starts there); owner[i]:
+     * where the mapping covering granule i starts, or -1 */
+    static unsigned len[SLOTS];
+    static int owner[SLOTS];
+    for (int i = 0; i < SLOTS; i++) owner[i] = -1, len[i] = 0;
+    size_t live = 0;
+    for (int step = 0; step < STEPS; step++) {
+        int i = (int)rng_below(&r, SLOTS);
+        unsigned want = 1 + (unsigned)rng_below(&r, 3);
+        int op = (int)rng_below(&r, 3);
+        if (op == 0) { /* map `want` granules at i */
+            bool fits = i + (int)want <= SLOTS, free_run = fits;
+            for (unsigned k = 0; fits && k < want; k++) free_run = free_run && owner[i + (int)k] < 0;
+            cua_memhandle h;
+            EXPECT_R(ops->phys_create(0, want * G, &h), CUA_SUCCESS);
+            cua_result res = ops->map(0, va + (cua_devptr)i * G, want * G, h);
+            if (!fits) EXPECT(res == CUA_ERROR_INVALID_VALUE, "map past the reservation: %d", res);
+            else if (!free_run) EXPECT(res == CUA_ERROR_ALREADY_MAPPED, "map over a mapping: %d", res);
+            else EXPECT(res == CUA_SUCCESS, "map into free granules: %d", res);
+            EXPECT_R(ops->phys_release(0, h), CUA_SUCCESS); /* freed at its unmap, or now */
+            if (res == CUA_SUCCESS) {
+                len[i] = want;
+                for (unsigned k = 0; k < want; k++) owner[i + (int)k] = i;
+                live++;
+            }
+        } else if (op == 1) { /* unmap the mapping at i (or a wrong range) */
+            int o = owner[i];
+            if (o >= 0 && rng_below(&r, 8)) i = o; /* mostly whole mappings */
+            bool whole = owner[i] == i && len[i] > 0;
+            cua_result res = ops->unmap(0, va + (cua_devptr)i * G, (whole ? len[i] : 1) * G);
+            bool ok = whole || (owner[i] == i && len[i] == 1);
+            EXPECT(res == (ok ? CUA_SUCCESS : CUA_ERROR_INVALID_VALUE), "unmap at %d: %d", i, res);
+            if (res == CUA_SUCCESS) {
+                for (unsigned k = 0; k < len[i]; k++) owner[i + (int)k] = -1;
+                len[i] = 0;
+                live--;
+            }
+        } else { /* set_access over `want` granules from i: whole adjacent mappings only */
+            bool ok = owner[i] == i && i + (int)want <= SLOTS;
+            for (unsigned k = 0; ok && k < want; k++) ok = owner[i + (int)k] >= 0;
+            if (ok) ok = owner[i + (int)want - 1] + (int)len[owner[i + (int)want - 1]] == i + (int)want;
+            cua_result res = ops->set_access(0, va + (cua_devptr)i * G, want * G);
+            EXPECT(res == (ok ? CUA_SUCCESS : CUA_ERROR_INVALID_VALUE), "set_access at %d x%u: %d", i, want, res);
+        }
+        EXPECT(sim_live_mappings(0) == live, "step %d: %zu mappings, the model has %zu", step, sim_live_mappings(0), live);
+    }
+    for (int i = 0; i < SLOTS; i++)
+        if (owner[i] == i) EXPECT_R(ops->unmap(0, va + (cua_devptr)i * G, len[i] * G), CUA_SUCCESS);
+    EXPECT_R(ops->va_free(0, va, SLOTS * G), CUA_SUCCESS);
+    EXPECT(sim_used_bytes(0) == 0 && sim_live_mappings(0) == 0, "all gone: %zu B, %zu mappings", sim_used_bytes(0),
+           sim_live_mappings(0));
+}
+
 static void test_mem_alloc(void) {
     conf_t c = base_conf(16 * MiB, false);
     configure(&c);
@@ -674,6 +737,7 @@ int main(void) {
     test_info();
     test_phys_create_and_capacity();
     test_map_rules();
+    test_map_model();
     test_mem_alloc();
     test_failures_and_counts();
     test_latency();

@@ -851,8 +851,8 @@ int av_cmd_replay(int argc, char **argv)
         }
         for (int i = 0; i < nconfs; i++)
             if (ok[i] && res[i].seconds > 0)
-                fprintf(stderr, "allocview replay: %s: %zu requests in %.3f s (%.2f M requests/s)\n", confs[i], nev,
-                        res[i].seconds, (double)nev / res[i].seconds / 1e6);
+                fprintf(stderr, "allocview replay: %s: %zu requests in %.3f s (%.2f M requests/s)\n", confs[i],
+                        nev * passes, res[i].seconds, (double)nev * passes / res[i].seconds / 1e6);
     }
     for (int i = 0; i < nconfs; i++)
         if (!ok[i] && status == 0)
