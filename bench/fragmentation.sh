@@ -12,6 +12,9 @@
 #   FRAG_CORPUS     extra *.pickle (imported) and *.trace (used as they are) (default: bench/corpus)
 #   FRAG_OUT        where fragmentation.md (the table) and fragmentation.json go
 #                   (default: BUILD/fragmentation)
+#   FRAG_PASSES     replay every trace's requests this many times on the same heap, as a job
+#                   repeats its steps (`allocview replay --passes`; peaks over all passes, min-fit
+#                   for all of them): the steady state (default 1, at most 1000)
 #   FRAG_BUILD=0    do not run ninja (the meson test sets it: meson has built the programs)
 # Exit status: 0 when every trace was recorded or imported and replayed, 1 otherwise, 77 without
 # python3 (needed to read the JSON).
@@ -51,6 +54,12 @@ case $build in /*) ;; *) build=$PWD/$build ;; esac
 snapdir=${FRAG_SNAPSHOTS:-$root/../shared/traces}
 corpus=${FRAG_CORPUS:-$root/bench/corpus}
 out=${FRAG_OUT:-$build/fragmentation}
+passes=${FRAG_PASSES:-1}
+case $passes in
+'' | *[!0-9]* | 0 | 0*) passes_ok=0 ;;
+*) passes_ok=1; [ ${#passes} -le 4 ] && [ "$passes" -le 1000 ] || passes_ok=0 ;;
+esac
+[ $passes_ok = 1 ] || { echo "fragmentation.sh: FRAG_PASSES must be a number from 1 to 1000, not '$passes'" >&2; exit 1; }
 confs='default
 expandable_segments:0
 expandable_segments:0,max_split_size_mb:512
@@ -168,7 +177,7 @@ while IFS='	' read -r name source trace; do
     if [ $rc != 0 ] && [ $rc != 3 ]; then fail "$name: summary exited $rc: $(cat "$tmp/$name.err")"; continue; fi
     "$allocview" dump "$trace" </dev/null 2>/dev/null | sed -n '/^#[0-9]* config "/{s/^#[0-9]* config "\(.*\)"$/\1/p;q;}' \
         >"$tmp/$name.config" || true
-    if ! "$allocview" replay "$trace" --min-fit --json "$@" </dev/null >"$tmp/$name.replay.json" 2>"$tmp/$name.err"; then
+    if ! "$allocview" replay "$trace" --passes "$passes" --min-fit --json "$@" </dev/null >"$tmp/$name.replay.json" 2>"$tmp/$name.err"; then
         fail "$name: replay exited non-zero: $(tail -3 "$tmp/$name.err")"
         continue
     fi
@@ -178,16 +187,17 @@ for i, o in enumerate(json.load(open(sys.argv[1]))):
     if o["min_fit_bytes"] is not None:
         print("%d\t%s\t%d" % (i, o["conf"], o["min_fit_bytes"]))' "$tmp/$name.replay.json" >"$tmp/$name.fits"
     while IFS='	' read -r i conf bytes; do
-        "$allocview" replay "$trace" --conf "$conf" --memory "$bytes" --json </dev/null >"$tmp/$name.atfit.$i.json" 2>"$tmp/$name.err" ||
+        "$allocview" replay "$trace" --passes "$passes" --conf "$conf" --memory "$bytes" --json </dev/null >"$tmp/$name.atfit.$i.json" 2>"$tmp/$name.err" ||
             fail "$name: replay of $conf at its min-fit $bytes B exited non-zero: $(tail -3 "$tmp/$name.err")"
     done <"$tmp/$name.fits"
 done <"$list"
 
 # The table and the JSON.
-python3 - "$tmp" "$list" "$notes" "$out" <<'PY' || status=1
+python3 - "$tmp" "$list" "$notes" "$out" "$passes" <<'PY' || status=1
 import json, os, sys
 
 tmp, listfile, notesfile, out = sys.argv[1:5]
+passes = int(sys.argv[5])
 labels = {  # short column names for the configurations
     "default": "default (expandable)",
     "expandable_segments:0": "classic",
@@ -295,7 +305,9 @@ md.append("Cells: utilisation (peak allocated / peak reserved, replayed at the r
           "min-fit ratio (min-fit / peak requested). events: allocs + frees (initial blocks apart); "
           "recorded util: what the recording allocator reached; \"N OOM\": requests that failed at "
           "the recorded capacity; no min-fit ratio for traces of several devices (min-fit is per "
-          "device, the peaks are totals).")
+          "device, the peaks are totals)." + (
+          " Each replay ran the trace's requests %d times on the same heap (`allocview replay --passes %d`): "
+          "peaks and min-fit are over all passes." % (passes, passes) if passes > 1 else ""))
 md.append("Configurations: " + "; ".join("%s = `%s`" % (labels[c], c) for c in confs) + ".")
 for line in open(notesfile):
     md.append(line.rstrip("\n"))
@@ -303,7 +315,7 @@ for p in problems:
     md.append("PROBLEM: " + p)
 text = "\n".join(md) + "\n"
 open(os.path.join(out, "fragmentation.md"), "w").write(text)
-json.dump({"configurations": confs, "traces": rows, "problems": problems},
+json.dump({"configurations": confs, "passes": passes, "traces": rows, "problems": problems},
           open(os.path.join(out, "fragmentation.json"), "w"), indent=1)
 sys.stdout.write(text)
 sys.exit(1 if problems else 0)

@@ -27,6 +27,15 @@ FASTPATH_BUILD=0 FASTPATH_PAIRS=20000 FASTPATH_CG_PAIRS=1024 FASTPATH_CG_THREADS
 if [ "$rc" != 0 ] && [ "$rc" != 3 ]; then
     echo "FAIL: bench/fastpath.sh exited with $rc"; cat "$out"; fail=1
 fi
+# fragmentation.sh refuses a bad FRAG_PASSES at once, naming it (the table itself is the meson test
+# `fragmentation`).
+for bad in ten 0 1001; do
+    if FRAG_PASSES=$bad FRAG_BUILD=0 FRAG_OUT="$out.frag" "$src/bench/fragmentation.sh" "$build" >"$out.fragerr" 2>&1 ||
+        ! grep -q "FRAG_PASSES must be a number from 1 to 1000, not '$bad'" "$out.fragerr"; then
+        echo "FAIL: bench/fragmentation.sh took FRAG_PASSES=$bad:"; cat "$out.fragerr"; fail=1
+    fi
+done
+rm -rf "$out.frag" "$out.fragerr"
 for pat in random stack repeat; do
     for t in 1 2; do
         # pattern threads cualloc jemalloc loop cualloc-net ... : cualloc's gross and net counts are numbers > 0
