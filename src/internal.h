@@ -239,19 +239,27 @@ static inline size_t ptrmap_find(const ptrmap_t *m, uintptr_t key) {
     return i;
 }
 static inline block_t *ptrmap_get(const ptrmap_t *m, uintptr_t key) { return m->slots[ptrmap_find(m, key)].val; }
-/* false when the table had to grow and could not */
-static inline bool ptrmap_insert(ptrmap_t *m, uintptr_t key, block_t *val) {
-    if (__builtin_expect((m->count + 1) * 2 > m->mask + 1, 0) && !ptrmap_grow(m)) return false;
+/* Puts (key, val) in the first empty slot of key's probe run (key is not in the map; the table has
+ * room). Also what ptrmap_grow re-inserts with. */
+static inline void ptrmap_place(ptrmap_t *m, uintptr_t key, block_t *val) {
     size_t i = ptrmap_home(m, key);
     while (m->slots[i].key) i = (i + 1) & m->mask;
     m->slots[i].key = key;
     m->slots[i].val = val;
+}
+/* false when the table had to grow and could not */
+static inline bool ptrmap_insert(ptrmap_t *m, uintptr_t key, block_t *val) {
+    if (__builtin_expect((m->count + 1) * 2 > m->mask + 1, 0) && !ptrmap_grow(m)) return false;
+    ptrmap_place(m, key, val);
     m->count++;
     return true;
 }
-/* Empties occupied slot i (from ptrmap_find), shifting later entries of its run back unless their
- * home lies after the hole. */
-static inline void ptrmap_remove_at(ptrmap_t *m, size_t i) {
+/* The record under key, removed; NULL when key is not in the map. Later entries of the run shift
+ * back into the hole unless their home lies after it. */
+static inline block_t *ptrmap_remove(ptrmap_t *m, uintptr_t key) {
+    size_t i = ptrmap_find(m, key);
+    block_t *val = m->slots[i].val;
+    if (!val) return NULL;
     for (size_t j = (i + 1) & m->mask; m->slots[j].key; j = (j + 1) & m->mask) {
         size_t h = ptrmap_home(m, m->slots[j].key);
         if (((j - h) & m->mask) >= ((j - i) & m->mask)) {
@@ -262,12 +270,6 @@ static inline void ptrmap_remove_at(ptrmap_t *m, size_t i) {
     m->slots[i].key = 0;
     m->slots[i].val = NULL;
     m->count--;
-}
-/* The record under key, removed; NULL when key is not in the map. */
-static inline block_t *ptrmap_remove(ptrmap_t *m, uintptr_t key) {
-    size_t i = ptrmap_find(m, key);
-    block_t *val = m->slots[i].val;
-    if (val) ptrmap_remove_at(m, i);
     return val;
 }
 void ptrmap_foreach(const ptrmap_t *m, void (*fn)(block_t *, void *), void *arg);

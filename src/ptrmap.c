@@ -28,13 +28,6 @@ void ptrmap_destroy(ptrmap_t *m) {
     memset(m, 0, sizeof *m);
 }
 
-static void ptrmap_place(ptrmap_t *m, uintptr_t key, block_t *val) {
-    size_t i = ptrmap_home(m, key);
-    while (m->slots[i].key) i = (i + 1) & m->mask;
-    m->slots[i].key = key;
-    m->slots[i].val = val;
-}
-
 bool ptrmap_grow(ptrmap_t *m) {
     size_t old_cap = m->mask + 1, cap = old_cap * 2;
     ptrmap_entry_t *old = m->slots, *fresh = ptrmap_table(cap);
@@ -48,8 +41,6 @@ bool ptrmap_grow(ptrmap_t *m) {
     return true;
 }
 
-/* (Look-up, insertion and removal are inline in internal.h.) */
-
 void ptrmap_foreach(const ptrmap_t *m, void (*fn)(block_t *, void *), void *arg) {
     for (size_t i = 0; i <= m->mask; i++)
         if (m->slots[i].key) fn(m->slots[i].val, arg);
@@ -60,7 +51,14 @@ int ptrmap_check(const ptrmap_t *m, FILE *report) {
     size_t count = 0;
     for (size_t i = 0; i <= m->mask; i++) {
         uintptr_t key = m->slots[i].key;
-        if (!key) continue;
+        if (!key) {
+            /* ptrmap_get answers a missing key with the val of the empty slot that ends its run. */
+            if (m->slots[i].val) {
+                bad++;
+                if (report) fprintf(report, "ptrmap: empty slot %zu holds a block\n", i);
+            }
+            continue;
+        }
         count++;
         /* Every slot from the key's home up to i must be occupied, or lookups would stop early. */
         for (size_t j = ptrmap_home(m, key); j != i; j = (j + 1) & m->mask) {

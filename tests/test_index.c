@@ -124,6 +124,12 @@ static void test_ptrmap(rng_t *r) {
     m.count++;
     EXPECT(ptrmap_check(&m, NULL) > 0, "a wrong count goes unnoticed");
     m.count--;
+    size_t empty = 0;
+    while (m.slots[empty].key) empty++;
+    m.slots[empty].val = &blocks[0]; /* a missing key would then be found */
+    EXPECT(ptrmap_check(&m, NULL) > 0, "a block in an empty slot goes unnoticed");
+    m.slots[empty].val = NULL;
+    EXPECT(ptrmap_check(&m, stderr) == 0, "restored map is clean");
     ptrmap_destroy(&m);
 }
 
