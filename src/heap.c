@@ -127,7 +127,7 @@ typedef struct pool_s {
                                   * now (CACHED: once flushed) */
     block_t **by_mib;            /* VMM large pool: the ALLOCATED blocks, each at the 1 MiB granule of
                                   * the reservation its address falls in, NULL elsewhere (mmap'd,
-                                  * va_size >> LARGE_GRANULE_SHIFT entries). Its blocks are larger
+                                  * an entry per MiB of the reservation: by_mib_bytes). Its blocks are larger
                                   * than 1 MiB, so no two start in one granule: a free finds its block
                                   * with one load, and an allocation enters it with one store. */
 } pool_t;
@@ -377,38 +377,41 @@ static inline __attribute__((always_inline)) void free_resize(heap_t *h, pool_t 
     sizeclass_resize(&p->index[b->tag]->sc, b, size);
 }
 
-/* VMM: what coalesce_free and free_insert do together for a just-freed block b (FREE, in no index,
- * tag not TAG_ANY), merging in place where it can: into its lower neighbour when that one has b's
- * tag, else into its upper neighbour when that one has b's tag and b does not head its segment (a
- * segment's first record lives as long as the segment). The surviving record is then resized, not
+/* VMM: what coalesce_free and free_insert do together for a just-freed block b (FREE, in no index),
+ * merging in place where it can: into its lower neighbour when that one has b's tag, else into its
+ * upper neighbour when that one has b's tag and b does not head its segment (a segment's first
+ * record lives as long as the segment). The surviving record is then resized, not
  * taken out and put back; the addresses, tags and bin order that result are coalesce_free's.
  * Returns the merged block (in its index). */
 static inline __attribute__((always_inline)) block_t *coalesce_insert_vmm(heap_t *h, pool_t *p, block_t *b) {
     block_t *pr = b->prev, *n = b->next;
     unsigned tag = b->tag;
-    bool next_free = n && n->state == BLOCK_FREE && tags_compatible(tag, n->tag);
-    if (pr && pr->state == BLOCK_FREE && pr->tag == tag) {
-        /* pr's size changes only in free_resize, which accounts from the old one. */
-        block_t *last = b;
-        size_t size = pr->size + b->size;
-        if (next_free) {
-            free_remove(h, p, n);
-            size += n->size;
-            last = n;
+    /* A TAG_ANY block takes a tagged neighbour's tag and passes it on: coalesce_free's case. */
+    if (__builtin_expect(tag != TAG_ANY, 1)) {
+        bool next_free = n && n->state == BLOCK_FREE && tags_compatible(tag, n->tag);
+        if (pr && pr->state == BLOCK_FREE && pr->tag == tag) {
+            /* pr's size changes only in free_resize, which accounts from the old one. */
+            block_t *last = b;
+            size_t size = pr->size + b->size;
+            if (next_free) {
+                free_remove(h, p, n);
+                size += n->size;
+                last = n;
+            }
+            pr->next = last->next;
+            if (pr->next) pr->next->prev = pr;
+            if (last != b) slab_free(&h->blocks, last);
+            slab_free(&h->blocks, b);
+            free_resize(h, p, pr, pr->addr, size);
+            return pr;
         }
-        pr->next = last->next;
-        if (pr->next) pr->next->prev = pr;
-        if (last != b) slab_free(&h->blocks, last);
-        slab_free(&h->blocks, b);
-        free_resize(h, p, pr, pr->addr, size);
-        return pr;
-    }
-    if (next_free && n->tag == tag && pr && !(pr->state == BLOCK_FREE && tags_compatible(pr->tag, tag))) {
-        pr->next = n;
-        n->prev = pr;
-        free_resize(h, p, n, b->addr, b->size + n->size);
-        slab_free(&h->blocks, b);
-        return n;
+        if (next_free && n->tag == tag && pr && !(pr->state == BLOCK_FREE && tags_compatible(pr->tag, tag))) {
+            pr->next = n;
+            n->prev = pr;
+            free_resize(h, p, n, b->addr, b->size + n->size);
+            slab_free(&h->blocks, b);
+            return n;
+        }
     }
     b = coalesce_free_inline(h, p, b);
     free_insert(h, p, b);
@@ -564,12 +567,7 @@ static bool quick_evict(heap_t *h, unsigned i, unsigned tag, size_t size) {
         cached_account_sub(h, p, b);
         ptrmap_remove(&h->live, b->addr); /* (small pool: in `live`) */
         b->state = BLOCK_FREE;
-        if (__builtin_expect(b->tag != TAG_ANY, 1)) { /* (quick lists are VMM's, tags streams') */
-            b = coalesce_insert_vmm(h, p, b);
-        } else {
-            b = coalesce_free_inline(h, p, b);
-            free_insert(h, p, b);
-        }
+        b = coalesce_insert_vmm(h, p, b); /* (quick lists are VMM's) */
         if ((b->tag == tag || b->tag == TAG_ANY) && b->size >= size) fit = true;
     }
     return fit;
@@ -592,10 +590,11 @@ static void quick_flush(heap_t *h) {
 
 /* A search for `rsize` on `tag` in the small pool missed: merges its quick lists back. With
  * `until_fit`, one list at a time, stopping once a merge yields a block the search would find, so
- * that one request does not empty every list (each emptied list costs its size a miss later). The lists are visited in
- * CLOCK order: from where the last such flush stopped, a list taken from since it was last passed
- * gets a second chance, so sizes that stopped recurring (odd shapes) go first. True when a fitting
- * block appeared (the caller searches again: the block may have merged further). */
+ * that one request does not empty every list (each emptied list costs its size a miss later). The
+ * lists are visited in CLOCK order: from where the last such flush stopped, a list taken from
+ * since it was last passed gets a second chance, so sizes that stopped recurring (odd shapes) go
+ * first. True when a fitting block appeared (the caller searches again: the block may have merged
+ * further). */
 static bool quick_flush_small(heap_t *h, unsigned tag, size_t rsize, bool until_fit) {
     bool fit = false;
     for (unsigned pass = until_fit ? 0 : 1; pass < 2; pass++) {
@@ -1644,7 +1643,7 @@ cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
  * neighbours. */
 static inline __attribute__((always_inline)) void free_into_index(heap_t *h, pool_t *p, block_t *b) {
     b->state = BLOCK_FREE;
-    if (h->vmm && b->tag != TAG_ANY) {
+    if (h->vmm) {
         (void)coalesce_insert_vmm(h, p, b);
         return;
     }
