@@ -142,16 +142,18 @@ typedef struct rp_block {
     bool initial;      /* replaying: an initial block, not freed since it was allocated */
 } rp_block_t;
 
-/* Sets (dev, addr)'s value, adding the block if absent; false when out of memory. */
-static bool block_put(devaddr_map_t *m, uint32_t dev, uint64_t addr, uint64_t val)
+/* Sets (dev, addr)'s value, adding the block if absent (stream 0, not initial); the block, or NULL
+ * when out of memory. */
+static rp_block_t *block_put(devaddr_map_t *m, uint32_t dev, uint64_t addr, uint64_t val)
 {
     bool found;
     rp_block_t *b = devaddr_map_get(m, dev, addr, &found);
     if (!b)
-        return false;
+        return NULL;
     b->val = val;
+    b->stream = 0;
     b->initial = false;
-    return true;
+    return b;
 }
 
 /* Removes (dev, addr); true with *val when it was there. */
@@ -294,15 +296,34 @@ static cua_stream stream_of(const trace_reqs_t *t, uint32_t id)
     return (cua_stream)(uintptr_t)(id < t->nstreams ? t->streams[id] : 0);
 }
 
-/* Between passes: frees what the pass left live (every block that is not an initial one still
- * unfreed, and the retried OOM requests), then allocates again the initial blocks it freed. A
- * request that fails is counted as an OOM. False when out of memory. */
 /* An OOM request that succeeded when retried: live to the end of its pass. */
 typedef struct retried {
     int dev;
     void *ptr;
 } retried_t;
 
+/* Replays allocation e (EV_INIT or EV_ALLOC) on its device's heap: the pointer is kept under e's
+ * (device, address), or an OOM is counted when the heap refuses. False when the host is out of
+ * memory. */
+static bool replay_alloc(const trace_reqs_t *t, heap_t **heaps, devaddr_map_t *ptrs, const ev_t *e, run_result_t *res)
+{
+    void *p = NULL;
+    if (heap_alloc(heaps[e->dev], (size_t)e->size, stream_of(t, e->stream), &p) != CUA_SUCCESS) {
+        res->num_ooms++;
+        res->dev_ooms[e->dev]++;
+        return true;
+    }
+    rp_block_t *b = block_put(ptrs, e->dev, e->addr, (uint64_t)(uintptr_t)p);
+    if (!b)
+        return false;
+    b->stream = e->stream;
+    b->initial = e->op == EV_INIT;
+    return true;
+}
+
+/* Between passes: frees what the pass left live (every block that is not an initial one still
+ * unfreed, and the retried OOM requests), then allocates again the initial blocks it freed. A
+ * request that fails is counted as an OOM. False when out of memory. */
 static bool close_pass(const trace_reqs_t *t, heap_t **heaps, devaddr_map_t *ptrs, const retried_t *retried,
                        size_t *nretried, run_result_t *res)
 {
@@ -328,19 +349,8 @@ static bool close_pass(const trace_reqs_t *t, heap_t **heaps, devaddr_map_t *ptr
     *nretried = 0;
     for (size_t i = 0; i < t->n && t->ev[i].op == EV_INIT; i++) {
         const ev_t *e = &t->ev[i];
-        if (devaddr_map_find(ptrs, e->dev, e->addr))
-            continue;
-        void *p = NULL;
-        if (heap_alloc(heaps[e->dev], (size_t)e->size, stream_of(t, e->stream), &p) != CUA_SUCCESS) {
-            res->num_ooms++;
-            res->dev_ooms[e->dev]++;
-            continue;
-        }
-        if (!block_put(ptrs, e->dev, e->addr, (uint64_t)(uintptr_t)p))
+        if (!devaddr_map_find(ptrs, e->dev, e->addr) && !replay_alloc(t, heaps, ptrs, e, res))
             return false;
-        b = devaddr_map_find(ptrs, e->dev, e->addr);
-        b->stream = e->stream;
-        b->initial = true;
     }
     return true;
 }
@@ -439,22 +449,9 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
             cua_stream s = stream_of(t, e->stream);
             switch (e->op) {
             case EV_INIT:
-            case EV_ALLOC: {
-                void *p = NULL;
-                if (heap_alloc(h, (size_t)e->size, s, &p) == CUA_SUCCESS) {
-                    if (!block_put(&ptrs, e->dev, e->addr, (uint64_t)(uintptr_t)p)) {
-                        good = false;
-                        break;
-                    }
-                    rp_block_t *b = devaddr_map_find(&ptrs, e->dev, e->addr);
-                    b->stream = e->stream;
-                    b->initial = e->op == EV_INIT;
-                } else {
-                    res->num_ooms++;
-                    res->dev_ooms[e->dev]++;
-                }
+            case EV_ALLOC:
+                good = replay_alloc(t, heaps, &ptrs, e, res);
                 break;
-            }
             case EV_FREE: {
                 uint64_t p;
                 if (block_take(&ptrs, e->dev, e->addr, &p))
@@ -472,16 +469,12 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
                     res->num_ooms++;
                     res->dev_ooms[e->dev]++;
                 } else if (t->passes > 1) {
-                    if (nretried == retried_cap) {
-                        size_t nc = retried_cap ? 2 * retried_cap : 32;
-                        retried_t *q = realloc(retried, nc * sizeof *q);
-                        if (!q) {
-                            good = false;
-                            break;
-                        }
-                        retried = q;
-                        retried_cap = nc;
+                    retried_t *q = av_grow_zeroed(retried, &retried_cap, nretried, sizeof *q);
+                    if (!q) {
+                        good = false;
+                        break;
                     }
+                    retried = q;
                     retried[nretried++] = (retried_t){e->dev, p};
                 }
                 break;
