@@ -286,19 +286,21 @@ static inline __attribute__((always_inline)) size_t block_releasable(const heap_
     return vmm_releasable(p, b->addr, b->size);
 }
 
-/* Accounting shared by FREE and CACHED blocks: both are free physical memory. The part a release
- * could not return is inactive-split (kept current here; its peak is taken by the caller). A tag's
- * free bytes are not counted here: they are its indexes' own count (tag_free_bytes). */
-static inline void cached_account_add(heap_t *h, pool_t *p, const block_t *b) {
+/* Accounting of a FREE block entering or leaving its index (CACHED blocks: quick_account). Free
+ * physical memory is releasable or inactive-split (kept current here; its peak is taken by the
+ * caller). The block's releasable bytes stay in its record while it is in the index, where nothing
+ * changes them but free_resize: removal and resizing read them instead of computing them again. A
+ * tag's free bytes are not counted here: they are its indexes' own count (tag_free_bytes). */
+static inline void free_account_add(heap_t *h, pool_t *p, block_t *b) {
     size_t rel = block_releasable(h, p, b);
+    b->releasable = rel;
     p->releasable += rel;
     h->stats.inactive_split_bytes += b->size - rel;
 }
 
-static inline void cached_account_sub(heap_t *h, pool_t *p, const block_t *b) {
-    size_t rel = block_releasable(h, p, b);
-    p->releasable -= rel;
-    h->stats.inactive_split_bytes -= b->size - rel;
+static inline void free_account_sub(heap_t *h, pool_t *p, const block_t *b) {
+    p->releasable -= b->releasable;
+    h->stats.inactive_split_bytes -= b->size - b->releasable;
 }
 
 /* Bytes of FREE blocks with tag t, both pools (CACHED blocks are not counted: every reader that
@@ -319,7 +321,7 @@ static inline __attribute__((always_inline)) void free_insert(heap_t *h, pool_t 
     findex_t *ix = p->index[b->tag];
     if (h->vmm) sizeclass_insert(&ix->sc, b);
     else tree_insert(&ix->tree, b);
-    cached_account_add(h, p, b);
+    free_account_add(h, p, b);
     b->gc_base = p->free_block_searches;
 }
 
@@ -327,7 +329,7 @@ static inline __attribute__((always_inline)) void free_remove(heap_t *h, pool_t 
     findex_t *ix = p->index[b->tag];
     if (h->vmm) sizeclass_remove(&ix->sc, b);
     else tree_remove(&ix->tree, b);
-    cached_account_sub(h, p, b);
+    free_account_sub(h, p, b);
 }
 
 static inline bool tags_compatible(unsigned a, unsigned b) { return a == b || a == TAG_ANY || b == TAG_ANY; }
@@ -370,9 +372,10 @@ static block_t *coalesce_free(heap_t *h, pool_t *p, block_t *b) { return coalesc
  * bin and b heads it already, no list or bitmap is touched. Carving an allocation off a free block
  * and merging a freed block into a free neighbour both come down to this. */
 static inline __attribute__((always_inline)) void free_resize(heap_t *h, pool_t *p, block_t *b, uintptr_t addr, size_t size) {
-    size_t old_rel = vmm_releasable(p, b->addr, b->size), rel = vmm_releasable(p, addr, size);
+    size_t old_rel = b->releasable, rel = vmm_releasable(p, addr, size);
     p->releasable += rel - old_rel;
     h->stats.inactive_split_bytes += (size - rel) - (b->size - old_rel);
+    b->releasable = rel;
     b->addr = addr;
     sizeclass_resize(&p->index[b->tag]->sc, b, size);
 }
@@ -488,8 +491,8 @@ static inline unsigned quick_index_hashed(size_t size, uint32_t tag_hash) {
 }
 static inline unsigned quick_index(size_t size, unsigned tag) { return quick_index_hashed(size, quick_hash_tag(tag)); }
 
-/* cached_account_add (add) or _sub for a parked block (VMM only; size == b->size), where most
- * blocks hold no whole chunk. */
+/* A parked (CACHED) block's accounting, added or taken away (VMM only; size == b->size): free
+ * memory as free_account_add counts it, computed each time (most parked blocks hold no whole chunk). */
 static inline void quick_account(heap_t *h, pool_t *p, const block_t *b, size_t size, bool add) {
     size_t rel = 0;
     if (__builtin_expect(size >= p->chunk, 0)) {
@@ -564,7 +567,7 @@ static bool quick_evict(heap_t *h, unsigned i, unsigned tag, size_t size) {
         q->head = b->link.list.next_free;
         q->count--;
         h->quick_bytes -= b->size;
-        cached_account_sub(h, p, b);
+        quick_account(h, p, b, b->size, false);
         ptrmap_remove(&h->live, b->addr); /* (small pool: in `live`) */
         b->state = BLOCK_FREE;
         b = coalesce_insert_vmm(h, p, b); /* (quick lists are VMM's) */
@@ -1493,11 +1496,10 @@ static inline __attribute__((always_inline)) void account_free(heap_t *h, const 
 }
 
 /* A free on `tag` (a stream's, or the device-wide pseudo-stream's): counted for the tag's lazy
- * event, the block tagged. */
+ * event, the block tagged. (Its `requested` is left as it is: only ALLOCATED blocks have one.) */
 static inline __attribute__((always_inline)) void free_tag(heap_t *h, block_t *b, unsigned tag) {
     h->tags[tag].frees_since_record++;
     b->tag = (uint16_t)tag;
-    b->requested = 0;
 }
 
 /* The live map could not grow to take b (block_take'n for the request): b goes back, and the
@@ -1662,12 +1664,10 @@ static __attribute__((noinline)) void free_to_index(heap_t *h, pool_t *p, block_
 static void free_on_tag(heap_t *h, pool_t *p, block_t *b, cua_stream stream, unsigned tag) {
     if (tag >= HEAP_MAX_TAGS) {
         stream_sync(h, stream);
-        tag = TAG_ANY;
+        b->tag = TAG_ANY;
     } else {
-        h->tags[tag].frees_since_record++;
+        free_tag(h, b, tag);
     }
-    b->tag = (uint16_t)tag;
-    b->requested = 0;
     free_to_index(h, p, b);
 }
 
@@ -2233,6 +2233,8 @@ static size_t check_pool(check_ctx_t *c, pool_t *p) {
             case BLOCK_FREE:
                 free_mapped += b->size;
                 releasable += block_releasable(h, p, b);
+                CHECK(c, b->releasable == block_releasable(h, p, b), "free block %#lx: %zu B releasable, its record says %zu",
+                      (unsigned long)b->addr, block_releasable(h, p, b), b->releasable);
                 if (b->tag < HEAP_MAX_TAGS) {
                     free_count[b->tag]++;
                     free_bytes[b->tag] += b->size;

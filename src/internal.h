@@ -196,7 +196,11 @@ struct block_s {
     block_t *seg_prev, *seg_next; /* first block of each segment: the pool's segment list. The
                               * first block of a segment keeps its record for the segment's life
                               * (splits and merges that touch it keep its record: heap.c). */
-    size_t requested;        /* ALLOCATED: the caller's size */
+    union {
+        size_t requested;    /* ALLOCATED: the caller's size */
+        size_t releasable;   /* FREE (in its index): the bytes a release could return now, kept by
+                              * the index's accounting (heap.c: free_account_add, free_resize) */
+    };
     cua_stream stream;       /* ALLOCATED: the stream it was allocated on */
     uint32_t prio;           /* treap priority (classic) */
     uint32_t gc_base;        /* classic GC: pool's free-block-search count when freed */

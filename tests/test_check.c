@@ -52,6 +52,7 @@ static void corrupt_blocks(heap_t *h, void **ptrs, int n) {
     CORRUPT(h, f->tag, (uint16_t)(f->tag + 7), "free block with a tag it is not indexed under");
     CORRUPT(h, f->state, BLOCK_ALLOCATED, "free block marked allocated");
     CORRUPT(h, f->size, f->size - 512, "free block shrunk");
+    CORRUPT(h, f->releasable, f->releasable + 2 * MiB, "free block's releasable bytes stale");
 }
 
 /* VMM mode parks freed blocks on quick lists: their fields are bound too. */
