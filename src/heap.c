@@ -1043,7 +1043,7 @@ static bool grow_plan(const pool_t *p, unsigned tag, size_t rsize, grow_plan_t *
     for (uint64_t fls = sc->fl_bitmap; fls; fls &= fls - 1) {
         unsigned fl = (unsigned)__builtin_ctzll(fls);
         for (uint32_t sls = sc->sl_bitmap[fl]; sls; sls &= sls - 1) {
-            for (block_t *u = sc->bins[fl][__builtin_ctz(sls)]; u; u = u->link.list.next_free) {
+            for (block_t *u = sc->bins[SC_BIN(fl, __builtin_ctz(sls))]; u; u = u->link.list.next_free) {
                 size_t before = free_neighbour_bytes(u->prev, tag), after = free_neighbour_bytes(u->next, tag);
                 if (before + u->size + after < rsize) continue;
                 /* All of u by default; its start or its end alone where that is enough. Lengths

@@ -207,7 +207,7 @@ struct block_s {
     uint16_t tag;            /* FREE: stream tag (TAG_ANY = safe for every stream) */
     uint8_t state;           /* block_state_t */
     uint8_t pool;            /* pool_id_t */
-    uint16_t bin;            /* in a TLSF index: its bin, fl * SC_SL_COUNT + sl (set by
+    uint16_t bin;            /* in a TLSF index: its bin, SC_BIN(fl, sl) (set by
                               * sizeclass_insert, so that removal need not map the size again; a
                               * block's size does not change while it is in an index) */
     uint16_t quick_hint;     /* VMM: the quick list it was last parked on (a bucket index, any
@@ -288,10 +288,11 @@ int ptrmap_check(const ptrmap_t *m, FILE *report);
 #define SC_SL_LOG2 5
 #define SC_SL_COUNT (1u << SC_SL_LOG2)
 #define SC_FL_COUNT 40
+#define SC_BIN(fl, sl) ((fl) * SC_SL_COUNT + (sl))
 typedef struct sizeclass_s {
     uint64_t fl_bitmap;
     uint32_t sl_bitmap[SC_FL_COUNT];
-    block_t *bins[SC_FL_COUNT][SC_SL_COUNT];
+    block_t *bins[SC_FL_COUNT * SC_SL_COUNT]; /* bin SC_BIN(fl, sl), the number block_t.bin holds */
     size_t count, bytes;
 } sizeclass_t;
 #define SC_UNIT_SHIFT 9 /* sizes are counted in 512 B units */
@@ -313,12 +314,13 @@ static inline void sizeclass_mapping(size_t size, unsigned *fl, unsigned *sl) {
  * choice among equals depends on that order). link/unlink do the lists and bitmaps, not the
  * counters. */
 static inline void sizeclass_link(sizeclass_t *sc, block_t *b, unsigned fl, unsigned sl) {
-    block_t *head = sc->bins[fl][sl];
+    unsigned bin = SC_BIN(fl, sl);
+    block_t *head = sc->bins[bin];
     b->link.list.prev_free = NULL;
     b->link.list.next_free = head;
     if (head) head->link.list.prev_free = b;
-    sc->bins[fl][sl] = b;
-    b->bin = (uint16_t)(fl * SC_SL_COUNT + sl);
+    sc->bins[bin] = b;
+    b->bin = (uint16_t)bin;
     sc->sl_bitmap[fl] |= 1u << sl;
     sc->fl_bitmap |= 1ull << fl;
 }
@@ -328,9 +330,9 @@ static inline void sizeclass_unlink(sizeclass_t *sc, block_t *b) {
     if (p) {
         p->link.list.next_free = n;
     } else {
-        unsigned fl = b->bin / SC_SL_COUNT, sl = b->bin % SC_SL_COUNT;
-        sc->bins[fl][sl] = n;
+        sc->bins[b->bin] = n;
         if (!n) {
+            unsigned fl = b->bin / SC_SL_COUNT, sl = b->bin % SC_SL_COUNT;
             sc->sl_bitmap[fl] &= ~(1u << sl);
             if (!sc->sl_bitmap[fl]) sc->fl_bitmap &= ~(1ull << fl);
         }
@@ -356,7 +358,7 @@ static inline void sizeclass_resize(sizeclass_t *sc, block_t *b, size_t size) {
     sizeclass_mapping(size, &fl, &sl);
     sc->bytes += size - b->size;
     b->size = size;
-    if (b->bin == fl * SC_SL_COUNT + sl && !b->link.list.prev_free) return;
+    if (b->bin == SC_BIN(fl, sl) && !b->link.list.prev_free) return;
     sizeclass_unlink(sc, b);
     sizeclass_link(sc, b, fl, sl);
 }
@@ -374,18 +376,18 @@ static inline block_t *sizeclass_find(const sizeclass_t *sc, size_t size) {
     /* Own bin: it may hold blocks both smaller and larger than the request. */
     block_t *best = NULL;
     int scanned = 0;
-    for (block_t *b = sc->bins[fl][sl]; b && scanned < SC_OWN_BIN_SCAN; b = b->link.list.next_free, scanned++) {
+    for (block_t *b = sc->bins[SC_BIN(fl, sl)]; b && scanned < SC_OWN_BIN_SCAN; b = b->link.list.next_free, scanned++) {
         if (b->size == size) return b;
         if (b->size > size && (!best || b->size < best->size)) best = b;
     }
     if (best) return best;
     /* Every block of a higher bin is larger than the request. */
     uint32_t sl_map = (uint32_t)(((uint64_t)sc->sl_bitmap[fl] >> (sl + 1)) << (sl + 1));
-    if (sl_map) return sc->bins[fl][__builtin_ctz(sl_map)];
+    if (sl_map) return sc->bins[SC_BIN(fl, __builtin_ctz(sl_map))];
     uint64_t fl_map = fl + 1 < 64 ? (sc->fl_bitmap >> (fl + 1)) << (fl + 1) : 0;
     if (fl_map) {
         unsigned f = (unsigned)__builtin_ctzll(fl_map);
-        return sc->bins[f][__builtin_ctz(sc->sl_bitmap[f])];
+        return sc->bins[SC_BIN(f, __builtin_ctz(sc->sl_bitmap[f]))];
     }
     /* Nothing larger anywhere: the rest of the own bin is the last chance, so NULL always means
      * that no block is large enough. */

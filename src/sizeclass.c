@@ -17,7 +17,7 @@ void sizeclass_init(sizeclass_t *sc) { memset(sc, 0, sizeof *sc); }
 
 block_t *sizeclass_find_rest(const sizeclass_t *sc, unsigned fl, unsigned sl, size_t size) {
     block_t *best = NULL;
-    for (block_t *b = sc->bins[fl][sl]; b; b = b->link.list.next_free)
+    for (block_t *b = sc->bins[SC_BIN(fl, sl)]; b; b = b->link.list.next_free)
         if (b->size >= size && (!best || b->size < best->size)) best = b;
     return best;
 }
@@ -27,7 +27,7 @@ block_t *sizeclass_largest(const sizeclass_t *sc) {
     unsigned fl = floor_log2(sc->fl_bitmap);
     unsigned sl = 31u - (unsigned)__builtin_clz(sc->sl_bitmap[fl]);
     block_t *best = NULL;
-    for (block_t *b = sc->bins[fl][sl]; b; b = b->link.list.next_free)
+    for (block_t *b = sc->bins[SC_BIN(fl, sl)]; b; b = b->link.list.next_free)
         if (!best || b->size > best->size) best = b;
     return best;
 }
@@ -36,7 +36,7 @@ void sizeclass_foreach(const sizeclass_t *sc, void (*fn)(block_t *, void *), voi
     for (unsigned fl = 0; fl < SC_FL_COUNT; fl++) {
         if (!(sc->fl_bitmap & (1ull << fl))) continue;
         for (unsigned sl = 0; sl < SC_SL_COUNT; sl++) {
-            block_t *b = sc->bins[fl][sl];
+            block_t *b = sc->bins[SC_BIN(fl, sl)];
             while (b) {
                 block_t *next = b->link.list.next_free;
                 fn(b, arg);
@@ -51,7 +51,7 @@ int sizeclass_check(const sizeclass_t *sc, FILE *report) {
     size_t count = 0, bytes = 0;
     for (unsigned fl = 0; fl < SC_FL_COUNT; fl++) {
         for (unsigned sl = 0; sl < SC_SL_COUNT; sl++) {
-            block_t *head = sc->bins[fl][sl];
+            block_t *head = sc->bins[SC_BIN(fl, sl)];
             bool bit = (sc->sl_bitmap[fl] >> sl) & 1u;
             if (bit != (head != NULL)) {
                 bad++;
@@ -63,7 +63,7 @@ int sizeclass_check(const sizeclass_t *sc, FILE *report) {
                 if (++guard > ((size_t)1 << 40)) { bad++; break; }
                 unsigned bfl, bsl;
                 sizeclass_mapping(b->size, &bfl, &bsl);
-                if (bfl != fl || bsl != sl || b->bin != fl * SC_SL_COUNT + sl) {
+                if (bfl != fl || bsl != sl || b->bin != SC_BIN(fl, sl)) {
                     bad++;
                     if (report) fprintf(report, "sizeclass: block %#lx size %zu in bin (%u,%u), belongs in (%u,%u), records bin %u\n",
                                         (unsigned long)b->addr, b->size, fl, sl, bfl, bsl, (unsigned)b->bin);
