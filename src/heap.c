@@ -1245,11 +1245,12 @@ static void classic_garbage_collect(heap_t *h) {
 
 /* ------------------------------------------------------------------ allocation */
 
-/* VMM: the closer fit of the tag's own index and the settled (TAG_ANY) one. */
+/* VMM: the closer fit of the tag's own index and the settled (TAG_ANY) one, which exists from
+ * heap_create on. */
 static inline __attribute__((always_inline)) block_t *find_free_vmm(pool_t *p, unsigned tag, size_t rsize) {
     findex_t *own = p->index[tag], *any = p->index[TAG_ANY];
     block_t *a = own ? sizeclass_find(&own->sc, rsize) : NULL;
-    block_t *b = any && any->sc.count ? sizeclass_find(&any->sc, rsize) : NULL;
+    block_t *b = any->sc.count ? sizeclass_find(&any->sc, rsize) : NULL;
     if (!a) return b;
     return (b && b->size < a->size) ? b : a;
 }
@@ -1425,8 +1426,9 @@ static inline __attribute__((always_inline)) block_t *block_split_front(heap_t *
  * block of the same tag: in VMM mode b's own record, resized in place (unless b heads its
  * segment), else a new one. (A split that gets no record leaves b whole: the caller then holds a
  * little more than it asked for.) */
-static inline __attribute__((always_inline)) block_t *block_take(heap_t *h, pool_t *p, block_t *b, size_t rsize) {
-    if (h->vmm && b->size - rsize >= CUALLOC_ALIGN && b->prev) {
+static inline __attribute__((always_inline)) block_t *block_take(heap_t *h, pool_t *p, block_t *b, size_t rsize,
+                                                                bool vmm /* h->vmm, constant where the caller knows it */) {
+    if (vmm && b->size - rsize >= CUALLOC_ALIGN && b->prev) {
         block_t *f = block_split_front(h, b, rsize, BLOCK_FREE, b->tag);
         if (__builtin_expect(f != NULL, 1)) {
             free_resize(h, p, b, b->addr + rsize, b->size - rsize);
@@ -1453,7 +1455,7 @@ static block_t *alloc_search(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
     }
     if (!b) b = h->vmm ? alloc_slow_vmm(h, p, tag, rsize) : alloc_slow_classic(h, p, tag, rsize);
     if (!b) return NULL;
-    return block_take(h, p, b, rsize);
+    return block_take(h, p, b, rsize, h->vmm);
 }
 
 /* Lock held; released here. */
@@ -1581,7 +1583,7 @@ static __attribute__((noinline)) void *alloc_large_fast(heap_t *h, size_t size, 
     pool_t *p = &h->pools[POOL_LARGE];
     block_t *b = find_free_vmm(p, h->last_tag, rsize);
     if (__builtin_expect(!b, 0)) return alloc_after_miss(h, p, stream, h->last_tag, size, rsize);
-    b = block_take(h, p, b, rsize);
+    b = block_take(h, p, b, rsize, true);
     *large_slot(p, b->addr) = b;
     account_alloc(h, b, b->size, size, stream);
     update_inactive_split(h);
@@ -1770,7 +1772,7 @@ static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, vo
             room = quick_room(&h->quick[i], key);
         }
         if (__builtin_expect(room, 1)) {
-            pool_t *p = &h->pools[b->pool];
+            pool_t *p = &h->pools[POOL_SMALL]; /* (b's: `live` holds no other pool's blocks here) */
             account_free(h, b, size);
             free_tag(h, b, tag);
             quick_park(h, p, b, size, i, key); /* stays in `live` */
