@@ -6,8 +6,6 @@
  * mutations reach. Seeds: the trace reader's corpus (real traces with 4 KiB blocks).
  */
 // sources: tools/allocview/export.c tools/allocview/analysis.c tools/allocview/symbolize.c tools/allocview/reader.c tools/allocview/devaddr_map.c tools/allocview/pickle_writer.c tools/allocview/pickle.c tools/allocview/text.c src/error.c
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,23 +14,18 @@
 
 #include "../../tools/allocview/pickle.h"
 #include "../../tools/allocview/replay.h"
+#include "fuzz_tmpdir.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static char dir[64], in_path[96], out_path[96];
-
-static void setup(void)
-{
-    snprintf(dir, sizeof dir, "/tmp/fuzz-export-%ld", (long)getpid());
-    mkdir(dir, 0700);
-    snprintf(in_path, sizeof in_path, "%s/in.trace", dir);
-    snprintf(out_path, sizeof out_path, "%s/out.pickle", dir);
-}
+static char in_path[96], out_path[96];
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (!dir[0])
-        setup();
+    if (!in_path[0]) {
+        snprintf(in_path, sizeof in_path, "%s/in.trace", fuzz_tmpdir());
+        snprintf(out_path, sizeof out_path, "%s/out.pickle", fuzz_tmpdir());
+    }
     FILE *f = fopen(in_path, "wb");
     if (!f)
         return 0;

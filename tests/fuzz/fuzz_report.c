@@ -14,6 +14,7 @@
 
 #include "../../tools/allocview/report.h"
 #include "../../tools/allocview/views.h"
+#include "fuzz_tmpdir.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -22,7 +23,7 @@ static char path[96];
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (!path[0]) {
-        snprintf(path, sizeof path, "/tmp/fuzz-report-%ld.trace", (long)getpid());
+        snprintf(path, sizeof path, "%s/in.trace", fuzz_tmpdir());
         if (!freopen("/dev/null", "w", stdout))
             return 0;
     }

@@ -1,0 +1,44 @@
+/* fuzz_tmpdir.h — a private scratch directory for the fuzz targets whose code under test reads and
+ * writes files by name: made on first use (mkdtemp), emptied and removed when the fuzzer exits
+ * normally. A crash leaves it, beside libFuzzer's artifact of the input. Flat: files only. */
+#ifndef CUALLOC_FUZZ_TMPDIR_H
+#define CUALLOC_FUZZ_TMPDIR_H
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char fuzz_dir[64];
+
+static void fuzz_tmpdir_remove(void)
+{
+    DIR *d = opendir(fuzz_dir);
+    if (d) {
+        struct dirent *e;
+        char path[sizeof fuzz_dir + 260];
+        while ((e = readdir(d)) != NULL) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+                continue;
+            snprintf(path, sizeof path, "%s/%s", fuzz_dir, e->d_name);
+            unlink(path);
+        }
+        closedir(d);
+    }
+    rmdir(fuzz_dir);
+}
+
+/* The directory's path (aborts when none can be made: the target could test nothing). */
+static const char *fuzz_tmpdir(void)
+{
+    if (!fuzz_dir[0]) {
+        strcpy(fuzz_dir, "/tmp/cualloc-fuzz-XXXXXX");
+        if (!mkdtemp(fuzz_dir))
+            abort();
+        atexit(fuzz_tmpdir_remove);
+    }
+    return fuzz_dir;
+}
+
+#endif
