@@ -205,11 +205,14 @@ static inline size_t by_mib_bytes(const pool_t *p) {
 static inline block_t **large_slot(const pool_t *p, uintptr_t a) {
     return &p->by_mib[(a - p->va_base) >> LARGE_GRANULE_SHIFT];
 }
+/* The allocated large block that starts at a, from a's slot; NULL when none does (the slot may
+ * hold a block that starts elsewhere in the same granule, or none). */
+static inline block_t *large_get(block_t *const *slot, uintptr_t a) {
+    block_t *b = *slot;
+    return b && b->addr == a ? b : NULL;
+}
 static block_t *live_get(const heap_t *h, uintptr_t a) {
-    if (in_large_va(h, a)) {
-        block_t *b = *large_slot(&h->pools[POOL_LARGE], a);
-        return b && b->addr == a ? b : NULL;
-    }
+    if (in_large_va(h, a)) return large_get(large_slot(&h->pools[POOL_LARGE], a), a);
     return ptrmap_get(&h->live, a);
 }
 /* False when `live` had to grow and could not. */
@@ -1748,8 +1751,7 @@ static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, vo
     block_t *b;
     if (__builtin_expect(in_large_va(h, a), 0)) {
         block_t **slot = large_slot(&h->pools[POOL_LARGE], a);
-        b = *slot;
-        if (b && b->addr != a) b = NULL;
+        b = large_get(slot, a);
         if (__builtin_expect(b && stream == h->fast_free_stream, 1)) return free_large_fast(h, b, slot);
         return report ? free_locked_or_report(h, b, stream, ptr) : free_locked(h, b, stream, false);
     }
