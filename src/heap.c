@@ -1578,21 +1578,37 @@ static inline void *alloc_finish(heap_t *h, pool_t *p, block_t *b, cua_stream st
 
 static __attribute__((noinline, cold)) void *unlock_wake_ptr(heap_t *h, void *ret);
 
-/* heap_malloc's fast path in the large pool, whose blocks are never parked: every allocation there
- * searches and splits. What alloc_after_miss does when the free indexes hold a fitting block, for
- * the fast path's case (VMM, 512 B rounding, the previous call's stream, not recording), without
- * its general checks and calls; a miss goes there. Lock held; released on return. */
-static __attribute__((noinline)) void *alloc_large_fast(heap_t *h, size_t size, size_t rsize, cua_stream stream) {
-    pool_t *p = &h->pools[POOL_LARGE];
+/* heap_malloc's fast path past the quick lists: every large allocation (large blocks are never
+ * parked) and the small pool's misses. What alloc_after_miss does when the free indexes hold a
+ * fitting block, for the fast path's case (VMM, 512 B rounding, the previous call's stream, not
+ * recording), without its general checks and calls; no fit (flush, grow, release) goes there. One
+ * body, compiled per pool (`pool` a constant): the large pool enters its blocks in its granule
+ * table, the small one in `live`. Lock held; released on return. */
+static inline __attribute__((always_inline)) void *alloc_indexed_fast(heap_t *h, pool_id_t pool, size_t size, size_t rsize,
+                                                                     cua_stream stream) {
+    pool_t *p = &h->pools[pool];
     block_t *b = find_free_vmm(p, h->last_tag, rsize);
     if (__builtin_expect(!b, 0)) return alloc_after_miss(h, p, stream, h->last_tag, size, rsize);
     b = block_take(h, p, b, rsize, true);
-    *large_slot(p, b->addr) = b;
+    if (pool == POOL_LARGE) {
+        *large_slot(p, b->addr) = b;
+    } else if (__builtin_expect(!ptrmap_insert(&h->live, b->addr, b), 0)) {
+        alloc_untake(h, p, b, stream, size, rsize);
+        return NULL;
+    }
     account_alloc(h, b, b->size, size, stream);
     update_inactive_split(h);
     void *ptr = (void *)b->addr;
     if (__builtin_expect(cua_unlock_nowake(&h->lock), 0)) return unlock_wake_ptr(h, ptr);
     return ptr;
+}
+
+static __attribute__((noinline)) void *alloc_large_fast(heap_t *h, size_t size, size_t rsize, cua_stream stream) {
+    return alloc_indexed_fast(h, POOL_LARGE, size, rsize, stream);
+}
+
+static __attribute__((noinline)) void *alloc_small_fast_miss(heap_t *h, size_t size, size_t rsize, cua_stream stream) {
+    return alloc_indexed_fast(h, POOL_SMALL, size, rsize, stream);
 }
 
 /* The fast paths' unlock when a waiter sleeps: wakes it and returns what the fast path would
@@ -1626,7 +1642,7 @@ static inline __attribute__((always_inline)) void *heap_malloc_locked(heap_t *h,
             if (__builtin_expect(cua_unlock_nowake(&h->lock), 0)) return unlock_wake_ptr(h, ptr);
             return ptr;
         }
-        return alloc_after_miss(h, p, stream, h->last_tag, size, rsize);
+        return alloc_small_fast_miss(h, size, rsize, stream);
     }
     return alloc_locked(h, size, stream);
 }
