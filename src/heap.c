@@ -184,7 +184,16 @@ struct heap_s {
     struct { uint8_t bucket, kind; } oom_seen[HEAP_OOM_KINDS];
     unsigned n_oom_seen;
     bool oom_suppressed_said;
+    /* What host memory was refused for during the allocation under way (NULL: nothing): cualloc's
+     * own bookkeeping, not the device, then failed it (alloc_fail says so). Set where the mmap or
+     * slab record fails, cleared where a general allocation starts. */
+    const char *host_refused;
+    unsigned host_refused_said; /* HOST_* bits: each kind of host failure is reported once */
 };
+
+/* The host tables an allocation may need more of; h->host_refused names one. */
+static const char HOST_RECORDS[] = "block records", HOST_LIVE_MAP[] = "the map of live blocks",
+                  HOST_INDEX[] = "a stream's free index";
 
 static inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 static inline size_t align_down(size_t v, size_t a) { return v / a * a; }
@@ -256,7 +265,10 @@ static findex_t *index_get(heap_t *h, pool_t *p, unsigned tag) {
     findex_t *ix = p->index[tag];
     if (ix) return ix;
     void *mem = mmap(NULL, sizeof(findex_t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (mem == MAP_FAILED) return NULL;
+    if (mem == MAP_FAILED) {
+        h->host_refused = HOST_INDEX;
+        return NULL;
+    }
     ix = mem;
     if (h->vmm) sizeclass_init(&ix->sc);
     else tree_init(&ix->tree);
@@ -448,7 +460,10 @@ static inline __attribute__((always_inline)) block_t *block_new(heap_t *h, uintp
     /* Every field set here, the unused ones to zero as slab_alloc would: one store each instead of
      * a memset call and the stores. */
     block_t *r = slab_alloc_uninit(&h->blocks);
-    if (!r) return NULL;
+    if (__builtin_expect(!r, 0)) {
+        h->host_refused = HOST_RECORDS;
+        return NULL;
+    }
     r->addr = addr;
     r->size = size;
     r->prev = prev;
@@ -1132,7 +1147,10 @@ static block_t *classic_alloc_segment(heap_t *h, pool_t *p, unsigned tag, size_t
     size_t size = classic_segment_size(rsize);
     if (h->stats.reserved_bytes + size > h->cap) return NULL;
     block_t *b = slab_alloc(&h->blocks);
-    if (!b) return NULL;
+    if (!b) {
+        h->host_refused = HOST_RECORDS;
+        return NULL;
+    }
     cua_devptr ptr = 0;
     if (h->drv->mem_alloc(h->dev, size, &ptr) != CUA_SUCCESS) {
         slab_free(&h->blocks, b);
@@ -1427,21 +1445,23 @@ static inline __attribute__((always_inline)) block_t *block_split_front(heap_t *
 /* Takes the front `rsize` bytes of FREE block b, found for them, out of the free index; returns the
  * block that holds them (in no index). The rest, if it is to be split off, stays there as a FREE
  * block of the same tag: in VMM mode b's own record, resized in place (unless b heads its
- * segment), else a new one. (A split that gets no record leaves b whole: the caller then holds a
- * little more than it asked for.) */
+ * segment), else a new one. NULL when the split gets no record (host memory: h->host_refused),
+ * b then in its index as before: the allocation fails rather than hold all of b, however large. */
 static inline __attribute__((always_inline)) block_t *block_take(heap_t *h, pool_t *p, block_t *b, size_t rsize,
                                                                 bool vmm /* h->vmm, constant where the caller knows it */) {
     if (vmm && b->size - rsize >= CUALLOC_ALIGN && b->prev) {
         block_t *f = block_split_front(h, b, rsize, BLOCK_FREE, b->tag);
-        if (__builtin_expect(f != NULL, 1)) {
-            free_resize(h, p, b, b->addr + rsize, b->size - rsize);
-            return f;
-        }
+        if (__builtin_expect(f != NULL, 1)) free_resize(h, p, b, b->addr + rsize, b->size - rsize);
+        return f;
     }
     free_remove(h, p, b);
     if (should_split(h, p, b->size, rsize)) {
         block_t *rest = block_split(h, b, rsize, BLOCK_FREE, b->tag);
-        if (rest) free_insert(h, p, rest);
+        if (__builtin_expect(!rest, 0)) {
+            free_insert(h, p, b);
+            return NULL;
+        }
+        free_insert(h, p, rest);
     }
     return b;
 }
@@ -1461,9 +1481,31 @@ static block_t *alloc_search(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
     return block_take(h, p, b, rsize, h->vmm);
 }
 
+/* An allocation failed because host memory was refused for h->host_refused: said once per kind of
+ * table, and not as the device running out (it has room; the device diagnosis would send the user
+ * to the wrong fix). Not recorded as an OOM event either, for the same reason. */
+static void report_host_refused(heap_t *h, size_t size) {
+    unsigned bit = h->host_refused == HOST_RECORDS ? 1u : h->host_refused == HOST_LIVE_MAP ? 2u : 4u;
+    if (!(h->host_refused_said & bit)) {
+        h->host_refused_said |= bit;
+        char req[32];
+        cua_error("device %d: cannot allocate %s: host memory ran out for cualloc's own bookkeeping (%s), not "
+                  "device memory. Free host memory or raise this process's limit on it (ulimit -v, the "
+                  "container's memory limit); later failures of this kind are only counted in num_ooms",
+                  h->dev, fmt_bytes(size, req, sizeof req), h->host_refused);
+    }
+    h->host_refused = NULL;
+}
+
 /* Lock held; released here. */
 static cua_result alloc_fail(heap_t *h, cua_stream stream, size_t size, size_t rsize) {
     h->stats.num_ooms++;
+    if (h->host_refused) {
+        report_host_refused(h, size);
+        update_inactive_split(h);
+        cua_unlock(&h->lock);
+        return CUA_ERROR_OUT_OF_MEMORY;
+    }
     if (trace_enabled()) {
         size_t dfree = 0, dtotal = 0;
         h->drv->mem_get_info(h->dev, &dfree, &dtotal);
@@ -1511,6 +1553,7 @@ static inline __attribute__((always_inline)) void free_tag(heap_t *h, block_t *b
  * allocation fails. Lock held; released here. */
 static __attribute__((noinline, cold)) void alloc_untake(heap_t *h, pool_t *p, block_t *b, cua_stream stream, size_t size,
                                                          size_t rsize) {
+    h->host_refused = HOST_LIVE_MAP;
     b->state = BLOCK_FREE;
     b = coalesce_free(h, p, b);
     free_insert(h, p, b);
@@ -1549,6 +1592,7 @@ static __attribute__((noinline)) void *alloc_locked(heap_t *h, size_t size, cua_
         return NULL;
     }
     pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
+    h->host_refused = NULL;
     unsigned tag = tag_of(h, stream);
     if (__builtin_expect(tag >= HEAP_MAX_TAGS, 0)) {
         alloc_fail(h, stream, size, rsize);
@@ -1562,6 +1606,7 @@ static __attribute__((noinline)) void *alloc_locked(heap_t *h, size_t size, cua_
 /* alloc_locked after the quick lists missed (heap_malloc's fast path comes here directly). */
 static __attribute__((noinline)) void *alloc_after_miss(heap_t *h, pool_t *p, cua_stream stream, unsigned tag,
                                                         size_t size, size_t rsize) {
+    h->host_refused = NULL;
     block_t *b = alloc_miss(h, p, stream, tag, size, rsize);
     return b ? alloc_finish(h, p, b, stream, size) : NULL;
 }
@@ -1590,6 +1635,10 @@ static inline __attribute__((always_inline)) void *alloc_indexed_fast(heap_t *h,
     block_t *b = find_free_vmm(p, h->last_tag, rsize);
     if (__builtin_expect(!b, 0)) return alloc_after_miss(h, p, stream, h->last_tag, size, rsize);
     b = block_take(h, p, b, rsize, true);
+    if (__builtin_expect(!b, 0)) {
+        alloc_fail(h, stream, size, rsize);
+        return NULL;
+    }
     if (pool == POOL_LARGE) {
         *large_slot(p, b->addr) = b;
     } else if (__builtin_expect(!ptrmap_insert(&h->live, b->addr, b), 0)) {

@@ -1,0 +1,122 @@
+/* test_host_oom.c — host memory running out under the heap. With the process's address space
+ * capped (RLIMIT_AS) a little above what it uses, the heap's own tables cannot grow: the map of
+ * live blocks, the slabs of block records, a new stream's free index. Every allocation must then
+ * succeed or fail cleanly: heap_check is clean after every operation, a failure is reported as
+ * host memory (not as the device running out, which would send the user to the wrong fix), and
+ * once the cap is lifted the heap serves and frees everything again. Small requests drive it:
+ * each is a new live block (the map and the slabs grow), many share a chunk (the device has room).
+ * Both modes: VMM (expandable segments) and classic.
+ * Skipped (77) under sanitizers, whose shadow memory does not fit under such a cap. */
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "testutil.h"
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define UNDER_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define UNDER_SANITIZER 1
+#endif
+#endif
+
+#define MAX_BLOCKS 400000
+
+static void *ptrs[MAX_BLOCKS];
+static char messages[16384];
+static size_t messages_len;
+
+static void capture(const char *line, void *arg) {
+    (void)arg;
+    int n = snprintf(messages + messages_len, sizeof messages - messages_len, "%s\n", line);
+    if (n > 0 && (size_t)n < sizeof messages - messages_len) messages_len += (size_t)n;
+}
+
+/* The address space in use now, from /proc/self/statm (pages). */
+static size_t address_space_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    EXPECT(f, "cannot read /proc/self/statm");
+    unsigned long pages = 0;
+    EXPECT(fscanf(f, "%lu", &pages) == 1, "cannot parse /proc/self/statm");
+    fclose(f);
+    return (size_t)pages * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+static void set_soft_limit(rlim_t bytes) {
+    struct rlimit r;
+    EXPECT(getrlimit(RLIMIT_AS, &r) == 0, "getrlimit");
+    r.rlim_cur = bytes == RLIM_INFINITY ? r.rlim_max : bytes;
+    EXPECT(setrlimit(RLIMIT_AS, &r) == 0, "setrlimit");
+}
+
+static cua_stream stream_of[64];
+
+static cua_stream stream_for(size_t i, int streams) { return streams ? stream_of[i % (size_t)streams] : NULL; }
+
+static void run(const char *text, int streams) {
+    conf_t c;
+    conf_defaults(&c);
+    c.driver = DRIVER_SIM;
+    EXPECT(conf_parse(text, &c) == 0, "configuration %s", text);
+    sim_configure(&c);
+    EXPECT(driver_sim_ops.init() == CUA_SUCCESS, "sim init");
+    heap_t *h = heap_create(0, &c, &driver_sim_ops, NULL);
+    EXPECT(h, "heap_create");
+    for (int i = 0; i < streams; i++) stream_of[i] = sim_stream_create(0, false);
+    /* Warm-up: the small pool's device memory the run will use (128 MiB) is mapped now and stays
+     * cached, so that under the cap only the heap's host tables need more memory (the sim's
+     * bookkeeping none: its failures would be the device's). */
+    for (size_t i = 0; i < 32768; i++)
+        EXPECT(heap_alloc(h, 4096, stream_for(i, streams), &ptrs[i]) == CUA_SUCCESS, "warm-up allocation %zu", i);
+    for (size_t i = 0; i < 32768; i++) EXPECT(heap_free(h, ptrs[i], stream_for(i, streams)), "warm-up free %zu", i);
+    EXPECT(heap_check(h, stderr) == 0, "heap consistent before the cap");
+
+    messages_len = 0;
+    set_soft_limit((rlim_t)(address_space_bytes() + (1u << 20)));
+    size_t n = 0, failed = 0;
+    for (; n < MAX_BLOCKS && failed < 50; n++) {
+        if (heap_alloc(h, 512 + (n % 7) * 512, stream_for(n, streams), &ptrs[n]) != CUA_SUCCESS) {
+            ptrs[n] = NULL;
+            failed++;
+        }
+        if (n % 4096 == 0 || !ptrs[n]) EXPECT(heap_check(h, stderr) == 0, "heap inconsistent after allocation %zu", n);
+    }
+    EXPECT(failed > 0, "%s: %zu allocations under the cap and none failed: the cap did not bind", text, n);
+    EXPECT(heap_check(h, stderr) == 0, "heap inconsistent under the cap");
+    EXPECT(strstr(messages, "host memory"), "%s: the failure was not reported as host memory:\n%s", text, messages);
+    EXPECT(!strstr(messages, "genuine shortage") && !strstr(messages, "fragmentation"),
+           "%s: a host-memory failure was diagnosed as a device one:\n%s", text, messages);
+
+    /* Frees never need memory: half of them under the cap. */
+    for (size_t i = 0; i < n; i += 2)
+        if (ptrs[i]) EXPECT(heap_free(h, ptrs[i], stream_for(i, streams)), "free %zu under the cap", i);
+    EXPECT(heap_check(h, stderr) == 0, "heap inconsistent after frees under the cap");
+
+    set_soft_limit(RLIM_INFINITY);
+    void *again = NULL;
+    EXPECT(heap_alloc(h, 4096, NULL, &again) == CUA_SUCCESS, "allocation after the cap is lifted");
+    EXPECT(heap_free(h, again, NULL), "free after the cap is lifted");
+    for (size_t i = 1; i < n; i += 2)
+        if (ptrs[i]) EXPECT(heap_free(h, ptrs[i], stream_for(i, streams)), "free %zu", i);
+    EXPECT(heap_check(h, stderr) == 0, "heap inconsistent at the end");
+    cualloc_stats st;
+    heap_get_stats(h, &st);
+    EXPECT(st.allocated_bytes == 0, "%zu bytes still allocated", (size_t)st.allocated_bytes);
+    printf("test_host_oom: %s: %zu allocations, %zu failed cleanly under the cap\n", text, n, failed);
+    heap_destroy(h);
+    for (int i = 0; i < streams; i++) sim_stream_destroy(stream_of[i]);
+}
+
+int main(void) {
+#ifdef UNDER_SANITIZER
+    printf("test_host_oom: skipped under a sanitizer\n");
+    return 77;
+#else
+    error_set_callback(capture, NULL);
+    run("sim_memory_mb:1024", 0);
+    run("sim_memory_mb:1024,expandable_segments:0", 0);
+    run("sim_memory_mb:1024", 40); /* 40 streams: each a new tag and free index */
+    return 0;
+#endif
+}
