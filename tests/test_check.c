@@ -18,13 +18,7 @@ static int corruptions;
 
 static heap_t *build(const char *text, void **ptrs, int n) {
     conf_t c;
-    conf_defaults(&c);
-    c.driver = DRIVER_SIM;
-    EXPECT(conf_parse(text, &c) == 0, "configuration");
-    sim_configure(&c);
-    EXPECT(driver_sim_ops.init() == CUA_SUCCESS, "sim init");
-    heap_t *h = heap_create(0, &c, &driver_sim_ops, NULL);
-    EXPECT(h, "heap_create");
+    heap_t *h = test_sim_heap(text, &c);
     size_t sizes[] = {3 << 20, 512, 6 << 20, 100 << 10, 5 << 20, 2 << 20, 40 << 20, 7000};
     for (int i = 0; i < n; i++) EXPECT(heap_alloc(h, sizes[i % 8], NULL, &ptrs[i]) == CUA_SUCCESS, "alloc");
     for (int i = 0; i < n; i += 3) EXPECT(heap_free(h, ptrs[i], NULL), "free");

@@ -24,14 +24,7 @@
 #define MAX_BLOCKS 400000
 
 static void *ptrs[MAX_BLOCKS];
-static char messages[16384];
-static size_t messages_len;
-
-static void capture(const char *line, void *arg) {
-    (void)arg;
-    int n = snprintf(messages + messages_len, sizeof messages - messages_len, "%s\n", line);
-    if (n > 0 && (size_t)n < sizeof messages - messages_len) messages_len += (size_t)n;
-}
+static test_captured_t messages;
 
 /* The address space in use now, from /proc/self/statm (pages). */
 static size_t address_space_bytes(void) {
@@ -56,13 +49,7 @@ static cua_stream stream_for(size_t i, int streams) { return streams ? stream_of
 
 static void run(const char *text, int streams) {
     conf_t c;
-    conf_defaults(&c);
-    c.driver = DRIVER_SIM;
-    EXPECT(conf_parse(text, &c) == 0, "configuration %s", text);
-    sim_configure(&c);
-    EXPECT(driver_sim_ops.init() == CUA_SUCCESS, "sim init");
-    heap_t *h = heap_create(0, &c, &driver_sim_ops, NULL);
-    EXPECT(h, "heap_create");
+    heap_t *h = test_sim_heap(text, &c);
     for (int i = 0; i < streams; i++) stream_of[i] = sim_stream_create(0, false);
     /* Warm-up: the small pool's device memory the run will use (128 MiB) is mapped now and stays
      * cached, so that under the cap only the heap's host tables need more memory (the sim's
@@ -72,7 +59,8 @@ static void run(const char *text, int streams) {
     for (size_t i = 0; i < 32768; i++) EXPECT(heap_free(h, ptrs[i], stream_for(i, streams)), "warm-up free %zu", i);
     EXPECT(heap_check(h, stderr) == 0, "heap consistent before the cap");
 
-    messages_len = 0;
+    messages.len = 0;
+    messages.text[0] = '\0';
     set_soft_limit((rlim_t)(address_space_bytes() + (1u << 20)));
     size_t n = 0, failed = 0;
     for (; n < MAX_BLOCKS && failed < 50; n++) {
@@ -84,9 +72,9 @@ static void run(const char *text, int streams) {
     }
     EXPECT(failed > 0, "%s: %zu allocations under the cap and none failed: the cap did not bind", text, n);
     EXPECT(heap_check(h, stderr) == 0, "heap inconsistent under the cap");
-    EXPECT(strstr(messages, "host memory"), "%s: the failure was not reported as host memory:\n%s", text, messages);
-    EXPECT(!strstr(messages, "genuine shortage") && !strstr(messages, "fragmentation"),
-           "%s: a host-memory failure was diagnosed as a device one:\n%s", text, messages);
+    EXPECT(strstr(messages.text, "host memory"), "%s: the failure was not reported as host memory:\n%s", text, messages.text);
+    EXPECT(!strstr(messages.text, "genuine shortage") && !strstr(messages.text, "fragmentation"),
+           "%s: a host-memory failure was diagnosed as a device one:\n%s", text, messages.text);
 
     /* Frees never need memory: half of them under the cap. */
     for (size_t i = 0; i < n; i += 2)
@@ -113,7 +101,7 @@ int main(void) {
     printf("test_host_oom: skipped under a sanitizer\n");
     return 77;
 #else
-    error_set_callback(capture, NULL);
+    error_set_callback(test_capture, &messages);
     run("sim_memory_mb:1024", 0);
     run("sim_memory_mb:1024,expandable_segments:0", 0);
     run("sim_memory_mb:1024", 40); /* 40 streams: each a new tag and free index */

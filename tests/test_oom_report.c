@@ -7,25 +7,11 @@
 #include "internal.h"
 #include "testutil.h"
 
-static char captured[8192];
-static size_t captured_len;
-
-static void capture(const char *line, void *arg) {
-    (void)arg;
-    int n = snprintf(captured + captured_len, sizeof captured - captured_len, "%s\n", line);
-    if (n > 0 && (size_t)n < sizeof captured - captured_len) captured_len += (size_t)n;
-}
+static test_captured_t captured;
 
 static heap_t *open_heap(const char *text) {
     conf_t c;
-    conf_defaults(&c);
-    c.driver = DRIVER_SIM;
-    EXPECT(conf_parse(text, &c) == 0, "bad configuration %s", text);
-    sim_configure(&c);
-    EXPECT(driver_sim_ops.init() == CUA_SUCCESS, "sim init");
-    heap_t *h = heap_create(0, &c, &driver_sim_ops, NULL);
-    EXPECT(h, "heap_create");
-    return h;
+    return test_sim_heap(text, &c);
 }
 
 static int failures;
@@ -36,7 +22,7 @@ static void compare(const char *dir, const char *name) {
     if (getenv("UPDATE_EXPECTED")) {
         FILE *f = fopen(path, "w");
         EXPECT(f, "cannot write %s", path);
-        fwrite(captured, 1, captured_len, f);
+        fwrite(captured.text, 1, captured.len, f);
         fclose(f);
         printf("  wrote %s\n", path);
         return;
@@ -47,20 +33,20 @@ static void compare(const char *dir, const char *name) {
     size_t n = fread(want, 1, sizeof want - 1, f);
     fclose(f);
     want[n] = '\0';
-    if (n != captured_len || memcmp(want, captured, n) != 0) {
-        fprintf(stderr, "test_oom_report: %s differs.\n--- expected\n%s--- got\n%s", name, want, captured);
+    if (n != captured.len || memcmp(want, captured.text, n) != 0) {
+        fprintf(stderr, "test_oom_report: %s differs.\n--- expected\n%s--- got\n%s", name, want, captured.text);
         failures++;
     }
 }
 
 static void reset(void) {
-    captured_len = 0;
-    captured[0] = '\0';
+    captured.len = 0;
+    captured.text[0] = '\0';
 }
 
 int main(int argc, char **argv) {
     EXPECT(argc == 2, "usage: test_oom_report EXPECTED_DIR");
-    error_set_callback(capture, NULL);
+    error_set_callback(test_capture, &captured);
     void *p = NULL;
 
     /* 1. Genuine shortage: 40 MiB live on a 64 MiB device, 40 MiB more asked; then the same again

@@ -7,17 +7,6 @@
 #include "internal.h"
 #include "testutil.h"
 
-static heap_t *open_heap(const char *text, conf_t *c) {
-    conf_defaults(c);
-    c->driver = DRIVER_SIM;
-    EXPECT(conf_parse(text, c) == 0, "bad configuration %s", text);
-    sim_configure(c);
-    EXPECT(driver_sim_ops.init() == CUA_SUCCESS, "sim init");
-    heap_t *h = heap_create(0, c, &driver_sim_ops, NULL);
-    EXPECT(h, "heap_create");
-    return h;
-}
-
 static void *must_alloc(heap_t *h, size_t size, cua_stream s) {
     void *p = NULL;
     EXPECT(heap_alloc(h, size, s, &p) == CUA_SUCCESS && p, "allocation of %zu failed", size);
@@ -38,7 +27,7 @@ static cualloc_stats stats(heap_t *h) {
 
 static void test_same_stream_reuse(void) {
     conf_t c;
-    heap_t *h = open_heap("sim_memory_mb:64", &c);
+    heap_t *h = test_sim_heap("sim_memory_mb:64", &c);
     cua_stream s = sim_stream_create(0, true);
     void *a = must_alloc(h, 4 << 20, s);
     must_free(h, a, s);
@@ -55,7 +44,7 @@ static void test_same_stream_reuse(void) {
 
 static void test_cross_stream_waits_for_event(void) {
     conf_t c;
-    heap_t *h = open_heap("sim_memory_mb:64", &c);
+    heap_t *h = test_sim_heap("sim_memory_mb:64", &c);
     cua_stream s = sim_stream_create(0, true), t = sim_stream_create(0, true);
     void *a = must_alloc(h, 4 << 20, s);
     must_free(h, a, s); /* S's work on `a` is still in flight: S is held */
@@ -77,7 +66,7 @@ static void test_cross_stream_waits_for_event(void) {
 /* A free on S after the event was recorded is not covered by it: the block stays S's. */
 static void test_event_covers_only_earlier_frees(void) {
     conf_t c;
-    heap_t *h = open_heap("sim_memory_mb:64", &c);
+    heap_t *h = test_sim_heap("sim_memory_mb:64", &c);
     cua_stream s = sim_stream_create(0, true), t = sim_stream_create(0, true);
     void *a = must_alloc(h, 4 << 20, s), *a2 = must_alloc(h, 4 << 20, s);
     must_free(h, a, s);
@@ -97,7 +86,7 @@ static void test_event_covers_only_earlier_frees(void) {
 /* Under memory pressure the heap synchronizes the stream holding free memory instead of failing. */
 static void test_pressure_synchronizes(void) {
     conf_t c;
-    heap_t *h = open_heap("sim_memory_mb:16", &c);
+    heap_t *h = test_sim_heap("sim_memory_mb:16", &c);
     cua_stream s = sim_stream_create(0, true), t = sim_stream_create(0, true);
     void *a = must_alloc(h, 12 << 20, s);
     must_free(h, a, s);
@@ -114,7 +103,7 @@ static void test_pressure_synchronizes(void) {
 /* Chunks freed on a held stream are not unmapped until that stream is synchronized. */
 static void test_trim_synchronizes_first(void) {
     conf_t c;
-    heap_t *h = open_heap("sim_memory_mb:64", &c);
+    heap_t *h = test_sim_heap("sim_memory_mb:64", &c);
     cua_stream s = sim_stream_create(0, true);
     void *a = must_alloc(h, 8 << 20, s);
     must_free(h, a, s);
@@ -130,7 +119,7 @@ static void test_trim_synchronizes_first(void) {
 /* A destroyed stream's handle can come back for a new stream: its free blocks are settled. */
 static void test_stream_destroyed(void) {
     conf_t c;
-    heap_t *h = open_heap("sim_memory_mb:64", &c);
+    heap_t *h = test_sim_heap("sim_memory_mb:64", &c);
     cua_stream s = sim_stream_create(0, true), t = sim_stream_create(0, true);
     void *a = must_alloc(h, 4 << 20, s);
     must_free(h, a, s);
@@ -147,7 +136,7 @@ static void test_stream_destroyed(void) {
 /* More streams than tag slots: records are recycled, nothing breaks. */
 static void test_many_streams(void) {
     conf_t c;
-    heap_t *h = open_heap("sim_memory_mb:1024", &c);
+    heap_t *h = test_sim_heap("sim_memory_mb:1024", &c);
     void *ptrs[200];
     for (int i = 0; i < 200; i++) ptrs[i] = must_alloc(h, 1 << 20, (cua_stream)(uintptr_t)(0x1000 + 16 * i));
     for (int i = 0; i < 200; i++) must_free(h, ptrs[i], (cua_stream)(uintptr_t)(0x1000 + 16 * i));
@@ -164,7 +153,7 @@ static void test_many_streams(void) {
  * PyTorch's default allocator, is stuck with one pinned 1000 MiB segment and must fail cleanly. */
 static bool fragmentation_trap(const char *text, bool *usable_after) {
     conf_t c;
-    heap_t *h = open_heap(text, &c);
+    heap_t *h = test_sim_heap(text, &c);
     cua_stream s = NULL;
     void *held[3], *big, *pieces[9], *pins[9];
     for (int i = 0; i < 3; i++) held[i] = must_alloc(h, (size_t)1 << 30, s);
@@ -208,7 +197,7 @@ static void test_split_coalesce(const char *text) {
     static const int orders[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2}, {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
     for (int o = 0; o < 6; o++) {
         conf_t c;
-        heap_t *h = open_heap(text, &c);
+        heap_t *h = test_sim_heap(text, &c);
         void *big = must_alloc(h, 12 << 20, NULL);
         must_free(h, big, NULL);
         heap_trim(h); /* start from nothing cached, then one 12 MiB free range */
@@ -233,7 +222,7 @@ static void test_split_coalesce(const char *text) {
  * quarter of the rounds, but with the live peak, which rises too.) */
 static void test_max_split_bounded(void) {
     conf_t c;
-    heap_t *h = open_heap("sim_memory_mb:8192,max_split_size_mb:64", &c);
+    heap_t *h = test_sim_heap("sim_memory_mb:8192,max_split_size_mb:64", &c);
     rng_t r = {12345};
     void *live[8] = {0};
     size_t live_bytes = 0, peak_live = 0, sizes[8] = {0};
@@ -265,7 +254,7 @@ static void test_max_split_bounded(void) {
  * once, with no event and no synchronization. */
 static void test_device_wide_without_nonblocking(void) {
     conf_t c;
-    heap_t *h = open_heap("sim_memory_mb:64", &c);
+    heap_t *h = test_sim_heap("sim_memory_mb:64", &c);
     cua_stream blocking = sim_stream_create(0, true);
     heap_stream_created(h, blocking, false); /* blocking streams are ordered by the legacy stream */
     void *a = must_alloc(h, 4 << 20, NULL);
@@ -284,7 +273,7 @@ static void test_device_wide_without_nonblocking(void) {
  * the legacy stream included, until that stream's work has completed. */
 static void test_device_wide_waits_for_nonblocking(void) {
     conf_t c;
-    heap_t *h = open_heap("sim_memory_mb:64", &c);
+    heap_t *h = test_sim_heap("sim_memory_mb:64", &c);
     cua_stream nb = sim_stream_create(0, true);
     heap_stream_created(h, nb, true);
     void *a = must_alloc(h, 4 << 20, NULL);
@@ -317,7 +306,7 @@ static void test_device_wide_waits_for_nonblocking(void) {
 /* Under pressure the device-wide blocks are settled with one synchronization, not one per free. */
 static void test_device_wide_pressure(void) {
     conf_t c;
-    heap_t *h = open_heap("sim_memory_mb:256", &c);
+    heap_t *h = test_sim_heap("sim_memory_mb:256", &c);
     cua_stream nb = sim_stream_create(0, true);
     heap_stream_created(h, nb, true);
     void *p[100];
@@ -340,7 +329,7 @@ static void test_device_wide_pressure(void) {
 /* During capture the heap records, queries and synchronizes nothing on the capturing stream. */
 static void test_capture_untouched(void) {
     conf_t c;
-    heap_t *h = open_heap("sim_memory_mb:64", &c);
+    heap_t *h = test_sim_heap("sim_memory_mb:64", &c);
     cua_stream s = sim_stream_create(0, true), t = sim_stream_create(0, true);
     void *a = must_alloc(h, 4 << 20, s);
     must_free(h, a, s);
@@ -370,7 +359,7 @@ static void test_capture_untouched(void) {
 /* Peer access: the heap re-grants its mapped ranges once a peer is enabled. */
 static void test_peer_enabled(void) {
     conf_t c;
-    heap_t *h = open_heap("sim_memory_mb:64,sim_devices:2", &c);
+    heap_t *h = test_sim_heap("sim_memory_mb:64,sim_devices:2", &c);
     void *a = must_alloc(h, 4 << 20, NULL);
     EXPECT(sim_range_accessible_from(0, (cua_devptr)(uintptr_t)a, 4 << 20), "the owner has access");
     EXPECT(!sim_range_accessible_from(1, (cua_devptr)(uintptr_t)a, 4 << 20), "device 1 has none yet");
@@ -393,7 +382,7 @@ static void test_peer_enabled(void) {
  * the statistics count it as free (heap_check compares them with the blocks after every step). */
 static void test_parked_block_is_free(void) {
     conf_t c;
-    heap_t *h = open_heap("sim_memory_mb:64", &c);
+    heap_t *h = test_sim_heap("sim_memory_mb:64", &c);
     cua_stream s = sim_stream_create(0, true);
     void *p = must_alloc(h, 300 << 10, s);
     must_free(h, p, s);
@@ -444,7 +433,7 @@ static void *big_alloc_thread(void *arg) {
  * settled, nothing new is mapped beyond the cap, and no OOM is reported. */
 static void test_parked_memory_reclaimed(void) {
     conf_t c;
-    heap_t *h = open_heap("sim_memory_mb:64", &c);
+    heap_t *h = test_sim_heap("sim_memory_mb:64", &c);
     cua_stream s = sim_stream_create(0, false), t = sim_stream_create(0, false), u = sim_stream_create(0, false);
     void *ptrs[96];
     size_t n = 0, total = 0;

@@ -52,4 +52,32 @@ static inline size_t rng_tensor_size(rng_t *r, size_t max_bytes) {
     return s ? s : 1;
 }
 
+#ifdef CUALLOC_INTERNAL_H
+/* White-box tests: a heap on device 0 of the sim device, configured by `text` (configuration keys,
+ * over the defaults) into *c, which the caller keeps. */
+static inline heap_t *test_sim_heap(const char *text, conf_t *c) {
+    conf_defaults(c);
+    c->driver = DRIVER_SIM;
+    EXPECT(conf_parse(text, c) == 0, "bad configuration %s", text);
+    sim_configure(c);
+    EXPECT(driver_sim_ops.init() == CUA_SUCCESS, "sim init");
+    heap_t *h = heap_create(0, c, &driver_sim_ops, NULL);
+    EXPECT(h, "heap_create (%s)", text);
+    return h;
+}
+
+/* cua_error's lines, captured for the test to read: error_set_callback(test_capture, &buf). A line
+ * that does not fit is dropped whole. */
+typedef struct {
+    char text[16384];
+    size_t len;
+} test_captured_t;
+static inline void test_capture(const char *line, void *arg) {
+    test_captured_t *c = arg;
+    int n = snprintf(c->text + c->len, sizeof c->text - c->len, "%s\n", line);
+    if (n > 0 && (size_t)n < sizeof c->text - c->len) c->len += (size_t)n;
+    else c->text[c->len] = '\0';
+}
+#endif
+
 #endif
