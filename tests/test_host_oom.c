@@ -5,7 +5,7 @@
  * host memory (not as the device running out, which would send the user to the wrong fix), and
  * once the cap is lifted the heap serves and frees everything again. Small requests drive it:
  * each is a new live block (the map and the slabs grow), many share a chunk (the device has room).
- * Both modes: VMM (expandable segments) and classic.
+ * Both modes: VMM (expandable segments) and classic; and a stream first seen under the cap.
  * Skipped (77) under sanitizers, whose shadow memory does not fit under such a cap. */
 #include <sys/resource.h>
 #include <unistd.h>
@@ -96,6 +96,33 @@ static void run(const char *text, int streams) {
     for (int i = 0; i < streams; i++) sim_stream_destroy(stream_of[i]);
 }
 
+/* A stream first seen under the cap needs a free index for its tag (an mmap each pool): its first
+ * allocation fails cleanly, reported as host memory, and once the cap is lifted it is served. */
+static void run_new_stream(const char *text) {
+    conf_t c;
+    heap_t *h = test_sim_heap(text, &c);
+    void *p = NULL;
+    EXPECT(heap_alloc(h, 4096, NULL, &p) == CUA_SUCCESS && heap_free(h, p, NULL), "warm-up");
+    cua_stream s = sim_stream_create(0, false);
+    messages.len = 0;
+    messages.text[0] = '\0';
+    set_soft_limit((rlim_t)address_space_bytes());
+    p = NULL;
+    cua_result r = heap_alloc(h, 4096, s, &p);
+    set_soft_limit(RLIM_INFINITY);
+    EXPECT(r != CUA_SUCCESS && !p, "%s: a new stream was served with no address space to spare", text);
+    EXPECT(heap_check(h, stderr) == 0, "heap inconsistent after the failed allocation");
+    EXPECT(strstr(messages.text, "host memory") && strstr(messages.text, "a stream's free index") &&
+               !strstr(messages.text, "out of memory"),
+           "%s: the new stream's failure was not reported as host memory for its index:\n%s", text, messages.text);
+    EXPECT(heap_alloc(h, 4096, s, &p) == CUA_SUCCESS, "%s: the new stream is not served once the cap is lifted", text);
+    EXPECT(heap_free(h, p, s), "free on the new stream");
+    EXPECT(heap_check(h, stderr) == 0, "heap inconsistent at the end");
+    printf("test_host_oom: %s: a new stream's first allocation failed cleanly under the cap\n", text);
+    heap_destroy(h);
+    sim_stream_destroy(s);
+}
+
 int main(void) {
 #ifdef UNDER_SANITIZER
     printf("test_host_oom: skipped under a sanitizer\n");
@@ -105,6 +132,8 @@ int main(void) {
     run("sim_memory_mb:1024", 0);
     run("sim_memory_mb:1024,expandable_segments:0", 0);
     run("sim_memory_mb:1024", 40); /* 40 streams: each a new tag and free index */
+    run_new_stream("sim_memory_mb:1024");
+    run_new_stream("sim_memory_mb:1024,expandable_segments:0");
     return 0;
 #endif
 }
