@@ -127,7 +127,7 @@ int main(void) {
 #ifdef UNDER_SANITIZER
     printf("test_host_oom: skipped under a sanitizer\n");
     return 77;
-#else
+#endif
     error_set_callback(test_capture, &messages);
     run("sim_memory_mb:1024", 0);
     run("sim_memory_mb:1024,expandable_segments:0", 0);
@@ -135,5 +135,4 @@ int main(void) {
     run_new_stream("sim_memory_mb:1024");
     run_new_stream("sim_memory_mb:1024,expandable_segments:0");
     return 0;
-#endif
 }
