@@ -1003,7 +1003,7 @@ static void report_many(FILE *out, av_t **as, size_t n, const ropts_t *o)
             "OOMs", "ended");
     for (size_t i = 0; i < n; i++) {
         const av_t *a = as[i];
-        char r[16], ended[768];
+        char r[24], ended[768]; /* r: any int64 rank */
         if (a->rank >= 0)
             snprintf(r, sizeof r, "%" PRId64, a->rank);
         else
