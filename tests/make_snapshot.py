@@ -1,4 +1,4 @@
-"""make_snapshot.py OUT.pickle [varlen|optstep] — a small PyTorch memory snapshot, shaped like the
+"""make_snapshot.py OUT.pickle [varlen|optstep [OPTIMIZER]] — a small PyTorch memory snapshot, shaped like the
 ones torch.cuda.memory._dump_snapshot writes (segments with blocks, one device's events with
 frames, external_annotations), whose frames carry PyTorch's machinery the way real ones do: its
 stack capture, its caching allocator, tensor factories, dispatcher wrappers (Register*.cpp,
@@ -8,6 +8,7 @@ what allocview makes of it without the corpus.
   varlen   six steps whose activations follow drawn sequence lengths (3, 8, 2, 5, 7, 1 units)
   optstep  one step whose optimizer makes its state (4 x 64 MiB) on top of parameters: the peak
            lies inside the annotated optimizer step
+  OPTIMIZER  the optimizer's name in the annotations, "Optimizer.step#OPTIMIZER.step" (AdamW)
 Plain data only (dicts, lists, str, int, bool, tuple), pickle protocol 4, as PyTorch writes it.
 """
 import pickle
@@ -56,6 +57,7 @@ state = []
 addr = base + 64 * MiB
 # sequence lengths in units of 8 MiB of activation per layer, 4 layers
 MODE = sys.argv[2] if len(sys.argv) > 2 else "varlen"
+OPT = sys.argv[3] if len(sys.argv) > 3 else "AdamW"
 LENGTHS = [3, 8, 2, 5, 7, 1] if MODE == "varlen" else [2]
 STATE = (2, 32 * MiB) if MODE == "varlen" else (4, 64 * MiB)
 for step, L in enumerate(LENGTHS, 1):
@@ -67,15 +69,15 @@ for step, L in enumerate(LENGTHS, 1):
     for a, s in reversed(acts):
         ev("free_requested", a, s, []); ev("free_completed", a, s, [])
     addr = base + 64 * MiB + (len(state) * 32 * MiB)
-    mark("START", "Optimizer.step#AdamW.step")
+    mark("START", "Optimizer.step#%s.step" % OPT)
     if step == 1:
         for k in range(STATE[0]):
             s = base + 512 * MiB + k * STATE[1]
             ev("alloc", s, STATE[1], frames("at::native::empty_like(at::Tensor const&)", "step", 80 + k * 2))
             state.append(s)
-    mark("END", "Optimizer.step#AdamW.step")
-    mark("START", "Optimizer.zero_grad#AdamW.zero_grad")
-    mark("END", "Optimizer.zero_grad#AdamW.zero_grad")
+    mark("END", "Optimizer.step#%s.step" % OPT)
+    mark("START", "Optimizer.zero_grad#%s.zero_grad" % OPT)
+    mark("END", "Optimizer.zero_grad#%s.zero_grad" % OPT)
 blocks = [{"address": params, "size": 64 * MiB, "requested_size": 64 * MiB, "state": "active_allocated", "frames": []}]
 blocks += [{"address": s, "size": STATE[1], "requested_size": STATE[1], "state": "active_allocated", "frames": []}
            for s in state]

@@ -430,7 +430,7 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
             break;
         }
         case CUA_TRACE_MARK: {
-            char label[256];
+            char label[AV_MARK_MAX];
             copy_str(label, sizeof label, rec.u.text);
             if (opts && opts->at_mark && !a->at_hit && strcmp(label, opts->at_mark) == 0) {
                 a->at_hit = true;

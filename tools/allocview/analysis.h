@@ -18,6 +18,10 @@
 #include "reader.h"
 
 /* Leak state of one stack over a series of boundaries (step ends or time windows). */
+/* A mark's text, NUL included; longer ones are cut. The optimizer's annotations are kept whole, as
+ * their START and END are matched by name. */
+#define AV_MARK_MAX 256
+
 typedef struct av_leak {
     uint32_t last_b;            /* boundaries accounted for */
     uint32_t n, inc, dec;       /* boundaries seen while live, rises, falls */
@@ -96,13 +100,13 @@ typedef struct av {
     size_t nsegs, capsegs;
     uint32_t nmarks, nstep_marks;
     bool marks_start_steps, mark_convention_known;
-    char torch_step_label[96];  /* PyTorch's "END Optimizer.step#..." annotation that ends steps */
+    char torch_step_label[AV_MARK_MAX]; /* PyTorch's "END Optimizer.step#..." annotation that ends steps */
     long torch_steps;           /* how many of them so far */
     /* Inside PyTorch's "START/END Optimizer.step#NAME" annotations: open, since which record, NAME;
      * and the same at the allocated peak. */
     bool opt_open, peak_in_opt;
     uint64_t opt_start_seq, peak_opt_start_seq;
-    char opt_name[96], peak_opt_name[96];
+    char opt_name[AV_MARK_MAX], peak_opt_name[AV_MARK_MAX]; /* whole marks: they are compared */
     uint32_t step_bounds, win_bounds;
     uint64_t win_every, win_allocs;
     /* OOMs */
