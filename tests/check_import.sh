@@ -48,13 +48,18 @@ grep -q 'Longest batches: step 2 peaked at 384.00 MiB' "$tmp/made-varlen.txt" ||
 grep -q 'Optimizer step: the peak (320.00 MiB) lies inside the optimizer.s step (Optimizer.step#AdamW.step), whose own first allocations hold 256.00 MiB' "$tmp/made-optstep.txt" ||
     { echo "FAIL: made-optstep: $(sed -n '/^Diagnosis/,$p' "$tmp/made-optstep.txt")"; st=1; }
 if grep -q 'Optimizer step:' "$tmp/made-varlen.txt"; then echo "FAIL: made-varlen: its peak is not in the optimizer"; st=1; fi
-# An optimizer whose annotation is longer than most (a module path of 120 characters): its START and
-# END still pair up, and its steps still count.
+# An optimizer whose annotations are longer than most (a module path of 330 characters): its START
+# and END still pair up, its steps still count, and `--at` finds its marks.
 long=research_lab.training.optimizers.distributed.zero_redundancy.ShardedAdamWWithDecoupledWeightDecayAndGradientClipping
+long=$long.$long.$long
 python3 "$(dirname "$0")/make_snapshot.py" "$tmp/made-long.pickle" varlen "$long" || { echo "FAIL: make_snapshot.py long"; st=1; }
 "$allocview" import "$tmp/made-long.pickle" -o "$tmp/made-long.trace" 2>/dev/null || { echo "FAIL: import of made-long exited $?"; st=1; }
 "$allocview" report --no-color "$tmp/made-long.trace" >"$tmp/made-long.txt" 2>&1
 grep -q '^  step 6 ' "$tmp/made-long.txt" || { echo "FAIL: made-long: want 6 steps: $(cat "$tmp/made-long.txt")"; st=1; }
+"$allocview" peak --no-color --at "END Optimizer.step#$long.step" "$tmp/made-long.trace" >"$tmp/made-long-at.txt" 2>&1
+if grep -q 'never reached' "$tmp/made-long-at.txt"; then echo "FAIL: made-long: --at does not find the long mark"; st=1; fi
+grep -q '^State at END Optimizer.step#research_lab' "$tmp/made-long-at.txt" ||
+    { echo "FAIL: made-long: --at: $(head -5 "$tmp/made-long-at.txt")"; st=1; }
 
 # A pickle with objects in it is refused with the opcode named.
 printf '\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x8c\x06system\x93.' >"$tmp/evil.pickle"

@@ -18,9 +18,10 @@
 #include "reader.h"
 
 /* Leak state of one stack over a series of boundaries (step ends or time windows). */
-/* A mark's text, NUL included; longer ones are cut. The optimizer's annotations are kept whole, as
- * their START and END are matched by name. */
-#define AV_MARK_MAX 256
+/* A mark's text, NUL included: the longest a trace holds (the recorder writes up to 1024 bytes,
+ * allocview import up to 4000), cut beyond. Marks are matched whole: an optimizer annotation's START
+ * with its END, a mark with `--at MARK`. */
+#define AV_MARK_MAX 4001
 
 typedef struct av_leak {
     uint32_t last_b;            /* boundaries accounted for */
