@@ -132,6 +132,9 @@ typedef struct pool_s {
                                   * with one load, and an allocation enters it with one store. */
 } pool_t;
 
+/* The host tables an allocation may need more of (heap_t.host_refused). */
+typedef enum { HOST_NONE, HOST_RECORDS, HOST_LIVE_MAP, HOST_INDEX } host_table_t;
+
 struct heap_s {
     cua_lock_t lock;             /* guards everything below */
     int dev;
@@ -184,16 +187,16 @@ struct heap_s {
     struct { uint8_t bucket, kind; } oom_seen[HEAP_OOM_KINDS];
     unsigned n_oom_seen;
     bool oom_suppressed_said;
-    /* What host memory was refused for during the allocation under way (NULL: nothing): cualloc's
-     * own bookkeeping, not the device, then failed it (alloc_fail says so). Set where the mmap or
-     * slab record fails, cleared where a general allocation starts. */
-    const char *host_refused;
-    unsigned host_refused_said; /* HOST_* bits: each kind of host failure is reported once */
+    /* What host memory was refused for during the allocation under way (HOST_NONE: nothing):
+     * cualloc's own bookkeeping, not the device, then failed it (alloc_fail says so). Set where
+     * the mmap or slab record fails, cleared where a general allocation starts. */
+    host_table_t host_refused;
+    unsigned host_refused_said; /* bit 1 << kind: each kind of host failure is reported once */
 };
 
-/* The host tables an allocation may need more of; h->host_refused names one. */
-static const char HOST_RECORDS[] = "block records", HOST_LIVE_MAP[] = "the map of live blocks",
-                  HOST_INDEX[] = "a stream's free index";
+static const char *const host_table_names[] = {
+    [HOST_NONE] = "nothing", [HOST_RECORDS] = "block records", [HOST_LIVE_MAP] = "the map of live blocks",
+    [HOST_INDEX] = "a stream's free index"};
 
 static inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 static inline size_t align_down(size_t v, size_t a) { return v / a * a; }
@@ -1485,22 +1488,22 @@ static block_t *alloc_search(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
  * table, and not as the device running out (it has room; the device diagnosis would send the user
  * to the wrong fix). Not recorded as an OOM event either, for the same reason. */
 static void report_host_refused(heap_t *h, size_t size) {
-    unsigned bit = h->host_refused == HOST_RECORDS ? 1u : h->host_refused == HOST_LIVE_MAP ? 2u : 4u;
+    unsigned bit = 1u << h->host_refused;
     if (!(h->host_refused_said & bit)) {
         h->host_refused_said |= bit;
         char req[32];
         cua_error("device %d: cannot allocate %s: host memory ran out for cualloc's own bookkeeping (%s), not "
                   "device memory. Free host memory or raise this process's limit on it (ulimit -v, the "
                   "container's memory limit); later failures of this kind are only counted in num_ooms",
-                  h->dev, fmt_bytes(size, req, sizeof req), h->host_refused);
+                  h->dev, fmt_bytes(size, req, sizeof req), host_table_names[h->host_refused]);
     }
-    h->host_refused = NULL;
+    h->host_refused = HOST_NONE;
 }
 
 /* Lock held; released here. */
 static cua_result alloc_fail(heap_t *h, cua_stream stream, size_t size, size_t rsize) {
     h->stats.num_ooms++;
-    if (h->host_refused) {
+    if (h->host_refused != HOST_NONE) {
         report_host_refused(h, size);
         update_inactive_split(h);
         cua_unlock(&h->lock);
@@ -1592,7 +1595,7 @@ static __attribute__((noinline)) void *alloc_locked(heap_t *h, size_t size, cua_
         return NULL;
     }
     pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
-    h->host_refused = NULL;
+    h->host_refused = HOST_NONE;
     unsigned tag = tag_of(h, stream);
     if (__builtin_expect(tag >= HEAP_MAX_TAGS, 0)) {
         alloc_fail(h, stream, size, rsize);
@@ -1606,7 +1609,7 @@ static __attribute__((noinline)) void *alloc_locked(heap_t *h, size_t size, cua_
 /* alloc_locked after the quick lists missed (heap_malloc's fast path comes here directly). */
 static __attribute__((noinline)) void *alloc_after_miss(heap_t *h, pool_t *p, cua_stream stream, unsigned tag,
                                                         size_t size, size_t rsize) {
-    h->host_refused = NULL;
+    h->host_refused = HOST_NONE;
     block_t *b = alloc_miss(h, p, stream, tag, size, rsize);
     return b ? alloc_finish(h, p, b, stream, size) : NULL;
 }
