@@ -362,7 +362,7 @@ static const char *parse_bool(const char *s, size_t len, bool *out)
 /* Interval of a key in MiB: log2, clamped to the last interval. The key is a power of two. */
 static unsigned roundup_index(uint64_t size_mb)
 {
-    unsigned idx = 63u - (unsigned)__builtin_clzll(size_mb);
+    unsigned idx = floor_log2(size_mb);
     return idx < CONF_ROUNDUP_INTERVALS ? idx : CONF_ROUNDUP_INTERVALS - 1;
 }
 

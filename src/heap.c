@@ -200,7 +200,6 @@ static const char *const host_table_names[] = {
 
 static inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 static inline size_t align_down(size_t v, size_t a) { return v / a * a; }
-static inline unsigned floor_log2(uint64_t v) { return 63u - (unsigned)__builtin_clzll(v); }
 
 /* ------------------------------------------------------------------ live blocks */
 

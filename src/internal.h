@@ -34,6 +34,9 @@
 #define MiB ((size_t)1024 * 1024)
 #define GiB ((size_t)1024 * 1024 * 1024)
 
+/* floor(log2(v)) for v > 0. */
+static inline unsigned floor_log2(uint64_t v) { return 63u - (unsigned)__builtin_clzll(v); }
+
 /* ======================================================================== error.c */
 
 /* The one path for user-visible messages: "cualloc: " + text + newline, to stderr or to the
@@ -304,7 +307,7 @@ static inline void sizeclass_mapping(size_t size, unsigned *fl, unsigned *sl) {
         *fl = 0;
         *sl = (unsigned)u;
     } else {
-        unsigned f = 63u - (unsigned)__builtin_clzll(u);
+        unsigned f = floor_log2(u);
         *fl = f - SC_SL_LOG2 + 1;
         *sl = (unsigned)(u >> (f - SC_SL_LOG2)) - SC_SL_COUNT;
     }

@@ -11,8 +11,6 @@
 
 #include "internal.h"
 
-static inline unsigned floor_log2(uint64_t v) { return 63u - (unsigned)__builtin_clzll(v); }
-
 void sizeclass_init(sizeclass_t *sc) { memset(sc, 0, sizeof *sc); }
 
 block_t *sizeclass_find_rest(const sizeclass_t *sc, unsigned fl, unsigned sl, size_t size) {
