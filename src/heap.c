@@ -18,9 +18,15 @@
  * block is "settled" to TAG_ANY. Events are recorded lazily, only when another stream is short of
  * memory, never once per free. Before physical memory is unmapped or released, the streams whose
  * freed blocks lie on it are synchronized. Classic mode keeps PyTorch's rule: blocks never move
- * between streams. A device-wide free (cudaFree) while non-blocking streams exist is tagged
- * TAG_DEVICE_WIDE: nobody may reuse it until events on the legacy stream and on every non-blocking
- * stream, recorded after the free, have completed (or, under pressure, one synchronization).
+ * between streams. A device-wide free (cudaFree) while non-blocking streams exist gets the open
+ * device-wide tag: nobody may reuse it until events on the legacy stream and on every non-blocking
+ * stream, recorded after the free, have completed, or one device synchronization, which an
+ * allocation makes rather than map new memory while such blocks could serve it.
+ * Device-wide generations: the two tags TAG_DW_A and TAG_DW_B take turns. Frees go to the open
+ * one (h->dw_open). Recording the group's events closes it (they cover exactly its blocks) and
+ * opens the other, which is empty then; when they complete, the closed tag settles. With one tag,
+ * a program that frees all the time (cudaFree of every tensor) always had frees newer than the
+ * last events, so its blocks never settled and the heap mapped new memory instead.
  *
  * Invariants (heap_check), per pool:
  *   blocks tile every segment in address order; no two adjacent FREE blocks have compatible tags
@@ -30,7 +36,7 @@
  *   VMM: a chunk is mapped iff an ALLOCATED or FREE block touches it; UNMAPPED blocks are
  *   chunk-aligned;
  *   every FREE block is in exactly the index of its (pool, tag); every CACHED block on exactly the
- *   quick list of its (size, tag), never with TAG_DEVICE_WIDE; every ALLOCATED and every CACHED
+ *   quick list of its (size, tag), never with a device-wide tag; every ALLOCATED and every CACHED
  *   block is in `live` under its address (a parked block keeps its entry, so that taking it again
  *   and freeing it again cost a map look-up, not an insertion and a removal).
  *   Accounting: stats.inactive_split_bytes is kept equal to the free bytes that are not releasable
@@ -176,13 +182,14 @@ struct heap_s {
     cua_memhandle pending_release[HEAP_PENDING_RELEASES]; /* unmapped handles the driver would not release yet */
     size_t npending;
     /* Device-wide frees (cudaFree): the non-blocking streams the front door saw created (the
-     * legacy stream does not order them), and the events of tags[TAG_DEVICE_WIDE]: one on the
-     * legacy stream and one per non-blocking stream, recorded together. nb_overflow: more
-     * non-blocking streams than the table holds; device-wide blocks then settle only through a
-     * device synchronize (under pressure). */
+     * legacy stream does not order them), and their events, which with the legacy stream's
+     * (tags[TAG_DW_A].event) are recorded together and cover the closed generation. nb_overflow:
+     * more non-blocking streams than the table holds; device-wide blocks then settle only through
+     * a device synchronize. dw_open: the generation (TAG_DW_A or TAG_DW_B) frees go to. */
     struct { cua_stream handle; cua_event event; bool in_flight; } nb[HEAP_MAX_NB_STREAMS];
     unsigned n_nb;
     bool nb_overflow;
+    unsigned dw_open;
     /* OOM reports printed, by (power-of-two bucket of the request, diagnosis kind). */
     struct { uint8_t bucket, kind; } oom_seen[HEAP_OOM_KINDS];
     unsigned n_oom_seen;
@@ -349,7 +356,13 @@ static inline __attribute__((always_inline)) void free_remove(heap_t *h, pool_t 
     free_account_sub(h, p, b);
 }
 
-static inline bool tags_compatible(unsigned a, unsigned b) { return a == b || a == TAG_ANY || b == TAG_ANY; }
+/* Free neighbours with compatible tags merge: equal tags, or one TAG_ANY block and one of a stream
+ * (the merged block takes the stream's tag: at least as safe, and that stream may use it at once).
+ * Device-wide blocks merge only among their own tag: a TAG_ANY neighbour absorbed into one would be
+ * hidden from every stream until the generation settles. */
+static inline bool tags_compatible(unsigned a, unsigned b) {
+    return a == b || ((a == TAG_ANY || b == TAG_ANY) && (a | b) < TAG_STREAMS_END);
+}
 
 /* Merges b's next block into b (b's record survives, the next one's goes back to the slab). */
 static inline __attribute__((always_inline)) void absorb_next(heap_t *h, block_t *b) {
@@ -548,7 +561,7 @@ static inline void quick_park(heap_t *h, pool_t *p, block_t *b, size_t size, uns
  * by another (size, tag) or full. */
 static inline bool quick_push(heap_t *h, pool_t *p, block_t *b) {
     /* Device-wide frees are never handed out unsettled; large blocks are never parked. */
-    if (__builtin_expect(b->tag == TAG_DEVICE_WIDE || b->pool != POOL_SMALL, 0)) return false;
+    if (__builtin_expect(tag_is_device_wide(b->tag) || b->pool != POOL_SMALL, 0)) return false;
     uint64_t key = quick_key(b->size, b->tag);
     unsigned i = quick_index(b->size, b->tag);
     if (!quick_room(&h->quick[i], key)) return false;
@@ -556,7 +569,7 @@ static inline bool quick_push(heap_t *h, pool_t *p, block_t *b) {
     return true;
 }
 
-/* (No list has TAG_DEVICE_WIDE blocks: quick_push refuses them.) */
+/* (No list has device-wide blocks: quick_push refuses them.) */
 static inline __attribute__((always_inline)) block_t *quick_pop_keyed(heap_t *h, pool_t *p, size_t size, uint64_t key,
                                                                       unsigned i) {
     quick_t *q = &h->quick[i];
@@ -673,7 +686,7 @@ static inline void recording_check(heap_t *h) {
 
 static __attribute__((noinline)) unsigned tag_of_uncached(heap_t *h, cua_stream stream) {
     unsigned free_slot = 0;
-    for (unsigned t = 1; t < TAG_DEVICE_WIDE; t++) {
+    for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
         if (h->tags[t].used) {
             if (h->tags[t].handle == stream) {
                 last_set(h, stream, t);
@@ -687,7 +700,7 @@ static __attribute__((noinline)) unsigned tag_of_uncached(heap_t *h, cua_stream 
         /* Every slot names a stream: settle everything (synchronizing) and forget the streams that
          * then hold nothing. Allocated blocks remember stream handles, not tags, so this is safe. */
         settle_all(h, true);
-        for (unsigned t = 1; t < TAG_DEVICE_WIDE; t++) {
+        for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
             if (tag_free_bytes(h, t) == 0 && !h->tags[t].event_in_flight) {
                 h->tags[t].used = false;
                 if (h->last_tag == t) last_set(h, NO_STREAM, 0);
@@ -716,7 +729,7 @@ static inline unsigned tag_of(heap_t *h, cua_stream stream) {
 /* Moves every FREE block tagged `tag` to TAG_ANY, merging as it goes (a merged block takes a
  * compatible neighbour's tag, which is at least as safe as its own). */
 static unsigned tag_lookup(const heap_t *h, cua_stream stream) {
-    for (unsigned t = 1; t < TAG_DEVICE_WIDE; t++)
+    for (unsigned t = 1; t < TAG_STREAMS_END; t++)
         if (h->tags[t].used && h->tags[t].handle == stream) return t;
     return TAG_ANY;
 }
@@ -733,7 +746,7 @@ static void settle_tag(heap_t *h, unsigned tag) {
             /* Classic mode: a segment serves one stream (its blocks remember it in `stream`), so a
              * settled device-wide block goes back to that stream's index, the only one classic
              * searches (TAG_ANY when the stream's record is gone: then only a release finds it). */
-            b->tag = (!h->vmm && tag == TAG_DEVICE_WIDE) ? (uint16_t)tag_lookup(h, b->stream) : TAG_ANY;
+            b->tag = (!h->vmm && tag_is_device_wide(tag)) ? (uint16_t)tag_lookup(h, b->stream) : TAG_ANY;
             b = coalesce_free(h, p, b);
             free_insert(h, p, b);
         }
@@ -753,7 +766,15 @@ static bool is_capturing(heap_t *h, cua_stream s) {
     return h->drv->stream_is_capturing(h->dev, s, &cap) != CUA_SUCCESS || cap;
 }
 
-/* The device-wide tag: its group is the legacy stream plus every known non-blocking stream. */
+/* The device-wide generations (see the top of this file). Their events live in one record,
+ * tags[TAG_DW_A]: `event` is the legacy stream's, `event_in_flight` says the group's events, which
+ * cover the closed tag, have not been seen complete. Invariant: the closed tag holds blocks only
+ * while they are in flight. */
+static inline stream_rec_t *dw_rec(heap_t *h) { return &h->tags[TAG_DW_A]; }
+static inline unsigned dw_closed(const heap_t *h) { return h->dw_open ^ TAG_DW_A ^ TAG_DW_B; }
+static size_t dw_free_bytes(const heap_t *h) { return tag_free_bytes(h, TAG_DW_A) + tag_free_bytes(h, TAG_DW_B); }
+
+/* The device-wide group is the legacy stream plus every known non-blocking stream. */
 static bool dw_any_capturing(heap_t *h) {
     if (is_capturing(h, NULL)) return true;
     for (unsigned i = 0; i < h->n_nb; i++)
@@ -761,24 +782,22 @@ static bool dw_any_capturing(heap_t *h) {
     return false;
 }
 
-/* Under pressure: waits for all the group's work (one device synchronize) and settles. */
+/* Waits for all the group's work (one device synchronize) and settles both generations. */
 static void dw_sync(heap_t *h) {
-    stream_rec_t *r = &h->tags[TAG_DEVICE_WIDE];
-    if (tag_free_bytes(h, TAG_DEVICE_WIDE) == 0 && !r->event_in_flight) return;
+    stream_rec_t *r = dw_rec(h);
+    if (dw_free_bytes(h) == 0 && !r->event_in_flight) return;
     if (dw_any_capturing(h)) return; /* a synchronize would break the capture: stay unsettled */
     h->stats.num_syncs++;
     if (h->drv->device_synchronize(h->dev) != CUA_SUCCESS) return;
     r->event_in_flight = false;
-    r->frees_since_record = 0;
     for (unsigned i = 0; i < h->n_nb; i++) h->nb[i].in_flight = false;
-    settle_tag(h, TAG_DEVICE_WIDE);
+    settle_tag(h, TAG_DW_A);
+    settle_tag(h, TAG_DW_B);
 }
 
-/* Without waiting: looks at the group's events, recording a new set when frees are not yet
- * covered. True when the tag's blocks settled. With more non-blocking streams than the table
- * holds, only dw_sync can settle. */
+/* Without waiting: looks at the group's events. True when none is still pending. */
 static bool dw_query(heap_t *h) {
-    stream_rec_t *r = &h->tags[TAG_DEVICE_WIDE];
+    stream_rec_t *r = dw_rec(h);
     bool pending = h->drv->event_query(h->dev, r->event) != CUA_SUCCESS; /* the legacy stream's */
     for (unsigned i = 0; i < h->n_nb; i++) {
         if (!h->nb[i].in_flight) continue;
@@ -789,27 +808,36 @@ static bool dw_query(heap_t *h) {
     return !pending;
 }
 
+/* Without waiting: settles the closed generation when its events have completed, then closes the
+ * open one (recording a new set of events) when it holds blocks. True when something settled.
+ * With more non-blocking streams than the table holds, only dw_sync can settle. */
 static bool dw_settle_completed(heap_t *h) {
-    stream_rec_t *r = &h->tags[TAG_DEVICE_WIDE];
-    if (tag_free_bytes(h, TAG_DEVICE_WIDE) == 0 || h->nb_overflow) return false;
+    stream_rec_t *r = dw_rec(h);
+    if (h->nb_overflow || dw_free_bytes(h) == 0) return false;
     if (r->event_in_flight && !dw_query(h)) return false;
-    if (r->frees_since_record > 0) {
-        if (dw_any_capturing(h)) return false;
-        if (!r->event && h->drv->event_create(h->dev, &r->event) != CUA_SUCCESS) return false;
-        bool covered = true;
-        for (unsigned i = 0; i < h->n_nb; i++) {
-            if (!h->nb[i].event && h->drv->event_create(h->dev, &h->nb[i].event) != CUA_SUCCESS) covered = false;
-            else if (h->drv->event_record(h->dev, h->nb[i].event, h->nb[i].handle) != CUA_SUCCESS) covered = false;
-            else h->nb[i].in_flight = true;
-        }
-        if (h->drv->event_record(h->dev, r->event, NULL) != CUA_SUCCESS) covered = false;
-        if (!covered) return false; /* some stream not covered: frees_since_record stays, try later */
-        r->frees_since_record = 0;
-        r->event_in_flight = true;
-        if (!dw_query(h)) return false;
+    bool settled = false;
+    unsigned closed = dw_closed(h), open = h->dw_open;
+    if (tag_free_bytes(h, closed)) {
+        settle_tag(h, closed);
+        settled = true;
     }
-    settle_tag(h, TAG_DEVICE_WIDE);
-    return true;
+    if (tag_free_bytes(h, open) == 0 || dw_any_capturing(h)) return settled;
+    if (!r->event && h->drv->event_create(h->dev, &r->event) != CUA_SUCCESS) return settled;
+    bool covered = true;
+    for (unsigned i = 0; i < h->n_nb; i++) {
+        if (!h->nb[i].event && h->drv->event_create(h->dev, &h->nb[i].event) != CUA_SUCCESS) covered = false;
+        else if (h->drv->event_record(h->dev, h->nb[i].event, h->nb[i].handle) != CUA_SUCCESS) covered = false;
+        else h->nb[i].in_flight = true;
+    }
+    if (h->drv->event_record(h->dev, r->event, NULL) != CUA_SUCCESS) covered = false;
+    if (!covered) return settled; /* some stream not covered: the open tag stays open, try later */
+    h->dw_open = closed; /* empty: settled above */
+    r->event_in_flight = true;
+    if (dw_query(h)) {
+        settle_tag(h, open);
+        settled = true;
+    }
+    return settled;
 }
 
 /* Settles every stream's free blocks: after synchronizing the streams (sync), or only those whose
@@ -820,11 +848,11 @@ static void settle_all(heap_t *h, bool sync) {
     if (sync) {
         uint64_t before = h->stats.num_syncs;
         dw_sync(h);
-        device_synced = h->stats.num_syncs != before && tag_free_bytes(h, TAG_DEVICE_WIDE) == 0;
+        device_synced = h->stats.num_syncs != before && dw_free_bytes(h) == 0;
     } else {
         dw_settle_completed(h);
     }
-    for (unsigned t = 1; t < TAG_DEVICE_WIDE; t++) {
+    for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
         stream_rec_t *r = &h->tags[t];
         if (!r->used || (tag_free_bytes(h, t) == 0 && !r->event_in_flight)) continue;
         if (is_capturing(h, r->handle)) continue; /* its blocks stay unsettled until the capture ends */
@@ -850,7 +878,7 @@ static bool settle_completed(heap_t *h, unsigned self) {
     bool settled = false;
     quick_flush(h);
     if (dw_settle_completed(h)) settled = true;
-    for (unsigned t = 1; t < TAG_DEVICE_WIDE; t++) {
+    for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
         stream_rec_t *r = &h->tags[t];
         if (t == self || !r->used || tag_free_bytes(h, t) == 0) continue;
         if (is_capturing(h, r->handle)) continue;
@@ -1195,6 +1223,9 @@ static bool classic_release_segment(heap_t *h, pool_t *p, block_t *b) {
 /* PyTorch's release_cached_blocks: every wholly free segment of every pool and stream. cuMemFree
  * waits for the device itself, so no stream is synchronized here. */
 static size_t classic_release_all(heap_t *h) {
+    /* Device-wide frees go back to their segments' streams first, so that a segment they share
+     * with that stream's free blocks is whole again. */
+    dw_sync(h);
     size_t before = h->stats.reserved_bytes;
     for (int pi = 0; pi < POOL_COUNT; pi++) {
         pool_t *p = &h->pools[pi];
@@ -1291,9 +1322,22 @@ static block_t *find_free(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
     return b;
 }
 
+/* Before the heap maps new memory: when the pool's device-wide frees hold at least the request,
+ * they are waited for (one device synchronize, which cudaFree itself makes on every call) rather
+ * than left pending while the heap grows past them. */
+static block_t *dw_wait_fit(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
+    size_t pending = 0;
+    for (unsigned t = TAG_DW_A; t <= TAG_DW_B; t++)
+        pending += h->vmm ? p->index[t]->sc.bytes : p->index[t]->tree.bytes;
+    if (pending < rsize) return NULL;
+    dw_sync(h);
+    return find_free(h, p, tag, rsize);
+}
+
 static block_t *alloc_slow_vmm(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
     block_t *b;
     if (settle_completed(h, tag) && (b = find_free(h, p, tag, rsize))) return b;
+    if ((b = dw_wait_fit(h, p, tag, rsize))) return b;
     if (h->conf.garbage_collection_threshold > 0) {
         /* Growing past the threshold: return cached chunks first (PyTorch's GC, for chunks). */
         size_t threshold = (size_t)(h->conf.garbage_collection_threshold * (double)h->cap);
@@ -1316,6 +1360,7 @@ static block_t *alloc_slow_vmm(heap_t *h, pool_t *p, unsigned tag, size_t rsize)
  * retry, release every cached segment and retry. */
 static block_t *alloc_slow_classic(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
     block_t *b;
+    if ((b = dw_wait_fit(h, p, tag, rsize))) return b;
     if (h->conf.garbage_collection_threshold > 0) classic_garbage_collect(h);
     if ((b = classic_alloc_segment(h, p, tag, rsize, false))) return b;
     if (classic_release_available(h, p, tag, rsize) && (b = classic_alloc_segment(h, p, tag, rsize, false))) return b;
@@ -1748,7 +1793,7 @@ static __attribute__((noinline)) void free_unparked(heap_t *h, pool_t *p, block_
     if (device_wide) {
         /* Not reusable by anyone until the legacy stream and every non-blocking stream have
          * passed the free (settled lazily, or synchronized under pressure); never quick-listed. */
-        free_tag(h, b, TAG_DEVICE_WIDE);
+        free_tag(h, b, h->dw_open);
         free_to_index(h, p, b);
         return;
     }
@@ -1964,15 +2009,17 @@ heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_re
     last_set(h, NO_STREAM, 0);
     slab_init(&h->blocks, sizeof(block_t));
     h->tags[TAG_ANY].used = true;
-    h->tags[TAG_DEVICE_WIDE].used = true;
-    h->tags[TAG_DEVICE_WIDE].handle = DW_HANDLE;
+    h->tags[TAG_DW_A].used = h->tags[TAG_DW_B].used = true;
+    h->tags[TAG_DW_A].handle = h->tags[TAG_DW_B].handle = DW_HANDLE;
+    h->dw_open = TAG_DW_A;
     if (!ptrmap_init(&h->live)) r = CUA_ERROR_OUT_OF_MEMORY;
     for (int pi = 0; pi < POOL_COUNT; pi++) {
         h->pools[pi].id = (pool_id_t)pi;
         sizeclass_init(&h->pools[pi].unmapped);
     }
     for (int pi = 0; pi < POOL_COUNT && r == CUA_SUCCESS; pi++)
-        if (!index_get(h, &h->pools[pi], TAG_ANY) || !index_get(h, &h->pools[pi], TAG_DEVICE_WIDE))
+        if (!index_get(h, &h->pools[pi], TAG_ANY) || !index_get(h, &h->pools[pi], TAG_DW_A) ||
+            !index_get(h, &h->pools[pi], TAG_DW_B))
             r = CUA_ERROR_OUT_OF_MEMORY;
     if (r == CUA_SUCCESS && h->vmm) {
         /* Chunks are a power-of-two multiple of the granularity: the reservation is aligned to them
@@ -2181,8 +2228,8 @@ void heap_trim(heap_t *h) {
 static void nb_forget(heap_t *h, cua_stream stream) {
     for (unsigned i = 0; i < h->n_nb; i++) {
         if (h->nb[i].handle != stream) continue;
-        stream_rec_t *dw = &h->tags[TAG_DEVICE_WIDE];
-        if (tag_free_bytes(h, TAG_DEVICE_WIDE) && (h->nb[i].in_flight || dw->frees_since_record)) {
+        /* Blocks of the open generation, or of the closed one that this stream's event covers. */
+        if (tag_free_bytes(h, h->dw_open) || (h->nb[i].in_flight && tag_free_bytes(h, dw_closed(h)))) {
             if (is_capturing(h, stream) || stream_sync(h, stream) != CUA_SUCCESS) h->nb_overflow = true;
         }
         if (h->nb[i].event) h->drv->event_destroy(h->dev, h->nb[i].event);
@@ -2214,7 +2261,7 @@ void heap_stream_destroyed(heap_t *h, cua_stream stream) {
     cua_lock(&h->lock);
     quick_flush(h);
     nb_forget(h, stream);
-    for (unsigned t = 1; t < TAG_DEVICE_WIDE; t++) {
+    for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
         stream_rec_t *r = &h->tags[t];
         if (!r->used || r->handle != stream) continue;
         if (tag_free_bytes(h, t)) {
@@ -2316,7 +2363,7 @@ static size_t check_pool(check_ctx_t *c, pool_t *p) {
                 CHECK(c, h->vmm, "cached block %#lx in classic mode", (unsigned long)b->addr);
                 free_mapped += b->size;
                 releasable += block_releasable(h, p, b);
-                CHECK(c, b->tag != TAG_DEVICE_WIDE, "cached block %#lx is tagged device-wide", (unsigned long)b->addr);
+                CHECK(c, !tag_is_device_wide(b->tag), "cached block %#lx is tagged device-wide", (unsigned long)b->addr);
                 CHECK(c, ptrmap_get(&h->live, b->addr) == b, "cached block %#lx missing from the live map", (unsigned long)b->addr);
                 c->cached_blocks++;
                 break;
@@ -2415,14 +2462,18 @@ int heap_check(heap_t *h, FILE *report) {
         listed += n;
     }
     /* Device-wide frees: the pseudo-stream record, and the non-blocking stream table. */
-    CHECK(&c, h->tags[TAG_DEVICE_WIDE].used && h->tags[TAG_DEVICE_WIDE].handle == DW_HANDLE,
-          "the device-wide tag record is damaged");
-    for (unsigned t = 1; t < TAG_DEVICE_WIDE; t++)
+    for (unsigned t = TAG_DW_A; t <= TAG_DW_B; t++)
+        CHECK(&c, h->tags[t].used && h->tags[t].handle == DW_HANDLE, "the device-wide tag record %u is damaged", t);
+    CHECK(&c, h->dw_open == TAG_DW_A || h->dw_open == TAG_DW_B, "the open device-wide tag is %u", h->dw_open);
+    if (h->dw_open == TAG_DW_A || h->dw_open == TAG_DW_B)
+        CHECK(&c, !tag_free_bytes(h, dw_closed(h)) || dw_rec(h)->event_in_flight,
+              "the closed device-wide generation holds %zu B, but no event covers it", tag_free_bytes(h, dw_closed(h)));
+    for (unsigned t = 1; t < TAG_STREAMS_END; t++)
         CHECK(&c, !h->tags[t].used || h->tags[t].handle != DW_HANDLE, "tag %u names the device-wide pseudo-stream", t);
     CHECK(&c, h->n_nb <= HEAP_MAX_NB_STREAMS, "%u non-blocking streams recorded", h->n_nb);
     CHECK(&c, h->recording || !trace_enabled() || !trace_device_begun(h->dev),
           "the recorder is on and has begun device %d, but its fast paths still serve", h->dev);
-    CHECK(&c, !h->last_tag || (h->last_tag < TAG_DEVICE_WIDE && h->tags[h->last_tag].used &&
+    CHECK(&c, !h->last_tag || (h->last_tag < TAG_STREAMS_END && h->tags[h->last_tag].used &&
                                h->tags[h->last_tag].handle == h->last_stream),
           "the stream cache names tag %u, which is not stream %p's", h->last_tag, (void *)h->last_stream);
     CHECK(&c, h->fast_free_stream == (h->last_tag && h->vmm && !h->recording ? h->last_stream : NO_STREAM) &&

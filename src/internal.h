@@ -183,8 +183,15 @@ typedef enum { POOL_SMALL = 0, POOL_LARGE = 1, POOL_COUNT = 2 } pool_id_t;
 #define HEAP_MAX_TAGS 64
 /* Blocks freed device-wide (cudaFree while non-blocking streams exist): reusable by no stream until
  * work on the legacy stream and on every known non-blocking stream up to the free has completed.
- * Never a real stream's tag, never on a quick list. */
-#define TAG_DEVICE_WIDE (HEAP_MAX_TAGS - 1)
+ * Two tags take turns (heap.c: the device-wide generations): frees go to the open one, and the
+ * events recorded for the group cover exactly the other, closed one, so blocks freed after the
+ * events were recorded never keep the covered ones waiting. Never a real stream's tag, never on a
+ * quick list, never merged with a TAG_ANY neighbour (it would hide that memory from every stream).
+ * Stream tags are 1 .. TAG_STREAMS_END - 1. */
+#define TAG_DW_A (HEAP_MAX_TAGS - 2)
+#define TAG_DW_B (HEAP_MAX_TAGS - 1)
+#define TAG_STREAMS_END TAG_DW_A
+static inline bool tag_is_device_wide(unsigned tag) { return tag >= TAG_DW_A; }
 
 typedef struct block_s block_t;
 struct block_s {
@@ -458,10 +465,11 @@ void heap_stream_destroyed(heap_t *h, cua_stream stream);
 void heap_stream_created(heap_t *h, cua_stream stream, bool non_blocking);
 /* Frees ptr with cudaFree's meaning: no stream may get it again while earlier work on any stream
  * may still use it. With no known non-blocking stream this is heap_free(h, ptr, NULL) (the legacy
- * stream orders every blocking stream); otherwise the block is tagged TAG_DEVICE_WIDE and settles
- * once events on the legacy stream and every non-blocking stream, recorded after the free (only
- * when memory is short), have completed, or, under pressure, after a synchronize. False when h does
- * not own ptr. */
+ * stream orders every blocking stream); otherwise the block gets the open device-wide tag and
+ * settles once events on the legacy stream and every non-blocking stream, recorded after the free
+ * (only when memory is short), have completed, or after a device synchronize, which an allocation
+ * makes rather than map new memory while such blocks could serve it (cudaFree itself would have
+ * synchronized). False when h does not own ptr. */
 bool heap_free_device_wide(heap_t *h, void *ptr);
 /* Peer access changed for this heap's device (driver peer_enable): grants access again over every
  * mapped chunk range, so the enabled peers can reach existing memory. VMM only; no-op in classic. */

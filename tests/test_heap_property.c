@@ -4,6 +4,11 @@
  * after every operation. Then the same under injected driver failures: every failing operation
  * leaves a consistent heap and, once everything is freed and trimmed, nothing held on the device.
  *
+ * Stream 1 is registered as non-blocking, and some frees are device-wide (cudaFree's meaning). Such
+ * a block must not be handed out again before stream 1's work after the free has completed or the
+ * device was synchronized: the model keeps those blocks until then and checks every allocation
+ * against them.
+ *
  * Model: the live allocations (pointer, requested size, stream). Checked after every operation:
  * blocks do not overlap and are 512-byte aligned; requested/allocated bytes and alloc/free counts
  * equal the model's; reserved equals what the sim device has handed out and never exceeds the cap;
@@ -15,6 +20,7 @@
 
 #define MAX_LIVE 512
 #define NSTREAMS 3
+#define MAX_PENDING 1024
 
 typedef struct {
     uintptr_t ptr;
@@ -22,6 +28,13 @@ typedef struct {
     size_t block;   /* the block's actual size */
     int stream;
 } live_t;
+
+/* A block freed device-wide, with what had happened when it was freed. */
+typedef struct {
+    uintptr_t ptr;
+    size_t block;
+    uint64_t nb_completes, device_syncs;
+} pending_t;
 
 typedef struct {
     const char *name;
@@ -36,6 +49,10 @@ typedef struct {
     conf_t conf;
     cua_stream streams[NSTREAMS];
     live_t live[MAX_LIVE];
+    pending_t pending[MAX_PENDING];
+    int npending;
+    uint64_t nb_completes; /* sim_stream_complete calls on streams[1], the non-blocking stream */
+    bool held;             /* the streams' work waits for sim_stream_complete (else done at once) */
     int nlive;
     size_t requested, allocated;
     uint64_t allocs, frees;
@@ -55,8 +72,26 @@ static void world_open(world_t *w, const char *conf_text, bool held) {
     EXPECT(w->h, "heap_create failed: %d", err);
     w->host_backed = w->conf.sim_host_backed;
     w->exact_device = true;
+    w->held = held;
     w->streams[0] = NULL; /* the legacy stream */
     for (int i = 1; i < NSTREAMS; i++) w->streams[i] = sim_stream_create(0, held);
+    heap_stream_created(w->h, w->streams[1], true);
+}
+
+static void world_complete(world_t *w, int stream) {
+    sim_stream_complete(w->streams[stream]);
+    if (stream == 1) w->nb_completes++;
+}
+
+/* Device-wide freed blocks that are safe now leave the model's list. */
+static void pending_prune(world_t *w) {
+    uint64_t syncs = sim_calls(SIM_OP_DEVICE_SYNC);
+    for (int i = 0; i < w->npending;) {
+        if (w->nb_completes > w->pending[i].nb_completes || syncs > w->pending[i].device_syncs)
+            w->pending[i] = w->pending[--w->npending];
+        else
+            i++;
+    }
 }
 
 static unsigned char pattern_of(uintptr_t p) { return (unsigned char)((p >> 9) * 131u + 7u); }
@@ -111,6 +146,14 @@ static bool world_alloc(world_t *w, rng_t *r, size_t size, int stream) {
         EXPECT((uintptr_t)p + b->size <= o->ptr || o->ptr + o->block <= (uintptr_t)p,
                "new block %p+%zu overlaps live %#lx+%zu", p, b->size, (unsigned long)o->ptr, o->block);
     }
+    pending_prune(w);
+    for (int i = 0; i < w->npending; i++) {
+        const pending_t *o = &w->pending[i];
+        EXPECT((uintptr_t)p + b->size <= o->ptr || o->ptr + o->block <= (uintptr_t)p,
+               "new block %p+%zu overlaps %#lx+%zu, freed device-wide while the non-blocking stream was busy, "
+               "which has not completed since (and no device synchronize)",
+               p, b->size, (unsigned long)o->ptr, o->block);
+    }
     live_t *l = &w->live[w->nlive++];
     *l = (live_t){(uintptr_t)p, size, b->size, stream};
     if (w->host_backed) pattern(l, false);
@@ -131,9 +174,24 @@ static void world_free(world_t *w, int i, int stream) {
     w->frees++;
 }
 
+/* cudaFree's meaning: no stream may get the block while earlier work on any stream may use it. */
+static bool world_free_device_wide(world_t *w, int i) {
+    pending_prune(w);
+    if (w->npending == MAX_PENDING) return false;
+    live_t l = w->live[i];
+    if (w->host_backed) pattern(&l, true);
+    EXPECT(heap_free_device_wide(w->h, (void *)l.ptr), "device-wide free of a live block refused");
+    if (w->held) w->pending[w->npending++] = (pending_t){l.ptr, l.block, w->nb_completes, sim_calls(SIM_OP_DEVICE_SYNC)};
+    w->live[i] = w->live[--w->nlive];
+    w->requested -= l.size;
+    w->allocated -= l.block;
+    w->frees++;
+    return true;
+}
+
 static void world_close(world_t *w, bool expect_clean) {
     while (w->nlive) world_free(w, w->nlive - 1, w->live[w->nlive - 1].stream);
-    for (int i = 1; i < NSTREAMS; i++) sim_stream_complete(w->streams[i]);
+    for (int i = 1; i < NSTREAMS; i++) world_complete(w, i);
     heap_trim(w->h);
     world_verify(w, "freeing everything and trimming");
     cualloc_stats s;
@@ -181,11 +239,11 @@ static void run_variant(const variant_t *v, rng_t *r) {
             int i = (int)rng_below(r, (uint64_t)w.nlive);
             /* mostly on the allocating stream, sometimes on another (cross-stream free) */
             int stream = rng_below(r, 10) ? w.live[i].stream : (int)rng_below(r, NSTREAMS);
-            world_free(&w, i, stream);
+            if (rng_below(r, 8) || !world_free_device_wide(&w, i)) world_free(&w, i, stream);
         } else if (dice < 98) {
             heap_trim(w.h);
         } else {
-            sim_stream_complete(w.streams[1 + rng_below(r, NSTREAMS - 1)]);
+            world_complete(&w, 1 + (int)rng_below(r, NSTREAMS - 1));
         }
         world_verify(&w, "an operation");
     }

@@ -270,7 +270,8 @@ static void test_device_wide_without_nonblocking(void) {
 }
 
 /* With a non-blocking stream whose work is in flight, a device-wide freed block goes to nobody,
- * the legacy stream included, until that stream's work has completed. */
+ * the legacy stream included, until that stream's work has completed; a request the pending frees
+ * could serve waits for them (one synchronize, as cudaFree itself) instead of mapping new memory. */
 static void test_device_wide_waits_for_nonblocking(void) {
     conf_t c;
     heap_t *h = test_sim_heap("sim_memory_mb:64", &c);
@@ -280,17 +281,23 @@ static void test_device_wide_waits_for_nonblocking(void) {
     uint64_t syncs = stats(h).num_syncs;
     EXPECT(heap_free_device_wide(h, a), "device-wide free");
     EXPECT(heap_check(h, stderr) == 0, "heap_check after device-wide free");
+    void *small = must_alloc(h, 8 << 20, NULL);
+    EXPECT(stats(h).num_syncs == syncs, "no synchronization for a request the pending frees cannot serve");
     void *b = must_alloc(h, 4 << 20, NULL);
-    EXPECT(b != a, "the legacy stream must not get the block while the non-blocking stream is busy");
-    void *b2 = must_alloc(h, 4 << 20, nb);
-    EXPECT(b2 != a, "nor the non-blocking stream itself");
-    EXPECT(stats(h).num_syncs == syncs, "no synchronization without pressure");
+    EXPECT(b == a && stats(h).num_syncs == syncs + 1,
+           "a request the pending frees can serve waits for them (one synchronize) and reuses the block");
+    /* Events complete without waiting: the block settles and is reused with no synchronize. */
+    EXPECT(heap_free_device_wide(h, b), "device-wide free");
+    void *b2 = must_alloc(h, 16 << 20, nb); /* a miss larger than the pending frees: records the
+                                              * group's events, which are in flight, and grows */
+    EXPECT(b2 != b && stats(h).num_syncs == syncs + 1, "no synchronize for it");
     sim_stream_complete(nb);
+    syncs = stats(h).num_syncs;
     void *d = must_alloc(h, 4 << 20, NULL);
-    EXPECT(d == a, "after the non-blocking stream completed, the block is reused");
-    must_free(h, b, NULL);
+    EXPECT(d == b && stats(h).num_syncs == syncs, "after the non-blocking stream completed, the block is reused");
     must_free(h, b2, nb);
     must_free(h, d, NULL);
+    must_free(h, small, NULL);
     /* A destroyed non-blocking stream no longer gates device-wide frees. */
     heap_stream_destroyed(h, nb);
     sim_stream_destroy(nb);
@@ -300,6 +307,63 @@ static void test_device_wide_waits_for_nonblocking(void) {
     void *f = must_alloc(h, 4 << 20, NULL);
     EXPECT(f == e && sim_calls(SIM_OP_EVENT_RECORD) == records, "no non-blocking stream left: immediate reuse");
     must_free(h, f, NULL);
+    heap_destroy(h);
+}
+
+/* A program that frees device-wide all the time (PyTorch without its cache frees every tensor
+ * with cudaFree): blocks freed before the group's events were recorded settle once those complete,
+ * although newer frees keep coming; the newer ones wait for the next events. */
+static void test_device_wide_generations(void) {
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:256", &c);
+    cua_stream nb = sim_stream_create(0, true);
+    heap_stream_created(h, nb, true);
+    void *old = must_alloc(h, 4 << 20, NULL), *newer = must_alloc(h, 8 << 20, NULL);
+    void *keep = must_alloc(h, 2 << 20, NULL); /* keeps the two from merging */
+    EXPECT(heap_free_device_wide(h, old), "device-wide free");
+    void *m1 = must_alloc(h, 16 << 20, NULL); /* a miss: the events that cover `old` are recorded */
+    EXPECT(heap_free_device_wide(h, newer), "device-wide free after the events");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check: two generations");
+    sim_stream_complete(nb); /* the events covering `old` complete; `newer` has none yet */
+    uint64_t syncs = stats(h).num_syncs;
+    void *m2 = must_alloc(h, 32 << 20, NULL); /* a miss: settles `old`, covers `newer` */
+    void *r_old = must_alloc(h, 4 << 20, NULL);
+    EXPECT(r_old == old && stats(h).num_syncs == syncs,
+           "the block freed before the events settled without a synchronize (got %p, want %p)", r_old, old);
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    sim_stream_complete(nb);
+    void *m3 = must_alloc(h, 64 << 20, NULL); /* a miss: settles `newer` */
+    void *r_newer = must_alloc(h, 8 << 20, NULL);
+    EXPECT(r_newer == newer && stats(h).num_syncs == syncs, "the later block settled after the next events");
+    void *all[] = {keep, m1, m2, r_old, m3, r_newer};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) must_free(h, all[i], NULL);
+    heap_stream_destroyed(h, nb);
+    sim_stream_destroy(nb);
+    heap_destroy(h);
+}
+
+/* A device-wide block never absorbs a TAG_ANY neighbour: that memory stays usable by every stream
+ * while the device-wide block waits. */
+static void test_device_wide_keeps_neighbours(void) {
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:64", &c);
+    cua_stream nb = sim_stream_create(0, true), s = sim_stream_create(0, false);
+    heap_stream_created(h, nb, true);
+    void *a = must_alloc(h, 4 << 20, s), *b = must_alloc(h, 4 << 20, s);
+    /* `a` freed on s and settled to TAG_ANY: s's work completes at once. */
+    must_free(h, a, s);
+    void *t = must_alloc(h, 16 << 20, NULL); /* a miss: settles s's blocks */
+    EXPECT(heap_free_device_wide(h, b), "device-wide free of a's neighbour");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    uint64_t syncs = stats(h).num_syncs;
+    void *again = must_alloc(h, 4 << 20, NULL);
+    EXPECT(again == a && stats(h).num_syncs == syncs, "the settled neighbour is still free for anyone (got %p, want %p)",
+           again, a);
+    must_free(h, again, NULL);
+    must_free(h, t, NULL);
+    heap_stream_destroyed(h, nb);
+    sim_stream_destroy(nb);
+    sim_stream_destroy(s);
     heap_destroy(h);
 }
 
@@ -475,6 +539,8 @@ int main(void) {
     test_many_streams();
     test_device_wide_without_nonblocking();
     test_device_wide_waits_for_nonblocking();
+    test_device_wide_generations();
+    test_device_wide_keeps_neighbours();
     test_device_wide_pressure();
     test_capture_untouched();
     test_peer_enabled();
