@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# bench/gpu/run.sh PART [--mock] [--out DIR] [--build DIR] [--steps N] [--modes LIST] [--budget-gb G]
+# bench/gpu/run.sh PART[,PART...] [--mock] [--out DIR] [--build DIR] [--steps N] [--modes LIST]
+#                  [--budget-gb G] [--deadline-s S] [--pack FILE]
 # — the runs made on a GPU machine, one command each (see bench/gpu/README.md).
 #
 #   PART  driver-costs | property-cuda | ld-preload | torch | torch-medium | torch-alloc-cost |
-#         torch-capacity | torch-capacity-medium | viewer | all
+#         torch-capacity | torch-capacity-medium | viewer | all; several, comma-separated, run in
+#         the order given within one command
 #   --mock       no GPU: driver-costs and property-cuda run against the fake libcuda.so.1
 #                (BUILD/tests/fakecuda), ld-preload only builds (when nvcc exists) and prints what
 #                it would run, the torch parts run torch_train.py --dry-run per mode (the capacity
@@ -13,6 +15,10 @@
 #   --steps N    training steps per torch mode (default 30).
 #   --modes LIST torch modes to run, comma-separated (default: all five, in the usual order).
 #   --budget-gb G  the capacity parts' memory budget (default 24 for small, 40 for medium).
+#   --deadline-s S the whole command ends within S seconds: each part's time limits shrink to
+#                what is left (a part with under 30 s left is not started).
+#   --pack FILE  afterwards, every file under the results folder goes into the tar archive FILE
+#                (gzip): a GPU machine returns only a few files per command.
 #
 # Each part writes RESULTS/PART/results.jsonl (one JSON object per line; the first is a "meta"
 # line with date, device and commit), RESULTS/PART/summary.md (human-readable), env.txt and
@@ -39,6 +45,8 @@ BUILD=${CUALLOC_BUILD:-}
 STEPS=30
 MODES_ARG=
 BUDGET_GB=
+DEADLINE_S=
+PACK=
 while [ $# -gt 0 ]; do
     case $1 in
         --mock) MOCK=1 ;;
@@ -47,6 +55,8 @@ while [ $# -gt 0 ]; do
         --steps) [ $# -ge 2 ] || usage; STEPS=$2; shift ;;
         --modes) [ $# -ge 2 ] || usage; MODES_ARG=$(echo "$2" | tr ',' ' '); shift ;;
         --budget-gb) [ $# -ge 2 ] || usage; BUDGET_GB=$2; shift ;;
+        --deadline-s) [ $# -ge 2 ] || usage; DEADLINE_S=$2; shift ;;
+        --pack) [ $# -ge 2 ] || usage; PACK=$2; shift ;;
         -h|--help) usage ;;
         *) echo "run.sh: unknown argument '$1'" >&2; usage ;;
     esac
@@ -54,7 +64,16 @@ while [ $# -gt 0 ]; do
 done
 PARTS="driver-costs property-cuda ld-preload torch torch-medium torch-alloc-cost torch-capacity torch-capacity-medium viewer"
 ALL_TORCH_MODES="default expandable cualloc-enable cualloc-preload-nocache cualloc-preload-cache"
-case " $PARTS all " in *" $PART "*) ;; *) echo "run.sh: unknown part '$PART'" >&2; usage ;; esac
+if [ "$PART" = all ]; then
+    RUN_PARTS=$PARTS
+else
+    RUN_PARTS=$(echo "$PART" | tr ',' ' ')
+    for p in $RUN_PARTS; do
+        case " $PARTS " in *" $p "*) ;; *) echo "run.sh: unknown part '$p'" >&2; usage ;; esac
+    done
+fi
+case $DEADLINE_S in ''|*[!0-9]*) [ -z "$DEADLINE_S" ] || { echo "run.sh: --deadline-s takes whole seconds" >&2; usage; } ;; esac
+T_COMMAND=$(date +%s)
 for m in $MODES_ARG; do
     case " $ALL_TORCH_MODES " in *" $m "*) ;; *) echo "run.sh: unknown torch mode '$m'" >&2; usage ;; esac
 done
@@ -176,6 +195,16 @@ starts() {
     return 1
 }
 
+# limit SECONDS: SECONDS, or less when --deadline-s leaves less (10 s kept for the summaries).
+limit() {
+    local want=$1 left
+    [ -n "$DEADLINE_S" ] || { echo "$want"; return; }
+    left=$((DEADLINE_S - ($(date +%s) - T_COMMAND) - 10))
+    [ "$left" -lt "$want" ] && want=$left
+    [ "$want" -lt 1 ] && want=1
+    echo "$want"
+}
+
 # ------------------------------------------------------------------------------------ parts
 
 part_driver_costs() {
@@ -187,7 +216,7 @@ part_driver_costs() {
         LD_LIBRARY_PATH=$FAKECUDA CUALLOC_CONF=sim_memory_mb:4096 timeout 300 \
             "$BUILD/bench/driver_costs" --json "$tmp" >"$dir/log.txt" 2>&1
     else
-        timeout 540 "$BUILD/bench/driver_costs" --json "$tmp" >"$dir/log.txt" 2>&1
+        timeout "$(limit 540)" "$BUILD/bench/driver_costs" --json "$tmp" >"$dir/log.txt" 2>&1
     fi
     rc=$?
     cat "$dir/log.txt"
@@ -211,7 +240,7 @@ part_property_cuda() {
         LD_LIBRARY_PATH=$FAKECUDA CUALLOC_CONF=driver:cuda,sim_host_backed:1,sim_memory_mb:2048 timeout 300 \
             "$BUILD/bench/property_cuda" --ops 300 --json "$tmp" >"$dir/log.txt" 2>&1
     else
-        CUALLOC_CONF=driver:cuda timeout 540 "$BUILD/bench/property_cuda" --json "$tmp" >"$dir/log.txt" 2>&1
+        CUALLOC_CONF=driver:cuda timeout "$(limit 540)" "$BUILD/bench/property_cuda" --json "$tmp" >"$dir/log.txt" 2>&1
     fi
     rc=$?
     cat "$dir/log.txt"
@@ -240,7 +269,7 @@ run_prog() {
     local log=$dir/run-$kind-$mode.log rc t0 t1 result interpose
     echo "run: $* $prog"
     t0=$(date +%s.%N)
-    env "$@" timeout 80 "$prog" >"$log" 2>&1
+    env "$@" timeout "$(limit 80)" "$prog" >"$log" 2>&1
     rc=$?
     t1=$(date +%s.%N)
     result=$(sed -n 's/^preload_kernels: RESULT //p' "$log" | tail -1)
@@ -284,7 +313,7 @@ part_ld_preload() {
         for kind in $kinds; do
             echo "build: $nvcc -O2 -cudart $kind ${arch[*]} -o preload_kernels_$kind preload_kernels.cu -ldl"
             # Bounded, as the runs are: a hung compiler must not take the part past one device command.
-            if ! timeout 150 "$nvcc" -O2 -cudart "$kind" "${arch[@]}" -o "$bin/preload_kernels_$kind" \
+            if ! timeout "$(limit 150)" "$nvcc" -O2 -cudart "$kind" "${arch[@]}" -o "$bin/preload_kernels_$kind" \
                 "$HERE/preload_kernels.cu" -ldl -Xlinker "-rpath=$cudart_dir" >"$dir/build-$kind.log" 2>&1; then
                 cat "$dir/build-$kind.log"
                 printf '{"part":"ld-preload","op":"build","cudart":"%s","ok":false}\n' "$kind" >>"$dir/results.jsonl"
@@ -372,7 +401,7 @@ mode_env() {
 
 # Every torch part must end within one command's 10 minutes: each process gets at most what is
 # left of TORCH_BUDGET_S (default 540 s) from the part's start (T_PART, set by torch_start).
-torch_start() { T_PART=$(date +%s); PART_BUDGET=${TORCH_BUDGET_S:-540}; TORCH_FAIL=0; }
+torch_start() { T_PART=$(date +%s); PART_BUDGET=$(limit "${TORCH_BUDGET_S:-540}"); TORCH_FAIL=0; }
 torch_left() { echo $((PART_BUDGET - ($(date +%s) - T_PART))); }
 
 # torch_job PART MODE PHASE LIMIT [ARGS...]: one torch_train.py process with the mode's environment
@@ -611,26 +640,45 @@ run_part() {
     return "$rc"
 }
 
+# pack: every file of the results folder into the archive --pack names.
+pack() {
+    [ -n "$PACK" ] || return 0
+    if tar czf "$PACK" -C "$RESULTS" . ; then
+        echo "run.sh: results packed into $PACK ($(du -h "$PACK" | cut -f1))"
+    else
+        echo "run.sh: packing the results into $PACK failed" >&2
+        return 1
+    fi
+}
+
 echo "run.sh: results in $RESULTS (build $BUILD)"
-if [ "$PART" = all ]; then
-    overall=0
-    for p in $PARTS; do
+n_parts=$(echo "$RUN_PARTS" | wc -w)
+if [ "$n_parts" -gt 1 ]; then
+    for p in $RUN_PARTS; do
         echo "== $p: estimated $(estimate "$p") =="
     done
-    echo "== all: about 20-35 minutes in all; the GPU machine allows 10 minutes per command, so there run the parts one command each =="
-    for p in $PARTS; do
-        run_part "$p" || overall=1
-    done
+    [ "$PART" = all ] && echo "== all: about 20-35 minutes in all; the GPU machine allows 10 minutes per command, so there run the parts one command each (or a few, with --deadline-s) =="
+fi
+overall=0
+for p in $RUN_PARTS; do
+    if [ -n "$DEADLINE_S" ] && [ $((DEADLINE_S - ($(date +%s) - T_COMMAND))) -lt 30 ]; then
+        echo "== $p: not started: under 30 s of the command's $DEADLINE_S s are left =="
+        overall=1
+        continue
+    fi
+    run_part "$p" || overall=1
+done
+if [ "$n_parts" -gt 1 ]; then
     {
         echo "# GPU runs: $(date -u)"
         echo
-        for p in $PARTS; do
+        for p in $RUN_PARTS; do
             cat "$RESULTS/$p/summary.md" 2>/dev/null
             echo
         done
         cat "$RESULTS/torch-targets.md" 2>/dev/null
     } >"$RESULTS/summary.md"
-    echo "run.sh: all parts $([ "$overall" = 0 ] && echo passed || echo 'done, some FAILED'); summary in $RESULTS/summary.md"
-    exit "$overall"
+    echo "run.sh: parts $([ "$overall" = 0 ] && echo passed || echo 'done, some FAILED'); summary in $RESULTS/summary.md"
 fi
-run_part "$PART"
+pack || overall=1
+exit "$overall"
