@@ -269,9 +269,10 @@ static void test_device_wide_without_nonblocking(void) {
     sim_stream_destroy(blocking);
 }
 
-/* With a non-blocking stream whose work is in flight, a device-wide freed block goes to nobody,
- * the legacy stream included, until that stream's work has completed; a request the pending frees
- * could serve waits for them (one synchronize, as cudaFree itself) instead of mapping new memory. */
+/* With a non-blocking stream whose work is in flight, a device-wide freed block goes to nobody
+ * without a wait: a request that misses waits for it (one synchronize, as cudaFree itself) instead
+ * of mapping new memory, and reuses it. When the stream's work is done at once, the events show it
+ * and no synchronize is needed. */
 static void test_device_wide_waits_for_nonblocking(void) {
     conf_t c;
     heap_t *h = test_sim_heap("sim_memory_mb:64", &c);
@@ -281,24 +282,12 @@ static void test_device_wide_waits_for_nonblocking(void) {
     uint64_t syncs = stats(h).num_syncs;
     EXPECT(heap_free_device_wide(h, a), "device-wide free");
     EXPECT(heap_check(h, stderr) == 0, "heap_check after device-wide free");
-    void *small = must_alloc(h, 8 << 20, NULL);
-    EXPECT(stats(h).num_syncs == syncs, "no synchronization for a request the pending frees cannot serve");
-    void *b = must_alloc(h, 4 << 20, NULL);
+    EXPECT(stats(h).num_syncs == syncs, "the free itself waits for nothing");
+    void *b = must_alloc(h, 4 << 20, nb);
     EXPECT(b == a && stats(h).num_syncs == syncs + 1,
-           "a request the pending frees can serve waits for them (one synchronize) and reuses the block");
-    /* Events complete without waiting: the block settles and is reused with no synchronize. */
-    EXPECT(heap_free_device_wide(h, b), "device-wide free");
-    void *b2 = must_alloc(h, 16 << 20, nb); /* a miss larger than the pending frees: records the
-                                              * group's events, which are in flight, and grows */
-    EXPECT(b2 != b && stats(h).num_syncs == syncs + 1, "no synchronize for it");
-    sim_stream_complete(nb);
-    syncs = stats(h).num_syncs;
-    void *d = must_alloc(h, 4 << 20, NULL);
-    EXPECT(d == b && stats(h).num_syncs == syncs, "after the non-blocking stream completed, the block is reused");
-    must_free(h, b2, nb);
-    must_free(h, d, NULL);
-    must_free(h, small, NULL);
+           "a request that misses waits for the pending frees (one synchronize) and reuses the block");
     /* A destroyed non-blocking stream no longer gates device-wide frees. */
+    must_free(h, b, nb);
     heap_stream_destroyed(h, nb);
     sim_stream_destroy(nb);
     void *e = must_alloc(h, 4 << 20, NULL);
@@ -307,12 +296,23 @@ static void test_device_wide_waits_for_nonblocking(void) {
     void *f = must_alloc(h, 4 << 20, NULL);
     EXPECT(f == e && sim_calls(SIM_OP_EVENT_RECORD) == records, "no non-blocking stream left: immediate reuse");
     must_free(h, f, NULL);
+    /* A non-blocking stream whose work is done: the events complete, no synchronize. */
+    cua_stream idle = sim_stream_create(0, false);
+    heap_stream_created(h, idle, true);
+    void *g = must_alloc(h, 4 << 20, NULL);
+    EXPECT(heap_free_device_wide(h, g), "device-wide free");
+    syncs = stats(h).num_syncs;
+    void *g2 = must_alloc(h, 4 << 20, idle);
+    EXPECT(g2 == g && stats(h).num_syncs == syncs, "settled by its completed events, without a synchronize");
+    must_free(h, g2, idle);
+    heap_stream_destroyed(h, idle);
+    sim_stream_destroy(idle);
     heap_destroy(h);
 }
 
 /* A program that frees device-wide all the time (PyTorch without its cache frees every tensor
  * with cudaFree): blocks freed before the group's events were recorded settle once those complete,
- * although newer frees keep coming; the newer ones wait for the next events. */
+ * although newer frees keep coming; the newer ones wait for the next events (or a synchronize). */
 static void test_device_wide_generations(void) {
     conf_t c;
     heap_t *h = test_sim_heap("sim_memory_mb:256", &c);
@@ -321,21 +321,21 @@ static void test_device_wide_generations(void) {
     void *old = must_alloc(h, 4 << 20, NULL), *newer = must_alloc(h, 8 << 20, NULL);
     void *keep = must_alloc(h, 2 << 20, NULL); /* keeps the two from merging */
     EXPECT(heap_free_device_wide(h, old), "device-wide free");
-    void *m1 = must_alloc(h, 16 << 20, NULL); /* a miss: the events that cover `old` are recorded */
+    uint64_t syncs = stats(h).num_syncs;
+    /* A miss in the small pool (which holds no device-wide block, so nothing to wait for there)
+     * records the events that cover `old`. */
+    void *m1 = must_alloc(h, 512 << 10, NULL);
+    EXPECT(stats(h).num_syncs == syncs, "nothing pending in the small pool: no synchronize");
     EXPECT(heap_free_device_wide(h, newer), "device-wide free after the events");
     EXPECT(heap_check(h, stderr) == 0, "heap_check: two generations");
     sim_stream_complete(nb); /* the events covering `old` complete; `newer` has none yet */
-    uint64_t syncs = stats(h).num_syncs;
-    void *m2 = must_alloc(h, 32 << 20, NULL); /* a miss: settles `old`, covers `newer` */
-    void *r_old = must_alloc(h, 4 << 20, NULL);
+    void *r_old = must_alloc(h, 4 << 20, NULL); /* a miss: settles `old`, covers `newer` */
     EXPECT(r_old == old && stats(h).num_syncs == syncs,
            "the block freed before the events settled without a synchronize (got %p, want %p)", r_old, old);
     EXPECT(heap_check(h, stderr) == 0, "heap_check");
-    sim_stream_complete(nb);
-    void *m3 = must_alloc(h, 64 << 20, NULL); /* a miss: settles `newer` */
-    void *r_newer = must_alloc(h, 8 << 20, NULL);
-    EXPECT(r_newer == newer && stats(h).num_syncs == syncs, "the later block settled after the next events");
-    void *all[] = {keep, m1, m2, r_old, m3, r_newer};
+    void *r_newer = must_alloc(h, 8 << 20, NULL); /* its events are in flight: one synchronize */
+    EXPECT(r_newer == newer && stats(h).num_syncs == syncs + 1, "the later block waited for");
+    void *all[] = {keep, m1, r_old, r_newer};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) must_free(h, all[i], NULL);
     heap_stream_destroyed(h, nb);
     sim_stream_destroy(nb);
