@@ -62,6 +62,7 @@
 #define HEAP_PENDING_RELEASES 64
 #define HEAP_MAX_REQUEST ((size_t)1 << 48) /* larger requests fail (and sizes fit quick_key) */
 #define HEAP_MAX_NB_STREAMS 64
+#define DW_CHECK_EVERY 4 /* device-wide frees between looks at the group's events */
 #define HEAP_OOM_KINDS 16
 /* The pseudo-stream of device-wide frees: never a real stream's tag (tag_of stops before it). */
 #define DW_HANDLE ((cua_stream)(uintptr_t)UINTPTR_MAX)
@@ -190,6 +191,7 @@ struct heap_s {
     unsigned n_nb;
     bool nb_overflow;
     unsigned dw_open;
+    unsigned dw_frees_unchecked; /* device-wide frees since one last looked at the events */
     /* OOM reports printed, by (power-of-two bucket of the request, diagnosis kind). */
     struct { uint8_t bucket, kind; } oom_seen[HEAP_OOM_KINDS];
     unsigned n_oom_seen;
@@ -795,17 +797,18 @@ static void dw_sync(heap_t *h) {
     settle_tag(h, TAG_DW_B);
 }
 
-/* Without waiting: looks at the group's events. True when none is still pending. */
+/* Without waiting: looks at the group's events, up to the first still pending (the legacy
+ * stream's first: it is the busiest). True when none is. */
 static bool dw_query(heap_t *h) {
     stream_rec_t *r = dw_rec(h);
-    bool pending = h->drv->event_query(h->dev, r->event) != CUA_SUCCESS; /* the legacy stream's */
+    if (h->drv->event_query(h->dev, r->event) != CUA_SUCCESS) return false;
     for (unsigned i = 0; i < h->n_nb; i++) {
         if (!h->nb[i].in_flight) continue;
-        if (h->drv->event_query(h->dev, h->nb[i].event) == CUA_SUCCESS) h->nb[i].in_flight = false;
-        else pending = true;
+        if (h->drv->event_query(h->dev, h->nb[i].event) != CUA_SUCCESS) return false;
+        h->nb[i].in_flight = false;
     }
-    if (!pending) r->event_in_flight = false;
-    return !pending;
+    r->event_in_flight = false;
+    return true;
 }
 
 /* Without waiting: settles the closed generation when its events have completed, then closes the
@@ -1796,6 +1799,15 @@ static __attribute__((noinline)) void free_unparked(heap_t *h, pool_t *p, block_
          * passed the free (settled lazily, or synchronized under pressure); never quick-listed. */
         free_tag(h, b, h->dw_open);
         free_to_index(h, p, b);
+        /* Every DW_CHECK_EVERY-th such free looks at the events (and records new ones), so that
+         * blocks settle about as soon as the device has passed them, not only when an allocation
+         * misses: until then the searches do not see them, take other free blocks, and the heap
+         * fragments and grows (replaying GPT-2 small's requests with every free device-wide, it
+         * reserved twice its peak). */
+        if (++h->dw_frees_unchecked >= DW_CHECK_EVERY) {
+            h->dw_frees_unchecked = 0;
+            dw_settle_completed(h);
+        }
         return;
     }
     if (!h->vmm && stream != b->stream && !is_capturing(h, stream)) {

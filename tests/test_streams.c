@@ -378,12 +378,13 @@ static void test_device_wide_pressure(void) {
     uint64_t syncs = stats(h).num_syncs, records = sim_calls(SIM_OP_EVENT_RECORD);
     for (int i = 0; i < 100; i++) EXPECT(heap_free_device_wide(h, p[i]), "device-wide free %d", i);
     EXPECT(heap_check(h, stderr) == 0, "heap_check");
-    EXPECT(stats(h).num_syncs == syncs && sim_calls(SIM_OP_EVENT_RECORD) == records,
-           "frees record nothing and synchronize nothing");
+    EXPECT(stats(h).num_syncs == syncs && sim_calls(SIM_OP_EVENT_RECORD) - records <= 2,
+           "the frees synchronize nothing and record one set of events (the legacy and the non-blocking stream)");
     void *big = must_alloc(h, (size_t)200 << 20, NULL); /* needs the freed memory */
     EXPECT(stats(h).num_syncs - syncs == 1, "pressure synchronized %llu times, want 1",
            (unsigned long long)(stats(h).num_syncs - syncs));
-    EXPECT(sim_calls(SIM_OP_EVENT_RECORD) - records <= 2, "events recorded once on the legacy and the non-blocking stream");
+    EXPECT(sim_calls(SIM_OP_EVENT_RECORD) - records <= 2, "events recorded once on the legacy and the non-blocking stream, "
+           "while the first set was in flight");
     must_free(h, big, NULL);
     heap_stream_destroyed(h, nb);
     sim_stream_destroy(nb);
