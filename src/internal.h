@@ -533,11 +533,14 @@ size_t trace_path(char *out, size_t len); /* the file being written ("" when non
  * call stack (trace_stack_depth native frames, plus Python frames when the thread holds the GIL)
  * and keeps its id for the thread's next alloc or OOM event. The recorder drops the frames up to
  * and including the function that called it, plus `skip` more (front doors reached through their
- * own wrappers); that function must be a real frame: mark it noinline. */
+ * own wrappers); that function must be a real frame: mark it noinline. For the LD_PRELOAD entry
+ * points: it never waits for the GIL (their callers may hold locks a GIL holder waits for). */
 void trace_capture_stack(int skip);
 /* The same for a front door that passes its own return address (__builtin_return_address(0)) to
  * an out-of-line helper it may or may not tail-call: the stack starts at the frame that address
- * lies in, whichever frames the compiler left between. */
+ * lies in, whichever frames the compiler left between. For the public API (cualloc_malloc, which
+ * PyTorch's pluggable allocator calls holding no lock): a thread with a Python thread state that
+ * let the GIL go takes it back for the capture, so PyTorch's allocations get their Python lines. */
 void trace_capture_stack_from(const void *caller_ip);
 /* Event hooks (heap.c). Sizes are bytes; requested is the caller's size. trace_on_free records
  * a free requested and completed at once (the heap makes a block reusable by its stream at

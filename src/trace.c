@@ -799,11 +799,17 @@ static void modules_refresh(void)
 /* ---------------------------------------------------------------------------------- Python */
 
 /* CPython's C API, resolved at run time (no build-time dependency): present only when the
- * process has an interpreter, used only by a thread that holds the GIL. Objects are void *. */
+ * process has an interpreter, used only by a thread that holds the GIL, or takes it (below).
+ * Objects are void *. */
 static struct {
     _Atomic int state; /* 0 unresolved, 1 usable, 2 absent */
     int (*is_initialized)(void);
     int (*gil_check)(void);
+    /* Optional: taking the GIL for a thread that has a Python thread state but let the GIL go. */
+    void *(*gil_this_thread)(void);
+    int (*gil_ensure)(void);
+    void (*gil_release)(int);
+    int (*is_finalizing)(void);
     void *(*tstate_unchecked)(void);
     void *(*tstate_get)(void);
     void *(*get_frame)(void *tstate);
@@ -822,6 +828,12 @@ static void py_resolve(void)
 #define PYSYM(field, name) *(void **)(&py.field) = dlsym(RTLD_DEFAULT, name)
     PYSYM(is_initialized, "Py_IsInitialized");
     PYSYM(gil_check, "PyGILState_Check");
+    PYSYM(gil_this_thread, "PyGILState_GetThisThreadState");
+    PYSYM(gil_ensure, "PyGILState_Ensure");
+    PYSYM(gil_release, "PyGILState_Release");
+    PYSYM(is_finalizing, "Py_IsFinalizing");
+    if (!py.is_finalizing)
+        PYSYM(is_finalizing, "_Py_IsFinalizing");
     PYSYM(tstate_unchecked, "PyThreadState_GetUnchecked");
     if (!py.tstate_unchecked)
         PYSYM(tstate_unchecked, "_PyThreadState_UncheckedGet");
@@ -849,16 +861,39 @@ typedef struct pyframe_s {
     uint64_t hash;
 } pyframe_t;
 
-/* The calling thread's Python frames, innermost first, when it holds the GIL. */
-static unsigned py_collect(pyframe_t *out, unsigned max)
+static unsigned py_collect_held(pyframe_t *out, unsigned max);
+
+/* The calling thread's Python frames, innermost first, when it holds the GIL, or, with
+ * may_take_gil, when it has a Python thread state and let the GIL go: PyTorch's operators release
+ * the GIL before they allocate, so under PyTorch the Python lines behind an allocation are found
+ * only by taking the GIL back for the capture, as PyTorch's own memory history does. Only the
+ * public API's callers (PyTorch's pluggable allocator calls cualloc_malloc holding no lock of its
+ * own) may take it: the LD_PRELOAD entry points are reached from inside PyTorch's caching
+ * allocator, which holds its mutex then, and a thread holding the GIL may be waiting for that
+ * mutex. *gil: the state to pass to PyGILState_Release once the frames are released (py_release:
+ * their names are borrowed from Python objects until then), -1 when the GIL was not taken. Lock
+ * order: the GIL before the recorder's locks (nothing takes the GIL holding those). */
+static unsigned py_collect(pyframe_t *out, unsigned max, bool may_take_gil, int *gil)
 {
+    *gil = -1;
     int st = atomic_load_explicit(&py.state, memory_order_acquire);
     if (st == 0) {
         py_resolve();
         st = atomic_load_explicit(&py.state, memory_order_acquire);
     }
-    if (st != 1 || !py.is_initialized() || py.gil_check() != 1)
+    if (st != 1 || !py.is_initialized())
         return 0;
+    if (py.gil_check() == 1)
+        return py_collect_held(out, max);
+    if (!may_take_gil || !py.gil_this_thread || !py.gil_ensure || !py.gil_release || !py.gil_this_thread() ||
+        (py.is_finalizing && py.is_finalizing()))
+        return 0;
+    *gil = py.gil_ensure();
+    return py_collect_held(out, max);
+}
+
+static unsigned py_collect_held(pyframe_t *out, unsigned max)
+{
     void *ts = py.tstate_unchecked ? py.tstate_unchecked() : py.tstate_get();
     if (!ts)
         return 0;
@@ -895,7 +930,7 @@ static unsigned py_collect(pyframe_t *out, unsigned max)
     return n;
 }
 
-static void py_release(pyframe_t *f, unsigned n)
+static void py_release(pyframe_t *f, unsigned n, int gil)
 {
     for (unsigned i = 0; i < n; i++) {
         if (f[i].name_obj)
@@ -903,6 +938,8 @@ static void py_release(pyframe_t *f, unsigned n)
         if (f[i].file_obj)
             py.decref(f[i].file_obj);
     }
+    if (gil >= 0)
+        py.gil_release(gil);
 }
 
 /* Copies s (cut at 511 bytes) into the arena; returns its offset there. Offset 0 holds "". */
@@ -1070,7 +1107,7 @@ static uint32_t stack_intern_locked(const uint64_t *native, unsigned nnat, const
 
 /* The stack starts `skip` frames below the caller of the function that called trace_capture_stack,
  * or, when caller_ip is set, at the frame whose return address it is (then skip is 0). */
-static __attribute__((always_inline)) inline void capture_stack(int skip, const void *caller_ip)
+static __attribute__((always_inline)) inline void capture_stack(int skip, const void *caller_ip, bool may_take_gil)
 {
     if (!trace_enabled() || tls.busy)
         return;
@@ -1132,7 +1169,8 @@ static __attribute__((always_inline)) inline void capture_stack(int skip, const 
         hash = mix64(hash ^ native[i]);
     }
     pyframe_t pyf[MAX_DEPTH];
-    unsigned npy = py_collect(pyf, depth);
+    int gil;
+    unsigned npy = py_collect(pyf, depth, may_take_gil, &gil);
     for (unsigned i = 0; i < npy; i++)
         hash = mix64(hash ^ pyf[i].hash ^ PY_TAG);
     /* A stack not in the cache may come from a module loaded since the last scan. The peek is
@@ -1147,13 +1185,13 @@ static __attribute__((always_inline)) inline void capture_stack(int skip, const 
         tls.has_stack = true;
     }
     unlock();
-    py_release(pyf, npy);
+    py_release(pyf, npy, gil);
     busy_leave();
 }
 
-__attribute__((noinline)) void trace_capture_stack(int skip) { capture_stack(skip, NULL); }
+__attribute__((noinline)) void trace_capture_stack(int skip) { capture_stack(skip, NULL, false); }
 
-__attribute__((noinline)) void trace_capture_stack_from(const void *caller_ip) { capture_stack(0, caller_ip); }
+__attribute__((noinline)) void trace_capture_stack_from(const void *caller_ip) { capture_stack(0, caller_ip, true); }
 
 /* ----------------------------------------------------------------------------------- events */
 

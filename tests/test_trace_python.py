@@ -1,10 +1,12 @@
 """test_trace_python.py LIBCUALLOC ALLOCVIEW — Python frames in a trace, with a real interpreter.
 
-The recorder finds CPython's C API at run time (no build-time Python) and, when the allocating
-thread holds the GIL, records its Python frames (function, file, line) as the outer part of the
-allocation's stack. ctypes.PyDLL calls keep the GIL, ctypes.CDLL calls release it: the first
-allocation must carry this file's frames with the right lines, the second none. The trace is read
-back with `allocview dump`.
+The recorder finds CPython's C API at run time (no build-time Python) and records the allocating
+thread's Python frames (function, file, line) as the outer part of the allocation's stack.
+ctypes.PyDLL calls keep the GIL, ctypes.CDLL calls release it (as PyTorch's operators do before
+they allocate): through the public API (cualloc_malloc, what PyTorch's pluggable allocator calls)
+both must carry this file's frames with the right lines, the second because the recorder takes the
+GIL back for the capture; through an LD_PRELOAD entry point (cudaMalloc) without the GIL, none,
+since the recorder never waits for the GIL there. The trace is read back with `allocview dump`.
 """
 import ctypes
 import os
@@ -26,6 +28,8 @@ for lib in (with_gil, without_gil):
     lib.cualloc_free.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.cualloc_trace_start.argtypes = [ctypes.c_char_p]
     lib.cualloc_mark.argtypes = [ctypes.c_char_p]
+without_gil.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+without_gil.cudaFree.argtypes = [ctypes.c_void_p]
 
 SOURCE = open(__file__).read().splitlines()
 
@@ -46,9 +50,13 @@ class Model:
 assert with_gil.cualloc_trace_start(trace.encode()) == 0, "cualloc_trace_start failed"
 with_gil.cualloc_mark(b"python step")
 p = Model().forward()  # SITE-C
-q = without_gil.cualloc_malloc(8192, 0, None)  # no GIL held inside: no Python frames
+# The GIL is let go for this call; the recorder takes it back.
+q = without_gil.cualloc_malloc(8192, 0, None)  # SITE-D
+r = ctypes.c_void_p()
+assert without_gil.cudaMalloc(ctypes.byref(r), 16384) == 0, "cudaMalloc failed"
 with_gil.cualloc_free(p, None)
 with_gil.cualloc_free(q, None)
+assert without_gil.cudaFree(r) == 0
 with_gil.cualloc_trace_stop()
 
 dump = subprocess.run([allocview, "dump", trace], capture_output=True, text=True, check=True).stdout
@@ -76,7 +84,7 @@ def python_frames(stack_id):
     return out
 
 
-assert len(allocs) == 2, dump
+assert len(allocs) == 3, dump
 me = os.path.basename(__file__)
 got = python_frames(allocs[0][1])
 want = [("allocate_here", me, line_of("# SITE-A")), ("Model.forward", me, line_of("# SITE-B")),
@@ -88,7 +96,9 @@ while sid:
     native += stacks[sid][1] == "native"
     sid = stacks[sid][0]
 assert native > 0, "native frames come with the Python ones"
-assert python_frames(allocs[1][1]) == [], "no Python frames without the GIL: %r" % python_frames(allocs[1][1])
+got_d = python_frames(allocs[1][1])
+assert got_d[:1] == [("<module>", me, line_of("# SITE-D"))], "the GIL taken back for cualloc_malloc: got %r" % got_d
+assert python_frames(allocs[2][1]) == [], "cudaMalloc never waits for the GIL: %r" % python_frames(allocs[2][1])
 assert '"python step"' in dump
 # allocview names the site by its Python lines: the ctypes call and libffi's trampoline between
 # them and the allocation are left out, like the interpreter's own frames.

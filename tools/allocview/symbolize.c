@@ -1,6 +1,7 @@
 /* symbolize.c — see symbolize.h. */
 #include "symbolize.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <fnmatch.h>
 #include <inttypes.h>
@@ -66,6 +67,8 @@ struct sym_ctx {
     size_t cap, count;
     sym_stk_t *stk; /* per stack id (< nstk, grown on demand) */
     size_t nstk;
+    char **names;   /* demangled function names (the frames point into them) */
+    size_t nnames, names_cap;
 };
 
 static bool fold_module(const char *path)
@@ -84,11 +87,81 @@ static bool suffixed(const char *s, const char *p)
 }
 
 /* The allocator's own functions: cualloc's, the CUDA runtime's and driver's allocation entry
- * points, and PyTorch's caching allocator (in stacks imported from its snapshots). */
+ * points, PyTorch's caching allocator (in stacks imported from its snapshots) and its pluggable
+ * allocator's wrapper around cualloc. */
 static bool fold_function(const char *fn)
 {
     return fn && (prefixed(fn, "cudaMalloc") || prefixed(fn, "cuMemAlloc") || prefixed(fn, "cualloc_") ||
-                  strstr(fn, "c10::cuda::CUDACachingAllocator::") != NULL);
+                  strstr(fn, "c10::cuda::CUDACachingAllocator::") != NULL ||
+                  strstr(fn, "torch::cuda::CUDAPluggableAllocator::") != NULL);
+}
+
+/* C++ symbol names as a reader knows them: "at::native::mm_out_cuda" for
+ * _ZN2at6native11mm_out_cudaERKNS_6TensorES3_RS1_. Through the C++ runtime's __cxa_demangle
+ * (libstdc++, loaded at the first mangled name; without it names stay mangled), and without the
+ * parameter list, which says nothing of the call site and makes labels unreadable (an overload
+ * is told apart by its file and line). The result belongs to the context; NULL: keep `name`. */
+typedef char *(*cxa_demangle_fn)(const char *, char *, size_t *, int *);
+
+static cxa_demangle_fn demangler(void)
+{
+    static int tried;
+    static cxa_demangle_fn fn;
+    if (!tried) {
+        tried = 1;
+        void *p = dlsym(RTLD_DEFAULT, "__cxa_demangle");
+        if (!p) {
+            void *lib = dlopen("libstdc++.so.6", RTLD_LAZY | RTLD_LOCAL);
+            p = lib ? dlsym(lib, "__cxa_demangle") : NULL; /* kept loaded while allocview runs */
+        }
+        memcpy(&fn, &p, sizeof p);
+    }
+    return fn;
+}
+
+/* Cuts a demangled function name's parameter list (and what follows it: " const", "&"):
+ * "ns::f<int (*)(int)>(long) const" becomes "ns::f<int (*)(int)>". */
+static void cut_parameters(char *name)
+{
+    size_t n = strlen(name);
+    while (n > 0 && name[n - 1] != ')') /* " const", " &", " &&", " volatile" */
+        n--;
+    if (n == 0)
+        return;
+    int depth = 0;
+    for (size_t i = n; i-- > 0;) {
+        if (name[i] == ')')
+            depth++;
+        else if (name[i] == '(' && --depth == 0) {
+            if (i > 0)
+                name[i] = '\0';
+            return;
+        }
+    }
+}
+
+static const char *demangled(sym_ctx_t *c, const char *name)
+{
+    if (!name || strncmp(name, "_Z", 2) != 0)
+        return NULL;
+    cxa_demangle_fn fn = demangler();
+    if (!fn)
+        return NULL;
+    int status = -1;
+    char *d = fn(name, NULL, NULL, &status);
+    if (status != 0 || !d) {
+        free(d);
+        return NULL;
+    }
+    cut_parameters(d);
+    char **grown = av_grow_zeroed(c->names, &c->names_cap, c->nnames, sizeof *c->names);
+    if (!grown) {
+        free(d);
+        return NULL;
+    }
+    c->names = grown;
+    c->names[c->nnames++] = d;
+    return d;
 }
 
 /* Frames that only carry the call from the user's code to the allocation, and say nothing of which
@@ -297,6 +370,9 @@ void sym_free(sym_ctx_t *c)
         free(c->stk[i].label);
     }
     free(c->stk);
+    for (size_t i = 0; i < c->nnames; i++)
+        free(c->names[i]);
+    free(c->names);
     free(c);
 }
 
@@ -447,6 +523,9 @@ static size_t native_lookup(sym_ctx_t *c, const char *module, uint64_t off, sym_
         if (m->usable) {
             GElf_Addr pc = off - 1 + m->bias; /* a return address: look up the call */
             const char *fn = dwfl_module_addrname(m->mod, pc);
+            const char *readable = demangled(c, fn);
+            if (readable)
+                fn = readable;
             int line = 0;
             Dwfl_Line *ln = dwfl_module_getsrc(m->mod, pc);
             const char *src = ln ? dwfl_lineinfo(ln, NULL, &line, NULL, NULL, NULL) : NULL;
