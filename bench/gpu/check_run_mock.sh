@@ -225,5 +225,21 @@ grep -q "libjemalloc.so.2 is missing" "$tmp/nolibs.log" && grep -q "carry-libs.s
     bad "run.sh viewer without allocview's libraries did not say so: $(cat "$tmp/nolibs.log")"
 grep -q '"status":"fail"' "$tmp/nolibs/viewer/results.jsonl" 2>/dev/null || bad "the viewer part's status line is not fail"
 
+# Several parts in one command, under one deadline, packed into one archive (how a GPU machine,
+# which returns few files per command, is used); and a deadline already spent starts nothing.
+env -u OUT "$src/bench/gpu/run.sh" driver-costs,torch-alloc-cost --mock --out "$tmp/multi" --build "$build" \
+    --deadline-s 300 --pack "$tmp/multi.tgz" >"$tmp/multi.log" 2>&1 || bad "run.sh driver-costs,torch-alloc-cost exited non-zero"
+tar tzf "$tmp/multi.tgz" >"$tmp/multi.list" 2>/dev/null || bad "--pack wrote no readable archive"
+for f in ./driver-costs/results.jsonl ./torch-alloc-cost/results.jsonl ./torch-alloc-cost/summary.md ./summary.md; do
+    grep -qx "$f" "$tmp/multi.list" || bad "the packed archive lacks $f"
+done
+grep -q "## driver-costs" "$tmp/multi/summary.md" && grep -q "## torch-alloc-cost" "$tmp/multi/summary.md" ||
+    bad "the summary of several parts lacks one"
+env -u OUT "$src/bench/gpu/run.sh" driver-costs --mock --out "$tmp/late" --build "$build" --deadline-s 20 \
+    >"$tmp/late.log" 2>&1 && bad "a part started with under 30 s of its deadline left, or exited 0"
+grep -q "not started" "$tmp/late.log" || bad "run.sh did not say the part was not started: $(cat "$tmp/late.log")"
+env -u OUT "$src/bench/gpu/run.sh" driver-costs,nonsense --mock --out "$tmp/bad" --build "$build" >/dev/null 2>&1
+[ $? = 2 ] || bad "an unknown part in a list was not refused"
+
 [ "$fail" = 0 ] && echo "gpu_run_mock: ok"
 exit "$fail"
