@@ -142,7 +142,9 @@ static dlsym_fn resolve_real_dlsym(void) {
             p = dlvsym(libc, "dlsym", versions[i]);
         if (libc) dlclose(libc);
     }
-    if (p == (void *)dlsym) p = NULL; /* never ourselves */
+#ifndef CUALLOC_NO_DLSYM_INTERPOSE
+    if (p == (void *)dlsym) p = NULL; /* never ourselves (the library binds `dlsym` to its own) */
+#endif
     memcpy(&f, &p, sizeof p);
     if (f) atomic_store_explicit(&real_dlsym_fn, f, memory_order_release);
     return f;

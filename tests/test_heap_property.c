@@ -5,9 +5,10 @@
  * leaves a consistent heap and, once everything is freed and trimmed, nothing held on the device.
  *
  * Stream 1 is registered as non-blocking, and some frees are device-wide (cudaFree's meaning). Such
- * a block must not be handed out again before stream 1's work after the free has completed or the
- * device was synchronized: the model keeps those blocks until then and checks every allocation
- * against them.
+ * a block must not be handed out again before stream 1's work after the free has completed, or the
+ * device or a stream was synchronized (the sim completes a held stream's work when it is; the
+ * counter does not say which stream): the model keeps those blocks until then and checks every
+ * allocation against them.
  *
  * Model: the live allocations (pointer, requested size, stream). Checked after every operation:
  * blocks do not overlap and are 512-byte aligned; requested/allocated bytes and alloc/free counts
@@ -33,7 +34,7 @@ typedef struct {
 typedef struct {
     uintptr_t ptr;
     size_t block;
-    uint64_t nb_completes, device_syncs;
+    uint64_t nb_completes, syncs;
 } pending_t;
 
 typedef struct {
@@ -83,11 +84,13 @@ static void world_complete(world_t *w, int stream) {
     if (stream == 1) w->nb_completes++;
 }
 
+static uint64_t sim_syncs(void) { return sim_calls(SIM_OP_DEVICE_SYNC) + sim_calls(SIM_OP_STREAM_SYNC); }
+
 /* Device-wide freed blocks that are safe now leave the model's list. */
 static void pending_prune(world_t *w) {
-    uint64_t syncs = sim_calls(SIM_OP_DEVICE_SYNC);
+    uint64_t syncs = sim_syncs();
     for (int i = 0; i < w->npending;) {
-        if (w->nb_completes > w->pending[i].nb_completes || syncs > w->pending[i].device_syncs)
+        if (w->nb_completes > w->pending[i].nb_completes || syncs > w->pending[i].syncs)
             w->pending[i] = w->pending[--w->npending];
         else
             i++;
@@ -151,7 +154,7 @@ static bool world_alloc(world_t *w, rng_t *r, size_t size, int stream) {
         const pending_t *o = &w->pending[i];
         EXPECT((uintptr_t)p + b->size <= o->ptr || o->ptr + o->block <= (uintptr_t)p,
                "new block %p+%zu overlaps %#lx+%zu, freed device-wide while the non-blocking stream was busy, "
-               "which has not completed since (and no device synchronize)",
+               "which has not completed since (and no synchronize)",
                p, b->size, (unsigned long)o->ptr, o->block);
     }
     live_t *l = &w->live[w->nlive++];
@@ -181,7 +184,7 @@ static bool world_free_device_wide(world_t *w, int i) {
     live_t l = w->live[i];
     if (w->host_backed) pattern(&l, true);
     EXPECT(heap_free_device_wide(w->h, (void *)l.ptr), "device-wide free of a live block refused");
-    if (w->held) w->pending[w->npending++] = (pending_t){l.ptr, l.block, w->nb_completes, sim_calls(SIM_OP_DEVICE_SYNC)};
+    if (w->held) w->pending[w->npending++] = (pending_t){l.ptr, l.block, w->nb_completes, sim_syncs()};
     w->live[i] = w->live[--w->nlive];
     w->requested -= l.size;
     w->allocated -= l.block;
