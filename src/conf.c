@@ -115,7 +115,8 @@ static const opt_t opts[] = {
      OFF(trace), 0, CONF_PATH_MAX - 1, 0},
     {"trace_stack_depth", OPT_UINT, "16",
      "Native frames recorded per allocation call stack (0 to 64), plus the Python frames of a "
-     "thread holding the GIL. `0`: no stacks.",
+     "thread holding the GIL (through the C API, e.g. PyTorch's pluggable allocator, also of a "
+     "thread that let the GIL go: it is taken back for the capture). `0`: no stacks.",
      OFF(trace_stack_depth), 0, 64, 0},
     {"trace_max_mb", OPT_MIB, "0",
      "Bound the trace file to this many MiB: tracing stops there (the trace ends with a record "
