@@ -331,12 +331,15 @@ static inline void free_account_sub(heap_t *h, pool_t *p, const block_t *b) {
 
 /* Bytes of FREE blocks with tag t, both pools (CACHED blocks are not counted: every reader that
  * must see them runs after quick_flush). */
+/* The free bytes of one pool's index of tag t (0 when it has none). */
+static size_t pool_tag_free_bytes(const heap_t *h, const pool_t *p, unsigned t) {
+    const findex_t *ix = p->index[t];
+    return !ix ? 0 : h->vmm ? ix->sc.bytes : ix->tree.bytes;
+}
+
 static size_t tag_free_bytes(const heap_t *h, unsigned t) {
     size_t bytes = 0;
-    for (int pi = 0; pi < POOL_COUNT; pi++) {
-        const findex_t *ix = h->pools[pi].index[t];
-        if (ix) bytes += h->vmm ? ix->sc.bytes : ix->tree.bytes;
-    }
+    for (int pi = 0; pi < POOL_COUNT; pi++) bytes += pool_tag_free_bytes(h, &h->pools[pi], t);
     return bytes;
 }
 
@@ -1331,9 +1334,7 @@ static block_t *find_free(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
  * their free neighbours. (Waiting only for as much as the request let PyTorch without its cache
  * reserve 2.2 times its peak on an H100: bench/RESULTS.md.) */
 static block_t *dw_wait_fit(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
-    size_t pending = 0;
-    for (unsigned t = TAG_DW_A; t <= TAG_DW_B; t++) pending += h->vmm ? p->index[t]->sc.bytes : p->index[t]->tree.bytes;
-    if (!pending) return NULL;
+    if (!pool_tag_free_bytes(h, p, TAG_DW_A) && !pool_tag_free_bytes(h, p, TAG_DW_B)) return NULL;
     dw_sync(h);
     return find_free(h, p, tag, rsize);
 }
@@ -1796,7 +1797,7 @@ static void free_on_tag(heap_t *h, pool_t *p, block_t *b, cua_stream stream, uns
 static __attribute__((noinline)) void free_unparked(heap_t *h, pool_t *p, block_t *b, cua_stream stream, bool device_wide) {
     if (device_wide) {
         /* Not reusable by anyone until the legacy stream and every non-blocking stream have
-         * passed the free (settled lazily, or synchronized under pressure); never quick-listed. */
+         * passed the free (seen in their events, or by a device synchronize); never quick-listed. */
         free_tag(h, b, h->dw_open);
         free_to_index(h, p, b);
         /* Every DW_CHECK_EVERY-th such free looks at the events (and records new ones), so that

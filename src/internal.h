@@ -467,9 +467,10 @@ void heap_stream_created(heap_t *h, cua_stream stream, bool non_blocking);
  * may still use it. With no known non-blocking stream this is heap_free(h, ptr, NULL) (the legacy
  * stream orders every blocking stream); otherwise the block gets the open device-wide tag and
  * settles once events on the legacy stream and every non-blocking stream, recorded after the free
- * (only when memory is short), have completed, or after a device synchronize, which an allocation
- * makes rather than map new memory while such blocks could serve it (cudaFree itself would have
- * synchronized). False when h does not own ptr. */
+ * (by a later device-wide free, every few of them, or by an allocation that misses), have
+ * completed, or after a device synchronize, which an allocation makes rather than map new memory
+ * while such blocks are pending (cudaFree itself would have synchronized). False when h does not
+ * own ptr. */
 bool heap_free_device_wide(heap_t *h, void *ptr);
 /* Peer access changed for this heap's device (driver peer_enable): grants access again over every
  * mapped chunk range, so the enabled peers can reach existing memory. VMM only; no-op in classic. */

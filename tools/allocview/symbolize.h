@@ -1,11 +1,12 @@
 /* symbolize.h — names the frames of recorded stacks offline, from the module map records:
  * function and file:line through elfutils' libdwfl where the module file is present, has
  * symbols and its build id matches the recorded one (with the functions inlined at the address,
- * from the debug information); module+offset otherwise. Frames of the
- * allocator and the CUDA runtime (libcualloc.so, libcudart*, libcuda*, libc10_cuda*, functions
- * cudaMalloc*, cuMemAlloc*, cualloc_*, PyTorch's CUDACachingAllocator) are marked to fold, so the
- * first frame shown is the user's; the interpreter's, PyTorch dispatcher's and process start-up's
- * frames (plumbing) are left out of call sites too.
+ * from the debug information); module+offset otherwise. C++ names are demangled, without their
+ * parameter lists. Frames of the allocator and the CUDA runtime (libcualloc.so, libcudart*,
+ * libcuda*, libc10_cuda*, functions cudaMalloc*, cuMemAlloc*, cualloc_*, PyTorch's
+ * CUDACachingAllocator and CUDAPluggableAllocator) are marked to fold, so the first frame shown
+ * is the user's; the interpreter's, PyTorch dispatcher's and process start-up's frames (plumbing)
+ * are left out of call sites too.
  * Without libdw (HAVE_LIBDW undefined) every native frame is module+offset. */
 #ifndef ALLOCVIEW_SYMBOLIZE_H
 #define ALLOCVIEW_SYMBOLIZE_H
