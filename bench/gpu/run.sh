@@ -195,11 +195,14 @@ starts() {
     return 1
 }
 
+# command_left: the seconds left of --deadline-s (set it before calling).
+command_left() { echo $((DEADLINE_S - ($(date +%s) - T_COMMAND))); }
+
 # limit SECONDS: SECONDS, or less when --deadline-s leaves less (10 s kept for the summaries).
 limit() {
     local want=$1 left
     [ -n "$DEADLINE_S" ] || { echo "$want"; return; }
-    left=$((DEADLINE_S - ($(date +%s) - T_COMMAND) - 10))
+    left=$(($(command_left) - 10))
     [ "$left" -lt "$want" ] && want=$left
     [ "$want" -lt 1 ] && want=1
     echo "$want"
@@ -661,7 +664,7 @@ if [ "$n_parts" -gt 1 ]; then
 fi
 overall=0
 for p in $RUN_PARTS; do
-    if [ -n "$DEADLINE_S" ] && [ $((DEADLINE_S - ($(date +%s) - T_COMMAND))) -lt 30 ]; then
+    if [ -n "$DEADLINE_S" ] && [ "$(command_left)" -lt 30 ]; then
         echo "== $p: not started: under 30 s of the command's $DEADLINE_S s are left =="
         overall=1
         continue
