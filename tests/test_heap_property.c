@@ -7,8 +7,9 @@
  * Stream 1 is registered as non-blocking, and some frees are device-wide (cudaFree's meaning). Such
  * a block must not be handed out again before stream 1's work after the free has completed, or the
  * device or a stream was synchronized (the sim completes a held stream's work when it is; the
- * counter does not say which stream): the model keeps those blocks until then and checks every
- * allocation against them.
+ * counter does not say which stream). A block freed on held stream S may go back to S at once, to
+ * another stream only after S's work after the free has completed, or a synchronize. The model keeps
+ * those blocks until then and checks every allocation against them.
  *
  * Model: the live allocations (pointer, requested size, stream). Checked after every operation:
  * blocks do not overlap and are 512-byte aligned; requested/allocated bytes and alloc/free counts
@@ -30,11 +31,14 @@ typedef struct {
     int stream;
 } live_t;
 
-/* A block freed device-wide, with what had happened when it was freed. */
+/* A block freed device-wide (stream -1) or on a held stream, with what had happened when it was
+ * freed: the completions of that stream (device-wide: of stream 1, the non-blocking one) and the
+ * synchronizations. */
 typedef struct {
     uintptr_t ptr;
     size_t block;
-    uint64_t nb_completes, syncs;
+    int stream;
+    uint64_t completes, syncs;
 } pending_t;
 
 typedef struct {
@@ -52,7 +56,7 @@ typedef struct {
     live_t live[MAX_LIVE];
     pending_t pending[MAX_PENDING];
     int npending;
-    uint64_t nb_completes; /* sim_stream_complete calls on streams[1], the non-blocking stream */
+    uint64_t completes[NSTREAMS]; /* sim_stream_complete calls per stream (streams[1] is the non-blocking one) */
     bool held;             /* the streams' work waits for sim_stream_complete (else done at once) */
     int nlive;
     size_t requested, allocated;
@@ -81,16 +85,17 @@ static void world_open(world_t *w, const char *conf_text, bool held) {
 
 static void world_complete(world_t *w, int stream) {
     sim_stream_complete(w->streams[stream]);
-    if (stream == 1) w->nb_completes++;
+    w->completes[stream]++;
 }
 
 static uint64_t sim_syncs(void) { return sim_calls(SIM_OP_DEVICE_SYNC) + sim_calls(SIM_OP_STREAM_SYNC); }
 
-/* Device-wide freed blocks that are safe now leave the model's list. */
+/* Freed blocks that are safe for every stream now leave the model's list. */
 static void pending_prune(world_t *w) {
     uint64_t syncs = sim_syncs();
     for (int i = 0; i < w->npending;) {
-        if (w->nb_completes > w->pending[i].nb_completes || syncs > w->pending[i].syncs)
+        const pending_t *o = &w->pending[i];
+        if (w->completes[o->stream < 0 ? 1 : o->stream] > o->completes || syncs > o->syncs)
             w->pending[i] = w->pending[--w->npending];
         else
             i++;
@@ -132,6 +137,25 @@ static void world_verify(world_t *w, const char *what) {
            "a peak below its current value");
 }
 
+/* [ptr, ptr + size) went to a stream allowed to have it: the records it overlaps no longer speak
+ * for that range. Its next free carries its own ordering: whoever frees a block on a stream has
+ * ordered every earlier use of it before that free (CUDA's rule for stream-ordered frees), so an
+ * earlier record of the range would forbid reuse the heap may rightly make. */
+static void pending_carve(world_t *w, uintptr_t ptr, size_t size) {
+    for (int i = 0; i < w->npending;) {
+        pending_t o = w->pending[i];
+        if (ptr + size <= o.ptr || o.ptr + o.block <= ptr) {
+            i++;
+            continue;
+        }
+        w->pending[i] = w->pending[--w->npending];
+        if (o.ptr < ptr && w->npending < MAX_PENDING)
+            w->pending[w->npending++] = (pending_t){o.ptr, ptr - o.ptr, o.stream, o.completes, o.syncs};
+        if (ptr + size < o.ptr + o.block && w->npending < MAX_PENDING)
+            w->pending[w->npending++] = (pending_t){ptr + size, o.ptr + o.block - ptr - size, o.stream, o.completes, o.syncs};
+    }
+}
+
 static bool world_alloc(world_t *w, rng_t *r, size_t size, int stream) {
     void *p = NULL;
     size_t rsize = heap_round_size(&w->conf, size);
@@ -152,11 +176,14 @@ static bool world_alloc(world_t *w, rng_t *r, size_t size, int stream) {
     pending_prune(w);
     for (int i = 0; i < w->npending; i++) {
         const pending_t *o = &w->pending[i];
+        if (o->stream == stream) continue; /* its own stream may reuse it at once */
         EXPECT((uintptr_t)p + b->size <= o->ptr || o->ptr + o->block <= (uintptr_t)p,
-               "new block %p+%zu overlaps %#lx+%zu, freed device-wide while the non-blocking stream was busy, "
+               "new block %p+%zu for stream %d overlaps %#lx+%zu, freed %s %d while that stream was busy, "
                "which has not completed since (and no synchronize)",
-               p, b->size, (unsigned long)o->ptr, o->block);
+               p, b->size, stream, (unsigned long)o->ptr, o->block, o->stream < 0 ? "device-wide, group of stream" : "on stream",
+               o->stream < 0 ? 1 : o->stream);
     }
+    pending_carve(w, (uintptr_t)p, b->size);
     live_t *l = &w->live[w->nlive++];
     *l = (live_t){(uintptr_t)p, size, b->size, stream};
     if (w->host_backed) pattern(l, false);
@@ -167,10 +194,22 @@ static bool world_alloc(world_t *w, rng_t *r, size_t size, int stream) {
     return true;
 }
 
+/* The model's record of a block just freed (syncs: the count before the free, since a free may
+ * itself synchronize, which covers it). Kept only while streams are held and there is room; the
+ * legacy stream (0) is never held. */
+static void pending_add(world_t *w, const live_t *l, int stream, uint64_t syncs) {
+    if (!w->held || stream == 0) return;
+    pending_prune(w);
+    if (w->npending == MAX_PENDING) return;
+    w->pending[w->npending++] = (pending_t){l->ptr, l->block, stream, w->completes[stream < 0 ? 1 : stream], syncs};
+}
+
 static void world_free(world_t *w, int i, int stream) {
     live_t l = w->live[i];
     if (w->host_backed) pattern(&l, true);
+    uint64_t syncs = sim_syncs();
     EXPECT(heap_free(w->h, (void *)l.ptr, w->streams[stream]), "free of a live block refused");
+    pending_add(w, &l, stream, syncs);
     w->live[i] = w->live[--w->nlive];
     w->requested -= l.size;
     w->allocated -= l.block;
@@ -183,8 +222,9 @@ static bool world_free_device_wide(world_t *w, int i) {
     if (w->npending == MAX_PENDING) return false;
     live_t l = w->live[i];
     if (w->host_backed) pattern(&l, true);
+    uint64_t syncs = sim_syncs();
     EXPECT(heap_free_device_wide(w->h, (void *)l.ptr), "device-wide free of a live block refused");
-    if (w->held) w->pending[w->npending++] = (pending_t){l.ptr, l.block, w->nb_completes, sim_syncs()};
+    pending_add(w, &l, -1, syncs);
     w->live[i] = w->live[--w->nlive];
     w->requested -= l.size;
     w->allocated -= l.block;
