@@ -27,6 +27,12 @@
  * opens the other, which is empty then; when they complete, the closed tag settles. With one tag,
  * a program that frees all the time (cudaFree of every tensor) always had frees newer than the
  * last events, so its blocks never settled and the heap mapped new memory instead.
+ * Stream generations (VMM), the same for one stream: recording S's event closes S's tag. The tag
+ * keeps its blocks, which the event covers exactly, and S's later frees go to a fresh tag, S's open
+ * generation. S reuses its closed blocks at once, like its open ones; once the event has completed,
+ * the closed tag settles and its slot is free again. With one tag per stream, frees after the event
+ * kept every block of the tag waiting, so a stream that freed all the time never let another
+ * stream reuse its memory short of a synchronize under memory pressure.
  *
  * Invariants (heap_check), per pool:
  *   blocks tile every segment in address order; no two adjacent FREE blocks have compatible tags
@@ -76,12 +82,20 @@ typedef union findex_u {
     tree_t tree;
 } findex_t;
 
+/* A tag's record. Stream tags (1 .. TAG_STREAMS_END - 1) are each a generation of one stream
+ * (`handle`): its open one, where its frees go and which tag_of finds, or its closed one, whose
+ * blocks the event recorded when it closed covers. Invariants (heap_check): a stream has at most one
+ * open tag and at most one closed tag, each naming the other in `partner`; a closed tag has its event
+ * in flight (seen complete, it settles and its slot is freed at once) and no parked block; classic
+ * mode closes none. */
 typedef struct stream_rec_s {
     cua_stream handle;
     bool used;
-    bool event_in_flight;       /* event recorded on the stream, not yet seen complete */
-    cua_event event;            /* created on first need */
-    uint64_t frees_since_record; /* frees on this stream since the event was last recorded */
+    bool closed;                /* a stream's closed generation */
+    bool event_in_flight;       /* a closed generation: always; the device-wide record
+                                 * (tags[TAG_DW_A]): the group's events not yet seen complete */
+    uint16_t partner;           /* a stream's other generation (0: it has none) */
+    cua_event event;            /* created on first need; stays with the slot */
 } stream_rec_t;
 
 /* Quick lists (VMM mode, small pool): freed blocks parked unmerged by exact (size, tag), so the
@@ -668,7 +682,7 @@ static bool quick_flush_small(heap_t *h, unsigned tag, size_t rsize, bool until_
 
 /* The tag of `stream`, registering it on first sight; 0 (TAG_ANY) never names a stream. Returns
  * HEAP_MAX_TAGS when the table is full even after recycling. */
-static void settle_all(heap_t *h, bool sync);
+static void settle_all(heap_t *h);
 
 /* Sets tag_of's one-entry cache (tag 0: empty) and the fast paths' view of it. */
 static void last_set(heap_t *h, cua_stream stream, unsigned tag) {
@@ -689,39 +703,51 @@ static inline void recording_check(heap_t *h) {
     }
 }
 
+/* An unused stream slot, 0 when every one is taken. */
+static unsigned slot_unused(const heap_t *h) {
+    for (unsigned t = 1; t < TAG_STREAMS_END; t++)
+        if (!h->tags[t].used) return t;
+    return 0;
+}
+
+/* Unused slot t becomes an open tag of `stream` (its event handle stays with the slot). False when
+ * its free indexes could not be had. */
+static bool slot_claim(heap_t *h, unsigned t, cua_stream stream) {
+    for (int pi = 0; pi < POOL_COUNT; pi++)
+        if (!index_get(h, &h->pools[pi], t)) return false;
+    stream_rec_t *r = &h->tags[t];
+    cua_event ev = r->event;
+    memset(r, 0, sizeof *r);
+    r->event = ev;
+    r->used = true;
+    r->handle = stream;
+    return true;
+}
+
 static __attribute__((noinline)) unsigned tag_of_uncached(heap_t *h, cua_stream stream) {
-    unsigned free_slot = 0;
     for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
-        if (h->tags[t].used) {
-            if (h->tags[t].handle == stream) {
-                last_set(h, stream, t);
-                return t;
-            }
-        } else if (!free_slot) {
-            free_slot = t;
+        if (h->tags[t].used && !h->tags[t].closed && h->tags[t].handle == stream) {
+            last_set(h, stream, t);
+            return t;
         }
     }
+    unsigned free_slot = slot_unused(h);
     if (!free_slot) {
-        /* Every slot names a stream: settle everything (synchronizing) and forget the streams that
-         * then hold nothing. Allocated blocks remember stream handles, not tags, so this is safe. */
-        settle_all(h, true);
+        /* Every slot names a stream: settle everything (synchronizing: closed generations go with
+         * it) and forget the streams that then hold nothing. Allocated blocks remember stream
+         * handles, not tags, so this is safe. */
+        settle_all(h);
         for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
-            if (tag_free_bytes(h, t) == 0 && !h->tags[t].event_in_flight) {
-                h->tags[t].used = false;
+            stream_rec_t *r = &h->tags[t];
+            if (r->used && !r->closed && !r->partner && tag_free_bytes(h, t) == 0) {
+                r->used = false;
                 if (h->last_tag == t) last_set(h, NO_STREAM, 0);
                 if (!free_slot) free_slot = t;
             }
         }
         if (!free_slot) return HEAP_MAX_TAGS;
     }
-    for (int pi = 0; pi < POOL_COUNT; pi++)
-        if (!index_get(h, &h->pools[pi], free_slot)) return HEAP_MAX_TAGS;
-    stream_rec_t *r = &h->tags[free_slot];
-    cua_event ev = r->event;
-    memset(r, 0, sizeof *r);
-    r->event = ev;
-    r->used = true;
-    r->handle = stream;
+    if (!slot_claim(h, free_slot, stream)) return HEAP_MAX_TAGS;
     last_set(h, stream, free_slot);
     return free_slot;
 }
@@ -735,7 +761,7 @@ static inline unsigned tag_of(heap_t *h, cua_stream stream) {
  * compatible neighbour's tag, which is at least as safe as its own). */
 static unsigned tag_lookup(const heap_t *h, cua_stream stream) {
     for (unsigned t = 1; t < TAG_STREAMS_END; t++)
-        if (h->tags[t].used && h->tags[t].handle == stream) return t;
+        if (h->tags[t].used && !h->tags[t].closed && h->tags[t].handle == stream) return t;
     return TAG_ANY;
 }
 
@@ -846,64 +872,91 @@ static bool dw_settle_completed(heap_t *h) {
     return settled;
 }
 
-/* Settles every stream's free blocks: after synchronizing the streams (sync), or only those whose
- * recorded event has completed with no free since (!sync). Classic mode never moves blocks. */
-static void settle_all(heap_t *h, bool sync) {
-    bool device_synced = false;
-    quick_flush(h);
-    if (sync) {
-        uint64_t before = h->stats.num_syncs;
-        dw_sync(h);
-        device_synced = h->stats.num_syncs != before && dw_free_bytes(h) == 0;
-    } else {
-        dw_settle_completed(h);
+/* The stream generations (see the top of this file). */
+
+/* Closed tag c's event has completed (or its stream was synchronized): its blocks settle and its
+ * slot is freed. */
+static void closed_settle(heap_t *h, unsigned c) {
+    stream_rec_t *r = &h->tags[c];
+    settle_tag(h, c);
+    h->tags[r->partner].partner = 0;
+    r->used = r->closed = r->event_in_flight = false;
+    r->partner = 0;
+}
+
+/* Closes open tag t (VMM, quick lists flushed, no closed partner): an event recorded on its stream
+ * now covers every block t holds, t becomes the stream's closed tag, and a fresh slot its open one.
+ * False, nothing changed, when no slot, index or event could be had. */
+static bool stream_close(heap_t *h, unsigned t) {
+    stream_rec_t *r = &h->tags[t];
+    unsigned n = slot_unused(h);
+    if (!n || !slot_claim(h, n, r->handle)) return false;
+    if ((!r->event && h->drv->event_create(h->dev, &r->event) != CUA_SUCCESS) ||
+        h->drv->event_record(h->dev, r->event, r->handle) != CUA_SUCCESS) {
+        h->tags[n].used = false;
+        return false;
     }
+    r->closed = r->event_in_flight = true;
+    r->partner = (uint16_t)n;
+    h->tags[n].partner = (uint16_t)t;
+    if (h->last_tag == t) last_set(h, r->handle, n);
+    return true;
+}
+
+/* Without waiting, for the stream of open tag t: settles its closed generation if that one's event
+ * has completed, then closes the open one if it holds blocks. True when something settled. */
+static bool stream_settle_completed(heap_t *h, unsigned t) {
+    stream_rec_t *r = &h->tags[t];
+    bool settled = false;
+    if (r->partner) {
+        /* Not ready, or an error: the closed generation stays closed (the open one waits for it). */
+        if (h->drv->event_query(h->dev, h->tags[r->partner].event) != CUA_SUCCESS) return false;
+        closed_settle(h, r->partner);
+        settled = true;
+    }
+    if (!tag_free_bytes(h, t) || !stream_close(h, t)) return settled;
+    if (h->drv->event_query(h->dev, r->event) == CUA_SUCCESS) { /* the stream was idle */
+        closed_settle(h, t);
+        settled = true;
+    }
+    return settled;
+}
+
+/* Synchronizes every stream holding free blocks and settles them (VMM; classic mode never moves
+ * blocks between streams, only waits), both generations and the device-wide ones. */
+static void settle_all(heap_t *h) {
+    quick_flush(h);
+    uint64_t before = h->stats.num_syncs;
+    dw_sync(h);
+    bool device_synced = h->stats.num_syncs != before && dw_free_bytes(h) == 0;
     for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
         stream_rec_t *r = &h->tags[t];
-        if (!r->used || (tag_free_bytes(h, t) == 0 && !r->event_in_flight)) continue;
+        if (!r->used || r->closed || (tag_free_bytes(h, t) == 0 && !r->partner)) continue;
         if (is_capturing(h, r->handle)) continue; /* its blocks stay unsettled until the capture ends */
-        if (sync && !device_synced && stream_sync(h, r->handle) != CUA_SUCCESS) {
+        if (!device_synced && stream_sync(h, r->handle) != CUA_SUCCESS) {
             /* A stream the driver will not synchronize (destroyed, or another device's): wait for
              * the whole device instead, once. */
             h->stats.num_syncs++;
             if (h->drv->device_synchronize(h->dev) != CUA_SUCCESS) continue; /* cannot prove it idle */
             device_synced = true;
         }
-        if (sync) {
-            r->event_in_flight = false;
-            r->frees_since_record = 0;
-        }
-        if (h->vmm && !r->event_in_flight && r->frees_since_record == 0 && tag_free_bytes(h, t)) settle_tag(h, t);
+        if (r->partner) closed_settle(h, r->partner);
+        if (h->vmm && tag_free_bytes(h, t)) settle_tag(h, t);
     }
 }
 
 /* The cheap way to find memory other streams freed: for each other stream holding free blocks,
- * look at its event (recording one when frees are not yet covered). Returns true when something
- * was settled. Never synchronizes. */
+ * settle what its completed event covers, and close its open generation (recording an event) when
+ * it holds blocks no event covers. Returns true when something was settled. Never synchronizes. */
 static bool settle_completed(heap_t *h, unsigned self) {
     bool settled = false;
     quick_flush(h);
     if (dw_settle_completed(h)) settled = true;
     for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
         stream_rec_t *r = &h->tags[t];
-        if (t == self || !r->used || tag_free_bytes(h, t) == 0) continue;
+        if (t == self || !r->used || r->closed || (tag_free_bytes(h, t) == 0 && !r->partner)) continue;
         if (is_capturing(h, r->handle)) continue;
-        if (r->event_in_flight) {
-            cua_result q = h->drv->event_query(h->dev, r->event);
-            if (q == CUA_SUCCESS) r->event_in_flight = false;
-            else if (q != CUA_ERROR_NOT_READY) continue;
-        }
-        if (!r->event_in_flight && r->frees_since_record > 0) {
-            if (!r->event && h->drv->event_create(h->dev, &r->event) != CUA_SUCCESS) continue;
-            if (h->drv->event_record(h->dev, r->event, r->handle) != CUA_SUCCESS) continue;
-            r->frees_since_record = 0;
-            r->event_in_flight = true;
-            if (h->drv->event_query(h->dev, r->event) == CUA_SUCCESS) r->event_in_flight = false;
-        }
-        if (!r->event_in_flight && r->frees_since_record == 0) {
-            settle_tag(h, t);
-            settled = true;
-        }
+        if (stream_settle_completed(h, t)) settled = true;
     }
     return settled;
 }
@@ -1052,7 +1105,7 @@ static block_t *vmm_release_block(heap_t *h, pool_t *p, block_t *b) {
 /* Unmaps free chunks of every pool, at least `target` bytes if there are that many (SIZE_MAX:
  * all). Streams are synchronized first (chunks may still be in use by their work). */
 static size_t vmm_release(heap_t *h, size_t target) {
-    settle_all(h, true);
+    settle_all(h);
     size_t before = h->stats.reserved_bytes;
     for (int pi = 0; pi < POOL_COUNT && before - h->stats.reserved_bytes < target; pi++) {
         pool_t *p = &h->pools[pi];
@@ -1341,6 +1394,9 @@ static block_t *dw_wait_fit(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
 
 static block_t *alloc_slow_vmm(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
     block_t *b;
+    /* The stream's closed generation is its own to reuse at once, like its open one. */
+    unsigned closed = h->tags[tag].partner;
+    if (closed && (b = sizeclass_find(&p->index[closed]->sc, rsize))) return b;
     if (settle_completed(h, tag) && (b = find_free(h, p, tag, rsize))) return b;
     if ((b = dw_wait_fit(h, p, tag, rsize))) return b;
     if (h->conf.garbage_collection_threshold > 0) {
@@ -1354,7 +1410,7 @@ static block_t *alloc_slow_vmm(heap_t *h, pool_t *p, unsigned tag, size_t rsize)
     if ((b = vmm_grow(h, p, tag, rsize)) || (b = find_free(h, p, tag, rsize))) return b;
     /* Pressure: synchronize, settle everything, and look again before unmapping anything. */
     h->stats.num_alloc_retries++;
-    settle_all(h, true);
+    settle_all(h);
     if ((b = find_free(h, p, tag, rsize))) return b;
     vmm_release(h, SIZE_MAX);
     if ((b = find_free(h, p, tag, rsize))) return b;
@@ -1594,10 +1650,9 @@ static inline __attribute__((always_inline)) void account_free(heap_t *h, const 
     s->allocated_bytes -= bytes;
 }
 
-/* A free on `tag` (a stream's, or the device-wide pseudo-stream's): counted for the tag's lazy
- * event, the block tagged. (Its `requested` is left as it is: only ALLOCATED blocks have one.) */
-static inline __attribute__((always_inline)) void free_tag(heap_t *h, block_t *b, unsigned tag) {
-    h->tags[tag].frees_since_record++;
+/* A free on `tag` (a stream's open one, or the open device-wide one): the block tagged. (Its
+ * `requested` is left as it is: only ALLOCATED blocks have one.) */
+static inline __attribute__((always_inline)) void free_tag(block_t *b, unsigned tag) {
     b->tag = (uint16_t)tag;
 }
 
@@ -1788,7 +1843,7 @@ static void free_on_tag(heap_t *h, pool_t *p, block_t *b, cua_stream stream, uns
         stream_sync(h, stream);
         b->tag = TAG_ANY;
     } else {
-        free_tag(h, b, tag);
+        free_tag(b, tag);
     }
     free_to_index(h, p, b);
 }
@@ -1798,7 +1853,7 @@ static __attribute__((noinline)) void free_unparked(heap_t *h, pool_t *p, block_
     if (device_wide) {
         /* Not reusable by anyone until the legacy stream and every non-blocking stream have
          * passed the free (seen in their events, or by a device synchronize); never quick-listed. */
-        free_tag(h, b, h->dw_open);
+        free_tag(b, h->dw_open);
         free_to_index(h, p, b);
         /* Every DW_CHECK_EVERY-th such free looks at the events (and records new ones), so that
          * blocks settle about as soon as the device has passed them, not only when an allocation
@@ -1838,7 +1893,7 @@ static __attribute__((noinline)) bool free_locked(heap_t *h, block_t *b, cua_str
         if (tag >= HEAP_MAX_TAGS) {
             free_on_tag(h, p, b, stream, tag);
         } else {
-            free_tag(h, b, tag);
+            free_tag(b, tag);
             if (!quick_push(h, p, b)) free_to_index(h, p, b); /* parked: stays in `live` */
         }
     }
@@ -1853,7 +1908,7 @@ static __attribute__((noinline)) bool free_locked(heap_t *h, block_t *b, cua_str
 static __attribute__((noinline)) bool free_large_fast(heap_t *h, block_t *b, block_t **slot) {
     pool_t *p = &h->pools[POOL_LARGE];
     account_free(h, b, b->size);
-    free_tag(h, b, h->last_tag);
+    free_tag(b, h->last_tag);
     *slot = NULL;
     free_into_index(h, p, b);
     update_inactive_split(h);
@@ -1902,7 +1957,7 @@ static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, vo
         if (__builtin_expect(room, 1)) {
             pool_t *p = &h->pools[POOL_SMALL]; /* (b's: `live` holds no other pool's blocks here) */
             account_free(h, b, size);
-            free_tag(h, b, tag);
+            free_tag(b, tag);
             quick_park(h, p, b, size, i, key); /* stays in `live` */
             update_inactive_split(h);
             if (__builtin_expect(cua_unlock_nowake(&h->lock), 0)) return unlock_wake_true(h);
@@ -2277,12 +2332,11 @@ void heap_stream_destroyed(heap_t *h, cua_stream stream) {
     nb_forget(h, stream);
     for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
         stream_rec_t *r = &h->tags[t];
-        if (!r->used || r->handle != stream) continue;
-        if (tag_free_bytes(h, t)) {
+        if (!r->used || r->closed || r->handle != stream) continue;
+        if (tag_free_bytes(h, t) || r->partner) {
             /* The handle may come back for a new stream: its blocks must not stay tied to it. */
             stream_sync(h, stream);
-            r->event_in_flight = false;
-            r->frees_since_record = 0;
+            if (r->partner) closed_settle(h, r->partner);
             if (h->vmm) settle_tag(h, t);
         }
         if (!tag_free_bytes(h, t)) r->used = false;
@@ -2378,6 +2432,8 @@ static size_t check_pool(check_ctx_t *c, pool_t *p) {
                 free_mapped += b->size;
                 releasable += block_releasable(h, p, b);
                 CHECK(c, !tag_is_device_wide(b->tag), "cached block %#lx is tagged device-wide", (unsigned long)b->addr);
+                CHECK(c, b->tag < HEAP_MAX_TAGS && h->tags[b->tag].used && !h->tags[b->tag].closed,
+                      "cached block %#lx has tag %u, which is not an open tag", (unsigned long)b->addr, b->tag);
                 CHECK(c, ptrmap_get(&h->live, b->addr) == b, "cached block %#lx missing from the live map", (unsigned long)b->addr);
                 c->cached_blocks++;
                 break;
@@ -2484,11 +2540,31 @@ int heap_check(heap_t *h, FILE *report) {
               "the closed device-wide generation holds %zu B, but no event covers it", tag_free_bytes(h, dw_closed(h)));
     for (unsigned t = 1; t < TAG_STREAMS_END; t++)
         CHECK(&c, !h->tags[t].used || h->tags[t].handle != DW_HANDLE, "tag %u names the device-wide pseudo-stream", t);
+    /* Stream generations: partners name each other, one open and one closed, of one stream. */
+    for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
+        const stream_rec_t *r = &h->tags[t];
+        if (!r->used) {
+            CHECK(&c, !r->closed && !r->partner, "unused tag %u is marked closed or partnered", t);
+            continue;
+        }
+        CHECK(&c, h->vmm || !r->closed, "tag %u is closed in classic mode", t);
+        CHECK(&c, r->event_in_flight == r->closed, "tag %u: %s, but its event is %sin flight", t,
+              r->closed ? "closed" : "open", r->event_in_flight ? "" : "not ");
+        CHECK(&c, !r->closed || r->partner, "closed tag %u has no open partner", t);
+        if (r->partner) {
+            const stream_rec_t *q = r->partner < TAG_STREAMS_END ? &h->tags[r->partner] : NULL;
+            CHECK(&c, q && q->used && q->partner == t && q->closed != r->closed && q->handle == r->handle,
+                  "tag %u and its partner %u are not the two generations of one stream", t, r->partner);
+        }
+        for (unsigned u = t + 1; u < TAG_STREAMS_END; u++)
+            CHECK(&c, !h->tags[u].used || h->tags[u].closed || r->closed || h->tags[u].handle != r->handle,
+                  "tags %u and %u are both open for stream %p", t, u, (void *)r->handle);
+    }
     CHECK(&c, h->n_nb <= HEAP_MAX_NB_STREAMS, "%u non-blocking streams recorded", h->n_nb);
     CHECK(&c, h->recording || !trace_enabled() || !trace_device_begun(h->dev),
           "the recorder is on and has begun device %d, but its fast paths still serve", h->dev);
     CHECK(&c, !h->last_tag || (h->last_tag < TAG_STREAMS_END && h->tags[h->last_tag].used &&
-                               h->tags[h->last_tag].handle == h->last_stream),
+                               !h->tags[h->last_tag].closed && h->tags[h->last_tag].handle == h->last_stream),
           "the stream cache names tag %u, which is not stream %p's", h->last_tag, (void *)h->last_stream);
     CHECK(&c, h->fast_free_stream == (h->last_tag && h->vmm && !h->recording ? h->last_stream : NO_STREAM) &&
                   h->fast_alloc_stream == (h->last_tag && h->fast_alloc && !h->recording ? h->last_stream : NO_STREAM) &&
@@ -2548,12 +2624,19 @@ void heap_dump(heap_t *h, FILE *out) {
     }
     for (unsigned t = 0; t < HEAP_MAX_TAGS; t++)
         if (h->tags[t].used)
-            fprintf(out, "tag %u: stream %p free %zu in-flight %d frees-since-record %llu\n", t, (void *)h->tags[t].handle,
-                    tag_free_bytes(h, t), h->tags[t].event_in_flight, (unsigned long long)h->tags[t].frees_since_record);
+            fprintf(out, "tag %u: stream %p free %zu %s in-flight %d partner %u\n", t, (void *)h->tags[t].handle,
+                    tag_free_bytes(h, t), h->tags[t].closed ? "closed" : "open", h->tags[t].event_in_flight,
+                    h->tags[t].partner);
     cua_unlock(&h->lock);
 }
 
 cualloc_stats *heap_test_stats(heap_t *h) { return &h->stats; }
+
+void heap_test_tag_fields(heap_t *h, unsigned t, bool **closed, bool **in_flight, uint16_t **partner) {
+    *closed = &h->tags[t].closed;
+    *in_flight = &h->tags[t].event_in_flight;
+    *partner = &h->tags[t].partner;
+}
 
 cua_memhandle *heap_test_chunk(heap_t *h, const void *ptr) {
     for (int pi = 0; pi < POOL_COUNT; pi++) {

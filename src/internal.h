@@ -486,6 +486,8 @@ void heap_dump(heap_t *h, FILE *out);
 block_t *heap_test_find_block(heap_t *h, const void *ptr);
 cualloc_stats *heap_test_stats(heap_t *h);               /* the heap's own counters */
 cua_memhandle *heap_test_chunk(heap_t *h, const void *ptr); /* chunk table entry under ptr (VMM) */
+/* The fields of stream tag t's record that the stream-generation invariants bind. */
+void heap_test_tag_fields(heap_t *h, unsigned t, bool **closed, bool **in_flight, uint16_t **partner);
 bool heap_is_vmm(const heap_t *h);
 /* The VA range [lo, hi) of a VMM pool (empty in classic mode). Fixed for the heap's life. */
 void heap_pool_range(const heap_t *h, pool_id_t pool, uintptr_t *lo, uintptr_t *hi);

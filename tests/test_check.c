@@ -73,6 +73,36 @@ static void corrupt_stats(heap_t *h) {
     CORRUPT(h, s->inactive_split_bytes, s->inactive_split_bytes + 512, "inactive split stale");
 }
 
+/* Stream generations: S's open tag closed by T's miss. Tags are handed out lowest first: S gets
+ * 1, T 2, and closing S's tag 1 gives S the open tag 3. */
+static void corrupt_generations(void) {
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:256", &c);
+    cua_stream s = sim_stream_create(0, true), t = sim_stream_create(0, true);
+    void *a = NULL, *sep = NULL, *b = NULL;
+    EXPECT(heap_alloc(h, 4 << 20, s, &a) == CUA_SUCCESS && heap_alloc(h, 2 << 20, s, &sep) == CUA_SUCCESS, "alloc");
+    EXPECT(heap_free(h, a, s), "free");
+    EXPECT(heap_alloc(h, 4 << 20, t, &b) == CUA_SUCCESS && b != a, "T's miss");
+    bool *closed1, *flight1, *closed2, *flight2, *closed3, *flight3;
+    uint16_t *partner1, *partner2, *partner3;
+    heap_test_tag_fields(h, 1, &closed1, &flight1, &partner1);
+    heap_test_tag_fields(h, 2, &closed2, &flight2, &partner2);
+    heap_test_tag_fields(h, 3, &closed3, &flight3, &partner3);
+    EXPECT(*closed1 && *flight1 && *partner1 == 3 && !*closed3 && *partner3 == 1 && !*closed2 && !*partner2,
+           "S's first tag closed, its partner the open tag 3");
+    EXPECT(heap_check(h, stderr) == 0, "consistent");
+    CORRUPT(h, *closed1, false, "a closed tag marked open (two open tags of one stream)");
+    CORRUPT(h, *flight1, false, "a closed tag whose event is not in flight");
+    CORRUPT(h, *partner1, 2, "a closed tag partnered with another stream's tag");
+    CORRUPT(h, *partner3, 0, "an open tag that forgot its closed partner");
+    CORRUPT(h, *closed2, true, "an open tag marked closed without a partner");
+    CORRUPT(h, *flight2, true, "an open tag with an event in flight");
+    EXPECT(heap_free(h, sep, s) && heap_free(h, b, t), "free");
+    heap_destroy(h);
+    sim_stream_destroy(s);
+    sim_stream_destroy(t);
+}
+
 int main(void) {
     void *ptrs[24];
     heap_t *h = build("sim_memory_mb:512", ptrs, 24);
@@ -83,6 +113,8 @@ int main(void) {
     EXPECT(chunk && *chunk, "chunk under a live block is mapped");
     CORRUPT(h, *chunk, 0, "chunk under a live block forgotten");
     heap_destroy(h);
+
+    corrupt_generations();
 
     h = build("sim_memory_mb:512,expandable_segments:0", ptrs, 24);
     corrupt_blocks(h, ptrs, 24);

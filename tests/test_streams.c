@@ -83,6 +83,49 @@ static void test_event_covers_only_earlier_frees(void) {
     sim_stream_destroy(t);
 }
 
+/* A stream that keeps freeing (a side stream that allocates and frees every step): the blocks it
+ * freed before its event was recorded move to another stream once that event has completed,
+ * although newer frees came after it; the newer ones wait for the next event. The stream itself
+ * reuses both at once. No synchronize anywhere. */
+static void test_stream_generations(void) {
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:256", &c);
+    cua_stream s = sim_stream_create(0, true), t = sim_stream_create(0, true);
+    /* Separators keep the freed blocks apart: a settled block beside one of S's newer free ones
+     * would merge with it and be S's again. */
+    void *old = must_alloc(h, 4 << 20, s), *sep1 = must_alloc(h, 2 << 20, s);
+    void *newer = must_alloc(h, 8 << 20, s), *sep2 = must_alloc(h, 2 << 20, s);
+    void *own = must_alloc(h, 6 << 20, s), *sep3 = must_alloc(h, 2 << 20, s);
+    must_free(h, old, s);
+    must_free(h, own, s);
+    uint64_t records = sim_calls(SIM_OP_EVENT_RECORD);
+    void *b1 = must_alloc(h, 4 << 20, t); /* T misses: an event on S now covers `old` and `own` */
+    EXPECT(b1 != old, "`old` is not T's before S has passed its free");
+    EXPECT(sim_calls(SIM_OP_EVENT_RECORD) == records + 1, "one event recorded on S");
+    void *own2 = must_alloc(h, 6 << 20, s);
+    EXPECT(own2 == own, "S reuses its block freed before the event at once (got %p, want %p)", own2, own);
+    must_free(h, newer, s); /* after the event: not covered by it */
+    sim_stream_complete(s); /* the event completes; `newer` has none yet */
+    void *b2 = must_alloc(h, 4 << 20, t);
+    EXPECT(b2 == old, "the block freed before the event moved to T, although S freed again since (got %p, want %p)",
+           b2, old);
+    void *b3 = must_alloc(h, 8 << 20, t);
+    EXPECT(b3 != newer, "the block freed after the event waits for the next one");
+    EXPECT(stats(h).num_syncs == 0 && sim_calls(SIM_OP_STREAM_SYNC) == 0 && sim_calls(SIM_OP_DEVICE_SYNC) == 0,
+           "no synchronize");
+    sim_stream_complete(s); /* the event recorded at b3's miss covers `newer` */
+    void *b4 = must_alloc(h, 8 << 20, t);
+    EXPECT(b4 == newer, "and moves at the next miss once that event has completed (got %p, want %p)", b4, newer);
+    EXPECT(stats(h).num_syncs == 0, "still no synchronize");
+    void *s_all[] = {sep1, sep2, own2, sep3};
+    for (size_t i = 0; i < sizeof s_all / sizeof s_all[0]; i++) must_free(h, s_all[i], s);
+    void *t_all[] = {b1, b2, b3, b4};
+    for (size_t i = 0; i < sizeof t_all / sizeof t_all[0]; i++) must_free(h, t_all[i], t);
+    heap_destroy(h);
+    sim_stream_destroy(s);
+    sim_stream_destroy(t);
+}
+
 /* Under memory pressure the heap synchronizes the stream holding free memory instead of failing. */
 static void test_pressure_synchronizes(void) {
     conf_t c;
@@ -534,6 +577,7 @@ int main(void) {
     test_same_stream_reuse();
     test_cross_stream_waits_for_event();
     test_event_covers_only_earlier_frees();
+    test_stream_generations();
     test_pressure_synchronizes();
     test_trim_synchronizes_first();
     test_stream_destroyed();
