@@ -42,9 +42,9 @@
  *   VMM: a chunk is mapped iff an ALLOCATED or FREE block touches it; UNMAPPED blocks are
  *   chunk-aligned;
  *   every FREE block is in exactly the index of its (pool, tag); every CACHED block on exactly the
- *   quick list of its (size, tag), never with a device-wide tag; every ALLOCATED and every CACHED
- *   block is in `live` under its address (a parked block keeps its entry, so that taking it again
- *   and freeing it again cost a map look-up, not an insertion and a removal).
+ *   quick list of its (size, tag), never with a device-wide or a closed tag; every ALLOCATED and
+ *   every CACHED block is in `live` under its address (a parked block keeps its entry, so that
+ *   taking it again and freeing it again cost a map look-up, not an insertion and a removal).
  *   Accounting: stats.inactive_split_bytes is kept equal to the free bytes that are not releasable
  *   (FREE and CACHED blocks, both pools) at every step; its peak is taken where an operation ends.
  *   stats.active_* equal allocated_* at all times (no block is allocated yet inactive) and are
