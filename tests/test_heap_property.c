@@ -152,7 +152,8 @@ static void pending_carve(world_t *w, uintptr_t ptr, size_t size) {
         if (o.ptr < ptr && w->npending < MAX_PENDING)
             w->pending[w->npending++] = (pending_t){o.ptr, ptr - o.ptr, o.stream, o.completes, o.syncs};
         if (ptr + size < o.ptr + o.block && w->npending < MAX_PENDING)
-            w->pending[w->npending++] = (pending_t){ptr + size, o.ptr + o.block - ptr - size, o.stream, o.completes, o.syncs};
+            w->pending[w->npending++] =
+                (pending_t){ptr + size, o.ptr + o.block - ptr - size, o.stream, o.completes, o.syncs};
     }
 }
 
@@ -180,7 +181,8 @@ static bool world_alloc(world_t *w, rng_t *r, size_t size, int stream) {
         EXPECT((uintptr_t)p + b->size <= o->ptr || o->ptr + o->block <= (uintptr_t)p,
                "new block %p+%zu for stream %d overlaps %#lx+%zu, freed %s %d while that stream was busy, "
                "which has not completed since (and no synchronize)",
-               p, b->size, stream, (unsigned long)o->ptr, o->block, o->stream < 0 ? "device-wide, group of stream" : "on stream",
+               p, b->size, stream, (unsigned long)o->ptr, o->block,
+               o->stream < 0 ? "device-wide, group of stream" : "on stream",
                o->stream < 0 ? 1 : o->stream);
     }
     pending_carve(w, (uintptr_t)p, b->size);
