@@ -10,9 +10,18 @@
 // then frees the triplets (cudaFree, cudaFreeAsync), keeping a quarter of them alive into the
 // next round so that allocation and free orders interleave across rounds.
 //
-// Prints one line `preload_kernels: RESULT {json}` (pass, counts, seconds, and — found with dlsym
-// as any program could — cualloc's num_allocs and reserved peak when libcualloc.so is loaded,
-// else -1). Exit status 0 when every check passed, 1 otherwise.
+// Then the cross-stream rounds (`--xs-rounds`, 0 skips them): two non-blocking streams S and T.
+// Each round S gets a 4 or 8 MiB buffer X (cudaMallocAsync on S), fills it, launches a kernel that
+// spins about a millisecond and then sums X, and frees X on S at once, and frees a temporary on S
+// too, so S frees all the time; T then allocates the same size on T and overwrites it with a
+// kernel, which runs beside S's. If T were handed X before S's kernel had read it, that sum would
+// be wrong: every sum is checked. T's buffer overlapping an earlier X is counted as a cross-stream
+// reuse (the allocator moved S's memory to T once S had passed its free).
+//
+// Prints one line `preload_kernels: RESULT {json}` (pass, counts, seconds, the cross-stream rounds'
+// reuses and mismatches, and — found with dlsym as any program could — cualloc's num_allocs and
+// reserved peak when libcualloc.so is loaded, else -1). Exit status 0 when every check passed, 1
+// otherwise.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <math.h>
@@ -33,7 +42,8 @@ struct stats_mirror { // struct cualloc_stats (include/cualloc.h)
 typedef int (*get_stats_fn)(int, stats_mirror *);
 
 static unsigned long long g_mallocs, g_async, g_frees, g_bytes, g_mismatches;
-static int g_rounds, g_buffers;
+static unsigned long long g_xs_reuses, g_xs_mismatches;
+static int g_rounds, g_buffers, g_xs_rounds;
 static double g_t0;
 static double now_s() {
     timespec ts;
@@ -54,9 +64,10 @@ static void report(bool pass, const char *error) {
     }
     printf("preload_kernels: RESULT {\"pass\":%s,\"rounds\":%d,\"buffers\":%d,\"cudaMalloc\":%llu,"
            "\"cudaMallocAsync\":%llu,\"frees\":%llu,\"bytes_allocated\":%llu,\"mismatches\":%llu,\"seconds\":%.3f,"
+           "\"xs_rounds\":%d,\"xs_reuses\":%llu,\"xs_mismatches\":%llu,"
            "\"cualloc_num_allocs\":%lld,\"cualloc_reserved_peak\":%lld,\"error\":\"%s\"}\n",
            pass ? "true" : "false", g_rounds, g_buffers, g_mallocs, g_async, g_frees, g_bytes, g_mismatches,
-           now_s() - g_t0, num_allocs, reserved_peak, error);
+           now_s() - g_t0, g_xs_rounds, g_xs_reuses, g_xs_mismatches, num_allocs, reserved_peak, error);
     fflush(stdout);
 }
 
@@ -91,6 +102,29 @@ __global__ void checksum(const float *c, size_t n, unsigned long long *out) {
     unsigned long long s = 0;
     for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x)
         s += (unsigned long long)c[j];
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (unsigned w = blockDim.x / 2; w > 0; w /= 2) {
+        if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) atomicAdd(out, part[0]);
+}
+
+__global__ void fill_value(float *x, size_t n, float v) {
+    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) x[j] = v;
+}
+
+// Spins for `cycles` clock ticks, then sums x into *out: a reader that is still running when the
+// host has long since freed x.
+__global__ void spin_then_sum(const float *x, size_t n, long long cycles, unsigned long long *out) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {
+    }
+    __shared__ unsigned long long part[256];
+    unsigned long long s = 0;
+    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x)
+        s += (unsigned long long)x[j];
     part[threadIdx.x] = s;
     __syncthreads();
     for (unsigned w = blockDim.x / 2; w > 0; w /= 2) {
@@ -153,16 +187,77 @@ static void release(const triplet &t, cudaStream_t st) {
     g_frees += 3;
 }
 
+// The cross-stream rounds (see the top of this file).
+static void cross_stream_rounds() {
+    cudaStream_t s, t;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking));
+    unsigned long long *sums;
+    CK(cudaMalloc(&sums, (size_t)g_xs_rounds * sizeof *sums));
+    g_mallocs++;
+    CK(cudaMemset(sums, 0, (size_t)g_xs_rounds * sizeof *sums));
+    CK(cudaDeviceSynchronize()); // the memset is on the legacy stream, which S does not wait for
+    std::vector<uintptr_t> freed_on_s; // X's start, for counting T's reuses
+    std::vector<size_t> freed_size;
+    std::vector<size_t> lengths((size_t)g_xs_rounds);
+    for (int r = 0; r < g_xs_rounds; r++) {
+        size_t n = (rng() % 2 ? 1 : 2) * ((size_t)1 << 20); // 4 or 8 MiB of floats
+        lengths[(size_t)r] = n;
+        float *x, *tmp, *y;
+        CK(cudaMallocAsync(&x, n * sizeof(float), s));
+        fill_value<<<1024, 256, 0, s>>>(x, n, (float)(r % 64 + 1));
+        // 64 blocks: the GPU keeps room for T's kernel to run while these spin.
+        spin_then_sum<<<64, 256, 0, s>>>(x, n, 2000000, sums + r);
+        CK(cudaGetLastError());
+        CK(cudaFreeAsync(x, s));
+        CK(cudaMallocAsync(&tmp, 256 << 10, s));
+        CK(cudaFreeAsync(tmp, s));
+        freed_on_s.push_back((uintptr_t)x);
+        freed_size.push_back(n * sizeof(float));
+        CK(cudaMallocAsync(&y, n * sizeof(float), t));
+        for (size_t k = 0; k < freed_on_s.size(); k++)
+            if ((uintptr_t)y < freed_on_s[k] + freed_size[k] && freed_on_s[k] < (uintptr_t)y + n * sizeof(float)) {
+                g_xs_reuses++;
+                break;
+            }
+        fill_value<<<1024, 256, 0, t>>>(y, n, -1.0e6f);
+        CK(cudaGetLastError());
+        CK(cudaFreeAsync(y, t));
+        g_async += 3;
+        g_frees += 3;
+        g_bytes += 2 * n * sizeof(float) + (256 << 10);
+    }
+    CK(cudaStreamSynchronize(s));
+    CK(cudaStreamSynchronize(t));
+    std::vector<unsigned long long> got((size_t)g_xs_rounds);
+    CK(cudaMemcpy(got.data(), sums, got.size() * sizeof got[0], cudaMemcpyDeviceToHost));
+    for (int r = 0; r < g_xs_rounds; r++) {
+        unsigned long long want = (unsigned long long)lengths[(size_t)r] * (unsigned long long)(r % 64 + 1);
+        if (got[(size_t)r] != want) {
+            if (g_xs_mismatches < 5)
+                fprintf(stderr, "preload_kernels: cross-stream round %d: S read %llu, expected %llu (its buffer was "
+                        "overwritten while S still read it)\n", r, got[(size_t)r], want);
+            g_xs_mismatches++;
+        }
+    }
+    CK(cudaFree(sums));
+    g_frees++;
+    CK(cudaStreamDestroy(s));
+    CK(cudaStreamDestroy(t));
+}
+
 int main(int argc, char **argv) {
     g_rounds = 20;
     g_buffers = 64;
+    g_xs_rounds = 200;
     double max_mb = 64;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--rounds")) g_rounds = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--buffers")) g_buffers = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--max-mb")) max_mb = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--xs-rounds")) g_xs_rounds = atoi(argv[i + 1]);
         else {
-            fprintf(stderr, "usage: preload_kernels [--rounds N] [--buffers N] [--max-mb MB]\n");
+            fprintf(stderr, "usage: preload_kernels [--rounds N] [--buffers N] [--max-mb MB] [--xs-rounds N]\n");
             return 2;
         }
     }
@@ -212,9 +307,10 @@ int main(int argc, char **argv) {
     g_frees++;
     CK(cudaStreamSynchronize(st));
     CK(cudaStreamDestroy(st));
+    if (g_xs_rounds > 0) cross_stream_rounds();
     CK(cudaDeviceSynchronize());
     CK(cudaGetLastError());
-    bool pass = g_mismatches == 0;
+    bool pass = g_mismatches == 0 && g_xs_mismatches == 0;
     report(pass, pass ? "" : "mismatches");
     return pass ? 0 : 1;
 }

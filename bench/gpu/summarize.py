@@ -121,15 +121,18 @@ def ld_preload(rows):
     for r in runs:
         res = r.get("result") or {}
         if r.get("status") == "not-run":
-            tab.append([r["cudart"], r["mode"], "not run (%s)" % r["reason"], "-", "-", "-", "-", "-"])
+            tab.append([r["cudart"], r["mode"], "not run (%s)" % r["reason"], "-", "-", "-", "-", "-", "-"])
             continue
+        # The cross-stream rounds (older results have none): S's buffers T reused, and sums S read wrong.
+        xs = ("%s rounds, %s reused, %s wrong" % (res["xs_rounds"], res.get("xs_reuses", "-"), res.get("xs_mismatches", "-"))
+              if "xs_rounds" in res else "-")
         tab.append([r["cudart"], r["mode"], "pass" if r.get("pass") else "FAIL rc %s" % r.get("rc"),
                     fmt(r.get("wall_s"), "%.2f"), fmt(res.get("seconds"), "%.2f"),
                     "%s + %s async" % (res.get("cudaMalloc", "-"), res.get("cudaMallocAsync", "-")),
-                    res.get("cualloc_num_allocs", "-"), r.get("lookups_answered") or "-"])
+                    res.get("cualloc_num_allocs", "-"), xs, r.get("lookups_answered") or "-"])
     if tab:
         out += table(["cudart", "run", "result", "wall s", "program s", "allocations", "served by cualloc",
-                      "cuGetProcAddress look-ups answered"], tab)
+                      "cross-stream rounds", "cuGetProcAddress look-ups answered"], tab)
         out.append("")
     for r in runs:
         if r.get("cualloc_summary"):
