@@ -126,6 +126,31 @@ static void test_stream_generations(void) {
     sim_stream_destroy(t);
 }
 
+/* A stream destroyed while its closed generation's event is in flight: both of its generations
+ * settle (after synchronizing it) and its tags are freed, so the handle can come back. */
+static void test_stream_destroyed_with_closed_generation(void) {
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:256", &c);
+    cua_stream s = sim_stream_create(0, true), t = sim_stream_create(0, true);
+    void *old = must_alloc(h, 4 << 20, s), *sep = must_alloc(h, 2 << 20, s), *newer = must_alloc(h, 8 << 20, s);
+    void *sep2 = must_alloc(h, 2 << 20, s);
+    must_free(h, old, s);
+    void *b1 = must_alloc(h, 4 << 20, t); /* closes S's tag: `old` in its closed generation */
+    must_free(h, newer, s);               /* in S's open one */
+    uint64_t syncs = sim_calls(SIM_OP_STREAM_SYNC);
+    heap_stream_destroyed(h, s);
+    EXPECT(sim_calls(SIM_OP_STREAM_SYNC) == syncs + 1, "one synchronize of the destroyed stream");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check after destroying a stream with a closed generation");
+    void *b2 = must_alloc(h, 4 << 20, t), *b3 = must_alloc(h, 8 << 20, t);
+    EXPECT(b2 == old && b3 == newer, "both generations are free for everyone (got %p %p, want %p %p)", b2, b3, old,
+           newer);
+    void *all[] = {b1, b2, b3, sep, sep2};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) must_free(h, all[i], t);
+    heap_destroy(h);
+    sim_stream_destroy(s);
+    sim_stream_destroy(t);
+}
+
 /* Under memory pressure the heap synchronizes the stream holding free memory instead of failing. */
 static void test_pressure_synchronizes(void) {
     conf_t c;
@@ -578,6 +603,7 @@ int main(void) {
     test_cross_stream_waits_for_event();
     test_event_covers_only_earlier_frees();
     test_stream_generations();
+    test_stream_destroyed_with_closed_generation();
     test_pressure_synchronizes();
     test_trim_synchronizes_first();
     test_stream_destroyed();
