@@ -156,7 +156,7 @@ static const opt_t opts[] = {
      "Inject a failure: `OP@N` fails call N+1 of OP (counting from 0) once, `OP@N*K` fails it and "
      "the K-1 calls after it. OP is one of va_reserve, va_free, phys_create, phys_release, map, "
      "unmap, set_access, mem_alloc, mem_free, event_create, event_record, event_query, "
-     "stream_sync, device_sync. `none`: off.",
+     "stream_sync, device_sync, event_sync. `none`: off.",
      OFF(sim_fail_op), 0, UINT_MAX, 0},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
@@ -169,6 +169,7 @@ static const char *const sim_op_names[SIM_OP_COUNT] = {
     [SIM_OP_MEM_FREE] = "mem_free",         [SIM_OP_EVENT_CREATE] = "event_create",
     [SIM_OP_EVENT_RECORD] = "event_record", [SIM_OP_EVENT_QUERY] = "event_query",
     [SIM_OP_STREAM_SYNC] = "stream_sync",   [SIM_OP_DEVICE_SYNC] = "device_sync",
+    [SIM_OP_EVENT_SYNC] = "event_sync",
 };
 
 const char *sim_op_name(sim_op_t op)

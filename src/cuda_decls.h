@@ -119,6 +119,7 @@ typedef cua_result (*cua_pfn_cuEventCreate)(cua_event *event, unsigned int flags
 typedef cua_result (*cua_pfn_cuEventDestroy_v2)(cua_event event);
 typedef cua_result (*cua_pfn_cuEventRecord)(cua_event event, cua_stream stream);
 typedef cua_result (*cua_pfn_cuEventQuery)(cua_event event);
+typedef cua_result (*cua_pfn_cuEventSynchronize)(cua_event event);
 typedef cua_result (*cua_pfn_cuStreamSynchronize)(cua_stream stream);
 typedef cua_result (*cua_pfn_cuStreamIsCapturing)(cua_stream stream, int *status /* CUstreamCaptureStatus */);
 typedef cua_result (*cua_pfn_cuDeviceCanAccessPeer)(int *can_access, cua_device dev, cua_device peer);

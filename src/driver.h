@@ -65,6 +65,9 @@ typedef struct driver_ops_s {
     cua_result (*event_destroy)(int dev, cua_event event);
     cua_result (*event_record)(int dev, cua_event event, cua_stream stream);
     cua_result (*event_query)(int dev, cua_event event);
+    /* Waits until all work recorded before the event has completed (NULL where the driver has no
+     * such call: the heap then waits for the whole device instead). */
+    cua_result (*event_synchronize)(int dev, cua_event event);
     cua_result (*stream_synchronize)(int dev, cua_stream stream);
     cua_result (*device_synchronize)(int dev);
 

@@ -40,6 +40,7 @@ typedef cua_result (*cua_pfn_cuCtxGetDevice)(cua_device *dev);
     X(cuEventDestroy, cuEventDestroy_v2, true) \
     X(cuEventRecord, cuEventRecord, true) \
     X(cuEventQuery, cuEventQuery, true) \
+    X(cuEventSynchronize, cuEventSynchronize, false) \
     X(cuStreamSynchronize, cuStreamSynchronize, true) \
     X(cuCtxGetCurrent, cuCtxGetCurrent, false) \
     X(cuCtxGetDevice, cuCtxGetDevice, false) \
@@ -428,6 +429,15 @@ static cua_result cudaop_event_query(int dev, cua_event e) {
     return r;
 }
 
+static cua_result cudaop_event_synchronize(int dev, cua_event e) {
+    if (!cu.fn.cuEventSynchronize) return CUA_ERROR_NOT_FOUND;
+    cua_result r = ctx_enter(dev, false);
+    if (r != CUA_SUCCESS) return r;
+    r = cu.fn.cuEventSynchronize(e);
+    ctx_leave();
+    return r;
+}
+
 static cua_result cudaop_stream_synchronize(int dev, cua_stream s) {
     cua_result r = ctx_enter(dev, false);
     if (r != CUA_SUCCESS) return r;
@@ -484,6 +494,7 @@ const driver_ops_t driver_cuda_ops = {
     .event_destroy = cudaop_event_destroy,
     .event_record = cudaop_event_record,
     .event_query = cudaop_event_query,
+    .event_synchronize = cudaop_event_synchronize,
     .stream_synchronize = cudaop_stream_synchronize,
     .device_synchronize = cudaop_device_synchronize,
     .current_device = cudaop_current_device,

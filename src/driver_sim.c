@@ -791,6 +791,19 @@ static cua_result event_query_locked(int dev, cua_event e) {
     return st->completed >= ev->target ? 0 : CUA_ERROR_NOT_READY;
 }
 
+/* The event's held stream completes its work up to the event (later work stays pending). */
+static cua_result event_sync_locked(int dev, cua_event e) {
+    sim_device_t *d;
+    cua_result r = dev_get(dev, false, &d);
+    if (r) return r;
+    sim_event_t *ev = event_get(dev, e);
+    if (!ev) return CUA_ERROR_INVALID_VALUE;
+    if (ev->stream == 0) return 0;
+    sim_stream_t *st = objtab_get(&sim.streams, ev->stream);
+    if (st && st->completed < ev->target) st->completed = ev->target;
+    return 0;
+}
+
 static cua_result stream_sync_locked(int dev, cua_stream s) {
     sim_device_t *d;
     cua_result r = dev_get(dev, false, &d);
@@ -969,6 +982,12 @@ static cua_result simop_event_query(int dev, cua_event e) {
     return sim_end(r, false);
 }
 
+static cua_result simop_event_synchronize(int dev, cua_event e) {
+    cua_result r = sim_begin(SIM_OP_EVENT_SYNC);
+    if (r == 0) r = event_sync_locked(dev, e);
+    return sim_end(r, false);
+}
+
 static cua_result simop_stream_synchronize(int dev, cua_stream s) {
     cua_result r = sim_begin(SIM_OP_STREAM_SYNC);
     if (r == 0) r = stream_sync_locked(dev, s);
@@ -1011,6 +1030,7 @@ const driver_ops_t driver_sim_ops = {
     .event_destroy = simop_event_destroy,
     .event_record = simop_event_record,
     .event_query = simop_event_query,
+    .event_synchronize = simop_event_synchronize,
     .stream_synchronize = simop_stream_synchronize,
     .device_synchronize = simop_device_synchronize,
     .current_device = simop_current_device,

@@ -26,7 +26,9 @@
  * one (h->dw_open). Recording the group's events closes it (they cover exactly its blocks) and
  * opens the other, which is empty then; when they complete, the closed tag settles. With one tag,
  * a program that frees all the time (cudaFree of every tensor) always had frees newer than the
- * last events, so its blocks never settled and the heap mapped new memory instead.
+ * last events, so its blocks never settled and the heap mapped new memory instead. A pool's
+ * waiting device-wide bytes are bounded (dw_bound_pending): past 1/DW_PENDING_DIV of its mapped
+ * bytes, the host waits for the closed generation's events, not for the whole device.
  * Stream generations (VMM), the same for one stream: recording S's event closes S's tag. The tag
  * keeps its blocks, which the event covers exactly, and S's later frees go to a fresh tag, S's open
  * generation. S reuses its closed blocks at once, like its open ones; once the event has completed,
@@ -69,6 +71,9 @@
 #define HEAP_MAX_REQUEST ((size_t)1 << 48) /* larger requests fail (and sizes fit quick_key) */
 #define HEAP_MAX_NB_STREAMS 64
 #define DW_CHECK_EVERY 4 /* device-wide frees between looks at the group's events */
+/* A pool's device-wide frees that may wait for the device: at most 1/DW_PENDING_DIV of its mapped
+ * bytes (dw_bound_pending). */
+#define DW_PENDING_DIV 16
 #define HEAP_OOM_KINDS 16
 /* The pseudo-stream of device-wide frees: never a real stream's tag (tag_of stops before it). */
 #define DW_HANDLE ((cua_stream)(uintptr_t)UINTPTR_MAX)
@@ -837,6 +842,28 @@ static bool dw_query(heap_t *h) {
         h->nb[i].in_flight = false;
     }
     r->event_in_flight = false;
+    return true;
+}
+
+/* Waits for the closed generation's events (the group's, recorded when it closed), not for the work
+ * queued since, and settles it. Without the driver's event wait, one device synchronize. False when
+ * nothing could be waited for (no events in flight, a capture, or a driver error). */
+static bool dw_wait_closed(heap_t *h) {
+    stream_rec_t *r = dw_rec(h);
+    if (!r->event_in_flight || dw_any_capturing(h)) return false;
+    if (!h->drv->event_synchronize) {
+        dw_sync(h);
+        return true;
+    }
+    h->stats.num_syncs++;
+    if (h->drv->event_synchronize(h->dev, r->event) != CUA_SUCCESS) return false;
+    for (unsigned i = 0; i < h->n_nb; i++) {
+        if (!h->nb[i].in_flight) continue;
+        if (h->drv->event_synchronize(h->dev, h->nb[i].event) != CUA_SUCCESS) return false;
+        h->nb[i].in_flight = false;
+    }
+    r->event_in_flight = false;
+    settle_tag(h, dw_closed(h));
     return true;
 }
 
@@ -1848,6 +1875,19 @@ static void free_on_tag(heap_t *h, pool_t *p, block_t *b, cua_stream stream, uns
     free_to_index(h, p, b);
 }
 
+/* When the device runs far behind the host, a program that frees device-wide all the time keeps
+ * much of its memory waiting: the searches cannot use it, take other free blocks and map more, and
+ * the heap fragments. Replaying GPT-2 small's requests with every free device-wide and the device
+ * completing work only every 512 requests, cualloc reserved 21.5 GiB for a 12.1 GiB peak (13.3 GiB
+ * with this bound: bench/RESULTS.md). So once pool p's waiting bytes pass 1/DW_PENDING_DIV of its
+ * mapped bytes, the host waits for the older, closed generation (recorded some time ago, so the
+ * device is usually past most of it), which then settles, and the open one closes. */
+static void dw_bound_pending(heap_t *h, pool_t *p) {
+    size_t pending = pool_tag_free_bytes(h, p, TAG_DW_A) + pool_tag_free_bytes(h, p, TAG_DW_B);
+    if (pending <= p->mapped / DW_PENDING_DIV || !dw_wait_closed(h)) return;
+    dw_settle_completed(h);
+}
+
 /* The frees that never park: device-wide ones, and all of classic mode. Accounting done. */
 static __attribute__((noinline)) void free_unparked(heap_t *h, pool_t *p, block_t *b, cua_stream stream, bool device_wide) {
     if (device_wide) {
@@ -1863,6 +1903,7 @@ static __attribute__((noinline)) void free_unparked(heap_t *h, pool_t *p, block_
         if (++h->dw_frees_unchecked >= DW_CHECK_EVERY) {
             h->dw_frees_unchecked = 0;
             dw_settle_completed(h);
+            dw_bound_pending(h, p);
         }
         return;
     }

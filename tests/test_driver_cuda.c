@@ -163,9 +163,14 @@ static void test_events(void) {
     EXPECT_R(ops->event_query(0, e), CUA_ERROR_NOT_READY);
     EXPECT_R(ops->device_synchronize(0), CUA_SUCCESS);
     EXPECT_R(ops->event_query(0, e), CUA_SUCCESS);
+    EXPECT_R(ops->event_record(0, e, held), CUA_SUCCESS);
+    EXPECT(ops->event_synchronize, "cuEventSynchronize was found");
+    EXPECT_R(ops->event_synchronize(0, e), CUA_SUCCESS);
+    EXPECT_R(ops->event_query(0, e), CUA_SUCCESS);
     EXPECT_R(ops->event_destroy(0, e), CUA_SUCCESS);
     EXPECT_R(ops->event_query(0, e), CUA_ERROR_INVALID_VALUE);
-    EXPECT(fake.calls(SIM_OP_EVENT_RECORD) == 3 && fake.calls(SIM_OP_DEVICE_SYNC) == 1, "event calls");
+    EXPECT(fake.calls(SIM_OP_EVENT_RECORD) == 4 && fake.calls(SIM_OP_DEVICE_SYNC) == 1 && fake.calls(SIM_OP_EVENT_SYNC) == 1,
+           "event calls");
     expect_no_ctx();
 }
 

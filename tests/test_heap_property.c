@@ -88,7 +88,10 @@ static void world_complete(world_t *w, int stream) {
     w->completes[stream]++;
 }
 
-static uint64_t sim_syncs(void) { return sim_calls(SIM_OP_DEVICE_SYNC) + sim_calls(SIM_OP_STREAM_SYNC); }
+/* Waits of any kind (an event wait too: the counter does not say which work it waited for). */
+static uint64_t sim_syncs(void) {
+    return sim_calls(SIM_OP_DEVICE_SYNC) + sim_calls(SIM_OP_STREAM_SYNC) + sim_calls(SIM_OP_EVENT_SYNC);
+}
 
 /* Freed blocks that are safe for every stream now leave the model's list. */
 static void pending_prune(world_t *w) {
@@ -316,7 +319,7 @@ static const variant_t variants[] = {
 static void run_faults(rng_t *r) {
     static const sim_op_t ops[] = {SIM_OP_PHYS_CREATE, SIM_OP_MAP,        SIM_OP_SET_ACCESS,  SIM_OP_UNMAP,
                                    SIM_OP_PHYS_RELEASE, SIM_OP_MEM_ALLOC, SIM_OP_MEM_FREE,    SIM_OP_EVENT_CREATE,
-                                   SIM_OP_EVENT_RECORD, SIM_OP_EVENT_QUERY, SIM_OP_STREAM_SYNC};
+                                   SIM_OP_EVENT_RECORD, SIM_OP_EVENT_QUERY, SIM_OP_STREAM_SYNC, SIM_OP_EVENT_SYNC};
     static const char *confs[] = {"sim_memory_mb:128", "sim_memory_mb:128,expandable_segments:0"};
     int runs = 0;
     for (size_t oi = 0; oi < sizeof ops / sizeof ops[0]; oi++) {

@@ -432,6 +432,18 @@ static void test_streams_events(void) {
     EXPECT_R(ops->stream_synchronize(0, held), CUA_SUCCESS);
     EXPECT_R(ops->event_query(0, e2), CUA_SUCCESS);
 
+    /* event_synchronize completes the stream's work up to the event, not the work after it */
+    EXPECT_R(ops->event_record(0, e1, held), CUA_SUCCESS);
+    EXPECT_R(ops->event_record(0, e2, held), CUA_SUCCESS);
+    uint64_t waits = sim_calls(SIM_OP_EVENT_SYNC);
+    EXPECT_R(ops->event_synchronize(0, e1), CUA_SUCCESS);
+    EXPECT(sim_calls(SIM_OP_EVENT_SYNC) == waits + 1, "event waits are counted");
+    EXPECT_R(ops->event_query(0, e1), CUA_SUCCESS);
+    EXPECT_R(ops->event_query(0, e2), CUA_ERROR_NOT_READY);
+    EXPECT_R(ops->event_synchronize(0, e2), CUA_SUCCESS);
+    EXPECT_R(ops->event_query(0, e2), CUA_SUCCESS);
+    EXPECT_R(ops->event_synchronize(0, e2), CUA_SUCCESS); /* already complete: returns at once */
+
     /* re-recording moves the event to the new point */
     EXPECT_R(ops->event_record(0, e2, held), CUA_SUCCESS);
     EXPECT_R(ops->event_query(0, e2), CUA_ERROR_NOT_READY);

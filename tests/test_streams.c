@@ -435,12 +435,14 @@ static void test_device_wide_keeps_neighbours(void) {
     heap_destroy(h);
 }
 
-/* Under pressure the device-wide blocks are settled with one synchronization, not one per free. */
+/* Before mapping, the device-wide blocks are settled with one synchronization, not one per free.
+ * (A live 4 GiB block keeps the 200 MiB freed under the bound on waiting device-wide bytes.) */
 static void test_device_wide_pressure(void) {
     conf_t c;
-    heap_t *h = test_sim_heap("sim_memory_mb:256", &c);
+    heap_t *h = test_sim_heap("sim_memory_mb:8192", &c);
     cua_stream nb = sim_stream_create(0, true);
     heap_stream_created(h, nb, true);
+    void *ballast = must_alloc(h, (size_t)4 << 30, NULL);
     void *p[100];
     for (int i = 0; i < 100; i++) p[i] = must_alloc(h, 2 << 20, NULL);
     uint64_t syncs = stats(h).num_syncs, records = sim_calls(SIM_OP_EVENT_RECORD);
@@ -448,12 +450,41 @@ static void test_device_wide_pressure(void) {
     EXPECT(heap_check(h, stderr) == 0, "heap_check");
     EXPECT(stats(h).num_syncs == syncs && sim_calls(SIM_OP_EVENT_RECORD) - records <= 2,
            "the frees synchronize nothing and record one set of events (the legacy and the non-blocking stream)");
-    void *big = must_alloc(h, (size_t)200 << 20, NULL); /* needs the freed memory */
+    void *big = must_alloc(h, (size_t)200 << 20, NULL); /* fits in the freed memory: no mapping */
     EXPECT(stats(h).num_syncs - syncs == 1, "pressure synchronized %llu times, want 1",
            (unsigned long long)(stats(h).num_syncs - syncs));
     EXPECT(sim_calls(SIM_OP_EVENT_RECORD) - records <= 2, "events recorded once on the legacy and the non-blocking stream, "
            "while the first set was in flight");
-    must_free(h, big, NULL);
+    EXPECT(heap_free_device_wide(h, big) && heap_free_device_wide(h, ballast), "device-wide frees");
+    heap_stream_destroyed(h, nb);
+    sim_stream_destroy(nb);
+    heap_destroy(h);
+}
+
+/* A program that frees device-wide while the device runs far behind: once a pool's waiting bytes
+ * pass a sixteenth of its mapped bytes, the host waits for the older generation's events (not for
+ * the whole device), so waiting memory stays bounded and is reused without mapping more. */
+static void test_device_wide_bounded(void) {
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:1024", &c);
+    cua_stream nb = sim_stream_create(0, true); /* its work completes only when waited for */
+    heap_stream_created(h, nb, true);
+    void *p[64];
+    for (int i = 0; i < 64; i++) p[i] = must_alloc(h, 2 << 20, NULL);
+    uint64_t waits = sim_calls(SIM_OP_EVENT_SYNC), device_syncs = sim_calls(SIM_OP_DEVICE_SYNC),
+             stream_syncs = sim_calls(SIM_OP_STREAM_SYNC);
+    cualloc_stats before = stats(h);
+    for (int i = 0; i < 64; i++) EXPECT(heap_free_device_wide(h, p[i]), "device-wide free %d", i);
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    EXPECT(sim_calls(SIM_OP_EVENT_SYNC) > waits, "the frees waited for events");
+    EXPECT(sim_calls(SIM_OP_DEVICE_SYNC) == device_syncs && sim_calls(SIM_OP_STREAM_SYNC) == stream_syncs,
+           "but synchronized no stream and not the device");
+    /* What the waits settled serves new requests without mapping or synchronizing. */
+    for (int i = 0; i < 32; i++) p[i] = must_alloc(h, 2 << 20, NULL);
+    EXPECT(stats(h).reserved_bytes == before.reserved_bytes, "no new memory mapped (%zu B reserved, was %zu)",
+           stats(h).reserved_bytes, before.reserved_bytes);
+    EXPECT(sim_calls(SIM_OP_DEVICE_SYNC) == device_syncs, "no device synchronize");
+    for (int i = 0; i < 32; i++) EXPECT(heap_free_device_wide(h, p[i]), "device-wide free %d", i);
     heap_stream_destroyed(h, nb);
     sim_stream_destroy(nb);
     heap_destroy(h);
@@ -613,6 +644,7 @@ int main(void) {
     test_device_wide_generations();
     test_device_wide_keeps_neighbours();
     test_device_wide_pressure();
+    test_device_wide_bounded();
     test_capture_untouched();
     test_peer_enabled();
     bool usable;

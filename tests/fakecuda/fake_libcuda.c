@@ -49,6 +49,7 @@ FAKE_DECLARE(cuEventCreate)
 FAKE_DECLARE(cuEventDestroy_v2)
 FAKE_DECLARE(cuEventRecord)
 FAKE_DECLARE(cuEventQuery)
+FAKE_DECLARE(cuEventSynchronize)
 FAKE_DECLARE(cuStreamSynchronize)
 FAKE_API cua_result cuGetProcAddress(const char *symbol, void **pfn, int cuda_version, unsigned long long flags);
 FAKE_API cua_result cuDevicePrimaryCtxRelease_v2(cua_device dev);
@@ -199,6 +200,7 @@ static const struct {
     {"cuEventDestroy", (void *)cuEventDestroy_v2},
     {"cuEventRecord", (void *)cuEventRecord},
     {"cuEventQuery", (void *)cuEventQuery},
+    {"cuEventSynchronize", (void *)cuEventSynchronize},
     {"cuStreamCreate", (void *)cuStreamCreate},
     {"cuStreamDestroy", (void *)cuStreamDestroy_v2},
     {"cuStreamSynchronize", (void *)cuStreamSynchronize},
@@ -520,6 +522,11 @@ cua_result cuEventRecord(cua_event event, cua_stream stream) {
 cua_result cuEventQuery(cua_event event) {
     if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
     return sim_ops->event_query(device_or_current(sim_event_device(event)), event);
+}
+
+cua_result cuEventSynchronize(cua_event event) {
+    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    return sim_ops->event_synchronize(device_or_current(sim_event_device(event)), event);
 }
 
 cua_result cuStreamSynchronize(cua_stream stream) {
