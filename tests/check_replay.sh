@@ -12,7 +12,10 @@
 #  6. blocks whose addresses differ only in the top bits stay apart;
 #  7. usage errors exit 1, an unreadable trace exits 2;
 #  8. --passes N closes each pass so that the next starts where the trace started: the peak of
-#     requested bytes over several passes is that of one.
+#     requested bytes over several passes is that of one;
+#  9. --cudafree replays every free device-wide: the same requests and no OOM at any --device-lag
+#     (what the bound on waiting bytes buys is tested in test_streams and measured in
+#     bench/RESULTS.md); --device-lag alone or out of range is a usage error.
 set -u
 trace_fixture=$1 replay_fixture=$2 allocview=$3
 tmp=$(mktemp -d)
@@ -94,7 +97,7 @@ grep -q "^min-fit" "$tmp/fit.txt" || bad "--min-fit text: $(cat "$tmp/fit.txt")"
 # 5. JSON keys, exactly; min_fit_bytes null without --min-fit.
 python3 - "$tmp/modes.json" "$tmp/fit.json" <<'PY' || bad "replay --json keys"
 import json, sys
-keys = {"conf", "passes", "peak_requested_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "utilisation",
+keys = {"conf", "passes", "cudafree", "device_lag", "peak_requested_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "utilisation",
         "num_ooms", "min_fit_bytes"}
 a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2]))
 assert isinstance(a, list) and len(a) == 2, a
@@ -160,6 +163,30 @@ done
 for v in 0 1001 x ""; do
     "$allocview" replay --passes "$v" "$tmp/fx.trace" >/dev/null 2>"$tmp/passes.err"; [ $? = 1 ] || bad "--passes '$v': want exit 1"
     grep -q "bad --passes" "$tmp/passes.err" || bad "--passes '$v': $(cat "$tmp/passes.err")"
+done
+
+# 9. Every free as cudaFree. Under lag 0 the device finishes each request's work before the next;
+#    under lag 100000 it never finishes during the replay, so only waits (the heap's bound on
+#    waiting device-wide bytes, and its synchronize before mapping) make memory reusable.
+for lag in 0 100000; do
+    "$allocview" replay --memory 2GiB --passes 2 --cudafree --device-lag $lag --json "$tmp/frag.trace" \
+        >"$tmp/cf$lag.json" || bad "--cudafree --device-lag $lag exited $?"
+done
+"$allocview" replay --memory 2GiB --passes 2 --json "$tmp/frag.trace" >"$tmp/cfplain.json" || bad "plain replay exited $?"
+python3 - "$tmp/cfplain.json" "$tmp/cf0.json" "$tmp/cf100000.json" <<'PY' || bad "--cudafree figures"
+import json, sys
+plain, lag0, lagbig = (json.load(open(f))[0] for f in sys.argv[1:4])
+assert plain["cudafree"] is False and lag0["cudafree"] is True and lagbig["device_lag"] == 100000, (plain, lagbig)
+for o in (lag0, lagbig):
+    assert o["peak_requested_bytes"] == plain["peak_requested_bytes"], (plain, o)
+    assert o["num_ooms"] == 0 and o["peak_reserved_bytes"] >= o["peak_allocated_bytes"], o
+PY
+"$allocview" replay --cudafree --device-lag 64 "$tmp/frag.trace" | grep -q "every free replayed as cudaFree" \
+    || bad "--cudafree: not said in the text"
+"$allocview" replay --device-lag 4 "$tmp/frag.trace" >/dev/null 2>"$tmp/lag.err"; [ $? = 1 ] || bad "--device-lag without --cudafree: want exit 1"
+grep -q "needs --cudafree" "$tmp/lag.err" || bad "--device-lag without --cudafree: $(cat "$tmp/lag.err")"
+for v in -1 1000001 x ""; do
+    "$allocview" replay --cudafree --device-lag "$v" "$tmp/frag.trace" >/dev/null 2>&1; [ $? = 1 ] || bad "--device-lag '$v': want exit 1"
 done
 
 [ $fail = 0 ] && echo "check_replay: all passed"

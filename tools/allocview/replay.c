@@ -1,4 +1,5 @@
-/* replay.c — `allocview replay TRACE [--conf CONF]... [--memory SIZE] [--passes N] [--min-fit] [--json]`.
+/* replay.c — `allocview replay TRACE [--conf CONF]... [--memory SIZE] [--passes N] [--cudafree
+ * [--device-lag N]] [--min-fit] [--json]`.
  *
  * The trace is read once into a compact array of requests (24 bytes each); every run then feeds
  * that array to fresh heaps (heap.c, linked as the static library cualloc_internal — the trace
@@ -18,6 +19,11 @@
  * what it left live (blocks allocated during the pass, retried OOM requests) and allocating again
  * the initial blocks it freed. The peaks are over all passes: a placement that fragments a little
  * more every step shows here, where one pass hides it.
+ * --cudafree replays every free as cudaFree (heap_free_device_wide), what PyTorch without its cache
+ * (PYTORCH_NO_CUDA_MEMORY_CACHING=1) does under LD_PRELOAD: each heap knows one non-blocking stream,
+ * as under PyTorch, so a freed block waits for the device. The sim device then completes work only
+ * every --device-lag N requests (default 0: after every request): how far the GPU runs behind the
+ * host decides how much freed memory is waiting at any moment.
  * MAP/UNMAP/INIT_MAP are the recording allocator's decisions, not requests: the replayed heap
  * makes its own. A free of an address with no replayed pointer (its allocation failed in the
  * replay, or a ring trace lost it) is skipped.
@@ -79,6 +85,8 @@ typedef struct trace_reqs {
     uint64_t rec_allocated, rec_reserved, rec_peak_allocated, rec_peak_reserved;
     bool rec_maps;           /* the trace records its memory (MAP/INIT_MAP) */
     unsigned passes;         /* how many times a run replays the requests (--passes) */
+    bool cudafree;           /* every free device-wide (--cudafree) */
+    uint64_t device_lag;     /* requests between completions of the device's work (--device-lag) */
 } trace_reqs_t;
 
 typedef struct run_result {
@@ -296,6 +304,15 @@ static cua_stream stream_of(const trace_reqs_t *t, uint32_t id)
     return (cua_stream)(uintptr_t)(id < t->nstreams ? t->streams[id] : 0);
 }
 
+/* A replayed free: on its stream, or device-wide under --cudafree. */
+static void replay_free(const trace_reqs_t *t, heap_t *h, void *p, uint32_t stream)
+{
+    if (t->cudafree)
+        heap_free_device_wide(h, p);
+    else
+        heap_free(h, p, stream_of(t, stream));
+}
+
 /* An OOM request that succeeded when retried: live to the end of its pass. */
 typedef struct retried {
     int dev;
@@ -340,12 +357,12 @@ static bool close_pass(const trace_reqs_t *t, heap_t **heaps, devaddr_map_t *ptr
         if (!b->initial)
             left[n++] = *b;
     for (size_t i = 0; i < n; i++) {
-        heap_free(heaps[left[i].key.dev], (void *)(uintptr_t)left[i].val, stream_of(t, left[i].stream));
+        replay_free(t, heaps[left[i].key.dev], (void *)(uintptr_t)left[i].val, left[i].stream);
         devaddr_map_remove(ptrs, devaddr_map_find(ptrs, left[i].key.dev, left[i].key.addr));
     }
     free(left);
     for (size_t i = 0; i < *nretried; i++)
-        heap_free(heaps[retried[i].dev], retried[i].ptr, NULL);
+        replay_free(t, heaps[retried[i].dev], retried[i].ptr, 0);
     *nretried = 0;
     for (size_t i = 0; i < t->n && t->ev[i].op == EV_INIT; i++) {
         const ev_t *e = &t->ev[i];
@@ -429,6 +446,18 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
         }
         st[d] = heap_test_stats(heaps[d]);
     }
+    /* --cudafree: one non-blocking stream per device, whose work completes every device_lag + 1
+     * requests (a held sim stream). */
+    cua_stream nb[CUA_TRACE_MAX_DEVICES] = {0};
+    if (t->cudafree) {
+        for (int d = 0; d < t->ndev; d++) {
+            if (!heaps[d])
+                continue;
+            nb[d] = sim_stream_create(d, true);
+            heap_stream_created(heaps[d], nb[d], true);
+        }
+    }
+    uint64_t since_completion = 0;
     devaddr_map_t ptrs;
     devaddr_map_init(&ptrs, sizeof(rp_block_t));
     int single = 0;
@@ -455,7 +484,7 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
             case EV_FREE: {
                 uint64_t p;
                 if (block_take(&ptrs, e->dev, e->addr, &p))
-                    heap_free(h, (void *)(uintptr_t)p, s);
+                    replay_free(t, h, (void *)(uintptr_t)p, e->stream);
                 else
                     res->failed_frees++;
                 break;
@@ -482,6 +511,12 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
             }
             if (!good)
                 break;
+            if (t->cudafree && ++since_completion > t->device_lag) {
+                since_completion = 0;
+                for (int d = 0; d < t->ndev; d++)
+                    if (nb[d])
+                        sim_stream_complete(nb[d]);
+            }
             if (single > 1) {
                 uint64_t rq = 0, al = 0, rs = 0;
                 for (int d = 0; d < t->ndev; d++) {
@@ -507,6 +542,9 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
         devaddr_map_free(&ptrs);
         for (int d = 0; d < t->ndev; d++)
             heap_destroy(heaps[d]);
+        for (int d = 0; d < t->ndev; d++)
+            if (nb[d])
+                sim_stream_destroy(nb[d]);
         return false;
     }
     for (int d = 0; d < t->ndev; d++) {
@@ -524,6 +562,9 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
     devaddr_map_free(&ptrs);
     for (int d = 0; d < t->ndev; d++)
         heap_destroy(heaps[d]);
+    for (int d = 0; d < t->ndev; d++)
+        if (nb[d])
+            sim_stream_destroy(nb[d]);
     return true;
 }
 
@@ -600,14 +641,17 @@ static void min_fit(const trace_reqs_t *t, const conf_t *c, uint64_t start, fit_
 static void replay_usage(FILE *out)
 {
     fprintf(out,
-            "usage: allocview replay TRACE [--conf CONF]... [--memory SIZE] [--passes N] [--min-fit] [--json]\n"
+            "usage: allocview replay TRACE [--conf CONF]... [--memory SIZE] [--passes N]\n"
+            "                        [--cudafree [--device-lag N]] [--min-fit] [--json]\n"
             "  runs the trace's requests against cualloc's heap on the sim device under each CONF\n"
             "  (CUALLOC_CONF syntax; 'default' = cualloc's defaults, 'recorded' = the trace's own;\n"
             "  e.g. expandable_segments:0 predicts PyTorch's native allocator). SIZE: bytes or\n"
             "  16GiB, 40G, 512MiB (default: the recorded device capacity). --passes N: run the requests\n"
             "  N times on the same heap (1 to 1000; default 1), as a job repeats its steps; the peaks are\n"
-            "  over all passes. --min-fit: the smallest capacity on which the whole sequence completes\n"
-            "  without OOM.\n");
+            "  over all passes. --cudafree: every free as cudaFree (device-wide, one non-blocking stream\n"
+            "  known), as PyTorch without its cache frees under LD_PRELOAD; --device-lag N: the device\n"
+            "  completes work only every N requests (0 to 1000000; default 0). --min-fit: the smallest\n"
+            "  capacity on which the whole sequence completes without OOM.\n");
 }
 
 #define MAX_CONFS 32
@@ -644,7 +688,9 @@ int av_cmd_replay(int argc, char **argv)
     int nconfs = 0;
     uint64_t memory = 0;
     unsigned passes = 1;
-    bool fit = false, json = false;
+    bool fit = false, json = false, cudafree = false;
+    uint64_t device_lag = 0;
+    bool lag_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--conf") == 0 || strcmp(a, "--memory") == 0) {
@@ -681,6 +727,18 @@ int av_cmd_replay(int argc, char **argv)
                 return RP_EXIT_USAGE;
             }
             passes = (unsigned)n;
+        } else if (strcmp(a, "--device-lag") == 0 || strncmp(a, "--device-lag=", 13) == 0) {
+            const char *v = a[12] == '=' ? a + 13 : i + 1 < argc ? argv[++i] : NULL;
+            char *end = NULL;
+            unsigned long long n = v && *v >= '0' && *v <= '9' ? strtoull(v, &end, 10) : 0;
+            if (!v || end == v || !end || *end || n > 1000000) {
+                fprintf(stderr, "allocview replay: bad --device-lag '%s' (requests, from 0 to 1000000)\n", v ? v : "");
+                return RP_EXIT_USAGE;
+            }
+            device_lag = n;
+            lag_given = true;
+        } else if (strcmp(a, "--cudafree") == 0) {
+            cudafree = true;
         } else if (strcmp(a, "--min-fit") == 0) {
             fit = true;
         } else if (strcmp(a, "--json") == 0) {
@@ -703,6 +761,10 @@ int av_cmd_replay(int argc, char **argv)
         replay_usage(stderr);
         return RP_EXIT_USAGE;
     }
+    if (lag_given && !cudafree) {
+        fprintf(stderr, "allocview replay: --device-lag needs --cudafree (only device-wide frees wait for the device)\n");
+        return RP_EXIT_USAGE;
+    }
     if (nconfs == 0)
         confs[nconfs++] = "default";
 
@@ -715,6 +777,8 @@ int av_cmd_replay(int argc, char **argv)
         return status;
     }
     t->passes = passes;
+    t->cudafree = cudafree;
+    t->device_lag = device_lag;
     uint64_t mem = memory ? memory : default_memory(t);
     error_set_callback(quiet, NULL); /* the replayed heap's OOM reports are counted, not printed */
 
@@ -750,7 +814,8 @@ int av_cmd_replay(int argc, char **argv)
             const run_result_t *r = &res[i];
             printf("%s{\"conf\": ", i ? ", " : "");
             txt_json_string(stdout, confs[i]);
-            printf(", \"passes\": %u", passes);
+            printf(", \"passes\": %u, \"cudafree\": %s, \"device_lag\": %" PRIu64, passes, cudafree ? "true" : "false",
+                   device_lag);
             printf(", \"peak_requested_bytes\": %" PRIu64 ", \"peak_allocated_bytes\": %" PRIu64
                    ", \"peak_reserved_bytes\": %" PRIu64 ", \"utilisation\": %.6f, \"num_ooms\": %" PRIu64
                    ", \"min_fit_bytes\": ",
@@ -772,6 +837,9 @@ int av_cmd_replay(int argc, char **argv)
         if (passes > 1)
             printf("; %u passes (peaks over all of them)", passes);
         printf("\n");
+        if (cudafree)
+            printf("every free replayed as cudaFree (device-wide, one non-blocking stream known); the device completes "
+                   "work every %" PRIu64 " request%s\n", device_lag + 1, device_lag ? "s" : "");
         if (t->ndev > 1)
             printf("figures are totals over devices (peak of the sum); per device below\n");
         printf("%-36s %16s %16s %16s %11s %6s%s\n", "conf", "peak requested", "peak allocated", "peak reserved",
