@@ -98,7 +98,7 @@ grep -q "^min-fit" "$tmp/fit.txt" || bad "--min-fit text: $(cat "$tmp/fit.txt")"
 python3 - "$tmp/modes.json" "$tmp/fit.json" <<'PY' || bad "replay --json keys"
 import json, sys
 keys = {"conf", "passes", "cudafree", "device_lag", "peak_requested_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "utilisation",
-        "num_ooms", "min_fit_bytes"}
+        "num_ooms", "num_syncs", "min_fit_bytes"}
 a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2]))
 assert isinstance(a, list) and len(a) == 2, a
 for o in a + b:
@@ -181,8 +181,9 @@ for o in (lag0, lagbig):
     assert o["peak_requested_bytes"] == plain["peak_requested_bytes"], (plain, o)
     assert o["num_ooms"] == 0 and o["peak_reserved_bytes"] >= o["peak_allocated_bytes"], o
 PY
-"$allocview" replay --cudafree --device-lag 64 "$tmp/frag.trace" | grep -q "every free replayed as cudaFree" \
-    || bad "--cudafree: not said in the text"
+"$allocview" replay --cudafree --device-lag 64 "$tmp/frag.trace" >"$tmp/cf.txt"
+grep -q "every free replayed as cudaFree" "$tmp/cf.txt" || bad "--cudafree: not said in the text"
+grep -q "^waits for the device (synchronizations and event waits): default [0-9]" "$tmp/cf.txt" || bad "--cudafree: no waits line"
 "$allocview" replay --device-lag 4 "$tmp/frag.trace" >/dev/null 2>"$tmp/lag.err"; [ $? = 1 ] || bad "--device-lag without --cudafree: want exit 1"
 grep -q "needs --cudafree" "$tmp/lag.err" || bad "--device-lag without --cudafree: $(cat "$tmp/lag.err")"
 for v in -1 1000001 x ""; do

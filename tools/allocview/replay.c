@@ -92,6 +92,7 @@ typedef struct trace_reqs {
 typedef struct run_result {
     uint64_t peak_requested, peak_allocated, peak_reserved;
     uint64_t num_ooms, failed_frees;
+    uint64_t num_syncs;      /* the heaps' waits for the device (synchronizations, event waits) */
     uint64_t dev_peak[CUA_TRACE_MAX_DEVICES][3];
     uint64_t dev_ooms[CUA_TRACE_MAX_DEVICES];
     double seconds;
@@ -550,6 +551,7 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
     for (int d = 0; d < t->ndev; d++) {
         if (!st[d])
             continue;
+        res->num_syncs += st[d]->num_syncs;
         res->dev_peak[d][0] = st[d]->requested_peak;
         res->dev_peak[d][1] = st[d]->allocated_peak;
         res->dev_peak[d][2] = st[d]->reserved_peak;
@@ -818,9 +820,10 @@ int av_cmd_replay(int argc, char **argv)
                    device_lag);
             printf(", \"peak_requested_bytes\": %" PRIu64 ", \"peak_allocated_bytes\": %" PRIu64
                    ", \"peak_reserved_bytes\": %" PRIu64 ", \"utilisation\": %.6f, \"num_ooms\": %" PRIu64
-                   ", \"min_fit_bytes\": ",
+                   ", \"num_syncs\": %" PRIu64 ", \"min_fit_bytes\": ",
                    r->peak_requested, r->peak_allocated, r->peak_reserved,
-                   r->peak_reserved ? (double)r->peak_allocated / (double)r->peak_reserved : 0.0, r->num_ooms);
+                   r->peak_reserved ? (double)r->peak_allocated / (double)r->peak_reserved : 0.0, r->num_ooms,
+                   r->num_syncs);
             if (fit && fits[i].found)
                 printf("%" PRIu64, fits[i].bytes);
             else
@@ -859,6 +862,14 @@ int av_cmd_replay(int argc, char **argv)
                 else
                     printf("  none up to 1 PiB");
             }
+            printf("\n");
+        }
+        if (cudafree) {
+            /* The price of making freed memory reusable: the host waited for the device this often. */
+            printf("waits for the device (synchronizations and event waits):");
+            for (int i = 0; i < nconfs; i++)
+                if (ok[i])
+                    printf("%s %s %" PRIu64, i ? "," : "", confs[i], res[i].num_syncs);
             printf("\n");
         }
         if (t->rec_maps && t->rec_peak_reserved) {
