@@ -1878,8 +1878,8 @@ static void free_on_tag(heap_t *h, pool_t *p, block_t *b, cua_stream stream, uns
 /* When the device runs far behind the host, a program that frees device-wide all the time keeps
  * much of its memory waiting: the searches cannot use it, take other free blocks and map more, and
  * the heap fragments. Replaying GPT-2 small's requests with every free device-wide and the device
- * completing work only every 512 requests, cualloc reserved 21.5 GiB for a 12.1 GiB peak (13.3 GiB
- * with this bound: bench/RESULTS.md). So once pool p's waiting bytes pass 1/DW_PENDING_DIV of its
+ * completing work only every 513 requests, cualloc reserved 20.7 GiB for a 12.1 GiB peak (13.3 GiB
+ * with this bound: bench/RESULTS.md, "Device-wide frees while the device runs behind"). So once pool p's waiting bytes pass 1/DW_PENDING_DIV of its
  * mapped bytes, the host waits for the older, closed generation (recorded some time ago, so the
  * device is usually past most of it), which then settles, and the open one closes. */
 static void dw_bound_pending(heap_t *h, pool_t *p) {
