@@ -1,6 +1,8 @@
 /* test_stress.c — 8 threads on two devices and several streams allocate, write, verify and free at
  * random (some frees cross streams and threads through a shared hand-off slot), while another
- * thread trims and runs the checker. Built under TSan in CI. At the end the counters must add up
+ * thread trims and runs the checker. Half the threads' own streams are held: their work completes
+ * only when the thread says so, every 64 operations, so other threads' misses close those streams'
+ * generations and find them in flight. Built under TSan in CI. At the end the counters must add up
  * and every byte must come back. */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -29,7 +31,8 @@ static void verify(const void *p, size_t n, unsigned char v) {
 static void *worker(void *argp) {
     worker_arg_t *arg = argp;
     rng_t r = {arg->seed};
-    cua_stream own_streams[2] = {sim_stream_create(0, false), sim_stream_create(1, false)};
+    bool held = arg->id % 2;
+    cua_stream own_streams[2] = {sim_stream_create(0, held), sim_stream_create(1, held)};
     struct { void *p; size_t n; int dev; } slots[SLOTS] = {{0}};
     for (int op = 0; op < OPS; op++) {
         int i = (int)rng_below(&r, SLOTS);
@@ -56,6 +59,10 @@ static void *worker(void *argp) {
                     slots[i].dev = dev;
                 }
             }
+        }
+        if (held && op % 64 == 63) {
+            sim_stream_complete(own_streams[0]);
+            sim_stream_complete(own_streams[1]);
         }
         int d = (int)rng_below(&r, 2);
         uintptr_t taken = atomic_exchange(&handoff[d], 0);
@@ -135,6 +142,8 @@ int main(void) {
     EXPECT(allocs == total_allocs && frees == total_frees && allocs == frees, "counts: %llu allocs %llu frees, threads saw %llu/%llu",
            (unsigned long long)allocs, (unsigned long long)frees, (unsigned long long)total_allocs,
            (unsigned long long)total_frees);
-    printf("test_stress: ok (%llu allocations over %d threads, 2 devices)\n", (unsigned long long)allocs, THREADS);
+    printf("test_stress: ok (%llu allocations over %d threads, 2 devices; %llu events recorded, %llu queried)\n",
+           (unsigned long long)allocs, THREADS, (unsigned long long)sim_calls(SIM_OP_EVENT_RECORD),
+           (unsigned long long)sim_calls(SIM_OP_EVENT_QUERY));
     return 0;
 }
