@@ -846,15 +846,18 @@ static bool dw_query(heap_t *h) {
 }
 
 /* Waits for the closed generation's events (the group's, recorded when it closed), not for the work
- * queued since, and settles it. Without the driver's event wait, one device synchronize. False when
- * nothing could be waited for (no events in flight, a capture, or a driver error). */
+ * queued since, and settles it. One device synchronize instead where the driver has no event wait,
+ * or where events cannot cover the group (more non-blocking streams than the table holds: then no
+ * generation is ever closed). False when nothing could be waited for (no events in flight, a
+ * capture, or a driver error). */
 static bool dw_wait_closed(heap_t *h) {
     stream_rec_t *r = dw_rec(h);
-    if (!r->event_in_flight || dw_any_capturing(h)) return false;
-    if (!h->drv->event_synchronize) {
+    if (dw_any_capturing(h)) return false;
+    if (h->nb_overflow || !h->drv->event_synchronize) {
         dw_sync(h);
         return true;
     }
+    if (!r->event_in_flight) return false;
     h->stats.num_syncs++;
     if (h->drv->event_synchronize(h->dev, r->event) != CUA_SUCCESS) return false;
     for (unsigned i = 0; i < h->n_nb; i++) {
@@ -1879,9 +1882,10 @@ static void free_on_tag(heap_t *h, pool_t *p, block_t *b, cua_stream stream, uns
  * much of its memory waiting: the searches cannot use it, take other free blocks and map more, and
  * the heap fragments. Replaying GPT-2 small's requests with every free device-wide and the device
  * completing work only every 513 requests, cualloc reserved 20.7 GiB for a 12.1 GiB peak (13.3 GiB
- * with this bound: bench/RESULTS.md, "Device-wide frees while the device runs behind"). So once pool p's waiting bytes pass 1/DW_PENDING_DIV of its
- * mapped bytes, the host waits for the older, closed generation (recorded some time ago, so the
- * device is usually past most of it), which then settles, and the open one closes. */
+ * with this bound: bench/RESULTS.md, "Device-wide frees while the device runs behind"). So once
+ * pool p's waiting bytes pass 1/DW_PENDING_DIV of its mapped bytes, the host waits for the older,
+ * closed generation (recorded some time ago, so the device is usually past most of it), which then
+ * settles, and the open one closes. */
 static void dw_bound_pending(heap_t *h, pool_t *p) {
     size_t pending = pool_tag_free_bytes(h, p, TAG_DW_A) + pool_tag_free_bytes(h, p, TAG_DW_B);
     if (pending <= p->mapped / DW_PENDING_DIV || !dw_wait_closed(h)) return;

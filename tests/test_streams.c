@@ -490,6 +490,35 @@ static void test_device_wide_bounded(void) {
     heap_destroy(h);
 }
 
+/* More non-blocking streams than the heap's table holds: events cannot cover the group, so the
+ * bound waits with a device synchronize instead, and the memory is still reused without mapping. */
+static void test_device_wide_bounded_overflow(void) {
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:1024", &c);
+    cua_stream nbs[70];
+    for (int i = 0; i < 70; i++) {
+        nbs[i] = sim_stream_create(0, true);
+        heap_stream_created(h, nbs[i], true);
+    }
+    void *p[64];
+    for (int i = 0; i < 64; i++) p[i] = must_alloc(h, 2 << 20, NULL);
+    uint64_t device_syncs = sim_calls(SIM_OP_DEVICE_SYNC);
+    cualloc_stats before = stats(h);
+    for (int i = 0; i < 64; i++) EXPECT(heap_free_device_wide(h, p[i]), "device-wide free %d", i);
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    uint64_t waited = sim_calls(SIM_OP_DEVICE_SYNC) - device_syncs;
+    EXPECT(waited >= 1 && waited <= 64 / 4, "the bound synchronized the device %llu times (at most once per 4 frees)",
+           (unsigned long long)waited);
+    for (int i = 0; i < 32; i++) p[i] = must_alloc(h, 2 << 20, NULL);
+    EXPECT(stats(h).reserved_bytes == before.reserved_bytes, "no new memory mapped");
+    for (int i = 0; i < 32; i++) EXPECT(heap_free_device_wide(h, p[i]), "device-wide free %d", i);
+    for (int i = 0; i < 70; i++) {
+        heap_stream_destroyed(h, nbs[i]);
+        sim_stream_destroy(nbs[i]);
+    }
+    heap_destroy(h);
+}
+
 /* During capture the heap records, queries and synchronizes nothing on the capturing stream. */
 static void test_capture_untouched(void) {
     conf_t c;
@@ -645,6 +674,7 @@ int main(void) {
     test_device_wide_keeps_neighbours();
     test_device_wide_pressure();
     test_device_wide_bounded();
+    test_device_wide_bounded_overflow();
     test_capture_untouched();
     test_peer_enabled();
     bool usable;
