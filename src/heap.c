@@ -348,14 +348,14 @@ static inline void free_account_sub(heap_t *h, pool_t *p, const block_t *b) {
     h->stats.inactive_split_bytes -= b->size - b->releasable;
 }
 
-/* Bytes of FREE blocks with tag t, both pools (CACHED blocks are not counted: every reader that
- * must see them runs after quick_flush). */
 /* The free bytes of one pool's index of tag t (0 when it has none). */
 static size_t pool_tag_free_bytes(const heap_t *h, const pool_t *p, unsigned t) {
     const findex_t *ix = p->index[t];
     return !ix ? 0 : h->vmm ? ix->sc.bytes : ix->tree.bytes;
 }
 
+/* Bytes of FREE blocks with tag t, both pools (CACHED blocks are not counted: every reader that
+ * must see them runs after quick_flush). */
 static size_t tag_free_bytes(const heap_t *h, unsigned t) {
     size_t bytes = 0;
     for (int pi = 0; pi < POOL_COUNT; pi++) bytes += pool_tag_free_bytes(h, &h->pools[pi], t);
@@ -729,12 +729,24 @@ static bool slot_claim(heap_t *h, unsigned t, cua_stream stream) {
     return true;
 }
 
+/* The open tag of `stream`, TAG_ANY when it has none. */
+static unsigned tag_lookup(const heap_t *h, cua_stream stream) {
+    for (unsigned t = 1; t < TAG_STREAMS_END; t++)
+        if (h->tags[t].used && !h->tags[t].closed && h->tags[t].handle == stream) return t;
+    return TAG_ANY;
+}
+
+/* An open tag that holds free blocks or has a closed generation: what a settling has to look at. */
+static bool open_tag_waiting(const heap_t *h, unsigned t) {
+    const stream_rec_t *r = &h->tags[t];
+    return r->used && !r->closed && (r->partner || tag_free_bytes(h, t));
+}
+
 static __attribute__((noinline)) unsigned tag_of_uncached(heap_t *h, cua_stream stream) {
-    for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
-        if (h->tags[t].used && !h->tags[t].closed && h->tags[t].handle == stream) {
-            last_set(h, stream, t);
-            return t;
-        }
+    unsigned found = tag_lookup(h, stream);
+    if (found) {
+        last_set(h, stream, found);
+        return found;
     }
     unsigned free_slot = slot_unused(h);
     if (!free_slot) {
@@ -744,7 +756,7 @@ static __attribute__((noinline)) unsigned tag_of_uncached(heap_t *h, cua_stream 
         settle_all(h);
         for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
             stream_rec_t *r = &h->tags[t];
-            if (r->used && !r->closed && !r->partner && tag_free_bytes(h, t) == 0) {
+            if (r->used && !r->closed && !open_tag_waiting(h, t)) {
                 r->used = false;
                 if (h->last_tag == t) last_set(h, NO_STREAM, 0);
                 if (!free_slot) free_slot = t;
@@ -764,12 +776,6 @@ static inline unsigned tag_of(heap_t *h, cua_stream stream) {
 
 /* Moves every FREE block tagged `tag` to TAG_ANY, merging as it goes (a merged block takes a
  * compatible neighbour's tag, which is at least as safe as its own). */
-static unsigned tag_lookup(const heap_t *h, cua_stream stream) {
-    for (unsigned t = 1; t < TAG_STREAMS_END; t++)
-        if (h->tags[t].used && !h->tags[t].closed && h->tags[t].handle == stream) return t;
-    return TAG_ANY;
-}
-
 static void settle_tag(heap_t *h, unsigned tag) {
     for (int pi = 0; pi < POOL_COUNT; pi++) {
         pool_t *p = &h->pools[pi];
@@ -809,6 +815,10 @@ static bool is_capturing(heap_t *h, cua_stream s) {
 static inline stream_rec_t *dw_rec(heap_t *h) { return &h->tags[TAG_DW_A]; }
 static inline unsigned dw_closed(const heap_t *h) { return h->dw_open ^ TAG_DW_A ^ TAG_DW_B; }
 static size_t dw_free_bytes(const heap_t *h) { return tag_free_bytes(h, TAG_DW_A) + tag_free_bytes(h, TAG_DW_B); }
+/* The same for one pool. */
+static size_t pool_dw_free_bytes(const heap_t *h, const pool_t *p) {
+    return pool_tag_free_bytes(h, p, TAG_DW_A) + pool_tag_free_bytes(h, p, TAG_DW_B);
+}
 
 /* The device-wide group is the legacy stream plus every known non-blocking stream. */
 static bool dw_any_capturing(heap_t *h) {
@@ -831,19 +841,23 @@ static void dw_sync(heap_t *h) {
     settle_tag(h, TAG_DW_B);
 }
 
-/* Without waiting: looks at the group's events, up to the first still pending (the legacy
- * stream's first: it is the busiest). True when none is. */
-static bool dw_query(heap_t *h) {
+/* Applies `look` (the driver's event query, or its event wait) to the group's events, the legacy
+ * stream's first (it is the busiest), up to the first that is not complete; those seen complete
+ * are marked so. True when all are. */
+static bool dw_events_complete(heap_t *h, cua_result (*look)(int dev, cua_event event)) {
     stream_rec_t *r = dw_rec(h);
-    if (h->drv->event_query(h->dev, r->event) != CUA_SUCCESS) return false;
+    if (look(h->dev, r->event) != CUA_SUCCESS) return false;
     for (unsigned i = 0; i < h->n_nb; i++) {
         if (!h->nb[i].in_flight) continue;
-        if (h->drv->event_query(h->dev, h->nb[i].event) != CUA_SUCCESS) return false;
+        if (look(h->dev, h->nb[i].event) != CUA_SUCCESS) return false;
         h->nb[i].in_flight = false;
     }
     r->event_in_flight = false;
     return true;
 }
+
+/* Without waiting: looks at the group's events. True when all have completed. */
+static bool dw_query(heap_t *h) { return dw_events_complete(h, h->drv->event_query); }
 
 /* Waits for the closed generation's events (the group's, recorded when it closed), not for the work
  * queued since, and settles it. One device synchronize instead where the driver has no event wait,
@@ -859,13 +873,7 @@ static bool dw_wait_closed(heap_t *h) {
     }
     if (!r->event_in_flight) return false;
     h->stats.num_syncs++;
-    if (h->drv->event_synchronize(h->dev, r->event) != CUA_SUCCESS) return false;
-    for (unsigned i = 0; i < h->n_nb; i++) {
-        if (!h->nb[i].in_flight) continue;
-        if (h->drv->event_synchronize(h->dev, h->nb[i].event) != CUA_SUCCESS) return false;
-        h->nb[i].in_flight = false;
-    }
-    r->event_in_flight = false;
+    if (!dw_events_complete(h, h->drv->event_synchronize)) return false;
     settle_tag(h, dw_closed(h));
     return true;
 }
@@ -952,6 +960,12 @@ static bool stream_settle_completed(heap_t *h, unsigned t) {
     return settled;
 }
 
+/* Open tag t's stream has been synchronized: its closed generation and (VMM) its open one settle. */
+static void stream_settle_synced(heap_t *h, unsigned t) {
+    if (h->tags[t].partner) closed_settle(h, h->tags[t].partner);
+    if (h->vmm) settle_tag(h, t);
+}
+
 /* Synchronizes every stream holding free blocks and settles them (VMM; classic mode never moves
  * blocks between streams, only waits), both generations and the device-wide ones. */
 static void settle_all(heap_t *h) {
@@ -961,7 +975,7 @@ static void settle_all(heap_t *h) {
     bool device_synced = h->stats.num_syncs != before && dw_free_bytes(h) == 0;
     for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
         stream_rec_t *r = &h->tags[t];
-        if (!r->used || r->closed || (tag_free_bytes(h, t) == 0 && !r->partner)) continue;
+        if (!open_tag_waiting(h, t)) continue;
         if (is_capturing(h, r->handle)) continue; /* its blocks stay unsettled until the capture ends */
         if (!device_synced && stream_sync(h, r->handle) != CUA_SUCCESS) {
             /* A stream the driver will not synchronize (destroyed, or another device's): wait for
@@ -970,8 +984,7 @@ static void settle_all(heap_t *h) {
             if (h->drv->device_synchronize(h->dev) != CUA_SUCCESS) continue; /* cannot prove it idle */
             device_synced = true;
         }
-        if (r->partner) closed_settle(h, r->partner);
-        if (h->vmm && tag_free_bytes(h, t)) settle_tag(h, t);
+        stream_settle_synced(h, t);
     }
 }
 
@@ -984,8 +997,7 @@ static bool settle_completed(heap_t *h, unsigned self) {
     if (dw_settle_completed(h)) settled = true;
     for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
         stream_rec_t *r = &h->tags[t];
-        if (t == self || !r->used || r->closed || (tag_free_bytes(h, t) == 0 && !r->partner)) continue;
-        if (is_capturing(h, r->handle)) continue;
+        if (t == self || !open_tag_waiting(h, t) || is_capturing(h, r->handle)) continue;
         if (stream_settle_completed(h, t)) settled = true;
     }
     return settled;
@@ -1417,7 +1429,7 @@ static block_t *find_free(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
  * their free neighbours. (Waiting only for as much as the request let PyTorch without its cache
  * reserve 2.2 times its peak on an H100: bench/RESULTS.md.) */
 static block_t *dw_wait_fit(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
-    if (!pool_tag_free_bytes(h, p, TAG_DW_A) && !pool_tag_free_bytes(h, p, TAG_DW_B)) return NULL;
+    if (!pool_dw_free_bytes(h, p)) return NULL;
     dw_sync(h);
     return find_free(h, p, tag, rsize);
 }
@@ -1887,8 +1899,7 @@ static void free_on_tag(heap_t *h, pool_t *p, block_t *b, cua_stream stream, uns
  * closed generation (recorded some time ago, so the device is usually past most of it), which then
  * settles, and the open one closes. */
 static void dw_bound_pending(heap_t *h, pool_t *p) {
-    size_t pending = pool_tag_free_bytes(h, p, TAG_DW_A) + pool_tag_free_bytes(h, p, TAG_DW_B);
-    if (pending <= p->mapped / DW_PENDING_DIV || !dw_wait_closed(h)) return;
+    if (pool_dw_free_bytes(h, p) <= p->mapped / DW_PENDING_DIV || !dw_wait_closed(h)) return;
     dw_settle_completed(h);
 }
 
@@ -2378,11 +2389,10 @@ void heap_stream_destroyed(heap_t *h, cua_stream stream) {
     for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
         stream_rec_t *r = &h->tags[t];
         if (!r->used || r->closed || r->handle != stream) continue;
-        if (tag_free_bytes(h, t) || r->partner) {
+        if (open_tag_waiting(h, t)) {
             /* The handle may come back for a new stream: its blocks must not stay tied to it. */
             stream_sync(h, stream);
-            if (r->partner) closed_settle(h, r->partner);
-            if (h->vmm) settle_tag(h, t);
+            stream_settle_synced(h, t);
         }
         if (!tag_free_bytes(h, t)) r->used = false;
         if (h->last_tag == t) last_set(h, NO_STREAM, 0);
