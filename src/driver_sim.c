@@ -779,29 +779,34 @@ static cua_result event_record_locked(int dev, cua_event e, cua_stream s) {
     return 0;
 }
 
-static cua_result event_query_locked(int dev, cua_event e) {
+/* The held stream event e waits for (*st, NULL when none: recorded on no held stream, or on one
+ * since destroyed, which finished its work) and its count of work to complete (*target). */
+static cua_result event_target_locked(int dev, cua_event e, sim_stream_t **st, uint64_t *target) {
     sim_device_t *d;
     cua_result r = dev_get(dev, false, &d);
     if (r) return r;
     sim_event_t *ev = event_get(dev, e);
     if (!ev) return CUA_ERROR_INVALID_VALUE;
-    if (ev->stream == 0) return 0;
-    sim_stream_t *st = objtab_get(&sim.streams, ev->stream);
-    if (!st) return 0; /* destroyed streams finished their work */
-    return st->completed >= ev->target ? 0 : CUA_ERROR_NOT_READY;
+    *st = ev->stream ? objtab_get(&sim.streams, ev->stream) : NULL;
+    *target = ev->target;
+    return 0;
+}
+
+static cua_result event_query_locked(int dev, cua_event e) {
+    sim_stream_t *st;
+    uint64_t target;
+    cua_result r = event_target_locked(dev, e, &st, &target);
+    if (r || !st) return r;
+    return st->completed >= target ? 0 : CUA_ERROR_NOT_READY;
 }
 
 /* The event's held stream completes its work up to the event (later work stays pending). */
 static cua_result event_sync_locked(int dev, cua_event e) {
-    sim_device_t *d;
-    cua_result r = dev_get(dev, false, &d);
-    if (r) return r;
-    sim_event_t *ev = event_get(dev, e);
-    if (!ev) return CUA_ERROR_INVALID_VALUE;
-    if (ev->stream == 0) return 0;
-    sim_stream_t *st = objtab_get(&sim.streams, ev->stream);
-    if (st && st->completed < ev->target) st->completed = ev->target;
-    return 0;
+    sim_stream_t *st;
+    uint64_t target;
+    cua_result r = event_target_locked(dev, e, &st, &target);
+    if (!r && st && st->completed < target) st->completed = target;
+    return r;
 }
 
 static cua_result stream_sync_locked(int dev, cua_stream s) {
