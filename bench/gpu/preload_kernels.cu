@@ -97,7 +97,8 @@ __global__ void vadd(const float *a, const float *b, float *c, size_t n) {
         c[j] = a[j] + b[j];
 }
 
-__global__ void checksum(const float *c, size_t n, unsigned long long *out) {
+// Adds this block's part of the sum of c[0..n) to *out (blockDim.x at most 256, a power of two).
+__device__ void block_sum_into(const float *c, size_t n, unsigned long long *out) {
     __shared__ unsigned long long part[256];
     unsigned long long s = 0;
     for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x)
@@ -111,6 +112,8 @@ __global__ void checksum(const float *c, size_t n, unsigned long long *out) {
     if (threadIdx.x == 0) atomicAdd(out, part[0]);
 }
 
+__global__ void checksum(const float *c, size_t n, unsigned long long *out) { block_sum_into(c, n, out); }
+
 __global__ void fill_value(float *x, size_t n, float v) {
     for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) x[j] = v;
 }
@@ -121,17 +124,7 @@ __global__ void spin_then_sum(const float *x, size_t n, long long cycles, unsign
     long long start = clock64();
     while (clock64() - start < cycles) {
     }
-    __shared__ unsigned long long part[256];
-    unsigned long long s = 0;
-    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x)
-        s += (unsigned long long)x[j];
-    part[threadIdx.x] = s;
-    __syncthreads();
-    for (unsigned w = blockDim.x / 2; w > 0; w /= 2) {
-        if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) atomicAdd(out, part[0]);
+    block_sum_into(x, n, out);
 }
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
