@@ -21,9 +21,9 @@
  * more every step shows here, where one pass hides it.
  * --cudafree replays every free as cudaFree (heap_free_device_wide), what PyTorch without its cache
  * (PYTORCH_NO_CUDA_MEMORY_CACHING=1) does under LD_PRELOAD: each heap knows one non-blocking stream,
- * as under PyTorch, so a freed block waits for the device. The sim device then completes work only
- * every --device-lag N requests (default 0: after every request): how far the GPU runs behind the
- * host decides how much freed memory is waiting at any moment.
+ * as under PyTorch, so a freed block waits for the device. With --device-lag N the sim device runs
+ * N requests behind the host: its work completes after every N + 1 requests (default 0: after
+ * every request). How far the GPU runs behind decides how much freed memory is waiting at a time.
  * MAP/UNMAP/INIT_MAP are the recording allocator's decisions, not requests: the replayed heap
  * makes its own. A free of an address with no replayed pointer (its allocation failed in the
  * replay, or a ring trace lost it) is skipped.
@@ -538,17 +538,9 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
     }
     res->seconds = now_s() - t0;
     free(retried);
-    if (!good) {
+    if (!good)
         fprintf(stderr, "allocview replay: out of memory\n");
-        devaddr_map_free(&ptrs);
-        for (int d = 0; d < t->ndev; d++)
-            heap_destroy(heaps[d]);
-        for (int d = 0; d < t->ndev; d++)
-            if (nb[d])
-                sim_stream_destroy(nb[d]);
-        return false;
-    }
-    for (int d = 0; d < t->ndev; d++) {
+    for (int d = 0; good && d < t->ndev; d++) {
         if (!st[d])
             continue;
         res->num_syncs += st[d]->num_syncs;
@@ -562,12 +554,12 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
         }
     }
     devaddr_map_free(&ptrs);
-    for (int d = 0; d < t->ndev; d++)
+    for (int d = 0; d < t->ndev; d++) {
         heap_destroy(heaps[d]);
-    for (int d = 0; d < t->ndev; d++)
         if (nb[d])
             sim_stream_destroy(nb[d]);
-    return true;
+    }
+    return good;
 }
 
 /* ------------------------------------------------------------------------------- min-fit */
@@ -652,8 +644,8 @@ static void replay_usage(FILE *out)
             "  N times on the same heap (1 to 1000; default 1), as a job repeats its steps; the peaks are\n"
             "  over all passes. --cudafree: every free as cudaFree (device-wide, one non-blocking stream\n"
             "  known), as PyTorch without its cache frees under LD_PRELOAD; --device-lag N: the device\n"
-            "  completes work only every N requests (0 to 1000000; default 0). --min-fit: the smallest\n"
-            "  capacity on which the whole sequence completes without OOM.\n");
+            "  runs N requests behind, its work completing every N + 1 requests (0 to 1000000; default\n"
+            "  0). --min-fit: the smallest capacity on which the whole sequence completes without OOM.\n");
 }
 
 #define MAX_CONFS 32
