@@ -220,6 +220,7 @@ struct heap_s {
      * the mmap or slab record fails, cleared where a general allocation starts. */
     host_table_t host_refused;
     unsigned host_refused_said; /* bit 1 << kind: each kind of host failure is reported once */
+    bool no_slot_said;          /* alloc_fail_no_slot has reported once */
 };
 
 static const char *const host_table_names[] = {
@@ -1647,6 +1648,27 @@ static void report_host_refused(heap_t *h, size_t size) {
     h->host_refused = HOST_NONE;
 }
 
+/* No tag could be had for `stream`, and not for want of host memory: every stream slot belongs to a
+ * stream whose free blocks cannot settle now (capturing a CUDA graph, so nothing may synchronize
+ * it, or its synchronize failed). An allocation needs its stream's tag: memory the heap maps for it
+ * merges with a free neighbour and takes that block's tag, which then names who may use it. Counted
+ * in num_ooms and said once, but not as the device running out (it has room) and not recorded as
+ * an OOM. Lock held; released here. */
+static __attribute__((noinline, cold)) void alloc_fail_no_slot(heap_t *h, cua_stream stream, size_t size) {
+    h->stats.num_ooms++;
+    if (!h->no_slot_said) {
+        h->no_slot_said = true;
+        char req[32];
+        cua_error("device %d: cannot allocate %s on stream %p: all %d of cualloc's stream slots belong to streams "
+                  "whose freed memory cannot be reused yet (they are capturing CUDA graphs, or could not be "
+                  "synchronized); the device itself has room. End those captures, or capture on fewer streams at "
+                  "once; later failures of this kind are only counted in num_ooms",
+                  h->dev, fmt_bytes(size, req, sizeof req), (void *)stream, TAG_STREAMS_END - 1);
+    }
+    update_inactive_split(h);
+    cua_unlock(&h->lock);
+}
+
 /* Lock held; released here. */
 static cua_result alloc_fail(heap_t *h, cua_stream stream, size_t size, size_t rsize) {
     h->stats.num_ooms++;
@@ -1744,7 +1766,8 @@ static __attribute__((noinline)) void *alloc_locked(heap_t *h, size_t size, cua_
     h->host_refused = HOST_NONE;
     unsigned tag = tag_of(h, stream);
     if (__builtin_expect(tag >= HEAP_MAX_TAGS, 0)) {
-        alloc_fail(h, stream, size, rsize);
+        if (h->host_refused == HOST_NONE) alloc_fail_no_slot(h, stream, size);
+        else alloc_fail(h, stream, size, rsize);
         return NULL;
     }
     block_t *b = h->vmm && p->id == POOL_SMALL ? quick_pop(h, p, rsize, tag) : NULL;
@@ -1878,12 +1901,14 @@ static __attribute__((noinline)) void free_to_index(heap_t *h, pool_t *p, block_
     free_into_index(h, p, b);
 }
 
-/* A free on `tag`, or, when the tag table is full (tag == HEAP_MAX_TAGS) even after recycling,
- * made safe for every stream the slow way. Into the free index. */
+/* A free on `tag`, or, when the stream has no tag (tag == HEAP_MAX_TAGS: the table is full even
+ * after recycling), made safe for every stream the slow way: its stream is synchronized and the
+ * block settled. A stream that cannot be synchronized (capturing, or the driver refuses) leaves the
+ * block in the open device-wide generation instead, to be reused once the device is seen past it,
+ * never at once. Into the free index. */
 static void free_on_tag(heap_t *h, pool_t *p, block_t *b, cua_stream stream, unsigned tag) {
     if (tag >= HEAP_MAX_TAGS) {
-        stream_sync(h, stream);
-        b->tag = TAG_ANY;
+        b->tag = !is_capturing(h, stream) && stream_sync(h, stream) == CUA_SUCCESS ? TAG_ANY : h->dw_open;
     } else {
         free_tag(b, tag);
     }

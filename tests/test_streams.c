@@ -519,6 +519,90 @@ static void test_device_wide_bounded_overflow(void) {
     heap_destroy(h);
 }
 
+/* Every stream slot taken by a stream whose free blocks cannot settle (each captures a graph,
+ * holding a free block): a stream seen after that gets no tag. Its allocation fails, said as what
+ * it is and not as the device running out. A free on a stream with no tag synchronizes the stream
+ * first, so that the block is settled, anyone's at once; when the stream cannot be synchronized (the
+ * driver refuses, or it captures, when nothing may synchronize it) the block waits for the device
+ * instead and is never handed out before the device is known past it. */
+static void test_tag_table_full(void) {
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:1024", &c);
+    test_captured_t said = {0};
+    error_set_callback(test_capture, &said);
+    /* u blocking, v and w non-blocking (the device-wide group waits for them); each holds a 6 MiB
+     * block and a 2 MiB pin above it, so that the 6 MiB blocks have no free neighbour to merge with. */
+    cua_stream u = sim_stream_create(0, true), v = sim_stream_create(0, true), w = sim_stream_create(0, true);
+    heap_stream_created(h, v, true);
+    heap_stream_created(h, w, true);
+    void *a = must_alloc(h, 6 << 20, u), *pin_u = must_alloc(h, 2 << 20, u);
+    void *b = must_alloc(h, 6 << 20, v), *pin_v = must_alloc(h, 2 << 20, v);
+    void *e = must_alloc(h, 6 << 20, w), *pin_w = must_alloc(h, 2 << 20, w);
+    enum { FULL = TAG_STREAMS_END - 1 };
+    cua_stream held[FULL];
+    for (int i = 0; i < FULL; i++) {
+        held[i] = sim_stream_create(0, true);
+        void *p = must_alloc(h, 4 << 20, held[i]);
+        sim_stream_set_capturing(held[i], true); /* before the free: nothing may settle the block */
+        must_free(h, p, held[i]);
+    }
+
+    cua_stream x = sim_stream_create(0, true);
+    uint64_t ooms = stats(h).num_ooms;
+    void *p = NULL;
+    EXPECT(heap_alloc(h, 4 << 20, x, &p) != CUA_SUCCESS && !p, "a stream with no tag was served");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check after the refusal");
+    EXPECT(stats(h).num_ooms == ooms + 1, "the refusal is counted in num_ooms");
+    EXPECT(strstr(said.text, "stream slots") && !strstr(said.text, "out of memory"),
+           "the refusal was not said as the stream slots running out:\n%s", said.text);
+
+    /* u has no tag now: its free synchronizes u, and the block is settled. */
+    uint64_t ss = sim_calls(SIM_OP_STREAM_SYNC), ds = sim_calls(SIM_OP_DEVICE_SYNC);
+    must_free(h, a, u);
+    EXPECT(sim_calls(SIM_OP_STREAM_SYNC) == ss + 1, "the free on a stream with no tag synchronized it");
+    void *a2 = must_alloc(h, 6 << 20, held[0]);
+    EXPECT(a2 == a, "the settled block goes to another stream (got %p, expected %p)", a2, a);
+    EXPECT(sim_calls(SIM_OP_DEVICE_SYNC) == ds, "and needed no device synchronize");
+
+    /* v's synchronize refused: its block waits for the device. */
+    sim_fail(SIM_OP_STREAM_SYNC, 0, 1, CUA_ERROR_INVALID_VALUE);
+    must_free(h, b, v);
+    sim_fail(SIM_OP_STREAM_SYNC, 0, 0, CUA_SUCCESS);
+    ds = sim_calls(SIM_OP_DEVICE_SYNC);
+    uint64_t es = sim_calls(SIM_OP_EVENT_SYNC);
+    void *b2 = must_alloc(h, 6 << 20, held[1]);
+    EXPECT(b2 != b || sim_calls(SIM_OP_DEVICE_SYNC) > ds || sim_calls(SIM_OP_EVENT_SYNC) > es,
+           "a block whose stream could not be synchronized was handed out before the device was");
+
+    /* w captures: its free synchronizes nothing, and its block is not handed out. */
+    sim_stream_set_capturing(w, true);
+    ss = sim_calls(SIM_OP_STREAM_SYNC);
+    ds = sim_calls(SIM_OP_DEVICE_SYNC);
+    must_free(h, e, w);
+    void *e2 = must_alloc(h, 6 << 20, held[2]);
+    EXPECT(sim_calls(SIM_OP_STREAM_SYNC) == ss && sim_calls(SIM_OP_DEVICE_SYNC) == ds,
+           "a capturing stream was synchronized");
+    EXPECT(e2 != e, "a capturing stream's block was handed out");
+
+    for (int i = 0; i < FULL; i++) sim_stream_set_capturing(held[i], false);
+    sim_stream_set_capturing(w, false);
+    must_free(h, a2, held[0]);
+    must_free(h, b2, held[1]);
+    must_free(h, e2, held[2]);
+    must_free(h, pin_u, u);
+    must_free(h, pin_v, v);
+    must_free(h, pin_w, w);
+    heap_trim(h);
+    EXPECT(stats(h).allocated_bytes == 0 && stats(h).reserved_bytes == 0, "everything released at the end");
+    error_set_callback(NULL, NULL);
+    heap_destroy(h);
+    for (int i = 0; i < FULL; i++) sim_stream_destroy(held[i]);
+    sim_stream_destroy(u);
+    sim_stream_destroy(v);
+    sim_stream_destroy(w);
+    sim_stream_destroy(x);
+}
+
 /* During capture the heap records, queries and synchronizes nothing on the capturing stream. */
 static void test_capture_untouched(void) {
     conf_t c;
@@ -676,6 +760,7 @@ int main(void) {
     test_device_wide_bounded();
     test_device_wide_bounded_overflow();
     test_capture_untouched();
+    test_tag_table_full();
     test_peer_enabled();
     bool usable;
     EXPECT(fragmentation_trap("sim_memory_mb:4096", &usable), "expandable segments serve the 900 MiB request");
