@@ -168,6 +168,41 @@ static void test_pressure_synchronizes(void) {
     sim_stream_destroy(t);
 }
 
+/* Under pressure, a stream the driver refuses to synchronize (destroyed behind the heap's back, or
+ * another device's) is waited for with a device synchronize instead; its memory is reused only
+ * then, and with that synchronize refused too, not at all. */
+static void test_pressure_stream_sync_refused(void) {
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:16", &c);
+    cua_stream s = sim_stream_create(0, true), t = sim_stream_create(0, true);
+    void *a = must_alloc(h, 12 << 20, s);
+    must_free(h, a, s);
+    uint64_t ds = sim_calls(SIM_OP_DEVICE_SYNC);
+    sim_fail(SIM_OP_STREAM_SYNC, 0, 1000, CUA_ERROR_INVALID_VALUE);
+    void *b = must_alloc(h, 12 << 20, t);
+    sim_fail(SIM_OP_STREAM_SYNC, 0, 0, CUA_SUCCESS);
+    EXPECT(b == a && sim_calls(SIM_OP_DEVICE_SYNC) == ds + 1, "the device was synchronized instead, and S's memory reused");
+    must_free(h, b, t);
+
+    /* Both refused: nothing proves S idle, so its block is not handed to T. */
+    void *d = must_alloc(h, 12 << 20, s);
+    must_free(h, d, s);
+    sim_fail(SIM_OP_STREAM_SYNC, 0, 1000, CUA_ERROR_INVALID_VALUE);
+    sim_fail(SIM_OP_DEVICE_SYNC, 0, 1000, CUA_ERROR_INVALID_VALUE);
+    void *e = NULL;
+    cua_result r = heap_alloc(h, 12 << 20, t, &e);
+    sim_fail(SIM_OP_STREAM_SYNC, 0, 0, CUA_SUCCESS);
+    sim_fail(SIM_OP_DEVICE_SYNC, 0, 0, CUA_SUCCESS);
+    EXPECT(heap_check(h, stderr) == 0, "heap_check after the refusals");
+    EXPECT(r != CUA_SUCCESS && !e, "S's block went to T though neither S nor the device could be synchronized");
+    e = must_alloc(h, 12 << 20, t); /* synchronizing works again */
+    EXPECT(e == d, "once S can be synchronized, T gets its memory");
+    must_free(h, e, t);
+    heap_destroy(h);
+    sim_stream_destroy(s);
+    sim_stream_destroy(t);
+}
+
 /* Chunks freed on a held stream are not unmapped until that stream is synchronized. */
 static void test_trim_synchronizes_first(void) {
     conf_t c;
@@ -749,6 +784,7 @@ int main(void) {
     test_stream_generations();
     test_stream_destroyed_with_closed_generation();
     test_pressure_synchronizes();
+    test_pressure_stream_sync_refused();
     test_trim_synchronizes_first();
     test_stream_destroyed();
     test_many_streams();
