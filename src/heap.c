@@ -2407,6 +2407,12 @@ void heap_stream_created(heap_t *h, cua_stream stream, bool non_blocking) {
     cua_unlock(&h->lock);
 }
 
+void heap_streams_untracked(heap_t *h) {
+    cua_lock(&h->lock);
+    h->nb_overflow = true;
+    cua_unlock(&h->lock);
+}
+
 void heap_stream_destroyed(heap_t *h, cua_stream stream) {
     cua_lock(&h->lock);
     quick_flush(h);

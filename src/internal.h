@@ -464,6 +464,10 @@ void heap_stream_destroyed(heap_t *h, cua_stream stream);
  * not ordered by the legacy stream, so device-wide frees must wait for them too; a blocking one
  * only drops a stale non-blocking registration of a reused handle. */
 void heap_stream_created(heap_t *h, cua_stream stream, bool non_blocking);
+/* Non-blocking streams were created on this heap's device that it was not told of (the front door
+ * could not remember them all): as with more than its table holds, device-wide frees then settle
+ * only through a device synchronize. */
+void heap_streams_untracked(heap_t *h);
 /* Frees ptr with cudaFree's meaning: no stream may get it again while earlier work on any stream
  * may still use it. With no known non-blocking stream this is heap_free(h, ptr, NULL) (the legacy
  * stream orders every blocking stream); otherwise the block gets the open device-wide tag and

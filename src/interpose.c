@@ -335,6 +335,9 @@ static pthread_mutex_t pending_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct { cua_stream s; int dev; } pending_nb[PENDING_MAX];
 static int pending_nb_n;
 static uint64_t pending_peer[CUALLOC_MAX_DEVICES]; /* bit a of [d]: device a may access d's memory */
+/* Bit d: more non-blocking streams were created on device d than pending_nb could hold. Its heap
+ * must then not rely on the streams it knows (their events would not cover the others). */
+static uint64_t pending_nb_lost;
 static _Atomic int pending_any;
 
 /* owner's heap grants `accessor` access (driver mask, then existing mappings). */
@@ -353,6 +356,12 @@ static void pending_flush(void) {
         if (h) heap_stream_created(h, pending_nb[i].s, true);
     }
     pending_nb_n = 0;
+    for (int d = 0; pending_nb_lost && d < CUALLOC_MAX_DEVICES; d++) {
+        if (!((pending_nb_lost >> d) & 1)) continue;
+        pending_nb_lost &= ~((uint64_t)1 << d);
+        heap_t *h = api_heap(d);
+        if (h) heap_streams_untracked(h);
+    }
     for (int d = 0; d < CUALLOC_MAX_DEVICES; d++) {
         for (int a = 0; pending_peer[d] && a < 64; a++) {
             if (!((pending_peer[d] >> a) & 1)) continue;
@@ -385,6 +394,9 @@ static void note_stream(int dev, cua_stream s, bool non_blocking) {
         pending_nb[pending_nb_n].s = s;
         pending_nb[pending_nb_n].dev = dev;
         pending_nb_n++;
+        atomic_store(&pending_any, 1);
+    } else if (non_blocking && dev < CUALLOC_MAX_DEVICES) {
+        pending_nb_lost |= (uint64_t)1 << dev;
         atomic_store(&pending_any, 1);
     }
     pthread_mutex_unlock(&pending_lock);

@@ -5,7 +5,8 @@
  * cudaFree(NULL) reach the stub, that cudaStreamDestroy and cudaMemGetInfo pass through (the latter
  * with cualloc's cached bytes added), and that a forked child and its parent both keep working.
  *   interpose_prog            cualloc serves
- *   interpose_prog --disable  run under CUALLOC_DISABLE=1: everything reaches the stub */
+ *   interpose_prog --disable  run under CUALLOC_DISABLE=1: everything reaches the stub
+ *   interpose_prog --streams-first  70 non-blocking streams created before the first allocation */
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -110,6 +111,33 @@ int main(int argc, char **argv) {
         CHECK(stats_of(0).num_allocs == 0, "cualloc served an excluded caller");
         if (failures) return 1;
         printf("interpose_prog --exclude: all checks passed\n");
+        return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "--streams-first") == 0) {
+        /* More non-blocking streams created before the first allocation than the front door
+         * remembers one by one (64): the heap must not rely on the events of those it was told
+         * of, which do not cover the others, so a cudaFree'd block is reused only after a device
+         * synchronize. */
+        enum { NB = 70 };
+        void *nbs[NB];
+        for (int i = 0; i < NB; i++) CHECK(cudaStreamCreateWithFlags(&nbs[i], 1) == 0 && nbs[i], "stream %d", i);
+        void *gs1 = dlsym(RTLD_DEFAULT, "cualloc_get_stats");
+        memcpy(&get_stats, &gs1, sizeof gs1);
+        void *first = NULL, *again = NULL;
+        for (int i = 0; i < 2; i++) {
+            void *q = NULL;
+            CHECK(cudaMalloc(&q, 3 << 20) == 0 && q, "cudaMalloc");
+            *(i ? &again : &first) = q;
+            CHECK(cudaFree(q) == 0, "cudaFree");
+        }
+        CHECK(stats_of(0).num_allocs == 2, "cualloc served %llu of 2 allocations", (unsigned long long)stats_of(0).num_allocs);
+        CHECK(again == first, "the freed block was not reused");
+        CHECK(stats_of(0).num_syncs >= 1,
+              "a cudaFree'd block was reused without a device synchronize, though %d non-blocking streams were "
+              "created before cualloc started and it could be told of only some", NB);
+        for (int i = 0; i < NB; i++) CHECK(cudaStreamDestroy(nbs[i]) == 0, "cudaStreamDestroy %d", i);
+        if (failures) return 1;
+        printf("interpose_prog --streams-first: all checks passed\n");
         return 0;
     }
     void *gs = dlsym(RTLD_DEFAULT, "cualloc_get_stats");
