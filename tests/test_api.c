@@ -6,6 +6,7 @@
  *                       check, OOM and recovery, free(NULL), foreign pointers, invalid devices.
  *   test_api --disable  run with CUALLOC_DISABLE=1: allocations pass straight to the driver, so
  *                       they still work but no statistics move.
+ *   test_api --peers    two sim devices (sim_devices:2): cualloc_enable_peer_access_all.
  *
  * Only cualloc.h and libc are used; cualloc_check runs after every step.
  */
@@ -418,6 +419,38 @@ static void test_invalid_device(void) {
     check_gauges("invalid devices");
 }
 
+/* One device: no pair to enable. */
+static void test_peer_access_one_device(void) {
+    EXPECT(cualloc_enable_peer_access_all() == 0, "cualloc_enable_peer_access_all with one device");
+    CHECK_HEAP("peer access, one device");
+}
+
+/* ------------------------------------------------------------------ two devices (--peers) */
+
+/* Run with sim_devices:2: both directions are enabled, again on a second call (idempotent), with
+ * memory mapped on both devices before and after; the heaps stay consistent and keep serving. */
+static int run_peers(void) {
+    void *before[2], *after[2];
+    for (int d = 0; d < 2; d++) {
+        before[d] = cualloc_malloc(3 * MIB, d, NULL);
+        EXPECT(before[d] != NULL, "allocation on device %d", d);
+        if (before[d]) fill(before[d], 3 * MIB, (uint64_t)d);
+    }
+    EXPECT(cualloc_enable_peer_access_all() == 2, "cualloc_enable_peer_access_all with two devices: want 2 pairs");
+    EXPECT(cualloc_enable_peer_access_all() == 2, "a second call: want 2 pairs again");
+    for (int d = 0; d < 2; d++) {
+        after[d] = cualloc_malloc(5 * MIB, d, NULL);
+        EXPECT(after[d] != NULL, "allocation on device %d after enabling peers", d);
+        if (before[d]) EXPECT(verify(before[d], 3 * MIB, (uint64_t)d), "device %d's block kept its contents", d);
+        EXPECT(cualloc_check(d) == 0, "cualloc_check(%d) after enabling peers", d);
+        cualloc_free(before[d], NULL);
+        cualloc_free(after[d], NULL);
+    }
+    if (failures) fprintf(stderr, "test_api --peers: %d failure(s)\n", failures);
+    else printf("test_api --peers: ok\n");
+    return failures ? 1 : 0;
+}
+
 /* ------------------------------------------------------------------ CUALLOC_DISABLE=1 */
 
 static int run_disabled(void) {
@@ -462,6 +495,7 @@ static int run_disabled(void) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--disable") == 0) return run_disabled();
+    if (argc > 1 && strcmp(argv[1], "--peers") == 0) return run_peers();
     const char *conf = getenv("CUALLOC_CONF");
     if (!conf || !strstr(conf, "sim_host_backed:1")) {
         fprintf(stderr, "test_api needs CUALLOC_CONF=driver:sim,sim_host_backed:1,sim_memory_mb:512 (got %s)\n",
@@ -478,6 +512,7 @@ int main(int argc, char **argv) {
         {"cache release under pressure", test_cache_release_under_pressure},
         {"free NULL and foreign pointers", test_free_null_and_foreign},
         {"invalid device", test_invalid_device},
+        {"peer access, one device", test_peer_access_one_device},
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
         int before = failures;
