@@ -111,6 +111,45 @@ assert frames[-3:] == ["<module> (%s:%d)" % (__file__, line_of("# SITE-C")),
                        "allocate_here (%s:%d)" % (__file__, line_of("# SITE-A"))], frames
 assert not any("ffi" in f or "_ctypes" in f or "PyEval" in f for f in frames), frames
 os.remove(trace)
-os.rmdir(tmp)
 print("test_trace_python: Python frames recorded: %s" % ", ".join("%s (%s:%d)" % f for f in got))
+
+# Many call sites and streams: the recorder's tables of streams (256 slots at first), Python frames
+# (1024) and stack nodes (4096) grow while recording, at half full. 3000 allocations, each from its
+# own line of a generated file and on one of 300 stream handles, must each read back with its own
+# line and its own stream.
+SITES, STREAMS = 3000, 300
+site = {"lib": with_gil}
+code = compile("\n".join("p = lib.cualloc_malloc(%d, 0, %d); lib.cualloc_free(p, %d)"
+                         % (512 * (1 + i % 7), 0x10000 + 16 * (i % STREAMS), 0x10000 + 16 * (i % STREAMS))
+                         for i in range(SITES)), "generated_sites.py", "exec")
+assert with_gil.cualloc_trace_start(trace.encode()) == 0, "cualloc_trace_start failed (second trace)"
+exec(code, site)
+with_gil.cualloc_trace_stop()
+dump = subprocess.run([allocview, "dump", trace], capture_output=True, text=True, check=True).stdout
+pyframes, stacks, handles, allocs = {}, {}, {}, []
+for line in dump.splitlines():
+    m = re.match(r'#\d+ pyframe (\d+) line=(\d+) function="([^"]*)" file="([^"]*)"', line)
+    if m:
+        pyframes[int(m.group(1))] = (m.group(3), os.path.basename(m.group(4)), int(m.group(2)))
+    m = re.match(r"#\d+ stack (\d+) parent=(\d+) (native|python) (\S+)", line)
+    if m:
+        stacks[int(m.group(1))] = (int(m.group(2)), m.group(3), m.group(4))
+    m = re.match(r"#\d+ stream (\d+) handle=(\S+)", line)
+    if m:
+        handles[int(m.group(1))] = int(m.group(2), 16)
+    m = re.match(r"#\d+ alloc .* stream=(\d+) .* size=(\d+) .* stack=(\d+)", line)
+    if m:
+        allocs.append((int(m.group(1)), int(m.group(2)), int(m.group(3))))
+assert len(allocs) == SITES, "%d allocations read back, want %d" % (len(allocs), SITES)
+assert len(pyframes) > 512 and len(stacks) > 2048, "the tables did not grow: %d Python frames, %d stack nodes" % (
+    len(pyframes), len(stacks))
+assert len(set(handles.values())) == len(handles) >= STREAMS, "%d stream records" % len(handles)
+for i, (stream_id, size, stack_id) in enumerate(allocs):
+    assert handles.get(stream_id) == 0x10000 + 16 * (i % STREAMS), "allocation %d: stream %r" % (i, handles.get(stream_id))
+    assert size == 512 * (1 + i % 7), "allocation %d: size %d" % (i, size)
+    frames = python_frames(stack_id)
+    assert frames[:1] == [("<module>", "generated_sites.py", i + 1)], "allocation %d: frames %r" % (i, frames[:2])
+os.remove(trace)
+os.rmdir(tmp)
+print("test_trace_python: %d call sites on %d streams read back, each with its own line and stream" % (SITES, STREAMS))
 print("test_trace_python: all passed")
