@@ -59,18 +59,28 @@ with_gil.cualloc_free(q, None)
 assert without_gil.cudaFree(r) == 0
 with_gil.cualloc_trace_stop()
 
-dump = subprocess.run([allocview, "dump", trace], capture_output=True, text=True, check=True).stdout
-pyframes, stacks, allocs = {}, {}, []
-for line in dump.splitlines():
-    m = re.match(r'#\d+ pyframe (\d+) line=(\d+) function="([^"]*)" file="([^"]*)"', line)
-    if m:
-        pyframes[int(m.group(1))] = (m.group(3), os.path.basename(m.group(4)), int(m.group(2)))
-    m = re.match(r"#\d+ stack (\d+) parent=(\d+) (native|python) (\S+)", line)
-    if m:
-        stacks[int(m.group(1))] = (int(m.group(2)), m.group(3), m.group(4))
-    m = re.match(r"#\d+ alloc .* size=(\d+) .* stack=(\d+)", line)
-    if m:
-        allocs.append((int(m.group(1)), int(m.group(2))))
+def read_trace(path):
+    """`allocview dump` of the trace: its text, Python frames, stack nodes, stream handles, and
+    allocations as (stream id, size, stack id)."""
+    dump = subprocess.run([allocview, "dump", path], capture_output=True, text=True, check=True).stdout
+    pyframes, stacks, handles, allocs = {}, {}, {}, []
+    for line in dump.splitlines():
+        m = re.match(r'#\d+ pyframe (\d+) line=(\d+) function="([^"]*)" file="([^"]*)"', line)
+        if m:
+            pyframes[int(m.group(1))] = (m.group(3), os.path.basename(m.group(4)), int(m.group(2)))
+        m = re.match(r"#\d+ stack (\d+) parent=(\d+) (native|python) (\S+)", line)
+        if m:
+            stacks[int(m.group(1))] = (int(m.group(2)), m.group(3), m.group(4))
+        m = re.match(r"#\d+ stream (\d+) handle=(\S+)", line)
+        if m:
+            handles[int(m.group(1))] = int(m.group(2), 16)
+        m = re.match(r"#\d+ alloc .* stream=(\d+) .* size=(\d+) .* stack=(\d+)", line)
+        if m:
+            allocs.append((int(m.group(1)), int(m.group(2)), int(m.group(3))))
+    return dump, pyframes, stacks, handles, allocs
+
+
+dump, pyframes, stacks, handles, allocs = read_trace(trace)
 
 
 def python_frames(stack_id):
@@ -86,19 +96,19 @@ def python_frames(stack_id):
 
 assert len(allocs) == 3, dump
 me = os.path.basename(__file__)
-got = python_frames(allocs[0][1])
+got = python_frames(allocs[0][2])
 want = [("allocate_here", me, line_of("# SITE-A")), ("Model.forward", me, line_of("# SITE-B")),
         ("<module>", me, line_of("# SITE-C"))]
 assert got[:3] == want, "Python frames with the GIL: got %r, want %r" % (got, want)
 native = 0
-sid = allocs[0][1]
+sid = allocs[0][2]
 while sid:
     native += stacks[sid][1] == "native"
     sid = stacks[sid][0]
 assert native > 0, "native frames come with the Python ones"
-got_d = python_frames(allocs[1][1])
+got_d = python_frames(allocs[1][2])
 assert got_d[:1] == [("<module>", me, line_of("# SITE-D"))], "the GIL taken back for cualloc_malloc: got %r" % got_d
-assert python_frames(allocs[2][1]) == [], "cudaMalloc never waits for the GIL: %r" % python_frames(allocs[2][1])
+assert python_frames(allocs[2][2]) == [], "cudaMalloc never waits for the GIL: %r" % python_frames(allocs[2][2])
 assert '"python step"' in dump
 # allocview names the site by its Python lines: the ctypes call and libffi's trampoline between
 # them and the allocation are left out, like the interpreter's own frames.
@@ -125,21 +135,7 @@ code = compile("\n".join("p = lib.cualloc_malloc(%d, 0, %d); lib.cualloc_free(p,
 assert with_gil.cualloc_trace_start(trace.encode()) == 0, "cualloc_trace_start failed (second trace)"
 exec(code, site)
 with_gil.cualloc_trace_stop()
-dump = subprocess.run([allocview, "dump", trace], capture_output=True, text=True, check=True).stdout
-pyframes, stacks, handles, allocs = {}, {}, {}, []
-for line in dump.splitlines():
-    m = re.match(r'#\d+ pyframe (\d+) line=(\d+) function="([^"]*)" file="([^"]*)"', line)
-    if m:
-        pyframes[int(m.group(1))] = (m.group(3), os.path.basename(m.group(4)), int(m.group(2)))
-    m = re.match(r"#\d+ stack (\d+) parent=(\d+) (native|python) (\S+)", line)
-    if m:
-        stacks[int(m.group(1))] = (int(m.group(2)), m.group(3), m.group(4))
-    m = re.match(r"#\d+ stream (\d+) handle=(\S+)", line)
-    if m:
-        handles[int(m.group(1))] = int(m.group(2), 16)
-    m = re.match(r"#\d+ alloc .* stream=(\d+) .* size=(\d+) .* stack=(\d+)", line)
-    if m:
-        allocs.append((int(m.group(1)), int(m.group(2)), int(m.group(3))))
+dump, pyframes, stacks, handles, allocs = read_trace(trace)
 assert len(allocs) == SITES, "%d allocations read back, want %d" % (len(allocs), SITES)
 assert len(pyframes) > 512 and len(stacks) > 2048, "the tables did not grow: %d Python frames, %d stack nodes" % (
     len(pyframes), len(stacks))
