@@ -686,8 +686,6 @@ static bool quick_flush_small(heap_t *h, unsigned tag, size_t rsize, bool until_
 
 /* ------------------------------------------------------------------ streams */
 
-/* The tag of `stream`, registering it on first sight; 0 (TAG_ANY) never names a stream. Returns
- * HEAP_MAX_TAGS when the table is full even after recycling. */
 static void settle_all(heap_t *h);
 
 /* Sets tag_of's one-entry cache (tag 0: empty) and the fast paths' view of it. */
@@ -743,6 +741,8 @@ static bool open_tag_waiting(const heap_t *h, unsigned t) {
     return r->used && !r->closed && (r->partner || tag_free_bytes(h, t));
 }
 
+/* The tag of `stream`, registering it on first sight; 0 (TAG_ANY) never names a stream. Returns
+ * HEAP_MAX_TAGS when the table is full even after recycling. */
 static __attribute__((noinline)) unsigned tag_of_uncached(heap_t *h, cua_stream stream) {
     unsigned found = tag_lookup(h, stream);
     if (found) {
