@@ -98,6 +98,8 @@ __attribute__((destructor)) static void free_in_destructor(void) {
 
 int main(int argc, char **argv) {
     int disable = argc > 1 && strcmp(argv[1], "--disable") == 0;
+    void *gs = dlsym(RTLD_DEFAULT, "cualloc_get_stats"); /* (a look-up starts nothing) */
+    memcpy(&get_stats, &gs, sizeof gs);
     if (argc > 1 && strcmp(argv[1], "--exclude") == 0) {
         /* Run with CUALLOC_CONF=...,exclude:interpose_prog*: this program's allocations go to the
          * stub unchanged, and their frees follow as foreign pointers. */
@@ -106,8 +108,6 @@ int main(int argc, char **argv) {
         CHECK(cudaMalloc(&p, 4096) == 0 && p, "cudaMalloc");
         CHECK(stub_cudart_calls("cudaMalloc") == m0 + 1, "an excluded caller's cudaMalloc did not reach the stub");
         CHECK(cudaFree(p) == 0 && stub_cudart_calls("cudaFree") == f0 + 1, "its free did not reach the stub");
-        void *gs2 = dlsym(RTLD_DEFAULT, "cualloc_get_stats");
-        memcpy(&get_stats, &gs2, sizeof gs2);
         CHECK(stats_of(0).num_allocs == 0, "cualloc served an excluded caller");
         if (failures) return 1;
         printf("interpose_prog --exclude: all checks passed\n");
@@ -121,8 +121,6 @@ int main(int argc, char **argv) {
         enum { NB = 70 };
         void *nbs[NB];
         for (int i = 0; i < NB; i++) CHECK(cudaStreamCreateWithFlags(&nbs[i], 1) == 0 && nbs[i], "stream %d", i);
-        void *gs1 = dlsym(RTLD_DEFAULT, "cualloc_get_stats");
-        memcpy(&get_stats, &gs1, sizeof gs1);
         void *first = NULL, *again = NULL;
         for (int i = 0; i < 2; i++) {
             void *q = NULL;
@@ -140,8 +138,6 @@ int main(int argc, char **argv) {
         printf("interpose_prog --streams-first: all checks passed\n");
         return 0;
     }
-    void *gs = dlsym(RTLD_DEFAULT, "cualloc_get_stats");
-    memcpy(&get_stats, &gs, sizeof gs);
     CHECK(get_stats != NULL, "libcualloc.so is not preloaded (no cualloc_get_stats)");
     if (!get_stats) return 1;
 
