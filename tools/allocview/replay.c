@@ -675,6 +675,25 @@ static bool make_conf(const char *spec, const trace_reqs_t *t, conf_t *c)
     return true;
 }
 
+/* A whole-number option, `--name V` or `--name=V` (argv[*i] is one of the two; *i moves past V):
+ * its value, from lo to hi, in *out; false after saying what was wrong (`what`: the range in words).
+ * Digits only: no sign and no spaces. */
+static bool replay_number_option(int argc, char **argv, int *i, const char *name, unsigned long long lo,
+                                 unsigned long long hi, const char *what, unsigned long long *out)
+{
+    const char *a = argv[*i];
+    size_t len = strlen(name);
+    const char *v = a[len] == '=' ? a + len + 1 : *i + 1 < argc ? argv[++*i] : NULL;
+    char *end = NULL;
+    unsigned long long n = v && *v >= '0' && *v <= '9' ? strtoull(v, &end, 10) : 0;
+    if (!v || !end || *end || n < lo || n > hi) {
+        fprintf(stderr, "allocview replay: bad %s '%s' (%s)\n", name, v ? v : "", what);
+        return false;
+    }
+    *out = n;
+    return true;
+}
+
 int av_cmd_replay(int argc, char **argv)
 {
     const char *path = NULL;
@@ -713,22 +732,14 @@ int av_cmd_replay(int argc, char **argv)
                 return RP_EXIT_USAGE;
             }
         } else if (strcmp(a, "--passes") == 0 || strncmp(a, "--passes=", 9) == 0) {
-            const char *v = a[8] == '=' ? a + 9 : i + 1 < argc ? argv[++i] : NULL;
-            char *end = NULL;
-            unsigned long n = v ? strtoul(v, &end, 10) : 0;
-            if (!v || end == v || *end || n < 1 || n > 1000) {
-                fprintf(stderr, "allocview replay: bad --passes '%s' (a number from 1 to 1000)\n", v ? v : "");
+            unsigned long long n;
+            if (!replay_number_option(argc, argv, &i, "--passes", 1, 1000, "a number from 1 to 1000", &n))
                 return RP_EXIT_USAGE;
-            }
             passes = (unsigned)n;
         } else if (strcmp(a, "--device-lag") == 0 || strncmp(a, "--device-lag=", 13) == 0) {
-            const char *v = a[12] == '=' ? a + 13 : i + 1 < argc ? argv[++i] : NULL;
-            char *end = NULL;
-            unsigned long long n = v && *v >= '0' && *v <= '9' ? strtoull(v, &end, 10) : 0;
-            if (!v || end == v || !end || *end || n > 1000000) {
-                fprintf(stderr, "allocview replay: bad --device-lag '%s' (requests, from 0 to 1000000)\n", v ? v : "");
+            unsigned long long n;
+            if (!replay_number_option(argc, argv, &i, "--device-lag", 0, 1000000, "requests, from 0 to 1000000", &n))
                 return RP_EXIT_USAGE;
-            }
             device_lag = n;
             lag_given = true;
         } else if (strcmp(a, "--cudafree") == 0) {
