@@ -12,9 +12,15 @@
 
 /* What the front door's fast paths need of a device: its heap, and its VMM pools' address ranges
  * [lo, lo + span) (span 0 in classic mode), so that a free finds its heap without a call or a
- * lock. */
+ * lock. A free scans every device below published_devices, so it may read the range of a device
+ * whose heap another thread is publishing: lo is stored before span (release) and read after it
+ * (acquire), so a range reads as empty (span 0) or whole, never as a new span over the old lo of
+ * 0, which would take in every address below it. */
+typedef struct api_range_s {
+    _Atomic uintptr_t lo, span;
+} api_range_t;
 typedef struct api_dev_s {
-    struct { uintptr_t lo, span; } pool[POOL_COUNT];
+    api_range_t pool[POOL_COUNT];
     _Atomic(heap_t *) heap;
 } api_dev_t;
 
@@ -175,8 +181,8 @@ heap_t *api_heap(int device) {
             for (int pi = 0; pi < POOL_COUNT; pi++) {
                 uintptr_t lo, hi;
                 heap_pool_range(h, (pool_id_t)pi, &lo, &hi);
-                g.fast[device].pool[pi].lo = lo;
-                g.fast[device].pool[pi].span = hi - lo;
+                atomic_store_explicit(&g.fast[device].pool[pi].lo, lo, memory_order_relaxed);
+                atomic_store_explicit(&g.fast[device].pool[pi].span, hi - lo, memory_order_release);
             }
         }
         atomic_store_explicit(&g.heaps[device], h, memory_order_release);
@@ -196,10 +202,15 @@ int api_device_count(void) { return api_started() ? g.device_count : 0; }
 
 heap_t *api_heap_if_created(int device) { return api_started() ? api_existing_heap(device) : NULL; }
 
+static inline bool api_in_range(const api_range_t *r, uintptr_t a) {
+    uintptr_t span = atomic_load_explicit(&r->span, memory_order_acquire);
+    return a - atomic_load_explicit(&r->lo, memory_order_relaxed) < span;
+}
+
 /* Does address a lie in one of v's VMM pools? (Two pools: unrolled.) */
 static inline bool api_in_vmm_range(const api_dev_t *v, uintptr_t a) {
     _Static_assert(POOL_COUNT == 2, "api_in_vmm_range checks two pools");
-    return a - v->pool[0].lo < v->pool[0].span || a - v->pool[1].lo < v->pool[1].span;
+    return api_in_range(&v->pool[0], a) || api_in_range(&v->pool[1], a);
 }
 
 heap_t *api_owner(const void *ptr) {

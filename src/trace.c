@@ -801,8 +801,11 @@ static void modules_refresh(void)
 /* CPython's C API, resolved at run time (no build-time dependency): present only when the
  * process has an interpreter, used only by a thread that holds the GIL, or takes it (below).
  * Objects are void *. */
+enum { PY_UNRESOLVED, PY_USABLE, PY_ABSENT, PY_RESOLVING };
 static struct {
-    _Atomic int state; /* 0 unresolved, 1 usable, 2 absent */
+    /* PY_*. One thread moves it from PY_UNRESOLVED to PY_RESOLVING and fills the pointers below;
+     * the release store of PY_USABLE or PY_ABSENT publishes them, and nothing writes them after. */
+    _Atomic int state;
     int (*is_initialized)(void);
     int (*gil_check)(void);
     /* Optional: taking the GIL for a thread that has a Python thread state but let the GIL go. */
@@ -823,8 +826,20 @@ static struct {
     void (*err_restore)(void *type, void *value, void *tb);
 } py;
 
-static void py_resolve(void)
+/* Fills the table once: the thread that claims the resolution does it while the others wait for
+ * its answer (a few dlsym calls), since they would otherwise write the pointers under a reader
+ * that already saw them published. Returns the final state. */
+static int py_resolve(void)
 {
+    int st = PY_UNRESOLVED;
+    if (!atomic_compare_exchange_strong_explicit(&py.state, &st, PY_RESOLVING, memory_order_acquire,
+                                                 memory_order_acquire)) {
+        while (st == PY_RESOLVING) {
+            sched_yield();
+            st = atomic_load_explicit(&py.state, memory_order_acquire);
+        }
+        return st;
+    }
 #define PYSYM(field, name) *(void **)(&py.field) = dlsym(RTLD_DEFAULT, name)
     PYSYM(is_initialized, "Py_IsInitialized");
     PYSYM(gil_check, "PyGILState_Check");
@@ -851,7 +866,9 @@ static void py_resolve(void)
     bool ok = py.is_initialized && py.gil_check && (py.tstate_unchecked || py.tstate_get) && py.get_frame &&
               py.frame_code && py.frame_line && py.frame_back && py.getattr && py.as_utf8 && py.decref &&
               py.err_fetch && py.err_restore;
-    atomic_store_explicit(&py.state, ok ? 1 : 2, memory_order_release);
+    st = ok ? PY_USABLE : PY_ABSENT;
+    atomic_store_explicit(&py.state, st, memory_order_release);
+    return st;
 }
 
 typedef struct pyframe_s {
@@ -877,11 +894,9 @@ static unsigned py_collect(pyframe_t *out, unsigned max, bool may_take_gil, int 
 {
     *gil = -1;
     int st = atomic_load_explicit(&py.state, memory_order_acquire);
-    if (st == 0) {
-        py_resolve();
-        st = atomic_load_explicit(&py.state, memory_order_acquire);
-    }
-    if (st != 1 || !py.is_initialized())
+    if (st == PY_UNRESOLVED || st == PY_RESOLVING)
+        st = py_resolve();
+    if (st != PY_USABLE || !py.is_initialized())
         return 0;
     if (py.gil_check() == 1)
         return py_collect_held(out, max);
@@ -1704,6 +1719,9 @@ bool trace_after_fork_child(char *tmpl_out, size_t len)
     atomic_flag_clear(&rec_lock);
     pthread_mutex_init(&mod_lock, NULL);
     tls.busy = 0;
+    /* A fork while another thread was resolving CPython's API: that thread is gone. */
+    int resolving = PY_RESOLVING;
+    atomic_compare_exchange_strong(&py.state, &resolving, PY_UNRESOLVED);
     bool was_open = T.open;
     if (T.meta.map)
         munmap(T.meta.map, T.block_size);

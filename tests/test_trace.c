@@ -675,12 +675,17 @@ void classic_body(void)
 #define NTHREADS 6
 #define PER_THREAD 4000
 
+/* The threads' first allocations start together: the first stack captures of a process race to
+ * resolve CPython's API (a race the TSan build reports). */
+static pthread_barrier_t threads_start;
+
 static void *thread_main(void *arg)
 {
     rng_t r = {seed ^ (uint64_t)(uintptr_t)arg * 7919};
     void *live[64] = {0};
     cua_stream s = (cua_stream)(uintptr_t)((uintptr_t)arg % 3);
     int dev = (int)((uintptr_t)arg % 2);
+    pthread_barrier_wait(&threads_start);
     for (int i = 0; i < PER_THREAD; i++) {
         int k = (int)rng_below(&r, 64);
         if (live[k]) {
@@ -704,10 +709,12 @@ static void threads_body(void)
     path_of(path, sizeof path, "threads.trace");
     EXPECT(cualloc_trace_start(path) == 0, "start");
     pthread_t th[NTHREADS];
+    pthread_barrier_init(&threads_start, NULL, NTHREADS);
     for (uintptr_t i = 0; i < NTHREADS; i++)
         pthread_create(&th[i], NULL, thread_main, (void *)i);
     for (int i = 0; i < NTHREADS; i++)
         pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&threads_start);
     cualloc_stats s0, s1;
     cualloc_get_stats(0, &s0);
     cualloc_get_stats(1, &s1);

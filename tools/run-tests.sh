@@ -32,6 +32,11 @@ try:
         else:
             f += 1
             names.append(r.get("name", "?"))
+            # The end of what the failed test printed, on stderr so that it stays out of this
+            # line: the pipeline in build_and_test keeps only meson's summary lines.
+            tail = (r.get("stdout") or "").splitlines()[-40:]
+            print("---- %s (%s), the last %d lines it printed:" % (r.get("name", "?"), res, len(tail)), file=sys.stderr)
+            for t in tail: print("  " + t, file=sys.stderr)
 except FileNotFoundError:
     f += 1
     names.append("(no test log)")
