@@ -89,6 +89,42 @@ st=$?
 [ $st = 0 ] || bad "folded on a trace naming a FIFO as a module: exit $st (124: it waited on the FIFO)"
 grep -q 'libtorch_cuda.so+0x4000 134217728$' "$tmp/fifo.folded" || bad "folded (FIFO module): $(cat "$tmp/fifo.folded")"
 
+# 4c. Call sites a label cannot tell apart (variant G: one Python line through two operators that
+# allocate through one shared frame) are one row, in the text and in --json: 6 blocks, 39 MiB.
+"$sites" G "$tmp/g.trace" || bad "trace_sites_fixture G did not run"
+"$allocview" peak --no-color "$tmp/g.trace" >"$tmp/g_peak.txt" || bad "peak (G) exited $?"
+rows=$(grep -c 'gelu (act.py:66)' "$tmp/g_peak.txt")
+[ "$rows" = 1 ] || bad "peak (G): the gelu line is on $rows rows, want 1"
+grep -q '39.00 MiB .* 6  libtorch_cuda.so+0x7000 <- gelu (act.py:66)' "$tmp/g_peak.txt" ||
+    bad "peak (G): the gelu row does not hold both operators' 6 blocks: $(grep gelu "$tmp/g_peak.txt")"
+dups=$(sed -n 's/^ *[0-9.]* [KMG]*i*B *[0-9.]*% *[0-9]*  //p' "$tmp/g_peak.txt" | sort | uniq -d)
+[ -z "$dups" ] || bad "peak (G): rows with the same call site: $dups"
+if command -v python3 >/dev/null 2>&1; then
+    "$allocview" peak --json "$tmp/g.trace" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+def lists(x):
+    if isinstance(x, dict):
+        for k, v in x.items():
+            if isinstance(v, list) and v and isinstance(v[0], dict) and "site" in v[0]:
+                yield v
+            else:
+                yield from lists(v)
+    elif isinstance(x, list):
+        for v in x:
+            yield from lists(v)
+found = False
+for l in lists(d):
+    sites = [s["site"] for s in l]
+    assert len(sites) == len(set(sites)), sites
+    g = [s for s in l if "gelu" in s["site"]]
+    if g:
+        assert len(g) == 1 and g[0]["blocks"] == 6 and g[0]["bytes"] == 39 << 20, g
+        found = True
+assert found, "no gelu site in the JSON"
+' || bad "peak --json (G): the gelu site is not one entry of 6 blocks"
+fi
+
 # 5. Cut-short and corrupt traces: exit 0 or 3, never a crash.
 for t in fx a; do
     size=$(wc -c <"$tmp/$t.trace")

@@ -7,6 +7,10 @@
  *                                 optimizer state, a workspace
  *   trace_sites_fixture B TRACE   the same, plus one more call site (cache.py:remember) that keeps
  *                                 8 MiB per step; its stack ids and addresses differ from A's
+ *   trace_sites_fixture G TRACE   A, but the activations come from one Python line (act.py:66,
+ *                                 gelu) through two operators that allocate through one shared
+ *                                 innermost frame, as PyTorch's operators do through create_out:
+ *                                 two stacks that a call-site label cannot tell apart
  * SITES_TORCH_PATH=FILE names the file recorded for libtorch_cuda.so (default a path that does not
  * exist here).
  */
@@ -33,6 +37,15 @@ static uint32_t site(uint32_t parent_py, uint32_t pyf, uint64_t torch_off)
     return tw_stack(&w, nat, CUA_TRACE_FRAME_NATIVE, cualloc_base + 0x4321);
 }
 
+/* A call site of Python frame py through the operator at torch_off, which allocates through a
+ * frame every operator shares (libtorch_cuda.so+0x7000). */
+static uint32_t op_site(uint32_t py, uint64_t torch_off)
+{
+    uint32_t op = tw_stack(&w, py, CUA_TRACE_FRAME_NATIVE, torch_base + torch_off);
+    uint32_t out = tw_stack(&w, op, CUA_TRACE_FRAME_NATIVE, torch_base + 0x7000);
+    return tw_stack(&w, out, CUA_TRACE_FRAME_NATIVE, cualloc_base + 0x4321);
+}
+
 static uint64_t alloc(uint64_t size, uint32_t stack)
 {
     uint64_t a = next_addr;
@@ -43,11 +56,11 @@ static uint64_t alloc(uint64_t size, uint32_t stack)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3 || (strcmp(argv[1], "A") != 0 && strcmp(argv[1], "B") != 0)) {
-        fprintf(stderr, "usage: trace_sites_fixture A|B TRACE\n");
+    if (argc != 3 || (strcmp(argv[1], "A") != 0 && strcmp(argv[1], "B") != 0 && strcmp(argv[1], "G") != 0)) {
+        fprintf(stderr, "usage: trace_sites_fixture A|B|G TRACE\n");
         return 1;
     }
-    bool b = argv[1][0] == 'B';
+    bool b = argv[1][0] == 'B', g = argv[1][0] == 'G';
     if (tw_open(&w, argv[2]) != 0) {
         perror(argv[2]);
         return 2;
@@ -69,7 +82,12 @@ int main(int argc, char **argv)
     if (b) /* an unrelated stack first: B's stack ids are all shifted */
         tw_stack(&w, main_st, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, 3, "warmup", "train.py"));
     uint32_t s_param = site(main_st, tw_pyframe(&w, 21, "__init__", "model.py"), 0x1000);
-    uint32_t s_act = site(main_st, tw_pyframe(&w, 42, "forward", "model.py"), 0x2000);
+    uint32_t s_act = site(main_st, tw_pyframe(&w, 42, "forward", "model.py"), 0x2000), s_act2 = s_act;
+    if (g) {
+        uint32_t gelu = tw_stack(&w, main_st, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, 66, "gelu", "act.py"));
+        s_act = op_site(gelu, 0x2100);  /* mul */
+        s_act2 = op_site(gelu, 0x2200); /* tanh */
+    }
     uint32_t s_grad = site(main_st, tw_pyframe(&w, 57, "backward", "model.py"), 0x3000);
     uint32_t s_opt = site(main_st, tw_pyframe(&w, 120, "step", "optim.py"), 0x4000);
     uint32_t s_ws = site(main_st, tw_pyframe(&w, 7, "workspace", "kernels.py"), 0x5000);
@@ -86,7 +104,7 @@ int main(int argc, char **argv)
         tw_mark(&w, tick(), label);
         uint64_t act[6], grad[4];
         for (int i = 0; i < 6; i++)
-            act[i] = alloc((4 + (uint64_t)i) * MIB, s_act);
+            act[i] = alloc((4 + (uint64_t)i) * MIB, i % 2 ? s_act2 : s_act);
         uint64_t ws = alloc(2 * MIB, s_ws);
         if (s_cache)
             alloc(8 * MIB, s_cache); /* kept: grows step by step */

@@ -187,7 +187,7 @@ static site_t *collect_sites(const av_t *a, sym_ctx_t *sym, int view, bool (*onl
 static site_t *ref_sites;
 static size_t nref_sites;
 
-static void label_sites(site_t *v, size_t n)
+static void label_each(site_t *v, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         size_t need = 1;
@@ -200,6 +200,37 @@ static void label_sites(site_t *v, size_t n)
                 need = d;
         }
         sym_label(v[i].lframes, v[i].nlframes, need, v[i].first_stack != 0, v[i].label, sizeof v[i].label);
+    }
+}
+
+/* Labels the `show` largest of the n sites (sorted, largest first), and merges those whose labels
+ * come out the same: stacks that differ only where a label does not look (past SYM_LABEL_FRAMES
+ * frames, or in the native frames between a Python line and the frame that allocated, such as the
+ * several operators of one line under PyTorch) are one call site to the reader, and two rows with
+ * one text would read as a mistake. A merged site keeps the frames of its largest part. Returns
+ * the number of sites left, sorted again; the labels of the first min(show, that) are set. */
+static size_t label_sites(site_t *v, size_t n, size_t show)
+{
+    for (;;) {
+        size_t k = n < show ? n : show;
+        label_each(v, k);
+        bool merged = false;
+        for (size_t i = 0; i < k; i++)
+            for (size_t j = i + 1; j < k; j++) {
+                if (strcmp(v[i].label, v[j].label) != 0)
+                    continue;
+                v[i].bytes += v[j].bytes;
+                v[i].count += v[j].count;
+                v[i].extra += v[j].extra;
+                memmove(&v[j], &v[j + 1], (n - j - 1) * sizeof *v);
+                n--, k--, j--;
+                merged = true;
+            }
+        if (!merged)
+            return n;
+        /* The merged sites may have moved up, and one more site is in the shown set: the labels
+         * are made again against the sites now shown. */
+        qsort(v, n, sizeof *v, cmp_site);
     }
 }
 
@@ -289,7 +320,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
         bool fits = o->rounded <= o->capacity && o->allocated <= o->capacity - o->rounded;
         size_t ns;
         site_t *v = collect_sites(a, sym, VIEW_OOM, NULL, &ns);
-        label_sites(v, ns < 8 ? ns : 8);
+        ns = label_sites(v, ns, 8);
         diag_t *x = diag_add(d, &nd, NULL, NULL);
         if (fits) {
             x->rule = "oom-fragmentation";
@@ -344,7 +375,8 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
     {
         size_t ns;
         site_t *v = collect_sites(a, sym, VIEW_END, is_leak, &ns);
-        label_sites(v, ns);
+        /* Not merged: each leak's growth and holdings are its own stack's. */
+        label_each(v, ns);
         for (size_t i = 0; i < ns && nd < maxd; i++) {
             const av_leak_t *l = use_step_leaks(a) ? &a->st[v[i].first_stack].lk_step : &a->st[v[i].first_stack].lk_win;
             uint64_t atpeak = 0;
@@ -403,7 +435,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
             late += v[i].bytes;
         uint64_t rise = a->peak_alloc - step1_seg->peak_alloc;
         if (ns && late * 2 >= rise && late * 20 >= a->peak_alloc) {
-            label_sites(v, ns < 8 ? ns : 8);
+            ns = label_sites(v, ns, 8);
             diag_t *x = diag_add(d, &nd, "step2-jump", v[0].label);
             snprintf(x->text, sizeof x->text,
                      "Step-2 jump: %s peaked at %s, the peak (%s) is %s higher in %s. Allocations first made "
@@ -433,7 +465,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
             blocks += v[i].count;
         }
         if (v && ns && made * 5 >= a->peak_alloc) {
-            label_sites(v, ns < 8 ? ns : 8);
+            ns = label_sites(v, ns, 8);
             diag_t *x = diag_add(d, &nd, "optimizer-step", v[0].label);
             snprintf(x->text, sizeof x->text,
                      "Optimizer step: the peak (%s) lies inside the optimizer's step (%s), whose own first "
@@ -590,8 +622,8 @@ static void config_keys(const av_t *a, const ropts_t *o, char *buf, size_t len)
 static void print_sites(FILE *out, const av_t *a, site_t *v, size_t n, int top, uint64_t total)
 {
     (void)a;
+    n = label_sites(v, n, (size_t)top);
     size_t show = n < (size_t)top ? n : (size_t)top;
-    label_sites(v, show);
     fprintf(out, "  %12s %6s %7s  %s\n", "bytes", "share", "blocks", "call site");
     uint64_t rest = 0, restc = 0;
     for (size_t i = 0; i < n; i++) {
@@ -612,8 +644,8 @@ static void print_sites(FILE *out, const av_t *a, site_t *v, size_t n, int top, 
 
 static void sites_json(FILE *out, site_t *v, size_t n, int top)
 {
+    n = label_sites(v, n, (size_t)top);
     size_t show = n < (size_t)top ? n : (size_t)top;
-    label_sites(v, show);
     fprintf(out, "[");
     for (size_t i = 0; i < show; i++) {
         fprintf(out, "%s{\"bytes\": %" PRIu64 ", \"blocks\": %" PRIu64 ", \"site\": ", i ? ", " : "", v[i].bytes,
