@@ -241,5 +241,44 @@ grep -q "not started" "$tmp/late.log" || bad "run.sh did not say the part was no
 env -u OUT "$src/bench/gpu/run.sh" driver-costs,nonsense --mock --out "$tmp/bad" --build "$build" >/dev/null 2>&1
 [ $? = 2 ] || bad "an unknown part in a list was not refused"
 
+# --repeat: every mode's timed training in each round, the rounds through the modes in turn, each
+# round's log kept; a bad count refused.
+env -u OUT "$src/bench/gpu/run.sh" torch-medium --mock --repeat 3 --modes default,cualloc-enable --steps 5 \
+    --out "$tmp/rep" --build "$build" >"$tmp/rep.log" 2>&1 || bad "run.sh torch-medium --repeat 3 exited non-zero"
+python3 - "$tmp/rep/torch-medium/results.jsonl" <<'PY' || bad "--repeat 3: not three rounds of both modes in turn"
+import json, sys
+runs = [json.loads(l) for l in open(sys.argv[1])]
+runs = [(r["round"], r["mode"]) for r in runs if r.get("phase") == "train" and r.get("dry_run")]
+assert runs == [(k, m) for k in (1, 2, 3) for m in ("default", "cualloc-enable")], runs
+PY
+grep -q '^==> cualloc-enable-train-round3.log <==' "$tmp/rep/torch-medium/logs.txt" || bad "--repeat 3: no log of round 3"
+for n in 0 x; do
+    env -u OUT "$src/bench/gpu/run.sh" torch-medium --mock --repeat "$n" --out "$tmp/rep0" --build "$build" >/dev/null 2>&1
+    [ $? = 2 ] || bad "--repeat $n was not refused"
+done
+# The summaries of repeated runs: the median of the run medians, the range, and whether a mode's
+# runs all lie on one side of the default's (made-up step times).
+PYTHONPATH="$src/bench/gpu" python3 - <<'PY' || bad "summarize.py: repeated runs summarized wrongly"
+import summarize as s
+def run(mode, ms, f=0, peak=10 << 30):
+    return {"part": "torch-medium", "model": "medium", "mode": mode, "phase": "train", "op": "train",
+            "median_step_ms": ms, "peak_bytes": peak, "losses": [1.0], "_file": f}
+rows = [run("default", x) for x in (200.0, 220.0, 210.0)]
+rows += [run("cualloc-enable", x) for x in (150.0, 170.0, 160.0)]
+rows += [run("cualloc-preload-cache", x, peak=p) for x, p in ((205.0, 11 << 30), (300.0, 12 << 30), (215.0, 11 << 30))]
+rows += [run("expandable", 400.0, f=0), run("expandable", 100.0, f=1)]  # a later file replaces
+text = "\n".join(s.torch([r for r in rows if r["_file"] == 0]))
+line = lambda m: next(l for l in text.splitlines() if l.startswith("| %s |" % m))
+assert "| 210.0 | 200.0-220.0 (3 runs) | 1.000 | - |" in line("default"), line("default")
+assert "| 160.0 | 150.0-170.0 (3 runs) | 0.762 | yes |" in line("cualloc-enable"), line("cualloc-enable")
+assert "| 215.0 | 205.0-300.0 (3 runs) | 1.024 | no: the runs overlap | 12.00 |" in line("cualloc-preload-cache"), \
+    line("cualloc-preload-cache")
+t = "\n".join(s.targets(rows, ["made up"]))
+tl = lambda m: next(l for l in t.splitlines() if l.startswith("| %s |" % m))
+assert tl("cualloc-enable").startswith("| cualloc-enable | 160.0 (3 runs) | 0.762 | met |"), tl("cualloc-enable")
+assert "| **NOT met** (runs overlap the default's) |" in tl("cualloc-preload-cache"), tl("cualloc-preload-cache")
+assert tl("expandable").startswith("| expandable | 100.0 | 0.476 |"), tl("expandable")
+PY
+
 [ "$fail" = 0 ] && echo "gpu_run_mock: ok"
 exit "$fail"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/gpu/run.sh PART[,PART...] [--mock] [--out DIR] [--build DIR] [--steps N] [--modes LIST]
-#                  [--budget-gb G] [--deadline-s S] [--pack FILE]
+#                  [--budget-gb G] [--deadline-s S] [--pack FILE] [--repeat N]
 # — the runs made on a GPU machine, one command each (see bench/gpu/README.md).
 #
 #   PART  driver-costs | property-cuda | ld-preload | torch | torch-medium | torch-alloc-cost |
@@ -19,6 +19,11 @@
 #                what is left (a part with under 30 s left is not started).
 #   --pack FILE  afterwards, every file under the results folder goes into the tar archive FILE
 #                (gzip): a GPU machine returns only a few files per command.
+#   --repeat N   the torch and torch-medium parts time each mode's training N times, in N rounds
+#                that go through the modes in turn (default 1): one process's step time can differ
+#                from the next one's of the same mode by more than the modes differ, and rounds
+#                spread the machine's changing load over all modes alike. The forced OOM and the
+#                snapshots run in the first round only.
 #
 # Each part writes RESULTS/PART/results.jsonl (one JSON object per line; the first is a "meta"
 # line with date, device and commit), RESULTS/PART/summary.md (human-readable), env.txt and
@@ -47,6 +52,7 @@ MODES_ARG=
 BUDGET_GB=
 DEADLINE_S=
 PACK=
+REPEAT=1
 while [ $# -gt 0 ]; do
     case $1 in
         --mock) MOCK=1 ;;
@@ -57,6 +63,7 @@ while [ $# -gt 0 ]; do
         --budget-gb) [ $# -ge 2 ] || usage; BUDGET_GB=$2; shift ;;
         --deadline-s) [ $# -ge 2 ] || usage; DEADLINE_S=$2; shift ;;
         --pack) [ $# -ge 2 ] || usage; PACK=$2; shift ;;
+        --repeat) [ $# -ge 2 ] || usage; REPEAT=$2; shift ;;
         -h|--help) usage ;;
         *) echo "run.sh: unknown argument '$1'" >&2; usage ;;
     esac
@@ -73,6 +80,7 @@ else
     done
 fi
 case $DEADLINE_S in ''|*[!0-9]*) [ -z "$DEADLINE_S" ] || { echo "run.sh: --deadline-s takes whole seconds" >&2; usage; } ;; esac
+case $REPEAT in ''|*[!0-9]*|0) echo "run.sh: --repeat takes a whole number of rounds, 1 or more" >&2; usage ;; esac
 T_COMMAND=$(date +%s)
 for m in $MODES_ARG; do
     case " $ALL_TORCH_MODES " in *" $m "*) ;; *) echo "run.sh: unknown torch mode '$m'" >&2; usage ;; esac
@@ -412,9 +420,10 @@ torch_left() { echo $((PART_BUDGET - ($(date +%s) - T_PART))); }
 # PART/MODE-PHASE.log. An exit other than 0, or no time left, is recorded as an "error" line and
 # sets TORCH_FAIL. In --mock the process is a --dry-run.
 torch_job() {
-    local part=$1 mode=$2 phase=$3 limit=$4 dir=$RESULTS/$1 rc left
+    local part=$1 mode=$2 phase=$3 limit=$4 dir=$RESULTS/$1 rc left round=${ROUND:-1}
     shift 4
     local log=$dir/$mode-$phase.log dry=()
+    [ "$round" -gt 1 ] && log=$dir/$mode-$phase-round$round.log
     [ "$MOCK" = 1 ] && dry=(--dry-run)
     left=$(torch_left)
     [ "$left" -lt "$limit" ] && limit=$left
@@ -426,16 +435,16 @@ torch_job() {
         return 1
     fi
     # shellcheck disable=SC2046
-    echo "run: $(mode_env "$part" "$mode" "$phase") $PY torch_train.py --mode $mode --phase $phase $* ${dry[*]}"
+    echo "run: $(mode_env "$part" "$mode" "$phase") $PY torch_train.py --mode $mode --phase $phase --round $round $* ${dry[*]}"
     # shellcheck disable=SC2046
     env $(mode_env "$part" "$mode" "$phase") timeout "$limit" "$PY" "$HERE/torch_train.py" --part "$part" --mode "$mode" \
-        --phase "$phase" --repo "$ROOT" --build "$BUILD" --out "$dir/results.jsonl" "${dry[@]}" "$@" >"$log" 2>&1
+        --phase "$phase" --round "$round" --repo "$ROOT" --build "$BUILD" --out "$dir/results.jsonl" "${dry[@]}" "$@" >"$log" 2>&1
     rc=$?
     tail -4 "$log"
     if [ "$rc" != 0 ]; then
         echo "run.sh: $part $mode $phase exited $rc (see $(basename "$log") in $dir/logs.txt)"
-        printf '{"part":"%s","op":"error","mode":"%s","phase":"%s","rc":%d,"log_tail":%s}\n' "$part" "$mode" "$phase" \
-            "$rc" "$(json_str "$(tail -25 "$log")")" >>"$dir/results.jsonl"
+        printf '{"part":"%s","op":"error","mode":"%s","phase":"%s","round":%d,"rc":%d,"log_tail":%s}\n' "$part" "$mode" \
+            "$phase" "$round" "$rc" "$(json_str "$(tail -25 "$log")")" >>"$dir/results.jsonl"
         TORCH_FAIL=1
         return 1
     fi
@@ -502,7 +511,21 @@ torch_end() {
     [ "$TORCH_FAIL" = 0 ]
 }
 
-# GPT-2 small: a timed training run and a forced-OOM run per mode, then PyTorch's own snapshots.
+# more_rounds PART LIMIT ARGS...: rounds 2..REPEAT (--repeat) of PART's timed training, every mode
+# in turn in each round.
+more_rounds() {
+    local part=$1 limit=$2 mode
+    shift 2
+    for ROUND in $(seq 2 "$REPEAT"); do
+        for mode in $TORCH_MODES; do
+            torch_job "$part" "$mode" train "$limit" "$@"
+        done
+    done
+    ROUND=1
+}
+
+# GPT-2 small: a timed training run and a forced-OOM run per mode, then PyTorch's own snapshots;
+# with --repeat, more rounds of the timed runs.
 part_torch() {
     local mode
     torch_start
@@ -516,16 +539,18 @@ part_torch() {
             torch_job torch "$mode" snapshot 120 --model small --steps "$STEPS" ;;
         esac
     done
+    more_rounds torch 200 --model small --steps "$STEPS"
     torch_end torch
 }
 
-# GPT-2 medium: a timed training run per mode.
+# GPT-2 medium: a timed training run per mode, in --repeat rounds.
 part_torch_medium() {
     local mode
     torch_start
     for mode in $TORCH_MODES; do
         torch_job torch-medium "$mode" train 240 --model medium --steps "$STEPS"
     done
+    more_rounds torch-medium 240 --model medium --steps "$STEPS"
     torch_end torch-medium
 }
 

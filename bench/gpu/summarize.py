@@ -9,6 +9,7 @@ put together). Standard library only."""
 
 import json
 import os
+import statistics
 import sys
 
 MiB = 1 << 20
@@ -179,37 +180,92 @@ def gib(v, spec="%.2f"):
     return fmt(v / GiB, spec) if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
 
 
-def torch(rows):
-    out = dry_runs(rows)
-    train = {}
+class Timed:
+    """A mode's timed training runs of one model (one per --repeat round): the step time is the
+    median of the runs' median step times; the peaks are the highest of the runs."""
+
+    def __init__(self, recs):
+        self.recs = recs
+        self.first = recs[0]
+        self.steps = sorted(r["median_step_ms"] for r in recs)
+        self.step = statistics.median(self.steps)
+        peaks = [r["peak_bytes"] for r in recs if isinstance(r.get("peak_bytes"), (int, float))]
+        self.peak = max(peaks) if peaks else None
+
+    def range_text(self):
+        return "%.1f-%.1f (%d runs)" % (self.steps[0], self.steps[-1], len(self.steps))
+
+    def apart_from(self, other):
+        """Whether every run of one is faster than every run of the other: only then is the
+        difference of the medians more than the spread between runs. None with a single run."""
+        if len(self.steps) < 2 or len(other.steps) < 2:
+            return None
+        return self.steps[-1] < other.steps[0] or other.steps[-1] < self.steps[0]
+
+
+def timed_runs(rows):
+    """{model: {mode: Timed}} of the measured training runs in rows, in the order first seen."""
+    recs = {}
     for r in rows:
         if measured(r, "train"):
-            train.setdefault(model_of(r), {})[r["mode"]] = r
+            recs.setdefault(model_of(r), {}).setdefault(r["mode"], []).append(r)
+    return {model: {m: Timed(v) for m, v in modes.items()} for model, modes in recs.items()}
+
+
+def apart_text(t, base):
+    if t is base or base is None:
+        return "-"
+    a = t.apart_from(base)
+    return "-" if a is None else ("yes" if a else "no: the runs overlap")
+
+
+def torch(rows):
+    out = dry_runs(rows)
+    train = timed_runs(rows)
     oom = {r["mode"]: r for r in rows if measured(r, "oom")}
     for model, runs in train.items():
         base = runs.get("default")
+        repeated = any(len(t.steps) > 1 for t in runs.values())
         tab = []
-        for m, r in runs.items():
-            ratio = r["median_step_ms"] / base["median_step_ms"] if base else None
+        for m, t in runs.items():
+            r = t.first
+            ratio = t.step / base.step if base else None
             diff = None
-            if base and len(base.get("losses", [])) == len(r.get("losses", [])):
-                diff = max((abs(x - y) for x, y in zip(r["losses"], base["losses"])), default=0.0)
+            if base and len(base.first.get("losses", [])) == len(r.get("losses", [])):
+                diff = max((abs(x - y) for x, y in zip(r["losses"], base.first["losses"])), default=0.0)
             cu = r.get("cualloc") if isinstance(r.get("cualloc"), dict) else {}
-            tab.append([m, fmt(r["median_step_ms"], "%.1f"), fmt(ratio, "%.3f"), gib(r["peak_bytes"]),
-                        r.get("peak_source"), gib(r.get("peak_bytes_mem_get_info")),
-                        gib(r.get("torch_max_memory_allocated")), gib(r.get("torch_max_memory_reserved")),
-                        gib(cu.get("reserved_peak")) if cu else "-",
-                        cu.get("num_maps", "-") if cu else "-",
-                        fmt(diff, "%.2e"), "yes" if diff is not None and diff <= 1e-3 else ("-" if diff is None else "NO"),
-                        fmt(r.get("losses", [None])[-1], "%.4f")])
-        first = next(iter(runs.values()))
+            row = [m, fmt(t.step, "%.1f")]
+            if repeated:
+                row += [t.range_text()]
+            row += [fmt(ratio, "%.3f")]
+            if repeated:
+                row += [apart_text(t, base)]
+            row += [gib(t.peak), r.get("peak_source"), gib(r.get("peak_bytes_mem_get_info")),
+                    gib(r.get("torch_max_memory_allocated")), gib(r.get("torch_max_memory_reserved")),
+                    gib(cu.get("reserved_peak")) if cu else "-",
+                    cu.get("num_maps", "-") if cu else "-",
+                    fmt(diff, "%.2e"), "yes" if diff is not None and diff <= 1e-3 else ("-" if diff is None else "NO"),
+                    fmt(r.get("losses", [None])[-1], "%.4f")]
+            tab.append(row)
+        first = next(iter(runs.values())).first
         out.append("GPT-2 %s, batch %s, %s steps (median after the warm-up), attention %s, %s, torch %s:" % (
             model, first.get("batch"), first.get("steps"), first.get("attn_implementation", "?"),
             first.get("device_name", "?"), first.get("torch_version", "?")))
         out.append("")
-        out += table(["mode", "median step ms", "vs default", "peak GiB", "source", "peak GiB (mem_get_info)",
-                      "torch max alloc GiB", "torch max reserved GiB", "cualloc reserved peak GiB", "cualloc maps",
-                      "max abs loss diff vs default", "within 1e-3", "last loss"], tab)
+        header = ["mode", "median step ms"]
+        if repeated:
+            header += ["run medians, lowest-highest"]
+        header += ["vs default"]
+        if repeated:
+            header += ["apart from default"]
+        header += ["peak GiB", "source", "peak GiB (mem_get_info)",
+                   "torch max alloc GiB", "torch max reserved GiB", "cualloc reserved peak GiB", "cualloc maps",
+                   "max abs loss diff vs default", "within 1e-3", "last loss"]
+        out += table(header, tab)
+        if repeated:
+            out += ["", "With several runs per mode: the median step time is the median of the runs' medians; "
+                    "\"apart from default\" says whether every run of the mode was on one side of every run of "
+                    "the default (only then is the ratio more than the spread between runs)."]
         out.append("")
     if oom:
         out.append("Forced OOM under a cap:")
@@ -327,10 +383,15 @@ def targets(rows, sources):
     mock = any(r.get("op") == "meta" and r.get("mock") for r in rows)
     train, cap = {}, {}
     for r in rows:  # later files win: a rerun replaces an earlier run
-        if measured(r, "train"):
-            train[(model_of(r), r["mode"])] = r
         if r.get("op") == "capacity":
             cap[(model_of(r), r["mode"])] = r
+    # The rounds of one file (--repeat) go together; a later file's runs of a mode replace them.
+    files = {}
+    for r in rows:
+        if measured(r, "train"):
+            files.setdefault((model_of(r), r["mode"]), {}).setdefault(r.get("_file", 0), []).append(r)
+    for key, by_file in files.items():
+        train[key] = Timed(by_file[max(by_file)])
     out = ["## torch targets", ""]
     out.append("From %s." % ", ".join(sources) if sources else "No results found.")
     if mock:
@@ -350,10 +411,11 @@ def targets(rows, sources):
         tab = []
         for m in MODES:
             t, c = train.get((model, m)), cap.get((model, m))
-            step = t["median_step_ms"] if t else None
-            step_r = step / bt["median_step_ms"] if t and bt else None
-            peak = t.get("peak_bytes") if t else None
-            peak_r = peak / et["peak_bytes"] if peak is not None and et and et.get("peak_bytes") else None
+            step = t.step if t else None
+            step_r = step / bt.step if t and bt else None
+            peak = t.peak if t else None
+            peak_r = peak / et.peak if peak is not None and et and et.peak else None
+            apart = t.apart_from(bt) if t and bt and t is not bt else None
             tok = c.get("largest_pass_tokens") if c else None
             tok_e = tok / ec["largest_pass_tokens"] if tok and ec and ec.get("largest_pass_tokens") else None
             tok_d = tok / bc["largest_pass_tokens"] if tok and bc and bc.get("largest_pass_tokens") else None
@@ -363,8 +425,11 @@ def targets(rows, sources):
                 note += " (search incomplete)"
             if c and c.get("non_monotonic"):
                 note += " (non-monotonic)"
-            tab.append([m, fmt(step, "%.1f"), fmt(step_r, "%.3f"),
-                        verdict(step_r, step_r is not None and step_r <= STEP_TARGET) if m in STEP_TARGET_MODES else "-",
+            step_v = verdict(step_r, step_r is not None and step_r <= STEP_TARGET) if m in STEP_TARGET_MODES else "-"
+            if m in STEP_TARGET_MODES and apart is False:
+                step_v += " (runs overlap the default's)"
+            tab.append([m, fmt(step, "%.1f") + (" (%d runs)" % len(t.steps) if t and len(t.steps) > 1 else ""),
+                        fmt(step_r, "%.3f"), step_v,
                         gib(peak), fmt(peak_r, "%.3f"),
                         verdict(peak_r, peak_r is not None and peak_r <= 1.0) if cu else "-",
                         ("%s / %s" % tokens_bracket(c) if c else "-") + note, fmt(tok_e, "%.3f"),
@@ -386,8 +451,10 @@ def targets_main(paths):
         else:
             files.append(p)
     rows, sources = [], []
-    for f in files:
+    for i, f in enumerate(files):
         part_rows = load(f)
+        for r in part_rows:
+            r["_file"] = i
         meta = next((r for r in part_rows if r.get("op") == "meta"), {})
         if not str(meta.get("part", "torch")).startswith("torch"):
             continue

@@ -122,6 +122,8 @@ def parse_args(argv):
     p.add_argument("--seq-min", type=int, default=128)
     p.add_argument("--seq-max", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--round", type=int, default=1,
+                   help="which of run.sh's --repeat rounds this process is (recorded, nothing else)")
     p.add_argument("--sample-ms", type=float, default=2.0, help="memory sampler period")
     p.add_argument("--oom-cap-gb", type=float, default=16.0)
     p.add_argument("--oom-batch", type=int, default=48, help="batch that must not fit under the cap")
@@ -227,7 +229,7 @@ def validate(a):
 
 
 def emit(a, record):
-    record = dict({"part": a.part, "model": a.model, "mode": a.mode, "phase": a.phase}, **record)
+    record = dict({"part": a.part, "model": a.model, "mode": a.mode, "phase": a.phase, "round": a.round}, **record)
     line = json.dumps(record, sort_keys=False)
     print("torch_train: RESULT " + (line if len(line) < 600 else line[:600] + "..."))
     sys.stdout.flush()
