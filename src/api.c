@@ -10,19 +10,12 @@
 
 #include "internal.h"
 
-/* What the front door's fast paths need of a device: its heap, and its VMM pools' address ranges
- * [lo, lo + span) (span 0 in classic mode), so that a free finds its heap without a call or a
- * lock. A free scans every device below published_devices, so it may read the range of a device
- * whose heap another thread is publishing: lo is stored before span (release) and read after it
- * (acquire), so a range reads as empty (span 0) or whole, never as a new span over the old lo of
- * 0, which would take in every address below it. */
-typedef struct api_range_s {
-    _Atomic uintptr_t lo, span;
-} api_range_t;
-typedef struct api_dev_s {
-    api_range_t pool[POOL_COUNT];
-    _Atomic(heap_t *) heap;
-} api_dev_t;
+/* A VMM heap as a free sees it: its pools' address ranges [lo, lo + span), so that a free finds
+ * its heap without a call or a lock. */
+typedef struct api_vmm_s {
+    struct { uintptr_t lo, span; } pool[POOL_COUNT];
+    heap_t *heap;
+} api_vmm_t;
 
 static struct {
     pthread_once_t once;
@@ -35,12 +28,14 @@ static struct {
     _Atomic(heap_t *) heaps[CUALLOC_MAX_DEVICES];
     _Atomic bool ready;      /* api_init has run: the fast paths skip pthread_once */
     bool heap_failed[CUALLOC_MAX_DEVICES]; /* heap_create failed; guarded by create_lock */
-    /* The fast paths' copy of each heap with its ranges, written once when the heap is made, never
-     * while disabled: a heap found here, or a pointer in one of its ranges, is the heap's to
-     * serve. published_devices: every device published here is below it (stored after it, with
-     * release). */
-    api_dev_t fast[CUALLOC_MAX_DEVICES];
-    _Atomic int published_devices;
+    /* The fast paths' copies, written once when a heap is made, never while disabled. fast_heap:
+     * each device's heap, for cualloc_malloc. vmm: the VMM heaps in the order they were made; an
+     * entry is written whole before nvmm counts it (release) and never changes after, so a free,
+     * which scans the first nvmm entries, never reads one being written (heaps of several devices
+     * are made in any order, by any thread). */
+    _Atomic(heap_t *) fast_heap[CUALLOC_MAX_DEVICES];
+    api_vmm_t vmm[CUALLOC_MAX_DEVICES];
+    _Atomic int nvmm;
 } g = {.once = PTHREAD_ONCE_INIT, .create_lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void api_init(void);
@@ -92,8 +87,9 @@ static void api_atfork_child(void) {
         atomic_store_explicit(&g.heaps[d], NULL, memory_order_relaxed);
         g.heap_failed[d] = false;
     }
-    memset(g.fast, 0, sizeof g.fast);
-    atomic_store_explicit(&g.published_devices, 0, memory_order_relaxed);
+    for (int d = 0; d < CUALLOC_MAX_DEVICES; d++) atomic_store_explicit(&g.fast_heap[d], NULL, memory_order_relaxed);
+    memset(g.vmm, 0, sizeof g.vmm);
+    atomic_store_explicit(&g.nvmm, 0, memory_order_relaxed);
     g.device_count = 0;
     g.init_error = CUA_SUCCESS;
     atomic_store_explicit(&g.ready, false, memory_order_relaxed);
@@ -178,19 +174,20 @@ heap_t *api_heap(int device) {
         if (!h) g.heap_failed[device] = true;
         bool publish = h && !g.disabled;
         if (publish && heap_is_vmm(h)) {
+            /* create_lock serializes the writers; each heap is made once. */
+            int k = atomic_load_explicit(&g.nvmm, memory_order_relaxed);
+            api_vmm_t *v = &g.vmm[k];
             for (int pi = 0; pi < POOL_COUNT; pi++) {
                 uintptr_t lo, hi;
                 heap_pool_range(h, (pool_id_t)pi, &lo, &hi);
-                atomic_store_explicit(&g.fast[device].pool[pi].lo, lo, memory_order_relaxed);
-                atomic_store_explicit(&g.fast[device].pool[pi].span, hi - lo, memory_order_release);
+                v->pool[pi].lo = lo;
+                v->pool[pi].span = hi - lo;
             }
+            v->heap = h;
+            atomic_store_explicit(&g.nvmm, k + 1, memory_order_release);
         }
         atomic_store_explicit(&g.heaps[device], h, memory_order_release);
-        if (publish) {
-            atomic_store_explicit(&g.fast[device].heap, h, memory_order_release);
-            if (device >= atomic_load_explicit(&g.published_devices, memory_order_relaxed))
-                atomic_store_explicit(&g.published_devices, device + 1, memory_order_release);
-        }
+        if (publish) atomic_store_explicit(&g.fast_heap[device], h, memory_order_release);
     }
     pthread_mutex_unlock(&g.create_lock);
     return h;
@@ -202,23 +199,18 @@ int api_device_count(void) { return api_started() ? g.device_count : 0; }
 
 heap_t *api_heap_if_created(int device) { return api_started() ? api_existing_heap(device) : NULL; }
 
-static inline bool api_in_range(const api_range_t *r, uintptr_t a) {
-    uintptr_t span = atomic_load_explicit(&r->span, memory_order_acquire);
-    return a - atomic_load_explicit(&r->lo, memory_order_relaxed) < span;
-}
-
-/* Does address a lie in one of v's VMM pools? (Two pools: unrolled.) */
-static inline bool api_in_vmm_range(const api_dev_t *v, uintptr_t a) {
+/* Does address a lie in one of v's pools? (Two pools: unrolled.) */
+static inline bool api_in_vmm_range(const api_vmm_t *v, uintptr_t a) {
     _Static_assert(POOL_COUNT == 2, "api_in_vmm_range checks two pools");
-    return api_in_range(&v->pool[0], a) || api_in_range(&v->pool[1], a);
+    return a - v->pool[0].lo < v->pool[0].span || a - v->pool[1].lo < v->pool[1].span;
 }
 
 heap_t *api_owner(const void *ptr) {
     if (!ptr || !api_started() || g.disabled) return NULL;
     uintptr_t a = (uintptr_t)ptr;
-    int published = atomic_load_explicit(&g.published_devices, memory_order_acquire);
-    for (int d = 0; d < published; d++)
-        if (api_in_vmm_range(&g.fast[d], a)) return atomic_load_explicit(&g.fast[d].heap, memory_order_relaxed);
+    int nvmm = atomic_load_explicit(&g.nvmm, memory_order_acquire);
+    for (int k = 0; k < nvmm; k++)
+        if (api_in_vmm_range(&g.vmm[k], a)) return g.vmm[k].heap;
     int n = api_ndevices();
     for (int d = 0; d < n; d++) {
         heap_t *h = api_existing_heap(d);
@@ -254,56 +246,46 @@ static __attribute__((noinline)) void *api_malloc_slow(size_t size, int device, 
 CUALLOC_API __attribute__((noinline)) void *cualloc_malloc(size_t size, int device, void *stream) {
     heap_t *h = NULL;
     if (__builtin_expect((unsigned)device < CUALLOC_MAX_DEVICES, 1))
-        h = atomic_load_explicit(&g.fast[device].heap, memory_order_acquire);
+        h = atomic_load_explicit(&g.fast_heap[device], memory_order_acquire);
     /* Published only after api_init, and never while disabled. */
     if (__builtin_expect(!h || trace_enabled(), 0))
         return api_malloc_slow(size, device, stream, __builtin_return_address(0));
     return heap_malloc(h, size, (cua_stream)stream);
 }
 
-/* cualloc_free's other cases, out of line so that the common one needs no frame: `in_range`, ptr
- * lies in a VMM heap's range but the heap is not visible to this thread (a pointer that was never
- * allocated); otherwise NULL, api_init may not have run, cualloc is disabled, the heap may be
- * classic, or the pointer is not ours. */
-static __attribute__((noinline)) void api_free_slow(void *ptr, void *stream, bool in_range) {
+/* cualloc_free's other cases, out of line so that the common one needs no frame: NULL, api_init
+ * may not have run, cualloc is disabled, the heap is classic, or the pointer is not ours. */
+static __attribute__((noinline)) void api_free_slow(void *ptr, void *stream) {
     if (!ptr) return;
-    if (!in_range) api_ensure_init();
+    api_ensure_init();
     if (g.disabled) {
         for (int d = 0; d < g.device_count; d++)
             if (g.drv->mem_free(d, (cua_devptr)(uintptr_t)ptr) == CUA_SUCCESS) return;
         return;
     }
-    if (!in_range) {
-        /* Classic heaps: the block lookup says. */
-        int n = api_ndevices();
-        for (int d = 0; d < n; d++) {
-            heap_t *h = api_existing_heap(d);
-            if (h && !heap_is_vmm(h) && heap_free(h, ptr, (cua_stream)stream)) return;
-        }
+    /* Classic heaps: the block lookup says. */
+    int n = api_ndevices();
+    for (int d = 0; d < n; d++) {
+        heap_t *h = api_existing_heap(d);
+        if (h && !heap_is_vmm(h) && heap_free(h, ptr, (cua_stream)stream)) return;
     }
     cua_error("cualloc_free: %p was not allocated by cualloc (or was already freed); ignored", ptr);
 }
 
 CUALLOC_API void cualloc_free(void *ptr, void *stream) {
     uintptr_t a = (uintptr_t)ptr;
-    /* VMM heaps: the address range names the device. Ranges are published with their heap, after
-     * api_init, never while disabled (before it, and in a forked child until its first heap,
-     * published_devices is 0). NULL lies in no range (every range starts above 0). */
-    const api_dev_t *end = g.fast + atomic_load_explicit(&g.published_devices, memory_order_acquire);
-    for (const api_dev_t *v = g.fast; v < end; v++) {
+    /* VMM heaps: the address range names the heap. Ranges are published with their heap, after
+     * api_init, never while disabled (before it, and in a forked child until its first heap, nvmm
+     * is 0). NULL lies in no range (every range starts above 0). */
+    const api_vmm_t *end = g.vmm + atomic_load_explicit(&g.nvmm, memory_order_acquire);
+    for (const api_vmm_t *v = g.vmm; v < end; v++) {
         if (api_in_vmm_range(v, a)) {
-            /* Set with the range. (Whoever holds a pointer the heap made has seen both written.) */
-            heap_t *h = atomic_load_explicit(&v->heap, memory_order_relaxed);
             /* A tail call: the heap reports a pointer it does not hold, so no result comes back. */
-            if (__builtin_expect(h != NULL, 1)) {
-                heap_free_in_range(h, ptr, (cua_stream)stream);
-                return;
-            }
-            api_free_slow(ptr, stream, true);
+            heap_free_in_range(v->heap, ptr, (cua_stream)stream);
             return;
         }
     }
-    api_free_slow(ptr, stream, false);
+    api_free_slow(ptr, stream);
 }
 
 CUALLOC_API int cualloc_get_stats(int device, cualloc_stats *out) {
