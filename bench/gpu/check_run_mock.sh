@@ -58,6 +58,19 @@ def capacity_ok(body, model):
     return True
 
 
+def varlen_ok(body):
+    """The -varlen parts: every search and probe says so, and each probe's 8 steps start and end at
+    its sequence length with the others drawn between --seq-min and it."""
+    caps = [r for r in body if r.get("op") == "capacity"]
+    probes = [r for r in body if r.get("op") == "probe"]
+    assert caps and all(c["varlen"] and c["probe_steps"] == 8 for c in caps), caps
+    for p in probes:
+        n = p["lengths"]
+        assert p["varlen"] and len(n) == 8 and n[0] == n[-1] == p["seq"], p
+        assert all(min(128, p["seq"]) <= x <= p["seq"] for x in n) and len(set(n)) > 1, p
+    return True
+
+
 need = {
     "driver-costs": lambda: {r["op"] for r in body} >= {"device", "cuMemCreate", "cuMemMap", "cuMemSetAccess",
                                                          "cuMemUnmap", "cuMemRelease", "cuMemAlloc", "cuMemFree",
@@ -79,6 +92,8 @@ need = {
     "torch-alloc-cost": lambda: dry(body) == sorted((m, "allocpair") for m in MODES),
     "torch-capacity": lambda: capacity_ok(body, "small"),
     "torch-capacity-medium": lambda: capacity_ok(body, "medium"),
+    "torch-capacity-varlen": lambda: capacity_ok(body, "small") and varlen_ok(body),
+    "torch-capacity-medium-varlen": lambda: capacity_ok(body, "medium") and varlen_ok(body),
     # exports of the sim traces (frag, leak, demo) and of the shared snapshots when present
     "viewer": lambda: len([r for r in body if r.get("op") == "viewer" and r.get("python_checks") == "pass"]) >= 3
                       and all(r.get("pass") for r in body if r.get("op") == "viewer"),
@@ -95,6 +110,8 @@ done
 t=$tmp/results/torch-targets.md
 [ -s "$t" ] || bad "no torch-targets.md"
 for want in "GPT-2 small (capacity budget 24.0 GiB)" "GPT-2 medium (capacity budget 40.0 GiB)" "MOCK" \
+        "GPT-2 small, sequence lengths drawn per step as in training (capacity budget 24.0 GiB; each probe 8 steps" \
+        "GPT-2 medium, sequence lengths drawn per step as in training" \
         "| met |" "NOT met" "not measured"; do
     grep -qF "$want" "$t" || bad "torch-targets.md lacks '$want'"
 done

@@ -4,8 +4,10 @@
 # — the runs made on a GPU machine, one command each (see bench/gpu/README.md).
 #
 #   PART  driver-costs | property-cuda | ld-preload | torch | torch-medium | torch-alloc-cost |
-#         torch-capacity | torch-capacity-medium | viewer | all; several, comma-separated, run in
-#         the order given within one command
+#         torch-capacity | torch-capacity-medium | torch-capacity-varlen |
+#         torch-capacity-medium-varlen | viewer | all; several, comma-separated, run in the order
+#         given within one command. The -varlen capacity parts search the same way with probes
+#         whose 8 steps have sequence lengths drawn as training's are (the longest first and last)
 #   --mock       no GPU: driver-costs and property-cuda run against the fake libcuda.so.1
 #                (BUILD/tests/fakecuda), ld-preload only builds (when nvcc exists) and prints what
 #                it would run, the torch parts run torch_train.py --dry-run per mode (the capacity
@@ -69,7 +71,9 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-PARTS="driver-costs property-cuda ld-preload torch torch-medium torch-alloc-cost torch-capacity torch-capacity-medium viewer"
+PARTS="driver-costs property-cuda ld-preload torch torch-medium torch-alloc-cost torch-capacity torch-capacity-medium
+torch-capacity-varlen torch-capacity-medium-varlen viewer"
+PARTS=$(echo $PARTS)  # one line
 ALL_TORCH_MODES="default expandable cualloc-enable cualloc-preload-nocache cualloc-preload-cache"
 if [ "$PART" = all ]; then
     RUN_PARTS=$PARTS
@@ -109,6 +113,8 @@ estimate() {
         torch-alloc-cost) echo "about 1 minute (5 short processes)" ;;
         torch-capacity) echo "about 4-8 minutes (5 modes x about 5-10 probes of ~10 s, each a fresh process; capped at 9 minutes)" ;;
         torch-capacity-medium) echo "about 5-9 minutes (5 modes x about 5-10 probes of ~15 s; capped at 9 minutes)" ;;
+        torch-capacity-varlen) echo "about 5-9 minutes (5 modes x about 5-10 probes of ~12-20 s; capped at 9 minutes)" ;;
+        torch-capacity-medium-varlen) echo "about 6-9 minutes (5 modes x about 5-10 probes of ~15-25 s; capped at 9 minutes)" ;;
         viewer) echo "under a minute (CPU only: traces on the sim device, exports, PyTorch's viewer code)" ;;
     esac
 }
@@ -564,18 +570,20 @@ part_torch_alloc_cost() {
     torch_end torch-alloc-cost
 }
 
-# part_torch_capacity PART MODEL: the most tokens per step within the model's budget, per mode. Each
-# mode gets an equal share of what is left of the part's budget (a mode that ends early leaves its
-# time to the next); a mode's search starts from the previous mode's answer.
+# part_torch_capacity PART MODEL [ARGS...]: the most tokens per step within the model's budget, per
+# mode (ARGS go to every search: --varlen). Each mode gets an equal share of what is left of the
+# part's budget (a mode that ends early leaves its time to the next); a mode's search starts from the
+# previous mode's answer.
 part_torch_capacity() {
     local part=$1 model=$2 mode n share budget=()
+    shift 2
     torch_start
     [ -n "$BUDGET_GB" ] && budget=(--budget-gb "$BUDGET_GB")
     n=$(echo "$TORCH_MODES" | wc -w)
     for mode in $TORCH_MODES; do
         share=$(( $(torch_left) / n ))
         n=$((n - 1))
-        torch_job "$part" "$mode" capacity "$share" --model "$model" --time-s $((share - 10)) "${budget[@]}"
+        torch_job "$part" "$mode" capacity "$share" --model "$model" --time-s $((share - 10)) "${budget[@]}" "$@"
     done
     torch_end "$part"
 }
@@ -660,6 +668,8 @@ run_part() {
         torch-alloc-cost) part_torch_alloc_cost ;;
         torch-capacity) part_torch_capacity torch-capacity small ;;
         torch-capacity-medium) part_torch_capacity torch-capacity-medium medium ;;
+        torch-capacity-varlen) part_torch_capacity torch-capacity-varlen small --varlen --probe-steps 8 ;;
+        torch-capacity-medium-varlen) part_torch_capacity torch-capacity-medium-varlen medium --varlen --probe-steps 8 ;;
         viewer) part_viewer ;;
     esac
     rc=$?

@@ -328,11 +328,12 @@ def capacity(rows):
     caps = [r for r in rows if r.get("op") == "capacity"]
     if caps:
         c0 = caps[0]
-        out.append("%sGPT-2 %s: the most tokens per step (batch x sequence) that train %d steps without OOM within "
-                   "%.1f GiB (ballast: cuMemCreate of free - budget before torch, in every mode); batch bisected at "
-                   "sequence %d, then the sequence in steps of %d at the first failing batch; each probe a fresh "
-                   "process." % ("MOCK (dry-run probes, made-up limits): " if c0.get("mock") else "", model_of(c0),
-                                 c0["probe_steps"], c0["budget_gb"], c0["seq"], c0["seq_step"]))
+        out.append("%sGPT-2 %s: the most tokens per step (batch x sequence) that train %d steps%s without OOM "
+                   "within %.1f GiB (ballast: cuMemCreate of free - budget before torch, in every mode); batch "
+                   "bisected at sequence %d, then the sequence in steps of %d at the first failing batch; each "
+                   "probe a fresh process." % (
+                       "MOCK (dry-run probes, made-up limits): " if c0.get("mock") else "", model_of(c0),
+                       c0["probe_steps"], varlen_text(c0), c0["budget_gb"], c0["seq"], c0["seq_step"]))
         out.append("")
         base = {model_of(c): {} for c in caps}
         for c in caps:
@@ -360,6 +361,14 @@ def capacity(rows):
     return out + errors(rows)
 
 
+def varlen_text(c):
+    """How a capacity search's probes chose their sequence lengths, for a sentence."""
+    if not c.get("varlen"):
+        return ""
+    return (" (their sequence lengths drawn from %s to the probe's, the first and last step at the probe's: the "
+            "tokens per step count the longest)" % c.get("seq_min", "?"))
+
+
 def ratio_text(x, y, spec="%.3f"):
     return spec % (x / y) if isinstance(x, (int, float)) and isinstance(y, (int, float)) and y else "-"
 
@@ -377,6 +386,26 @@ def verdict(value, ok):
     return "met" if ok else "**NOT met**"
 
 
+def tokens_cells(c, bc, ec, cu):
+    """The tokens-per-step cells of a targets row: the bracket, then the ratio and the verdict against
+    expandable's and against the default's (c, bc, ec: the mode's, default's and expandable's
+    capacity records, or None; cu: the mode is one of cualloc's, which the targets are for)."""
+    tok = c.get("largest_pass_tokens") if c else None
+    tok_e = tok / ec["largest_pass_tokens"] if tok and ec and ec.get("largest_pass_tokens") else None
+    tok_d = tok / bc["largest_pass_tokens"] if tok and bc and bc.get("largest_pass_tokens") else None
+    note = ""
+    if c and not c.get("complete"):
+        note += " (search incomplete)"
+    if c and c.get("non_monotonic"):
+        note += " (non-monotonic)"
+    return [("%s / %s" % tokens_bracket(c) if c else "-") + note, fmt(tok_e, "%.3f"),
+            verdict(tok_e, tok_e is not None and tok_e >= 1.0) if cu else "-", fmt(tok_d, "%.3f"),
+            verdict(tok_d, tok_d is not None and tok_d >= TOKENS_VS_DEFAULT) if cu else "-"]
+
+
+TOKENS_HEADER = ["tokens/step passed / failed", "vs expandable", ">= 1", "vs default", ">= %.2f" % TOKENS_VS_DEFAULT]
+
+
 def targets(rows, sources):
     """Side by side per model: step time vs default, peak vs expandable, tokens/step vs expandable and
     default, each against its target."""
@@ -384,7 +413,7 @@ def targets(rows, sources):
     train, cap = {}, {}
     for r in rows:  # later files win: a rerun replaces an earlier run
         if r.get("op") == "capacity":
-            cap[(model_of(r), r["mode"])] = r
+            cap[(model_of(r), bool(r.get("varlen")), r["mode"])] = r
     # The rounds of one file (--repeat) go together; a later file's runs of a mode replace them.
     files = {}
     for r in rows:
@@ -404,41 +433,42 @@ def targets(rows, sources):
             out += ["GPT-2 %s: not measured." % model, ""]
             continue
         bt, et = train.get((model, "default")), train.get((model, "expandable"))
-        bc, ec = cap.get((model, "default")), cap.get((model, "expandable"))
-        c0 = next((c for (mo, _), c in cap.items() if mo == model), None)
-        out.append("GPT-2 %s%s:" % (model, " (capacity budget %.1f GiB)" % c0["budget_gb"] if c0 else ""))
-        out.append("")
+        bc, ec = cap.get((model, False, "default")), cap.get((model, False, "expandable"))
+        c0 = next((c for (mo, vl, _), c in cap.items() if mo == model and not vl), None)
+        fixed = c0 is not None or any(k[0] == model for k in train)
+        if fixed:
+            out.append("GPT-2 %s%s:" % (model, " (capacity budget %.1f GiB)" % c0["budget_gb"] if c0 else ""))
+            out.append("")
         tab = []
-        for m in MODES:
-            t, c = train.get((model, m)), cap.get((model, m))
+        for m in MODES if fixed else []:
+            t, c = train.get((model, m)), cap.get((model, False, m))
             step = t.step if t else None
             step_r = step / bt.step if t and bt else None
             peak = t.peak if t else None
             peak_r = peak / et.peak if peak is not None and et and et.peak else None
             apart = t.apart_from(bt) if t and bt and t is not bt else None
-            tok = c.get("largest_pass_tokens") if c else None
-            tok_e = tok / ec["largest_pass_tokens"] if tok and ec and ec.get("largest_pass_tokens") else None
-            tok_d = tok / bc["largest_pass_tokens"] if tok and bc and bc.get("largest_pass_tokens") else None
             cu = m in CUALLOC_MODES
-            note = ""
-            if c and not c.get("complete"):
-                note += " (search incomplete)"
-            if c and c.get("non_monotonic"):
-                note += " (non-monotonic)"
             step_v = verdict(step_r, step_r is not None and step_r <= STEP_TARGET) if m in STEP_TARGET_MODES else "-"
             if m in STEP_TARGET_MODES and apart is False:
                 step_v += " (runs overlap the default's)"
             tab.append([m, fmt(step, "%.1f") + (" (%d runs)" % len(t.steps) if t and len(t.steps) > 1 else ""),
                         fmt(step_r, "%.3f"), step_v,
                         gib(peak), fmt(peak_r, "%.3f"),
-                        verdict(peak_r, peak_r is not None and peak_r <= 1.0) if cu else "-",
-                        ("%s / %s" % tokens_bracket(c) if c else "-") + note, fmt(tok_e, "%.3f"),
-                        verdict(tok_e, tok_e is not None and tok_e >= 1.0) if cu else "-", fmt(tok_d, "%.3f"),
-                        verdict(tok_d, tok_d is not None and tok_d >= TOKENS_VS_DEFAULT) if cu else "-"])
-        out += table(["mode", "step ms", "vs default", "<= %.2f" % STEP_TARGET, "peak GiB", "vs expandable",
-                      "<= 1", "tokens/step passed / failed", "vs expandable", ">= 1", "vs default",
-                      ">= %.2f" % TOKENS_VS_DEFAULT], tab)
-        out.append("")
+                        verdict(peak_r, peak_r is not None and peak_r <= 1.0) if cu else "-"]
+                       + tokens_cells(c, bc, ec, cu))
+        if fixed:
+            out += table(["mode", "step ms", "vs default", "<= %.2f" % STEP_TARGET, "peak GiB", "vs expandable",
+                          "<= 1"] + TOKENS_HEADER, tab)
+            out.append("")
+        vcaps = {m: c for (mo, vl, m), c in cap.items() if mo == model and vl}
+        if vcaps:
+            v0 = next(iter(vcaps.values()))
+            out += ["GPT-2 %s, sequence lengths drawn per step as in training (capacity budget %.1f GiB; each probe "
+                    "%d steps%s):" % (model, v0["budget_gb"], v0["probe_steps"], varlen_text(v0).replace(" (", ", ").rstrip(")")), ""]
+            out += table(["mode"] + TOKENS_HEADER,
+                         [[m] + tokens_cells(vcaps.get(m), vcaps.get("default"), vcaps.get("expandable"),
+                                             m in CUALLOC_MODES) for m in MODES])
+            out.append("")
     return out
 
 
@@ -482,7 +512,8 @@ def viewer(rows):
 
 PARTS = {"driver-costs": driver_costs, "property-cuda": property_cuda, "ld-preload": ld_preload, "torch": torch,
          "torch-medium": torch, "torch-alloc-cost": alloc_cost, "torch-capacity": capacity,
-         "torch-capacity-medium": capacity, "viewer": viewer}
+         "torch-capacity-medium": capacity, "torch-capacity-varlen": capacity,
+         "torch-capacity-medium-varlen": capacity, "viewer": viewer}
 
 
 def main(argv):

@@ -92,13 +92,16 @@ MODELS = {
 }
 
 # --dry-run probes pass when batch x seq <= these (made up, not measurements): different per mode so
-# that the mock summary shows both "met" and "not met".
+# that the mock summary shows both "met" and "not met". With --varlen the figure is scaled by
+# MOCK_VARLEN (made up too: PyTorch's cache losing more to mixed shapes).
 MOCK_TOKENS = {
     "small": {"default": 14900, "expandable": 16100, "cualloc-enable": 17300, "cualloc-preload-nocache": 16600,
               "cualloc-preload-cache": 15200},
     "medium": {"default": 9900, "expandable": 10800, "cualloc-enable": 11100, "cualloc-preload-nocache": 10900,
                "cualloc-preload-cache": 10000},
 }
+MOCK_VARLEN = {"default": 0.8, "expandable": 0.97, "cualloc-enable": 1.0, "cualloc-preload-nocache": 0.98,
+               "cualloc-preload-cache": 0.8}
 
 # The tensor sizes of the allocpair loop, in bytes: 512 B (PyTorch's smallest block) to 12 MiB, GPT-2
 # small's own shapes where they fit (768 x 4 B bias, 768 x 768 x 2 B, 768 x 3072 x 2 B).
@@ -142,6 +145,10 @@ def parse_args(argv):
                    help="capacity: first batch tried (0: the previous mode's answer in --out, else per model)")
     p.add_argument("--max-batch", type=int, default=1024, help="capacity: stop growing the batch here")
     p.add_argument("--probe-steps", type=int, default=3, help="training steps per probe")
+    p.add_argument("--varlen", action="store_true",
+                   help="capacity/probe: a probe's steps have sequence lengths drawn from --seq-min to the "
+                        "probe's --seq (the first and last at --seq), as training's do; tokens per step count "
+                        "the longest")
     p.add_argument("--probe-timeout-s", type=float, default=120.0)
     p.add_argument("--max-probes", type=int, default=12, help="capacity: probes per mode at most")
     p.add_argument("--time-s", type=float, default=500.0, help="capacity: start no probe after this many seconds")
@@ -158,13 +165,25 @@ def parse_args(argv):
     if a.budget_gb is None:
         a.budget_gb = MODELS[a.model]["budget_gb"]
     if not a.mock_tokens:
-        a.mock_tokens = MOCK_TOKENS[a.model][a.mode]
+        a.mock_tokens = int(MOCK_TOKENS[a.model][a.mode] * (MOCK_VARLEN[a.mode] if a.varlen else 1.0))
     return a
 
 
 def seq_lengths(a):
     rng = random.Random(a.seed)
     return [rng.randint(a.seq_min, a.seq_max) for _ in range(a.steps)]
+
+
+def probe_lengths(a):
+    """The sequence length of each of a probe's steps: --seq throughout; with --varlen, the first and
+    the last at --seq and those between drawn from --seq-min to --seq, so that the longest batch
+    comes again after shorter ones have left the cache holding blocks of their shapes (where
+    PyTorch's default allocator fragments)."""
+    if not a.varlen or a.probe_steps < 3:
+        return [a.seq] * a.probe_steps
+    rng = random.Random(a.seed + 2)
+    lo = min(a.seq_min, a.seq)
+    return [a.seq] + [rng.randint(lo, a.seq) for _ in range(a.probe_steps - 2)] + [a.seq]
 
 
 def validate(a):
@@ -188,6 +207,8 @@ def validate(a):
     if a.phase in ("capacity", "probe"):
         if a.budget_gb <= 0:
             bad.append("--budget-gb must be positive")
+        if a.varlen and a.probe_steps < 3:
+            bad.append("--varlen needs --probe-steps >= 3 (the longest batch first, shorter ones, the longest again)")
         if not 1 <= a.seq <= N_POSITIONS or a.seq_step < 1 or a.probe_steps < 1 or a.max_probes < 1:
             bad.append("need 1 <= --seq <= %d, --seq-step >= 1, --probe-steps >= 1, --max-probes >= 1"
                        % N_POSITIONS)
@@ -269,10 +290,12 @@ def plan(a):
                           "bare loop, burst of 2 x the mix, caching_allocator_alloc/_delete"
                           % (ALLOC_SIZES, a.pairs, a.reps))
     if a.phase == "capacity":
-        p["capacity"] = ("budget %.1f GiB (ballast: cuMemCreate of free - budget before torch), probes of %d steps, "
+        p["capacity"] = ("budget %.1f GiB (ballast: cuMemCreate of free - budget before torch), probes of %d steps%s, "
                          "each a fresh process (at most %d, %.0f s, %.0f s each); stage 1 batch at seq %d from "
                          "guess %s, stage 2 seq in steps of %d at the first failing batch"
-                         % (a.budget_gb, a.probe_steps, a.max_probes, a.time_s, a.probe_timeout_s, a.seq,
+                         % (a.budget_gb, a.probe_steps,
+                            " (lengths from %d to the probe's, the first and last at its)" % a.seq_min if a.varlen
+                            else "", a.max_probes, a.time_s, a.probe_timeout_s, a.seq,
                             a.guess_batch or "from --out or per model", a.seq_step))
         if a.dry_run:
             p["mock"] = "dry-run probes pass when batch x seq <= %d (made up)" % a.mock_tokens
@@ -807,7 +830,8 @@ def run_probe(a):
     RC_PASS, RC_OOM, RC_NO_BUDGET or RC_ERROR; the record is written in each case."""
     t_start = time.time()
     budget = int(a.budget_gb * GiB)
-    rec = {"op": "probe", "batch": a.batch, "seq": a.seq, "tokens": a.batch * a.seq, "budget_bytes": budget}
+    rec = {"op": "probe", "batch": a.batch, "seq": a.seq, "tokens": a.batch * a.seq, "budget_bytes": budget,
+           "varlen": a.varlen, "lengths": probe_lengths(a)}
     if a.dry_run:  # the capacity search without a GPU (see --mock-tokens)
         # The ballast itself runs against the build's fake libcuda.so.1 (tests/fakecuda), whose
         # device (the sim, configured from CUALLOC_CONF at cuInit) is made 80 GiB like an H100's.
@@ -839,8 +863,8 @@ def run_probe(a):
     try:
         model, opt = build_model(torch, a, on_device=True)
         gen = torch.Generator().manual_seed(a.seed + 1)
-        losses = [step(torch, model, opt, torch.randint(0, VOCAB, (a.batch, a.seq), generator=gen).cuda())
-                  for _ in range(a.probe_steps)]
+        losses = [step(torch, model, opt, torch.randint(0, VOCAB, (a.batch, n), generator=gen).cuda())
+                  for n in probe_lengths(a)]
         torch.cuda.synchronize()
         rec.update(outcome="pass", rc=RC_PASS, losses=losses)
     except Exception as e:
@@ -869,7 +893,8 @@ def previous_answer(a):
             except ValueError:
                 continue
             if (r.get("op") == "capacity" and r.get("model") == a.model and r.get("seq") == a.seq
-                    and r.get("budget_bytes") == int(a.budget_gb * GiB) and r.get("batch_at_seq")):
+                    and r.get("budget_bytes") == int(a.budget_gb * GiB) and bool(r.get("varlen")) == a.varlen
+                    and r.get("batch_at_seq")):
                 best = r["batch_at_seq"]
     return best
 
@@ -882,6 +907,8 @@ def probe_command(a, batch, seq):
         cmd += ["--out", a.out]
     if a.no_deterministic:
         cmd.append("--no-deterministic")
+    if a.varlen:
+        cmd += ["--varlen", "--seq-min", str(a.seq_min)]
     if a.dry_run:
         cmd += ["--dry-run", "--mock-tokens", str(a.mock_tokens)]
     return cmd
@@ -977,7 +1004,8 @@ def run_capacity(a):
     for p in probes:
         counts[p["outcome"]] = counts.get(p["outcome"], 0) + 1
     rec = {"op": "capacity", "budget_gb": a.budget_gb, "budget_bytes": int(a.budget_gb * GiB), "seq": a.seq,
-           "seq_step": a.seq_step, "probe_steps": a.probe_steps, "guess_batch": guess,
+           "seq_step": a.seq_step, "probe_steps": a.probe_steps, "varlen": a.varlen, "seq_min": a.seq_min,
+           "guess_batch": guess,
            "batch_at_seq": lo, "fail_batch_at_seq": hi,
            "largest_pass": best, "smallest_fail": worst,
            "largest_pass_tokens": best["tokens"] if best else None,
@@ -987,8 +1015,8 @@ def run_capacity(a):
            "complete": stopped is None, "stopped": stopped, "mock": a.dry_run,
            "wall_s": round(time.time() - t_start, 2)}
     emit(a, rec)
-    print("torch_train: capacity %s %s: largest pass %s tokens, smallest fail %s tokens, %d probes%s"
-          % (a.model, a.mode, rec["largest_pass_tokens"], rec["smallest_fail_tokens"], len(probes),
+    print("torch_train: capacity %s%s %s: largest pass %s tokens, smallest fail %s tokens, %d probes%s"
+          % (a.model, " (variable lengths)" if a.varlen else "", a.mode, rec["largest_pass_tokens"], rec["smallest_fail_tokens"], len(probes),
              "" if stopped is None else " (stopped: %s)" % stopped))
     # A search that found nothing that trains, or could not enforce the budget, failed.
     return 0 if best is not None and counts.get("no-budget", 0) == 0 else 1
