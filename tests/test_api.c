@@ -428,10 +428,12 @@ static void test_peer_access_one_device(void) {
 /* ------------------------------------------------------------------ two devices (--peers) */
 
 /* Run with sim_devices:2: both directions are enabled, again on a second call (idempotent), with
- * memory mapped on both devices before and after; the heaps stay consistent and keep serving. */
+ * memory mapped on both devices before and after; the heaps stay consistent and keep serving.
+ * Device 1's heap is made first, so the frees' list of heaps is not in device order: every free
+ * must still reach its own device's heap (its counters say). */
 static int run_peers(void) {
     void *before[2], *after[2];
-    for (int d = 0; d < 2; d++) {
+    for (int d = 1; d >= 0; d--) {
         before[d] = cualloc_malloc(3 * MIB, d, NULL);
         EXPECT(before[d] != NULL, "allocation on device %d", d);
         if (before[d]) fill(before[d], 3 * MIB, (uint64_t)d);
@@ -445,6 +447,14 @@ static int run_peers(void) {
         EXPECT(cualloc_check(d) == 0, "cualloc_check(%d) after enabling peers", d);
         cualloc_free(before[d], NULL);
         cualloc_free(after[d], NULL);
+    }
+    for (int d = 0; d < 2; d++) {
+        cualloc_stats st;
+        EXPECT(cualloc_get_stats(d, &st) == 0, "cualloc_get_stats(%d)", d);
+        EXPECT(st.num_allocs == 2 && st.num_frees == 2 && st.allocated_bytes == 0,
+               "device %d: %llu allocs, %llu frees, %llu bytes allocated; want 2, 2, 0", d,
+               (unsigned long long)st.num_allocs, (unsigned long long)st.num_frees,
+               (unsigned long long)st.allocated_bytes);
     }
     if (failures) fprintf(stderr, "test_api --peers: %d failure(s)\n", failures);
     else printf("test_api --peers: ok\n");
