@@ -71,9 +71,8 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-PARTS="driver-costs property-cuda ld-preload torch torch-medium torch-alloc-cost torch-capacity torch-capacity-medium
+PARTS="driver-costs property-cuda ld-preload torch torch-medium torch-alloc-cost torch-capacity torch-capacity-medium \
 torch-capacity-varlen torch-capacity-medium-varlen viewer"
-PARTS=$(echo $PARTS)  # one line
 ALL_TORCH_MODES="default expandable cualloc-enable cualloc-preload-nocache cualloc-preload-cache"
 if [ "$PART" = all ]; then
     RUN_PARTS=$PARTS

@@ -185,7 +185,6 @@ class Timed:
     median of the runs' median step times; the peaks are the highest of the runs."""
 
     def __init__(self, recs):
-        self.recs = recs
         self.first = recs[0]
         self.steps = sorted(r["median_step_ms"] for r in recs)
         self.step = statistics.median(self.steps)

@@ -830,8 +830,9 @@ def run_probe(a):
     RC_PASS, RC_OOM, RC_NO_BUDGET or RC_ERROR; the record is written in each case."""
     t_start = time.time()
     budget = int(a.budget_gb * GiB)
+    lengths = probe_lengths(a)
     rec = {"op": "probe", "batch": a.batch, "seq": a.seq, "tokens": a.batch * a.seq, "budget_bytes": budget,
-           "varlen": a.varlen, "lengths": probe_lengths(a)}
+           "varlen": a.varlen, "lengths": lengths}
     if a.dry_run:  # the capacity search without a GPU (see --mock-tokens)
         # The ballast itself runs against the build's fake libcuda.so.1 (tests/fakecuda), whose
         # device (the sim, configured from CUALLOC_CONF at cuInit) is made 80 GiB like an H100's.
@@ -864,7 +865,7 @@ def run_probe(a):
         model, opt = build_model(torch, a, on_device=True)
         gen = torch.Generator().manual_seed(a.seed + 1)
         losses = [step(torch, model, opt, torch.randint(0, VOCAB, (a.batch, n), generator=gen).cuda())
-                  for n in probe_lengths(a)]
+                  for n in lengths]
         torch.cuda.synchronize()
         rec.update(outcome="pass", rc=RC_PASS, losses=losses)
     except Exception as e:
@@ -1016,7 +1017,8 @@ def run_capacity(a):
            "wall_s": round(time.time() - t_start, 2)}
     emit(a, rec)
     print("torch_train: capacity %s%s %s: largest pass %s tokens, smallest fail %s tokens, %d probes%s"
-          % (a.model, " (variable lengths)" if a.varlen else "", a.mode, rec["largest_pass_tokens"], rec["smallest_fail_tokens"], len(probes),
+          % (a.model, " (variable lengths)" if a.varlen else "", a.mode, rec["largest_pass_tokens"],
+             rec["smallest_fail_tokens"], len(probes),
              "" if stopped is None else " (stopped: %s)" % stopped))
     # A search that found nothing that trains, or could not enforce the budget, failed.
     return 0 if best is not None and counts.get("no-budget", 0) == 0 else 1
