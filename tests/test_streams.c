@@ -126,6 +126,39 @@ static void test_stream_generations(void) {
     sim_stream_destroy(t);
 }
 
+/* bench/gpu/preload_kernels.cu's hand-over rounds, on the sim: S allocates its buffers (each
+ * followed by a separator) up front and then only frees, one per round; each round the host has
+ * seen S past the previous round, and T allocates the same size and keeps it. T must get the
+ * previous round's buffer, never the one just freed (its reader still runs), without a
+ * synchronize: what the GPU run expects of cualloc in every round but the first. */
+static void test_handover_rounds(void) {
+    enum { R = 40 };
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:1024", &c);
+    cua_stream s = sim_stream_create(0, true), t = sim_stream_create(0, true);
+    void *a[R], *sep[R], *y[R];
+    for (int r = 0; r < R; r++) {
+        a[r] = must_alloc(h, 4 << 20, s);
+        sep[r] = must_alloc(h, 2 << 20, s);
+    }
+    for (int r = 0; r < R; r++) {
+        must_free(h, a[r], s);
+        if (r > 0) sim_stream_complete(s); /* S has passed round r-1, not round r's reader */
+        y[r] = must_alloc(h, 4 << 20, t);
+        EXPECT(y[r] != a[r], "round %d: T was given the buffer whose reader still runs", r);
+        if (r > 0) EXPECT(y[r] == a[r - 1], "round %d: T got %p, not the previous round's buffer %p", r, y[r], a[r - 1]);
+    }
+    EXPECT(stats(h).num_syncs == 0 && sim_calls(SIM_OP_STREAM_SYNC) == 0 && sim_calls(SIM_OP_DEVICE_SYNC) == 0,
+           "hand-over without a synchronize");
+    for (int r = 0; r < R; r++) {
+        must_free(h, y[r], t);
+        must_free(h, sep[r], s);
+    }
+    heap_destroy(h);
+    sim_stream_destroy(s);
+    sim_stream_destroy(t);
+}
+
 /* A stream destroyed while its closed generation's event is in flight: both of its generations
  * settle (after synchronizing it) and its tags are freed, so the handle can come back. */
 static void test_stream_destroyed_with_closed_generation(void) {
@@ -782,6 +815,7 @@ int main(void) {
     test_cross_stream_waits_for_event();
     test_event_covers_only_earlier_frees();
     test_stream_generations();
+    test_handover_rounds();
     test_stream_destroyed_with_closed_generation();
     test_pressure_synchronizes();
     test_pressure_stream_sync_refused();

@@ -16,12 +16,25 @@
 // too, so S frees all the time; T then allocates the same size on T and overwrites it with a
 // kernel, which runs beside S's. If T were handed X before S's kernel had read it, that sum would
 // be wrong: every sum is checked. T's buffer overlapping an earlier X is counted as a cross-stream
-// reuse (the allocator moved S's memory to T once S had passed its free).
+// reuse (the allocator moved S's memory to T once S had passed its free). T frees its buffer at
+// once, so an allocator that keeps per-stream caches hands T its own buffer back: these rounds
+// show that nothing is handed over early, not that anything is handed over.
 //
-// Prints one line `preload_kernels: RESULT {json}` (pass, counts, seconds, the cross-stream rounds'
-// reuses and mismatches, and — found with dlsym as any program could — cualloc's num_allocs and
-// reserved peak when libcualloc.so is loaded, else -1). Exit status 0 when every check passed, 1
-// otherwise.
+// The hand-over rounds (`--handover-rounds`, 0 skips them) run first, while the allocator holds
+// no freed memory, so that T can be served only from S's memory or from new memory. S allocates R
+// 4 MiB buffers A[r], each followed by a 2 MiB separator (no two freed buffers merge into one
+// block), and allocates nothing after. Round r fills A[r] on S, launches the spinning reader of
+// A[r] and frees A[r] on S; the host then waits for an event recorded on S at the end of round
+// r-1 (S has passed A[r-1]'s reader and free, and is running A[r]'s), and T allocates 4 MiB,
+// overwrites it with a kernel and keeps it. A correct allocator may give T A[r-1] (or any earlier
+// A), never A[r] while its reader runs: every sum is checked, and T's buffers that overlap an
+// earlier A are counted as hand-overs. An allocator that hands over once S is seen past the free
+// does so in every round but the first.
+//
+// Prints one line `preload_kernels: RESULT {json}` (pass, counts, seconds, the cross-stream and
+// hand-over rounds' reuses and mismatches, and — found with dlsym as any program could — cualloc's
+// num_allocs and reserved peak when libcualloc.so is loaded, else -1). Exit status 0 when every
+// check passed, 1 otherwise.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <math.h>
@@ -43,7 +56,8 @@ typedef int (*get_stats_fn)(int, stats_mirror *);
 
 static unsigned long long g_mallocs, g_async, g_frees, g_bytes, g_mismatches;
 static unsigned long long g_xs_reuses, g_xs_mismatches;
-static int g_rounds, g_buffers, g_xs_rounds;
+static unsigned long long g_ho_reuses, g_ho_mismatches;
+static int g_rounds, g_buffers, g_xs_rounds, g_ho_rounds;
 static double g_t0;
 static double now_s() {
     timespec ts;
@@ -65,9 +79,10 @@ static void report(bool pass, const char *error) {
     printf("preload_kernels: RESULT {\"pass\":%s,\"rounds\":%d,\"buffers\":%d,\"cudaMalloc\":%llu,"
            "\"cudaMallocAsync\":%llu,\"frees\":%llu,\"bytes_allocated\":%llu,\"mismatches\":%llu,\"seconds\":%.3f,"
            "\"xs_rounds\":%d,\"xs_reuses\":%llu,\"xs_mismatches\":%llu,"
+           "\"handover_rounds\":%d,\"handover_reuses\":%llu,\"handover_mismatches\":%llu,"
            "\"cualloc_num_allocs\":%lld,\"cualloc_reserved_peak\":%lld,\"error\":\"%s\"}\n",
            pass ? "true" : "false", g_rounds, g_buffers, g_mallocs, g_async, g_frees, g_bytes, g_mismatches,
-           now_s() - g_t0, g_xs_rounds, g_xs_reuses, g_xs_mismatches, num_allocs, reserved_peak, error);
+           now_s() - g_t0, g_xs_rounds, g_xs_reuses, g_xs_mismatches, g_ho_rounds, g_ho_reuses, g_ho_mismatches, num_allocs, reserved_peak, error);
     fflush(stdout);
 }
 
@@ -239,22 +254,101 @@ static void cross_stream_rounds() {
     CK(cudaStreamDestroy(t));
 }
 
+// Does [p, p + n) overlap [q, q + m)?
+static bool overlaps(const void *p, size_t n, const void *q, size_t m) {
+    return (uintptr_t)p < (uintptr_t)q + m && (uintptr_t)q < (uintptr_t)p + n;
+}
+
+// The hand-over rounds (see the top of this file).
+static void handover_rounds() {
+    const int R = g_ho_rounds;
+    const size_t n = (size_t)1 << 20, bytes = n * sizeof(float), sep_bytes = (size_t)2 << 20;
+    cudaStream_t s, t;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking));
+    unsigned long long *sums;
+    CK(cudaMalloc(&sums, (size_t)R * sizeof *sums));
+    g_mallocs++;
+    CK(cudaMemset(sums, 0, (size_t)R * sizeof *sums));
+    CK(cudaDeviceSynchronize()); // the memset is on the legacy stream, which S does not wait for
+    std::vector<float *> a((size_t)R), sep((size_t)R), y((size_t)R);
+    std::vector<cudaEvent_t> passed((size_t)R);
+    for (int r = 0; r < R; r++) {
+        CK(cudaMallocAsync(&a[(size_t)r], bytes, s));
+        CK(cudaMallocAsync(&sep[(size_t)r], sep_bytes, s));
+        CK(cudaEventCreateWithFlags(&passed[(size_t)r], cudaEventDisableTiming));
+        g_async += 2;
+        g_bytes += bytes + sep_bytes;
+    }
+    for (int r = 0; r < R; r++) {
+        fill_value<<<1024, 256, 0, s>>>(a[(size_t)r], n, (float)(r % 64 + 1));
+        spin_then_sum<<<64, 256, 0, s>>>(a[(size_t)r], n, 2000000, sums + r);
+        CK(cudaGetLastError());
+        CK(cudaFreeAsync(a[(size_t)r], s));
+        g_frees++;
+        // S has passed round r-1 (its reader, its free, and whatever the allocator recorded on S
+        // during T's allocation in that round) and is busy with round r's reader.
+        if (r > 0) CK(cudaEventSynchronize(passed[(size_t)r - 1]));
+        CK(cudaMallocAsync(&y[(size_t)r], bytes, t));
+        g_async++;
+        g_bytes += bytes;
+        for (int k = 0; k < r; k++)
+            if (overlaps(y[(size_t)r], bytes, a[(size_t)k], bytes)) {
+                g_ho_reuses++;
+                break;
+            }
+        fill_value<<<1024, 256, 0, t>>>(y[(size_t)r], n, -1.0e6f);
+        CK(cudaGetLastError());
+        CK(cudaEventRecord(passed[(size_t)r], s));
+    }
+    CK(cudaStreamSynchronize(s));
+    CK(cudaStreamSynchronize(t));
+    std::vector<unsigned long long> got((size_t)R);
+    CK(cudaMemcpy(got.data(), sums, got.size() * sizeof got[0], cudaMemcpyDeviceToHost));
+    for (int r = 0; r < R; r++) {
+        unsigned long long want = (unsigned long long)n * (unsigned long long)(r % 64 + 1);
+        if (got[(size_t)r] != want) {
+            if (g_ho_mismatches < 5)
+                fprintf(stderr, "preload_kernels: hand-over round %d: S read %llu, expected %llu (T was given its "
+                        "buffer while S still read it)\n", r, got[(size_t)r], want);
+            g_ho_mismatches++;
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        CK(cudaFreeAsync(y[(size_t)r], t));
+        CK(cudaFreeAsync(sep[(size_t)r], s));
+        CK(cudaEventDestroy(passed[(size_t)r]));
+        g_frees += 2;
+    }
+    CK(cudaFree(sums));
+    g_frees++;
+    CK(cudaStreamSynchronize(s));
+    CK(cudaStreamSynchronize(t));
+    CK(cudaStreamDestroy(s));
+    CK(cudaStreamDestroy(t));
+}
+
 int main(int argc, char **argv) {
     g_rounds = 20;
     g_buffers = 64;
     g_xs_rounds = 200;
+    g_ho_rounds = 200;
     double max_mb = 64;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--rounds")) g_rounds = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--buffers")) g_buffers = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--max-mb")) max_mb = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--xs-rounds")) g_xs_rounds = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--handover-rounds")) g_ho_rounds = atoi(argv[i + 1]);
         else {
-            fprintf(stderr, "usage: preload_kernels [--rounds N] [--buffers N] [--max-mb MB] [--xs-rounds N]\n");
+            fprintf(stderr, "usage: preload_kernels [--rounds N] [--buffers N] [--max-mb MB] [--xs-rounds N] "
+                            "[--handover-rounds N]\n");
             return 2;
         }
     }
     g_t0 = now_s();
+    // First, while the allocator holds no free memory that T could be served from instead.
+    if (g_ho_rounds > 0) handover_rounds();
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
     unsigned long long *dsum;
@@ -303,7 +397,7 @@ int main(int argc, char **argv) {
     if (g_xs_rounds > 0) cross_stream_rounds();
     CK(cudaDeviceSynchronize());
     CK(cudaGetLastError());
-    bool pass = g_mismatches == 0 && g_xs_mismatches == 0;
+    bool pass = g_mismatches == 0 && g_xs_mismatches == 0 && g_ho_mismatches == 0;
     report(pass, pass ? "" : "mismatches");
     return pass ? 0 : 1;
 }

@@ -303,6 +303,13 @@ run_prog() {
         echo "run.sh: FAIL: $kind $mode: the program passed but cualloc served none of its allocations"
         return 1
     fi
+    # cualloc hands S's memory to T once S is seen past its free: in the hand-over rounds, every
+    # round but the first (tests/test_streams.c, test_handover_rounds, on the sim).
+    if [ "$rc" = 0 ] && [ "$mode" != plain ] && echo "$result" | grep -q '"handover_rounds":[1-9][0-9]' &&
+        echo "$result" | grep -q '"handover_reuses":0,'; then
+        echo "run.sh: FAIL: $kind $mode: in the hand-over rounds T never got memory S had freed"
+        return 1
+    fi
     return "$rc"
 }
 

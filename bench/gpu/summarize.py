@@ -122,18 +122,22 @@ def ld_preload(rows):
     for r in runs:
         res = r.get("result") or {}
         if r.get("status") == "not-run":
-            tab.append([r["cudart"], r["mode"], "not run (%s)" % r["reason"], "-", "-", "-", "-", "-", "-"])
+            tab.append([r["cudart"], r["mode"], "not run (%s)" % r["reason"], "-", "-", "-", "-", "-", "-", "-"])
             continue
         # The cross-stream rounds (older results have none): S's buffers T reused, and sums S read wrong.
         xs = ("%s rounds, %s reused, %s wrong" % (res["xs_rounds"], res.get("xs_reuses", "-"), res.get("xs_mismatches", "-"))
               if "xs_rounds" in res else "-")
+        # The hand-over rounds (older results have none): T's buffers that were S's, and wrong sums.
+        ho = ("%s rounds, %s handed over, %s wrong" % (res["handover_rounds"], res.get("handover_reuses", "-"),
+                                                        res.get("handover_mismatches", "-"))
+              if "handover_rounds" in res else "-")
         tab.append([r["cudart"], r["mode"], "pass" if r.get("pass") else "FAIL rc %s" % r.get("rc"),
                     fmt(r.get("wall_s"), "%.2f"), fmt(res.get("seconds"), "%.2f"),
                     "%s + %s async" % (res.get("cudaMalloc", "-"), res.get("cudaMallocAsync", "-")),
-                    res.get("cualloc_num_allocs", "-"), xs, r.get("lookups_answered") or "-"])
+                    res.get("cualloc_num_allocs", "-"), xs, ho, r.get("lookups_answered") or "-"])
     if tab:
         out += table(["cudart", "run", "result", "wall s", "program s", "allocations", "served by cualloc",
-                      "cross-stream rounds", "cuGetProcAddress look-ups answered"], tab)
+                      "cross-stream rounds", "hand-over rounds", "cuGetProcAddress look-ups answered"], tab)
         out.append("")
     for r in runs:
         if r.get("cualloc_summary"):
