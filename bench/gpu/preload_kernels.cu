@@ -195,18 +195,60 @@ static void release(const triplet &t, cudaStream_t st) {
     g_frees += 3;
 }
 
+// Does [p, p + n) overlap [q, q + m)?
+static bool overlaps(const void *p, size_t n, const void *q, size_t m) {
+    return (uintptr_t)p < (uintptr_t)q + m && (uintptr_t)q < (uintptr_t)p + n;
+}
+
+// What both kinds of cross-stream rounds work with: two non-blocking streams S and T, and one
+// device sum per round, zeroed, which S's spinning reader of round r adds into.
+struct stream_pair {
+    cudaStream_t s, t;
+    unsigned long long *sums;
+    int rounds;
+};
+
+static stream_pair stream_pair_open(int rounds) {
+    stream_pair p;
+    p.rounds = rounds;
+    CK(cudaStreamCreateWithFlags(&p.s, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&p.t, cudaStreamNonBlocking));
+    CK(cudaMalloc(&p.sums, (size_t)rounds * sizeof *p.sums));
+    g_mallocs++;
+    CK(cudaMemset(p.sums, 0, (size_t)rounds * sizeof *p.sums));
+    CK(cudaDeviceSynchronize()); // the memset is on the legacy stream, which S does not wait for
+    return p;
+}
+
+// Waits for both streams and checks round r's sum against lengths[r] * (r % 64 + 1) (its buffer
+// was filled with r % 64 + 1): each wrong one counts in *mismatches, the first five are printed
+// with `what` (the rounds) and `why` (what a wrong sum means). Then frees the sums and the streams.
+static void stream_pair_close(stream_pair &p, const std::vector<size_t> &lengths, unsigned long long *mismatches,
+                              const char *what, const char *why) {
+    CK(cudaStreamSynchronize(p.s));
+    CK(cudaStreamSynchronize(p.t));
+    std::vector<unsigned long long> got((size_t)p.rounds);
+    CK(cudaMemcpy(got.data(), p.sums, got.size() * sizeof got[0], cudaMemcpyDeviceToHost));
+    for (int r = 0; r < p.rounds; r++) {
+        unsigned long long want = (unsigned long long)lengths[(size_t)r] * (unsigned long long)(r % 64 + 1);
+        if (got[(size_t)r] != want) {
+            if (*mismatches < 5)
+                fprintf(stderr, "preload_kernels: %s round %d: S read %llu, expected %llu (%s)\n", what, r,
+                        got[(size_t)r], want, why);
+            ++*mismatches;
+        }
+    }
+    CK(cudaFree(p.sums));
+    g_frees++;
+    CK(cudaStreamDestroy(p.s));
+    CK(cudaStreamDestroy(p.t));
+}
+
 // The cross-stream rounds (see the top of this file).
 static void cross_stream_rounds() {
-    cudaStream_t s, t;
-    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    CK(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking));
-    unsigned long long *sums;
-    CK(cudaMalloc(&sums, (size_t)g_xs_rounds * sizeof *sums));
-    g_mallocs++;
-    CK(cudaMemset(sums, 0, (size_t)g_xs_rounds * sizeof *sums));
-    CK(cudaDeviceSynchronize()); // the memset is on the legacy stream, which S does not wait for
-    std::vector<uintptr_t> freed_on_s; // X's start, for counting T's reuses
-    std::vector<size_t> freed_size;
+    stream_pair p = stream_pair_open(g_xs_rounds);
+    cudaStream_t s = p.s, t = p.t;
+    std::vector<float *> freed_on_s; // the X's, for counting T's reuses
     std::vector<size_t> lengths((size_t)g_xs_rounds);
     for (int r = 0; r < g_xs_rounds; r++) {
         size_t n = (rng() % 2 ? 1 : 2) * ((size_t)1 << 20); // 4 or 8 MiB of floats
@@ -215,16 +257,15 @@ static void cross_stream_rounds() {
         CK(cudaMallocAsync(&x, n * sizeof(float), s));
         fill_value<<<1024, 256, 0, s>>>(x, n, (float)(r % 64 + 1));
         // 64 blocks: the GPU keeps room for T's kernel to run while these spin.
-        spin_then_sum<<<64, 256, 0, s>>>(x, n, 2000000, sums + r);
+        spin_then_sum<<<64, 256, 0, s>>>(x, n, 2000000, p.sums + r);
         CK(cudaGetLastError());
         CK(cudaFreeAsync(x, s));
         CK(cudaMallocAsync(&tmp, 256 << 10, s));
         CK(cudaFreeAsync(tmp, s));
-        freed_on_s.push_back((uintptr_t)x);
-        freed_size.push_back(n * sizeof(float));
+        freed_on_s.push_back(x);
         CK(cudaMallocAsync(&y, n * sizeof(float), t));
         for (size_t k = 0; k < freed_on_s.size(); k++)
-            if ((uintptr_t)y < freed_on_s[k] + freed_size[k] && freed_on_s[k] < (uintptr_t)y + n * sizeof(float)) {
+            if (overlaps(y, n * sizeof(float), freed_on_s[k], lengths[k] * sizeof(float))) {
                 g_xs_reuses++;
                 break;
             }
@@ -235,42 +276,15 @@ static void cross_stream_rounds() {
         g_frees += 3;
         g_bytes += 2 * n * sizeof(float) + (256 << 10);
     }
-    CK(cudaStreamSynchronize(s));
-    CK(cudaStreamSynchronize(t));
-    std::vector<unsigned long long> got((size_t)g_xs_rounds);
-    CK(cudaMemcpy(got.data(), sums, got.size() * sizeof got[0], cudaMemcpyDeviceToHost));
-    for (int r = 0; r < g_xs_rounds; r++) {
-        unsigned long long want = (unsigned long long)lengths[(size_t)r] * (unsigned long long)(r % 64 + 1);
-        if (got[(size_t)r] != want) {
-            if (g_xs_mismatches < 5)
-                fprintf(stderr, "preload_kernels: cross-stream round %d: S read %llu, expected %llu (its buffer was "
-                        "overwritten while S still read it)\n", r, got[(size_t)r], want);
-            g_xs_mismatches++;
-        }
-    }
-    CK(cudaFree(sums));
-    g_frees++;
-    CK(cudaStreamDestroy(s));
-    CK(cudaStreamDestroy(t));
-}
-
-// Does [p, p + n) overlap [q, q + m)?
-static bool overlaps(const void *p, size_t n, const void *q, size_t m) {
-    return (uintptr_t)p < (uintptr_t)q + m && (uintptr_t)q < (uintptr_t)p + n;
+    stream_pair_close(p, lengths, &g_xs_mismatches, "cross-stream", "its buffer was overwritten while S still read it");
 }
 
 // The hand-over rounds (see the top of this file).
 static void handover_rounds() {
     const int R = g_ho_rounds;
     const size_t n = (size_t)1 << 20, bytes = n * sizeof(float), sep_bytes = (size_t)2 << 20;
-    cudaStream_t s, t;
-    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    CK(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking));
-    unsigned long long *sums;
-    CK(cudaMalloc(&sums, (size_t)R * sizeof *sums));
-    g_mallocs++;
-    CK(cudaMemset(sums, 0, (size_t)R * sizeof *sums));
-    CK(cudaDeviceSynchronize()); // the memset is on the legacy stream, which S does not wait for
+    stream_pair p = stream_pair_open(R);
+    cudaStream_t s = p.s, t = p.t;
     std::vector<float *> a((size_t)R), sep((size_t)R), y((size_t)R);
     std::vector<cudaEvent_t> passed((size_t)R);
     for (int r = 0; r < R; r++) {
@@ -282,7 +296,7 @@ static void handover_rounds() {
     }
     for (int r = 0; r < R; r++) {
         fill_value<<<1024, 256, 0, s>>>(a[(size_t)r], n, (float)(r % 64 + 1));
-        spin_then_sum<<<64, 256, 0, s>>>(a[(size_t)r], n, 2000000, sums + r);
+        spin_then_sum<<<64, 256, 0, s>>>(a[(size_t)r], n, 2000000, p.sums + r);
         CK(cudaGetLastError());
         CK(cudaFreeAsync(a[(size_t)r], s));
         g_frees++;
@@ -301,31 +315,14 @@ static void handover_rounds() {
         CK(cudaGetLastError());
         CK(cudaEventRecord(passed[(size_t)r], s));
     }
-    CK(cudaStreamSynchronize(s));
-    CK(cudaStreamSynchronize(t));
-    std::vector<unsigned long long> got((size_t)R);
-    CK(cudaMemcpy(got.data(), sums, got.size() * sizeof got[0], cudaMemcpyDeviceToHost));
-    for (int r = 0; r < R; r++) {
-        unsigned long long want = (unsigned long long)n * (unsigned long long)(r % 64 + 1);
-        if (got[(size_t)r] != want) {
-            if (g_ho_mismatches < 5)
-                fprintf(stderr, "preload_kernels: hand-over round %d: S read %llu, expected %llu (T was given its "
-                        "buffer while S still read it)\n", r, got[(size_t)r], want);
-            g_ho_mismatches++;
-        }
-    }
     for (int r = 0; r < R; r++) {
         CK(cudaFreeAsync(y[(size_t)r], t));
         CK(cudaFreeAsync(sep[(size_t)r], s));
-        CK(cudaEventDestroy(passed[(size_t)r]));
         g_frees += 2;
     }
-    CK(cudaFree(sums));
-    g_frees++;
-    CK(cudaStreamSynchronize(s));
-    CK(cudaStreamSynchronize(t));
-    CK(cudaStreamDestroy(s));
-    CK(cudaStreamDestroy(t));
+    stream_pair_close(p, std::vector<size_t>((size_t)R, n), &g_ho_mismatches, "hand-over",
+                      "T was given its buffer while S still read it");
+    for (int r = 0; r < R; r++) CK(cudaEventDestroy(passed[(size_t)r]));
 }
 
 int main(int argc, char **argv) {
