@@ -336,7 +336,7 @@ def capacity(rows):
                    "bisected at sequence %d, then the sequence in steps of %d at the first failing batch; each "
                    "probe a fresh process." % (
                        "MOCK (dry-run probes, made-up limits): " if c0.get("mock") else "", model_of(c0),
-                       c0["probe_steps"], varlen_text(c0), c0["budget_gb"], c0["seq"], c0["seq_step"]))
+                       c0["probe_steps"], " (%s)" % varlen_text(c0) if c0.get("varlen") else "", c0["budget_gb"], c0["seq"], c0["seq_step"]))
         out.append("")
         base = {model_of(c): {} for c in caps}
         for c in caps:
@@ -365,11 +365,9 @@ def capacity(rows):
 
 
 def varlen_text(c):
-    """How a capacity search's probes chose their sequence lengths, for a sentence."""
-    if not c.get("varlen"):
-        return ""
-    return (" (their sequence lengths drawn from %s to the probe's, the first and last step at the probe's: the "
-            "tokens per step count the longest)" % c.get("seq_min", "?"))
+    """How a variable-length capacity search's probes chose their sequence lengths, for a sentence."""
+    return ("their sequence lengths drawn from %s to the probe's, the first and last step at the probe's: the "
+            "tokens per step count the longest" % c.get("seq_min", "?"))
 
 
 def ratio_text(x, y, spec="%.3f"):
@@ -467,7 +465,7 @@ def targets(rows, sources):
         if vcaps:
             v0 = next(iter(vcaps.values()))
             out += ["GPT-2 %s, sequence lengths drawn per step as in training (capacity budget %.1f GiB; each probe "
-                    "%d steps%s):" % (model, v0["budget_gb"], v0["probe_steps"], varlen_text(v0).replace(" (", ", ").rstrip(")")), ""]
+                    "%d steps%s):" % (model, v0["budget_gb"], v0["probe_steps"], ", " + varlen_text(v0)), ""]
             out += table(["mode"] + TOKENS_HEADER,
                          [[m] + tokens_cells(vcaps.get(m), vcaps.get("default"), vcaps.get("expandable"),
                                              m in CUALLOC_MODES) for m in MODES])
