@@ -199,10 +199,15 @@ int api_device_count(void) { return api_started() ? g.device_count : 0; }
 
 heap_t *api_heap_if_created(int device) { return api_started() ? api_existing_heap(device) : NULL; }
 
+/* Does address a lie in v's pool `pool`? */
+static inline bool api_in_pool(const api_vmm_t *v, pool_id_t pool, uintptr_t a) {
+    return a - v->pool[pool].lo < v->pool[pool].span;
+}
+
 /* Does address a lie in one of v's pools? (Two pools: unrolled.) */
 static inline bool api_in_vmm_range(const api_vmm_t *v, uintptr_t a) {
     _Static_assert(POOL_COUNT == 2, "api_in_vmm_range checks two pools");
-    return a - v->pool[0].lo < v->pool[0].span || a - v->pool[1].lo < v->pool[1].span;
+    return api_in_pool(v, POOL_SMALL, a) || api_in_pool(v, POOL_LARGE, a);
 }
 
 heap_t *api_owner(const void *ptr) {
@@ -279,9 +284,14 @@ CUALLOC_API void cualloc_free(void *ptr, void *stream) {
      * is 0). NULL lies in no range (every range starts above 0). */
     const api_vmm_t *end = g.vmm + atomic_load_explicit(&g.nvmm, memory_order_acquire);
     for (const api_vmm_t *v = g.vmm; v < end; v++) {
-        if (api_in_vmm_range(v, a)) {
-            /* A tail call: the heap reports a pointer it does not hold, so no result comes back. */
-            heap_free_in_range(v->heap, ptr, (cua_stream)stream);
+        /* Tail calls, told the pool (the heap need not find it again): the heap reports a pointer
+         * it does not hold, so no result comes back. */
+        if (api_in_pool(v, POOL_SMALL, a)) {
+            heap_free_in_small_pool(v->heap, ptr, (cua_stream)stream);
+            return;
+        }
+        if (api_in_pool(v, POOL_LARGE, a)) {
+            heap_free_in_large_pool(v->heap, ptr, (cua_stream)stream);
             return;
         }
     }

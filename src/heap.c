@@ -45,8 +45,9 @@
  *   chunk-aligned;
  *   every FREE block is in exactly the index of its (pool, tag); every CACHED block on exactly the
  *   quick list of its (size, tag), never with a device-wide or a closed tag; every ALLOCATED and
- *   every CACHED block is in `live` under its address (a parked block keeps its entry, so that
- *   taking it again and freeing it again cost a map look-up, not an insertion and a removal).
+ *   every CACHED block is found by its address (live_get: VMM, its pool's by_granule slot; classic,
+ *   the `classic_live` map), and nothing else is (a parked block keeps its entry, so that taking it
+ *   again and freeing it again cost a load, not an insertion and a removal).
  *   Accounting: stats.inactive_split_bytes is kept equal to the free bytes that are not releasable
  *   (FREE and CACHED blocks, both pools) at every step; its peak is taken where an operation ends.
  *   stats.active_* equal allocated_* at all times (no block is allocated yet inactive) and are
@@ -57,6 +58,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "internal.h"
 #include "lock.h"
@@ -122,7 +124,14 @@ typedef struct stream_rec_s {
  * Invariant: every CACHED block is on exactly the list of its (size, tag) and lies in the small
  * pool; a bucket that holds blocks has its bit set in quick_nonempty (a set bit may be stale: the
  * list empty); a non-empty list's key hashes to its bucket; quick_bytes is their total. */
-#define LARGE_GRANULE_SHIFT 20 /* 1 MiB == CUALLOC_SMALL_MAX: see pool_t.by_mib */
+/* log2 of the bytes of the reservation per by_granule entry (pool_t.by_granule): 1 MiB in the
+ * large pool (== CUALLOC_SMALL_MAX, which its blocks exceed), 512 B in the small pool (every
+ * block's alignment). */
+#define LARGE_GRANULE_SHIFT 20
+#define SMALL_GRANULE_SHIFT 9
+_Static_assert(((size_t)1 << LARGE_GRANULE_SHIFT) == CUALLOC_SMALL_MAX, "large blocks exceed a granule");
+_Static_assert(((size_t)1 << SMALL_GRANULE_SHIFT) == CUALLOC_ALIGN, "small blocks start on a granule");
+#define GRANULE_SHIFT(pool) ((pool) == POOL_LARGE ? LARGE_GRANULE_SHIFT : SMALL_GRANULE_SHIFT)
 #define QUICK_BUCKETS_LOG2 10
 #define QUICK_BUCKETS (1u << QUICK_BUCKETS_LOG2)
 #define QUICK_DEPTH 64
@@ -151,11 +160,17 @@ typedef struct pool_s {
                                   * pay for a figure only heap_check reads) */
     size_t releasable;           /* bytes of FREE and CACHED blocks that could be unmapped/freed
                                   * now (CACHED: once flushed) */
-    block_t **by_mib;            /* VMM large pool: the ALLOCATED blocks, each at the 1 MiB granule of
-                                  * the reservation its address falls in, NULL elsewhere (mmap'd,
-                                  * an entry per MiB of the reservation: by_mib_bytes). Its blocks are larger
-                                  * than 1 MiB, so no two start in one granule: a free finds its block
-                                  * with one load, and an allocation enters it with one store. */
+    block_t **by_granule;        /* VMM: the blocks a free may name, each at the granule of the
+                                  * reservation its address falls in (GRANULE_SHIFT), NULL elsewhere.
+                                  * Large pool: its ALLOCATED blocks (larger than a granule, so no two
+                                  * start in one). Small pool: its ALLOCATED and CACHED blocks (each
+                                  * starts on a granule of its own). A free finds its block with a
+                                  * load and a comparison of its address, an allocation enters it
+                                  * with a store. mmap'd, an entry per granule (by_granule_bytes):
+                                  * the large pool's is small and writable; the small pool's, 1/64
+                                  * of its reservation, is read-only (the zero page) but where
+                                  * chunks are mapped (granules_open), so it costs host memory
+                                  * only for mapped chunks, 1/64 of them, and no commit charge. */
 } pool_t;
 
 /* The host tables an allocation may need more of (heap_t.host_refused). */
@@ -188,8 +203,8 @@ struct heap_s {
     cua_stream fast_alloc_stream;
     uint64_t last_tag_key;
     uint32_t last_tag_hash;
-    ptrmap_t live;               /* ALLOCATED and CACHED blocks by address, but for the VMM large
-                                  * pool's ALLOCATED ones, which are in its by_mib (live_get) */
+    ptrmap_t classic_live;       /* classic mode: the ALLOCATED blocks by address (VMM pools have
+                                  * their by_granule tables) */
     slab_t blocks;               /* block records */
     cualloc_stats stats;
     unsigned oom_reports;        /* reports printed, to keep a failing loop from flooding */
@@ -232,40 +247,52 @@ static inline size_t align_down(size_t v, size_t a) { return v / a * a; }
 
 /* ------------------------------------------------------------------ live blocks */
 
-/* The ALLOCATED and CACHED blocks by address: pool_t.by_mib for the VMM large pool's, `live` for
- * the others. */
-static inline bool in_large_va(const heap_t *h, uintptr_t a) {
-    const pool_t *p = &h->pools[POOL_LARGE];
+/* The blocks a free may name (ALLOCATED ones, and CACHED ones, which a second free finds and
+ * refuses), by address: each VMM pool's by_granule table, `classic_live` in classic mode. */
+static inline bool in_pool_va(const heap_t *h, pool_id_t pool, uintptr_t a) {
+    const pool_t *p = &h->pools[pool];
     return a - p->va_base < p->va_size; /* va_size is 0 in classic mode */
 }
-static inline size_t by_mib_bytes(const pool_t *p) {
-    size_t entries = (p->va_size + ((size_t)1 << LARGE_GRANULE_SHIFT) - 1) >> LARGE_GRANULE_SHIFT;
-    return (entries * sizeof(block_t *) + 4095) & ~(size_t)4095;
+static inline bool in_large_va(const heap_t *h, uintptr_t a) { return in_pool_va(h, POOL_LARGE, a); }
+static inline size_t by_granule_bytes(const pool_t *p) {
+    return align_up((p->va_size >> GRANULE_SHIFT(p->id)) * sizeof(block_t *), (size_t)sysconf(_SC_PAGESIZE));
 }
-static inline block_t **large_slot(const pool_t *p, uintptr_t a) {
-    return &p->by_mib[(a - p->va_base) >> LARGE_GRANULE_SHIFT];
+/* The slot of address a, which lies in pool's reservation (`pool` a constant where the shift
+ * matters). */
+static inline block_t **granule_slot(const heap_t *h, pool_id_t pool, uintptr_t a) {
+    const pool_t *p = &h->pools[pool];
+    return &p->by_granule[(a - p->va_base) >> GRANULE_SHIFT(pool)];
 }
-/* The allocated large block that starts at a, from a's slot; NULL when none does (the slot may
- * hold a block that starts elsewhere in the same granule, or none). */
-static inline block_t *large_get(block_t *const *slot, uintptr_t a) {
+/* The block that starts at a, from a's slot; NULL when none does (the slot may hold a block that
+ * starts elsewhere in the same granule, or none). */
+static inline block_t *slot_get(block_t *const *slot, uintptr_t a) {
     block_t *b = *slot;
     return b && b->addr == a ? b : NULL;
 }
 static block_t *live_get(const heap_t *h, uintptr_t a) {
-    if (in_large_va(h, a)) return large_get(large_slot(&h->pools[POOL_LARGE], a), a);
-    return ptrmap_get(&h->live, a);
+    if (!h->vmm) return ptrmap_get(&h->classic_live, a);
+    if (in_pool_va(h, POOL_LARGE, a)) return slot_get(granule_slot(h, POOL_LARGE, a), a);
+    if (in_pool_va(h, POOL_SMALL, a)) return slot_get(granule_slot(h, POOL_SMALL, a), a);
+    return NULL;
 }
-/* False when `live` had to grow and could not. */
+/* Enters or removes a small-pool block (VMM; its chunk mapped, so its slot is writable). */
+static inline __attribute__((always_inline)) void small_live_set(heap_t *h, block_t *b) {
+    *granule_slot(h, POOL_SMALL, b->addr) = b;
+}
+static inline __attribute__((always_inline)) void small_live_clear(heap_t *h, const block_t *b) {
+    *granule_slot(h, POOL_SMALL, b->addr) = NULL;
+}
+/* False when `classic_live` had to grow and could not. */
 static inline __attribute__((always_inline)) bool live_insert(heap_t *h, block_t *b) {
-    if (in_large_va(h, b->addr)) {
-        *large_slot(&h->pools[POOL_LARGE], b->addr) = b;
-        return true;
-    }
-    return ptrmap_insert(&h->live, b->addr, b);
+    if (!h->vmm) return ptrmap_insert(&h->classic_live, b->addr, b);
+    if (b->pool == POOL_LARGE) *granule_slot(h, POOL_LARGE, b->addr) = b;
+    else small_live_set(h, b);
+    return true;
 }
 static inline __attribute__((always_inline)) void live_remove(heap_t *h, block_t *b) {
-    if (in_large_va(h, b->addr)) *large_slot(&h->pools[POOL_LARGE], b->addr) = NULL;
-    else ptrmap_remove(&h->live, b->addr);
+    if (!h->vmm) ptrmap_remove(&h->classic_live, b->addr);
+    else if (b->pool == POOL_LARGE) *granule_slot(h, POOL_LARGE, b->addr) = NULL;
+    else small_live_clear(h, b);
 }
 
 /* ------------------------------------------------------------------ rounding */
@@ -626,7 +653,7 @@ static bool quick_evict(heap_t *h, unsigned i, unsigned tag, size_t size) {
         q->count--;
         h->quick_bytes -= b->size;
         quick_account(h, p, b, b->size, false);
-        ptrmap_remove(&h->live, b->addr); /* (small pool: in `live`) */
+        small_live_clear(h, b);
         b->state = BLOCK_FREE;
         b = coalesce_insert_vmm(h, p, b); /* (quick lists are VMM's) */
         if ((b->tag == tag || b->tag == TAG_ANY) && b->size >= size) fit = true;
@@ -1013,6 +1040,34 @@ static inline size_t chunk_index(const pool_t *p, uintptr_t addr) { return (addr
  * that unmaps but will not release is kept for a later try (pending_release), so nothing leaks. */
 static void retry_pending_releases(heap_t *h);
 
+/* The small pool's by_granule slots of chunks [first, first + n), as whole pages: `outward` the
+ * pages that hold any of them, else the pages that hold only them. */
+static void granule_pages(const pool_t *p, size_t first, size_t n, bool outward, uintptr_t *lo, uintptr_t *hi) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), per_chunk = (p->chunk >> SMALL_GRANULE_SHIFT) * sizeof(block_t *);
+    uintptr_t a = (uintptr_t)p->by_granule + first * per_chunk, b = a + n * per_chunk;
+    *lo = outward ? align_down(a, page) : align_up(a, page);
+    *hi = outward ? align_up(b, page) : align_down(b, page);
+}
+
+/* Chunks [first, first + n) of the small pool were mapped: their slots become writable (and, under
+ * strict overcommit, charged). False when the kernel refuses. */
+static bool granules_open(pool_t *p, size_t first, size_t n) {
+    uintptr_t lo, hi;
+    granule_pages(p, first, n, true, &lo, &hi);
+    return mprotect((void *)lo, hi - lo, PROT_READ | PROT_WRITE) == 0;
+}
+
+/* Chunks [first, first + n) of the small pool were unmapped: the pages that hold only their slots
+ * (all NULL: no block lies there) go back to the zero page, read-only. Pages shared with other
+ * chunks stay as they are. */
+static void granules_close(pool_t *p, size_t first, size_t n) {
+    uintptr_t lo, hi;
+    granule_pages(p, first, n, false, &lo, &hi);
+    if (hi <= lo) return;
+    madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    mprotect((void *)lo, hi - lo, PROT_READ);
+}
+
 static size_t chunks_unmap(heap_t *h, pool_t *p, size_t first, size_t n) {
     size_t done = 0;
     for (; done < n; done++) {
@@ -1034,6 +1089,7 @@ static size_t chunks_unmap(heap_t *h, pool_t *p, size_t first, size_t n) {
         }
         p->chunks[i] = 0;
     }
+    if (done && p->id == POOL_SMALL) granules_close(p, first, done);
     p->mapped -= done * p->chunk;
     h->stats.reserved_bytes -= done * p->chunk;
     h->stats.num_unmaps += done;
@@ -1068,6 +1124,10 @@ static cua_result chunks_map(heap_t *h, pool_t *p, uintptr_t addr, size_t len) {
         p->chunks[first + done] = handle;
     }
     if (r == CUA_SUCCESS) r = h->drv->set_access(h->dev, addr, len);
+    if (r == CUA_SUCCESS && p->id == POOL_SMALL && !granules_open(p, first, n)) {
+        h->host_refused = HOST_LIVE_MAP;
+        r = CUA_ERROR_OUT_OF_MEMORY;
+    }
     p->mapped += done * p->chunk;
     h->stats.reserved_bytes += done * p->chunk;
     h->stats.num_maps += done;
@@ -1641,7 +1701,7 @@ static void report_host_refused(heap_t *h, size_t size) {
         h->host_refused_said |= bit;
         char req[32];
         cua_error("device %d: cannot allocate %s: host memory ran out for cualloc's own bookkeeping (%s), not "
-                  "device memory. Free host memory or raise this process's limit on it (ulimit -v, the "
+                  "device memory. Free host memory or raise this process's limits on it (ulimit -v and -d, the "
                   "container's memory limit); later failures of this kind are only counted in num_ooms",
                   h->dev, fmt_bytes(size, req, sizeof req), host_table_names[h->host_refused]);
     }
@@ -1720,7 +1780,7 @@ static inline __attribute__((always_inline)) void free_tag(block_t *b, unsigned 
     b->tag = (uint16_t)tag;
 }
 
-/* The live map could not grow to take b (block_take'n for the request): b goes back, and the
+/* classic_live could not grow to take b (block_take'n for the request): b goes back, and the
  * allocation fails. Lock held; released here. */
 static __attribute__((noinline, cold)) void alloc_untake(heap_t *h, pool_t *p, block_t *b, cua_stream stream, size_t size,
                                                          size_t rsize) {
@@ -1732,7 +1792,7 @@ static __attribute__((noinline, cold)) void alloc_untake(heap_t *h, pool_t *p, b
 }
 
 /* An allocation the quick lists did not serve: search, grow or release, then enter the block in
- * `live` (a parked block is there already; any other is not). Returns the block, or NULL after
+ * the live map (live_insert). Returns the block, or NULL after
  * alloc_fail (which unlocks). Part of alloc_after_miss, its only caller (out of line, so that
  * the hit path stays short): one call frame for the whole miss. */
 static inline __attribute__((always_inline)) block_t *alloc_miss(heap_t *h, pool_t *p, cua_stream stream, unsigned tag,
@@ -1799,8 +1859,7 @@ static __attribute__((noinline, cold)) void *unlock_wake_ptr(heap_t *h, void *re
  * parked) and the small pool's misses. What alloc_after_miss does when the free indexes hold a
  * fitting block, for the fast path's case (VMM, 512 B rounding, the previous call's stream, not
  * recording), without its general checks and calls; no fit (flush, grow, release) goes there. One
- * body, compiled per pool (`pool` a constant): the large pool enters its blocks in its granule
- * table, the small one in `live`. Lock held; released on return. */
+ * body, compiled per pool (`pool` a constant). Lock held; released on return. */
 static inline __attribute__((always_inline)) void *alloc_indexed_fast(heap_t *h, pool_id_t pool, size_t size, size_t rsize,
                                                                      cua_stream stream) {
     pool_t *p = &h->pools[pool];
@@ -1811,12 +1870,8 @@ static inline __attribute__((always_inline)) void *alloc_indexed_fast(heap_t *h,
         alloc_fail(h, stream, size, rsize);
         return NULL;
     }
-    if (pool == POOL_LARGE) {
-        *large_slot(p, b->addr) = b;
-    } else if (__builtin_expect(!ptrmap_insert(&h->live, b->addr, b), 0)) {
-        alloc_untake(h, p, b, stream, size, rsize);
-        return NULL;
-    }
+    if (pool == POOL_LARGE) *granule_slot(h, POOL_LARGE, b->addr) = b;
+    else small_live_set(h, b);
     account_alloc(h, b, b->size, size, stream);
     update_inactive_split(h);
     void *ptr = (void *)b->addr;
@@ -1883,7 +1938,7 @@ cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
     return *out ? CUA_SUCCESS : CUA_ERROR_OUT_OF_MEMORY;
 }
 
-/* A just-freed block (tag final, out of `live` now) goes into its index, merged with its
+/* A just-freed block (tag final, no longer live_get's) goes into its index, merged with its
  * neighbours. */
 static inline __attribute__((always_inline)) void free_into_index(heap_t *h, pool_t *p, block_t *b) {
     b->state = BLOCK_FREE;
@@ -1895,7 +1950,7 @@ static inline __attribute__((always_inline)) void free_into_index(heap_t *h, poo
     free_insert(h, p, b);
 }
 
-/* The same for a block still in `live`. */
+/* The same for a block live_get still finds. */
 static __attribute__((noinline)) void free_to_index(heap_t *h, pool_t *p, block_t *b) {
     live_remove(h, b);
     free_into_index(h, p, b);
@@ -1975,7 +2030,7 @@ static __attribute__((noinline)) bool free_locked(heap_t *h, block_t *b, cua_str
             free_on_tag(h, p, b, stream, tag);
         } else {
             free_tag(b, tag);
-            if (!quick_push(h, p, b)) free_to_index(h, p, b); /* parked: stays in `live` */
+            if (!quick_push(h, p, b)) free_to_index(h, p, b); /* parked: keeps its entry */
         }
     }
     update_inactive_split(h);
@@ -1985,7 +2040,7 @@ static __attribute__((noinline)) bool free_locked(heap_t *h, block_t *b, cua_str
 
 /* heap_free's fast path in the large pool, whose blocks are never parked: what free_locked does for
  * the fast path's case (VMM, an ALLOCATED block, the previous call's stream, not recording)
- * without its general checks and calls. `slot`: b's in by_mib. Lock held; released on return. */
+ * without its general checks and calls. `slot`: b's in by_granule. Lock held; released on return. */
 static __attribute__((noinline)) bool free_large_fast(heap_t *h, block_t *b, block_t **slot) {
     pool_t *p = &h->pools[POOL_LARGE];
     account_free(h, b, b->size);
@@ -1997,29 +2052,33 @@ static __attribute__((noinline)) bool free_large_fast(heap_t *h, block_t *b, blo
     return true;
 }
 
-/* free_locked for heap_free_in_range: a pointer it does not hold is reported. */
+/* free_locked for heap_free_in_small_pool and _large_pool: a pointer it does not hold is reported. */
 static __attribute__((noinline)) bool free_locked_or_report(heap_t *h, block_t *b, cua_stream stream, void *ptr) {
     if (free_locked(h, b, stream, false)) return true;
     cua_error("cualloc_free: %p was not allocated by cualloc (or was already freed); ignored", ptr);
     return false;
 }
 
+/* Where heap_free_locked's caller found the pointer: in one of the pools' reservations, or not
+ * looked (the heap finds out). */
+typedef enum { FREE_IN_SMALL = POOL_SMALL, FREE_IN_LARGE = POOL_LARGE, FREE_ANYWHERE } free_where_t;
+
 /* The fast path: a VMM free of an allocated block on the stream of the previous call, whose quick
  * list has room (or that lies in the large pool), not recording. What free_locked would do for
  * that case and nothing else; everything else goes there. Lock held; released on return.
- * `report`: heap_free_in_range's (a constant where inlined). */
-static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, void *ptr, cua_stream stream, bool report) {
+ * `report` and `where`: constants where inlined. */
+static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, void *ptr, cua_stream stream, bool report,
+                                                                   free_where_t where) {
     uintptr_t a = (uintptr_t)ptr;
     block_t *b;
-    if (__builtin_expect(in_large_va(h, a), 0)) {
-        block_t **slot = large_slot(&h->pools[POOL_LARGE], a);
-        b = large_get(slot, a);
+    if (where == FREE_IN_LARGE || (where == FREE_ANYWHERE && __builtin_expect(in_large_va(h, a), 0))) {
+        block_t **slot = granule_slot(h, POOL_LARGE, a);
+        b = slot_get(slot, a);
         if (__builtin_expect(b && stream == h->fast_free_stream, 1)) return free_large_fast(h, b, slot);
         return report ? free_locked_or_report(h, b, stream, ptr) : free_locked(h, b, stream, false);
     }
-    /* Below: `live`, which holds the small pool's blocks in VMM mode (the only mode of the fast
-     * stream). */
-    b = ptrmap_get(&h->live, a);
+    if (where == FREE_IN_SMALL || in_pool_va(h, POOL_SMALL, a)) b = slot_get(granule_slot(h, POOL_SMALL, a), a);
+    else b = live_get(h, a); /* classic mode, or not this heap's */
     if (__builtin_expect(b && b->state == BLOCK_ALLOCATED && stream == h->fast_free_stream, 1)) {
         unsigned tag = h->last_tag;
         size_t size = b->size;
@@ -2036,10 +2095,10 @@ static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, vo
             room = quick_room(&h->quick[i], key);
         }
         if (__builtin_expect(room, 1)) {
-            pool_t *p = &h->pools[POOL_SMALL]; /* (b's: `live` holds no other pool's blocks here) */
+            pool_t *p = &h->pools[POOL_SMALL]; /* (b's: the fast stream is VMM's, and b is not large) */
             account_free(h, b, size);
             free_tag(b, tag);
-            quick_park(h, p, b, size, i, key); /* stays in `live` */
+            quick_park(h, p, b, size, i, key); /* keeps its slot */
             update_inactive_split(h);
             if (__builtin_expect(cua_unlock_nowake(&h->lock), 0)) return unlock_wake_true(h);
             return true;
@@ -2050,20 +2109,28 @@ static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, vo
 
 static __attribute__((noinline, cold)) bool heap_free_contended(heap_t *h, void *ptr, cua_stream stream, bool report) {
     cua_lock(&h->lock);
-    return heap_free_locked(h, ptr, stream, report);
+    return heap_free_locked(h, ptr, stream, report, FREE_ANYWHERE);
 }
 
 bool heap_free(heap_t *h, void *ptr, cua_stream stream) {
     if (__builtin_expect(!cua_trylock(&h->lock), 0)) return heap_free_contended(h, ptr, stream, false);
-    return heap_free_locked(h, ptr, stream, false);
+    return heap_free_locked(h, ptr, stream, false, FREE_ANYWHERE);
 }
 
-void heap_free_in_range(heap_t *h, void *ptr, cua_stream stream) {
+void heap_free_in_small_pool(heap_t *h, void *ptr, cua_stream stream) {
     if (__builtin_expect(!cua_trylock(&h->lock), 0)) {
         heap_free_contended(h, ptr, stream, true);
         return;
     }
-    heap_free_locked(h, ptr, stream, true);
+    heap_free_locked(h, ptr, stream, true, FREE_IN_SMALL);
+}
+
+void heap_free_in_large_pool(heap_t *h, void *ptr, cua_stream stream) {
+    if (__builtin_expect(!cua_trylock(&h->lock), 0)) {
+        heap_free_contended(h, ptr, stream, true);
+        return;
+    }
+    heap_free_locked(h, ptr, stream, true, FREE_IN_LARGE);
 }
 
 bool heap_free_device_wide(heap_t *h, void *ptr) {
@@ -2084,11 +2151,11 @@ static cua_result pool_init_vmm(heap_t *h, pool_t *p, size_t chunk, size_t va_si
     void *mem = mmap(NULL, table, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (mem == MAP_FAILED) return CUA_ERROR_OUT_OF_MEMORY;
     p->chunks = mem;
-    if (p->id == POOL_LARGE) {
-        mem = mmap(NULL, by_mib_bytes(p), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (mem == MAP_FAILED) return CUA_ERROR_OUT_OF_MEMORY;
-        p->by_mib = mem;
-    }
+    /* The small pool's slots open as its chunks are mapped (granules_open). */
+    int prot = p->id == POOL_LARGE ? PROT_READ | PROT_WRITE : PROT_READ;
+    mem = mmap(NULL, by_granule_bytes(p), prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mem == MAP_FAILED) return CUA_ERROR_OUT_OF_MEMORY;
+    p->by_granule = mem;
     cua_devptr va = 0;
     cua_result r = h->drv->va_reserve(h->dev, p->va_size, chunk, &va);
     if (r != CUA_SUCCESS) return r;
@@ -2162,7 +2229,7 @@ heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_re
     h->tags[TAG_DW_A].used = h->tags[TAG_DW_B].used = true;
     h->tags[TAG_DW_A].handle = h->tags[TAG_DW_B].handle = DW_HANDLE;
     h->dw_open = TAG_DW_A;
-    if (!ptrmap_init(&h->live)) r = CUA_ERROR_OUT_OF_MEMORY;
+    if (!h->vmm && !ptrmap_init(&h->classic_live)) r = CUA_ERROR_OUT_OF_MEMORY;
     for (int pi = 0; pi < POOL_COUNT; pi++) {
         h->pools[pi].id = (pool_id_t)pi;
         sizeclass_init(&h->pools[pi].unmapped);
@@ -2220,7 +2287,7 @@ void heap_destroy(heap_t *h) {
             seg = next_seg;
         }
         if (p->chunks) munmap(p->chunks, align_up(p->nchunks * sizeof(cua_memhandle), 4096));
-        if (p->by_mib) munmap(p->by_mib, by_mib_bytes(p));
+        if (p->by_granule) munmap(p->by_granule, by_granule_bytes(p));
         for (unsigned t = 0; t < HEAP_MAX_TAGS; t++)
             if (p->index[t]) munmap(p->index[t], sizeof(findex_t));
     }
@@ -2229,7 +2296,7 @@ void heap_destroy(heap_t *h) {
         if (h->tags[t].event) h->drv->event_destroy(h->dev, h->tags[t].event);
     for (unsigned i = 0; i < h->n_nb; i++)
         if (h->nb[i].event) h->drv->event_destroy(h->dev, h->nb[i].event);
-    ptrmap_destroy(&h->live);
+    ptrmap_destroy(&h->classic_live);
     slab_destroy(&h->blocks);
     heap_mem_free(h);
 }
@@ -2496,6 +2563,9 @@ static size_t check_pool(check_ctx_t *c, pool_t *p) {
                       "unmapped blocks %#lx and %#lx should have merged", (unsigned long)b->addr, (unsigned long)b->next->addr);
             }
             seg_size += b->size;
+            if (b->state == BLOCK_FREE || b->state == BLOCK_UNMAPPED)
+                CHECK(c, live_get(h, b->addr) == NULL, "%s block %#lx is in the live map",
+                      b->state == BLOCK_FREE ? "free" : "unmapped", (unsigned long)b->addr);
             switch (b->state) {
             case BLOCK_ALLOCATED:
                 allocated += b->size;
@@ -2520,7 +2590,7 @@ static size_t check_pool(check_ctx_t *c, pool_t *p) {
                 CHECK(c, !tag_is_device_wide(b->tag), "cached block %#lx is tagged device-wide", (unsigned long)b->addr);
                 CHECK(c, b->tag < HEAP_MAX_TAGS && h->tags[b->tag].used && !h->tags[b->tag].closed,
                       "cached block %#lx has tag %u, which is not an open tag", (unsigned long)b->addr, b->tag);
-                CHECK(c, ptrmap_get(&h->live, b->addr) == b, "cached block %#lx missing from the live map", (unsigned long)b->addr);
+                CHECK(c, live_get(h, b->addr) == b, "cached block %#lx missing from the live map", (unsigned long)b->addr);
                 c->cached_blocks++;
                 break;
             case BLOCK_UNMAPPED:
@@ -2669,24 +2739,36 @@ int heap_check(heap_t *h, FILE *report) {
     CHECK(&c, h->stats.reserved_bytes <= h->cap, "reserved %zu exceeds the cap %zu", h->stats.reserved_bytes, h->cap);
     CHECK(&c, h->stats.inactive_split_bytes == heap_inactive_split(h), "inactive_split_bytes is stale");
     CHECK(&c, h->stats.requested_bytes <= h->stats.allocated_bytes, "requested exceeds allocated");
-    /* by_mib: only ALLOCATED large-pool blocks, each at its own granule. */
-    size_t large_live = 0;
-    const pool_t *lp = &h->pools[POOL_LARGE];
-    for (size_t i = 0; lp->by_mib && i < by_mib_bytes(lp) / sizeof(block_t *); i++) {
-        block_t *b = lp->by_mib[i];
-        if (!b) continue;
-        large_live++;
-        CHECK(&c, b->state == BLOCK_ALLOCATED && b->pool == POOL_LARGE && large_slot(lp, b->addr) == &lp->by_mib[i],
-              "large-pool map entry %zu holds block %#lx (state %d, pool %d)", i, (unsigned long)b->addr, b->state, b->pool);
+    /* The pools' tables: only their ALLOCATED blocks (and the small pool's CACHED ones), each at
+     * its own slot; above, every such block was found there. The small pool's table is scanned
+     * where chunks are mapped (elsewhere it is the zero page). */
+    size_t live = h->vmm ? 0 : h->classic_live.count;
+    for (int pi = 0; pi < POOL_COUNT && h->vmm; pi++) {
+        const pool_t *p = &h->pools[pi];
+        size_t per_chunk = p->chunk >> GRANULE_SHIFT(pi), end = by_granule_bytes(p) / sizeof(block_t *);
+        for (size_t i = 0; i < end; i++) {
+            if (pi == POOL_SMALL && i % per_chunk == 0 && i / per_chunk < p->nchunks && !p->chunks[i / per_chunk]) {
+                i += per_chunk - 1; /* an unmapped chunk's slots */
+                continue;
+            }
+            block_t *b = p->by_granule[i];
+            if (!b) continue;
+            live++;
+            CHECK(&c, (b->state == BLOCK_ALLOCATED || (pi == POOL_SMALL && b->state == BLOCK_CACHED)) && b->pool == pi &&
+                      granule_slot(h, (pool_id_t)pi, b->addr) == &p->by_granule[i],
+                  "%s-pool live table entry %zu holds block %#lx (state %d, pool %d)", pi == POOL_SMALL ? "small" : "large",
+                  i, (unsigned long)b->addr, b->state, b->pool);
+        }
     }
-    CHECK(&c, c.allocated_blocks + c.cached_blocks == h->live.count + large_live,
-          "%zu allocated and %zu cached blocks, live maps hold %zu + %zu", c.allocated_blocks, c.cached_blocks,
-          h->live.count, large_live);
+    CHECK(&c, c.allocated_blocks + c.cached_blocks == live, "%zu allocated and %zu cached blocks, live tables hold %zu",
+          c.allocated_blocks, c.cached_blocks, live);
     CHECK(&c, h->stats.num_allocs - h->stats.num_frees == c.allocated_blocks, "allocs - frees = %llu, allocated blocks %zu",
           (unsigned long long)(h->stats.num_allocs - h->stats.num_frees), c.allocated_blocks);
-    c.bad += ptrmap_check(&h->live, report);
-    ptrmap_foreach(&h->live, check_live_entry, &c);
-    CHECK(&c, h->blocks.live >= h->live.count, "slab hands out fewer records than live blocks");
+    if (!h->vmm) {
+        c.bad += ptrmap_check(&h->classic_live, report);
+        ptrmap_foreach(&h->classic_live, check_live_entry, &c);
+    }
+    CHECK(&c, h->blocks.live >= live, "slab hands out fewer records than live blocks");
     cua_unlock(&h->lock);
     return c.bad;
 }
@@ -2722,6 +2804,14 @@ void heap_test_tag_fields(heap_t *h, unsigned t, bool **closed, bool **in_flight
     *closed = &h->tags[t].closed;
     *in_flight = &h->tags[t].event_in_flight;
     *partner = &h->tags[t].partner;
+}
+
+block_t **heap_test_live_slot(heap_t *h, const void *ptr) {
+    uintptr_t a = (uintptr_t)ptr;
+    if (!h->vmm) return NULL;
+    if (in_pool_va(h, POOL_LARGE, a)) return granule_slot(h, POOL_LARGE, a);
+    if (in_pool_va(h, POOL_SMALL, a)) return granule_slot(h, POOL_SMALL, a);
+    return NULL;
 }
 
 cua_memhandle *heap_test_chunk(heap_t *h, const void *ptr) {

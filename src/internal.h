@@ -227,7 +227,7 @@ struct block_s {
 
 /* ======================================================================== ptrmap.c */
 
-/* Allocated blocks by address: open addressing with linear probing and backward-shift deletion,
+/* Allocated blocks by address (classic mode): open addressing with linear probing and backward-shift deletion,
  * table memory from mmap, grown at half full. Not thread-safe (used under the heap lock).
  * Invariant (ptrmap_check): every key sits in its probe run, count equals the occupied slots. */
 typedef struct ptrmap_entry_s { uintptr_t key; block_t *val; } ptrmap_entry_t;
@@ -446,11 +446,12 @@ cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out);
 void *heap_malloc(heap_t *h, size_t size, cua_stream stream);
 /* Frees ptr ordered on stream. Returns false (and does nothing) when h does not own ptr. */
 bool heap_free(heap_t *h, void *ptr, cua_stream stream);
-/* heap_free for a pointer the caller found in this heap's address range, which it therefore owns
- * or nobody does: when h has no allocated block at ptr (a pointer not returned by cualloc, or one
- * freed already) it reports that and ignores it. Returns nothing, so that the front door's common
- * case is a tail call. */
-void heap_free_in_range(heap_t *h, void *ptr, cua_stream stream);
+/* heap_free for a pointer the caller found in the reservation of h's small (large) pool
+ * (heap_pool_range), which h therefore owns or nobody does: when h has no allocated block at ptr (a
+ * pointer not returned by cualloc, or one freed already) it reports that and ignores it. Returns
+ * nothing, so that the front door's common case is a tail call. */
+void heap_free_in_small_pool(heap_t *h, void *ptr, cua_stream stream);
+void heap_free_in_large_pool(heap_t *h, void *ptr, cua_stream stream);
 /* Does ptr fall in memory this heap manages? (Exact for VMM; allocated-block lookup for classic.) */
 bool heap_owns(heap_t *h, const void *ptr);
 /* The requested size of an allocated block, or SIZE_MAX when ptr is not one of h's. */
@@ -491,6 +492,7 @@ void heap_dump(heap_t *h, FILE *out);
 block_t *heap_test_find_block(heap_t *h, const void *ptr);
 cualloc_stats *heap_test_stats(heap_t *h);               /* the heap's own counters */
 cua_memhandle *heap_test_chunk(heap_t *h, const void *ptr); /* chunk table entry under ptr (VMM) */
+block_t **heap_test_live_slot(heap_t *h, const void *ptr); /* VMM: ptr's entry in its pool's live table */
 /* The fields of stream tag t's record that the stream-generation invariants bind. */
 void heap_test_tag_fields(heap_t *h, unsigned t, bool **closed, bool **in_flight, uint16_t **partner);
 bool heap_is_vmm(const heap_t *h);

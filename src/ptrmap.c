@@ -1,4 +1,5 @@
-/* ptrmap.c — the map from an allocated block's address to its record, used by every free. Open
+/* ptrmap.c — the map from an allocated block's address to its record, used by every free in
+ * classic mode (VMM pools index their blocks by address directly: heap.c, by_granule). Open
  * addressing, linear probing, backward-shift deletion (no tombstones, so probe runs stay short
  * under the alloc/free churn of training). It owns only its table; blocks belong to heap.c. The
  * operations every allocation and free make are inline in internal.h; this file holds the rest. */

@@ -64,6 +64,36 @@ static void corrupt_cached(heap_t *h, void **ptrs, int n) {
     CORRUPT(h, q->link.list.next_free, q, "quick list looping on itself");
 }
 
+/* VMM: the pools' tables of live blocks (by address), which every free looks in. */
+static void corrupt_live_tables(heap_t *h, void **ptrs, int n) {
+    block_t *small = NULL, *large = NULL, *free_small = NULL;
+    for (int i = 0; i < n; i++) {
+        block_t *x = heap_test_find_block(h, ptrs[i]);
+        if (!x) continue;
+        if (x->pool == POOL_SMALL && !small) small = x;
+        if (x->pool == POOL_LARGE && !large) large = x;
+        if (x->pool == POOL_SMALL && x->next && x->next->state == BLOCK_FREE) free_small = x->next;
+    }
+    EXPECT(small && large && free_small, "a live block in each pool, and a free small one");
+    block_t **slot = heap_test_live_slot(h, (void *)small->addr);
+    EXPECT(slot && *slot == small, "the small block is in its slot");
+    CORRUPT(h, *slot, NULL, "allocated small block missing from the live table");
+    slot = heap_test_live_slot(h, (void *)large->addr);
+    EXPECT(slot && *slot == large, "the large block is in its slot");
+    CORRUPT(h, *slot, NULL, "allocated large block missing from the live table");
+    slot = heap_test_live_slot(h, (void *)free_small->addr);
+    CORRUPT(h, *slot, free_small, "free small block in the live table");
+    /* A stray entry where no block starts: inside a live block, and in a mapped chunk's free space. */
+    block_t *wide = NULL;
+    for (int i = 0; i < n && !wide; i++) {
+        block_t *x = heap_test_find_block(h, ptrs[i]);
+        if (x && x->pool == POOL_SMALL && x->size > CUALLOC_ALIGN) wide = x;
+    }
+    EXPECT(wide, "a small block wider than 512 B");
+    CORRUPT(h, *heap_test_live_slot(h, (void *)(wide->addr + CUALLOC_ALIGN)), wide, "stray entry inside a live block");
+    CORRUPT(h, *heap_test_live_slot(h, (void *)(free_small->addr + CUALLOC_ALIGN)), small, "stray entry in free space");
+}
+
 static void corrupt_stats(heap_t *h) {
     cualloc_stats *s = heap_test_stats(h);
     CORRUPT(h, s->allocated_bytes, s->allocated_bytes + 512, "allocated_bytes off by 512");
@@ -108,6 +138,7 @@ int main(void) {
     heap_t *h = build("sim_memory_mb:512", ptrs, 24);
     corrupt_blocks(h, ptrs, 24);
     corrupt_cached(h, ptrs, 24);
+    corrupt_live_tables(h, ptrs, 24);
     corrupt_stats(h);
     cua_memhandle *chunk = heap_test_chunk(h, ptrs[1]);
     EXPECT(chunk && *chunk, "chunk under a live block is mapped");

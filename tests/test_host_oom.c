@@ -5,7 +5,9 @@
  * host memory (not as the device running out, which would send the user to the wrong fix), and
  * once the cap is lifted the heap serves and frees everything again. Small requests drive it:
  * each is a new live block (the map and the slabs grow), many share a chunk (the device has room).
- * Both modes: VMM (expandable segments) and classic; and a stream first seen under the cap.
+ * Both modes: VMM (expandable segments) and classic; and a stream first seen under the cap. And
+ * the small pool's table of live blocks, whose pages open as chunks are mapped, under a cap on the
+ * data size (RLIMIT_DATA, which writable private mappings count against).
  * Skipped (77) under sanitizers, whose shadow memory does not fit under such a cap. */
 #include <sys/resource.h>
 #include <unistd.h>
@@ -123,6 +125,67 @@ static void run_new_stream(const char *text) {
     sim_stream_destroy(s);
 }
 
+/* The data size in use now (brk and private writable mappings: what RLIMIT_DATA caps), from
+ * /proc/self/status. */
+static size_t data_bytes(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    EXPECT(f, "cannot read /proc/self/status");
+    char line[256];
+    size_t kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmData: %zu kB", &kib) == 1) break;
+    if (f) fclose(f);
+    EXPECT(kib > 0, "no VmData in /proc/self/status");
+    return kib * 1024;
+}
+
+/* VMM: the small pool's table of live blocks opens its pages for each chunk mapped (writable,
+ * so charged as data). With the data size capped at what is in use, a request that needs a new
+ * small-pool chunk fails cleanly, reported as host memory for the map of live blocks; the chunk
+ * is not left mapped, and once the cap is lifted the request is served. */
+static void run_small_pool_slots(void) {
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:1024", &c);
+    void *warm[64];
+    for (size_t i = 0; i < 64; i++) EXPECT(heap_alloc(h, 4096, NULL, &warm[i]) == CUA_SUCCESS, "warm-up %zu", i);
+    for (size_t i = 0; i < 64; i++) EXPECT(heap_free(h, warm[i], NULL), "warm-up free %zu", i);
+    cualloc_stats before;
+    heap_get_stats(h, &before);
+    messages.len = 0;
+    messages.text[0] = '\0';
+    struct rlimit r;
+    EXPECT(getrlimit(RLIMIT_DATA, &r) == 0, "getrlimit");
+    rlim_t saved = r.rlim_cur;
+    r.rlim_cur = (rlim_t)data_bytes();
+    EXPECT(setrlimit(RLIMIT_DATA, &r) == 0, "setrlimit");
+    /* 1 MiB blocks: the chunk mapped at warm-up holds one besides what is cached; the next needs
+     * a chunk of its own. */
+    void *big[4] = {0};
+    size_t served = 0;
+    for (; served < 4 && heap_alloc(h, 1 << 20, NULL, &big[served]) == CUA_SUCCESS; served++) {}
+    r.rlim_cur = saved;
+    EXPECT(setrlimit(RLIMIT_DATA, &r) == 0, "setrlimit");
+    EXPECT(served < 4, "four 1 MiB blocks were served with no data size to spare");
+    EXPECT(heap_check(h, stderr) == 0, "heap inconsistent after the failed allocation");
+    EXPECT(strstr(messages.text, "host memory") && strstr(messages.text, "the map of live blocks") &&
+               !strstr(messages.text, "out of memory"),
+           "the failure was not reported as host memory for the map of live blocks:\n%s", messages.text);
+    cualloc_stats after;
+    heap_get_stats(h, &after);
+    /* The chunk was mapped, then given back when its slots could not open (heap_check above:
+     * nothing is left mapped that no block uses). */
+    EXPECT(after.num_maps > before.num_maps && after.num_unmaps > before.num_unmaps,
+           "no chunk was mapped and given back (maps %llu -> %llu, unmaps %llu -> %llu)",
+           (unsigned long long)before.num_maps, (unsigned long long)after.num_maps,
+           (unsigned long long)before.num_unmaps, (unsigned long long)after.num_unmaps);
+    EXPECT(heap_alloc(h, 1 << 20, NULL, &big[served]) == CUA_SUCCESS, "not served once the cap is lifted");
+    for (size_t i = 0; i <= served; i++) EXPECT(heap_free(h, big[i], NULL), "free %zu", i);
+    EXPECT(heap_check(h, stderr) == 0, "heap inconsistent at the end");
+    printf("test_host_oom: small-pool slots: %zu of 4 new 1 MiB blocks served under the cap, then a clean failure\n",
+           served);
+    heap_destroy(h);
+}
+
 int main(void) {
 #ifdef UNDER_SANITIZER
     printf("test_host_oom: skipped under a sanitizer\n");
@@ -134,5 +197,6 @@ int main(void) {
     run("sim_memory_mb:1024", 40); /* 40 streams: each a new tag and free index */
     run_new_stream("sim_memory_mb:1024");
     run_new_stream("sim_memory_mb:1024,expandable_segments:0");
+    run_small_pool_slots();
     return 0;
 }
