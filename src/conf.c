@@ -137,7 +137,7 @@ static const opt_t opts[] = {
      "Sim device memory is real host memory, so tests can read and write through the pointers.",
      OFF(sim_host_backed), 0, 1, 0},
     {"sim_granularity_kb", OPT_KIB, "2048",
-     "VMM granularity of the sim device in KiB, a power of two, at least 4.",
+     "VMM granularity of the sim device in KiB, a power of two, at least 4 (the small pool still maps 2 MiB chunks at least).",
      OFF(sim_granularity), 4, (uint64_t)1 << 20, OPT_POW2},
     {"sim_vmm", OPT_BOOL, "True",
      "The sim device supports virtual memory management. `False`: classic segments only.",

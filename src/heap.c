@@ -576,15 +576,12 @@ static inline unsigned quick_index_hashed(size_t size, uint32_t tag_hash) {
 }
 static inline unsigned quick_index(size_t size, unsigned tag) { return quick_index_hashed(size, quick_hash_tag(tag)); }
 
-/* A parked (CACHED) block's accounting, added or taken away (VMM only; size == b->size): free
- * memory as free_account_add counts it, computed each time (most parked blocks hold no whole chunk). */
-static inline void quick_account(heap_t *h, pool_t *p, const block_t *b, size_t size, bool add) {
-    size_t rel = 0;
-    if (__builtin_expect(size >= p->chunk, 0)) {
-        rel = chunk_interior(p, b->addr, size);
-        p->releasable += add ? rel : -rel;
-    }
-    h->stats.inactive_split_bytes += add ? size - rel : rel - size;
+/* A parked (CACHED) block's accounting, added or taken away (size == b->size): free memory as
+ * free_account_add counts it. Parked blocks are the small pool's, at most CUALLOC_SMALL_MAX bytes,
+ * and its chunks are larger (heap_create), so none holds a whole chunk: all of it is inactive split,
+ * none releasable. */
+static inline void quick_account(heap_t *h, size_t size, bool add) {
+    h->stats.inactive_split_bytes += add ? size : -size;
 }
 
 /* Can list i take a block of `key`: empty, or holding that key with room? */
@@ -606,7 +603,7 @@ static inline void quick_park(heap_t *h, pool_t *p, block_t *b, size_t size, uns
     q->head = b;
     q->count++;
     h->quick_bytes += size;
-    quick_account(h, p, b, size, true);
+    quick_account(h, size, true);
 }
 
 /* Parks a just-freed block (tag and size final) on its quick list; false when the bucket is taken
@@ -631,7 +628,7 @@ static inline __attribute__((always_inline)) block_t *quick_pop_keyed(heap_t *h,
     q->count--;
     q->ref = true;
     h->quick_bytes -= size; /* the bucket's bit stays, if this was its last block (lazy) */
-    quick_account(h, p, b, size, false);
+    quick_account(h, size, false);
     return b;
 }
 
@@ -652,7 +649,7 @@ static bool quick_evict(heap_t *h, unsigned i, unsigned tag, size_t size) {
         q->head = b->link.list.next_free;
         q->count--;
         h->quick_bytes -= b->size;
-        quick_account(h, p, b, b->size, false);
+        quick_account(h, b->size, false);
         small_live_clear(h, b);
         b->state = BLOCK_FREE;
         b = coalesce_insert_vmm(h, p, b); /* (quick lists are VMM's) */
@@ -1907,9 +1904,14 @@ static __attribute__((noinline, cold)) bool unlock_wake_true(heap_t *h) {
  * parked block only lowers inactive_split_bytes, so its peak needs no update here. Lock held;
  * released on return. */
 static inline __attribute__((always_inline)) void *heap_malloc_locked(heap_t *h, size_t size, cua_stream stream) {
-    if (__builtin_expect(stream == h->fast_alloc_stream && size - 1 < HEAP_MAX_REQUEST, 1)) {
+    if (__builtin_expect(stream == h->fast_alloc_stream, 1)) {
+        /* One comparison admits 1 .. CUALLOC_SMALL_MAX bytes: a size of 0 rounds to 0, and one
+         * within 511 of SIZE_MAX wraps to 0 too. */
         size_t rsize = (size + CUALLOC_ALIGN - 1) & ~(size_t)(CUALLOC_ALIGN - 1);
-        if (__builtin_expect(rsize > CUALLOC_SMALL_MAX, 0)) return alloc_large_fast(h, size, rsize, stream);
+        if (__builtin_expect(rsize - 1 >= CUALLOC_SMALL_MAX, 0)) {
+            if (size - 1 < HEAP_MAX_REQUEST) return alloc_large_fast(h, size, rsize, stream);
+            return alloc_locked(h, size, stream);
+        }
         pool_t *p = &h->pools[POOL_SMALL];
         block_t *b = quick_pop_keyed(h, p, rsize, rsize | h->last_tag_key, quick_index_hashed(rsize, h->last_tag_hash));
         if (__builtin_expect(b != NULL, 1)) {
@@ -2244,7 +2246,12 @@ heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_re
         size_t large_chunk = h->granularity;
         while (large_chunk < conf->chunk_size) large_chunk <<= 1;
         size_t factor = conf->va_factor >= 2 ? conf->va_factor : 2;
-        r = pool_init_vmm(h, &h->pools[POOL_SMALL], h->granularity, align_up(h->total, h->granularity));
+        /* The small pool's chunks are larger than its blocks, so that no parked block holds a
+         * whole chunk (quick_account). The granularity of every CUDA device is 2 MiB already;
+         * only the sim device may have less. */
+        size_t small_chunk = h->granularity;
+        while (small_chunk <= CUALLOC_SMALL_MAX) small_chunk <<= 1;
+        r = pool_init_vmm(h, &h->pools[POOL_SMALL], small_chunk, align_up(h->total, small_chunk));
         if (r == CUA_SUCCESS) r = pool_init_vmm(h, &h->pools[POOL_LARGE], large_chunk, factor * align_up(h->total, large_chunk));
     }
     if (r != CUA_SUCCESS) {
@@ -2539,6 +2546,8 @@ static void check_live_entry(block_t *b, void *arg) {
 static size_t check_pool(check_ctx_t *c, pool_t *p) {
     heap_t *h = c->h;
     size_t allocated = 0, free_mapped = 0, releasable = 0, unmapped_bytes = 0, unmapped_count = 0;
+    if (h->vmm && p->id == POOL_SMALL)
+        CHECK(c, p->chunk > CUALLOC_SMALL_MAX, "small-pool chunks of %zu B: a parked block could hold one", p->chunk);
     size_t free_count[HEAP_MAX_TAGS] = {0}, free_bytes[HEAP_MAX_TAGS] = {0};
     size_t segments = 0;
     for (block_t *seg = p->segments; seg; seg = seg->seg_next) {
