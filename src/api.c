@@ -28,8 +28,9 @@ static struct {
     _Atomic(heap_t *) heaps[CUALLOC_MAX_DEVICES];
     _Atomic bool ready;      /* api_init has run: the fast paths skip pthread_once */
     bool heap_failed[CUALLOC_MAX_DEVICES]; /* heap_create failed; guarded by create_lock */
-    /* The fast paths' copies, written once when a heap is made, never while disabled. fast_heap:
-     * each device's heap, for cualloc_malloc. vmm: the VMM heaps in the order they were made; an
+    /* The fast paths' copies, never written while disabled. fast_heap: each device's heap, for
+     * cualloc_malloc, NULL while the recorder is on (api_fast_heap_update), so that its one test
+     * also sends allocations to the stack capture. vmm: the VMM heaps in the order they were made; an
      * entry is written whole before nvmm counts it (release) and never changes after, so a free,
      * which scans the first nvmm entries, never reads one being written (heaps of several devices
      * are made in any order, by any thread). */
@@ -187,7 +188,7 @@ heap_t *api_heap(int device) {
             atomic_store_explicit(&g.nvmm, k + 1, memory_order_release);
         }
         atomic_store_explicit(&g.heaps[device], h, memory_order_release);
-        if (publish) atomic_store_explicit(&g.fast_heap[device], h, memory_order_release);
+        if (publish && !trace_enabled()) atomic_store_explicit(&g.fast_heap[device], h, memory_order_release);
     }
     pthread_mutex_unlock(&g.create_lock);
     return h;
@@ -224,8 +225,26 @@ heap_t *api_owner(const void *ptr) {
     return NULL;
 }
 
+/* fast_heap follows the recorder: cleared for every device when it starts, set again by the first
+ * allocation that finds it off (it may also stop by itself: a full file, a write error). Under
+ * create_lock, which api_trace_start holds across the start and the clearing, so that a heap is
+ * never published while the recorder is on. */
+static void api_fast_heap_update_locked(void) {
+    bool on = trace_enabled();
+    for (int d = 0; d < api_ndevices(); d++) {
+        heap_t *h = on || g.disabled ? NULL : atomic_load_explicit(&g.heaps[d], memory_order_acquire);
+        atomic_store_explicit(&g.fast_heap[d], h, memory_order_release);
+    }
+}
+
+static void api_fast_heap_update(void) {
+    pthread_mutex_lock(&g.create_lock);
+    api_fast_heap_update_locked();
+    pthread_mutex_unlock(&g.create_lock);
+}
+
 /* cualloc_malloc's other cases, out of line so that the common one needs no stack frame: no heap
- * yet (or an invalid device), cualloc disabled, or the recorder on. `caller_ip`: cualloc_malloc's
+ * yet (or an invalid device), cualloc disabled, or the recorder on (or just off). `caller_ip`: cualloc_malloc's
  * return address, where the recorded stack starts (cualloc_malloc may or may not have tail-called
  * this function, so a frame count would not do). */
 static __attribute__((noinline)) void *api_malloc_slow(size_t size, int device, void *stream, const void *caller_ip) {
@@ -244,6 +263,7 @@ static __attribute__((noinline)) void *api_malloc_slow(size_t size, int device, 
     }
     /* The call stack, before any heap lock is taken (it may define new stack records). */
     if (trace_enabled()) trace_capture_stack_from(caller_ip);
+    else if (!atomic_load_explicit(&g.fast_heap[device], memory_order_relaxed)) api_fast_heap_update();
     return heap_malloc(h, size, (cua_stream)stream);
 }
 
@@ -252,9 +272,8 @@ CUALLOC_API __attribute__((noinline)) void *cualloc_malloc(size_t size, int devi
     heap_t *h = NULL;
     if (__builtin_expect((unsigned)device < CUALLOC_MAX_DEVICES, 1))
         h = atomic_load_explicit(&g.fast_heap[device], memory_order_acquire);
-    /* Published only after api_init, and never while disabled. */
-    if (__builtin_expect(!h || trace_enabled(), 0))
-        return api_malloc_slow(size, device, stream, __builtin_return_address(0));
+    /* Published only after api_init, never while disabled, and not while the recorder is on. */
+    if (__builtin_expect(!h, 0)) return api_malloc_slow(size, device, stream, __builtin_return_address(0));
     return heap_malloc(h, size, (cua_stream)stream);
 }
 
@@ -373,6 +392,7 @@ int api_trace_start(const char *path, const conf_t *conf) {
     pthread_mutex_lock(&g.create_lock);
     int r = trace_start(path, conf);
     if (r == 0) {
+        api_fast_heap_update_locked();
         int n = api_ndevices();
         for (int d = 0; d < n; d++) {
             heap_t *h = atomic_load_explicit(&g.heaps[d], memory_order_acquire);
@@ -388,6 +408,7 @@ int api_trace_start(const char *path, const conf_t *conf) {
 CUALLOC_API void cualloc_trace_stop(void) {
     if (!api_started() || !trace_active()) return;
     api_trace_end();
+    api_fast_heap_update();
 }
 
 CUALLOC_API void cualloc_mark(const char *label) {

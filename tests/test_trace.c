@@ -603,8 +603,11 @@ static void stacks_body(void)
     trace_free(&t);
 }
 
-/* A trace started mid-run: the live blocks and mapped memory first, then events. */
-static void midrun_body(void)
+/* A trace started mid-run: the live blocks and mapped memory first, then events. The allocations
+ * before it took the fast path; those after it record their stacks, here and in a second trace
+ * after a stop (the fast path served in between). Exported: the stacks are checked to start here. */
+EXPORT __attribute__((noinline)) void midrun_body(void);
+void midrun_body(void)
 {
     void *before[20];
     for (int i = 0; i < 20; i++)
@@ -636,7 +639,23 @@ static void midrun_body(void)
         if (ty == CUA_TRACE_INIT_BLOCK || ty == CUA_TRACE_INIT_MAP)
             EXPECT(!event_seen, "INIT record after an event");
     }
+    const rec_t *a = nth_of(&t, CUA_TRACE_ALLOC, 0);
+    EXPECT(a && a->nframes > 0 && strcmp(frame_symbol(a->frames[0].addr), "midrun_body") == 0,
+           "the first allocation after the start has its stack");
     check_consistent_(&t, "midrun", false);
+    trace_free(&t);
+
+    for (int i = 0; i < 100; i++)
+        cualloc_free(cualloc_malloc(12345, 1, NULL), NULL);
+    path_of(path, sizeof path, "midrun2.trace");
+    EXPECT(cualloc_trace_start(path) == 0, "start again");
+    cualloc_free(cualloc_malloc(12345, 1, NULL), NULL);
+    cualloc_trace_stop();
+    trace_read(path, &t);
+    a = nth_of(&t, CUA_TRACE_ALLOC, 0);
+    EXPECT(count_type(&t, CUA_TRACE_ALLOC) == 1 && a->nframes > 0 &&
+               strcmp(frame_symbol(a->frames[0].addr), "midrun_body") == 0,
+           "the allocation in the second trace has its stack");
     trace_free(&t);
 }
 
