@@ -123,7 +123,7 @@ typedef struct stream_rec_s {
  * names the right bucket (the free path's hint relies on it).
  * Invariant: every CACHED block is on exactly the list of its (size, tag) and lies in the small
  * pool; a bucket that holds blocks has its bit set in quick_nonempty (a set bit may be stale: the
- * list empty); a non-empty list's key hashes to its bucket; quick_bytes is their total. */
+ * list empty); a non-empty list's key hashes to its bucket. */
 /* log2 of the bytes of the reservation per by_granule entry (pool_t.by_granule): 1 MiB in the
  * large pool (== CUALLOC_SMALL_MAX, which its blocks exceed), 512 B in the small pool (every
  * block's alignment). */
@@ -209,7 +209,6 @@ struct heap_s {
     cualloc_stats stats;
     unsigned oom_reports;        /* reports printed, to keep a failing loop from flooding */
     quick_t quick[QUICK_BUCKETS];
-    size_t quick_bytes;          /* bytes of CACHED blocks, all buckets */
     uint64_t quick_nonempty[QUICK_BUCKETS / 64]; /* bit i set if quick[i] holds blocks (may be
                                   * stale; cleared by the flushes) */
     unsigned quick_cursor;       /* the word of quick_nonempty where the next partial
@@ -589,21 +588,26 @@ static inline bool quick_room(const quick_t *q, uint64_t key) {
     return !q->head || (q->key == key && q->count < QUICK_DEPTH);
 }
 
-/* Parks b (size bytes, tag final) on list i, for which quick_room(key) holds. */
-static inline void quick_park(heap_t *h, pool_t *p, block_t *b, size_t size, unsigned i, uint64_t key) {
+/* Parks b (size bytes, tag final) on list i, which has room and whose key is b's already (kept
+ * when it empties), and b->quick_hint == i: the free path's case when the hint names the list. */
+static inline __attribute__((always_inline)) void quick_link(heap_t *h, block_t *b, size_t size, unsigned i) {
     quick_t *q = &h->quick[i];
     if (!q->head) {
-        q->key = key;
         q->ref = false;
         h->quick_nonempty[i / 64] |= (uint64_t)1 << (i % 64);
     }
-    b->quick_hint = (uint16_t)i;
     b->state = BLOCK_CACHED;
     b->link.list.next_free = q->head;
     q->head = b;
     q->count++;
-    h->quick_bytes += size;
     quick_account(h, size, true);
+}
+
+/* Parks b (size bytes, tag final) on list i, for which quick_room(key) holds. */
+static inline void quick_park(heap_t *h, block_t *b, size_t size, unsigned i, uint64_t key) {
+    if (!h->quick[i].head) h->quick[i].key = key;
+    b->quick_hint = (uint16_t)i;
+    quick_link(h, b, size, i);
 }
 
 /* Parks a just-freed block (tag and size final) on its quick list; false when the bucket is taken
@@ -614,7 +618,7 @@ static inline bool quick_push(heap_t *h, pool_t *p, block_t *b) {
     uint64_t key = quick_key(b->size, b->tag);
     unsigned i = quick_index(b->size, b->tag);
     if (!quick_room(&h->quick[i], key)) return false;
-    quick_park(h, p, b, b->size, i, key);
+    quick_park(h, b, b->size, i, key);
     return true;
 }
 
@@ -627,7 +631,7 @@ static inline __attribute__((always_inline)) block_t *quick_pop_keyed(heap_t *h,
     q->head = b->link.list.next_free;
     q->count--;
     q->ref = true;
-    h->quick_bytes -= size; /* the bucket's bit stays, if this was its last block (lazy) */
+    /* (the bucket's bit stays, if this was its last block: lazy) */
     quick_account(h, size, false);
     return b;
 }
@@ -648,7 +652,6 @@ static bool quick_evict(heap_t *h, unsigned i, unsigned tag, size_t size) {
         block_t *b = q->head;
         q->head = b->link.list.next_free;
         q->count--;
-        h->quick_bytes -= b->size;
         quick_account(h, b->size, false);
         small_live_clear(h, b);
         b->state = BLOCK_FREE;
@@ -658,9 +661,15 @@ static bool quick_evict(heap_t *h, unsigned i, unsigned tag, size_t size) {
     return fit;
 }
 
+/* Might a quick list hold blocks? (Bits may be stale: then a flush finds nothing.) */
+static bool quick_any(const heap_t *h) {
+    uint64_t any = 0;
+    for (unsigned w = 0; w < QUICK_BUCKETS / 64; w++) any |= h->quick_nonempty[w];
+    return any != 0;
+}
+
 /* Merges every CACHED block back into the free indexes. */
 static void quick_flush(heap_t *h) {
-    if (!h->quick_bytes) return;
     /* In bucket order: the order of the merges decides which records survive and the order of the
      * bins' lists, hence later placement. */
     for (unsigned w = 0; w < QUICK_BUCKETS / 64; w++) {
@@ -1678,7 +1687,7 @@ static inline __attribute__((always_inline)) block_t *block_take(heap_t *h, pool
  * block. Returns the ALLOCATED-to-be block (in no index) or NULL. */
 static block_t *alloc_search(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
     block_t *b = find_free(h, p, tag, rsize);
-    if (!b && p->id == POOL_SMALL && h->quick_bytes) {
+    if (!b && p->id == POOL_SMALL && quick_any(h)) {
         /* Parked blocks (small pool only) are merged back before the heap grows, so they never
          * cost physical memory: as many lists as it takes, then all. */
         if (quick_flush_small(h, tag, rsize, true)) b = find_free(h, p, tag, rsize);
@@ -2089,18 +2098,19 @@ static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, vo
          * the right bucket (keys are set only on their own bucket, and stay when it empties), so
          * no hash is needed, and the list is empty or holds that key: its count decides. */
         unsigned i = b->quick_hint;
-        bool room;
-        if (__builtin_expect(h->quick[i].key == key, 1)) {
+        bool hinted = h->quick[i].key == key, room;
+        if (__builtin_expect(hinted, 1)) {
             room = h->quick[i].count < QUICK_DEPTH;
         } else {
             i = quick_index_hashed(size, h->last_tag_hash);
             room = quick_room(&h->quick[i], key);
         }
         if (__builtin_expect(room, 1)) {
-            pool_t *p = &h->pools[POOL_SMALL]; /* (b's: the fast stream is VMM's, and b is not large) */
+            /* (b is the small pool's: the fast stream is VMM's, and b is not large) */
             account_free(h, b, size);
             free_tag(b, tag);
-            quick_park(h, p, b, size, i, key); /* keeps its slot */
+            if (__builtin_expect(hinted, 1)) quick_link(h, b, size, i); /* keeps its slot */
+            else quick_park(h, b, size, i, key);
             update_inactive_split(h);
             if (__builtin_expect(cua_unlock_nowake(&h->lock), 0)) return unlock_wake_true(h);
             return true;
@@ -2513,6 +2523,7 @@ typedef struct {
     int bad;
     size_t allocated_blocks;
     size_t cached_blocks;
+    size_t cached_bytes;
 } check_ctx_t;
 
 #define CHECK(ctx, cond, ...)                                   \
@@ -2601,6 +2612,7 @@ static size_t check_pool(check_ctx_t *c, pool_t *p) {
                       "cached block %#lx has tag %u, which is not an open tag", (unsigned long)b->addr, b->tag);
                 CHECK(c, live_get(h, b->addr) == b, "cached block %#lx missing from the live map", (unsigned long)b->addr);
                 c->cached_blocks++;
+                c->cached_bytes += b->size;
                 break;
             case BLOCK_UNMAPPED:
                 CHECK(c, h->vmm, "unmapped block %#lx in classic mode", (unsigned long)b->addr);
@@ -2665,7 +2677,7 @@ static size_t check_pool(check_ctx_t *c, pool_t *p) {
 
 int heap_check(heap_t *h, FILE *report) {
     cua_lock(&h->lock);
-    check_ctx_t c = {h, report, 0, 0, 0};
+    check_ctx_t c = {.h = h, .report = report};
     size_t mapped = 0, allocated = 0, free_mapped = 0, releasable = 0;
     for (int pi = 0; pi < POOL_COUNT; pi++) {
         pool_t *p = &h->pools[pi];
@@ -2738,9 +2750,9 @@ int heap_check(heap_t *h, FILE *report) {
     for (unsigned i = 0; i < h->n_nb && i < HEAP_MAX_NB_STREAMS; i++)
         for (unsigned j = i + 1; j < h->n_nb && j < HEAP_MAX_NB_STREAMS; j++)
             CHECK(&c, h->nb[i].handle != h->nb[j].handle, "non-blocking stream %p recorded twice", (void *)h->nb[i].handle);
-    CHECK(&c, listed == c.cached_blocks && listed_bytes == h->quick_bytes,
-          "quick lists hold %zu blocks / %zu B; segments have %zu cached blocks, quick_bytes says %zu", listed,
-          listed_bytes, c.cached_blocks, h->quick_bytes);
+    CHECK(&c, listed == c.cached_blocks && listed_bytes == c.cached_bytes,
+          "quick lists hold %zu blocks / %zu B; segments have %zu cached blocks / %zu B", listed, listed_bytes,
+          c.cached_blocks, c.cached_bytes);
     CHECK(&c, mapped == h->stats.reserved_bytes, "pools map %zu B, reserved_bytes says %zu", mapped, h->stats.reserved_bytes);
     CHECK(&c, allocated == h->stats.allocated_bytes, "pools allocate %zu B, allocated_bytes says %zu", allocated,
           h->stats.allocated_bytes);
