@@ -612,7 +612,7 @@ static inline void quick_park(heap_t *h, block_t *b, size_t size, unsigned i, ui
 
 /* Parks a just-freed block (tag and size final) on its quick list; false when the bucket is taken
  * by another (size, tag) or full. */
-static inline bool quick_push(heap_t *h, pool_t *p, block_t *b) {
+static inline bool quick_push(heap_t *h, block_t *b) {
     /* Device-wide frees are never handed out unsettled; large blocks are never parked. */
     if (__builtin_expect(tag_is_device_wide(b->tag) || b->pool != POOL_SMALL, 0)) return false;
     uint64_t key = quick_key(b->size, b->tag);
@@ -623,8 +623,7 @@ static inline bool quick_push(heap_t *h, pool_t *p, block_t *b) {
 }
 
 /* (No list has device-wide blocks: quick_push refuses them.) */
-static inline __attribute__((always_inline)) block_t *quick_pop_keyed(heap_t *h, pool_t *p, size_t size, uint64_t key,
-                                                                      unsigned i) {
+static inline __attribute__((always_inline)) block_t *quick_pop_keyed(heap_t *h, size_t size, uint64_t key, unsigned i) {
     quick_t *q = &h->quick[i];
     block_t *b = q->head;
     if (!b || q->key != key) return NULL;
@@ -636,8 +635,8 @@ static inline __attribute__((always_inline)) block_t *quick_pop_keyed(heap_t *h,
     return b;
 }
 
-static inline block_t *quick_pop(heap_t *h, pool_t *p, size_t size, unsigned tag) {
-    return quick_pop_keyed(h, p, size, quick_key(size, tag), quick_index(size, tag));
+static inline block_t *quick_pop(heap_t *h, size_t size, unsigned tag) {
+    return quick_pop_keyed(h, size, quick_key(size, tag), quick_index(size, tag));
 }
 
 /* Merges the blocks of one quick list back into the small pool's free index, restoring "no two
@@ -1836,7 +1835,7 @@ static __attribute__((noinline)) void *alloc_locked(heap_t *h, size_t size, cua_
         else alloc_fail(h, stream, size, rsize);
         return NULL;
     }
-    block_t *b = h->vmm && p->id == POOL_SMALL ? quick_pop(h, p, rsize, tag) : NULL;
+    block_t *b = h->vmm && p->id == POOL_SMALL ? quick_pop(h, rsize, tag) : NULL;
     if (!b) return alloc_after_miss(h, p, stream, tag, size, rsize);
     return alloc_finish(h, p, b, stream, size);
 }
@@ -1921,8 +1920,7 @@ static inline __attribute__((always_inline)) void *heap_malloc_locked(heap_t *h,
             if (size - 1 < HEAP_MAX_REQUEST) return alloc_large_fast(h, size, rsize, stream);
             return alloc_locked(h, size, stream);
         }
-        pool_t *p = &h->pools[POOL_SMALL];
-        block_t *b = quick_pop_keyed(h, p, rsize, rsize | h->last_tag_key, quick_index_hashed(rsize, h->last_tag_hash));
+        block_t *b = quick_pop_keyed(h, rsize, rsize | h->last_tag_key, quick_index_hashed(rsize, h->last_tag_hash));
         if (__builtin_expect(b != NULL, 1)) {
             account_alloc(h, b, rsize, size, stream);
             void *ptr = (void *)b->addr;
@@ -2041,7 +2039,7 @@ static __attribute__((noinline)) bool free_locked(heap_t *h, block_t *b, cua_str
             free_on_tag(h, p, b, stream, tag);
         } else {
             free_tag(b, tag);
-            if (!quick_push(h, p, b)) free_to_index(h, p, b); /* parked: keeps its entry */
+            if (!quick_push(h, b)) free_to_index(h, p, b); /* parked: keeps its entry */
         }
     }
     update_inactive_split(h);

@@ -374,13 +374,27 @@ static inline void sizeclass_resize(sizeclass_t *sc, block_t *b, size_t size) {
     sizeclass_link(sc, b, fl, sl);
 }
 /* How many blocks of the request's own bin are examined for a closer fit before moving on to the
- * next non-empty bin, whose every block is large enough. Bounds search at O(1). */
+ * next non-empty bin, whose every block is large enough. Bounds search at O(1) but in the case
+ * below. */
 #define SC_OWN_BIN_SCAN 8
-/* sizeclass_find's last chance, out of line: the best fit in bin (fl, sl) beyond the first few. */
-block_t *sizeclass_find_rest(const sizeclass_t *sc, unsigned fl, unsigned sl, size_t size);
+/* The first non-empty bin above bin (fl, sl), whose every block is larger than any of (fl, sl)'s;
+ * 0 when there is none (bin 0 is above no bin). */
+static inline unsigned sizeclass_above(const sizeclass_t *sc, unsigned fl, unsigned sl) {
+    uint32_t sl_map = (uint32_t)(((uint64_t)sc->sl_bitmap[fl] >> (sl + 1)) << (sl + 1));
+    if (sl_map) return SC_BIN(fl, __builtin_ctz(sl_map));
+    uint64_t fl_map = fl + 1 < 64 ? (sc->fl_bitmap >> (fl + 1)) << (fl + 1) : 0;
+    if (!fl_map) return 0;
+    unsigned f = (unsigned)__builtin_ctzll(fl_map);
+    return SC_BIN(f, __builtin_ctz(sc->sl_bitmap[f]));
+}
+/* sizeclass_find when the scan of the own bin (fl, sl) was cut short without a fit, out of line:
+ * the first block of the next non-empty bin if that bin is the adjacent one; otherwise a fit in
+ * the rest of the own bin is closer than anything above, so the rest is scanned first. */
+block_t *sizeclass_find_cut(const sizeclass_t *sc, unsigned fl, unsigned sl, size_t size);
 /* A block of size >= size: the best fit among a few of the request's own bin, else the first of
- * the next non-empty bin (every block there is larger). NULL when none. Does not remove it. */
-static inline block_t *sizeclass_find(const sizeclass_t *sc, size_t size) {
+ * the next non-empty bin (every block there is larger), so at most one bin above the best fit's
+ * (sizeclass_find_cut). NULL when none. Does not remove it. */
+static inline __attribute__((always_inline)) block_t *sizeclass_find(const sizeclass_t *sc, size_t size) {
     unsigned fl, sl;
     sizeclass_mapping(size, &fl, &sl);
     if (!sc->fl_bitmap) return NULL;
@@ -392,17 +406,9 @@ static inline block_t *sizeclass_find(const sizeclass_t *sc, size_t size) {
         if (b->size > size && (!best || b->size < best->size)) best = b;
     }
     if (best) return best;
-    /* Every block of a higher bin is larger than the request. */
-    uint32_t sl_map = (uint32_t)(((uint64_t)sc->sl_bitmap[fl] >> (sl + 1)) << (sl + 1));
-    if (sl_map) return sc->bins[SC_BIN(fl, __builtin_ctz(sl_map))];
-    uint64_t fl_map = fl + 1 < 64 ? (sc->fl_bitmap >> (fl + 1)) << (fl + 1) : 0;
-    if (fl_map) {
-        unsigned f = (unsigned)__builtin_ctzll(fl_map);
-        return sc->bins[SC_BIN(f, __builtin_ctz(sc->sl_bitmap[f]))];
-    }
-    /* Nothing larger anywhere: the rest of the own bin is the last chance, so NULL always means
-     * that no block is large enough. */
-    return scanned == SC_OWN_BIN_SCAN ? sizeclass_find_rest(sc, fl, sl, size) : NULL;
+    if (__builtin_expect(scanned == SC_OWN_BIN_SCAN, 0)) return sizeclass_find_cut(sc, fl, sl, size);
+    unsigned above = sizeclass_above(sc, fl, sl);
+    return above ? sc->bins[above] : NULL;
 }
 /* The largest block (scans the top non-empty bin). NULL when empty. */
 block_t *sizeclass_largest(const sizeclass_t *sc);
