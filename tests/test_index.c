@@ -74,6 +74,39 @@ static void test_sizeclass(rng_t *r) {
     EXPECT(sizeclass_check(&sc, stderr) == 0, "restored index is clean");
 }
 
+/* The own bin's scan is cut short (more than SC_OWN_BIN_SCAN blocks too small, then the fit) and
+ * the next non-empty bin is far above: the fit further down the own bin is found, not a block two
+ * bins up. With the adjacent bin non-empty instead, its first block is good enough (one bin). */
+static void test_sizeclass_cut_scan(void) {
+    enum { SMALLER = SC_OWN_BIN_SCAN + 3 };
+    block_t small[SMALLER], fit, far, near;
+    sizeclass_t sc;
+    sizeclass_init(&sc);
+    size_t want = 283125760, bin_lo = 276824064; /* bin [264 MiB, 272 MiB) of [256 MiB, 512 MiB) */
+    memset(&fit, 0, sizeof fit);
+    fit.addr = 1u << 30;
+    fit.size = want + 65536;
+    sizeclass_insert(&sc, &fit); /* inserted first: the bin's list is newest first, so it is last */
+    for (int i = 0; i < SMALLER; i++) {
+        memset(&small[i], 0, sizeof small[i]);
+        small[i].addr = (uintptr_t)(i + 2) << 30;
+        small[i].size = bin_lo + (size_t)i * 512;
+        sizeclass_insert(&sc, &small[i]);
+    }
+    memset(&far, 0, sizeof far);
+    far.addr = (uintptr_t)40 << 30;
+    far.size = 301271040;
+    sizeclass_insert(&sc, &far);
+    EXPECT(sizeclass_find(&sc, want) == &fit, "a cut scan took %zu B two bins up over the fit in its own bin",
+           sizeclass_find(&sc, want)->size);
+    memset(&near, 0, sizeof near);
+    near.addr = (uintptr_t)41 << 30;
+    near.size = bin_lo + 8 * 1048576; /* the adjacent bin */
+    sizeclass_insert(&sc, &near);
+    EXPECT(sizeclass_find(&sc, want) == &near, "with the adjacent bin non-empty, its block is taken");
+    EXPECT(sizeclass_check(&sc, stderr) == 0, "sizeclass_check");
+}
+
 static void test_tree(rng_t *r) {
     tree_t t;
     tree_init(&t);
@@ -158,6 +191,7 @@ int main(void) {
     rng_t r = {test_seed("test_index")};
     test_mapping();
     test_sizeclass(&r);
+    test_sizeclass_cut_scan();
     test_tree(&r);
     test_ptrmap(&r);
     test_slab();
