@@ -244,9 +244,9 @@ static void api_fast_heap_update(void) {
 }
 
 /* cualloc_malloc's other cases, out of line so that the common one needs no stack frame: no heap
- * yet (or an invalid device), cualloc disabled, or the recorder on (or just off). `caller_ip`: cualloc_malloc's
- * return address, where the recorded stack starts (cualloc_malloc may or may not have tail-called
- * this function, so a frame count would not do). */
+ * yet (or an invalid device), cualloc disabled, or the recorder on (or just off). `caller_ip`:
+ * cualloc_malloc's return address, where the recorded stack starts (cualloc_malloc may or may not
+ * have tail-called this function, so a frame count would not do). */
 static __attribute__((noinline)) void *api_malloc_slow(size_t size, int device, void *stream, const void *caller_ip) {
     api_ensure_init();
     if (g.disabled) {

@@ -252,7 +252,6 @@ static inline bool in_pool_va(const heap_t *h, pool_id_t pool, uintptr_t a) {
     const pool_t *p = &h->pools[pool];
     return a - p->va_base < p->va_size; /* va_size is 0 in classic mode */
 }
-static inline bool in_large_va(const heap_t *h, uintptr_t a) { return in_pool_va(h, POOL_LARGE, a); }
 static inline size_t by_granule_bytes(const pool_t *p) {
     return align_up((p->va_size >> GRANULE_SHIFT(p->id)) * sizeof(block_t *), (size_t)sysconf(_SC_PAGESIZE));
 }
@@ -268,30 +267,29 @@ static inline block_t *slot_get(block_t *const *slot, uintptr_t a) {
     block_t *b = *slot;
     return b && b->addr == a ? b : NULL;
 }
-static block_t *live_get(const heap_t *h, uintptr_t a) {
-    if (!h->vmm) return ptrmap_get(&h->classic_live, a);
-    if (in_pool_va(h, POOL_LARGE, a)) return slot_get(granule_slot(h, POOL_LARGE, a), a);
-    if (in_pool_va(h, POOL_SMALL, a)) return slot_get(granule_slot(h, POOL_SMALL, a), a);
+/* VMM: the slot of address a, in whichever pool's reservation holds it; NULL in neither. */
+static block_t **live_slot(const heap_t *h, uintptr_t a) {
+    if (in_pool_va(h, POOL_LARGE, a)) return granule_slot(h, POOL_LARGE, a);
+    if (in_pool_va(h, POOL_SMALL, a)) return granule_slot(h, POOL_SMALL, a);
     return NULL;
 }
-/* Enters or removes a small-pool block (VMM; its chunk mapped, so its slot is writable). */
-static inline __attribute__((always_inline)) void small_live_set(heap_t *h, block_t *b) {
-    *granule_slot(h, POOL_SMALL, b->addr) = b;
+static block_t *live_get(const heap_t *h, uintptr_t a) {
+    if (!h->vmm) return ptrmap_get(&h->classic_live, a);
+    block_t **slot = live_slot(h, a);
+    return slot ? slot_get(slot, a) : NULL;
 }
-static inline __attribute__((always_inline)) void small_live_clear(heap_t *h, const block_t *b) {
-    *granule_slot(h, POOL_SMALL, b->addr) = NULL;
-}
-/* False when `classic_live` had to grow and could not. */
+/* False when `classic_live` had to grow and could not. (VMM: b's chunk is mapped, so its slot is
+ * writable.) */
 static inline __attribute__((always_inline)) bool live_insert(heap_t *h, block_t *b) {
     if (!h->vmm) return ptrmap_insert(&h->classic_live, b->addr, b);
-    if (b->pool == POOL_LARGE) *granule_slot(h, POOL_LARGE, b->addr) = b;
-    else small_live_set(h, b);
+    if (b->pool == POOL_LARGE) *granule_slot(h, POOL_LARGE, b->addr) = b; /* (constant pools: the shift) */
+    else *granule_slot(h, POOL_SMALL, b->addr) = b;
     return true;
 }
 static inline __attribute__((always_inline)) void live_remove(heap_t *h, block_t *b) {
     if (!h->vmm) ptrmap_remove(&h->classic_live, b->addr);
     else if (b->pool == POOL_LARGE) *granule_slot(h, POOL_LARGE, b->addr) = NULL;
-    else small_live_clear(h, b);
+    else *granule_slot(h, POOL_SMALL, b->addr) = NULL;
 }
 
 /* ------------------------------------------------------------------ rounding */
@@ -652,7 +650,7 @@ static bool quick_evict(heap_t *h, unsigned i, unsigned tag, size_t size) {
         q->head = b->link.list.next_free;
         q->count--;
         quick_account(h, b->size, false);
-        small_live_clear(h, b);
+        *granule_slot(h, POOL_SMALL, b->addr) = NULL;
         b->state = BLOCK_FREE;
         b = coalesce_insert_vmm(h, p, b); /* (quick lists are VMM's) */
         if ((b->tag == tag || b->tag == TAG_ANY) && b->size >= size) fit = true;
@@ -1875,8 +1873,7 @@ static inline __attribute__((always_inline)) void *alloc_indexed_fast(heap_t *h,
         alloc_fail(h, stream, size, rsize);
         return NULL;
     }
-    if (pool == POOL_LARGE) *granule_slot(h, POOL_LARGE, b->addr) = b;
-    else small_live_set(h, b);
+    *granule_slot(h, pool, b->addr) = b;
     account_alloc(h, b, b->size, size, stream);
     update_inactive_split(h);
     void *ptr = (void *)b->addr;
@@ -2080,7 +2077,7 @@ static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, vo
                                                                    free_where_t where) {
     uintptr_t a = (uintptr_t)ptr;
     block_t *b;
-    if (where == FREE_IN_LARGE || (where == FREE_ANYWHERE && __builtin_expect(in_large_va(h, a), 0))) {
+    if (where == FREE_IN_LARGE || (where == FREE_ANYWHERE && __builtin_expect(in_pool_va(h, POOL_LARGE, a), 0))) {
         block_t **slot = granule_slot(h, POOL_LARGE, a);
         b = slot_get(slot, a);
         if (__builtin_expect(b && stream == h->fast_free_stream, 1)) return free_large_fast(h, b, slot);
@@ -2673,6 +2670,23 @@ static size_t check_pool(check_ctx_t *c, pool_t *p) {
     return allocated;
 }
 
+/* Slots [from, to) of pool pi's by_granule table: each entry a block the table may hold, at its own
+ * slot. Returns how many entries there are. */
+static size_t check_live_slots(check_ctx_t *c, pool_id_t pi, size_t from, size_t to) {
+    const pool_t *p = &c->h->pools[pi];
+    size_t n = 0;
+    for (size_t i = from; i < to; i++) {
+        block_t *b = p->by_granule[i];
+        if (!b) continue;
+        n++;
+        CHECK(c, (b->state == BLOCK_ALLOCATED || (pi == POOL_SMALL && b->state == BLOCK_CACHED)) && b->pool == pi &&
+                     granule_slot(c->h, pi, b->addr) == &p->by_granule[i],
+              "%s-pool live table entry %zu holds block %#lx (state %d, pool %d)", pi == POOL_SMALL ? "small" : "large", i,
+              (unsigned long)b->addr, b->state, b->pool);
+    }
+    return n;
+}
+
 int heap_check(heap_t *h, FILE *report) {
     cua_lock(&h->lock);
     check_ctx_t c = {.h = h, .report = report};
@@ -2759,25 +2773,16 @@ int heap_check(heap_t *h, FILE *report) {
     CHECK(&c, h->stats.inactive_split_bytes == heap_inactive_split(h), "inactive_split_bytes is stale");
     CHECK(&c, h->stats.requested_bytes <= h->stats.allocated_bytes, "requested exceeds allocated");
     /* The pools' tables: only their ALLOCATED blocks (and the small pool's CACHED ones), each at
-     * its own slot; above, every such block was found there. The small pool's table is scanned
-     * where chunks are mapped (elsewhere it is the zero page). */
+     * its own slot; above, every such block was found there. The large pool's table is scanned
+     * whole; the small pool's (1/64 of its reservation) where chunks are mapped: elsewhere it is
+     * the zero page, read-only. */
     size_t live = h->vmm ? 0 : h->classic_live.count;
-    for (int pi = 0; pi < POOL_COUNT && h->vmm; pi++) {
-        const pool_t *p = &h->pools[pi];
-        size_t per_chunk = p->chunk >> GRANULE_SHIFT(pi), end = by_granule_bytes(p) / sizeof(block_t *);
-        for (size_t i = 0; i < end; i++) {
-            if (pi == POOL_SMALL && i % per_chunk == 0 && i / per_chunk < p->nchunks && !p->chunks[i / per_chunk]) {
-                i += per_chunk - 1; /* an unmapped chunk's slots */
-                continue;
-            }
-            block_t *b = p->by_granule[i];
-            if (!b) continue;
-            live++;
-            CHECK(&c, (b->state == BLOCK_ALLOCATED || (pi == POOL_SMALL && b->state == BLOCK_CACHED)) && b->pool == pi &&
-                      granule_slot(h, (pool_id_t)pi, b->addr) == &p->by_granule[i],
-                  "%s-pool live table entry %zu holds block %#lx (state %d, pool %d)", pi == POOL_SMALL ? "small" : "large",
-                  i, (unsigned long)b->addr, b->state, b->pool);
-        }
+    if (h->vmm) {
+        const pool_t *sp = &h->pools[POOL_SMALL];
+        size_t per_chunk = sp->chunk >> SMALL_GRANULE_SHIFT;
+        for (size_t run = 0, run_end; next_mapped_run(sp, run, &run, &run_end); run = run_end)
+            live += check_live_slots(&c, POOL_SMALL, run * per_chunk, run_end * per_chunk);
+        live += check_live_slots(&c, POOL_LARGE, 0, by_granule_bytes(&h->pools[POOL_LARGE]) / sizeof(block_t *));
     }
     CHECK(&c, c.allocated_blocks + c.cached_blocks == live, "%zu allocated and %zu cached blocks, live tables hold %zu",
           c.allocated_blocks, c.cached_blocks, live);
@@ -2825,13 +2830,7 @@ void heap_test_tag_fields(heap_t *h, unsigned t, bool **closed, bool **in_flight
     *partner = &h->tags[t].partner;
 }
 
-block_t **heap_test_live_slot(heap_t *h, const void *ptr) {
-    uintptr_t a = (uintptr_t)ptr;
-    if (!h->vmm) return NULL;
-    if (in_pool_va(h, POOL_LARGE, a)) return granule_slot(h, POOL_LARGE, a);
-    if (in_pool_va(h, POOL_SMALL, a)) return granule_slot(h, POOL_SMALL, a);
-    return NULL;
-}
+block_t **heap_test_live_slot(heap_t *h, const void *ptr) { return h->vmm ? live_slot(h, (uintptr_t)ptr) : NULL; }
 
 cua_memhandle *heap_test_chunk(heap_t *h, const void *ptr) {
     for (int pi = 0; pi < POOL_COUNT; pi++) {

@@ -227,8 +227,9 @@ struct block_s {
 
 /* ======================================================================== ptrmap.c */
 
-/* Allocated blocks by address (classic mode): open addressing with linear probing and backward-shift deletion,
- * table memory from mmap, grown at half full. Not thread-safe (used under the heap lock).
+/* Allocated blocks by address (classic mode): open addressing with linear probing and
+ * backward-shift deletion, table memory from mmap, grown at half full. Not thread-safe (used under
+ * the heap lock).
  * Invariant (ptrmap_check): every key sits in its probe run, count equals the occupied slots. */
 typedef struct ptrmap_entry_s { uintptr_t key; block_t *val; } ptrmap_entry_t;
 typedef struct ptrmap_s {

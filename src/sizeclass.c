@@ -15,7 +15,7 @@ void sizeclass_init(sizeclass_t *sc) { memset(sc, 0, sizeof *sc); }
 
 block_t *sizeclass_find_cut(const sizeclass_t *sc, unsigned fl, unsigned sl, size_t size) {
     unsigned above = sizeclass_above(sc, fl, sl);
-    if (above && above == SC_BIN(fl, sl) + 1) return sc->bins[above];
+    if (above == SC_BIN(fl, sl) + 1) return sc->bins[above];
     block_t *best = NULL;
     for (block_t *b = sc->bins[SC_BIN(fl, sl)]; b; b = b->link.list.next_free)
         if (b->size >= size && (!best || b->size < best->size)) best = b;
