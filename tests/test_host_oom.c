@@ -38,11 +38,12 @@ static size_t address_space_bytes(void) {
     return (size_t)pages * (size_t)sysconf(_SC_PAGESIZE);
 }
 
-static void set_soft_limit(rlim_t bytes) {
+/* Sets the soft limit on `resource`; RLIM_INFINITY lifts it to the hard limit. */
+static void set_soft_limit(int resource, rlim_t bytes) {
     struct rlimit r;
-    EXPECT(getrlimit(RLIMIT_AS, &r) == 0, "getrlimit");
+    EXPECT(getrlimit(resource, &r) == 0, "getrlimit");
     r.rlim_cur = bytes == RLIM_INFINITY ? r.rlim_max : bytes;
-    EXPECT(setrlimit(RLIMIT_AS, &r) == 0, "setrlimit");
+    EXPECT(setrlimit(resource, &r) == 0, "setrlimit");
 }
 
 static cua_stream stream_of[64];
@@ -63,7 +64,7 @@ static void run(const char *text, int streams) {
 
     messages.len = 0;
     messages.text[0] = '\0';
-    set_soft_limit((rlim_t)(address_space_bytes() + (1u << 20)));
+    set_soft_limit(RLIMIT_AS, (rlim_t)(address_space_bytes() + (1u << 20)));
     size_t n = 0, failed = 0;
     for (; n < MAX_BLOCKS && failed < 50; n++) {
         if (heap_alloc(h, 512 + (n % 7) * 512, stream_for(n, streams), &ptrs[n]) != CUA_SUCCESS) {
@@ -83,7 +84,7 @@ static void run(const char *text, int streams) {
         if (ptrs[i]) EXPECT(heap_free(h, ptrs[i], stream_for(i, streams)), "free %zu under the cap", i);
     EXPECT(heap_check(h, stderr) == 0, "heap inconsistent after frees under the cap");
 
-    set_soft_limit(RLIM_INFINITY);
+    set_soft_limit(RLIMIT_AS, RLIM_INFINITY);
     void *again = NULL;
     EXPECT(heap_alloc(h, 4096, NULL, &again) == CUA_SUCCESS, "allocation after the cap is lifted");
     EXPECT(heap_free(h, again, NULL), "free after the cap is lifted");
@@ -108,10 +109,10 @@ static void run_new_stream(const char *text) {
     cua_stream s = sim_stream_create(0, false);
     messages.len = 0;
     messages.text[0] = '\0';
-    set_soft_limit((rlim_t)address_space_bytes());
+    set_soft_limit(RLIMIT_AS, (rlim_t)address_space_bytes());
     p = NULL;
     cua_result r = heap_alloc(h, 4096, s, &p);
-    set_soft_limit(RLIM_INFINITY);
+    set_soft_limit(RLIMIT_AS, RLIM_INFINITY);
     EXPECT(r != CUA_SUCCESS && !p, "%s: a new stream was served with no address space to spare", text);
     EXPECT(heap_check(h, stderr) == 0, "heap inconsistent after the failed allocation");
     EXPECT(strstr(messages.text, "host memory") && strstr(messages.text, "a stream's free index") &&
@@ -153,18 +154,13 @@ static void run_small_pool_slots(void) {
     heap_get_stats(h, &before);
     messages.len = 0;
     messages.text[0] = '\0';
-    struct rlimit r;
-    EXPECT(getrlimit(RLIMIT_DATA, &r) == 0, "getrlimit");
-    rlim_t saved = r.rlim_cur;
-    r.rlim_cur = (rlim_t)data_bytes();
-    EXPECT(setrlimit(RLIMIT_DATA, &r) == 0, "setrlimit");
+    set_soft_limit(RLIMIT_DATA, (rlim_t)data_bytes());
     /* 1 MiB blocks: the chunk mapped at warm-up holds one besides what is cached; the next needs
      * a chunk of its own. */
     void *big[4] = {0};
     size_t served = 0;
     for (; served < 4 && heap_alloc(h, 1 << 20, NULL, &big[served]) == CUA_SUCCESS; served++) {}
-    r.rlim_cur = saved;
-    EXPECT(setrlimit(RLIMIT_DATA, &r) == 0, "setrlimit");
+    set_soft_limit(RLIMIT_DATA, RLIM_INFINITY);
     EXPECT(served < 4, "four 1 MiB blocks were served with no data size to spare");
     EXPECT(heap_check(h, stderr) == 0, "heap inconsistent after the failed allocation");
     EXPECT(strstr(messages.text, "host memory") && strstr(messages.text, "the map of live blocks") &&
