@@ -98,18 +98,25 @@ static void api_atfork_child(void) {
     g.create_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
 }
 
-/* The END record: every device's statistics, then the file is closed. */
+/* The END record: every device's statistics, then the file is closed. Every heap is held from its
+ * statistics to the close (and no heap is made meanwhile), so that the END states what the trace's
+ * own events add up to, however many threads allocate during the stop. */
 static void api_trace_end(void) {
     cualloc_stats stats[CUALLOC_MAX_DEVICES];
     const cualloc_stats *per[CUALLOC_MAX_DEVICES] = {0};
+    heap_t *held[CUALLOC_MAX_DEVICES] = {0};
     int n = api_ndevices();
+    pthread_mutex_lock(&g.create_lock);
     for (int d = 0; d < n; d++) {
-        heap_t *h = atomic_load_explicit(&g.heaps[d], memory_order_acquire);
-        if (!h) continue;
-        heap_get_stats(h, &stats[d]);
+        held[d] = atomic_load_explicit(&g.heaps[d], memory_order_acquire);
+        if (!held[d]) continue;
+        heap_stats_hold(held[d], &stats[d]);
         per[d] = &stats[d];
     }
     trace_stop(per, n);
+    for (int d = n - 1; d >= 0; d--)
+        if (held[d]) heap_stats_release(held[d]);
+    pthread_mutex_unlock(&g.create_lock);
 }
 
 static void api_trace_atexit(void) {

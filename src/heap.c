@@ -2432,13 +2432,19 @@ void heap_snapshot(heap_t *h, void (*mapped)(int dev, uintptr_t addr, size_t siz
     cua_unlock(&h->lock);
 }
 
-void heap_get_stats(heap_t *h, cualloc_stats *out) {
+void heap_stats_hold(heap_t *h, cualloc_stats *out) {
     cua_lock(&h->lock);
     *out = h->stats;
     out->active_bytes = h->stats.allocated_bytes;
     out->active_peak = h->stats.allocated_peak;
     out->largest_free_block = largest_free_locked(h);
-    cua_unlock(&h->lock);
+}
+
+void heap_stats_release(heap_t *h) { cua_unlock(&h->lock); }
+
+void heap_get_stats(heap_t *h, cualloc_stats *out) {
+    heap_stats_hold(h, out);
+    heap_stats_release(h);
 }
 
 void heap_trim(heap_t *h) {

@@ -464,6 +464,11 @@ bool heap_owns(heap_t *h, const void *ptr);
 /* The requested size of an allocated block, or SIZE_MAX when ptr is not one of h's. */
 size_t heap_block_size(heap_t *h, const void *ptr);
 void heap_get_stats(heap_t *h, cualloc_stats *out);
+/* heap_get_stats that leaves h's lock held, so that nothing on h changes (and no event of h's is
+ * recorded) until heap_stats_release: a trace's END record then states the heap as its last event
+ * left it. Heaps are held in device order, under api.c's create_lock. */
+void heap_stats_hold(heap_t *h, cualloc_stats *out);
+void heap_stats_release(heap_t *h);
 void heap_trim(heap_t *h);
 /* The stream is being destroyed: settle its free blocks so its handle can be reused, and forget it
  * as a non-blocking stream. */

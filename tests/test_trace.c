@@ -145,7 +145,8 @@ static void str_copy(char *dst, size_t len, tr_str_t s)
     dst[n] = '\0';
 }
 
-static void trace_read(const char *path, trace_t *t)
+/* Every record of the trace at path into t (keep), or only its accounting (t->acct, t->status). */
+static void trace_read_(const char *path, trace_t *t, bool keep)
 {
     memset(t, 0, sizeof *t);
     char err[512];
@@ -157,6 +158,8 @@ static void trace_read(const char *path, trace_t *t)
     int k;
     while ((k = tr_next(r, &rec)) > 0) {
         tr_acct_add(&t->acct, &rec);
+        if (!keep)
+            continue;
         if (t->n == t->cap) {
             t->cap = t->cap ? t->cap * 2 : 1024;
             t->recs = realloc(t->recs, t->cap * sizeof *t->recs);
@@ -217,6 +220,8 @@ static void trace_read(const char *path, trace_t *t)
     snprintf(t->warning, sizeof t->warning, "%s", tr_warning(r));
     tr_close(r);
 }
+
+static void trace_read(const char *path, trace_t *t) { trace_read_(path, t, true); }
 
 static void trace_free(trace_t *t)
 {
@@ -760,6 +765,62 @@ static void threads_body(void)
     trace_free(&t);
 }
 
+/* Starts and stops while other threads allocate and free on both devices without pause: each trace
+ * must still be whole (its INIT records and events account for every free, and its END statistics
+ * are the heap's at the moment its last event was written), whatever the threads did meanwhile. */
+#define TOGGLE_ROUNDS 12
+static atomic_bool toggle_done;
+
+static void *toggle_thread(void *arg)
+{
+    rng_t r = {seed ^ (uint64_t)(uintptr_t)arg * 104729};
+    void *live[32] = {0};
+    cua_stream s = (cua_stream)(uintptr_t)((uintptr_t)arg % 3);
+    int dev = (int)((uintptr_t)arg % 2);
+    pthread_barrier_wait(&threads_start);
+    while (!atomic_load(&toggle_done)) {
+        int k = (int)rng_below(&r, 32);
+        if (live[k]) {
+            cualloc_free(live[k], s);
+            live[k] = NULL;
+        } else {
+            live[k] = cualloc_malloc(rng_tensor_size(&r, 2 * MiB), dev, s);
+            EXPECT(live[k], "alloc failed");
+        }
+    }
+    for (int k = 0; k < 32; k++)
+        cualloc_free(live[k], s);
+    return NULL;
+}
+
+static void toggle_body(void)
+{
+    pthread_t th[NTHREADS];
+    pthread_barrier_init(&threads_start, NULL, NTHREADS + 1);
+    for (uintptr_t i = 0; i < NTHREADS; i++)
+        pthread_create(&th[i], NULL, toggle_thread, (void *)i);
+    pthread_barrier_wait(&threads_start);
+    rng_t r = {seed ^ 0x70991e};
+    for (int round = 0; round < TOGGLE_ROUNDS; round++) {
+        usleep((useconds_t)(200 + rng_below(&r, 3000)));
+        char path[300], what[32];
+        snprintf(path, sizeof path, "%s/toggle%d.trace", dir, round);
+        EXPECT(cualloc_trace_start(path) == 0, "start %d: %s", round, msgs);
+        usleep((useconds_t)(200 + rng_below(&r, 5000)));
+        cualloc_trace_stop();
+        trace_t t;
+        trace_read_(path, &t, false); /* the accounting only: a round can hold 10^5 events */
+        snprintf(what, sizeof what, "round %d", round);
+        check_consistent_(&t, what, false);
+        trace_free(&t);
+        unlink(path);
+    }
+    atomic_store(&toggle_done, true);
+    for (int i = 0; i < NTHREADS; i++)
+        pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&threads_start);
+}
+
 /* ---- file safety */
 
 static void test_symlink_refused(void)
@@ -1254,6 +1315,7 @@ int main(int argc, char **argv)
     in_child("trace started mid-run", sim, midrun_body);
     in_child("classic segments, trim, OOM", "driver:sim,sim_memory_mb:256,expandable_segments:False", classic_body);
     in_child("concurrent threads", sim, threads_body);
+    in_child("starts and stops while threads allocate", sim, toggle_body);
     in_child("trace_max_mb stops", sim, limit_body);
     in_child("trace_max_mb with trace_ring keeps the newest", sim, ring_body);
     in_child("fork: the child writes its own file (%p)", sim, fork_pid_body);
