@@ -703,6 +703,20 @@ void classic_body(void)
  * resolve CPython's API (a race the TSan build reports). */
 static pthread_barrier_t threads_start;
 
+/* One step of a thread's churn: a random slot of live[nlive] is freed, or filled with a new block
+ * of up to max_bytes on device dev and stream s. */
+static void churn_step(rng_t *r, void **live, int nlive, int dev, cua_stream s, size_t max_bytes)
+{
+    int k = (int)rng_below(r, (uint64_t)nlive);
+    if (live[k]) {
+        cualloc_free(live[k], s);
+        live[k] = NULL;
+    } else {
+        live[k] = cualloc_malloc(rng_tensor_size(r, max_bytes), dev, s);
+        EXPECT(live[k], "alloc failed");
+    }
+}
+
 static void *thread_main(void *arg)
 {
     rng_t r = {seed ^ (uint64_t)(uintptr_t)arg * 7919};
@@ -711,14 +725,7 @@ static void *thread_main(void *arg)
     int dev = (int)((uintptr_t)arg % 2);
     pthread_barrier_wait(&threads_start);
     for (int i = 0; i < PER_THREAD; i++) {
-        int k = (int)rng_below(&r, 64);
-        if (live[k]) {
-            cualloc_free(live[k], s);
-            live[k] = NULL;
-        } else {
-            live[k] = cualloc_malloc(rng_tensor_size(&r, 8 * MiB), dev, s);
-            EXPECT(live[k], "alloc failed");
-        }
+        churn_step(&r, live, 64, dev, s, 8 * MiB);
         if (i % 1000 == 0)
             cualloc_mark("tick");
     }
@@ -778,16 +785,8 @@ static void *toggle_thread(void *arg)
     cua_stream s = (cua_stream)(uintptr_t)((uintptr_t)arg % 3);
     int dev = (int)((uintptr_t)arg % 2);
     pthread_barrier_wait(&threads_start);
-    while (!atomic_load(&toggle_done)) {
-        int k = (int)rng_below(&r, 32);
-        if (live[k]) {
-            cualloc_free(live[k], s);
-            live[k] = NULL;
-        } else {
-            live[k] = cualloc_malloc(rng_tensor_size(&r, 2 * MiB), dev, s);
-            EXPECT(live[k], "alloc failed");
-        }
-    }
+    while (!atomic_load(&toggle_done))
+        churn_step(&r, live, 32, dev, s, 2 * MiB);
     for (int k = 0; k < 32; k++)
         cualloc_free(live[k], s);
     return NULL;
