@@ -6,8 +6,11 @@
  * with cualloc's cached bytes added), and that a forked child and its parent both keep working.
  *   interpose_prog            cualloc serves
  *   interpose_prog --disable  run under CUALLOC_DISABLE=1: everything reaches the stub
- *   interpose_prog --streams-first  70 non-blocking streams created before the first allocation */
+ *   interpose_prog --streams-first  70 non-blocking streams created before the first allocation
+ *   interpose_prog --threads  eight threads allocate, free and make and destroy streams at once */
 #include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,7 +40,7 @@ typedef struct {
 } stats_mirror;
 typedef int (*get_stats_fn)(int, stats_mirror *);
 
-static int failures;
+static atomic_int failures;
 #define CHECK(cond, ...) \
     do { \
         if (!(cond)) { \
@@ -96,10 +99,116 @@ __attribute__((destructor)) static void free_in_destructor(void) {
     if (exit_blocks[1] && cudaFree(exit_blocks[1]) != 0) _exit(4);
 }
 
+/* --threads: what a training process does from several threads at once (forward and backward run
+ * on different threads under PyTorch), through the front door only. Each thread works on its own
+ * device (id % 2) with its own slots; blocks come from cudaMalloc or cudaMallocAsync on one of the
+ * thread's streams (blocking or non-blocking, destroyed and made again every few hundred calls), go
+ * back through cudaFree or cudaFreeAsync on either, and hold a pattern checked before each free. */
+enum { TH_THREADS = 8, TH_SLOTS = 24, TH_OPS = 4000 };
+
+typedef struct {
+    int id;
+    unsigned long served_by_stub; /* allocations the stub saw from this thread: none */
+} thread_arg_t;
+
+static uint64_t th_next(uint64_t *x) {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+static void th_fill(void *p, size_t n, unsigned char v) { memset(p, v, n < 256 ? n : 256); }
+
+static size_t th_bad(const void *p, size_t n, unsigned char v) {
+    const unsigned char *c = p;
+    size_t bad = 0;
+    for (size_t i = 0; i < (n < 256 ? n : 256); i++) bad += c[i] != v;
+    return bad;
+}
+
+static void *th_main(void *argp) {
+    thread_arg_t *arg = argp;
+    uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(arg->id + 1);
+    CHECK(cudaSetDevice(arg->id % 2) == 0, "cudaSetDevice");
+    void *streams[2];
+    CHECK(cudaStreamCreateWithFlags(&streams[0], 0) == 0, "stream");
+    CHECK(cudaStreamCreateWithFlags(&streams[1], 1) == 0, "non-blocking stream");
+    struct { void *p; size_t n; unsigned char v; } slot[TH_SLOTS] = {{0}};
+    for (int op = 0; op < TH_OPS; op++) {
+        int i = (int)(th_next(&x) % TH_SLOTS);
+        uint64_t r = th_next(&x);
+        void *stream = (r & 4) ? streams[(r >> 3) & 1] : NULL;
+        if (slot[i].p) {
+            size_t bad = th_bad(slot[i].p, slot[i].n, slot[i].v);
+            CHECK(bad == 0, "thread %d: %zu bytes of %p overwritten", arg->id, bad, slot[i].p);
+            int rc = stream ? cudaFreeAsync(slot[i].p, stream) : cudaFree(slot[i].p);
+            CHECK(rc == 0, "thread %d: free = %d", arg->id, rc);
+            slot[i].p = NULL;
+        } else {
+            size_t n = 1 + (size_t)((r >> 8) % ((r & 1) ? (6u << 20) : (64u << 10)));
+            int rc = stream ? cudaMallocAsync(&slot[i].p, n, stream) : cudaMalloc(&slot[i].p, n);
+            CHECK(rc == 0 && slot[i].p, "thread %d: alloc of %zu = %d", arg->id, n, rc);
+            if (rc != 0) slot[i].p = NULL;
+            if (!slot[i].p) continue;
+            slot[i].n = n;
+            slot[i].v = (unsigned char)(arg->id * 31 + op);
+            th_fill(slot[i].p, n, slot[i].v);
+        }
+        if (op % 500 == 499) {
+            /* A stream goes while blocks freed on it may still wait for it. */
+            int k = (int)(r >> 40) & 1;
+            CHECK(cudaStreamDestroy(streams[k]) == 0, "cudaStreamDestroy");
+            CHECK(cudaStreamCreateWithFlags(&streams[k], (unsigned)k) == 0, "stream again");
+        }
+        if (op % 97 == 0) {
+            size_t fr = 0, tot = 0;
+            CHECK(cudaMemGetInfo(&fr, &tot) == 0 && fr <= tot, "cudaMemGetInfo");
+        }
+    }
+    for (int i = 0; i < TH_SLOTS; i++) {
+        if (!slot[i].p) continue;
+        CHECK(th_bad(slot[i].p, slot[i].n, slot[i].v) == 0, "thread %d: block %p overwritten", arg->id, slot[i].p);
+        CHECK(cudaFree(slot[i].p) == 0, "final free");
+    }
+    for (int k = 0; k < 2; k++) CHECK(cudaStreamDestroy(streams[k]) == 0, "cudaStreamDestroy");
+    return NULL;
+}
+
+static int threads_main(void) {
+    unsigned long m0 = stub_cudart_calls("cudaMalloc"), ma0 = stub_cudart_calls("cudaMallocAsync");
+    stats_mirror before[2] = {stats_of(0), stats_of(1)};
+    pthread_t th[TH_THREADS];
+    thread_arg_t args[TH_THREADS];
+    for (int i = 0; i < TH_THREADS; i++) {
+        args[i] = (thread_arg_t){.id = i};
+        CHECK(pthread_create(&th[i], NULL, th_main, &args[i]) == 0, "pthread_create");
+    }
+    for (int i = 0; i < TH_THREADS; i++) pthread_join(th[i], NULL);
+    CHECK(stub_cudart_calls("cudaMalloc") == m0 && stub_cudart_calls("cudaMallocAsync") == ma0,
+          "the stub served %lu allocations", stub_cudart_calls("cudaMalloc") - m0 + stub_cudart_calls("cudaMallocAsync") - ma0);
+    uint64_t served = 0;
+    for (int d = 0; d < 2; d++) {
+        stats_mirror s = stats_of(d);
+        served += s.num_allocs - before[d].num_allocs;
+        CHECK(s.num_allocs - before[d].num_allocs == s.num_frees - before[d].num_frees,
+              "device %d: %llu allocations, %llu frees", d, (unsigned long long)(s.num_allocs - before[d].num_allocs),
+              (unsigned long long)(s.num_frees - before[d].num_frees));
+        CHECK(s.gauges[0] == before[d].gauges[0] && s.gauges[2] == before[d].gauges[2],
+              "device %d: %zu bytes requested and %zu allocated at the end", d, s.gauges[0], s.gauges[2]);
+    }
+    CHECK(served >= TH_THREADS * TH_OPS / 3, "cualloc served %llu allocations", (unsigned long long)served);
+    if (failures) return 1;
+    printf("interpose_prog --threads: all checks passed (%llu allocations on 2 devices from %d threads)\n",
+           (unsigned long long)served, TH_THREADS);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int disable = argc > 1 && strcmp(argv[1], "--disable") == 0;
     void *gs = dlsym(RTLD_DEFAULT, "cualloc_get_stats"); /* (a look-up starts nothing) */
     memcpy(&get_stats, &gs, sizeof gs);
+    if (argc > 1 && strcmp(argv[1], "--threads") == 0) return threads_main();
     if (argc > 1 && strcmp(argv[1], "--exclude") == 0) {
         /* Run with CUALLOC_CONF=...,exclude:interpose_prog*: this program's allocations go to the
          * stub unchanged, and their frees follow as foreign pointers. */

@@ -72,7 +72,7 @@ build_and_test() {
 build_and_test build default -- 
 if [ $quick = 0 ]; then
     build_and_test build-asan asan+ubsan -Db_sanitize=address,undefined -Db_lundef=false -Db_lto=false -Dbuildtype=debug -- --no-suite gpu --no-suite bench --no-suite interpose
-    build_and_test build-tsan tsan -Db_sanitize=thread -Db_lundef=false -Db_lto=false -Dbuildtype=debugoptimized -- --suite stress --suite unit --suite property --suite sim --suite api --suite driver --suite trace
+    build_and_test build-tsan tsan -Db_sanitize=thread -Db_lundef=false -Db_lto=false -Dbuildtype=debugoptimized -- --suite stress --suite unit --suite property --suite sim --suite api --suite driver --suite trace --suite interpose-threads
 
     # Fuzzing: every parser, a bounded time each, from its checked-in seed corpus.
     if command -v clang >/dev/null 2>&1; then
