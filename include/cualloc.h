@@ -110,7 +110,8 @@ CUALLOC_API int cualloc_trace_start(const char *path);
 
 /* Writes the final statistics (the END record) and closes the trace. Called at exit too; a
  * process that dies without it leaves a trace whose complete records are all readable. No-op
- * when not tracing. Thread-safe; O(devices). */
+ * when not tracing. Thread-safe: other threads' allocations and frees wait while it runs, so the
+ * END states exactly what the trace's events add up to. O(devices) plus the file's last write. */
 CUALLOC_API void cualloc_trace_stop(void);
 
 /* Records a mark named `label` (a training step, a phase: "step 3", "optimizer") into the trace,
