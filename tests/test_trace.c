@@ -774,7 +774,9 @@ static void threads_body(void)
 
 /* Starts and stops while other threads allocate and free on both devices without pause: each trace
  * must still be whole (its INIT records and events account for every free, and its END statistics
- * are the heap's at the moment its last event was written), whatever the threads did meanwhile. */
+ * are the heap's at the moment its last event was written), whatever the threads did meanwhile.
+ * With trace_max_mb, every other trace is left to end at the size limit, and the next start must
+ * still find every heap ready to record. */
 #define TOGGLE_ROUNDS 12
 static atomic_bool toggle_done;
 
@@ -800,20 +802,31 @@ static void toggle_body(void)
         pthread_create(&th[i], NULL, toggle_thread, (void *)i);
     pthread_barrier_wait(&threads_start);
     rng_t r = {seed ^ 0x70991e};
+    int limited = 0; /* rounds the size limit ended (trace_max_mb) */
     for (int round = 0; round < TOGGLE_ROUNDS; round++) {
         usleep((useconds_t)(200 + rng_below(&r, 3000)));
         char path[300], what[32];
         snprintf(path, sizeof path, "%s/toggle%d.trace", dir, round);
         EXPECT(cualloc_trace_start(path) == 0, "start %d: %s", round, msgs);
-        usleep((useconds_t)(200 + rng_below(&r, 5000)));
+        if (api_conf()->trace_max && round % 2) {
+            /* Odd rounds wait for the size limit to end the trace (the threads fill 1 MiB in a
+             * few milliseconds); the stop then finds it closed. */
+            for (int ms = 0; ms < 20000 && trace_active(); ms++)
+                usleep(1000);
+        } else {
+            usleep((useconds_t)(200 + rng_below(&r, 5000)));
+        }
         cualloc_trace_stop();
         trace_t t;
         trace_read_(path, &t, false); /* the accounting only: a round can hold 10^5 events */
         snprintf(what, sizeof what, "round %d", round);
         check_consistent_(&t, what, false);
+        limited += t.acct.end_reason == CUA_TRACE_END_LIMIT;
         trace_free(&t);
         unlink(path);
     }
+    if (api_conf()->trace_max)
+        EXPECT(limited >= TOGGLE_ROUNDS / 2, "%d of %d rounds ended by the size limit", limited, TOGGLE_ROUNDS);
     atomic_store(&toggle_done, true);
     for (int i = 0; i < NTHREADS; i++)
         pthread_join(th[i], NULL);
@@ -1315,6 +1328,8 @@ int main(int argc, char **argv)
     in_child("classic segments, trim, OOM", "driver:sim,sim_memory_mb:256,expandable_segments:False", classic_body);
     in_child("concurrent threads", sim, threads_body);
     in_child("starts and stops while threads allocate", sim, toggle_body);
+    in_child("starts, stops and size-limit stops while threads allocate",
+             "driver:sim,sim_devices:2,sim_memory_mb:256,trace_stack_depth:16,trace_max_mb:1", toggle_body);
     in_child("trace_max_mb stops", sim, limit_body);
     in_child("trace_max_mb with trace_ring keeps the newest", sim, ring_body);
     in_child("fork: the child writes its own file (%p)", sim, fork_pid_body);
