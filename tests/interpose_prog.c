@@ -106,11 +106,6 @@ __attribute__((destructor)) static void free_in_destructor(void) {
  * back through cudaFree or cudaFreeAsync on either, and hold a pattern checked before each free. */
 enum { TH_THREADS = 8, TH_SLOTS = 24, TH_OPS = 4000 };
 
-typedef struct {
-    int id;
-    unsigned long served_by_stub; /* allocations the stub saw from this thread: none */
-} thread_arg_t;
-
 static uint64_t th_next(uint64_t *x) {
     *x ^= *x << 13;
     *x ^= *x >> 7;
@@ -127,10 +122,10 @@ static size_t th_bad(const void *p, size_t n, unsigned char v) {
     return bad;
 }
 
-static void *th_main(void *argp) {
-    thread_arg_t *arg = argp;
-    uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(arg->id + 1);
-    CHECK(cudaSetDevice(arg->id % 2) == 0, "cudaSetDevice");
+static void *th_main(void *arg) {
+    int id = (int)(intptr_t)arg;
+    uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(id + 1);
+    CHECK(cudaSetDevice(id % 2) == 0, "cudaSetDevice");
     void *streams[2];
     CHECK(cudaStreamCreateWithFlags(&streams[0], 0) == 0, "stream");
     CHECK(cudaStreamCreateWithFlags(&streams[1], 1) == 0, "non-blocking stream");
@@ -141,18 +136,18 @@ static void *th_main(void *argp) {
         void *stream = (r & 4) ? streams[(r >> 3) & 1] : NULL;
         if (slot[i].p) {
             size_t bad = th_bad(slot[i].p, slot[i].n, slot[i].v);
-            CHECK(bad == 0, "thread %d: %zu bytes of %p overwritten", arg->id, bad, slot[i].p);
+            CHECK(bad == 0, "thread %d: %zu bytes of %p overwritten", id, bad, slot[i].p);
             int rc = stream ? cudaFreeAsync(slot[i].p, stream) : cudaFree(slot[i].p);
-            CHECK(rc == 0, "thread %d: free = %d", arg->id, rc);
+            CHECK(rc == 0, "thread %d: free = %d", id, rc);
             slot[i].p = NULL;
         } else {
             size_t n = 1 + (size_t)((r >> 8) % ((r & 1) ? (6u << 20) : (64u << 10)));
             int rc = stream ? cudaMallocAsync(&slot[i].p, n, stream) : cudaMalloc(&slot[i].p, n);
-            CHECK(rc == 0 && slot[i].p, "thread %d: alloc of %zu = %d", arg->id, n, rc);
+            CHECK(rc == 0 && slot[i].p, "thread %d: alloc of %zu = %d", id, n, rc);
             if (rc != 0) slot[i].p = NULL;
             if (!slot[i].p) continue;
             slot[i].n = n;
-            slot[i].v = (unsigned char)(arg->id * 31 + op);
+            slot[i].v = (unsigned char)(id * 31 + op);
             th_fill(slot[i].p, n, slot[i].v);
         }
         if (op % 500 == 499) {
@@ -168,7 +163,7 @@ static void *th_main(void *argp) {
     }
     for (int i = 0; i < TH_SLOTS; i++) {
         if (!slot[i].p) continue;
-        CHECK(th_bad(slot[i].p, slot[i].n, slot[i].v) == 0, "thread %d: block %p overwritten", arg->id, slot[i].p);
+        CHECK(th_bad(slot[i].p, slot[i].n, slot[i].v) == 0, "thread %d: block %p overwritten", id, slot[i].p);
         CHECK(cudaFree(slot[i].p) == 0, "final free");
     }
     for (int k = 0; k < 2; k++) CHECK(cudaStreamDestroy(streams[k]) == 0, "cudaStreamDestroy");
@@ -179,11 +174,8 @@ static int threads_main(void) {
     unsigned long m0 = stub_cudart_calls("cudaMalloc"), ma0 = stub_cudart_calls("cudaMallocAsync");
     stats_mirror before[2] = {stats_of(0), stats_of(1)};
     pthread_t th[TH_THREADS];
-    thread_arg_t args[TH_THREADS];
-    for (int i = 0; i < TH_THREADS; i++) {
-        args[i] = (thread_arg_t){.id = i};
-        CHECK(pthread_create(&th[i], NULL, th_main, &args[i]) == 0, "pthread_create");
-    }
+    for (int i = 0; i < TH_THREADS; i++)
+        CHECK(pthread_create(&th[i], NULL, th_main, (void *)(intptr_t)i) == 0, "pthread_create");
     for (int i = 0; i < TH_THREADS; i++) pthread_join(th[i], NULL);
     CHECK(stub_cudart_calls("cudaMalloc") == m0 && stub_cudart_calls("cudaMallocAsync") == ma0,
           "the stub served %lu allocations", stub_cudart_calls("cudaMalloc") - m0 + stub_cudart_calls("cudaMallocAsync") - ma0);
