@@ -77,6 +77,15 @@ CUALLOC_API void cualloc_free(void *ptr, void *stream);
 /* Copies `device`'s statistics into *out. Returns 0, or -1 for a device that is not valid. */
 CUALLOC_API int cualloc_get_stats(int device, cualloc_stats *out);
 
+/* The message for a request of `size` bytes on `device` that cualloc_malloc could not serve, as
+ * one paragraph in buf (at most len bytes, NUL-terminated): it starts "CUDA out of memory", like
+ * PyTorch's OutOfMemoryError, gives the heap's figures and the device's free memory, and ends with
+ * the diagnosis of the device's last failed request and its first fix, the same as the report on
+ * stderr and allocview's: a genuine shortage, a device full of memory held outside cualloc, or
+ * fragmentation (before any request has failed: what this one would be diagnosed as now). The
+ * exception cualloc_torch_malloc throws carries it. Returns 0, or -1 when buf is NULL or len 0. */
+CUALLOC_API int cualloc_oom_message(size_t size, int device, char *buf, size_t len);
+
 /* Unmaps every cached free chunk (VMM) or frees every unused segment (classic) of `device`,
  * synchronizing only the streams whose work may still touch them. Like torch.cuda.empty_cache(). */
 CUALLOC_API void cualloc_trim(int device);

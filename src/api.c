@@ -3,6 +3,7 @@
  * start-up (lazy: nothing happens before the first call) and the exit summary. It does not
  * allocate anything itself (heap.c does) or interpose CUDA.
  */
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -331,6 +332,61 @@ CUALLOC_API int cualloc_get_stats(int device, cualloc_stats *out) {
     heap_t *h = api_existing_heap(device);
     memset(out, 0, sizeof *out);
     if (h) heap_get_stats(h, out);
+    return 0;
+}
+
+/* PyTorch's own size format (c10 format_size), for the figures of cualloc_oom_message, which reads
+ * like PyTorch's message: bytes below 1 KiB, then KiB, MiB, and GiB for everything larger (a 1 TiB
+ * request reads "1024.00 GiB", as PyTorch would print it). */
+static const char *torch_size(size_t bytes, char *buf, size_t len) {
+    if (bytes < ((size_t)1 << 10))
+        snprintf(buf, len, "%zu bytes", bytes);
+    else if (bytes < ((size_t)1 << 20))
+        snprintf(buf, len, "%.2f KiB", (double)bytes / (double)((size_t)1 << 10));
+    else if (bytes < ((size_t)1 << 30))
+        snprintf(buf, len, "%.2f MiB", (double)bytes / (double)((size_t)1 << 20));
+    else
+        snprintf(buf, len, "%.2f GiB", (double)bytes / (double)((size_t)1 << 30));
+    return buf;
+}
+
+CUALLOC_API int cualloc_oom_message(size_t size, int device, char *buf, size_t len) {
+    if (!buf || !len) return -1;
+    pthread_once(&g.once, api_init);
+    char req[32];
+    torch_size(size, req, sizeof req);
+    if (g.init_error != CUA_SUCCESS || device < 0 || device >= api_ndevices()) {
+        snprintf(buf, len,
+                 "CUDA out of memory (cualloc). Tried to allocate %s (%zu bytes) on device %d, but device %d is not "
+                 "a device cualloc can use (no such device, or the CUDA driver is not usable; see the \"cualloc:\" "
+                 "messages on stderr).",
+                 req, size, device, device);
+        return 0;
+    }
+    heap_t *h = api_existing_heap(device);
+    if (!h) {
+        snprintf(buf, len,
+                 "CUDA out of memory (cualloc). Tried to allocate %s (%zu bytes) on device %d, but cualloc could not "
+                 "set up a heap on this device (see the \"cualloc:\" messages on stderr).",
+                 req, size, device);
+        return 0;
+    }
+    cualloc_stats s;
+    size_t dfree = 0;
+    bool dknown = false;
+    char diagnosis[1024], cap[32], alloc[32], resv[32], cached[32], largest[32], devfree[32];
+    heap_oom_facts(h, size, &s, &dfree, &dknown, diagnosis, sizeof diagnosis);
+    snprintf(buf, len,
+             "CUDA out of memory (cualloc). Tried to allocate %s (%zu bytes) on device %d. cualloc's heap on device "
+             "%d has a capacity of %s; %s is allocated, %s reserved, of which %s is reserved but unallocated; the "
+             "largest free block is %s; the device reports %s free. Diagnosis: %s (%" PRIu64
+             " out-of-memory failure%s on this device so far.)",
+             req, size, device, device, torch_size(s.capacity_bytes, cap, sizeof cap),
+             torch_size(s.allocated_bytes, alloc, sizeof alloc), torch_size(s.reserved_bytes, resv, sizeof resv),
+             torch_size(s.reserved_bytes - s.allocated_bytes, cached, sizeof cached),
+             torch_size(s.largest_free_block, largest, sizeof largest),
+             dknown ? torch_size(dfree, devfree, sizeof devfree) : "(unknown)", diagnosis, s.num_ooms,
+             s.num_ooms == 1 ? "" : "s");
     return 0;
 }
 

@@ -233,6 +233,9 @@ struct heap_s {
     struct { uint8_t bucket, kind; } oom_seen[HEAP_OOM_KINDS];
     unsigned n_oom_seen;
     bool oom_suppressed_said;
+    /* The diagnosis of the last request that failed (empty before the first): oom_diagnose's
+     * sentence, or why cualloc's own tables failed it. cualloc_oom_message ends with it. */
+    char oom_text[768];
     /* What host memory was refused for during the allocation under way (HOST_NONE: nothing):
      * cualloc's own bookkeeping, not the device, then failed it (alloc_fail says so). Set where
      * the mmap or slab record fails, cleared where a general allocation starts. */
@@ -1565,22 +1568,95 @@ static size_t largest_free_locked(heap_t *h) {
     return best;
 }
 
-/* The OOM report (DESIGN.md decision 10), in the spirit of PyTorch's message, then the diagnosis
- * and the first fix of the OOM ladder that applies:
- *   fragmentation (live blocks + the request fit under the cap): the allocator's own fixes, free
- *     of cost — expandable segments, a lower max_split_size_mb, garbage_collection_threshold
- *     (VMM mode: the address space, va_factor);
- *   genuine shortage: the training-side fixes in cost order — a smaller batch with gradient
- *     accumulation, bf16/fp16 mixed precision, activation checkpointing, then offloading or
- *     sharding (FSDP / ZeRO).
- * One report per distinct situation (power-of-two bucket of the request, diagnosis) per heap; the
- * first repeat says once that further ones are only counted (num_ooms). Lock held. */
-enum { OOM_SHORTAGE = 1, OOM_FRAGMENTATION = 2 };
+/* What live memory must do when no allocator setting can help: the training-side fixes of the
+ * OOM ladder, in cost order. */
+#define OOM_LIVE_FIXES                                                                              \
+    "reduce the batch size and keep the effective batch with gradient accumulation; then bf16/fp16 " \
+    "mixed precision if not already used; then activation checkpointing; then offloading or sharding " \
+    "(FSDP / ZeRO)"
 
-static void report_oom(heap_t *h, size_t size, size_t rsize) {
+/* The diagnosis of a request of rsize bytes that found no memory, by oom.c's rule, written to
+ * `text` as the sentence that follows "diagnosis: " in the report, with the first fix of the OOM
+ * ladder that applies:
+ *   shortage (live blocks + the request exceed the cap) and a full device (they fit under the cap
+ *     but not in what the heap holds plus the device's free memory): the training-side fixes in
+ *     cost order, since no allocator setting can help; a full device names what holds the rest;
+ *   fragmentation: the allocator's own fixes, free of cost — expandable segments, a lower
+ *     max_split_size_mb, garbage_collection_threshold (VMM mode: the address space, va_factor),
+ *     or, when the device refused memory the cap allows, what holds it.
+ * dknown: the driver told dfree and dtotal. Lock held. */
+static oom_kind_t oom_diagnose(heap_t *h, size_t rsize, size_t dfree, size_t dtotal, bool dknown, char *text,
+                               size_t len) {
     size_t allocated = h->stats.allocated_bytes, reserved = h->stats.reserved_bytes;
-    bool fits = rsize <= h->cap && allocated <= h->cap - rsize; /* no wrap-around for huge requests */
-    uint8_t kind = fits ? OOM_FRAGMENTATION : OOM_SHORTAGE;
+    char req[32], cap[32], alloc[32], devfree[32], excess[32], held[32], outside[32], total[32];
+    fmt_bytes(h->cap, cap, sizeof cap);
+    fmt_bytes(allocated, alloc, sizeof alloc);
+    fmt_bytes(dfree, devfree, sizeof devfree);
+    oom_kind_t kind = oom_classify(rsize, h->cap, allocated, reserved, dknown ? dfree : UINT64_MAX);
+    if (kind == OOM_SHORTAGE) {
+        snprintf(text, len,
+                 "genuine shortage — live blocks (%s) plus this request need %s more than the cap of %s; no allocator "
+                 "setting can fix that. First fix: " OOM_LIVE_FIXES ".",
+                 alloc, fmt_bytes(oom_missing(rsize, allocated, h->cap), excess, sizeof excess), cap);
+    } else if (kind == OOM_DEVICE_FULL) {
+        size_t elsewhere = dtotal > reserved + dfree ? dtotal - reserved - dfree : 0;
+        snprintf(text, len,
+                 "the device is full, not fragmented — live blocks (%s) plus this request fit in the cap of %s, but "
+                 "not in the %s this heap holds plus the %s the device reports free: %s of the device's %s is held "
+                 "outside this heap (other processes, other allocators in this one, the CUDA context and "
+                 "libraries). No setting of this heap can fix that. First fix: free what holds that memory; else "
+                 "live memory must shrink by %s: " OOM_LIVE_FIXES ". Setting max_memory_mb to what this process "
+                 "can have makes the cap say so.",
+                 alloc, cap, fmt_bytes(reserved, held, sizeof held), devfree,
+                 fmt_bytes(elsewhere, outside, sizeof outside), fmt_bytes(dtotal, total, sizeof total),
+                 fmt_bytes(oom_missing(rsize, allocated, oom_room(reserved, dfree)), excess, sizeof excess));
+    } else {
+        const pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
+        size_t need = h->vmm ? align_up(rsize, p->chunk) : 0;
+        if (h->vmm && sizeclass_find(&p->unmapped, need) && reserved + need <= h->cap) {
+            snprintf(text, len,
+                     "the device refused more memory — the heap's cap would allow it, but creating or mapping %s "
+                     "failed and the device reports %s free. Other processes (or other allocators in this one) "
+                     "hold the rest: free them, or lower per_process_memory_fraction / max_memory_mb so that the "
+                     "cap matches what this process can have.",
+                     fmt_bytes(need, req, sizeof req), devfree);
+        } else if (h->vmm && sizeclass_find(&p->unmapped, need)) {
+            /* Address space is there: the cap is reached at chunk granularity. Everything cached
+             * was released before this report, so what is reserved beyond the live blocks lies in
+             * chunks that live blocks share. */
+            char partial[32], chunk[32], needs[32];
+            snprintf(text, len,
+                     "shortage at chunk granularity — live blocks (%s) plus this request fit in %s, but memory is "
+                     "mapped in whole chunks of %s and live blocks keep %s in partly used chunks; this request "
+                     "needs %s of new chunks. First fix: reduce the batch size slightly (or keep it with gradient "
+                     "accumulation)%s.",
+                     alloc, cap, fmt_bytes(p->chunk, chunk, sizeof chunk),
+                     fmt_bytes(reserved - allocated, partial, sizeof partial), fmt_bytes(need, needs, sizeof needs),
+                     p->chunk > h->granularity ? "; or use smaller chunks (CUALLOC_CONF=chunk_size_mb:0)" : "");
+        } else if (h->vmm) {
+            snprintf(text, len,
+                     "fragmentation of the address space — live blocks (%s) plus this request fit in %s, but no "
+                     "free range of the reserved address space is large enough. First fix: raise va_factor "
+                     "(CUALLOC_CONF=va_factor:8).",
+                     alloc, cap);
+        } else {
+            snprintf(text, len,
+                     "fragmentation — live blocks (%s) plus this request fit in %s, but the cached free memory is "
+                     "split into pieces smaller than the request. First fix (free): expandable segments "
+                     "(CUALLOC_CONF=expandable_segments:True); else lower max_split_size_mb (e.g. "
+                     "max_split_size_mb:128) or set garbage_collection_threshold:0.8.",
+                     alloc, cap);
+        }
+    }
+    return kind;
+}
+
+/* The OOM report (DESIGN.md decision 10), in the spirit of PyTorch's message: the figures, then
+ * the diagnosis (oom_diagnose), which stays in h->oom_text for cualloc_oom_message. One report per
+ * distinct situation (power-of-two bucket of the request, diagnosis kind) per heap; the first
+ * repeat says once that further ones are only counted (num_ooms). Lock held. */
+static void report_oom(heap_t *h, size_t size, size_t rsize, size_t dfree, size_t dtotal, bool dknown) {
+    uint8_t kind = (uint8_t)oom_diagnose(h, rsize, dfree, dtotal, dknown, h->oom_text, sizeof h->oom_text);
     uint8_t bucket = (uint8_t)(rsize ? floor_log2(rsize) : 0);
     for (unsigned i = 0; i < h->n_oom_seen; i++) {
         if (h->oom_seen[i].bucket == bucket && h->oom_seen[i].kind == kind) {
@@ -1601,55 +1677,16 @@ static void report_oom(heap_t *h, size_t size, size_t rsize) {
         return; /* that many distinct reports already: enough */
     }
     h->oom_reports++;
-    char req[32], cap[32], alloc[32], cached[32], largest[32], devfree[32], excess[32];
-    size_t lf = largest_free_locked(h), dfree = 0, dtotal = 0;
-    h->drv->mem_get_info(h->dev, &dfree, &dtotal);
+    size_t allocated = h->stats.allocated_bytes, reserved = h->stats.reserved_bytes;
+    char req[32], cap[32], alloc[32], cached[32], largest[32], devfree[32];
     cua_error("device %d: out of memory: tried to allocate %s (%zu B requested); the heap may use %s (its cap); "
               "%s is allocated by live blocks, %s is reserved but unallocated (largest free block %s); the "
               "device reports %s free.",
               h->dev, fmt_bytes(rsize, req, sizeof req), size, fmt_bytes(h->cap, cap, sizeof cap),
               fmt_bytes(allocated, alloc, sizeof alloc), fmt_bytes(reserved - allocated, cached, sizeof cached),
-              fmt_bytes(lf, largest, sizeof largest), fmt_bytes(dfree, devfree, sizeof devfree));
-    if (kind == OOM_FRAGMENTATION) {
-        const pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
-        size_t need = h->vmm ? align_up(rsize, p->chunk) : 0;
-        if (h->vmm && sizeclass_find(&p->unmapped, need) && reserved + need <= h->cap) {
-            cua_error("device %d: diagnosis: the device refused more memory — the heap's cap would allow it, but "
-                      "creating or mapping %s failed and the device reports %s free. Other processes (or other "
-                      "allocators in this one) hold the rest: free them, or lower per_process_memory_fraction / "
-                      "max_memory_mb so that the cap matches what this process can have.",
-                      h->dev, fmt_bytes(need, req, sizeof req), fmt_bytes(dfree, devfree, sizeof devfree));
-        } else if (h->vmm && sizeclass_find(&p->unmapped, need)) {
-            /* Address space is there: the cap is reached at chunk granularity. Everything cached
-             * was released before this report, so what is reserved beyond the live blocks lies in
-             * chunks that live blocks share. */
-            char partial[32], chunk[32], needs[32];
-            cua_error("device %d: diagnosis: shortage at chunk granularity — live blocks (%s) plus this request "
-                      "fit in %s, but memory is mapped in whole chunks of %s and live blocks keep %s in partly "
-                      "used chunks; this request needs %s of new chunks. First fix: reduce the batch size "
-                      "slightly (or keep it with gradient accumulation)%s.",
-                      h->dev, alloc, cap, fmt_bytes(p->chunk, chunk, sizeof chunk),
-                      fmt_bytes(reserved - allocated, partial, sizeof partial), fmt_bytes(need, needs, sizeof needs),
-                      p->chunk > h->granularity ? "; or use smaller chunks (CUALLOC_CONF=chunk_size_mb:0)" : "");
-        } else if (h->vmm)
-            cua_error("device %d: diagnosis: fragmentation of the address space — live blocks (%s) plus this "
-                      "request fit in %s, but no free range of the reserved address space is large enough. First "
-                      "fix: raise va_factor (CUALLOC_CONF=va_factor:8).",
-                      h->dev, alloc, cap);
-        else
-            cua_error("device %d: diagnosis: fragmentation — live blocks (%s) plus this request fit in %s, but the "
-                      "cached free memory is split into pieces smaller than the request. First fix (free): "
-                      "expandable segments (CUALLOC_CONF=expandable_segments:True); else lower max_split_size_mb "
-                      "(e.g. max_split_size_mb:128) or set garbage_collection_threshold:0.8.",
-                      h->dev, alloc, cap);
-    } else {
-        size_t over = allocated + rsize >= allocated ? allocated + rsize - h->cap : SIZE_MAX;
-        cua_error("device %d: diagnosis: genuine shortage — live blocks (%s) plus this request need %s more than "
-                  "the cap of %s; no allocator setting can fix that. First fix: reduce the batch size and keep the "
-                  "effective batch with gradient accumulation; then bf16/fp16 mixed precision if not already used; "
-                  "then activation checkpointing; then offloading or sharding (FSDP / ZeRO).",
-                  h->dev, alloc, fmt_bytes(over, excess, sizeof excess), cap);
-    }
+              fmt_bytes(largest_free_locked(h), largest, sizeof largest),
+              dknown ? fmt_bytes(dfree, devfree, sizeof devfree) : "(unknown: the driver did not say)");
+    cua_error("device %d: diagnosis: %s", h->dev, h->oom_text);
 }
 
 /* The front `size` bytes of b become a new record before it, in state `state`, tag `tag`, in no
@@ -1704,6 +1741,10 @@ static block_t *alloc_search(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
  * to the wrong fix). Not recorded as an OOM event either, for the same reason. */
 static void report_host_refused(heap_t *h, size_t size) {
     unsigned bit = 1u << h->host_refused;
+    snprintf(h->oom_text, sizeof h->oom_text,
+             "not the device — host memory ran out for cualloc's own bookkeeping (%s). Free host memory or raise "
+             "this process's limits on it (ulimit -v and -d, the container's memory limit).",
+             host_table_names[h->host_refused]);
     if (!(h->host_refused_said & bit)) {
         h->host_refused_said |= bit;
         char req[32];
@@ -1723,6 +1764,11 @@ static void report_host_refused(heap_t *h, size_t size) {
  * an OOM. Lock held; released here. */
 static __attribute__((noinline, cold)) void alloc_fail_no_slot(heap_t *h, cua_stream stream, size_t size) {
     h->stats.num_ooms++;
+    snprintf(h->oom_text, sizeof h->oom_text,
+             "not the device — all %d of cualloc's stream slots belong to streams whose freed memory cannot be "
+             "reused yet (they are capturing CUDA graphs, or could not be synchronized). End those captures, or "
+             "capture on fewer streams at once.",
+             TAG_STREAMS_END - 1);
     if (!h->no_slot_said) {
         h->no_slot_said = true;
         char req[32];
@@ -1745,13 +1791,13 @@ static cua_result alloc_fail(heap_t *h, cua_stream stream, size_t size, size_t r
         cua_unlock(&h->lock);
         return CUA_ERROR_OUT_OF_MEMORY;
     }
-    if (trace_enabled()) {
-        size_t dfree = 0, dtotal = 0;
-        h->drv->mem_get_info(h->dev, &dfree, &dtotal);
+    size_t dfree = 0, dtotal = 0;
+    bool dknown = h->drv->mem_get_info(h->dev, &dfree, &dtotal) == CUA_SUCCESS;
+    if (!dknown) dfree = dtotal = 0;
+    if (trace_enabled())
         trace_on_oom(h->dev, stream, size, rsize, h->cap, h->stats.allocated_bytes, h->stats.reserved_bytes, dfree,
                      largest_free_locked(h));
-    }
-    report_oom(h, size, rsize);
+    report_oom(h, size, rsize, dfree, dtotal, dknown);
     update_inactive_split(h);
     cua_unlock(&h->lock);
     return CUA_ERROR_OUT_OF_MEMORY;
@@ -2448,6 +2494,19 @@ void heap_stats_release(heap_t *h) { cua_unlock(&h->lock); }
 
 void heap_get_stats(heap_t *h, cualloc_stats *out) {
     heap_stats_hold(h, out);
+    heap_stats_release(h);
+}
+
+void heap_oom_facts(heap_t *h, size_t size, cualloc_stats *out, size_t *dfree, bool *dknown, char *diagnosis,
+                    size_t len) {
+    size_t dtotal = 0;
+    heap_stats_hold(h, out);
+    *dknown = h->drv->mem_get_info(h->dev, dfree, &dtotal) == CUA_SUCCESS;
+    if (!*dknown) *dfree = dtotal = 0;
+    if (h->oom_text[0])
+        snprintf(diagnosis, len, "%s", h->oom_text);
+    else
+        oom_diagnose(h, heap_round_size(&h->conf, size), *dfree, dtotal, *dknown, diagnosis, len);
     heap_stats_release(h);
 }
 

@@ -155,6 +155,22 @@ void sim_stream_set_capturing(cua_stream s, bool capturing);
 /* The device driver_sim_ops.current_device reports for the calling thread (default 0). */
 void sim_set_current_device(int dev);
 
+/* ======================================================================== oom.c */
+
+/* What a request that found no device memory was (see oom.c for the rule). */
+typedef enum { OOM_SHORTAGE = 1, OOM_DEVICE_FULL = 2, OOM_FRAGMENTATION = 3 } oom_kind_t;
+/* request: the rounded size asked for; capacity: what the heap may reserve; allocated, reserved:
+ * the heap's bytes at the failure; device_free: the device's free memory then (UINT64_MAX when
+ * the driver could not tell, which rules out "device full"). */
+oom_kind_t oom_classify(uint64_t request, uint64_t capacity, uint64_t allocated, uint64_t reserved,
+                        uint64_t device_free);
+/* What the heap could have had at the failure: what it held plus what the device had free
+ * (saturating). */
+uint64_t oom_room(uint64_t reserved, uint64_t device_free);
+/* How far allocated + request exceeds limit (0 when it does not; UINT64_MAX on overflow): what
+ * live memory must shrink by. */
+uint64_t oom_missing(uint64_t request, uint64_t allocated, uint64_t limit);
+
 /* ======================================================================== slab.c */
 
 /* Fixed-size records from 64 KiB mmap'd slabs, a free list threaded through them. Not
@@ -469,6 +485,11 @@ void heap_get_stats(heap_t *h, cualloc_stats *out);
  * left it. Heaps are held in device order, under api.c's create_lock. */
 void heap_stats_hold(heap_t *h, cualloc_stats *out);
 void heap_stats_release(heap_t *h);
+/* For cualloc_oom_message, read together under the heap's lock: its statistics, the device's free
+ * memory (*dknown false when the driver could not tell) and the diagnosis of its last failed
+ * request, or, before any has failed, what a request of `size` bytes would be diagnosed as now. */
+void heap_oom_facts(heap_t *h, size_t size, cualloc_stats *out, size_t *dfree, bool *dknown, char *diagnosis,
+                    size_t len);
 void heap_trim(heap_t *h);
 /* The stream is being destroyed: settle its free blocks so its handle can be reused, and forget it
  * as a non-blocking stream. */

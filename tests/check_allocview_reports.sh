@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# check_allocview_reports.sh SCENARIOS ALLOCVIEW EXPECTED_DIR [DEMO [INLINE]] — allocview's reports against
+# check_allocview_reports.sh SCENARIOS ALLOCVIEW EXPECTED_DIR [DEMO [INLINE [FAKECUDA]]] — allocview's reports against
 # training-shaped traces (tests/trace_scenarios.c, recorded through libcualloc.so on the sim
 # device: deterministic addresses and clock): the default report and `oom`/`leaks`/`peak`/`sites`
 # of each scenario equal expected/report_*.txt (--no-color --redact); --json is valid JSON; several
 # traces give a rank table; every report command on a truncated trace exits 0 or 3 with a report;
 # timeline, folded and diff name the sites as the report does. With DEMO (cualloc-demo), the
 # demo's own trace is cut into its steps and diagnosed as what it is. With INLINE
-# (trace_inline_fixture), a call site inside inlined functions is named frame by frame.
+# (trace_inline_fixture), a call site inside inlined functions is named frame by frame. With
+# FAKECUDA (the folder of the fake libcuda.so.1), a device filled by another user of the driver is
+# diagnosed as full, not fragmented.
 #   UPDATE_EXPECTED=1 check_allocview_reports.sh ...   rewrites the expected files.
 set -u
-scen=$1 allocview=$2 expected=$3 demo=${4:-} inline=${5:-}
+scen=$1 allocview=$2 expected=$3 demo=${4:-} inline=${5:-} fakecuda=${6:-}
 case $allocview in /*) ;; *) allocview=$PWD/$allocview ;; esac
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -29,6 +31,14 @@ record longest longest sim_memory_mb:512
 record varlen varlen sim_memory_mb:512
 record phase phase sim_memory_mb:512
 record optstep optstep sim_memory_mb:512
+traces="leak shortage frag step2 longest varlen phase optstep"
+if [ -n "$fakecuda" ]; then
+    # The CUDA backend on the fake driver, whose memory the scenario's other library shares.
+    LD_LIBRARY_PATH=$fakecuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} CUALLOC_CONF=driver:cuda,sim_memory_mb:128 \
+        "$scen" devicefull "$tmp/devicefull.trace" 2>"$tmp/devicefull.err"
+    [ -s "$tmp/devicefull.trace" ] || { cat "$tmp/devicefull.err"; bad "scenario devicefull wrote no trace"; }
+    traces="$traces devicefull"
+fi
 
 # Call sites are named through libdw; an allocview built without it names module+offset, which
 # the expected text cannot hold: skip.
@@ -42,8 +52,11 @@ check() { # EXPECTED-NAME ARGS...
     # libunwind or not): they are replaced by #N before comparing.
     (cd "$tmp" && "$allocview" "$@" --no-color --redact) >"$tmp/raw.txt" 2>"$tmp/out.err"
     local st=$?
+    # The fake driver's clock is the host's (real time), not the sim's: its traces' times are
+    # replaced by T (real_clock=1).
     sed -E 's/record #[0-9]+/record #N/g; s/record is #[0-9]+/record is #N/g; s/\(#[0-9]+\)/(#N)/g' \
-        "$tmp/raw.txt" >"$tmp/out.txt"
+        "$tmp/raw.txt" | { if [ "${real_clock:-0}" = 1 ]; then sed -E 's/\+[0-9]+\.[0-9]+ s/+T s/g'; else cat; fi; } \
+        >"$tmp/out.txt"
     [ $st = 0 ] || bad "allocview $* exited $st: $(cat "$tmp/out.err")"
     if [ "${UPDATE_EXPECTED:-0}" = 1 ]; then
         cp "$tmp/out.txt" "$expected/report_$name.txt"
@@ -57,6 +70,7 @@ for t in leak shortage frag step2 longest varlen phase; do
 done
 check oom_shortage oom shortage.trace
 check oom_frag oom frag.trace
+[ -n "$fakecuda" ] && real_clock=1 check oom_devicefull oom devicefull.trace
 check leaks_leak leaks leak.trace
 check peak_step2 peak step2.trace
 check peak_at_step2 peak --at "step 1" step2.trace
@@ -68,7 +82,7 @@ want() { # TRACE RULE
     grep -q "\"rule\": \"$2\"" "$tmp/$1.json" || bad "$1: no $2 diagnosis in $(cat "$tmp/$1.json")"
 }
 wantnot() { grep -q "\"rule\": \"$2\"" "$tmp/$1.json" && bad "$1: unexpected $2 diagnosis"; }
-for t in leak shortage frag step2 longest varlen phase optstep; do
+for t in $traces; do
     "$allocview" report --json "$tmp/$t.trace" >"$tmp/$t.json" 2>/dev/null
     if command -v python3 >/dev/null 2>&1; then
         python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$tmp/$t.json" || bad "$t: report --json is not JSON"
@@ -81,6 +95,9 @@ done
 want leak leak; wantnot leak oom-shortage; wantnot leak step2-jump; wantnot leak longest-batch
 want shortage oom-shortage; wantnot shortage oom-fragmentation; wantnot shortage leak
 want frag oom-fragmentation; wantnot frag oom-shortage
+if [ -n "$fakecuda" ]; then
+    want devicefull oom-device-full; wantnot devicefull oom-fragmentation; wantnot devicefull oom-shortage
+fi
 want step2 step2-jump; wantnot step2 leak; wantnot step2 longest-batch
 want longest longest-batch; wantnot longest step2-jump; wantnot longest leak
 want varlen longest-batch; wantnot varlen step2-jump; wantnot varlen leak

@@ -1,6 +1,7 @@
 /* test_oom_report.c — the OOM report (heap.c report_oom, DESIGN.md decision 10) against expected
- * text: a genuine shortage (VMM), a fragmentation case (classic segments), and a repeated OOM
- * that produces no second report. Messages are captured with error_set_callback; the sim device's
+ * text: a genuine shortage (VMM), a fragmentation case (classic segments), a repeated OOM that
+ * produces no second report, shortage at chunk granularity, a device that refuses memory, and a
+ * device full of memory held outside the heap. Messages are captured with error_set_callback; the sim device's
  * addresses and sizes are deterministic, so the text is too.
  *   test_oom_report EXPECTED_DIR            compare with EXPECTED_DIR/oom_*.txt
  *   UPDATE_EXPECTED=1 test_oom_report DIR   rewrite them */
@@ -98,6 +99,24 @@ int main(int argc, char **argv) {
     EXPECT(heap_alloc(h, 4 << 20, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY, "device refuses");
     compare(argv[1], "oom_vmm_device.txt");
     sim_fail(SIM_OP_PHYS_CREATE, 0, 0, CUA_SUCCESS);
+    heap_destroy(h);
+
+    /* 5. The device is full: another allocator of the process (a ballast, here 40 MiB of the sim's
+     *    own memory taken past the heap) leaves the heap 24 MiB; 16 MiB live + 16 MiB asked fit the
+     *    64 MiB cap but not what the heap holds plus the device's free memory. Not fragmentation
+     *    (on a GPU the exception under PyTorch and allocview called it that), and not a shortage of
+     *    the cap. */
+    h = open_heap("sim_memory_mb:64");
+    cua_memhandle ballast;
+    EXPECT(driver_sim_ops.phys_create(0, 40 << 20, &ballast) == CUA_SUCCESS, "ballast");
+    EXPECT(heap_alloc(h, 16 << 20, NULL, &live) == CUA_SUCCESS, "16 MiB");
+    reset();
+    EXPECT(heap_alloc(h, 16 << 20, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY && !p, "device full");
+    compare(argv[1], "oom_device_full.txt");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    EXPECT(driver_sim_ops.phys_release(0, ballast) == CUA_SUCCESS, "ballast released");
+    EXPECT(heap_alloc(h, 16 << 20, NULL, &p) == CUA_SUCCESS, "16 MiB once the ballast is gone");
+    EXPECT(heap_free(h, p, NULL) && heap_free(h, live, NULL), "frees");
     heap_destroy(h);
 
     error_set_callback(NULL, NULL);

@@ -9,6 +9,9 @@
  *   test_torch_abi LIB fragmentation   with expandable_segments:False: a heap of 2 MiB holes
  *                                      fails a 48 MiB request that fits the capacity, and the
  *                                      message must diagnose fragmentation.
+ *   test_torch_abi LIB device-full     on the fake driver (driver:cuda): a ballast taken with the
+ *                                      driver's own cuMemAlloc leaves too little; the message
+ *                                      must say the device is full, not fragmented.
  *
  * Also prints sizeof(cualloc_stats), the figure the Python helper's ctypes mirror must match
  * (tests/test_cualloc_torch.py checks it against the compiler's answer).
@@ -25,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "ballast.h"
 #include "cualloc.h"
 
 namespace {
@@ -170,7 +174,7 @@ void test_basic(const lib_t &L) {
     EXPECT(contains(msg, "16.00 MiB is allocated"), "message does not give the allocated bytes: %s", msg.c_str());
     EXPECT(contains(msg, "reserved but unallocated"), "message lacks reserved-but-unallocated: %s", msg.c_str());
     EXPECT(contains(msg, "largest free block"), "message lacks the largest free block: %s", msg.c_str());
-    EXPECT(contains(msg, "genuine shortage") && contains(msg, "Reduce the batch size"),
+    EXPECT(contains(msg, "genuine shortage") && contains(msg, "reduce the batch size"),
            "message lacks the shortage diagnosis and its fix: %s", msg.c_str());
     EXPECT(!contains(msg, "fragmentation"), "a 1 TiB request on 256 MiB is not fragmentation: %s", msg.c_str());
     EXPECT(stats(L).num_ooms == ooms_before + 1, "num_ooms %llu, expected %llu",
@@ -241,11 +245,44 @@ void test_fragmentation(const lib_t &L) {
     L.tfree(p, 48 * MiB, DEV, nullptr);
 }
 
+/* The budget of bench/gpu/torch_train.py's capacity probes, on the fake driver (CUALLOC_CONF
+ * driver:cuda, the fake libcuda.so.1 on LD_LIBRARY_PATH, 256 MiB): 160 MiB are taken past cualloc
+ * with cuMemCreate before the job, as the probe's ballast is, and the job then asks for more than
+ * is left. On an H100 the message said "fragmentation, not a shortage" here
+ * and advised expandable segments; it must say the device is full and name the rest's holder. */
+void test_device_full(const lib_t &L) {
+    unsigned long long ballast = 0;
+    EXPECT(ballast_take(160 * MiB, &ballast) == 0, "a 160 MiB ballast (run with the fake driver on LD_LIBRARY_PATH)");
+
+    void *held = L.tmalloc(48 * MiB, DEV, nullptr);
+    std::string msg = expect_oom(L, 64 * MiB, nullptr);
+    EXPECT(starts_with(msg, "CUDA out of memory") && contains(msg, "Tried to allocate 64.00 MiB"), "message: %s",
+           msg.c_str());
+    EXPECT(contains(msg, "the device reports 48.00 MiB free"), "message lacks the device's free memory: %s", msg.c_str());
+    EXPECT(contains(msg, "the device is full, not fragmented") && contains(msg, "160.00 MiB of the device's 256.00 MiB is held outside this heap"),
+           "message lacks the full-device diagnosis and what holds the rest: %s", msg.c_str());
+    EXPECT(contains(msg, "live memory must shrink by 16.00 MiB"), "message lacks how much must go: %s", msg.c_str());
+    EXPECT(!contains(msg, "fragmentation") && !contains(msg, "expandable_segments") && !contains(msg, "genuine shortage"),
+           "a full device misread: %s", msg.c_str());
+    check_heap(L, "the failed request");
+
+    EXPECT(ballast_release(ballast) == 0, "the ballast released");
+    void *p = nullptr;
+    try {
+        p = L.tmalloc(64 * MiB, DEV, nullptr);
+    } catch (const std::exception &e) {
+        EXPECT(false, "64 MiB once the ballast is gone threw: %s", e.what());
+    }
+    L.tfree(p, 64 * MiB, DEV, nullptr);
+    L.tfree(held, 48 * MiB, DEV, nullptr);
+    check_heap(L, "recovery");
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        std::fprintf(stderr, "usage: test_torch_abi path/to/libcualloc_torch.so [fragmentation]\n");
+        std::fprintf(stderr, "usage: test_torch_abi path/to/libcualloc_torch.so [fragmentation|device-full]\n");
         return 2;
     }
     void *h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
@@ -262,6 +299,8 @@ int main(int argc, char **argv) {
 
     if (argc > 2 && std::strcmp(argv[2], "fragmentation") == 0)
         test_fragmentation(L);
+    else if (argc > 2 && std::strcmp(argv[2], "device-full") == 0)
+        test_device_full(L);
     else
         test_basic(L);
 

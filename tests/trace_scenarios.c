@@ -13,6 +13,9 @@
  *     varlen     12 steps whose activations follow sequence lengths drawn from 128..1024
  *     phase      an evaluation phase peaks above training
  *     optstep    one step whose peak lies in the optimizer's (annotated) step, as its state is made
+ *     devicefull the process takes 48 MiB of 128 past cualloc (cuMemCreate: tests/ballast.h) before
+ *                the first step: OOM within the capacity, on a full device. Needs driver:cuda (the
+ *                tests run it on the fake libcuda.so.1).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -20,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ballast.h"
 #include "cualloc.h"
 
 #define MIB ((size_t)1 << 20)
@@ -111,7 +115,7 @@ static NOINLINE void *big_buffer(size_t bytes) { return tensor_empty(bytes); }
 int main(int argc, char **argv)
 {
     if (argc != 3) {
-        fprintf(stderr, "usage: trace_scenarios leak|shortage|frag|step2|longest|varlen|phase|optstep TRACE\n");
+        fprintf(stderr, "usage: trace_scenarios leak|shortage|frag|devicefull|step2|longest|varlen|phase|optstep TRACE\n");
         return 1;
     }
     const char *s = argv[1];
@@ -136,6 +140,12 @@ int main(int argc, char **argv)
         fragment();
         mark_step(1);
         if (!big_buffer(56 * MIB))
+            _exit(1);
+    } else if (strcmp(s, "devicefull") == 0) {
+        init_params(40 * MIB);
+        if (ballast_take(48 * MIB, NULL) != 0)
+            return 3;
+        if (!train_step(16 * MIB, 4))
             _exit(1);
     } else if (strcmp(s, "step2") == 0) {
         init_params(32 * MIB);

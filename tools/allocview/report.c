@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "analysis.h"
+#include "internal.h" /* oom_classify: the heap's own OOM rule */
 #include "symbolize.h"
 #include "text.h"
 
@@ -237,7 +238,7 @@ static size_t label_sites(site_t *v, size_t n, size_t show)
 /* ----------------------------------------------------------------------- the facts, by rule */
 
 typedef struct diag {
-    const char *rule;      /* "oom-fragmentation", "oom-shortage", "leak", "step2-jump", "optimizer-step",
+    const char *rule;      /* "oom-fragmentation", "oom-shortage", "oom-device-full", "leak", "step2-jump", "optimizer-step",
                               "longest-batch", "phase" */
     char text[1024];
     char fix[1024];
@@ -314,15 +315,16 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
 {
     size_t nd = 0;
     char pct[32];
-    /* 1. OOM: shortage or fragmentation (the first OOM, the one that ends most jobs). */
+    /* 1. OOM: shortage, a full device or fragmentation, by the heap's own rule (oom.c), so that
+     *    allocview says what the report on stderr said (the first OOM, the one that ends most jobs). */
     if (a->nooms && nd < maxd) {
         const av_oom_t *o = &a->ooms[0];
-        bool fits = o->rounded <= o->capacity && o->allocated <= o->capacity - o->rounded;
+        oom_kind_t kind = oom_classify(o->rounded, o->capacity, o->allocated, o->reserved, o->device_free);
         size_t ns;
         site_t *v = collect_sites(a, sym, VIEW_OOM, NULL, &ns);
         ns = label_sites(v, ns, 8);
         diag_t *x = diag_add(d, &nd, NULL, NULL);
-        if (fits) {
+        if (kind == OOM_FRAGMENTATION) {
             x->rule = "oom-fragmentation";
             snprintf(x->text, sizeof x->text,
                      "OOM by fragmentation: the live blocks (%s) plus the request (%s) fit in the capacity (%s), "
@@ -345,27 +347,42 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                          H(o->reserved - o->allocated), H(o->allocated + o->rounded), H(o->capacity));
             x->saving = o->reserved - o->allocated;
         } else {
-            x->rule = "oom-shortage";
-            uint64_t over = o->allocated + o->rounded - o->capacity;
-            snprintf(x->text, sizeof x->text,
-                     "OOM by genuine shortage: the live blocks (%s) plus the request (%s) need %s more than the "
-                     "capacity (%s); no allocator setting can fix that.",
-                     H(o->allocated), H(o->rounded), H(over), H(o->capacity));
+            uint64_t over;
+            const char *first = "";
+            if (kind == OOM_SHORTAGE) {
+                x->rule = "oom-shortage";
+                over = oom_missing(o->rounded, o->allocated, o->capacity);
+                snprintf(x->text, sizeof x->text,
+                         "OOM by genuine shortage: the live blocks (%s) plus the request (%s) need %s more than the "
+                         "capacity (%s); no allocator setting can fix that.",
+                         H(o->allocated), H(o->rounded), H(over), H(o->capacity));
+            } else {
+                x->rule = "oom-device-full";
+                over = oom_missing(o->rounded, o->allocated, oom_room(o->reserved, o->device_free));
+                snprintf(x->text, sizeof x->text,
+                         "OOM because the device was full, not fragmented: the live blocks (%s) plus the request "
+                         "(%s) fit in the capacity (%s), but not in the %s the heap held plus the %s the device "
+                         "had free; memory outside the heap (other processes, other allocators in this one, the "
+                         "CUDA context and libraries) held the rest, and no allocator setting can fix that.",
+                         H(o->allocated), H(o->rounded), H(o->capacity), H(o->reserved), H(o->device_free));
+                first = "Free what holds the rest of the device; else, ";
+            }
             if (ns) {
                 snprintf(pct, sizeof pct, "%.1f%%", o->allocated ? 100.0 * (double)v[0].bytes / (double)o->allocated : 0);
                 snprintf(x->site, sizeof x->site, "%s", v[0].label);
                 snprintf(x->fix, sizeof x->fix,
-                         "Fix, in cost order: (1) a smaller micro-batch with gradient accumulation, (2) bf16 mixed "
+                         "%s%s: (1) a smaller micro-batch with gradient accumulation, (2) bf16 mixed "
                          "precision, (3) activation checkpointing, then an 8-bit optimizer, sharding (FSDP/ZeRO) "
                          "or offload. Live memory must shrink by %s: call site %s held %s at the OOM (%s of the "
                          "live bytes, %" PRIu64 " blocks).",
-                         H(over), v[0].label, H(v[0].bytes), pct, v[0].count);
+                         first, *first ? "in cost order" : "Fix, in cost order", H(over), v[0].label, H(v[0].bytes),
+                         pct, v[0].count);
             } else {
                 snprintf(x->fix, sizeof x->fix,
-                         "Fix, in cost order: (1) a smaller micro-batch with gradient accumulation, (2) bf16 mixed "
+                         "%s%s: (1) a smaller micro-batch with gradient accumulation, (2) bf16 mixed "
                          "precision, (3) activation checkpointing, then an 8-bit optimizer, sharding (FSDP/ZeRO) "
                          "or offload. Live memory must shrink by %s.",
-                         H(over));
+                         first, *first ? "in cost order" : "Fix, in cost order", H(over));
             }
             x->saving = over;
         }
@@ -1069,7 +1086,7 @@ static void help(const char *cmd, FILE *out)
                 "  jump, the optimizer's step, the longest batch, a phase above training) with the fix to try\n"
                 "  first and what the trace says it saves. Several traces (one per rank): a table of ranks\n"
                 "  first. --json: \"diagnosis\" entries' \"rule\" is one of oom-fragmentation, oom-shortage,\n"
-                "  leak, step2-jump, optimizer-step, longest-batch, phase.\n");
+                "  oom-device-full, leak, step2-jump, optimizer-step, longest-batch, phase.\n");
     else if (strcmp(cmd, "peak") == 0)
         fprintf(out, "usage: allocview peak [--at TIME|MARK] [--json] [--no-color] [--redact] [--top N] TRACE\n"
                      "  The peak of allocated bytes: when, in which step or phase, requested / allocated /\n"
