@@ -326,6 +326,27 @@ def tokens_bracket(c):
     return one(c.get("largest_pass")), one(c.get("smallest_fail"))
 
 
+def peak_at(rows, c, which):
+    """The largest pass's (which="largest_pass") memory at its peak, from its probe's record: live bytes
+    (PyTorch's max_memory_allocated, or cualloc's allocated peak where PyTorch's cache is off and its
+    counters read 0) and held bytes (reserved), as "live / held (live % of the budget)". How close a
+    mode came to the budget: no allocator fits more live bytes than the budget leaves."""
+    p = c.get(which)
+    if not p:
+        return "-"
+    probes = [r for r in rows if r.get("op") == "probe" and r.get("outcome") == "pass" and r.get("mode") == c["mode"]
+              and model_of(r) == model_of(c) and r.get("batch") == p["batch"] and r.get("seq") == p["seq"]]
+    if not probes:
+        return "-"
+    r = probes[-1]
+    live, held = r.get("torch_max_memory_allocated") or 0, r.get("torch_max_memory_reserved") or 0
+    if not live and isinstance(r.get("cualloc"), dict):
+        live, held = r["cualloc"].get("allocated_peak") or 0, r["cualloc"].get("reserved_peak") or 0
+    if not live or not r.get("budget_bytes"):
+        return "-"
+    return "%s / %s (%.1f%%)" % (gib(live), gib(held), 100.0 * live / r["budget_bytes"])
+
+
 def capacity(rows):
     out = dry_runs(rows)
     caps = [r for r in rows if r.get("op") == "capacity"]
@@ -346,12 +367,13 @@ def capacity(rows):
             b = base[model_of(c)]
             t = c.get("largest_pass_tokens")
             p, f = tokens_bracket(c)
-            tab.append([c["mode"], p, f, c.get("batch_at_seq"), ratio_text(t, b.get("default")),
+            tab.append([c["mode"], p, peak_at(rows, c, "largest_pass"), f, c.get("batch_at_seq"), ratio_text(t, b.get("default")),
                         ratio_text(t, b.get("expandable")), c["probes"],
                         ", ".join("%s %d" % kv for kv in sorted(c.get("outcomes", {}).items())),
                         "yes" if c.get("complete") else "no: %s" % c.get("stopped"),
                         "NO" if c.get("non_monotonic") else "yes", fmt(c.get("wall_s"), "%.0f")])
-        out += table(["mode", "largest passed (tokens, b x s)", "smallest failed", "batch at seq", "vs default",
+        out += table(["mode", "largest passed (tokens, b x s)", "its peak: live / held GiB (live % of budget)",
+                      "smallest failed", "batch at seq", "vs default",
                       "vs expandable", "probes", "outcomes", "complete", "monotonic", "s"], tab)
         out.append("")
     bad = [r for r in rows if r.get("op") == "probe" and r.get("outcome") not in ("pass", "oom")]
