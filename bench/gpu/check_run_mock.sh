@@ -116,6 +116,24 @@ for want in "GPT-2 small (capacity budget 24.0 GiB)" "GPT-2 medium (capacity bud
     grep -qF "$want" "$t" || bad "torch-targets.md lacks '$want'"
 done
 grep -q "torch targets" "$tmp/results/summary.md" || bad "the combined summary lacks the targets"
+# --probe-steps reaches every probe of a capacity part (each probe trains that many steps, the
+# first and last at the probe's length), and nonsense is refused.
+env -u OUT "$src/bench/gpu/run.sh" torch-capacity-varlen --mock --modes default --probe-steps 12 \
+    --out "$tmp/steps" --build "$build" >"$tmp/steps.log" 2>&1 || { cat "$tmp/steps.log"; bad "run.sh --probe-steps 12 exited $?"; }
+python3 - "$tmp/steps/torch-capacity-varlen/results.jsonl" <<'PY' || bad "--probe-steps 12 did not reach the probes"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+caps = [r for r in rows if r.get("op") == "capacity"]
+probes = [r for r in rows if r.get("op") == "probe"]
+assert caps and all(c["probe_steps"] == 12 for c in caps), caps
+assert probes and all(len(p["lengths"]) == 12 and p["lengths"][0] == p["lengths"][-1] == p["seq"] for p in probes), probes
+PY
+grep -qF "each probe 12 steps" "$tmp/steps/torch-targets.md" || bad "the targets table does not say 12 steps"
+for n in 0 x -3; do
+    env -u OUT "$src/bench/gpu/run.sh" torch-capacity --mock --probe-steps "$n" --out "$tmp/bad" --build "$build" \
+        >/dev/null 2>&1
+    [ $? = 2 ] || bad "run.sh --probe-steps $n: want exit 2 (usage)"
+done
 grep -q '^date: ' "$tmp/results/driver-costs/env.txt" || bad "env.txt has no date"
 grep -q '^commit (build): ' "$tmp/results/driver-costs/env.txt" || bad "env.txt has no commit"
 # torch_train.py refuses a mode whose environment is wrong.
