@@ -147,6 +147,8 @@
  *   OOM         [stream], [stack], varint requested, varint rounded, varint capacity,
  *               varint allocated, varint reserved, varint device_free, varint largest_free_block
  *               (all bytes) an allocation failed even after releasing cache; the heap's state then.
+ *               device_free is the driver's free-memory reading at the failure (0 where it could
+ *               not tell): with reserved it separates a full device from fragmentation.
  *   MARK        string label   cualloc_mark(): names a step or phase (dev is meaningless).
  *   INIT_BLOCK  as ALLOC: a block that was already allocated when recording started (traces
  *               started mid-run, imported snapshots). Not an allocation event.
