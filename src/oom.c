@@ -31,6 +31,9 @@ uint64_t oom_room(uint64_t reserved, uint64_t device_free) {
 }
 
 uint64_t oom_missing(uint64_t request, uint64_t allocated, uint64_t limit) {
-    if (request > UINT64_MAX - allocated) return UINT64_MAX;
-    return allocated + request > limit ? allocated + request - limit : 0;
+    uint64_t sum = allocated + request;
+    if (sum >= allocated) return sum > limit ? sum - limit : 0;
+    /* The sum wrapped: it is 2^64 + sum, and the excess 2^64 + sum - limit, which the unsigned
+     * subtraction gives exactly when it is below 2^64 (sum < limit). */
+    return sum < limit ? sum - limit : UINT64_MAX;
 }

@@ -45,8 +45,40 @@ static void reset(void) {
     captured.text[0] = '\0';
 }
 
+/* A value for the rule's property test: small, near a power of two, or near UINT64_MAX, where the
+ * sums of the rule would wrap. */
+static uint64_t edgy(rng_t *r) {
+    switch (rng_below(r, 4)) {
+    case 0: return rng_below(r, 1024);
+    case 1: return ((uint64_t)1 << rng_below(r, 64)) + rng_below(r, 5) - 2;
+    case 2: return UINT64_MAX - rng_below(r, 1 << 20);
+    default: return rng_next(r);
+    }
+}
+
+/* oom_classify and oom_missing against the rule written in 128-bit arithmetic, which cannot wrap. */
+static void check_rule(uint64_t seed) {
+    rng_t r = {seed};
+    for (int i = 0; i < 1000000; i++) {
+        uint64_t req = edgy(&r), cap = edgy(&r), alloc = edgy(&r), resv = edgy(&r), dfree = edgy(&r);
+        unsigned __int128 need = (unsigned __int128)alloc + req, room = (unsigned __int128)resv + dfree;
+        oom_kind_t want = need > cap ? OOM_SHORTAGE : need > room ? OOM_DEVICE_FULL : OOM_FRAGMENTATION;
+        oom_kind_t got = oom_classify(req, cap, alloc, resv, dfree);
+        EXPECT(got == want, "oom_classify(%llu, %llu, %llu, %llu, %llu) = %d, want %d", (unsigned long long)req,
+               (unsigned long long)cap, (unsigned long long)alloc, (unsigned long long)resv, (unsigned long long)dfree,
+               (int)got, (int)want);
+        unsigned __int128 miss = need > cap ? need - cap : 0;
+        uint64_t want_miss = miss > UINT64_MAX ? UINT64_MAX : (uint64_t)miss;
+        EXPECT(oom_missing(req, alloc, cap) == want_miss, "oom_missing(%llu, %llu, %llu)", (unsigned long long)req,
+               (unsigned long long)alloc, (unsigned long long)cap);
+    }
+    /* An unknown free reading (UINT64_MAX) never makes a full device. */
+    EXPECT(oom_classify(1, 100, 99, 0, UINT64_MAX) == OOM_FRAGMENTATION, "unknown device_free");
+}
+
 int main(int argc, char **argv) {
     EXPECT(argc == 2, "usage: test_oom_report EXPECTED_DIR");
+    check_rule(test_seed("test_oom_report"));
     error_set_callback(test_capture, &captured);
     void *p = NULL;
 
