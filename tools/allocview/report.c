@@ -326,18 +326,21 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
         diag_t *x = diag_add(d, &nd, NULL, NULL);
         if (kind == OOM_FRAGMENTATION) {
             x->rule = "oom-fragmentation";
+            /* The free memory that would serve the request if it were in one piece: what the heap held
+             * unallocated, and, where that is not enough, the device's free memory too. */
+            bool with_device = o->reserved - o->allocated < o->rounded;
             snprintf(x->text, sizeof x->text,
-                     "OOM by fragmentation: the live blocks (%s) plus the request (%s) fit in the capacity (%s), "
-                     "but %s was reserved and unallocated and its largest free block (%s) is smaller than the "
-                     "request.",
-                     H(o->allocated), H(o->rounded), H(o->capacity), H(o->reserved - o->allocated),
-                     H(o->largest_free));
+                     "OOM by fragmentation: the live blocks (%s) plus the request (%s) fit in the capacity (%s) "
+                     "and in the %s the heap held plus the %s the device had free, but %s was reserved and "
+                     "unallocated and its largest free block (%s) is smaller than the request.",
+                     H(o->allocated), H(o->rounded), H(o->capacity), H(o->reserved), H(o->device_free),
+                     H(o->reserved - o->allocated), H(o->largest_free));
             if (dev_vmm(a, o->dev))
                 snprintf(x->fix, sizeof x->fix,
                          "Fix (free): raise va_factor (CUALLOC_CONF=va_factor:8) or set "
                          "garbage_collection_threshold:0.8 so cached chunks return earlier; no model change "
-                         "is needed: %s reserved but unallocated would serve the request.",
-                         H(o->reserved - o->allocated));
+                         "is needed: %s reserved but unallocated%s would serve the request.",
+                         H(o->reserved - o->allocated), with_device ? ", with the device's free memory," : "");
             else
                 snprintf(x->fix, sizeof x->fix,
                          "Fix (free, ladder rung 4): expandable segments (CUALLOC_CONF=expandable_segments:True, "
