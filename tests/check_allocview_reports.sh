@@ -98,6 +98,21 @@ want frag oom-fragmentation; wantnot frag oom-shortage
 if [ -n "$fakecuda" ]; then
     want devicefull oom-device-full; wantnot devicefull oom-fragmentation; wantnot devicefull oom-shortage
 fi
+# An OOM keeps its diagnosis through PyTorch's snapshot format: exported, imported back (the
+# capacity given, as the snapshot has none), the same rule, from the same allocated and reserved bytes.
+for t in shortage frag devicefull; do
+    [ -s "$tmp/$t.trace" ] || continue
+    rule=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["diagnosis"][0]["rule"])' "$tmp/$t.json" 2>/dev/null)
+    "$allocview" export "$tmp/$t.trace" --pytorch "$tmp/$t.pickle" >/dev/null 2>&1 || { bad "$t: export failed"; continue; }
+    "$allocview" import "$tmp/$t.pickle" -o "$tmp/$t.back" --device-memory 128MiB >/dev/null 2>&1 || { bad "$t: import failed"; continue; }
+    "$allocview" report --json "$tmp/$t.back" >"$tmp/$t.back.json" 2>/dev/null
+    back=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["diagnosis"][0]["rule"])' "$tmp/$t.back.json" 2>/dev/null)
+    [ -n "$rule" ] && [ "$rule" = "$back" ] || bad "$t: diagnosed $rule, after export and import $back"
+    # (not the largest free block, which a PyTorch OOM entry does not carry)
+    "$allocview" oom --no-color "$tmp/$t.trace" | sed -n '2p; 3s/largest free block [^,]*, //p' >"$tmp/$t.oom"
+    "$allocview" oom --no-color "$tmp/$t.back" | sed -n '2p; 3s/largest free block [^,]*, //p' >"$tmp/$t.back.oom"
+    diff -u "$tmp/$t.oom" "$tmp/$t.back.oom" || bad "$t: the OOM's figures changed through export and import"
+done
 want step2 step2-jump; wantnot step2 leak; wantnot step2 longest-batch
 want longest longest-batch; wantnot longest step2-jump; wantnot longest leak
 want varlen longest-batch; wantnot varlen step2-jump; wantnot varlen leak

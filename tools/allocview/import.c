@@ -305,6 +305,10 @@ int av_cmd_import(int argc, char **argv)
         t0 = 0;
 
     uint64_t nblocks = 0, nmaps = 0, nev = 0;
+    /* Each device's allocated and reserved bytes before its first event (the blocks and segments
+     * written as already there), from which pass 2 keeps them current for the OOM records: the
+     * diagnosis of an OOM weighs them against the capacity and the device's free memory. */
+    uint64_t base_alloc[CUA_TRACE_MAX_DEVICES] = {0}, base_resv[CUA_TRACE_MAX_DEVICES] = {0};
     for (int d = 0; d < ndev && im.ok; d++) {
         const py_t *evs = py_item(traces, (size_t)d);
         /* Pass 1: what the trace saw allocated first, and what it freed without seeing it. */
@@ -322,6 +326,7 @@ int av_cmd_import(int argc, char **argv)
                 if (!set_add(&im, &init_blocks, addr)) {
                     tw_alloc(im.w, t0, (uint32_t)d, stream_id(&im, (uint64_t)geti(e, "stream")), addr,
                              round_size(size), size, stack_of(&im, py_dict_get(e, "frames")), true);
+                    base_alloc[d] += round_size(size);
                     nblocks++;
                 }
                 set_add(&im, &seen_alloc, addr); /* a later alloc at that address is a new block */
@@ -329,6 +334,7 @@ int av_cmd_import(int argc, char **argv)
                 set_add(&im, &seen_seg, addr);
             } else if ((py_str_eq(a, "segment_free") || py_str_eq(a, "segment_unmap")) && !u64map_has(&seen_seg, addr)) {
                 tw_map(im.w, t0, (uint32_t)d, addr, size, false, true);
+                base_resv[d] += size;
                 nmaps++;
                 set_add(&im, &seen_seg, addr);
             }
@@ -341,6 +347,7 @@ int av_cmd_import(int argc, char **argv)
             uint64_t saddr = (uint64_t)geti(seg, "address");
             if (!u64map_has(&seen_seg, saddr)) {
                 tw_map(im.w, t0, (uint32_t)d, saddr, (uint64_t)geti(seg, "total_size"), false, true);
+                base_resv[d] += (uint64_t)geti(seg, "total_size");
                 nmaps++;
             }
             const py_t *blocks = py_dict_get(seg, "blocks");
@@ -355,6 +362,7 @@ int av_cmd_import(int argc, char **argv)
                 uint64_t size = (uint64_t)geti(blk, "size"), req = (uint64_t)geti(blk, "requested_size");
                 tw_alloc(im.w, t0, (uint32_t)d, stream_id(&im, (uint64_t)geti(seg, "stream")), addr, size,
                          req ? req : size, stack_of(&im, py_dict_get(blk, "frames")), true);
+                base_alloc[d] += size;
                 nblocks++;
             }
         }
@@ -382,6 +390,7 @@ int av_cmd_import(int argc, char **argv)
         const py_t *evs = py_item(traces, (size_t)d);
         u64map_t sizes; /* addr -> rounded size of blocks live in the trace */
         u64map_init(&sizes);
+        uint64_t alloc_now = base_alloc[d], resv_now = base_resv[d]; /* the device's bytes so far */
         bool in_free_run = false;
         for (size_t i = 0; i < py_len(evs) && im.ok; i++) {
             const py_t *e = py_item(evs, i);
@@ -406,20 +415,25 @@ int av_cmd_import(int argc, char **argv)
                     im.ok = false;
                 im.ok &= tw_alloc(im.w, t, (uint32_t)d, sid, addr, r, size, stack_of(&im, py_dict_get(e, "frames")),
                                   false);
+                alloc_now += r;
                 live_alloc_sizes++;
             } else if (py_str_eq(a, "free_completed")) {
                 uint64_t *r = u64map_slot(&sizes, addr, &seen_it);
                 if (!r)
                     im.ok = false;
-                im.ok &= tw_free(im.w, t, (uint32_t)d, sid, addr, r && *r ? *r : round_size(size), true);
+                uint64_t freed = r && *r ? *r : round_size(size);
+                im.ok &= tw_free(im.w, t, (uint32_t)d, sid, addr, freed, true);
+                alloc_now = alloc_now > freed ? alloc_now - freed : 0;
             } else if (py_str_eq(a, "segment_alloc") || py_str_eq(a, "segment_map")) {
                 im.ok &= tw_map(im.w, t, (uint32_t)d, addr, size, false, false);
+                resv_now += size;
             } else if (segfree) {
                 im.ok &= tw_map(im.w, t, (uint32_t)d, addr, size, true, false);
+                resv_now = resv_now > size ? resv_now - size : 0;
             } else if (py_str_eq(a, "oom")) {
                 uint64_t dfree = (uint64_t)geti(e, "device_free");
                 im.ok &= tw_oom(im.w, t, (uint32_t)d, sid, stack_of(&im, py_dict_get(e, "frames")), size,
-                                round_size(size), devmem, 0, 0, dfree, 0);
+                                round_size(size), devmem, alloc_now, resv_now, dfree, 0);
             } else {
                 continue; /* free_requested, snapshot, unknown actions */
             }
