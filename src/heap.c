@@ -2505,8 +2505,11 @@ void heap_oom_facts(heap_t *h, size_t size, cualloc_stats *out, size_t *dfree, b
     if (!*dknown) *dfree = dtotal = 0;
     if (h->oom_text[0])
         snprintf(diagnosis, len, "%s", h->oom_text);
-    else
-        oom_diagnose(h, heap_round_size(&h->conf, size), *dfree, dtotal, *dknown, diagnosis, len);
+    else {
+        size_t rsize = heap_round_size(&h->conf, size);
+        oom_diagnose(h, rsize ? rsize : size /* 0: rounding would overflow */, *dfree, dtotal, *dknown, diagnosis,
+                     len);
+    }
     heap_stats_release(h);
 }
 

@@ -37,6 +37,7 @@ typedef void *(*torch_malloc_fn)(size_t, int, void *);
 typedef void (*torch_free_fn)(void *, size_t, int, void *);
 typedef int (*get_stats_fn)(int, cualloc_stats *);
 typedef int (*check_fn)(int);
+typedef int (*oom_message_fn)(size_t, int, char *, size_t);
 
 const size_t MiB = (size_t)1 << 20;
 const int DEV = 0;
@@ -58,6 +59,7 @@ struct lib_t {
     torch_free_fn tfree;
     get_stats_fn get_stats;
     check_fn check;
+    oom_message_fn oom_message;
 };
 
 /* Resolves a symbol from the handle: the torch functions from libcualloc_torch.so itself, the
@@ -159,6 +161,17 @@ void test_basic(const lib_t &L) {
     L.tfree(&on_stack, sizeof on_stack, DEV, nullptr);
     L.tfree(nullptr, 0, DEV, nullptr);
     check_heap(L, "foreign and NULL frees");
+
+    /* The message asked for before any request has failed: the diagnosis the request would get now
+     * (SIZE_MAX, whose rounding overflows, is a shortage); no buffer is refused. */
+    {
+        char buf[2048];
+        EXPECT(L.oom_message(SIZE_MAX, DEV, buf, sizeof buf) == 0 && contains(buf, "genuine shortage") &&
+                   starts_with(buf, "CUDA out of memory"),
+               "cualloc_oom_message(SIZE_MAX) before any failure: %s", buf);
+        EXPECT(L.oom_message(MiB, DEV, nullptr, 16) == -1 && L.oom_message(MiB, DEV, buf, 0) == -1,
+               "cualloc_oom_message without a buffer");
+    }
 
     /* 1 TiB on a 256 MiB sim device: std::runtime_error, PyTorch's wording first, the size, the
      * heap's figures and the shortage diagnosis. */
@@ -295,6 +308,7 @@ int main(int argc, char **argv) {
     L.tfree = (torch_free_fn)must_sym(h, "cualloc_torch_free");
     L.get_stats = (get_stats_fn)must_sym(h, "cualloc_get_stats");
     L.check = (check_fn)must_sym(h, "cualloc_check");
+    L.oom_message = (oom_message_fn)must_sym(h, "cualloc_oom_message");
     std::printf("test_torch_abi: sizeof(cualloc_stats) = %zu\n", sizeof(cualloc_stats));
 
     if (argc > 2 && std::strcmp(argv[2], "fragmentation") == 0)
