@@ -1568,6 +1568,14 @@ static size_t largest_free_locked(heap_t *h) {
     return best;
 }
 
+/* The device's free and total memory now (cuMemGetInfo); false, both 0, when the driver cannot
+ * tell. */
+static bool device_free_now(const heap_t *h, size_t *dfree, size_t *dtotal) {
+    if (h->drv->mem_get_info(h->dev, dfree, dtotal) == CUA_SUCCESS) return true;
+    *dfree = *dtotal = 0;
+    return false;
+}
+
 /* What live memory must do when no allocator setting can help: the training-side fixes of the
  * OOM ladder, in cost order. */
 #define OOM_LIVE_FIXES                                                                              \
@@ -1599,7 +1607,8 @@ static oom_kind_t oom_diagnose(heap_t *h, size_t rsize, size_t dfree, size_t dto
                  "setting can fix that. First fix: " OOM_LIVE_FIXES ".",
                  alloc, fmt_bytes(oom_missing(rsize, allocated, h->cap), excess, sizeof excess), cap);
     } else if (kind == OOM_DEVICE_FULL) {
-        size_t elsewhere = dtotal > reserved + dfree ? dtotal - reserved - dfree : 0;
+        uint64_t room = oom_room(reserved, dfree);
+        size_t elsewhere = dtotal > room ? dtotal - room : 0;
         snprintf(text, len,
                  "the device is full, not fragmented — live blocks (%s) plus this request fit in the cap of %s, but "
                  "not in the %s this heap holds plus the %s the device reports free: %s of the device's %s is held "
@@ -1609,7 +1618,7 @@ static oom_kind_t oom_diagnose(heap_t *h, size_t rsize, size_t dfree, size_t dto
                  "can have makes the cap say so.",
                  alloc, cap, fmt_bytes(reserved, held, sizeof held), devfree,
                  fmt_bytes(elsewhere, outside, sizeof outside), fmt_bytes(dtotal, total, sizeof total),
-                 fmt_bytes(oom_missing(rsize, allocated, oom_room(reserved, dfree)), excess, sizeof excess));
+                 fmt_bytes(oom_missing(rsize, allocated, room), excess, sizeof excess));
     } else {
         const pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
         size_t need = h->vmm ? align_up(rsize, p->chunk) : 0;
@@ -1791,9 +1800,8 @@ static cua_result alloc_fail(heap_t *h, cua_stream stream, size_t size, size_t r
         cua_unlock(&h->lock);
         return CUA_ERROR_OUT_OF_MEMORY;
     }
-    size_t dfree = 0, dtotal = 0;
-    bool dknown = h->drv->mem_get_info(h->dev, &dfree, &dtotal) == CUA_SUCCESS;
-    if (!dknown) dfree = dtotal = 0;
+    size_t dfree, dtotal;
+    bool dknown = device_free_now(h, &dfree, &dtotal);
     if (trace_enabled())
         trace_on_oom(h->dev, stream, size, rsize, h->cap, h->stats.allocated_bytes, h->stats.reserved_bytes, dfree,
                      largest_free_locked(h));
@@ -2499,10 +2507,9 @@ void heap_get_stats(heap_t *h, cualloc_stats *out) {
 
 void heap_oom_facts(heap_t *h, size_t size, cualloc_stats *out, size_t *dfree, bool *dknown, char *diagnosis,
                     size_t len) {
-    size_t dtotal = 0;
+    size_t dtotal;
     heap_stats_hold(h, out);
-    *dknown = h->drv->mem_get_info(h->dev, dfree, &dtotal) == CUA_SUCCESS;
-    if (!*dknown) *dfree = dtotal = 0;
+    *dknown = device_free_now(h, dfree, &dtotal);
     if (h->oom_text[0])
         snprintf(diagnosis, len, "%s", h->oom_text);
     else {

@@ -167,8 +167,8 @@ oom_kind_t oom_classify(uint64_t request, uint64_t capacity, uint64_t allocated,
 /* What the heap could have had at the failure: what it held plus what the device had free
  * (saturating). */
 uint64_t oom_room(uint64_t reserved, uint64_t device_free);
-/* How far allocated + request exceeds limit (0 when it does not; UINT64_MAX on overflow): what
- * live memory must shrink by. */
+/* How far allocated + request exceeds limit (0 when it does not; UINT64_MAX when the excess itself
+ * does not fit in 64 bits): what live memory must shrink by. */
 uint64_t oom_missing(uint64_t request, uint64_t allocated, uint64_t limit);
 
 /* ======================================================================== slab.c */

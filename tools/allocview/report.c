@@ -351,7 +351,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
             x->saving = o->reserved - o->allocated;
         } else {
             uint64_t over;
-            const char *first = "";
+            const char *lead = "Fix, in cost order";
             if (kind == OOM_SHORTAGE) {
                 x->rule = "oom-shortage";
                 over = oom_missing(o->rounded, o->allocated, o->capacity);
@@ -368,24 +368,24 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                          "had free; memory outside the heap (other processes, other allocators in this one, the "
                          "CUDA context and libraries) held the rest, and no allocator setting can fix that.",
                          H(o->allocated), H(o->rounded), H(o->capacity), H(o->reserved), H(o->device_free));
-                first = "Free what holds the rest of the device; else, ";
+                lead = "Free what holds the rest of the device; else, in cost order";
             }
             if (ns) {
                 snprintf(pct, sizeof pct, "%.1f%%", o->allocated ? 100.0 * (double)v[0].bytes / (double)o->allocated : 0);
                 snprintf(x->site, sizeof x->site, "%s", v[0].label);
                 snprintf(x->fix, sizeof x->fix,
-                         "%s%s: (1) a smaller micro-batch with gradient accumulation, (2) bf16 mixed "
+                         "%s: (1) a smaller micro-batch with gradient accumulation, (2) bf16 mixed "
                          "precision, (3) activation checkpointing, then an 8-bit optimizer, sharding (FSDP/ZeRO) "
                          "or offload. Live memory must shrink by %s: call site %s held %s at the OOM (%s of the "
                          "live bytes, %" PRIu64 " blocks).",
-                         first, *first ? "in cost order" : "Fix, in cost order", H(over), v[0].label, H(v[0].bytes),
+                         lead, H(over), v[0].label, H(v[0].bytes),
                          pct, v[0].count);
             } else {
                 snprintf(x->fix, sizeof x->fix,
-                         "%s%s: (1) a smaller micro-batch with gradient accumulation, (2) bf16 mixed "
+                         "%s: (1) a smaller micro-batch with gradient accumulation, (2) bf16 mixed "
                          "precision, (3) activation checkpointing, then an 8-bit optimizer, sharding (FSDP/ZeRO) "
                          "or offload. Live memory must shrink by %s.",
-                         first, *first ? "in cost order" : "Fix, in cost order", H(over));
+                         lead, H(over));
             }
             x->saving = over;
         }
