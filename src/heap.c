@@ -397,19 +397,28 @@ static size_t tag_free_bytes(const heap_t *h, unsigned t) {
 /* Puts a FREE block (tag and size final) into its index and the accounting. The index exists:
  * free_insert's callers made it with index_get when they took the tag. Inline, as free_remove:
  * each miss of the quick lists does about two of each, and a call costs as much as the work. */
-static inline __attribute__((always_inline)) void free_insert(heap_t *h, pool_t *p, block_t *b) {
+static inline __attribute__((always_inline)) void free_insert_in(heap_t *h, pool_t *p, block_t *b,
+                                                                 bool vmm /* h->vmm, constant where the caller knows it */) {
     findex_t *ix = p->index[b->tag];
-    if (h->vmm) sizeclass_insert(&ix->sc, b);
+    if (vmm) sizeclass_insert(&ix->sc, b);
     else tree_insert(&ix->tree, b);
     free_account_add(h, p, b);
     b->gc_base = p->free_block_searches;
 }
 
-static inline __attribute__((always_inline)) void free_remove(heap_t *h, pool_t *p, block_t *b) {
+static inline __attribute__((always_inline)) void free_remove_in(heap_t *h, pool_t *p, block_t *b, bool vmm) {
     findex_t *ix = p->index[b->tag];
-    if (h->vmm) sizeclass_remove(&ix->sc, b);
+    if (vmm) sizeclass_remove(&ix->sc, b);
     else tree_remove(&ix->tree, b);
     free_account_sub(h, p, b);
+}
+
+static inline __attribute__((always_inline)) void free_insert(heap_t *h, pool_t *p, block_t *b) {
+    free_insert_in(h, p, b, h->vmm);
+}
+
+static inline __attribute__((always_inline)) void free_remove(heap_t *h, pool_t *p, block_t *b) {
+    free_remove_in(h, p, b, h->vmm);
 }
 
 /* Free neighbours with compatible tags merge: equal tags, or one TAG_ANY block and one of a stream
@@ -433,16 +442,16 @@ static inline __attribute__((always_inline)) void absorb_next(heap_t *h, block_t
  * (not in any index). The lower block's record survives, which keeps segment heads stable.
  * Inline where a quick list is merged back (quick_evict: one call per parked block), out of line
  * (coalesce_free) elsewhere. */
-static inline __attribute__((always_inline)) block_t *coalesce_free_inline(heap_t *h, pool_t *p, block_t *b) {
+static inline __attribute__((always_inline)) block_t *coalesce_free_inline(heap_t *h, pool_t *p, block_t *b, bool vmm) {
     block_t *n = b->next;
     if (n && n->state == BLOCK_FREE && tags_compatible(b->tag, n->tag)) {
-        free_remove(h, p, n);
+        free_remove_in(h, p, n, vmm);
         if (b->tag == TAG_ANY) b->tag = n->tag;
         absorb_next(h, b);
     }
     block_t *pr = b->prev;
     if (pr && pr->state == BLOCK_FREE && tags_compatible(pr->tag, b->tag)) {
-        free_remove(h, p, pr);
+        free_remove_in(h, p, pr, vmm);
         if (pr->tag == TAG_ANY) pr->tag = b->tag;
         absorb_next(h, pr);
         b = pr;
@@ -450,7 +459,7 @@ static inline __attribute__((always_inline)) block_t *coalesce_free_inline(heap_
     return b;
 }
 
-static block_t *coalesce_free(heap_t *h, pool_t *p, block_t *b) { return coalesce_free_inline(h, p, b); }
+static block_t *coalesce_free(heap_t *h, pool_t *p, block_t *b) { return coalesce_free_inline(h, p, b, h->vmm); }
 
 /* VMM: FREE block b, in its index, becomes [addr, addr + size) with the same tag; its bin and the
  * accounting follow. Afterwards b heads its bin, exactly as if it had been removed and inserted
@@ -483,7 +492,7 @@ static inline __attribute__((always_inline)) block_t *coalesce_insert_vmm(heap_t
             block_t *last = b;
             size_t size = pr->size + b->size;
             if (next_free) {
-                free_remove(h, p, n);
+                free_remove_in(h, p, n, true);
                 size += n->size;
                 last = n;
             }
@@ -502,8 +511,8 @@ static inline __attribute__((always_inline)) block_t *coalesce_insert_vmm(heap_t
             return n;
         }
     }
-    b = coalesce_free_inline(h, p, b);
-    free_insert(h, p, b);
+    b = coalesce_free_inline(h, p, b, true);
+    free_insert_in(h, p, b, true);
     return b;
 }
 
@@ -1718,14 +1727,14 @@ static inline __attribute__((always_inline)) block_t *block_take(heap_t *h, pool
         if (__builtin_expect(f != NULL, 1)) free_resize(h, p, b, b->addr + rsize, b->size - rsize);
         return f;
     }
-    free_remove(h, p, b);
+    free_remove_in(h, p, b, vmm);
     if (should_split(h, p, b->size, rsize)) {
         block_t *rest = block_split(h, b, rsize, BLOCK_FREE, b->tag);
         if (__builtin_expect(!rest, 0)) {
-            free_insert(h, p, b);
+            free_insert_in(h, p, b, vmm);
             return NULL;
         }
-        free_insert(h, p, rest);
+        free_insert_in(h, p, rest, vmm);
     }
     return b;
 }
@@ -2010,8 +2019,8 @@ static inline __attribute__((always_inline)) void free_into_index(heap_t *h, poo
         (void)coalesce_insert_vmm(h, p, b);
         return;
     }
-    b = coalesce_free_inline(h, p, b);
-    free_insert(h, p, b);
+    b = coalesce_free_inline(h, p, b, false);
+    free_insert_in(h, p, b, false);
 }
 
 /* The same for a block live_get still finds. */
@@ -2110,7 +2119,8 @@ static __attribute__((noinline)) bool free_large_fast(heap_t *h, block_t *b, blo
     account_free(h, b, b->size);
     free_tag(b, h->last_tag);
     *slot = NULL;
-    free_into_index(h, p, b);
+    b->state = BLOCK_FREE;
+    (void)coalesce_insert_vmm(h, p, b); /* (the fast stream is VMM's) */
     update_inactive_split(h);
     if (__builtin_expect(cua_unlock_nowake(&h->lock), 0)) return unlock_wake_true(h);
     return true;
