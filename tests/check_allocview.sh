@@ -126,6 +126,26 @@ grep -q "not a cualloc trace" "$tmp/text.err" || bad "not a trace: $(cat "$tmp/t
 [ $? = 1 ] || bad "unknown option: want exit 1"
 "$allocview" --bogus "$trace" >/dev/null 2>&1
 [ $? = 1 ] || bad "unknown leading option: want exit 1"
+# Option values: a bad one is a usage error that names the option, never a silent default.
+for args in "--top -1" "report --top abc" "sites --top 0" "peak --top 3x" "timeline --width 12x" \
+        "timeline --width -3" "timeline --top 99999999999999999999999"; do
+    # shellcheck disable=SC2086
+    "$allocview" $args "$trace" >/dev/null 2>"$tmp/opt.err"
+    st=$?
+    [ $st = 1 ] || bad "allocview $args: exit $st, want 1"
+    grep -q "wants a number" "$tmp/opt.err" || bad "allocview $args: $(cat "$tmp/opt.err")"
+done
+"$allocview" report --top 2 "$trace" >/dev/null || bad "report --top 2 exited $?"
+# peak --at a moment the trace does not have: an error that says so, not an empty state.
+"$allocview" peak --at no-such-mark "$trace" >/dev/null 2>"$tmp/at.err"
+st=$?
+[ $st = 1 ] || bad "peak --at no-such-mark: exit $st, want 1"
+grep -q "no mark 'no-such-mark' in the trace (it has [0-9]* mark" "$tmp/at.err" || bad "peak --at no-such-mark: $(cat "$tmp/at.err")"
+"$allocview" peak --at 1000000s "$trace" >/dev/null 2>"$tmp/at.err"
+st=$?
+[ $st = 1 ] || bad "peak --at 1000000s: exit $st, want 1"
+grep -q "past the trace's end" "$tmp/at.err" || bad "peak --at 1000000s: $(cat "$tmp/at.err")"
+"$allocview" peak --at 0 "$trace" >/dev/null || bad "peak --at 0 exited $?"
 "$allocview" --verbose summary "$trace" >/dev/null 2>"$tmp/verbose.err" || bad "--verbose exited $?"
 [ -s "$tmp/verbose.err" ] || bad "--verbose printed no allocator statistics"
 

@@ -17,6 +17,8 @@
 #include "text.h"
 
 enum { EXIT_USAGE = 1, EXIT_UNREADABLE = 2, EXIT_CORRUPT = 3 };
+/* --top: call sites listed at most (all of them, in practice). */
+#define REPORT_MAX_TOP 1000000
 enum { VIEW_PEAK, VIEW_OOM, VIEW_END, VIEW_EVER };
 
 typedef struct ropts {
@@ -1139,10 +1141,14 @@ int report_main(const char *cmd, int argc, char **argv)
             o.redact = true;
         } else if (strcmp(s, "--verbose") == 0) {
             /* main.c handles it */
-        } else if (strcmp(s, "--top") == 0 && i + 1 < argc) {
-            o.top = atoi(argv[++i]);
-            if (o.top < 1)
-                o.top = 1;
+        } else if (strcmp(s, "--top") == 0) {
+            long top;
+            if (i + 1 >= argc || !txt_parse_count(argv[i + 1], 1, REPORT_MAX_TOP, &top)) {
+                fprintf(stderr, "allocview %s: --top wants a number from 1 to %d\n", cmd, REPORT_MAX_TOP);
+                return EXIT_USAGE;
+            }
+            o.top = (int)top;
+            i++;
         } else if (strcmp(cmd, "peak") == 0 && strcmp(s, "--at") == 0 && i + 1 < argc) {
             const char *v = argv[++i];
             char *end;
@@ -1186,6 +1192,21 @@ int report_main(const char *cmd, int argc, char **argv)
                 status = EXIT_CORRUPT;
         } else if (a->warning[0] && !o.json) {
             fprintf(stderr, "allocview: %s: %s\n", paths[i], a->warning);
+        }
+        if (strcmp(cmd, "peak") == 0 && (o.av.at_time_ns >= 0 || o.av.at_mark) && !a->have_peak) {
+            /* --at names a moment the trace does not have: say which, and what it has. */
+            if (o.av.at_mark)
+                fprintf(stderr,
+                        "allocview peak: %s: no mark '%s' in the trace (it has %u mark%s; `allocview dump %s | grep "
+                        "' mark '` lists them)\n",
+                        paths[i], o.av.at_mark, a->nmarks, a->nmarks == 1 ? "" : "s", paths[i]);
+            else
+                fprintf(stderr, "allocview peak: %s: --at %.6f s is past the trace's end (its events span %.6f s)\n",
+                        paths[i], (double)o.av.at_time_ns / 1e9,
+                        a->acct.any_event ? (double)(a->acct.last_time - a->acct.first_time) / 1e9 : 0.0);
+            av_free(a);
+            status = EXIT_USAGE;
+            continue;
         }
         as[na++] = a;
     }

@@ -1,7 +1,9 @@
-/* text.c — output helpers every allocview command shares (text.h). Sizes come from the library's
+/* text.c — text helpers every allocview command shares (text.h). Sizes come from the library's
  * own formatter (fmt_bytes in src/error.c), so allocview and cualloc's messages print a size alike. */
 #include "text.h"
 
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -27,4 +29,17 @@ const char *txt_base_name(const char *path)
 {
     const char *s = strrchr(path, '/');
     return s ? s + 1 : path;
+}
+
+bool txt_parse_count(const char *s, long lo, long hi, long *out)
+{
+    if (!s || *s == '-' || *s == ' ' || *s == '\t')
+        return false; /* strtol would skip blanks and accept a sign */
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno == ERANGE || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
 }

@@ -1,7 +1,9 @@
-/* text.h — output helpers every allocview command shares: human sizes, JSON strings, file names. */
+/* text.h — text helpers every allocview command shares: human sizes, JSON strings, file names,
+ * option values. */
 #ifndef CUALLOC_ALLOCVIEW_TEXT_H
 #define CUALLOC_ALLOCVIEW_TEXT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -12,5 +14,8 @@ const char *txt_human(uint64_t bytes, char *buf, size_t len);
 void txt_json_string(FILE *out, const char *s);
 /* The last component of a path ("libx.so" of "/usr/lib/libx.so"): a pointer into path. */
 const char *txt_base_name(const char *path);
+/* An option's whole-number value: s is all decimal digits (an optional leading '+'), from lo to hi.
+ * False, *out untouched, for anything else ("", "-1", "12x", "1e3", overflow). */
+bool txt_parse_count(const char *s, long lo, long hi, long *out);
 
 #endif
