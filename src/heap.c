@@ -413,6 +413,8 @@ static inline __attribute__((always_inline)) void free_remove_in(heap_t *h, pool
     free_account_sub(h, p, b);
 }
 
+/* The same, the mode read from the heap: the VMM fast paths and the merges they make pass it as a
+ * constant instead, so that they carry no call into the treap (and no registers saved for one). */
 static inline __attribute__((always_inline)) void free_insert(heap_t *h, pool_t *p, block_t *b) {
     free_insert_in(h, p, b, h->vmm);
 }
