@@ -56,8 +56,8 @@ python3 "$(dirname "$0")/make_snapshot.py" "$tmp/made-long.pickle" varlen "$long
 "$allocview" import "$tmp/made-long.pickle" -o "$tmp/made-long.trace" 2>/dev/null || { echo "FAIL: import of made-long exited $?"; st=1; }
 "$allocview" report --no-color "$tmp/made-long.trace" >"$tmp/made-long.txt" 2>&1
 grep -q '^  step 6 ' "$tmp/made-long.txt" || { echo "FAIL: made-long: want 6 steps: $(cat "$tmp/made-long.txt")"; st=1; }
-"$allocview" peak --no-color --at "END Optimizer.step#$long.step" "$tmp/made-long.trace" >"$tmp/made-long-at.txt" 2>&1
-if grep -q 'never reached' "$tmp/made-long-at.txt"; then echo "FAIL: made-long: --at does not find the long mark"; st=1; fi
+"$allocview" peak --no-color --at "END Optimizer.step#$long.step" "$tmp/made-long.trace" >"$tmp/made-long-at.txt" 2>&1 ||
+    { echo "FAIL: made-long: --at does not find the long mark: $(cat "$tmp/made-long-at.txt")"; st=1; }
 grep -q '^State at END Optimizer.step#research_lab' "$tmp/made-long-at.txt" ||
     { echo "FAIL: made-long: --at: $(head -5 "$tmp/made-long-at.txt")"; st=1; }
 
