@@ -1633,14 +1633,15 @@ static oom_kind_t oom_diagnose(heap_t *h, size_t rsize, size_t dfree, size_t dto
     } else {
         const pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
         size_t need = h->vmm ? align_up(rsize, p->chunk) : 0;
-        if (h->vmm && sizeclass_find(&p->unmapped, need) && reserved + need <= h->cap) {
+        bool unmapped_fits = h->vmm && sizeclass_find(&p->unmapped, need); /* address space for it */
+        if (unmapped_fits && reserved + need <= h->cap) {
             snprintf(text, len,
                      "the device refused more memory — the heap's cap would allow it, but creating or mapping %s "
                      "failed and the device reports %s free. Other processes (or other allocators in this one) "
                      "hold the rest: free them, or lower per_process_memory_fraction / max_memory_mb so that the "
                      "cap matches what this process can have.",
                      fmt_bytes(need, req, sizeof req), devfree);
-        } else if (h->vmm && sizeclass_find(&p->unmapped, need)) {
+        } else if (unmapped_fits) {
             /* Address space is there: the cap is reached at chunk granularity. Everything cached
              * was released before this report, so what is reserved beyond the live blocks lies in
              * chunks that live blocks share. */
@@ -2014,10 +2015,10 @@ cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
 }
 
 /* A just-freed block (tag final, no longer live_get's) goes into its index, merged with its
- * neighbours. */
-static inline __attribute__((always_inline)) void free_into_index(heap_t *h, pool_t *p, block_t *b) {
+ * neighbours. `vmm`: h->vmm, a constant where the caller knows it (free_insert_in). */
+static inline __attribute__((always_inline)) void free_into_index(heap_t *h, pool_t *p, block_t *b, bool vmm) {
     b->state = BLOCK_FREE;
-    if (h->vmm) {
+    if (vmm) {
         (void)coalesce_insert_vmm(h, p, b);
         return;
     }
@@ -2028,7 +2029,7 @@ static inline __attribute__((always_inline)) void free_into_index(heap_t *h, poo
 /* The same for a block live_get still finds. */
 static __attribute__((noinline)) void free_to_index(heap_t *h, pool_t *p, block_t *b) {
     live_remove(h, b);
-    free_into_index(h, p, b);
+    free_into_index(h, p, b, h->vmm);
 }
 
 /* A free on `tag`, or, when the stream has no tag (tag == HEAP_MAX_TAGS: the table is full even
@@ -2121,8 +2122,7 @@ static __attribute__((noinline)) bool free_large_fast(heap_t *h, block_t *b, blo
     account_free(h, b, b->size);
     free_tag(b, h->last_tag);
     *slot = NULL;
-    b->state = BLOCK_FREE;
-    (void)coalesce_insert_vmm(h, p, b); /* (the fast stream is VMM's) */
+    free_into_index(h, p, b, true); /* (the fast stream is VMM's) */
     update_inactive_split(h);
     if (__builtin_expect(cua_unlock_nowake(&h->lock), 0)) return unlock_wake_true(h);
     return true;
