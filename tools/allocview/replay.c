@@ -684,13 +684,10 @@ static bool replay_number_option(int argc, char **argv, int *i, const char *name
     const char *a = argv[*i];
     size_t len = strlen(name);
     const char *v = a[len] == '=' ? a + len + 1 : *i + 1 < argc ? argv[++*i] : NULL;
-    char *end = NULL;
-    unsigned long long n = v && *v >= '0' && *v <= '9' ? strtoull(v, &end, 10) : 0;
-    if (!v || !end || *end || n < lo || n > hi) {
+    if (!v || !txt_parse_count(v, lo, hi, out)) {
         fprintf(stderr, "allocview replay: bad %s '%s' (%s)\n", name, v ? v : "", what);
         return false;
     }
-    *out = n;
     return true;
 }
 

@@ -372,23 +372,19 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                          H(o->allocated), H(o->rounded), H(o->capacity), H(o->reserved), H(o->device_free));
                 lead = "Free what holds the rest of the device; else, in cost order";
             }
+            /* The largest call site at the OOM, where the trace names one: what to shrink first. */
+            char holder[sizeof x->site + 128] = "";
             if (ns) {
                 snprintf(pct, sizeof pct, "%.1f%%", o->allocated ? 100.0 * (double)v[0].bytes / (double)o->allocated : 0);
                 snprintf(x->site, sizeof x->site, "%s", v[0].label);
-                snprintf(x->fix, sizeof x->fix,
-                         "%s: (1) a smaller micro-batch with gradient accumulation, (2) bf16 mixed "
-                         "precision, (3) activation checkpointing, then an 8-bit optimizer, sharding (FSDP/ZeRO) "
-                         "or offload. Live memory must shrink by %s: call site %s held %s at the OOM (%s of the "
-                         "live bytes, %" PRIu64 " blocks).",
-                         lead, H(over), v[0].label, H(v[0].bytes),
-                         pct, v[0].count);
-            } else {
-                snprintf(x->fix, sizeof x->fix,
-                         "%s: (1) a smaller micro-batch with gradient accumulation, (2) bf16 mixed "
-                         "precision, (3) activation checkpointing, then an 8-bit optimizer, sharding (FSDP/ZeRO) "
-                         "or offload. Live memory must shrink by %s.",
-                         lead, H(over));
+                snprintf(holder, sizeof holder, ": call site %s held %s at the OOM (%s of the live bytes, %" PRIu64
+                         " blocks)", v[0].label, H(v[0].bytes), pct, v[0].count);
             }
+            snprintf(x->fix, sizeof x->fix,
+                     "%s: (1) a smaller micro-batch with gradient accumulation, (2) bf16 mixed "
+                     "precision, (3) activation checkpointing, then an 8-bit optimizer, sharding (FSDP/ZeRO) "
+                     "or offload. Live memory must shrink by %s%s.",
+                     lead, H(over), holder);
             x->saving = over;
         }
         free(v);
@@ -1142,7 +1138,7 @@ int report_main(const char *cmd, int argc, char **argv)
         } else if (strcmp(s, "--verbose") == 0) {
             /* main.c handles it */
         } else if (strcmp(s, "--top") == 0) {
-            long top;
+            unsigned long long top;
             if (i + 1 >= argc || !txt_parse_count(argv[i + 1], 1, REPORT_MAX_TOP, &top)) {
                 fprintf(stderr, "allocview %s: --top wants a number from 1 to %d\n", cmd, REPORT_MAX_TOP);
                 return EXIT_USAGE;

@@ -31,14 +31,14 @@ const char *txt_base_name(const char *path)
     return s ? s + 1 : path;
 }
 
-bool txt_parse_count(const char *s, long lo, long hi, long *out)
+bool txt_parse_count(const char *s, unsigned long long lo, unsigned long long hi, unsigned long long *out)
 {
-    if (!s || *s == '-' || *s == ' ' || *s == '\t')
-        return false; /* strtol would skip blanks and accept a sign */
+    if (!s || *s < '0' || *s > '9')
+        return false; /* strtoull would skip blanks and take a sign */
     char *end;
     errno = 0;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || errno == ERANGE || v < lo || v > hi)
+    unsigned long long v = strtoull(s, &end, 10);
+    if (*end || errno == ERANGE || v < lo || v > hi)
         return false;
     *out = v;
     return true;

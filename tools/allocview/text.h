@@ -14,8 +14,8 @@ const char *txt_human(uint64_t bytes, char *buf, size_t len);
 void txt_json_string(FILE *out, const char *s);
 /* The last component of a path ("libx.so" of "/usr/lib/libx.so"): a pointer into path. */
 const char *txt_base_name(const char *path);
-/* An option's whole-number value: s is all decimal digits (an optional leading '+'), from lo to hi.
- * False, *out untouched, for anything else ("", "-1", "12x", "1e3", overflow). */
-bool txt_parse_count(const char *s, long lo, long hi, long *out);
+/* An option's whole-number value: s is all decimal digits (no sign, no blanks), from lo to hi.
+ * False, *out untouched, for anything else ("", "-1", "+1", " 1", "12x", "1e3", overflow). */
+bool txt_parse_count(const char *s, unsigned long long lo, unsigned long long hi, unsigned long long *out);
 
 #endif

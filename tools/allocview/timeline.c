@@ -627,7 +627,7 @@ int av_cmd_timeline(int argc, char **argv)
             free(t);
             return 0;
         } else if (strcmp(a, "--width") == 0 || strcmp(a, "--top") == 0) {
-            long v;
+            unsigned long long v;
             bool width = strcmp(a, "--width") == 0;
             if (i + 1 >= argc || !txt_parse_count(argv[i + 1], 1, width ? MAX_WIDTH : MAX_TOP, &v)) {
                 fprintf(stderr, "allocview timeline: %s wants a number from 1 to %d\n", a, width ? MAX_WIDTH : MAX_TOP);
