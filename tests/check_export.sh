@@ -153,7 +153,13 @@ done
 # 6. Errors.
 "$allocview" export "$tmp/fixture.trace" 2>"$tmp/e1"; [ $? = 1 ] && grep -q -- "--pytorch" "$tmp/e1" || bad "no --pytorch: not a usage error"
 "$allocview" export --pytorch "$tmp/x.pickle" "$tmp/missing.trace" 2>/dev/null; [ $? = 2 ] || bad "missing trace: not exit 2"
-"$allocview" export --pytorch "$tmp/x.pickle" --max-entries 0 "$tmp/fixture.trace" 2>/dev/null; [ $? = 1 ] || bad "--max-entries 0 accepted"
+for v in 0 +5 ' 5' 5x -1 99999999999999999999999; do
+    "$allocview" export --pytorch "$tmp/x.pickle" --max-entries "$v" "$tmp/fixture.trace" 2>"$tmp/e1"; st=$?
+    [ $st = 1 ] && grep -q "bad --max-entries '$v'" "$tmp/e1" || bad "--max-entries '$v': exit $st, $(cat "$tmp/e1")"
+done
+[ ! -e "$tmp/x.pickle" ] || bad "a refused --max-entries wrote a snapshot"
+"$allocview" export --pytorch "$tmp/x.pickle" "$tmp/fixture.trace" --max-entries 2>"$tmp/e1"; st=$?
+[ $st = 1 ] && grep -q -- "--max-entries needs a value" "$tmp/e1" || bad "--max-entries without a value: exit $st, $(cat "$tmp/e1")"
 # A snapshot mapping the same segment twice imports (the import keeps what it reads) but cannot
 # be exported consistently: refused, nothing written, an existing file left alone.
 python3 - "$tmp/bad.pickle" <<'PY'

@@ -821,14 +821,15 @@ int av_cmd_export(int argc, char **argv)
     const char *out = NULL, *in = NULL;
     uint64_t max_entries = 0;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--pytorch") == 0 && i + 1 < argc)
+        if ((strcmp(argv[i], "--pytorch") == 0 || strcmp(argv[i], "--max-entries") == 0) && i + 1 >= argc) {
+            fprintf(stderr, "allocview export: %s needs a value\n", argv[i]);
+            return VW_EXIT_USAGE;
+        } else if (strcmp(argv[i], "--pytorch") == 0)
             out = argv[++i];
-        else if (strcmp(argv[i], "--max-entries") == 0 && i + 1 < argc) {
-            char *end;
-            errno = 0;
-            unsigned long long v = strtoull(argv[++i], &end, 10);
-            if (errno || *end || !v || argv[i][0] == '-') {
-                fprintf(stderr, "allocview export: bad --max-entries '%s' (a positive count)\n", argv[i]);
+        else if (strcmp(argv[i], "--max-entries") == 0) {
+            unsigned long long v;
+            if (!txt_parse_count(argv[++i], 1, UINT64_MAX, &v)) {
+                fprintf(stderr, "allocview export: bad --max-entries '%s' (a count of events, 1 or more)\n", argv[i]);
                 return VW_EXIT_USAGE;
             }
             max_entries = v;
