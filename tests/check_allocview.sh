@@ -146,6 +146,18 @@ st=$?
 [ $st = 1 ] || bad "peak --at 1000000s: exit $st, want 1"
 grep -q "past the trace's end" "$tmp/at.err" || bad "peak --at 1000000s: $(cat "$tmp/at.err")"
 "$allocview" peak --at 0 "$trace" >/dev/null || bad "peak --at 0 exited $?"
+# Times beyond int64 nanoseconds are past the end too (they overflowed to "no --at": the peak), and
+# what strtod alone would take as a number (inf, hex, a leading blank) names a mark.
+for v in 1e10 1e300; do
+    "$allocview" peak --at $v "$trace" >/dev/null 2>"$tmp/at.err"; st=$?
+    [ $st = 1 ] && grep -q -- "--at $v is past the trace's end" "$tmp/at.err" || bad "peak --at $v: exit $st, $(cat "$tmp/at.err")"
+done
+for v in inf 0x10 ' 1'; do
+    "$allocview" peak --at "$v" "$trace" >/dev/null 2>"$tmp/at.err"; st=$?
+    [ $st = 1 ] && grep -q "no mark '$v'" "$tmp/at.err" || bad "peak --at '$v': exit $st, $(cat "$tmp/at.err")"
+done
+"$allocview" peak "$trace" --at >/dev/null 2>"$tmp/at.err"; st=$?
+[ $st = 1 ] && grep -q -- "--at needs a time" "$tmp/at.err" || bad "peak --at without a value: exit $st, $(cat "$tmp/at.err")"
 "$allocview" --verbose summary "$trace" >/dev/null 2>"$tmp/verbose.err" || bad "--verbose exited $?"
 [ -s "$tmp/verbose.err" ] || bad "--verbose printed no allocator statistics"
 

@@ -160,6 +160,11 @@ done
 [ ! -e "$tmp/x.pickle" ] || bad "a refused --max-entries wrote a snapshot"
 "$allocview" export --pytorch "$tmp/x.pickle" "$tmp/fixture.trace" --max-entries 2>"$tmp/e1"; st=$?
 [ $st = 1 ] && grep -q -- "--max-entries needs a value" "$tmp/e1" || bad "--max-entries without a value: exit $st, $(cat "$tmp/e1")"
+# import's usage errors: exit 1 with the option named.
+"$allocview" import "$tmp/fixture.pickle" -o 2>"$tmp/e1"; st=$?
+[ $st = 1 ] && grep -q -- "-o needs a value" "$tmp/e1" || bad "import -o without a value: exit $st, $(cat "$tmp/e1")"
+"$allocview" import "$tmp/fixture.pickle" -o "$tmp/y.trace" --device-memory lots 2>"$tmp/e1"; st=$?
+[ $st = 1 ] && grep -q "bad --device-memory 'lots'" "$tmp/e1" || bad "import --device-memory lots: exit $st, $(cat "$tmp/e1")"
 # A snapshot mapping the same segment twice imports (the import keeps what it reads) but cannot
 # be exported consistently: refused, nothing written, an existing file left alone.
 python3 - "$tmp/bad.pickle" <<'PY'

@@ -191,9 +191,14 @@ int av_cmd_import(int argc, char **argv)
     const char *in = NULL, *out = NULL;
     uint64_t devmem = (uint64_t)80 << 30;
     for (int i = 1; i < argc; i++) {
-        if ((strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--output") == 0) && i + 1 < argc)
+        bool takes_value = strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--output") == 0 ||
+                           strcmp(argv[i], "--device-memory") == 0;
+        if (takes_value && i + 1 >= argc) {
+            fprintf(stderr, "allocview import: %s needs a value\n", argv[i]);
+            return IM_EXIT_USAGE;
+        } else if (strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--output") == 0)
             out = argv[++i];
-        else if (strcmp(argv[i], "--device-memory") == 0 && i + 1 < argc) {
+        else if (strcmp(argv[i], "--device-memory") == 0) {
             if (!av_parse_size(argv[++i], &devmem) || !devmem) {
                 fprintf(stderr, "allocview import: bad --device-memory '%s'\n", argv[i]);
                 return IM_EXIT_USAGE;

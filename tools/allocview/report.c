@@ -5,6 +5,7 @@
 #include "report.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1115,6 +1116,20 @@ bool report_is_command(const char *cmd)
            strcmp(cmd, "leaks") == 0 || strcmp(cmd, "oom") == 0;
 }
 
+/* peak --at's time: decimal seconds, optionally followed by "s" ("12.5", "3s", "1e3"); no sign,
+ * blank, hex, infinity or NaN (strtod takes all of those). Anything else names a mark. */
+static bool parse_seconds(const char *v, double *out)
+{
+    if (!((*v >= '0' && *v <= '9') || *v == '.') || strpbrk(v, "xX"))
+        return false;
+    char *end;
+    double sec = strtod(v, &end);
+    if (end == v || !(*end == '\0' || strcmp(end, "s") == 0) || !isfinite(sec))
+        return false;
+    *out = sec;
+    return true;
+}
+
 int report_main(const char *cmd, int argc, char **argv)
 {
     ropts_t o;
@@ -1122,6 +1137,7 @@ int report_main(const char *cmd, int argc, char **argv)
     o.top = 10;
     o.av.at_time_ns = -1;
     bool no_color = getenv("NO_COLOR") != NULL;
+    const char *at_arg = NULL; /* peak --at as given, for its error message */
     const char *paths[256];
     size_t np = 0;
     for (int i = 0; i < argc; i++) {
@@ -1145,12 +1161,16 @@ int report_main(const char *cmd, int argc, char **argv)
             }
             o.top = (int)top;
             i++;
-        } else if (strcmp(cmd, "peak") == 0 && strcmp(s, "--at") == 0 && i + 1 < argc) {
-            const char *v = argv[++i];
-            char *end;
-            double sec = strtod(v, &end);
-            if (end != v && (*end == '\0' || strcmp(end, "s") == 0) && sec >= 0)
-                o.av.at_time_ns = (int64_t)(sec * 1e9);
+        } else if (strcmp(cmd, "peak") == 0 && strcmp(s, "--at") == 0) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "allocview peak: --at needs a time in seconds or a mark's name\n");
+                return EXIT_USAGE;
+            }
+            const char *v = at_arg = argv[++i];
+            double sec;
+            if (parse_seconds(v, &sec))
+                /* past INT64_MAX ns (292 years) is past any trace's end, and is reported as such */
+                o.av.at_time_ns = sec < 9.2e9 ? (int64_t)(sec * 1e9) : INT64_MAX;
             else
                 o.av.at_mark = v;
         } else if (s[0] == '-' && s[1]) {
@@ -1197,8 +1217,8 @@ int report_main(const char *cmd, int argc, char **argv)
                         "' mark '` lists them)\n",
                         paths[i], o.av.at_mark, a->nmarks, a->nmarks == 1 ? "" : "s", paths[i]);
             else
-                fprintf(stderr, "allocview peak: %s: --at %.6f s is past the trace's end (its events span %.6f s)\n",
-                        paths[i], (double)o.av.at_time_ns / 1e9,
+                fprintf(stderr, "allocview peak: %s: --at %s is past the trace's end (its events span %.6f s)\n",
+                        paths[i], at_arg,
                         a->acct.any_event ? (double)(a->acct.last_time - a->acct.first_time) / 1e9 : 0.0);
             av_free(a);
             status = EXIT_USAGE;
