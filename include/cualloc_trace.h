@@ -57,7 +57,8 @@
  * Ring files (CUA_TRACE_FILE_RING, trace_max_mb with trace_ring:1) hold at most max_blocks blocks.
  * META blocks are never overwritten (they may take at most half the blocks; past that, new stacks,
  * threads and streams are recorded as id 0, unknown). When the file is full, the recorder reuses
- * the EVENT block with the lowest serial: it clears the magic, zeroes the block, writes the new
+ * the EVENT block with the lowest serial, for events or, when definitions need a new block, as a
+ * META block (with the next META serial): it clears the magic, zeroes the block, writes the new
  * header and commits the magic. A reader therefore reads all block headers, keeps the valid EVENT
  * blocks, and reads them in serial order (equivalently seq_base order), starting from the lowest
  * serial present: the oldest surviving events. A serial gap at the start means older events were

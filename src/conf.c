@@ -124,7 +124,8 @@ static const opt_t opts[] = {
      OFF(trace_max), 1, (uint64_t)1 << 30, OPT_ZERO_OK},
     {"trace_ring", OPT_BOOL, "False",
      "With trace_max_mb: when the file is full, overwrite the oldest event blocks (a ring) instead "
-     "of stopping. Definitions (stacks, threads, devices) are kept.",
+     "of stopping. Definitions (stacks, threads, devices) are kept, in up to half the file (new ones "
+     "take the oldest event blocks; past half, new call sites are recorded as unknown).",
      OFF(trace_ring), 0, 1, 0},
     {"driver", OPT_DRIVER, "cuda",
      "`cuda`: the CUDA driver (libcuda.so.1). `sim`: the host-simulated device, for tests, replay "

@@ -337,17 +337,25 @@ static void cur_unmap(tcur_t *c)
     c->map = NULL;
 }
 
+/* Whether the process may make a file `end` bytes long: past RLIMIT_FSIZE the kernel sends
+ * SIGXFSZ, which kills the process by default, so every write that grows the file asks first. */
+static bool fsize_allows(uint64_t end)
+{
+    struct rlimit rl;
+    return getrlimit(RLIMIT_FSIZE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || end <= rl.rlim_cur;
+}
+
 /* Reserves block `index` on disk (a new one at the end of the file). false with a message when
- * the file cannot grow; RLIMIT_FSIZE is checked first so the kernel never sends SIGXFSZ. */
+ * the file cannot grow. */
 static bool block_reserve(uint64_t index)
 {
     uint64_t off = block_offset(index), end = off + T.block_size;
-    struct rlimit rl;
-    int err = 0;
-    if (getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && end > rl.rlim_cur)
-        err = EFBIG;
-    else
-        err = posix_fallocate(T.fd, (off_t)off, (off_t)T.block_size);
+    int err = EFBIG;
+    if (fsize_allows(end)) {
+        do /* glibc passes a signal's EINTR through */
+            err = posix_fallocate(T.fd, (off_t)off, (off_t)T.block_size);
+        while (err == EINTR);
+    }
     if (err) {
         cua_error("trace %s: cannot grow the file to %llu bytes (%s); tracing stopped. The records "
                   "written so far are complete and readable.",
@@ -411,13 +419,29 @@ static bool block_next(tcur_t *c, uint64_t now)
         }
         return true;
     }
-    if (T.ring && is_meta && T.meta_blocks >= T.max_blocks / 2) {
+    if (T.ring && is_meta && (T.meta_blocks >= T.max_blocks / 2 || (T.nblocks >= T.max_blocks && T.ring_count < 2))) {
         if (!T.meta_full)
             cua_error("trace %s: the definitions (stacks, threads, streams) fill half of trace_max_mb; "
                       "new ones are recorded as unknown. Raise trace_max_mb or lower trace_stack_depth.",
                       T.path);
         T.meta_full = true;
         return false;
+    }
+    if (T.ring && is_meta && T.nblocks >= T.max_blocks) {
+        /* A full ring, definitions under half of it: the oldest EVENT block becomes a META block.
+         * Its events are the oldest, the ones a ring drops next anyway; the block being written
+         * (the newest, ring_count >= 2 above) is never the one taken. */
+        uint64_t *list = T.ring_list.p;
+        uint64_t victim = list[T.ring_start];
+        T.ring_start = (T.ring_start + 1) % T.max_blocks;
+        T.ring_count--;
+        cur_unmap(c);
+        if (!block_start(c, victim, true, now)) {
+            stop_locked(-1);
+            return false;
+        }
+        T.meta_blocks++;
+        return true;
     }
     if (T.max_blocks && T.nblocks >= T.max_blocks) {
         cua_error("trace %s: reached trace_max_mb (%llu bytes); tracing stopped. Use trace_ring:1 to keep "
@@ -1439,6 +1463,24 @@ size_t trace_expand_path(const char *tmpl, char *out, size_t len)
 
 /* Creates the file: 0600, never through a symlink, never over an existing file (PATH.1, PATH.2
  * ... instead, said in a message). Returns the descriptor or -1 (message printed). */
+/* Writes the file header at offset 0: 0, or the error (a short write that makes no progress is
+ * the device's EFBIG or ENOSPC as the next write reports it; EINTR is retried). */
+static int header_write(int fd, const uint8_t *hdr, size_t len)
+{
+    if (!fsize_allows(len))
+        return EFBIG;
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = pwrite(fd, hdr + done, len - done, (off_t)done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return n < 0 ? errno : ENOSPC;
+        done += (size_t)n;
+    }
+    return 0;
+}
+
 static int file_create(const char *path, char *chosen, size_t chosen_len)
 {
     char name[PATH_MAX];
@@ -1550,8 +1592,9 @@ int trace_start(const char *tmpl, const conf_t *conf)
     put_le(hdr + CUA_TRACE_OFF_BLOCK_SIZE, bs, 4);
     put_le(hdr + CUA_TRACE_OFF_FLAGS, (conf->trace_ring && max_blocks) ? CUA_TRACE_FILE_RING : 0, 4);
     put_le(hdr + CUA_TRACE_OFF_MAX_BLOCKS, max_blocks, 8);
-    if (pwrite(fd, hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr) {
-        cua_error("trace %s: cannot write the header (%s); tracing is off", chosen, strerror(errno));
+    int werr = header_write(fd, hdr, sizeof hdr);
+    if (werr) {
+        cua_error("trace %s: cannot write the header (%s); tracing is off", chosen, strerror(werr));
         close(fd);
         unlink(chosen);
         return -1;
@@ -1563,6 +1606,7 @@ int trace_start(const char *tmpl, const conf_t *conf)
     if (T.open) { /* lost a race with another start */
         unlock();
         close(fd);
+        unlink(chosen);
         return -1;
     }
     T.fd = fd;
@@ -1596,11 +1640,17 @@ int trace_start(const char *tmpl, const conf_t *conf)
     if (ok)
         ok = block_next(&T.meta, t0) && block_next(&T.ev, t0);
     if (!ok) {
-        T.open = false;
-        cur_unmap(&T.meta);
-        cur_unmap(&T.ev);
-        close(fd);
+        /* block_next's failures stop tracing (stop_locked closes the file) except the ring list's
+         * allocation; either way the file holds no record worth keeping. */
+        if (T.open) {
+            T.open = false;
+            cur_unmap(&T.meta);
+            cur_unmap(&T.ev);
+            close(fd);
+            T.fd = -1;
+        }
         unlock();
+        unlink(chosen);
         return -1;
     }
     process_put_locked();

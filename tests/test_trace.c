@@ -975,6 +975,93 @@ static void ring_body(void)
     trace_free(&t);
 }
 
+/* A distinct call stack for every `bits` (depth frames of site_bits, each returning to one of two
+ * call sites): new STACK definitions at will. */
+EXPORT __attribute__((noinline)) void *site_bits(unsigned bits, int depth, size_t n);
+void *site_bits(unsigned bits, int depth, size_t n)
+{
+    void *p;
+    if (depth == 0) {
+        p = cualloc_malloc(n, 0, NULL);
+    } else if (bits & 1) {
+        p = site_bits(bits >> 1, depth - 1, n);
+        __asm__ volatile("nop" ::: "memory"); /* unlike the other branch: two return addresses */
+    } else {
+        p = site_bits(bits >> 1, depth - 1, n);
+        __asm__ volatile("" ::: "memory");
+    }
+    __asm__ volatile("" ::: "memory");
+    return p;
+}
+
+/* New definitions once a ring has filled: the oldest EVENT block becomes a META block while the
+ * definitions use under half the file (it stopped tracing with "reached trace_max_mb", as if the
+ * file were linear); past half, new stacks are recorded as unknown (id 0) and tracing goes on. */
+static void ring_definitions_body(void)
+{
+    char path[300];
+    path_of(path, sizeof path, "ring-defs.trace");
+    conf_t c = base_conf();
+    c.trace_max = CUA_TRACE_HEADER_SIZE + 4 * (size_t)CUA_TRACE_BLOCK_SIZE; /* 4 blocks, 2 for META */
+    c.trace_ring = true;
+    msgs_clear();
+    EXPECT(api_trace_start(path, &c) == 0, "start");
+    for (int i = 0; i < 40000; i++) /* fills the ring, with few definitions */
+        cualloc_free(site_alpha(4096 + (size_t)(i % 7) * 512), NULL);
+    unsigned bits = 0;
+    for (; bits < 1u << 14 && !strstr(msgs, "fill half"); bits++) {
+        EXPECT(trace_active(), "new definitions stopped the ring after %u stacks: %s", bits, msgs);
+        cualloc_free(site_bits(bits, 14, 4096), NULL);
+    }
+    EXPECT(strstr(msgs, "fill half"), "%u new stacks did not fill half the file: %s", bits, msgs);
+    cualloc_free(site_bits(bits, 14, 4096), NULL); /* a stack past the limit */
+    EXPECT(trace_active(), "a full definitions area stopped the ring");
+    cualloc_mark("after the stacks");
+    cualloc_trace_stop();
+    EXPECT(file_size(path) <= (off_t)c.trace_max, "file %lld bytes", (long long)file_size(path));
+    trace_t t;
+    trace_read(path, &t);
+    EXPECT(t.status == 0, "reader: %s", t.error);
+    EXPECT(t.acct.end_seen && t.acct.end_reason == CUA_TRACE_END_STOP, "END(stop), not %d", (int)t.acct.end_reason);
+    const rec_t *m = nth_of(&t, CUA_TRACE_MARK, count_type(&t, CUA_TRACE_MARK) - 1);
+    EXPECT(m && strcmp(m->s1, "after the stacks") == 0, "the last mark: %s", m ? m->s1 : "-");
+    /* The last three allocations: the last stack defined (bits - 2: its frames read back, from a
+     * META block that was an EVENT block), the one whose definition hit the limit, and the one
+     * after it: both unknown. */
+    size_t nallocs = count_type(&t, CUA_TRACE_ALLOC);
+    for (size_t k = 1; k <= 2; k++) {
+        const rec_t *a = nth_of(&t, CUA_TRACE_ALLOC, nallocs - k);
+        EXPECT(a && a->r.stack == 0, "allocation %zu from the end: stack id %u, want 0 (unknown)", k, a ? a->r.stack : 0);
+    }
+    const rec_t *defined = nth_of(&t, CUA_TRACE_ALLOC, nallocs - 3);
+    EXPECT(defined && defined->r.stack != 0 && defined->nframes >= 14, "the last defined stack: id %u, %zu frames",
+           defined ? defined->r.stack : 0, defined ? defined->nframes : 0);
+    EXPECT(count_type(&t, CUA_TRACE_STACK) > 1000, "%zu stacks defined", count_type(&t, CUA_TRACE_STACK));
+    trace_free(&t);
+}
+
+/* A file size limit below the header, or below the header and the first block: start fails with
+ * the reason, the process is not killed by SIGXFSZ, and no file is left behind. */
+static void start_limit_body(void)
+{
+    const struct { rlim_t limit; const char *says; } v[] = {
+        {2048, "cannot write the header (File too large)"},
+        {10000, "cannot grow the file"},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        struct rlimit rl = {v[i].limit, RLIM_INFINITY};
+        EXPECT(setrlimit(RLIMIT_FSIZE, &rl) == 0, "setrlimit");
+        char path[300];
+        snprintf(path, sizeof path, "%s/start-limit-%zu.trace", dir, i);
+        msgs_clear();
+        EXPECT(cualloc_trace_start(path) != 0, "start succeeded under a %llu-byte limit", (unsigned long long)v[i].limit);
+        EXPECT(strstr(msgs, v[i].says), "limit %llu: message: %s", (unsigned long long)v[i].limit, msgs);
+        EXPECT(!trace_active(), "not tracing");
+        EXPECT(access(path, F_OK) != 0, "limit %llu left a file with no record", (unsigned long long)v[i].limit);
+        cualloc_free(site_alpha(1000), NULL); /* allocation goes on */
+    }
+}
+
 /* ---- fork */
 
 static void fork_body(bool with_pid)
@@ -1335,6 +1422,8 @@ int main(int argc, char **argv)
     in_child("fork: the child writes its own file (%p)", sim, fork_pid_body);
     in_child("fork: the child stops (no %p)", sim, fork_nopid_body);
     in_child("full file system (RLIMIT_FSIZE)", sim, full_body);
+    in_child("trace_ring: new definitions once the ring is full", sim, ring_definitions_body);
+    in_child("a file size limit below the first block (RLIMIT_FSIZE)", sim, start_limit_body);
     in_child("signal handlers recording inside the recorder", sim, signal_body);
     in_child("reader robustness: truncation and byte flips", sim, robustness_body);
     /* In this process: file safety (no fork needed). */
