@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "internal.h"
 
@@ -49,12 +50,21 @@ static inline void api_ensure_init(void) {
 /* The devices that may have a heap: the driver's count, at most CUALLOC_MAX_DEVICES. */
 static inline int api_ndevices(void) { return g.device_count < CUALLOC_MAX_DEVICES ? g.device_count : CUALLOC_MAX_DEVICES; }
 
+/* At exit a lock may never come free: exit() called from a signal handler that interrupted this
+ * thread inside the heap (or making one) hangs on it. So exit waits for each lock at most this
+ * long (another thread's hold lasts microseconds), and leaves out what it could not lock. */
+#define API_EXIT_WAIT_MS 200
+
 static void api_print_summary(void) {
     for (int d = 0; d < g.device_count && d < CUALLOC_MAX_DEVICES; d++) {
         heap_t *h = atomic_load_explicit(&g.heaps[d], memory_order_acquire);
         if (!h) continue;
         cualloc_stats s;
-        heap_get_stats(h, &s);
+        if (!heap_stats_try_hold(h, &s, API_EXIT_WAIT_MS)) { /* see API_EXIT_WAIT_MS */
+            cua_error("device %d: the heap is busy at exit; no summary", d);
+            continue;
+        }
+        heap_stats_release(h);
         stats_write_text(&s, d, stderr);
     }
 }
@@ -102,16 +112,33 @@ static void api_atfork_child(void) {
 /* The END record: every device's statistics, then the file is closed. Every heap is held from its
  * statistics to the close (and no heap is made meanwhile), so that the END states what the trace's
  * own events add up to, however many threads allocate during the stop. */
-static void api_trace_end(void) {
+static bool api_create_lock_at_exit(void) {
+    for (unsigned waited = 0; pthread_mutex_trylock(&g.create_lock) != 0; waited++) {
+        if (waited >= API_EXIT_WAIT_MS) return false;
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    return true;
+}
+
+/* The END record: every device's statistics, then the file is closed. Every heap is held from its
+ * statistics to the close (and no heap is made meanwhile), so that the END states what the trace's
+ * own events add up to, however many threads allocate during the stop. At exit, a heap whose lock
+ * stays taken is left out of the END (a device without statistics), and without the create lock
+ * the file is left unended, as a crash leaves it: readable, its END missing. */
+static void api_trace_end(bool at_exit) {
     cualloc_stats stats[CUALLOC_MAX_DEVICES];
     const cualloc_stats *per[CUALLOC_MAX_DEVICES] = {0};
     heap_t *held[CUALLOC_MAX_DEVICES] = {0};
     int n = api_ndevices();
-    pthread_mutex_lock(&g.create_lock);
+    if (!at_exit) pthread_mutex_lock(&g.create_lock);
+    else if (!api_create_lock_at_exit()) return;
     for (int d = 0; d < n; d++) {
-        held[d] = atomic_load_explicit(&g.heaps[d], memory_order_acquire);
-        if (!held[d]) continue;
-        heap_stats_hold(held[d], &stats[d]);
+        heap_t *h = atomic_load_explicit(&g.heaps[d], memory_order_acquire);
+        if (!h) continue;
+        if (!at_exit) heap_stats_hold(h, &stats[d]);
+        else if (!heap_stats_try_hold(h, &stats[d], API_EXIT_WAIT_MS)) continue;
+        held[d] = h;
         per[d] = &stats[d];
     }
     trace_stop(per, n);
@@ -121,7 +148,7 @@ static void api_trace_end(void) {
 }
 
 static void api_trace_atexit(void) {
-    if (trace_active()) api_trace_end();
+    if (trace_active()) api_trace_end(true);
 }
 
 static void api_init(void) {
@@ -470,7 +497,7 @@ int api_trace_start(const char *path, const conf_t *conf) {
 
 CUALLOC_API void cualloc_trace_stop(void) {
     if (!api_started() || !trace_active()) return;
-    api_trace_end();
+    api_trace_end(false);
     api_fast_heap_update();
 }
 

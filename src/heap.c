@@ -58,6 +58,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -2502,8 +2503,24 @@ void heap_snapshot(heap_t *h, void (*mapped)(int dev, uintptr_t addr, size_t siz
     cua_unlock(&h->lock);
 }
 
+static void stats_read_locked(heap_t *h, cualloc_stats *out);
+
 void heap_stats_hold(heap_t *h, cualloc_stats *out) {
     cua_lock(&h->lock);
+    stats_read_locked(h, out);
+}
+
+bool heap_stats_try_hold(heap_t *h, cualloc_stats *out, unsigned wait_ms) {
+    for (unsigned waited = 0; !cua_trylock(&h->lock); waited++) {
+        if (waited >= wait_ms) return false;
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    stats_read_locked(h, out);
+    return true;
+}
+
+static void stats_read_locked(heap_t *h, cualloc_stats *out) {
     *out = h->stats;
     out->active_bytes = h->stats.allocated_bytes;
     out->active_peak = h->stats.allocated_peak;

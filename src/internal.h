@@ -484,6 +484,10 @@ void heap_get_stats(heap_t *h, cualloc_stats *out);
  * recorded) until heap_stats_release: a trace's END record then states the heap as its last event
  * left it. Heaps are held in device order, under api.c's create_lock. */
 void heap_stats_hold(heap_t *h, cualloc_stats *out);
+/* heap_stats_hold at exit: false (nothing held) when h's lock stays taken for wait_ms. A signal
+ * handler that calls exit() may have interrupted this very thread inside the heap, and its lock
+ * would then never come free. */
+bool heap_stats_try_hold(heap_t *h, cualloc_stats *out, unsigned wait_ms);
 void heap_stats_release(heap_t *h);
 /* For cualloc_oom_message, read together under the heap's lock: its statistics, the device's free
  * memory (*dknown false when the driver could not tell) and the diagnosis of its last failed

@@ -1694,6 +1694,8 @@ static void stop_locked(int reason)
 
 bool trace_active(void)
 {
+    if (tls.busy)
+        return false; /* a signal handler inside the recorder (exit() from one): the lock is this thread's */
     lock();
     bool open = T.open;
     unlock();
@@ -1702,6 +1704,8 @@ bool trace_active(void)
 
 size_t trace_path(char *out, size_t len)
 {
+    if (tls.busy)
+        return (size_t)snprintf(out, len, "%s", ""); /* as trace_active */
     lock();
     size_t n = (size_t)snprintf(out, len, "%s", T.open ? T.path : "");
     unlock();

@@ -1062,6 +1062,83 @@ static void start_limit_body(void)
     }
 }
 
+/* ---- exit() from a signal handler that interrupts an allocation or the recorder: the exit-time
+ * END (and the summary) must not wait for a lock this very thread holds. Each grandchild traces,
+ * allocates without end, and exits from a SIGALRM handler at some point in the loop; most land
+ * inside the heap lock (the recorder runs under it). They all hung before. */
+/* ThreadSanitizer reports exit() from a handler as a signal-unsafe call (rightly: the test does
+ * it on purpose) and then exits with status 66. */
+#if defined(__SANITIZE_THREAD__)
+#define TSAN_EXIT_STATUS 66
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TSAN_EXIT_STATUS 66
+#endif
+#endif
+#ifndef TSAN_EXIT_STATUS
+#define TSAN_EXIT_STATUS 0
+#endif
+
+static void exit_now(int sig)
+{
+    (void)sig;
+    exit(0);
+}
+
+static void exit_from_signal_body(void)
+{
+    enum { KIDS = 12 };
+    pid_t kid[KIDS];
+    char path[KIDS][300];
+    for (int k = 0; k < KIDS; k++) {
+        snprintf(path[k], sizeof path[k], "%s/exit-signal-%d.trace", dir, k);
+        fflush(stdout);
+        kid[k] = fork();
+        EXPECT(kid[k] >= 0, "fork");
+        if (kid[k] == 0) {
+            char conf[600];
+            snprintf(conf, sizeof conf, "driver:sim,sim_memory_mb:256,trace_stack_depth:16,summary:1,trace:%s", path[k]);
+            setenv("CUALLOC_CONF", conf, 1);
+            if (!freopen("/dev/null", "w", stderr)) /* the summaries */
+                _exit(3);
+            struct sigaction sa;
+            memset(&sa, 0, sizeof sa);
+            sa.sa_handler = exit_now;
+            sigaction(SIGALRM, &sa, NULL);
+            rng_t r = {seed + (uint64_t)k};
+            for (int i = 0; i < 2000; i++)
+                cualloc_free(site_alpha(rng_tensor_size(&r, MiB)), NULL);
+            struct itimerval it = {{0, 0}, {0, 1000 + k * 137}};
+            setitimer(ITIMER_REAL, &it, NULL);
+            for (;;)
+                cualloc_free(site_alpha(rng_tensor_size(&r, MiB)), NULL);
+        }
+    }
+    int hung = 0;
+    for (int k = 0; k < KIDS; k++) {
+        int st = 0;
+        pid_t w = 0;
+        for (int waited_ms = 0; (w = waitpid(kid[k], &st, WNOHANG)) == 0 && waited_ms < 10000; waited_ms += 10) {
+            struct timespec ms10 = {0, 10000000};
+            nanosleep(&ms10, NULL);
+        }
+        if (w == 0) {
+            hung++;
+            kill(kid[k], SIGKILL);
+            waitpid(kid[k], &st, 0);
+            continue;
+        }
+        EXPECT(WIFEXITED(st) && (WEXITSTATUS(st) == 0 || WEXITSTATUS(st) == TSAN_EXIT_STATUS), "grandchild %d: status %d",
+               k, st);
+        trace_t t;
+        trace_read_(path[k], &t, false);
+        EXPECT(t.status == 0 && t.acct.num_allocs >= 2000, "grandchild %d's trace: %s, %llu allocations", k, t.error,
+               (unsigned long long)t.acct.num_allocs);
+        trace_free(&t);
+    }
+    EXPECT(hung == 0, "%d of %d processes hung in exit() called from a signal handler", hung, KIDS);
+}
+
 /* ---- fork */
 
 static void fork_body(bool with_pid)
@@ -1425,6 +1502,7 @@ int main(int argc, char **argv)
     in_child("trace_ring: new definitions once the ring is full", sim, ring_definitions_body);
     in_child("a file size limit below the first block (RLIMIT_FSIZE)", sim, start_limit_body);
     in_child("signal handlers recording inside the recorder", sim, signal_body);
+    in_child("exit() from a signal handler inside an allocation", sim, exit_from_signal_body);
     in_child("reader robustness: truncation and byte flips", sim, robustness_body);
     /* In this process: file safety (no fork needed). */
     if (!filter) {
