@@ -421,7 +421,9 @@ static void note_peer(int owner, int accessor) {
 /* CUALLOC_CONF exclude: globs against the file name of the module that called the front door.
  * Results are cached per return address (a small table, overwritten on collision). */
 #define EXCLUDE_CACHE 256
-static struct { _Atomic uintptr_t key; _Atomic int val; } exclude_cache[EXCLUDE_CACHE];
+/* One word per entry, (return address << 1) | excluded, so that a reader never pairs one caller's
+ * address with another's answer (user-space addresses leave the top bit free); 0: empty. */
+static _Atomic uintptr_t exclude_cache[EXCLUDE_CACHE];
 
 static bool exclude_match(const char *patterns, const char *path) {
     const char *base = strrchr(path, '/');
@@ -446,14 +448,14 @@ static bool excluded(const void *ra) {
     const conf_t *c = api_conf();
     if (!c->exclude[0] || !ra) return false;
     uintptr_t key = (uintptr_t)ra;
-    size_t slot = (key >> 4) * 2654435761u % EXCLUDE_CACHE;
-    if (atomic_load_explicit(&exclude_cache[slot].key, memory_order_acquire) == key)
-        return atomic_load_explicit(&exclude_cache[slot].val, memory_order_relaxed) != 0;
+    /* the high bits of a multiplicative hash: call sites of the same code in two libraries at
+     * page-aligned bases differ only above bit 11 */
+    size_t slot = (size_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 56) % EXCLUDE_CACHE;
+    uintptr_t e = atomic_load_explicit(&exclude_cache[slot], memory_order_relaxed);
+    if (e >> 1 == key) return e & 1;
     Dl_info info;
     bool ex = dladdr(ra, &info) && info.dli_fname && exclude_match(c->exclude, info.dli_fname);
-    atomic_store_explicit(&exclude_cache[slot].key, 0, memory_order_release);
-    atomic_store_explicit(&exclude_cache[slot].val, ex, memory_order_relaxed);
-    atomic_store_explicit(&exclude_cache[slot].key, key, memory_order_release);
+    atomic_store_explicit(&exclude_cache[slot], key << 1 | (uintptr_t)ex, memory_order_relaxed);
     return ex;
 }
 
