@@ -10,8 +10,11 @@
  * One deliberate difference from PyTorch: a '>' item before any size in a roundup list sets
  * every interval (PyTorch leaves interval 0 alone).
  */
+#include <errno.h>
 #include <limits.h>
 #include <locale.h>
+#include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -291,15 +294,22 @@ static const char *check_number(const opt_t *o, uint64_t v, char *why, size_t wh
     return NULL;
 }
 
-/* The C library reads and writes doubles with the locale's decimal point; CUALLOC_CONF always
- * uses '.'. (A process may have called setlocale(LC_NUMERIC, "de_DE") before we parse.) */
-static char locale_point(void)
+/* The C library reads and writes doubles with the locale's decimal point, which may be more than
+ * one byte (ps_AF's is two); CUALLOC_CONF always uses '.'. So numbers are read and written under
+ * the "C" locale, whatever the process set with setlocale. */
+static locale_t conf_c_locale;
+static pthread_once_t conf_c_locale_once = PTHREAD_ONCE_INIT;
+static void conf_c_locale_make(void) { conf_c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0); }
+
+static locale_t c_locale(void)
 {
-    const struct lconv *lc = localeconv();
-    return (lc && lc->decimal_point && lc->decimal_point[0]) ? lc->decimal_point[0] : '.';
+    pthread_once(&conf_c_locale_once, conf_c_locale_make);
+    return conf_c_locale ? conf_c_locale : LC_GLOBAL_LOCALE; /* (newlocale fails only without memory) */
 }
 
-/* Parses a plain decimal fraction ("0.25", "1", ".5", "2.5e-1"). No sign, no nan/inf/hex. */
+/* Parses a plain decimal fraction ("0.25", "1", ".5", "2.5e-1"). No sign, no nan/inf/hex; a value
+ * too small for a double (it would read as 0, which means "no cap" where 0 is allowed) or too large
+ * is refused. */
 static const char *parse_double(const char *s, size_t len, double *out)
 {
     char buf[48];
@@ -307,24 +317,28 @@ static const char *parse_double(const char *s, size_t len, double *out)
         return "not a number";
     if (len >= sizeof buf)
         return "too long for a number";
-    bool digit = false;
+    bool digit = false, nonzero = false, exponent = false;
     for (size_t i = 0; i < len; i++) {
         char ch = s[i];
-        if (ch >= '0' && ch <= '9')
+        if (ch == 'e' || ch == 'E')
+            exponent = true;
+        if (ch >= '0' && ch <= '9') {
             digit = true;
-        else if (ch != '.' && ch != 'e' && ch != 'E' && ch != '+' && ch != '-')
+            nonzero |= !exponent && ch != '0';
+        } else if (ch != '.' && ch != 'e' && ch != 'E' && ch != '+' && ch != '-')
             return "not a number";
     }
     if (!digit || !((s[0] >= '0' && s[0] <= '9') || s[0] == '.'))
         return "not a number";
-    char point = locale_point();
-    for (size_t i = 0; i < len; i++)
-        buf[i] = s[i] == '.' ? point : s[i];
+    memcpy(buf, s, len);
     buf[len] = '\0';
     char *end = NULL;
-    double v = strtod(buf, &end);
+    errno = 0;
+    double v = strtod_l(buf, &end, c_locale());
     if (end != buf + len)
         return "not a number";
+    if (errno == ERANGE || (v == 0 && nonzero) || isinf(v))
+        return "out of range for a number";
     *out = v;
     return NULL;
 }
@@ -332,15 +346,13 @@ static const char *parse_double(const char *s, size_t len, double *out)
 /* Writes a double so that parse_double reads back the same value, as short as that allows. */
 static void format_double(double v, char *buf, size_t len)
 {
-    char point = locale_point();
+    locale_t old = uselocale(c_locale());
     for (int prec = 15; prec <= 17; prec++) {
         snprintf(buf, len, "%.*g", prec, v);
         if (strtod(buf, NULL) == v)
             break;
     }
-    for (char *p = buf; *p; p++)
-        if (*p == point)
-            *p = '.';
+    uselocale(old);
 }
 
 static const char *parse_bool(const char *s, size_t len, bool *out)
@@ -357,7 +369,19 @@ static const char *parse_bool(const char *s, size_t len, bool *out)
             return NULL;
         }
     }
-    return "not a boolean (1/0, true/false, yes/no)";
+    return "not a boolean (1/0, true/false, yes/no, on/off)";
+}
+
+bool conf_env_flag(const char *name)
+{
+    const char *v = getenv(name);
+    if (!v || !v[0])
+        return false;
+    bool b;
+    if (parse_bool(v, strlen(v), &b) == NULL)
+        return b;
+    cua_error("%s='%s' is not a boolean (1/0, true/false, yes/no, on/off); taken as 1", name, v);
+    return true;
 }
 
 /* ------------------------------------------------------------------------ roundup lists */
@@ -486,13 +510,8 @@ static const char *opt_parse(const opt_t *o, const char *val, size_t len, conf_t
         case OPT_INT: *(int *)field = (int)v; break;       /* hi <= INT_MAX */
         case OPT_UINT: *(unsigned *)field = (unsigned)v; break;
         case OPT_ADDR:
-            /* Against the granularity in force now; conf_parse checks again at the end, in case
-             * sim_granularity_kb comes after sim_va_base. */
-            if (c->sim_granularity && v % c->sim_granularity != 0) {
-                snprintf(why, why_len, "not a multiple of the sim granularity (%zu KiB)",
-                         c->sim_granularity / KiB);
-                return why;
-            }
+            /* Its multiple of sim_granularity_kb is checked by conf_parse at the end, against the
+             * granularity the whole text leaves, whichever key comes first. */
             *(uint64_t *)field = v;
             break;
         default: break;
@@ -736,9 +755,9 @@ int conf_parse(const char *text, conf_t *out)
         if (len > 0)
             problems += conf_apply(entry, len, out);
     }
-    /* sim_va_base was checked against the granularity in force when it was read; a later
-     * sim_granularity_kb may have raised it. Go back to the earlier address, rounded to the new
-     * granularity if even that no longer fits (up, unless that leaves the accepted range). */
+    /* sim_va_base must be a multiple of the granularity the text leaves. If not, go back to the
+     * earlier address, rounded to the granularity if even that no longer fits (up, unless that
+     * leaves the accepted range). */
     size_t g = out->sim_granularity;
     if (g && out->sim_va_base % g != 0) {
         uint64_t fixed = va_base_before;
@@ -759,7 +778,7 @@ void conf_defaults(conf_t *out)
 {
     memset(out, 0, sizeof *out);
     /* The table's default texts are the defaults: parse each (a failure is a bug in the table,
-     * caught by test_conf). sim_granularity_kb precedes sim_va_base, whose check reads it. */
+     * caught by test_conf). */
     for (size_t i = 0; i < NOPTS; i++) {
         char why[256];
         const opt_t *o = &opts[i];

@@ -111,6 +111,10 @@ void conf_defaults(conf_t *out);
 int conf_parse(const char *text, conf_t *out);
 /* conf_defaults + conf_parse(getenv("CUALLOC_CONF")). */
 void conf_load(conf_t *out);
+/* An environment switch such as CUALLOC_DISABLE: unset or empty is off, else a boolean as
+ * CUALLOC_CONF reads one (1/0, true/false, yes/no, on/off, any case); anything else is reported
+ * and taken as on. */
+bool conf_env_flag(const char *name);
 /* Writes the configuration as "key:value,..." (all keys), for traces and summaries. */
 size_t conf_format(const conf_t *c, char *buf, size_t len);
 /* Writes the descriptor table as a Markdown table (key | default | meaning), for the README. */

@@ -16,7 +16,8 @@
  *  - Nothing starts at load time (no constructor, no dlopen, no cuInit, no file). The heap starts
  *    at the first intercepted allocation; frees, cudaMemGetInfo and stream destruction before that
  *    pass through without starting anything.
- *  - CUALLOC_DISABLE=1 (anything but "" and "0"): every entry point is a pure pass-through.
+ *  - CUALLOC_DISABLE=1 (a boolean as CUALLOC_CONF reads one: 1/true/yes/on; unset, empty, 0, false,
+ *    no and off leave cualloc on): every entry point is a pure pass-through.
  *  - A pointer cualloc does not own goes to the next definition (runtime names: dlsym(RTLD_NEXT);
  *    driver names: the real libcuda function). cudaFree(NULL) passes through (programs call it to
  *    create the context).
@@ -163,8 +164,7 @@ static int log_state = -1;
 static bool env_flag(int *state, const char *name) {
     int s = __atomic_load_n(state, __ATOMIC_RELAXED);
     if (__builtin_expect(s < 0, 0)) {
-        const char *v = getenv(name);
-        s = v && v[0] && strcmp(v, "0") != 0;
+        s = conf_env_flag(name);
         __atomic_store_n(state, s, __ATOMIC_RELAXED);
     }
     return s != 0;

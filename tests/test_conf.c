@@ -176,6 +176,8 @@ static void test_good_values(void)
     CHECK(good("garbage_collection_threshold:5e-1").garbage_collection_threshold == 0.5);
     CHECK(good("per_process_memory_fraction:1").per_process_memory_fraction == 1.0);
     CHECK(good("per_process_memory_fraction:0.5").per_process_memory_fraction == 0.5);
+    CHECK(good("per_process_memory_fraction:0e9").per_process_memory_fraction == 0.0); /* a zero, written so */
+    CHECK(good("per_process_memory_fraction:1e-20").per_process_memory_fraction == 1e-20);
     CHECK(good("max_memory_mb:4096").max_memory == 4096 * MiB);
     CHECK(good("max_memory_mb:0").max_memory == 0);
     CHECK(good("chunk_size_mb:2").chunk_size == 2 * MiB);
@@ -284,6 +286,9 @@ static void test_bad_values(void)
         {"roundup_power2_divisions:[256:2097152]", "roundup_power2_divisions"},
         {"per_process_memory_fraction:1.01", "per_process_memory_fraction"},
         {"per_process_memory_fraction:-1", "per_process_memory_fraction"},
+        {"per_process_memory_fraction:1e-400", "per_process_memory_fraction"}, /* read as 0: no cap */
+        {"per_process_memory_fraction:0.5e-330", "per_process_memory_fraction"},
+        {"garbage_collection_threshold:1e400", "garbage_collection_threshold"},
         {"max_memory_mb:lots", "max_memory_mb"},
         {"max_memory_mb:18446744073709551616", "max_memory_mb"},
         {"chunk_size_mb:3", "chunk_size_mb"},
@@ -312,7 +317,6 @@ static void test_bad_values(void)
         {"sim_va_base:0", "sim_va_base"},
         {"sim_va_base:0x", "sim_va_base"},
         {"sim_va_base:0xg000", "sim_va_base"},
-        {"sim_va_base:0x7f0000001000", "sim_va_base"}, /* not 2 MiB aligned */
         {"sim_va_base:0x100000000000000", "sim_va_base"}, /* 2^56 */
         {"sim_va_base:0x7f000000000000000000", "sim_va_base"},
         {"sim_fail:map", "sim_fail"},
@@ -375,6 +379,19 @@ static void test_va_base_granularity_order(void)
     CHECK(c.sim_granularity == 4 * MiB);
     CHECK(c.sim_va_base == 0x7f0000000000ull); /* back to the address before this parse */
     CHECK_MSG(strstr(msg_last, "sim_va_base") != NULL, "%s", msg_last);
+    /* Not a multiple of the default 2 MiB: the address before. */
+    c = def;
+    CHECK(parse_counted("sim_va_base:0x7f0000001000", &c) == 1);
+    CHECK(c.sim_va_base == 0x7f0000000000ull);
+    CHECK_MSG(strstr(msg_last, "sim_va_base 0x7f0000001000 is not a multiple of sim_granularity_kb 2048") != NULL, "%s",
+              msg_last);
+    /* A granularity lowered after the address: judged by the final granularity, in either order. */
+    c = def;
+    CHECK(parse_counted("sim_va_base:0x7f0000001000,sim_granularity_kb:4", &c) == 0);
+    CHECK(c.sim_va_base == 0x7f0000001000ull && c.sim_granularity == 4 * KiB);
+    c = def;
+    CHECK(parse_counted("sim_granularity_kb:4,sim_va_base:0x7f0000001000", &c) == 0);
+    CHECK(c.sim_va_base == 0x7f0000001000ull);
     /* Both before: fine. */
     c = def;
     CHECK(parse_counted("sim_granularity_kb:4096,sim_va_base:0x7f0000400000", &c) == 0);
@@ -638,6 +655,28 @@ static void test_load(void)
     CHECK_CONF_EQ(&def, &c, "conf_load without CUALLOC_CONF");
 }
 
+/* CUALLOC_DISABLE and the like: a boolean as CUALLOC_CONF reads one ("false" once meant on). */
+static void test_env_flag(void)
+{
+    static const struct { const char *v; bool on; int msgs; } cases[] = {
+        {NULL, false, 0}, {"", false, 0}, {"0", false, 0}, {"false", false, 0}, {"No", false, 0},
+        {"off", false, 0}, {"1", true, 0}, {"TRUE", true, 0}, {"yes", true, 0}, {"on", true, 0},
+        {"please", true, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].v)
+            setenv("CUALLOC_TEST_FLAG", cases[i].v, 1);
+        else
+            unsetenv("CUALLOC_TEST_FLAG");
+        msg_reset();
+        bool on = conf_env_flag("CUALLOC_TEST_FLAG");
+        CHECK_MSG(on == cases[i].on && msg_count == cases[i].msgs, "CUALLOC_TEST_FLAG='%s': %d, %d messages",
+                  cases[i].v ? cases[i].v : "(unset)", on, msg_count);
+    }
+    CHECK(strstr(msg_last, "CUALLOC_TEST_FLAG='please' is not a boolean") != NULL);
+    unsetenv("CUALLOC_TEST_FLAG");
+}
+
 static void test_markdown(void)
 {
     FILE *f = tmpfile();
@@ -708,6 +747,7 @@ int main(void)
     test_round_trip(seed);
     test_garbage(seed);
     test_load();
+    test_env_flag();
     test_markdown();
     test_error_path();
     error_set_callback(NULL, NULL);
