@@ -293,6 +293,12 @@ class Stats(TorchLibCase):
             self.ct.stats(5)
         with self.assertRaises(ValueError):
             self.ct.stats("cpu")
+        # ctypes cuts an int to 32 bits: 2**32 was device 0, True device 1.
+        for bad in (2**32, "cuda:4294967296", -2**31 - 1, True):
+            with self.assertRaises(ValueError, msg=repr(bad)):
+                self.ct.stats(bad)
+        with self.assertRaises(ValueError):
+            self.ct.empty_cache(2**32)
 
     def test_empty_cache_trims(self):
         p = self.lib.cualloc_malloc(64 * MiB, 0, None)

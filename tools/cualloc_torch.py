@@ -303,7 +303,16 @@ def _optional_symbol(lib, name):
 def _device_index(device):
     """PyTorch's device argument (None, int, "cuda", "cuda:1", torch.device) → an ordinal. None and
     an index-less device mean the current device; asking torch for it only when CUDA is already
-    initialized, so reading statistics never initializes CUDA (which would forbid enable())."""
+    initialized, so reading statistics never initializes CUDA (which would forbid enable()). The
+    ordinal goes to C as an int: one that does not fit is refused (ctypes would cut it to 32 bits,
+    and 2**32 would name device 0), and so is a bool (True is an int, but not a device)."""
+    index = _device_ordinal(device)
+    if isinstance(index, bool) or not -2**31 <= index < 2**31:
+        raise ValueError("cualloc_torch: %r is not a CUDA device" % (device,))
+    return index
+
+
+def _device_ordinal(device):
     if isinstance(device, int):
         return device
     if isinstance(device, str):
