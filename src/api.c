@@ -389,7 +389,9 @@ CUALLOC_API int cualloc_oom_message(size_t size, int device, char *buf, size_t l
                  req, size, device, device);
         return 0;
     }
-    heap_t *h = api_existing_heap(device);
+    /* No allocation yet on the device: its heap is made now (as the request itself would make it),
+     * so the answer is the diagnosis the request would get, not a set-up failure that never was. */
+    heap_t *h = api_heap(device);
     if (!h) {
         snprintf(buf, len,
                  "CUDA out of memory (cualloc). Tried to allocate %s (%zu bytes) on device %d, but cualloc could not "

@@ -128,6 +128,16 @@ static char *capture_stderr(void (*fn)(void *), void *arg) {
 
 /* ------------------------------------------------------------------ caching mode */
 
+/* Asked before any allocation (so before the device has a heap): the diagnosis the request would
+ * get, not "could not set up a heap" (which it said, with nothing on stderr to explain it). */
+static void test_oom_message_first(void) {
+    char buf[2048];
+    EXPECT(cualloc_oom_message(SIZE_MAX, 0, buf, sizeof buf) == 0, "cualloc_oom_message");
+    EXPECT(strncmp(buf, "CUDA out of memory", 18) == 0 && strstr(buf, "genuine shortage") &&
+               !strstr(buf, "could not set up"),
+           "before any allocation: %s", buf);
+}
+
 static void test_round_trip(void) {
     enum { N = 200 };
     void *ptrs[N];
@@ -513,6 +523,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     static const struct { const char *name; void (*fn)(void); } tests[] = {
+        {"oom message before any allocation", test_oom_message_first}, /* first: no heap yet */
         {"stats", test_stats},
         {"round trip", test_round_trip},
         {"alignment", test_alignment},
