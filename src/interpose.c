@@ -54,8 +54,13 @@
  *
  * dlsym. Every dlsym in the process reaches this one. The real one is libc's, found once through
  * dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34"), else "GLIBC_2.2.5" (also tried on libc.so.6 directly
- * when libcualloc.so was loaded after libc). Answers:
- *  - handle RTLD_NEXT: the real dlsym would search after *this* file, so the meaning is emulated:
+ * when libcualloc.so was loaded after libc). On x86-64 and AArch64 the exported dlsym is
+ * dlsym_entry.S: it asks cualloc_dlsym_route and jumps, so that for every name cualloc does not
+ * interpose the real dlsym answers with the caller's own return address (RTLD_DEFAULT and RTLD_NEXT
+ * in the caller's scope, as without cualloc: a module loaded RTLD_LOCAL finds its own
+ * dependencies). Answers:
+ *  - handle RTLD_NEXT, for a name cualloc interposes (and for every name on other architectures):
+ *    the real dlsym would search after *this* file, so the meaning is emulated:
  *    the caller's object is found (dladdr1(__builtin_return_address(0), RTLD_DL_LINKMAP)) and the
  *    objects after it in the link-map chain (load order, as dl_iterate_phdr reports them) are asked
  *    one by one (dlopen(name, RTLD_NOLOAD|RTLD_LAZY) + real dlsym), accepting only a definition
@@ -66,7 +71,8 @@
  *  - "cuGetProcAddress_v2" / "cuGetProcAddress" (any handle): the real definition is remembered as
  *    the next one and cualloc's wrapper is returned. The driver names cualloc interposes
  *    ("cuMemAlloc_v2", ...) are treated the same way.
- *  - everything else: the real dlsym's answer, untouched.
+ *  - everything else: the real dlsym's answer, untouched (on x86-64 and AArch64, given to the
+ *    caller itself).
  * cuGetProcAddress wrappers call the real cuGetProcAddress and, for "cuMemAlloc" and "cuMemFree"
  * (at version >= 3020, the _v2 ABI), "cuMemAllocAsync", "cuMemFreeAsync" (flags
  * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: the _ptsz variants), "cuStreamDestroy" and
@@ -123,7 +129,12 @@ CUALLOC_API cua_result cuGetProcAddress_v2(const char *symbol, void **pfn, int c
                                            unsigned long long flags, int *symbol_status);
 CUALLOC_API cua_result cuGetProcAddress(const char *symbol, void **pfn, int cuda_version, unsigned long long flags);
 #ifndef CUALLOC_NO_DLSYM_INTERPOSE
+#if defined(__x86_64__) || defined(__aarch64__)
+#define DLSYM_ENTRY_ASM 1 /* dlsym is dlsym_entry.S, which jumps to what cualloc_dlsym_route says */
+__attribute__((used)) void *cualloc_dlsym_route(const char *symbol);
+#else
 CUALLOC_API void *dlsym(void *restrict handle, const char *restrict symbol);
+#endif
 #endif
 
 /* ------------------------------------------------------------------ the real dlsym */
@@ -924,7 +935,10 @@ static int dlsym_interposed(const char *symbol) {
     return -1;
 }
 
-void *dlsym(void *restrict handle, const char *restrict symbol) {
+/* dlsym for the names cualloc interposes: the real answer (RTLD_NEXT emulated for the caller),
+ * then cualloc's function in its place. Always inlined into a function the caller's call (or
+ * dlsym_entry.S's jump) entered, so that its return address is the caller's. */
+static inline __attribute__((always_inline)) void *dlsym_interposing(void *handle, const char *symbol) {
     void *p;
     if (handle == RTLD_NEXT) p = dlsym_next_of(__builtin_extract_return_addr(__builtin_return_address(0)), symbol);
     else p = interpose_real_dlsym(handle, symbol);
@@ -935,4 +949,25 @@ void *dlsym(void *restrict handle, const char *restrict symbol) {
     if (log_on()) cua_error("interpose: dlsym(\"%s\") -> cualloc %s", symbol, symbol);
     return own_fn(i);
 }
+
+#ifdef DLSYM_ENTRY_ASM
+static __attribute__((noinline)) void *dlsym_own(void *handle, const char *symbol) {
+    return dlsym_interposing(handle, symbol);
+}
+
+/* Where dlsym_entry.S jumps: glibc's dlsym for every name cualloc does not interpose, so that it
+ * answers for the real caller; dlsym_own for the driver names it does. */
+void *cualloc_dlsym_route(const char *symbol) {
+    dlsym_fn real = resolve_real_dlsym();
+    void *to;
+    if (symbol && dlsym_interposed(symbol) < 0 && real) memcpy(&to, &real, sizeof to);
+    else {
+        void *(*own)(void *, const char *) = dlsym_own;
+        memcpy(&to, &own, sizeof to);
+    }
+    return to;
+}
+#else
+void *dlsym(void *restrict handle, const char *restrict symbol) { return dlsym_interposing(handle, symbol); }
+#endif
 #endif /* CUALLOC_NO_DLSYM_INTERPOSE */

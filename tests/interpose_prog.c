@@ -246,12 +246,35 @@ static int exclude_race_main(const char *excluded, const char *included) {
     return 0;
 }
 
+/* --dlsym-scope PLUGIN: PLUGIN (tests/dlsym_plugin.c), loaded RTLD_LOCAL, looks symbols up with
+ * RTLD_DEFAULT and RTLD_NEXT. cualloc's dlsym called glibc's from inside itself, so glibc took
+ * libcualloc.so for the caller: the plugin's own dependency was not found, nor libc's malloc. */
+static int dlsym_scope_main(const char *plugin) {
+    void *h = dlopen(plugin, RTLD_NOW | RTLD_LOCAL);
+    CHECK(h, "dlopen %s: %s", plugin, dlerror());
+    if (!h) return 1;
+    void *f = dlsym(h, "plugin_lookups");
+    int (*lookups)(int *);
+    memcpy(&lookups, &f, sizeof f);
+    CHECK(lookups, "plugin_lookups not found");
+    if (!lookups) return 1;
+    int found[3] = {0, 0, 0};
+    CHECK(lookups(found) == 42, "the plugin's call");
+    CHECK(found[0], "dlsym(RTLD_DEFAULT, a symbol of the plugin's own dependency) from the plugin: not found");
+    CHECK(found[1], "dlsym(RTLD_NEXT, a symbol of the plugin's own dependency) from the plugin: not found");
+    CHECK(found[2], "dlsym(RTLD_NEXT, \"malloc\") from the plugin: not found");
+    if (failures) return 1;
+    printf("interpose_prog --dlsym-scope: all checks passed\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int disable = argc > 1 && strcmp(argv[1], "--disable") == 0;
     void *gs = dlsym(RTLD_DEFAULT, "cualloc_get_stats"); /* (a look-up starts nothing) */
     memcpy(&get_stats, &gs, sizeof gs);
     if (argc > 1 && strcmp(argv[1], "--threads") == 0) return threads_main();
     if (argc == 4 && strcmp(argv[1], "--exclude-race") == 0) return exclude_race_main(argv[2], argv[3]);
+    if (argc == 3 && strcmp(argv[1], "--dlsym-scope") == 0) return dlsym_scope_main(argv[2]);
     if (argc > 1 && strcmp(argv[1], "--exclude") == 0) {
         /* Run with CUALLOC_CONF=...,exclude:interpose_prog*: this program's allocations go to the
          * stub unchanged, and their frees follow as foreign pointers. */

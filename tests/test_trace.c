@@ -1096,8 +1096,9 @@ static void exit_from_signal_body(void)
         kid[k] = fork();
         EXPECT(kid[k] >= 0, "fork");
         if (kid[k] == 0) {
-            char conf[600];
-            snprintf(conf, sizeof conf, "driver:sim,sim_memory_mb:256,trace_stack_depth:16,summary:1,trace:%s", path[k]);
+            char conf[400]; /* the fixed part and a path of up to 300 bytes */
+            snprintf(conf, sizeof conf, "driver:sim,sim_memory_mb:256,trace_stack_depth:16,summary:1,trace:%.300s",
+                     path[k]);
             setenv("CUALLOC_CONF", conf, 1);
             if (!freopen("/dev/null", "w", stderr)) /* the summaries */
                 _exit(3);
