@@ -18,8 +18,9 @@
  *    pass through without starting anything.
  *  - CUALLOC_DISABLE=1 (a boolean as CUALLOC_CONF reads one: 1/true/yes/on; unset, empty, 0, false,
  *    no and off leave cualloc on): every entry point is a pure pass-through.
- *  - A pointer cualloc does not own goes to the next definition (runtime names: dlsym(RTLD_NEXT);
- *    driver names: the real libcuda function). cudaFree(NULL) passes through (programs call it to
+ *  - A pointer cualloc does not own goes to the next definition (runtime names: dlsym(RTLD_NEXT),
+ *    else the first definition among all loaded objects, for a runtime loaded RTLD_LOCAL; driver
+ *    names: the real libcuda function). cudaFree(NULL) passes through (programs call it to
  *    create the context).
  *  - Device of a request. Runtime entry points: the next cudaGetDevice when there is one, else the
  *    current context's device (driver_ops_t.current_device), else 0. Driver entry points: the
@@ -269,6 +270,36 @@ static void *own_fn(int i) {
     }
 }
 
+/* The first definition of `symbol` made by one of the objects from `l` on in the link-map chain
+ * (load order) itself, not by its dependencies, other than `exclude`; NULL when none. Asks each
+ * object through a handle (dlopen RTLD_NOLOAD: never loads anything) and the real dlsym. */
+static void *definition_in_loaded(struct link_map *l, const char *symbol, const void *exclude) {
+    for (; l; l = l->l_next) {
+        if (!l->l_name || !l->l_name[0]) continue;
+        void *h = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD);
+        if (!h) continue;
+        void *p = interpose_real_dlsym(h, symbol);
+        dlclose(h);
+        if (!p || p == exclude) continue;
+        Dl_info pi;
+        struct link_map *owner = NULL;
+        /* (the handle search also covers its dependencies, which come later in the chain, or
+         * earlier) */
+        if (dladdr1(p, &pi, (void **)&owner, RTLD_DL_LINKMAP) && owner && owner != l) continue;
+        return p;
+    }
+    return NULL;
+}
+
+/* The first object of the link-map chain (the program). */
+static struct link_map *loaded_objects_head(void) {
+    Dl_info info;
+    struct link_map *l = NULL;
+    if (!dladdr1((void *)(uintptr_t)loaded_objects_head, &info, (void **)&l, RTLD_DL_LINKMAP) || !l) return NULL;
+    while (l->l_prev) l = l->l_prev;
+    return l;
+}
+
 static void set_next(int i, void *fn) {
     if (fn && fn != own_fn(i)) atomic_store_explicit(&nexts[i].fn, fn, memory_order_release);
 }
@@ -286,6 +317,9 @@ static void *lookup_next(int i) {
     }
     if (!f || f == own_fn(i)) f = interpose_real_dlsym(RTLD_NEXT, nexts[i].symbol);
     if (f == own_fn(i)) f = NULL;
+    /* RTLD_NEXT sees the global scope only: a CUDA runtime that came in RTLD_LOCAL (the dependency
+     * of a Python extension module) is found among all loaded objects. */
+    if (!f) f = definition_in_loaded(loaded_objects_head(), nexts[i].symbol, own_fn(i));
     if (f) atomic_store_explicit(&nexts[i].fn, f, memory_order_release);
     return f;
 }
@@ -910,21 +944,7 @@ static void *dlsym_next_of(const void *caller, const char *symbol) {
     struct link_map *self = NULL;
     if (!caller || !dladdr1(caller, &info, (void **)&self, RTLD_DL_LINKMAP) || !self)
         return interpose_real_dlsym(RTLD_DEFAULT, symbol);
-    for (struct link_map *l = self->l_next; l; l = l->l_next) {
-        if (!l->l_name || !l->l_name[0]) continue;
-        void *h = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD);
-        if (!h) continue;
-        void *p = interpose_real_dlsym(h, symbol);
-        dlclose(h);
-        if (!p) continue;
-        Dl_info pi;
-        struct link_map *owner = NULL;
-        /* Accept only a definition of this object itself (the handle search also covers its
-         * dependencies, which come later in the chain, or earlier: then not "next"). */
-        if (dladdr1(p, &pi, (void **)&owner, RTLD_DL_LINKMAP) && owner && owner != l) continue;
-        return p;
-    }
-    return NULL;
+    return definition_in_loaded(self->l_next, symbol, NULL);
 }
 
 /* The names dlsym hands cualloc's function for (the real one becomes the next definition). */
