@@ -8,7 +8,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "internal.h"
 
@@ -109,16 +108,9 @@ static void api_atfork_child(void) {
     g.create_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
 }
 
-/* The END record: every device's statistics, then the file is closed. Every heap is held from its
- * statistics to the close (and no heap is made meanwhile), so that the END states what the trace's
- * own events add up to, however many threads allocate during the stop. */
-static bool api_create_lock_at_exit(void) {
-    for (unsigned waited = 0; pthread_mutex_trylock(&g.create_lock) != 0; waited++) {
-        if (waited >= API_EXIT_WAIT_MS) return false;
-        struct timespec ms = {0, 1000000};
-        nanosleep(&ms, NULL);
-    }
-    return true;
+static bool api_create_trylock(void *unused) {
+    (void)unused;
+    return pthread_mutex_trylock(&g.create_lock) == 0;
 }
 
 /* The END record: every device's statistics, then the file is closed. Every heap is held from its
@@ -132,7 +124,7 @@ static void api_trace_end(bool at_exit) {
     heap_t *held[CUALLOC_MAX_DEVICES] = {0};
     int n = api_ndevices();
     if (!at_exit) pthread_mutex_lock(&g.create_lock);
-    else if (!api_create_lock_at_exit()) return;
+    else if (!retry_for_ms(api_create_trylock, NULL, API_EXIT_WAIT_MS)) return;
     for (int d = 0; d < n; d++) {
         heap_t *h = atomic_load_explicit(&g.heaps[d], memory_order_acquire);
         if (!h) continue;

@@ -2510,12 +2510,19 @@ void heap_stats_hold(heap_t *h, cualloc_stats *out) {
     stats_read_locked(h, out);
 }
 
-bool heap_stats_try_hold(heap_t *h, cualloc_stats *out, unsigned wait_ms) {
-    for (unsigned waited = 0; !cua_trylock(&h->lock); waited++) {
+bool retry_for_ms(bool (*attempt)(void *), void *arg, unsigned wait_ms) {
+    for (unsigned waited = 0; !attempt(arg); waited++) {
         if (waited >= wait_ms) return false;
         struct timespec ms = {0, 1000000};
         nanosleep(&ms, NULL);
     }
+    return true;
+}
+
+static bool heap_trylock_attempt(void *h) { return cua_trylock(&((heap_t *)h)->lock); }
+
+bool heap_stats_try_hold(heap_t *h, cualloc_stats *out, unsigned wait_ms) {
+    if (!retry_for_ms(heap_trylock_attempt, h, wait_ms)) return false;
     stats_read_locked(h, out);
     return true;
 }

@@ -488,6 +488,9 @@ void heap_get_stats(heap_t *h, cualloc_stats *out);
  * recorded) until heap_stats_release: a trace's END record then states the heap as its last event
  * left it. Heaps are held in device order, under api.c's create_lock. */
 void heap_stats_hold(heap_t *h, cualloc_stats *out);
+/* Calls attempt(arg) until it returns true, 1 ms apart, for at most wait_ms milliseconds: the
+ * exit-time way to take a lock that may never come free (heap_stats_try_hold, api.c). */
+bool retry_for_ms(bool (*attempt)(void *), void *arg, unsigned wait_ms);
 /* heap_stats_hold at exit: false (nothing held) when h's lock stays taken for wait_ms. A signal
  * handler that calls exit() may have interrupted this very thread inside the heap, and its lock
  * would then never come free. */

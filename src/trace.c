@@ -400,6 +400,22 @@ static bool block_start(tcur_t *c, uint64_t index, bool recycled, uint64_t now)
     return true;
 }
 
+/* Takes the oldest EVENT block out of the ring's list and returns its number. */
+static uint64_t ring_take_oldest(void)
+{
+    uint64_t victim = ((uint64_t *)T.ring_list.p)[T.ring_start];
+    T.ring_start = (T.ring_start + 1) % T.max_blocks;
+    T.ring_count--;
+    return victim;
+}
+
+/* Enters EVENT block `index` as the ring's newest. */
+static void ring_append(uint64_t index)
+{
+    ((uint64_t *)T.ring_list.p)[(T.ring_start + T.ring_count) % T.max_blocks] = index;
+    T.ring_count++;
+}
+
 /* Moves cursor c to a fresh block. Returns false when there is none: the limit of a linear file
  * (tracing then stops, with an END record), a full META area in a ring (c == &T.meta only), or a
  * file that cannot grow (tracing stops). */
@@ -407,11 +423,9 @@ static bool block_next(tcur_t *c, uint64_t now)
 {
     bool is_meta = c == &T.meta;
     if (T.ring && !is_meta && T.max_blocks && T.nblocks >= T.max_blocks) {
-        /* Reuse the oldest EVENT block. */
-        uint64_t *list = T.ring_list.p;
-        uint64_t victim = list[T.ring_start];
-        T.ring_start = (T.ring_start + 1) % T.max_blocks;
-        list[(T.ring_start + T.ring_count - 1) % T.max_blocks] = victim;
+        /* Reuse the oldest EVENT block, which becomes the newest. */
+        uint64_t victim = ring_take_oldest();
+        ring_append(victim);
         cur_unmap(c);
         if (!block_start(c, victim, true, now)) {
             stop_locked(-1);
@@ -431,10 +445,7 @@ static bool block_next(tcur_t *c, uint64_t now)
         /* A full ring, definitions under half of it: the oldest EVENT block becomes a META block.
          * Its events are the oldest, the ones a ring drops next anyway; the block being written
          * (the newest, ring_count >= 2 above) is never the one taken. */
-        uint64_t *list = T.ring_list.p;
-        uint64_t victim = list[T.ring_start];
-        T.ring_start = (T.ring_start + 1) % T.max_blocks;
-        T.ring_count--;
+        uint64_t victim = ring_take_oldest();
         cur_unmap(c);
         if (!block_start(c, victim, true, now)) {
             stop_locked(-1);
@@ -464,9 +475,7 @@ static bool block_next(tcur_t *c, uint64_t now)
     if (is_meta) {
         T.meta_blocks++;
     } else if (T.ring) {
-        uint64_t *list = T.ring_list.p;
-        list[(T.ring_start + T.ring_count) % T.max_blocks] = index;
-        T.ring_count++;
+        ring_append(index);
     }
     return true;
 }
@@ -1461,8 +1470,6 @@ size_t trace_expand_path(const char *tmpl, char *out, size_t len)
     return n;
 }
 
-/* Creates the file: 0600, never through a symlink, never over an existing file (PATH.1, PATH.2
- * ... instead, said in a message). Returns the descriptor or -1 (message printed). */
 /* Writes the file header at offset 0: 0, or the error (a short write that makes no progress is
  * the device's EFBIG or ENOSPC as the next write reports it; EINTR is retried). */
 static int header_write(int fd, const uint8_t *hdr, size_t len)
@@ -1481,6 +1488,8 @@ static int header_write(int fd, const uint8_t *hdr, size_t len)
     return 0;
 }
 
+/* Creates the file: 0600, never through a symlink, never over an existing file (PATH.1, PATH.2
+ * ... instead, said in a message). Returns the descriptor or -1 (message printed). */
 static int file_create(const char *path, char *chosen, size_t chosen_len)
 {
     char name[PATH_MAX];
@@ -1640,15 +1649,9 @@ int trace_start(const char *tmpl, const conf_t *conf)
     if (ok)
         ok = block_next(&T.meta, t0) && block_next(&T.ev, t0);
     if (!ok) {
-        /* block_next's failures stop tracing (stop_locked closes the file) except the ring list's
-         * allocation; either way the file holds no record worth keeping. */
-        if (T.open) {
-            T.open = false;
-            cur_unmap(&T.meta);
-            cur_unmap(&T.ev);
-            close(fd);
-            T.fd = -1;
-        }
+        /* block_next's failures have stopped tracing already (stop_locked, which closes the file
+         * once); the ring list's allocation has not. The file holds no record worth keeping. */
+        stop_locked(-1);
         unlock();
         unlink(chosen);
         return -1;
