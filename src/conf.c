@@ -95,7 +95,7 @@ static const opt_t opts[] = {
     {"chunk_size_mb", OPT_MIB, "0",
      "Size in MiB of the large pool's VMM chunks (the unit of map and unmap), an even number, rounded "
      "up to a power-of-two multiple of the granularity. `0`: the device's granularity (2 MiB on "
-     "current GPUs).",
+     "current GPUs). A size above the heap's cap is cut to the largest that fits, with a warning.",
      OFF(chunk_size), 2, (uint64_t)1 << 20, OPT_ZERO_OK | OPT_EVEN},
     {"va_factor", OPT_SIZE, "4",
      "The large pool reserves this many times device memory of address space, once (2 to 1024).",

@@ -1646,15 +1646,24 @@ static oom_kind_t oom_diagnose(heap_t *h, size_t rsize, size_t dfree, size_t dto
             /* Address space is there: the cap is reached at chunk granularity. Everything cached
              * was released before this report, so what is reserved beyond the live blocks lies in
              * chunks that live blocks share. */
-            char partial[32], chunk[32], needs[32];
+            char partial[32], chunk[32], needs[32], gran[32];
+            /* Chunks larger than the device's granularity (chunk_size_mb) are what makes the
+             * granularity coarse: smaller ones are then the first fix, not a smaller batch. */
+            char fix[160];
+            if (p->chunk > h->granularity)
+                snprintf(fix, sizeof fix,
+                         "use smaller chunks (CUALLOC_CONF=chunk_size_mb:0, the device's %s); or reduce the batch "
+                         "size slightly",
+                         fmt_bytes(h->granularity, gran, sizeof gran));
+            else
+                snprintf(fix, sizeof fix, "reduce the batch size slightly (or keep it with gradient accumulation)");
             snprintf(text, len,
                      "shortage at chunk granularity — live blocks (%s) plus this request fit in %s, but memory is "
                      "mapped in whole chunks of %s and live blocks keep %s in partly used chunks; this request "
-                     "needs %s of new chunks. First fix: reduce the batch size slightly (or keep it with gradient "
-                     "accumulation)%s.",
+                     "needs %s of new chunks. First fix: %s.",
                      alloc, cap, fmt_bytes(p->chunk, chunk, sizeof chunk),
                      fmt_bytes(reserved - allocated, partial, sizeof partial), fmt_bytes(need, needs, sizeof needs),
-                     p->chunk > h->granularity ? "; or use smaller chunks (CUALLOC_CONF=chunk_size_mb:0)" : "");
+                     fix);
         } else if (h->vmm) {
             snprintf(text, len,
                      "fragmentation of the address space — live blocks (%s) plus this request fit in %s, but no "
@@ -2321,6 +2330,17 @@ heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_re
          * and chunk arithmetic on the fast path is a mask. */
         size_t large_chunk = h->granularity;
         while (large_chunk < conf->chunk_size) large_chunk <<= 1;
+        if (large_chunk > h->cap && large_chunk > h->granularity) {
+            /* A chunk larger than the cap could never be mapped: every large allocation would fail.
+             * The largest chunk that fits serves instead, and the user is told. */
+            char want[32], cap[32], got[32];
+            fmt_bytes(large_chunk, want, sizeof want);
+            while (large_chunk > h->cap && large_chunk > h->granularity) large_chunk >>= 1;
+            cua_error("device %d: chunk_size_mb asks for chunks of %s, more than the heap may use (%s, its cap); "
+                      "using chunks of %s. Set chunk_size_mb to at most %zu, or 0 for the device's granularity",
+                      dev, want, fmt_bytes(h->cap, cap, sizeof cap), fmt_bytes(large_chunk, got, sizeof got),
+                      large_chunk / MiB);
+        }
         size_t factor = conf->va_factor >= 2 ? conf->va_factor : 2;
         /* The small pool's chunks are larger than its blocks, so that no parked block holds a
          * whole chunk (quick_account). The granularity of every CUDA device is 2 MiB already;

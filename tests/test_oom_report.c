@@ -1,7 +1,8 @@
 /* test_oom_report.c — the OOM report (heap.c report_oom, DESIGN.md decision 10) against expected
  * text: a genuine shortage (VMM), a fragmentation case (classic segments), a repeated OOM that
- * produces no second report, shortage at chunk granularity, a device that refuses memory, and a
- * device full of memory held outside the heap. Messages are captured with error_set_callback; the sim device's
+ * produces no second report, shortage at chunk granularity (and at a chunk_size_mb above the
+ * granularity, or above the cap), a device that refuses memory, and a device full of memory held
+ * outside the heap. Messages are captured with error_set_callback; the sim device's
  * addresses and sizes are deterministic, so the text is too.
  *   test_oom_report EXPECTED_DIR            compare with EXPECTED_DIR/oom_*.txt
  *   UPDATE_EXPECTED=1 test_oom_report DIR   rewrite them */
@@ -149,6 +150,33 @@ int main(int argc, char **argv) {
     EXPECT(driver_sim_ops.phys_release(0, ballast) == CUA_SUCCESS, "ballast released");
     EXPECT(heap_alloc(h, 16 << 20, NULL, &p) == CUA_SUCCESS, "16 MiB once the ballast is gone");
     EXPECT(heap_free(h, p, NULL) && heap_free(h, live, NULL), "frees");
+    heap_destroy(h);
+
+    /* 6. Chunks larger than the granularity make the shortage: 10 MiB live holds two 8 MiB chunks
+     *    of a 20 MiB device, and 9 MiB more needs a third, though 19 MiB would fit in 2 MiB chunks.
+     *    The first fix names the chunk size, not the batch. */
+    h = open_heap("sim_memory_mb:20,chunk_size_mb:8");
+    EXPECT(heap_chunk_size(h, POOL_LARGE) == 8 * MiB, "8 MiB chunks");
+    EXPECT(heap_alloc(h, 10 << 20, NULL, &live) == CUA_SUCCESS, "10 MiB");
+    reset();
+    EXPECT(heap_alloc(h, 9 << 20, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY, "chunk size");
+    compare(argv[1], "oom_vmm_chunk_size.txt");
+    EXPECT(heap_free(h, live, NULL), "free");
+    heap_destroy(h);
+    h = open_heap("sim_memory_mb:20");
+    EXPECT(heap_alloc(h, 10 << 20, NULL, &live) == CUA_SUCCESS && heap_alloc(h, 9 << 20, NULL, &p) == CUA_SUCCESS,
+           "the same two blocks in the device's 2 MiB chunks");
+    EXPECT(heap_free(h, p, NULL) && heap_free(h, live, NULL), "frees");
+    heap_destroy(h);
+
+    /* 7. A chunk larger than the cap could never be mapped: the heap says so at creation and uses
+     *    the largest chunk that fits, and large blocks are served. */
+    reset();
+    h = open_heap("sim_memory_mb:24,chunk_size_mb:64");
+    EXPECT(h && heap_chunk_size(h, POOL_LARGE) == 16 * MiB, "chunks of 16 MiB, not 64");
+    compare(argv[1], "oom_chunk_over_cap.txt");
+    EXPECT(heap_alloc(h, 10 << 20, NULL, &live) == CUA_SUCCESS, "10 MiB in a 16 MiB chunk");
+    EXPECT(heap_free(h, live, NULL), "free");
     heap_destroy(h);
 
     error_set_callback(NULL, NULL);
