@@ -673,7 +673,9 @@ static void report_bad(const opt_t *o, const conf_t *c, const char *val, size_t 
     char shown[CONF_SHOW_MAX], cur[CONF_VALUE_MAX];
     show(shown, sizeof shown, val, len);
     opt_format(o, c, cur, sizeof cur);
-    if (strcmp(cur, o->def) == 0)
+    if (strcmp(cur, o->def) == 0 && !*o->def) /* a path whose default is none: the feature stays off */
+        cua_error("CUALLOC_CONF: bad value '%s' for key '%s': %s; leaving it unset (off)", shown, o->key, why);
+    else if (strcmp(cur, o->def) == 0)
         cua_error("CUALLOC_CONF: bad value '%s' for key '%s': %s; using the default %s", shown,
                   o->key, why, o->def);
     else
@@ -718,8 +720,10 @@ static int conf_apply(const char *s, size_t len, conf_t *c)
         err = "missing ':' and a value";
     else if (val_len == 0 && o->type != OPT_PATH) /* an empty path turns its feature off */
         err = "empty value";
-    else if (val_len > CONF_VALUE_MAX)
-        err = "too long";
+    else if (val_len > CONF_VALUE_MAX) {
+        snprintf(why, sizeof why, "too long (%zu characters, at most %d)", val_len, CONF_VALUE_MAX);
+        err = why;
+    }
     else
         err = opt_parse(o, val, val_len, c, why, sizeof why);
     if (err) {

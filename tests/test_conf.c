@@ -244,7 +244,8 @@ static void bad(const char *text, const char *key)
     CHECK_MSG(strncmp(msg_last, want, strlen(want)) == 0, "'%s': %s", text, msg_last);
     snprintf(want, sizeof want, "' for key '%s': ", key);
     CHECK_MSG(strstr(msg_last, want) != NULL, "'%s': %s", text, msg_last);
-    CHECK_MSG(strstr(msg_last, "; using the default ") != NULL, "'%s': %s", text, msg_last);
+    CHECK_MSG(strstr(msg_last, "; using the default ") != NULL || strstr(msg_last, "; leaving it unset (off)") != NULL,
+              "'%s': %s", text, msg_last);
     CHECK_CONF_EQ(&def, &c, text);
 }
 
@@ -367,6 +368,12 @@ static void test_bad_values(void)
     CHECK(parse_counted(text, &c) == 1);
     CHECK_MSG(strstr(msg_last, "bad value '??000") && strstr(msg_last, "...'"), "%s", msg_last);
     CHECK(msg_well_formed);
+
+    /* A value over the length limit says the limit; a path with no default says it stays off. */
+    snprintf(text, sizeof text, "trace:/tmp/%0500d", 7);
+    conf_defaults(&c);
+    CHECK(parse_counted(text, &c) == 1 && c.trace[0] == '\0');
+    CHECK_MSG(strstr(msg_last, "too long (505 characters, at most 320); leaving it unset (off)"), "%s", msg_last);
 }
 
 static void test_va_base_granularity_order(void)
