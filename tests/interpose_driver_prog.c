@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "softcheck.h"
+
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 typedef void *CUstream;
@@ -37,16 +39,6 @@ typedef int (*get_stats_fn)(int, stats_mirror *);
 #define OP_MEM_ALLOC 7
 #define OP_MEM_FREE 8
 
-static int failures;
-#define CHECK(cond, ...) \
-    do { \
-        if (!(cond)) { \
-            fprintf(stderr, "interpose_driver_prog:%d: FAIL: %s: ", __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__); \
-            fputc('\n', stderr); \
-            failures++; \
-        } \
-    } while (0)
 
 #define AS(fnptr, p) memcpy(&(fnptr), &(p), sizeof(p))
 
@@ -64,26 +56,26 @@ static uint64_t allocs_now(void) {
 
 int main(void) {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    CHECK(lib != NULL, "dlopen libcuda.so.1: %s", dlerror());
+    CHECK_MSG(lib != NULL, "dlopen libcuda.so.1: %s", dlerror());
     if (!lib) return 1;
     void *p = dlsym(RTLD_DEFAULT, "cualloc_get_stats");
     AS(get_stats, p);
-    CHECK(get_stats != NULL, "libcualloc.so is not preloaded");
+    CHECK_MSG(get_stats != NULL, "libcualloc.so is not preloaded");
     p = dlsym(lib, "cuGetProcAddress_v2");
     gpa_fn gpa;
     AS(gpa, p);
-    CHECK(gpa && from_cualloc(p), "dlsym(libcuda, cuGetProcAddress_v2) did not give cualloc's wrapper");
+    CHECK_MSG(gpa && from_cualloc(p), "dlsym(libcuda, cuGetProcAddress_v2) did not give cualloc's wrapper");
     if (!gpa || !get_stats) return 1;
 
     void *q;
     init_fn cuInit;
     retain_fn retain;
     setcur_fn setcur;
-    CHECK(gpa("cuInit", &q, 12000, 0, NULL) == 0 && !from_cualloc(q), "cuInit passes through");
+    CHECK_MSG(gpa("cuInit", &q, 12000, 0, NULL) == 0 && !from_cualloc(q), "cuInit passes through");
     AS(cuInit, q);
-    CHECK(gpa("cuDevicePrimaryCtxRetain", &q, 12000, 0, NULL) == 0, "cuDevicePrimaryCtxRetain");
+    CHECK_MSG(gpa("cuDevicePrimaryCtxRetain", &q, 12000, 0, NULL) == 0, "cuDevicePrimaryCtxRetain");
     AS(retain, q);
-    CHECK(gpa("cuCtxSetCurrent", &q, 12000, 0, NULL) == 0, "cuCtxSetCurrent");
+    CHECK_MSG(gpa("cuCtxSetCurrent", &q, 12000, 0, NULL) == 0, "cuCtxSetCurrent");
     AS(setcur, q);
     p = dlsym(lib, "fakecuda_calls");
     calls_fn fake_calls;
@@ -91,33 +83,33 @@ int main(void) {
     p = dlsym(lib, "fakecuda_mem_alloc_direct");
     direct_fn direct;
     AS(direct, p);
-    CHECK(fake_calls && direct, "fake helpers");
+    CHECK_MSG(fake_calls && direct, "fake helpers");
     if (failures) return 1;
-    CHECK(cuInit(0) == 0, "cuInit");
+    CHECK_MSG(cuInit(0) == 0, "cuInit");
 
     alloc_fn mem_alloc;
     free_fn mem_free;
     alloc_async_fn alloc_async[2];
     free_async_fn free_async[2];
-    CHECK(gpa("cuMemAlloc", &q, 3020, 0, NULL) == 0 && from_cualloc(q), "cuMemAlloc@3020 is not cualloc's");
+    CHECK_MSG(gpa("cuMemAlloc", &q, 3020, 0, NULL) == 0 && from_cualloc(q), "cuMemAlloc@3020 is not cualloc's");
     AS(mem_alloc, q);
-    CHECK(gpa("cuMemFree", &q, 3020, 0, NULL) == 0 && from_cualloc(q), "cuMemFree@3020 is not cualloc's");
+    CHECK_MSG(gpa("cuMemFree", &q, 3020, 0, NULL) == 0 && from_cualloc(q), "cuMemFree@3020 is not cualloc's");
     AS(mem_free, q);
     for (int f = 0; f < 2; f++) {
-        CHECK(gpa("cuMemAllocAsync", &q, 11020, f ? 2 : 0, NULL) == 0 && from_cualloc(q), "cuMemAllocAsync flags %d", f * 2);
+        CHECK_MSG(gpa("cuMemAllocAsync", &q, 11020, f ? 2 : 0, NULL) == 0 && from_cualloc(q), "cuMemAllocAsync flags %d", f * 2);
         AS(alloc_async[f], q);
-        CHECK(gpa("cuMemFreeAsync", &q, 11020, f ? 2 : 0, NULL) == 0 && from_cualloc(q), "cuMemFreeAsync flags %d", f * 2);
+        CHECK_MSG(gpa("cuMemFreeAsync", &q, 11020, f ? 2 : 0, NULL) == 0 && from_cualloc(q), "cuMemFreeAsync flags %d", f * 2);
         AS(free_async[f], q);
     }
-    CHECK(alloc_async[0] != alloc_async[1], "flags 2 must give the _ptsz variant");
+    CHECK_MSG(alloc_async[0] != alloc_async[1], "flags 2 must give the _ptsz variant");
     if (failures) return 1;
 
     /* No current context: as CUDA, CUDA_ERROR_INVALID_CONTEXT (201) from the real driver. */
     CUdeviceptr d = 0;
-    CHECK(mem_alloc(&d, 4096) == 201, "cuMemAlloc without a context");
+    CHECK_MSG(mem_alloc(&d, 4096) == 201, "cuMemAlloc without a context");
 
     CUcontext ctx = NULL;
-    CHECK(retain(&ctx, 0) == 0 && setcur(ctx) == 0, "make device 0's primary context current");
+    CHECK_MSG(retain(&ctx, 0) == 0 && setcur(ctx) == 0, "make device 0's primary context current");
 
     uint64_t a0 = allocs_now(), fake0 = fake_calls(OP_MEM_ALLOC);
     CUdeviceptr ptrs[30];
@@ -128,24 +120,24 @@ int main(void) {
         CUresult r;
         if (i % 3 == 0) r = mem_alloc(&ptrs[i], sizes[i]);
         else r = alloc_async[i % 3 - 1](&ptrs[i], sizes[i], NULL);
-        CHECK(r == 0 && ptrs[i], "alloc %d = %d", i, r);
+        CHECK_MSG(r == 0 && ptrs[i], "alloc %d = %d", i, r);
         if (ptrs[i]) memset((void *)(uintptr_t)ptrs[i], i, sizes[i]);
     }
-    CHECK(allocs_now() - a0 == 30, "cualloc served %llu of 30", (unsigned long long)(allocs_now() - a0));
-    CHECK(fake_calls(OP_MEM_ALLOC) == fake0, "the fake's cuMemAlloc ran %llu times",
+    CHECK_MSG(allocs_now() - a0 == 30, "cualloc served %llu of 30", (unsigned long long)(allocs_now() - a0));
+    CHECK_MSG(fake_calls(OP_MEM_ALLOC) == fake0, "the fake's cuMemAlloc ran %llu times",
           (unsigned long long)(fake_calls(OP_MEM_ALLOC) - fake0));
     for (int i = 0; i < 30; i++) {
         if (!ptrs[i]) continue;
         const unsigned char *b = (const unsigned char *)(uintptr_t)ptrs[i];
         size_t bad = 0;
         for (size_t k = 0; k < sizes[i]; k++) bad += b[k] != (unsigned char)i;
-        CHECK(bad == 0, "block %d overwritten", i);
+        CHECK_MSG(bad == 0, "block %d overwritten", i);
         CUresult r = i % 3 == 0 ? mem_free(ptrs[i]) : free_async[i % 3 - 1](ptrs[i], NULL);
-        CHECK(r == 0, "free %d = %d", i, r);
+        CHECK_MSG(r == 0, "free %d = %d", i, r);
     }
     stats_mirror s;
     get_stats(0, &s);
-    CHECK(s.gauges[2] == 0, "allocated bytes %zu after freeing everything", s.gauges[2]);
+    CHECK_MSG(s.gauges[2] == 0, "allocated bytes %zu after freeing everything", s.gauges[2]);
 
     /* Stream capture: cuMemAllocAsync on a capturing stream goes to the driver (a graph node). */
     typedef void *(*screate_fn)(int, int);
@@ -156,26 +148,26 @@ int main(void) {
     AS(screate, p);
     p = dlsym(lib, "fakecuda_stream_set_capturing");
     AS(scap, p);
-    CHECK(screate && scap, "fake stream helpers");
+    CHECK_MSG(screate && scap, "fake stream helpers");
     if (screate && scap) {
         void *cs = screate(0, 0);
         scap(cs, 1);
         uint64_t ma0 = fake_calls(OP_MEM_ALLOC), al0 = allocs_now();
         CUdeviceptr g = 0;
-        CHECK(alloc_async[0](&g, 1 << 20, cs) == 0 && g, "cuMemAllocAsync during capture");
-        CHECK(fake_calls(OP_MEM_ALLOC) == ma0 + 1 && allocs_now() == al0, "a capturing stream's allocation must pass through");
-        CHECK(free_async[0](g, cs) == 0, "cuMemFreeAsync during capture (foreign: to the driver)");
+        CHECK_MSG(alloc_async[0](&g, 1 << 20, cs) == 0 && g, "cuMemAllocAsync during capture");
+        CHECK_MSG(fake_calls(OP_MEM_ALLOC) == ma0 + 1 && allocs_now() == al0, "a capturing stream's allocation must pass through");
+        CHECK_MSG(free_async[0](g, cs) == 0, "cuMemFreeAsync during capture (foreign: to the driver)");
         scap(cs, 0);
-        CHECK(alloc_async[0](&g, 1 << 20, cs) == 0 && allocs_now() == al0 + 1, "after the capture cualloc serves again");
-        CHECK(free_async[0](g, cs) == 0, "free");
+        CHECK_MSG(alloc_async[0](&g, 1 << 20, cs) == 0 && allocs_now() == al0 + 1, "after the capture cualloc serves again");
+        CHECK_MSG(free_async[0](g, cs) == 0, "free");
     }
 
     /* A pointer from the driver itself goes to the real cuMemFree. */
     CUdeviceptr foreign = 0;
-    CHECK(direct(0, 1 << 20, &foreign) == 0 && foreign, "direct allocation");
+    CHECK_MSG(direct(0, 1 << 20, &foreign) == 0 && foreign, "direct allocation");
     uint64_t fr0 = fake_calls(OP_MEM_FREE);
-    CHECK(mem_free(foreign) == 0, "cuMemFree(foreign)");
-    CHECK(fake_calls(OP_MEM_FREE) == fr0 + 1, "cuMemFree(foreign) did not reach the driver");
+    CHECK_MSG(mem_free(foreign) == 0, "cuMemFree(foreign)");
+    CHECK_MSG(fake_calls(OP_MEM_FREE) == fr0 + 1, "cuMemFree(foreign) did not reach the driver");
 
     if (failures) {
         fprintf(stderr, "interpose_driver_prog: %d failure(s)\n", failures);

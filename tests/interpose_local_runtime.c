@@ -7,21 +7,13 @@
 #include <stdio.h>
 #include <string.h>
 
-static int failures;
-#define CHECK(cond, ...) \
-    do { \
-        if (!(cond)) { \
-            fprintf(stderr, "interpose_local_runtime:%d: FAIL: %s: ", __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__); \
-            fputc('\n', stderr); \
-            failures++; \
-        } \
-    } while (0)
+#include "softcheck.h"
+
 
 static void *sym(void *h, const char *name)
 {
     void *p = dlsym(h, name);
-    CHECK(p, "%s not found", name);
+    CHECK_MSG(p, "%s not found", name);
     return p;
 }
 
@@ -32,7 +24,7 @@ int main(int argc, char **argv)
         return 2;
     }
     void *h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
-    CHECK(h, "dlopen %s: %s", argv[1], dlerror());
+    CHECK_MSG(h, "dlopen %s: %s", argv[1], dlerror());
     if (!h) return 1;
     int (*mem_get_info)(size_t *, size_t *);
     int (*stream_round_trip)(void);
@@ -49,13 +41,13 @@ int main(int argc, char **argv)
 
     size_t free_bytes = 0, total = 0;
     int r = mem_get_info(&free_bytes, &total);
-    CHECK(r == 0 && total > 0, "cudaMemGetInfo: %d (free %zu, total %zu)", r, free_bytes, total);
+    CHECK_MSG(r == 0 && total > 0, "cudaMemGetInfo: %d (free %zu, total %zu)", r, free_bytes, total);
     r = stream_round_trip();
-    CHECK(r == 0, "cudaStreamCreate + cudaStreamDestroy: %d", r);
+    CHECK_MSG(r == 0, "cudaStreamCreate + cudaStreamDestroy: %d", r);
     unsigned long frees = calls("cudaFree");
     void *foreign = runtime_malloc(4096);
     r = user_free(foreign);
-    CHECK(r == 0 && calls("cudaFree") == frees + 1, "cudaFree of the runtime's pointer: %d, %lu calls reached it", r,
+    CHECK_MSG(r == 0 && calls("cudaFree") == frees + 1, "cudaFree of the runtime's pointer: %d, %lu calls reached it", r,
           calls("cudaFree") - frees);
     if (failures) return 1;
     printf("interpose_local_runtime: all checks passed\n");

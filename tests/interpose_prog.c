@@ -18,6 +18,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "softcheck.h"
+
 int cudaMalloc(void **p, size_t n);
 int cudaFree(void *p);
 int cudaMallocAsync(void **p, size_t n, void *stream);
@@ -40,16 +42,6 @@ typedef struct {
 } stats_mirror;
 typedef int (*get_stats_fn)(int, stats_mirror *);
 
-static atomic_int failures;
-#define CHECK(cond, ...) \
-    do { \
-        if (!(cond)) { \
-            fprintf(stderr, "interpose_prog:%d: FAIL: %s: ", __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__); \
-            fputc('\n', stderr); \
-            failures++; \
-        } \
-    } while (0)
 
 static get_stats_fn get_stats;
 
@@ -76,7 +68,7 @@ static void alloc_round(int n, unsigned seed, void *stream) {
         sizes[i] = 1 + ((size_t)(seed * 2654435761u + (unsigned)i * 40503u) % (3u << 20));
         ptrs[i] = NULL;
         int r = stream ? cudaMallocAsync(&ptrs[i], sizes[i], stream) : cudaMalloc(&ptrs[i], sizes[i]);
-        CHECK(r == 0 && ptrs[i], "cudaMalloc(%zu) = %d, %p", sizes[i], r, ptrs[i]);
+        CHECK_MSG(r == 0 && ptrs[i], "cudaMalloc(%zu) = %d, %p", sizes[i], r, ptrs[i]);
         if (r != 0 || !ptrs[i]) return;
         memset(ptrs[i], (int)((seed + (unsigned)i) & 0xff), sizes[i]);
     }
@@ -84,9 +76,9 @@ static void alloc_round(int n, unsigned seed, void *stream) {
         unsigned char *p = ptrs[i], want = (unsigned char)((seed + (unsigned)i) & 0xff);
         size_t bad = 0;
         for (size_t k = 0; k < sizes[i]; k++) bad += p[k] != want;
-        CHECK(bad == 0, "block %d (%zu bytes at %p): %zu bytes overwritten", i, sizes[i], ptrs[i], bad);
+        CHECK_MSG(bad == 0, "block %d (%zu bytes at %p): %zu bytes overwritten", i, sizes[i], ptrs[i], bad);
         int r = stream ? cudaFreeAsync(ptrs[i], stream) : cudaFree(ptrs[i]);
-        CHECK(r == 0, "cudaFree(%p) = %d", ptrs[i], r);
+        CHECK_MSG(r == 0, "cudaFree(%p) = %d", ptrs[i], r);
     }
 }
 
@@ -125,10 +117,10 @@ static size_t th_bad(const void *p, size_t n, unsigned char v) {
 static void *th_main(void *arg) {
     int id = (int)(intptr_t)arg;
     uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(id + 1);
-    CHECK(cudaSetDevice(id % 2) == 0, "cudaSetDevice");
+    CHECK_MSG(cudaSetDevice(id % 2) == 0, "cudaSetDevice");
     void *streams[2];
-    CHECK(cudaStreamCreateWithFlags(&streams[0], 0) == 0, "stream");
-    CHECK(cudaStreamCreateWithFlags(&streams[1], 1) == 0, "non-blocking stream");
+    CHECK_MSG(cudaStreamCreateWithFlags(&streams[0], 0) == 0, "stream");
+    CHECK_MSG(cudaStreamCreateWithFlags(&streams[1], 1) == 0, "non-blocking stream");
     struct { void *p; size_t n; unsigned char v; } slot[TH_SLOTS] = {{0}};
     for (int op = 0; op < TH_OPS; op++) {
         int i = (int)(th_next(&x) % TH_SLOTS);
@@ -136,14 +128,14 @@ static void *th_main(void *arg) {
         void *stream = (r & 4) ? streams[(r >> 3) & 1] : NULL;
         if (slot[i].p) {
             size_t bad = th_bad(slot[i].p, slot[i].n, slot[i].v);
-            CHECK(bad == 0, "thread %d: %zu bytes of %p overwritten", id, bad, slot[i].p);
+            CHECK_MSG(bad == 0, "thread %d: %zu bytes of %p overwritten", id, bad, slot[i].p);
             int rc = stream ? cudaFreeAsync(slot[i].p, stream) : cudaFree(slot[i].p);
-            CHECK(rc == 0, "thread %d: free = %d", id, rc);
+            CHECK_MSG(rc == 0, "thread %d: free = %d", id, rc);
             slot[i].p = NULL;
         } else {
             size_t n = 1 + (size_t)((r >> 8) % ((r & 1) ? (6u << 20) : (64u << 10)));
             int rc = stream ? cudaMallocAsync(&slot[i].p, n, stream) : cudaMalloc(&slot[i].p, n);
-            CHECK(rc == 0 && slot[i].p, "thread %d: alloc of %zu = %d", id, n, rc);
+            CHECK_MSG(rc == 0 && slot[i].p, "thread %d: alloc of %zu = %d", id, n, rc);
             if (rc != 0) slot[i].p = NULL;
             if (!slot[i].p) continue;
             slot[i].n = n;
@@ -153,20 +145,20 @@ static void *th_main(void *arg) {
         if (op % 500 == 499) {
             /* A stream goes while blocks freed on it may still wait for it. */
             int k = (int)(r >> 40) & 1;
-            CHECK(cudaStreamDestroy(streams[k]) == 0, "cudaStreamDestroy");
-            CHECK(cudaStreamCreateWithFlags(&streams[k], (unsigned)k) == 0, "stream again");
+            CHECK_MSG(cudaStreamDestroy(streams[k]) == 0, "cudaStreamDestroy");
+            CHECK_MSG(cudaStreamCreateWithFlags(&streams[k], (unsigned)k) == 0, "stream again");
         }
         if (op % 97 == 0) {
             size_t fr = 0, tot = 0;
-            CHECK(cudaMemGetInfo(&fr, &tot) == 0 && fr <= tot, "cudaMemGetInfo");
+            CHECK_MSG(cudaMemGetInfo(&fr, &tot) == 0 && fr <= tot, "cudaMemGetInfo");
         }
     }
     for (int i = 0; i < TH_SLOTS; i++) {
         if (!slot[i].p) continue;
-        CHECK(th_bad(slot[i].p, slot[i].n, slot[i].v) == 0, "thread %d: block %p overwritten", id, slot[i].p);
-        CHECK(cudaFree(slot[i].p) == 0, "final free");
+        CHECK_MSG(th_bad(slot[i].p, slot[i].n, slot[i].v) == 0, "thread %d: block %p overwritten", id, slot[i].p);
+        CHECK_MSG(cudaFree(slot[i].p) == 0, "final free");
     }
-    for (int k = 0; k < 2; k++) CHECK(cudaStreamDestroy(streams[k]) == 0, "cudaStreamDestroy");
+    for (int k = 0; k < 2; k++) CHECK_MSG(cudaStreamDestroy(streams[k]) == 0, "cudaStreamDestroy");
     return NULL;
 }
 
@@ -175,21 +167,21 @@ static int threads_main(void) {
     stats_mirror before[2] = {stats_of(0), stats_of(1)};
     pthread_t th[TH_THREADS];
     for (int i = 0; i < TH_THREADS; i++)
-        CHECK(pthread_create(&th[i], NULL, th_main, (void *)(intptr_t)i) == 0, "pthread_create");
+        CHECK_MSG(pthread_create(&th[i], NULL, th_main, (void *)(intptr_t)i) == 0, "pthread_create");
     for (int i = 0; i < TH_THREADS; i++) pthread_join(th[i], NULL);
-    CHECK(stub_cudart_calls("cudaMalloc") == m0 && stub_cudart_calls("cudaMallocAsync") == ma0,
+    CHECK_MSG(stub_cudart_calls("cudaMalloc") == m0 && stub_cudart_calls("cudaMallocAsync") == ma0,
           "the stub served %lu allocations", stub_cudart_calls("cudaMalloc") - m0 + stub_cudart_calls("cudaMallocAsync") - ma0);
     uint64_t served = 0;
     for (int d = 0; d < 2; d++) {
         stats_mirror s = stats_of(d);
         served += s.num_allocs - before[d].num_allocs;
-        CHECK(s.num_allocs - before[d].num_allocs == s.num_frees - before[d].num_frees,
+        CHECK_MSG(s.num_allocs - before[d].num_allocs == s.num_frees - before[d].num_frees,
               "device %d: %llu allocations, %llu frees", d, (unsigned long long)(s.num_allocs - before[d].num_allocs),
               (unsigned long long)(s.num_frees - before[d].num_frees));
-        CHECK(s.gauges[0] == before[d].gauges[0] && s.gauges[2] == before[d].gauges[2],
+        CHECK_MSG(s.gauges[0] == before[d].gauges[0] && s.gauges[2] == before[d].gauges[2],
               "device %d: %zu bytes requested and %zu allocated at the end", d, s.gauges[0], s.gauges[2]);
     }
-    CHECK(served >= TH_THREADS * TH_OPS / 3, "cualloc served %llu allocations", (unsigned long long)served);
+    CHECK_MSG(served >= TH_THREADS * TH_OPS / 3, "cualloc served %llu allocations", (unsigned long long)served);
     if (failures) return 1;
     printf("interpose_prog --threads: all checks passed (%llu allocations on 2 devices from %d threads)\n",
            (unsigned long long)served, TH_THREADS);
@@ -221,7 +213,7 @@ static int exclude_race_main(const char *excluded, const char *included) {
     const char *lib[2] = {excluded, included};
     for (int i = 0; i < 2; i++) {
         void *h = dlopen(lib[i], RTLD_NOW | RTLD_LOCAL);
-        CHECK(h, "dlopen %s: %s", lib[i], dlerror());
+        CHECK_MSG(h, "dlopen %s: %s", lib[i], dlerror());
         if (!h) return 1;
         void *m = dlsym(h, "site_malloc"), *f = dlsym(h, "site_free");
         memcpy(&arg[i].m, &m, sizeof m);
@@ -234,11 +226,11 @@ static int exclude_race_main(const char *excluded, const char *included) {
     pthread_t t[2];
     for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, race_thread, &arg[i]);
     for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
-    CHECK(arg[0].failed == 0 && arg[1].failed == 0, "failed calls: %d excluded, %d included", arg[0].failed,
+    CHECK_MSG(arg[0].failed == 0 && arg[1].failed == 0, "failed calls: %d excluded, %d included", arg[0].failed,
           arg[1].failed);
     unsigned long to_stub = stub_cudart_calls("cudaMalloc") - m0;
     uint64_t to_cualloc = allocs_now() - a0;
-    CHECK(to_stub == RACE_CALLS && to_cualloc == RACE_CALLS,
+    CHECK_MSG(to_stub == RACE_CALLS && to_cualloc == RACE_CALLS,
           "of %d calls from each library, %lu reached the stub and %llu cualloc (want %d each)", RACE_CALLS, to_stub,
           (unsigned long long)to_cualloc, RACE_CALLS);
     if (failures) return 1;
@@ -251,18 +243,18 @@ static int exclude_race_main(const char *excluded, const char *included) {
  * libcualloc.so for the caller: the plugin's own dependency was not found, nor libc's malloc. */
 static int dlsym_scope_main(const char *plugin) {
     void *h = dlopen(plugin, RTLD_NOW | RTLD_LOCAL);
-    CHECK(h, "dlopen %s: %s", plugin, dlerror());
+    CHECK_MSG(h, "dlopen %s: %s", plugin, dlerror());
     if (!h) return 1;
     void *f = dlsym(h, "plugin_lookups");
     int (*lookups)(int *);
     memcpy(&lookups, &f, sizeof f);
-    CHECK(lookups, "plugin_lookups not found");
+    CHECK_MSG(lookups, "plugin_lookups not found");
     if (!lookups) return 1;
     int found[3] = {0, 0, 0};
-    CHECK(lookups(found) == 42, "the plugin's call");
-    CHECK(found[0], "dlsym(RTLD_DEFAULT, a symbol of the plugin's own dependency) from the plugin: not found");
-    CHECK(found[1], "dlsym(RTLD_NEXT, a symbol of the plugin's own dependency) from the plugin: not found");
-    CHECK(found[2], "dlsym(RTLD_NEXT, \"malloc\") from the plugin: not found");
+    CHECK_MSG(lookups(found) == 42, "the plugin's call");
+    CHECK_MSG(found[0], "dlsym(RTLD_DEFAULT, a symbol of the plugin's own dependency) from the plugin: not found");
+    CHECK_MSG(found[1], "dlsym(RTLD_NEXT, a symbol of the plugin's own dependency) from the plugin: not found");
+    CHECK_MSG(found[2], "dlsym(RTLD_NEXT, \"malloc\") from the plugin: not found");
     if (failures) return 1;
     printf("interpose_prog --dlsym-scope: all checks passed\n");
     return 0;
@@ -280,10 +272,10 @@ int main(int argc, char **argv) {
          * stub unchanged, and their frees follow as foreign pointers. */
         unsigned long m0 = stub_cudart_calls("cudaMalloc"), f0 = stub_cudart_calls("cudaFree");
         void *p = NULL;
-        CHECK(cudaMalloc(&p, 4096) == 0 && p, "cudaMalloc");
-        CHECK(stub_cudart_calls("cudaMalloc") == m0 + 1, "an excluded caller's cudaMalloc did not reach the stub");
-        CHECK(cudaFree(p) == 0 && stub_cudart_calls("cudaFree") == f0 + 1, "its free did not reach the stub");
-        CHECK(stats_of(0).num_allocs == 0, "cualloc served an excluded caller");
+        CHECK_MSG(cudaMalloc(&p, 4096) == 0 && p, "cudaMalloc");
+        CHECK_MSG(stub_cudart_calls("cudaMalloc") == m0 + 1, "an excluded caller's cudaMalloc did not reach the stub");
+        CHECK_MSG(cudaFree(p) == 0 && stub_cudart_calls("cudaFree") == f0 + 1, "its free did not reach the stub");
+        CHECK_MSG(stats_of(0).num_allocs == 0, "cualloc served an excluded caller");
         if (failures) return 1;
         printf("interpose_prog --exclude: all checks passed\n");
         return 0;
@@ -295,37 +287,37 @@ int main(int argc, char **argv) {
          * synchronize. */
         enum { NB = 70 };
         void *nbs[NB];
-        for (int i = 0; i < NB; i++) CHECK(cudaStreamCreateWithFlags(&nbs[i], 1) == 0 && nbs[i], "stream %d", i);
+        for (int i = 0; i < NB; i++) CHECK_MSG(cudaStreamCreateWithFlags(&nbs[i], 1) == 0 && nbs[i], "stream %d", i);
         void *first = NULL, *again = NULL;
         for (int i = 0; i < 2; i++) {
             void *q = NULL;
-            CHECK(cudaMalloc(&q, 3 << 20) == 0 && q, "cudaMalloc");
+            CHECK_MSG(cudaMalloc(&q, 3 << 20) == 0 && q, "cudaMalloc");
             *(i ? &again : &first) = q;
-            CHECK(cudaFree(q) == 0, "cudaFree");
+            CHECK_MSG(cudaFree(q) == 0, "cudaFree");
         }
-        CHECK(stats_of(0).num_allocs == 2, "cualloc served %llu of 2 allocations", (unsigned long long)stats_of(0).num_allocs);
-        CHECK(again == first, "the freed block was not reused");
-        CHECK(stats_of(0).num_syncs >= 1,
+        CHECK_MSG(stats_of(0).num_allocs == 2, "cualloc served %llu of 2 allocations", (unsigned long long)stats_of(0).num_allocs);
+        CHECK_MSG(again == first, "the freed block was not reused");
+        CHECK_MSG(stats_of(0).num_syncs >= 1,
               "a cudaFree'd block was reused without a device synchronize, though %d non-blocking streams were "
               "created before cualloc started and it could be told of only some", NB);
-        for (int i = 0; i < NB; i++) CHECK(cudaStreamDestroy(nbs[i]) == 0, "cudaStreamDestroy %d", i);
+        for (int i = 0; i < NB; i++) CHECK_MSG(cudaStreamDestroy(nbs[i]) == 0, "cudaStreamDestroy %d", i);
         if (failures) return 1;
         printf("interpose_prog --streams-first: all checks passed\n");
         return 0;
     }
-    CHECK(get_stats != NULL, "libcualloc.so is not preloaded (no cualloc_get_stats)");
+    CHECK_MSG(get_stats != NULL, "libcualloc.so is not preloaded (no cualloc_get_stats)");
     if (!get_stats) return 1;
 
     /* 0. dlsym(RTLD_NEXT) keeps its meaning under cualloc's dlsym: from the program, the next
      * cudaMalloc is the preloaded cualloc's, the next stub_cudart_calls the stub's. */
     Dl_info di;
     void *nm = dlsym(RTLD_NEXT, "cudaMalloc");
-    CHECK(nm && dladdr(nm, &di) && di.dli_fname && strstr(di.dli_fname, "libcualloc"),
+    CHECK_MSG(nm && dladdr(nm, &di) && di.dli_fname && strstr(di.dli_fname, "libcualloc"),
           "dlsym(RTLD_NEXT, cudaMalloc) from the program = %p (%s)", nm, nm && dladdr(nm, &di) ? di.dli_fname : "?");
     void *ns = dlsym(RTLD_NEXT, "stub_cudart_calls");
-    CHECK(ns && dladdr(ns, &di) && di.dli_fname && strstr(di.dli_fname, "libstubcudart"),
+    CHECK_MSG(ns && dladdr(ns, &di) && di.dli_fname && strstr(di.dli_fname, "libstubcudart"),
           "dlsym(RTLD_NEXT, stub_cudart_calls) from the program = %p", ns);
-    CHECK(dlsym(RTLD_NEXT, "no_such_symbol_anywhere") == NULL, "dlsym(RTLD_NEXT) of a missing name");
+    CHECK_MSG(dlsym(RTLD_NEXT, "no_such_symbol_anywhere") == NULL, "dlsym(RTLD_NEXT) of a missing name");
 
     /* 1. Allocations: cualloc serves them (or, disabled, the stub). */
     uint64_t a0 = allocs_now();
@@ -333,15 +325,15 @@ int main(int argc, char **argv) {
     for (unsigned round = 0; round < 4; round++) alloc_round(40, round, NULL);
     uint64_t a1 = allocs_now();
     if (!disable) {
-        CHECK(a1 - a0 == 160, "cualloc served %llu of 160 allocations", (unsigned long long)(a1 - a0));
-        CHECK(stub_cudart_calls("cudaMalloc") == m0, "the stub saw %lu cudaMalloc calls",
+        CHECK_MSG(a1 - a0 == 160, "cualloc served %llu of 160 allocations", (unsigned long long)(a1 - a0));
+        CHECK_MSG(stub_cudart_calls("cudaMalloc") == m0, "the stub saw %lu cudaMalloc calls",
               stub_cudart_calls("cudaMalloc") - m0);
-        CHECK(stub_cudart_calls("cudaFree") == f0, "the stub saw %lu cudaFree calls", stub_cudart_calls("cudaFree") - f0);
+        CHECK_MSG(stub_cudart_calls("cudaFree") == f0, "the stub saw %lu cudaFree calls", stub_cudart_calls("cudaFree") - f0);
     } else {
-        CHECK(a1 == a0, "disabled, yet cualloc served %llu allocations", (unsigned long long)(a1 - a0));
-        CHECK(stub_cudart_calls("cudaMalloc") - m0 == 160, "the stub saw %lu of 160 cudaMalloc calls",
+        CHECK_MSG(a1 == a0, "disabled, yet cualloc served %llu allocations", (unsigned long long)(a1 - a0));
+        CHECK_MSG(stub_cudart_calls("cudaMalloc") - m0 == 160, "the stub saw %lu of 160 cudaMalloc calls",
               stub_cudart_calls("cudaMalloc") - m0);
-        CHECK(stub_cudart_calls("cudaFree") - f0 == 160, "the stub saw %lu of 160 cudaFree calls",
+        CHECK_MSG(stub_cudart_calls("cudaFree") - f0 == 160, "the stub saw %lu of 160 cudaFree calls",
               stub_cudart_calls("cudaFree") - f0);
     }
 
@@ -349,36 +341,36 @@ int main(int argc, char **argv) {
     void *stream = (void *)(uintptr_t)0x5000;
     unsigned long ma0 = stub_cudart_calls("cudaMallocAsync"), sd0 = stub_cudart_calls("cudaStreamDestroy");
     alloc_round(20, 99, stream);
-    CHECK(stub_cudart_calls("cudaMallocAsync") - ma0 == (disable ? 20u : 0u), "the stub saw %lu cudaMallocAsync",
+    CHECK_MSG(stub_cudart_calls("cudaMallocAsync") - ma0 == (disable ? 20u : 0u), "the stub saw %lu cudaMallocAsync",
           stub_cudart_calls("cudaMallocAsync") - ma0);
-    CHECK(cudaStreamDestroy(stream) == 0, "cudaStreamDestroy");
-    CHECK(stub_cudart_calls("cudaStreamDestroy") - sd0 == 1, "cudaStreamDestroy did not reach the stub");
-    if (!disable) CHECK(allocs_now() - a1 == 20, "cualloc served %llu of 20 async", (unsigned long long)(allocs_now() - a1));
+    CHECK_MSG(cudaStreamDestroy(stream) == 0, "cudaStreamDestroy");
+    CHECK_MSG(stub_cudart_calls("cudaStreamDestroy") - sd0 == 1, "cudaStreamDestroy did not reach the stub");
+    if (!disable) CHECK_MSG(allocs_now() - a1 == 20, "cualloc served %llu of 20 async", (unsigned long long)(allocs_now() - a1));
 
     /* 3. A pointer cualloc does not own, and NULL, reach the stub. */
     void *foreign = stub_cudart_malloc_direct(4096);
     unsigned long f1 = stub_cudart_calls("cudaFree");
-    CHECK(cudaFree(foreign) == 0, "cudaFree(foreign)");
-    CHECK(stub_cudart_calls("cudaFree") == f1 + 1, "cudaFree(foreign pointer) did not reach the stub");
-    CHECK(cudaFree(NULL) == 0, "cudaFree(NULL)");
-    CHECK(stub_cudart_calls("cudaFree") == f1 + 2, "cudaFree(NULL) did not reach the stub");
+    CHECK_MSG(cudaFree(foreign) == 0, "cudaFree(foreign)");
+    CHECK_MSG(stub_cudart_calls("cudaFree") == f1 + 1, "cudaFree(foreign pointer) did not reach the stub");
+    CHECK_MSG(cudaFree(NULL) == 0, "cudaFree(NULL)");
+    CHECK_MSG(stub_cudart_calls("cudaFree") == f1 + 2, "cudaFree(NULL) did not reach the stub");
     foreign = stub_cudart_malloc_direct(512);
     unsigned long fa = stub_cudart_calls("cudaFreeAsync");
-    CHECK(cudaFreeAsync(foreign, stream) == 0, "cudaFreeAsync(foreign)");
-    CHECK(stub_cudart_calls("cudaFreeAsync") == fa + 1, "cudaFreeAsync(foreign pointer) did not reach the stub");
+    CHECK_MSG(cudaFreeAsync(foreign, stream) == 0, "cudaFreeAsync(foreign)");
+    CHECK_MSG(stub_cudart_calls("cudaFreeAsync") == fa + 1, "cudaFreeAsync(foreign pointer) did not reach the stub");
 
     /* 4. cudaMemGetInfo: the stub's answer plus cualloc's cached bytes (all freed above). */
     size_t fr = 0, tot = 0;
-    CHECK(cudaMemGetInfo(&fr, &tot) == 0, "cudaMemGetInfo");
-    CHECK(tot == ((size_t)1 << 30), "total %zu", tot);
-    if (disable) CHECK(fr == ((size_t)100 << 20), "disabled: free %zu is not the stub's", fr);
-    else CHECK(fr > ((size_t)100 << 20) && fr <= tot, "free %zu does not include cualloc's cached bytes", fr);
+    CHECK_MSG(cudaMemGetInfo(&fr, &tot) == 0, "cudaMemGetInfo");
+    CHECK_MSG(tot == ((size_t)1 << 30), "total %zu", tot);
+    if (disable) CHECK_MSG(fr == ((size_t)100 << 20), "disabled: free %zu is not the stub's", fr);
+    else CHECK_MSG(fr > ((size_t)100 << 20) && fr <= tot, "free %zu does not include cualloc's cached bytes", fr);
 
     /* 5. OOM is a value: more than the 512 MiB sim device. */
     if (!disable) {
         void *big = (void *)1;
         int r = cudaMalloc(&big, (size_t)1 << 30);
-        CHECK(r == 2, "cudaMalloc(1 GiB) on a 512 MiB device = %d, want cudaErrorMemoryAllocation (2)", r);
+        CHECK_MSG(r == 2, "cudaMalloc(1 GiB) on a 512 MiB device = %d, want cudaErrorMemoryAllocation (2)", r);
     }
 
     if (!disable) {
@@ -386,64 +378,64 @@ int main(int argc, char **argv) {
          *    the legacy and the non-blocking stream (which the stub completes at once), never for a
          *    synchronization, and are then reused. */
         void *nb = NULL;
-        CHECK(cudaStreamCreateWithFlags(&nb, 1) == 0 && nb, "cudaStreamCreateWithFlags(non-blocking)");
+        CHECK_MSG(cudaStreamCreateWithFlags(&nb, 1) == 0 && nb, "cudaStreamCreateWithFlags(non-blocking)");
         uint64_t syncs0 = stats_of(0).num_syncs;
         void *first = NULL, *again = NULL;
         for (int i = 0; i < 50; i++) {
             void *q = NULL;
-            CHECK(cudaMalloc(&q, 3 << 20) == 0 && q, "cudaMalloc with a non-blocking stream");
+            CHECK_MSG(cudaMalloc(&q, 3 << 20) == 0 && q, "cudaMalloc with a non-blocking stream");
             if (i == 0) first = q;
             if (i == 1) again = q;
-            CHECK(cudaFree(q) == 0, "cudaFree");
+            CHECK_MSG(cudaFree(q) == 0, "cudaFree");
         }
-        CHECK(again == first, "a device-wide freed block is reused once the streams passed the free");
-        CHECK(stats_of(0).num_syncs == syncs0, "%llu synchronizations for 50 cudaFree calls",
+        CHECK_MSG(again == first, "a device-wide freed block is reused once the streams passed the free");
+        CHECK_MSG(stats_of(0).num_syncs == syncs0, "%llu synchronizations for 50 cudaFree calls",
               (unsigned long long)(stats_of(0).num_syncs - syncs0));
-        CHECK(cudaStreamDestroy(nb) == 0, "cudaStreamDestroy(non-blocking)");
+        CHECK_MSG(cudaStreamDestroy(nb) == 0, "cudaStreamDestroy(non-blocking)");
 
         /* 8. VMM memory vs cudaMalloc memory: IPC fails with a message; cuMemGetAddressRange gives the
          *    allocated block (interior pointers too); foreign pointers pass through. */
         void *v = NULL;
-        CHECK(cudaMalloc(&v, 5000) == 0 && v, "cudaMalloc(5000)");
+        CHECK_MSG(cudaMalloc(&v, 5000) == 0 && v, "cudaMalloc(5000)");
         unsigned char handle[64];
         unsigned long ipc0 = stub_cudart_calls("cudaIpcGetMemHandle");
-        CHECK(cudaIpcGetMemHandle(handle, v) == 1, "cudaIpcGetMemHandle of VMM memory must fail (1)");
-        CHECK(stub_cudart_calls("cudaIpcGetMemHandle") == ipc0, "it reached the runtime");
+        CHECK_MSG(cudaIpcGetMemHandle(handle, v) == 1, "cudaIpcGetMemHandle of VMM memory must fail (1)");
+        CHECK_MSG(stub_cudart_calls("cudaIpcGetMemHandle") == ipc0, "it reached the runtime");
         void *foreign2 = stub_cudart_malloc_direct(256);
-        CHECK(cudaIpcGetMemHandle(handle, foreign2) == 0 && stub_cudart_calls("cudaIpcGetMemHandle") == ipc0 + 1,
+        CHECK_MSG(cudaIpcGetMemHandle(handle, foreign2) == 0 && stub_cudart_calls("cudaIpcGetMemHandle") == ipc0 + 1,
               "cudaIpcGetMemHandle of a foreign pointer passes through");
-        CHECK(cudaFree(foreign2) == 0, "free foreign");
+        CHECK_MSG(cudaFree(foreign2) == 0, "free foreign");
         void *gr = dlsym(RTLD_DEFAULT, "cuMemGetAddressRange_v2");
         get_range_fn get_range;
         memcpy(&get_range, &gr, sizeof gr);
-        CHECK(get_range != NULL, "cuMemGetAddressRange_v2 not exported");
+        CHECK_MSG(get_range != NULL, "cuMemGetAddressRange_v2 not exported");
         if (get_range) {
             unsigned long long base = 0;
             size_t size = 0;
-            CHECK(get_range(&base, &size, (unsigned long long)(uintptr_t)v + 1234) == 0, "cuMemGetAddressRange");
-            CHECK(base == (uintptr_t)v && size == 5120, "range %#llx + %zu, want %p + 5120", base, size, v);
+            CHECK_MSG(get_range(&base, &size, (unsigned long long)(uintptr_t)v + 1234) == 0, "cuMemGetAddressRange");
+            CHECK_MSG(base == (uintptr_t)v && size == 5120, "range %#llx + %zu, want %p + 5120", base, size, v);
         }
-        CHECK(cudaFree(v) == 0, "cudaFree");
+        CHECK_MSG(cudaFree(v) == 0, "cudaFree");
 
         /* 9. Two devices: cudaSetDevice decides the heap; peer access passes through. */
         uint64_t d1 = stats_of(1).num_allocs;
-        CHECK(cudaSetDevice(1) == 0, "cudaSetDevice(1)");
+        CHECK_MSG(cudaSetDevice(1) == 0, "cudaSetDevice(1)");
         void *on1 = NULL;
-        CHECK(cudaMalloc(&on1, 1 << 20) == 0 && on1, "cudaMalloc on device 1");
-        CHECK(stats_of(1).num_allocs == d1 + 1, "device 1's heap did not serve it");
-        CHECK(cudaSetDevice(0) == 0, "cudaSetDevice(0)");
-        CHECK(cudaDeviceEnablePeerAccess(1, 0) == 0, "cudaDeviceEnablePeerAccess");
-        CHECK(cudaFree(on1) == 0, "cudaFree on device 1 from device 0");
-        CHECK(stats_of(1).num_frees >= 1, "device 1's heap did not take the free");
+        CHECK_MSG(cudaMalloc(&on1, 1 << 20) == 0 && on1, "cudaMalloc on device 1");
+        CHECK_MSG(stats_of(1).num_allocs == d1 + 1, "device 1's heap did not serve it");
+        CHECK_MSG(cudaSetDevice(0) == 0, "cudaSetDevice(0)");
+        CHECK_MSG(cudaDeviceEnablePeerAccess(1, 0) == 0, "cudaDeviceEnablePeerAccess");
+        CHECK_MSG(cudaFree(on1) == 0, "cudaFree on device 1 from device 0");
+        CHECK_MSG(stats_of(1).num_frees >= 1, "device 1's heap did not take the free");
 
         /* 10. Async ordering on two streams: each reuses its own frees at once. */
         void *s1 = NULL, *s2 = NULL, *x = NULL, *y = NULL;
-        CHECK(cudaStreamCreateWithFlags(&s1, 0) == 0 && cudaStreamCreateWithFlags(&s2, 0) == 0, "streams");
-        CHECK(cudaMallocAsync(&x, 2 << 20, s1) == 0 && cudaFreeAsync(x, s1) == 0, "async on s1");
-        CHECK(cudaMallocAsync(&y, 2 << 20, s1) == 0 && y == x, "s1 reuses its own free at once");
-        CHECK(cudaFreeAsync(y, s1) == 0, "free");
-        CHECK(cudaMallocAsync(&x, 2 << 20, s2) == 0 && cudaFreeAsync(x, s2) == 0, "async on s2");
-        CHECK(cudaStreamDestroy(s1) == 0 && cudaStreamDestroy(s2) == 0, "destroy");
+        CHECK_MSG(cudaStreamCreateWithFlags(&s1, 0) == 0 && cudaStreamCreateWithFlags(&s2, 0) == 0, "streams");
+        CHECK_MSG(cudaMallocAsync(&x, 2 << 20, s1) == 0 && cudaFreeAsync(x, s1) == 0, "async on s1");
+        CHECK_MSG(cudaMallocAsync(&y, 2 << 20, s1) == 0 && y == x, "s1 reuses its own free at once");
+        CHECK_MSG(cudaFreeAsync(y, s1) == 0, "free");
+        CHECK_MSG(cudaMallocAsync(&x, 2 << 20, s2) == 0 && cudaFreeAsync(x, s2) == 0, "async on s2");
+        CHECK_MSG(cudaStreamDestroy(s1) == 0 && cudaStreamDestroy(s2) == 0, "destroy");
     }
 
     /* 6. fork: the child starts over and works; so does the parent afterwards. */
@@ -459,22 +451,22 @@ int main(int argc, char **argv) {
         }
         _exit(failures ? 1 : 0);
     }
-    CHECK(pid > 0, "fork failed");
+    CHECK_MSG(pid > 0, "fork failed");
     int status = 0;
     if (pid > 0) {
-        CHECK(waitpid(pid, &status, 0) == pid, "waitpid");
-        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %#x", status);
+        CHECK_MSG(waitpid(pid, &status, 0) == pid, "waitpid");
+        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %#x", status);
     }
     uint64_t p0 = allocs_now();
     alloc_round(30, 8, NULL);
-    if (!disable) CHECK(allocs_now() - p0 == 30, "parent after fork: cualloc served %llu of 30",
+    if (!disable) CHECK_MSG(allocs_now() - p0 == 30, "parent after fork: cualloc served %llu of 30",
                         (unsigned long long)(allocs_now() - p0));
 
     /* Frees during exit: an atexit handler and a destructor free memory after main returns (and
      * after cualloc's own exit handlers may have run); the process must still exit 0. */
     exit_blocks[0] = NULL;
     exit_blocks[1] = NULL;
-    CHECK(cudaMalloc(&exit_blocks[0], 1 << 20) == 0 && cudaMalloc(&exit_blocks[1], 3 << 20) == 0, "exit blocks");
+    CHECK_MSG(cudaMalloc(&exit_blocks[0], 1 << 20) == 0 && cudaMalloc(&exit_blocks[1], 3 << 20) == 0, "exit blocks");
     atexit(free_at_exit);
 
     if (failures) {
