@@ -74,6 +74,15 @@ check oom_frag oom frag.trace
 check leaks_leak leaks leak.trace
 check peak_step2 peak step2.trace
 check peak_at_step2 peak --at "step 1" step2.trace
+# peak --at TIME is the state after every event up to TIME, not after the first one past it: the sim's
+# counter clock ticks 1 us per event, and step2's first two allocations (8 MiB each) come 1 and 3 us
+# after its first event. TIME at the last event's is the end state, not "past the end".
+at_alloc() { "$allocview" peak --no-color --at "$1" "$tmp/step2.trace" 2>&1 | sed -n 's/^  allocated \([^,]*\),.*/\1/p'; }
+[ "$(at_alloc 0.000002)" = "8.00 MiB" ] || bad "peak --at 0.000002: allocated $(at_alloc 0.000002), want 8.00 MiB"
+[ "$(at_alloc 0.000003)" = "16.00 MiB" ] || bad "peak --at 0.000003: allocated $(at_alloc 0.000003), want 16.00 MiB"
+span=$("$allocview" peak --at 1e6 "$tmp/step2.trace" 2>&1 | sed -n "s/.*its events span \([0-9.]*\) s.*/\1/p")
+[ -n "$span" ] && "$allocview" peak --no-color --at "$span" "$tmp/step2.trace" >/dev/null 2>&1 ||
+    bad "peak --at the last event's time ($span s) is refused"
 check sites_leak sites leak.trace
 check ranks report shortage.trace leak.trace
 

@@ -296,6 +296,13 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
     while ((k = tr_next(r, &rec)) > 0) {
         if (prog && (rec.seq & 0xffff) == 0)
             progress(a, rec.offset, fsize, &last_pct);
+        if (opts && opts->at_time_ns >= 0 && !a->at_hit && !first_event && rec.known &&
+            rec.type >= CUA_TRACE_FIRST_EVENT && rec.time_ns - first_time > (uint64_t)opts->at_time_ns) {
+            /* peak --at TIME: the state after every event up to TIME, taken before this first event
+             * past it changes the totals or any site */
+            a->at_hit = true;
+            new_peak(a, first_time + (uint64_t)opts->at_time_ns, a->last_seq);
+        }
         tr_acct_add(&a->acct, &rec);
         a->last_seq = rec.seq;
         if (!rec.known)
@@ -308,11 +315,6 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
             }
             a->last_time = rec.time_ns;
             seg_cur(a)->end_time = rec.time_ns;
-            if (opts && opts->at_time_ns >= 0 && !a->at_hit &&
-                rec.time_ns - first_time > (uint64_t)opts->at_time_ns) {
-                /* the state just before this event */
-                a->at_hit = true;
-            }
         }
         switch (rec.type) {
         case CUA_TRACE_PROCESS:
@@ -443,11 +445,16 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
             break;
         }
         if (a->at_hit && !a->have_peak) {
-            /* peak --at: the snapshot is taken at the named moment instead of the maximum */
+            /* peak --at MARK: the snapshot is taken at the mark instead of the maximum */
             new_peak(a, rec.time_ns, rec.seq);
-            if (opts->at_mark)
-                a->peak_seg = a->at_seg;
+            a->peak_seg = a->at_seg;
         }
+    }
+    if (opts && opts->at_time_ns >= 0 && !a->at_hit && !first_event && k == 0 &&
+        a->last_time - first_time >= (uint64_t)opts->at_time_ns) {
+        /* TIME at or after the last event, within the trace's span: the state at its end */
+        a->at_hit = true;
+        new_peak(a, first_time + (uint64_t)opts->at_time_ns, a->last_seq);
     }
     if (prog) {
         progress(a, fsize, fsize, &last_pct);
