@@ -31,7 +31,8 @@ record longest longest sim_memory_mb:512
 record varlen varlen sim_memory_mb:512
 record phase phase sim_memory_mb:512
 record optstep optstep sim_memory_mb:512
-traces="leak shortage frag step2 longest varlen phase optstep"
+record twodev twodev sim_memory_mb:256,sim_devices:2
+traces="leak shortage frag step2 longest varlen phase optstep twodev"
 if [ -n "$fakecuda" ]; then
     # The CUDA backend on the fake driver, whose memory the scenario's other library shares.
     LD_LIBRARY_PATH=$fakecuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} CUALLOC_CONF=driver:cuda,sim_memory_mb:128 \
@@ -65,7 +66,7 @@ check() { # EXPECTED-NAME ARGS...
         bad "allocview $* differs from expected/report_$name.txt (UPDATE_EXPECTED=1 to regenerate)"
     fi
 }
-for t in leak shortage frag step2 longest varlen phase; do
+for t in leak shortage frag step2 longest varlen phase twodev; do
     check "$t" report "$t.trace"
 done
 check oom_shortage oom shortage.trace
@@ -104,6 +105,18 @@ done
 want leak leak; wantnot leak oom-shortage; wantnot leak step2-jump; wantnot leak longest-batch
 want shortage oom-shortage; wantnot shortage oom-fragmentation; wantnot shortage leak
 want frag oom-fragmentation; wantnot frag oom-shortage
+# Two devices in one process: the report is of the OOM's device (expected/report_twodev.txt: only
+# device 1's 32 MiB live at its OOM); --device picks one, --device all sums them (the OOM's live
+# blocks then include device 0's 128 MiB of parameters, which were no part of device 1's OOM).
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(d["device"] != 1)' "$tmp/twodev.json" ||
+    bad "twodev: report --json is not of device 1"
+"$allocview" peak --no-color --device 0 "$tmp/twodev.trace" | grep -q "^  allocated 192.00 MiB" ||
+    bad "twodev: peak --device 0 is not device 0's 192 MiB"
+"$allocview" oom --no-color --device all "$tmp/twodev.trace" | grep -q "^  live at the OOM (8 blocks)" ||
+    bad "twodev: oom --device all does not sum both devices' live blocks"
+"$allocview" oom --no-color "$tmp/twodev.trace" | grep -q "^  showing   device 1 (the first OOM's)" ||
+    bad "twodev: oom does not say which device it shows"
+"$allocview" --device 256 "$tmp/twodev.trace" >/dev/null 2>&1 && bad "twodev: --device 256 accepted"
 if [ -n "$fakecuda" ]; then
     want devicefull oom-device-full; wantnot devicefull oom-fragmentation; wantnot devicefull oom-shortage
 fi

@@ -13,6 +13,8 @@
  *     varlen     12 steps whose activations follow sequence lengths drawn from 128..1024
  *     phase      an evaluation phase peaks above training
  *     optstep    one step whose peak lies in the optimizer's (annotated) step, as its state is made
+ *     twodev     one process, two devices (sim_devices:2): the model's first half fills device 0's
+ *                peak, and a buffer on device 1 does not fit there: OOM on device 1
  *     devicefull the process takes 48 MiB of 128 past cualloc (cuMemCreate: tests/ballast.h) before
  *                the first step: OOM within the capacity, on a full device. Needs driver:cuda (the
  *                tests run it on the fake libcuda.so.1).
@@ -31,16 +33,17 @@
 
 static void *keep[4096];
 static int nkeep;
+static int cur_dev; /* torch.cuda.set_device */
 
 /* The framework's allocation helper: every call site passes through it. */
 static NOINLINE void *tensor_empty(size_t bytes)
 {
-    void *p = cualloc_malloc(bytes, 0, NULL);
+    void *p = cualloc_malloc(bytes, cur_dev, NULL);
     __asm__ volatile("" ::: "memory");
     return p;
 }
 
-static NOINLINE void tensor_free(void *p) { cualloc_free(p, NULL); }
+static NOINLINE void tensor_free(void *p) { cualloc_free(p, NULL); } /* finds the device */
 
 static NOINLINE void init_params(size_t bytes)
 {
@@ -115,7 +118,7 @@ static NOINLINE void *big_buffer(size_t bytes) { return tensor_empty(bytes); }
 int main(int argc, char **argv)
 {
     if (argc != 3) {
-        fprintf(stderr, "usage: trace_scenarios leak|shortage|frag|devicefull|step2|longest|varlen|phase|optstep TRACE\n");
+        fprintf(stderr, "usage: trace_scenarios leak|shortage|frag|twodev|devicefull|step2|longest|varlen|phase|optstep TRACE\n");
         return 1;
     }
     const char *s = argv[1];
@@ -140,6 +143,14 @@ int main(int argc, char **argv)
         fragment();
         mark_step(1);
         if (!big_buffer(56 * MIB))
+            _exit(1);
+    } else if (strcmp(s, "twodev") == 0) {
+        init_params(128 * MIB);
+        train_step(16 * MIB, 4);
+        cur_dev = 1;
+        init_params(32 * MIB);
+        mark_step(1);
+        if (!big_buffer(240 * MIB))
             _exit(1);
     } else if (strcmp(s, "devicefull") == 0) {
         init_params(40 * MIB);

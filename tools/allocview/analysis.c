@@ -263,6 +263,36 @@ static void progress(const av_t *a, uint64_t off, uint64_t total, int *last)
     fprintf(stderr, "] %3d%%", pct);
 }
 
+/* Records that belong to one device's heap (the others are the process's: marks, the end). */
+static bool device_scoped(uint32_t type)
+{
+    switch (type) {
+    case CUA_TRACE_ALLOC:
+    case CUA_TRACE_FREE:
+    case CUA_TRACE_FREE_DONE:
+    case CUA_TRACE_MAP:
+    case CUA_TRACE_UNMAP:
+    case CUA_TRACE_TRIM:
+    case CUA_TRACE_OOM:
+    case CUA_TRACE_INIT_BLOCK:
+    case CUA_TRACE_INIT_MAP:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* A record of a device the analysis leaves out (opts.one_device) still moves the trace's clock,
+ * so that times read as in the whole trace; nothing else of it is counted. */
+static void acct_clock_only(tr_acct_t *acct, const tr_record_t *rec)
+{
+    acct->num_records++;
+    if (!acct->any_event)
+        acct->first_time = rec->time_ns;
+    acct->any_event = true;
+    acct->last_time = rec->time_ns;
+}
+
 av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errlen)
 {
     tr_reader_t *r = tr_open(path, err, errlen);
@@ -293,6 +323,10 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
     int k;
     bool first_event = true;
     uint64_t first_time = 0;
+    if (opts && opts->one_device) {
+        a->one_device = true;
+        a->device = opts->device;
+    }
     while ((k = tr_next(r, &rec)) > 0) {
         if (prog && (rec.seq & 0xffff) == 0)
             progress(a, rec.offset, fsize, &last_pct);
@@ -303,11 +337,7 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
             a->at_hit = true;
             new_peak(a, first_time + (uint64_t)opts->at_time_ns, a->last_seq);
         }
-        tr_acct_add(&a->acct, &rec);
-        a->last_seq = rec.seq;
-        if (!rec.known)
-            continue;
-        if (rec.type >= CUA_TRACE_FIRST_EVENT) {
+        if (rec.known && rec.type >= CUA_TRACE_FIRST_EVENT) {
             if (first_event) {
                 first_event = false;
                 first_time = rec.time_ns;
@@ -316,6 +346,15 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
             a->last_time = rec.time_ns;
             seg_cur(a)->end_time = rec.time_ns;
         }
+        if (a->one_device && rec.known && device_scoped(rec.type) && rec.dev != a->device) {
+            acct_clock_only(&a->acct, &rec);
+            a->last_seq = rec.seq;
+            continue;
+        }
+        tr_acct_add(&a->acct, &rec);
+        a->last_seq = rec.seq;
+        if (!rec.known)
+            continue;
         switch (rec.type) {
         case CUA_TRACE_PROCESS:
             a->have_process = true;
@@ -465,6 +504,8 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
         snprintf(a->error, sizeof a->error, "%s", tr_error(r));
     }
     snprintf(a->warning, sizeof a->warning, "%s", tr_warning(r));
+    for (int d = 0; d < CUA_TRACE_MAX_DEVICES; d++)
+        a->dev_peak[d] = a->acct.dev[d].allocated_peak;
     seg_cur(a)->end_time = a->last_time;
     /* An unfinished last step (the job died in it) keeps its provisional label. */
     for (size_t i = 0; i < a->nst; i++) {

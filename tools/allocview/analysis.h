@@ -69,6 +69,8 @@ typedef struct av_opts {
     int64_t at_time_ns;        /* peak --at TIME (ns after the first event); -1: none */
     const char *at_mark;       /* peak --at MARK: the state when this mark was written */
     bool progress;             /* a progress bar on stderr */
+    bool one_device;           /* analyze only `device`'s blocks, maps and OOMs (marks and the clock */
+    uint32_t device;           /* stay the whole trace's) */
 } av_opts_t;
 
 typedef struct av {
@@ -121,6 +123,12 @@ typedef struct av {
     uint32_t at_seg;
     devaddr_map_t live;        /* live blocks (struct av_live in analysis.c) */
     uint64_t last_seq, last_time;
+    /* Traces with blocks on several devices: which one this analysis is of (opts.one_device), why,
+     * and every device's own peak of allocated bytes (0: none), for the report to list. */
+    bool one_device;
+    uint32_t device;
+    char device_why[64];
+    uint64_t dev_peak[CUA_TRACE_MAX_DEVICES];
 } av_t;
 
 av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errlen);

@@ -49,7 +49,9 @@ static void usage(FILE *out)
             "  sites TRACE               call sites holding memory at the peak and at the end\n"
             "  leaks TRACE               call sites growing step after step, never freed\n"
             "  oom TRACE                 the OOM: request, state, failing call site, what was live, diagnosis\n"
-            "                            (these five: --json, --no-color, --redact, --top N, --help)\n"
+            "                            (these five: --json, --no-color, --redact, --top N, --help, and\n"
+            "                            --device N|all: a trace with blocks on several devices is reported\n"
+            "                            for the first OOM's device, else the one with the highest peak)\n"
             "  summary [--json] TRACE    record counts, peak requested/allocated/reserved bytes, OOMs,\n"
             "                            whether the trace is complete; --json: one JSON object\n"
             "  timeline [--width N] [--top K] [--ascii] [--no-color] [--json] [--svg FILE] TRACE\n"
@@ -375,7 +377,7 @@ int main(int argc, char **argv)
             verbose = true;
         } else if (strcmp(argv[i], "--json") == 0 || strcmp(argv[i], "--no-color") == 0 ||
                    strcmp(argv[i], "--no-colour") == 0 || strcmp(argv[i], "--redact") == 0 ||
-                   strcmp(argv[i], "--top") == 0) {
+                   strcmp(argv[i], "--top") == 0 || strcmp(argv[i], "--device") == 0) {
             /* allocview --no-color TRACE: the default report's options may come first too. */
             return finish(report_main("report", argc - i, argv + i));
         } else {
@@ -397,7 +399,12 @@ int main(int argc, char **argv)
     const char *path = NULL;
     if (strcmp(cmd, "dump") == 0 || strcmp(cmd, "summary") == 0) {
         for (; i < argc; i++) {
-            if (strcmp(cmd, "summary") == 0 && strcmp(argv[i], "--json") == 0)
+            if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+                usage(stdout);
+                return 0;
+            } else if (strcmp(argv[i], "--no-color") == 0 || strcmp(argv[i], "--no-colour") == 0)
+                continue; /* they print no colour */
+            else if (strcmp(cmd, "summary") == 0 && strcmp(argv[i], "--json") == 0)
                 json = true;
             else if (strcmp(cmd, "dump") == 0 && strcmp(argv[i], "--redact") == 0)
                 redact = true;

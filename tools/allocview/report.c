@@ -309,6 +309,17 @@ static int cmp_u64(const void *p, const void *q)
     return x < y ? -1 : x > y;
 }
 
+/* The device the report is of: the one analyzed, else the first with blocks (0 when none). */
+static uint32_t report_device(const av_t *a)
+{
+    if (a->one_device)
+        return a->device;
+    for (uint32_t d = 0; d < CUA_TRACE_MAX_DEVICES; d++)
+        if (a->dev_peak[d])
+            return d;
+    return 0;
+}
+
 static bool dev_vmm(const av_t *a, uint32_t dev)
 {
     return dev < CUA_TRACE_MAX_DEVICES && a->have_dev[dev] && a->dev_mode[dev] == CUA_TRACE_MODE_VMM;
@@ -540,7 +551,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                      "Fix (ladder rung 1, for %s): cap the sequence length or bucket / sort by length so "
                      "the longest batch is no larger than typical ones%s. Saves up to %s at the peak.",
                      single ? "that batch" : "those batches",
-                     dev_vmm(a, 0) ? "" : "; expandable_segments:True also helps with the variable shapes",
+                     dev_vmm(a, report_device(a)) ? "" : "; expandable_segments:True also helps with the variable shapes",
                      H(over));
             x->saving = over;
         }
@@ -681,6 +692,39 @@ static void sites_json(FILE *out, site_t *v, size_t n, int top)
     fprintf(out, "]");
 }
 
+/* Devices that had blocks (their own peaks of allocated bytes), at most `max` of them in `out`. */
+static size_t devices_with_blocks(const av_t *a, uint32_t *out, size_t max)
+{
+    size_t n = 0;
+    for (uint32_t d = 0; d < CUA_TRACE_MAX_DEVICES; d++)
+        if (a->dev_peak[d]) {
+            if (n < max)
+                out[n] = d;
+            n++;
+        }
+    return n;
+}
+
+/* A trace with blocks on several devices: which one the report is of, or that it sums them, and
+ * every device's own peak. */
+static void devices_text(FILE *out, const av_t *a)
+{
+    uint32_t devs[8];
+    size_t n = devices_with_blocks(a, devs, 8);
+    if (a->one_device && n < 2)
+        fprintf(out, "  showing   %sdevice %u%s (%s)\n", C_B(), a->device, C_0(), a->device_why);
+    if (n < 2)
+        return;
+    if (a->one_device)
+        fprintf(out, "  showing   %sdevice %u%s (%s); blocks on %zu devices, their own peaks:", C_B(), a->device, C_0(),
+                a->device_why, n);
+    else
+        fprintf(out, "  showing   %sall devices summed%s; blocks on %zu devices, their own peaks:", C_B(), C_0(), n);
+    for (size_t i = 0; i < n && i < 8; i++)
+        fprintf(out, "%s device %u %s", i ? "," : "", devs[i], H(a->dev_peak[devs[i]]));
+    fprintf(out, "%s (--device N for one)\n", n > 8 ? ", ..." : "");
+}
+
 static void header_text(FILE *out, const av_t *a, const ropts_t *o)
 {
     char buf[2048], ended[768], conf[1024];
@@ -725,6 +769,7 @@ static void header_text(FILE *out, const av_t *a, const ropts_t *o)
     ended_text(a, ended, sizeof ended);
     fprintf(out, "  ended     %s%s%s\n", a->acct.end_seen && a->acct.end_reason == 0 && !a->nooms ? "" : C_R(),
             ended, C_0());
+    devices_text(out, a);
     if (a->warning[0] && !o->redact)
         fprintf(out, "  warning   %s\n", a->warning);
 }
@@ -846,6 +891,11 @@ static void process_json(FILE *out, const av_t *a, const ropts_t *o)
     txt_json_string(out, buf);
     fprintf(out, ", \"rank\": %" PRId64 ", \"ended\": \"%s\", \"duration_ns\": %" PRIu64 ", \"num_ooms\": %zu",
             a->rank, ended_key(a), a->acct.any_event ? a->acct.last_time - a->acct.first_time : 0, a->nooms);
+    fprintf(out, ", \"device\": ");
+    if (a->one_device)
+        fprintf(out, "%u", a->device);
+    else
+        fprintf(out, "null");
     fprintf(out, ", \"error\": ");
     if (a->status)
         txt_json_string(out, a->error);
@@ -976,18 +1026,19 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
         steps_text(out, a);
         diag_text(out, d, nd);
     } else if (strcmp(cmd, "peak") == 0) {
+        devices_text(out, a);
         peak_text(out, a, sym, o, o->av.at_mark || o->av.at_time_ns >= 0);
     } else if (strcmp(cmd, "oom") == 0) {
+        devices_text(out, a);
         if (!a->nooms)
             fprintf(out, "no OOM in this trace\n");
         oom_text(out, a, sym, o);
-        for (size_t i = 0; i < nd; i++)
-            ;
         if (a->nooms) {
             nd = diagnose(a, sym, d, 1);
             diag_text(out, d, nd);
         }
     } else if (strcmp(cmd, "sites") == 0) {
+        devices_text(out, a);
         size_t n;
         site_t *v = collect_sites(a, sym, VIEW_PEAK, NULL, &n);
         fprintf(out, "%sCall sites at the peak%s (%s allocated, %s, in %s)\n", C_B(), C_0(), H(a->peak_alloc),
@@ -1001,6 +1052,7 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
         free(v);
     } else if (strcmp(cmd, "leaks") == 0) {
         size_t nl = 0;
+        devices_text(out, a);
         fprintf(out, "%sLeaks%s (judged over %s)\n", C_B(), C_0(),
                 use_step_leaks(a) ? "step ends" : "windows of allocations: the trace has fewer than 3 step marks");
         for (size_t i = 0; i < nd; i++)
@@ -1107,7 +1159,9 @@ static void help(const char *cmd, FILE *out)
                      "  The first OOM: the request, the heap's state, where the request came from, what was\n"
                      "  live, and whether it was a genuine shortage or fragmentation, with the first fix.\n");
     fprintf(out, "options: --json one JSON object; --no-color (colour is used only on a terminal);\n"
-                 "         --redact hide pids, host and directories (for comparing reports); --top N sites (10)\n");
+                 "         --redact hide pids, host and directories (for comparing reports); --top N sites (10);\n"
+                 "         --device N|all  one device of a trace with blocks on several (default: the first\n"
+                 "         OOM's device, else the one with the highest peak of its own), or all summed\n");
 }
 
 bool report_is_command(const char *cmd)
@@ -1130,6 +1184,37 @@ static bool parse_seconds(const char *v, double *out)
     return true;
 }
 
+/* A trace with blocks on several devices (one process driving several GPUs) is analyzed again for
+ * the device that matters: the first OOM's, else the one with the highest peak of its own. A peak
+ * summed over devices is no card's, and an OOM is one card's. Returns the analysis to report. */
+static av_t *one_device_of_several(av_t *a, const char *path, const av_opts_t *opts)
+{
+    uint32_t devs[2];
+    if (devices_with_blocks(a, devs, 2) < 2)
+        return a;
+    av_opts_t one = *opts;
+    one.one_device = true;
+    const char *why;
+    if (a->nooms) {
+        one.device = a->ooms[0].dev;
+        why = "the first OOM's";
+    } else {
+        one.device = 0;
+        for (uint32_t d = 1; d < CUA_TRACE_MAX_DEVICES; d++)
+            if (a->dev_peak[d] > a->dev_peak[one.device])
+                one.device = d;
+        why = "the highest peak";
+    }
+    char err[512];
+    av_t *b = av_analyze(path, &one, err, sizeof err);
+    if (!b)
+        return a; /* the file read a moment ago: keep the summed analysis */
+    memcpy(b->dev_peak, a->dev_peak, sizeof b->dev_peak);
+    snprintf(b->device_why, sizeof b->device_why, "%s", why);
+    av_free(a);
+    return b;
+}
+
 int report_main(const char *cmd, int argc, char **argv)
 {
     ropts_t o;
@@ -1138,6 +1223,7 @@ int report_main(const char *cmd, int argc, char **argv)
     o.av.at_time_ns = -1;
     bool no_color = getenv("NO_COLOR") != NULL;
     const char *at_arg = NULL; /* peak --at as given, for its error message */
+    bool device_all = false;   /* --device all: several devices' blocks summed */
     const char *paths[256];
     size_t np = 0;
     for (int i = 0; i < argc; i++) {
@@ -1160,6 +1246,19 @@ int report_main(const char *cmd, int argc, char **argv)
                 return EXIT_USAGE;
             }
             o.top = (int)top;
+            i++;
+        } else if (strcmp(s, "--device") == 0) {
+            unsigned long long dev;
+            if (i + 1 < argc && strcmp(argv[i + 1], "all") == 0) {
+                device_all = true;
+            } else if (i + 1 < argc && txt_parse_count(argv[i + 1], 0, CUA_TRACE_MAX_DEVICES - 1, &dev)) {
+                o.av.one_device = true;
+                o.av.device = (uint32_t)dev;
+            } else {
+                fprintf(stderr, "allocview %s: --device wants a device ordinal from 0 to %d, or 'all'\n", cmd,
+                        CUA_TRACE_MAX_DEVICES - 1);
+                return EXIT_USAGE;
+            }
             i++;
         } else if (strcmp(cmd, "peak") == 0 && strcmp(s, "--at") == 0) {
             if (i + 1 >= argc) {
@@ -1201,6 +1300,10 @@ int report_main(const char *cmd, int argc, char **argv)
             status = EXIT_UNREADABLE;
             continue;
         }
+        if (!o.av.one_device && !device_all)
+            a = one_device_of_several(a, paths[i], &o.av);
+        else if (o.av.one_device)
+            snprintf(a->device_why, sizeof a->device_why, "as asked");
         if (a->status == EXIT_CORRUPT) {
             fprintf(stderr, "allocview: %s: corrupt trace: %s; the report covers the readable prefix\n", paths[i],
                     a->error);
