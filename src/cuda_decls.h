@@ -34,6 +34,8 @@ typedef struct cua_event_s *cua_event;  /* CUevent */
 #define CUA_ERROR_NOT_PERMITTED 800
 #define CUA_ERROR_NOT_SUPPORTED 801
 #define CUA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
+#define CUA_ERROR_STREAM_CAPTURE_INVALIDATED 901
+#define CUA_ERROR_STREAM_CAPTURE_IMPLICIT 906
 #define CUA_ERROR_UNKNOWN 999
 
 /* CUdevice_attribute values */

@@ -222,6 +222,7 @@ typedef struct sim_stream_s {
     int dev;
     bool held;           /* work completes only through sim_stream_complete or a synchronize */
     bool capturing;      /* sim_stream_set_capturing: a CUDA graph capture is active */
+    bool blocking;       /* sim_stream_set_blocking: synchronizes with the legacy stream */
     uint64_t submitted;  /* events recorded on it so far */
     uint64_t completed;  /* of those, the ones that completed */
 } sim_stream_t;
@@ -268,6 +269,7 @@ static struct {
     objtab_t handles, events, streams;
     uint64_t calls[SIM_OP_COUNT];
     sim_failure_t fail[SIM_OP_COUNT];
+    uint64_t captures_broken; /* see sim_captures_broken */
 } sim = {
     .handles = {.kind = KIND_HANDLE},
     .events = {.kind = KIND_EVENT},
@@ -761,10 +763,21 @@ static cua_result event_create_locked(int dev, cua_event *out) {
     return 0;
 }
 
+/* What CUDA does to a capture that an operation may not join (global capture mode): the capture is
+ * invalidated and the operation fails. The sim counts it (sim_captures_broken), so that tests can
+ * assert the heap never does it. */
+static cua_result capture_broken_locked(sim_stream_t *st) {
+    st->capturing = false;
+    sim.captures_broken++;
+    return CUA_ERROR_STREAM_CAPTURE_INVALIDATED;
+}
+
 static cua_result event_record_locked(int dev, cua_event e, cua_stream s) {
     sim_device_t *d;
     cua_result r = dev_get(dev, false, &d);
     if (r) return r;
+    sim_stream_t *cs = stream_get(s);
+    if (cs && cs->capturing) return capture_broken_locked(cs); /* it would be a graph node, not an event */
     sim_event_t *ev = event_get(dev, e);
     if (!ev) return CUA_ERROR_INVALID_VALUE;
     sim_stream_t *st = stream_get(s);
@@ -815,6 +828,7 @@ static cua_result stream_sync_locked(int dev, cua_stream s) {
     if (r) return r;
     sim_stream_t *st = stream_get(s);
     if (st && st->dev != dev) return CUA_ERROR_INVALID_VALUE;
+    if (st && st->capturing) return capture_broken_locked(st);
     if (st) st->completed = st->submitted;
     return 0;
 }
@@ -822,6 +836,11 @@ static cua_result stream_sync_locked(int dev, cua_stream s) {
 static cua_result device_sync_locked(int dev) {
     sim_device_t *d;
     cua_result r = dev_get(dev, false, &d);
+    if (r) return r;
+    for (size_t i = 0; i < sim.streams.cap; i++) { /* a device synchronize may join no capture */
+        sim_stream_t *st = sim.streams.obj[i];
+        if (st && st->dev == dev && st->capturing) r = capture_broken_locked(st);
+    }
     if (r) return r;
     for (size_t i = 0; i < sim.streams.cap; i++) {
         sim_stream_t *st = sim.streams.obj[i];
@@ -837,6 +856,11 @@ static cua_result simop_stream_is_capturing(int dev, cua_stream s, bool *capturi
     cua_result r = dev_get(dev, false, &d);
     sim_stream_t *st = r ? NULL : stream_get(s);
     *capturing = st && st->capturing; /* the legacy and unknown streams never capture */
+    if (!r && !s) /* as CUDA: the legacy stream, while a blocking stream of its device captures */
+        for (size_t i = 0; i < sim.streams.cap; i++) {
+            sim_stream_t *b = sim.streams.obj[i];
+            if (b && b->dev == dev && b->blocking && b->capturing) r = CUA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        }
     pthread_mutex_unlock(&sim_lock);
     return r;
 }
@@ -1075,6 +1099,20 @@ void sim_stream_set_capturing(cua_stream s, bool capturing) {
     sim_stream_t *st = stream_get(s);
     if (st) st->capturing = capturing;
     pthread_mutex_unlock(&sim_lock);
+}
+
+void sim_stream_set_blocking(cua_stream s, bool blocking) {
+    pthread_mutex_lock(&sim_lock);
+    sim_stream_t *st = stream_get(s);
+    if (st) st->blocking = blocking;
+    pthread_mutex_unlock(&sim_lock);
+}
+
+uint64_t sim_captures_broken(void) {
+    pthread_mutex_lock(&sim_lock);
+    uint64_t n = sim.captures_broken;
+    pthread_mutex_unlock(&sim_lock);
+    return n;
 }
 
 uint64_t sim_peer_mask(int dev) {

@@ -878,13 +878,23 @@ static bool dw_any_capturing(heap_t *h) {
     return false;
 }
 
+/* A device synchronize joins every capture in progress on the device, and CUDA then invalidates
+ * the capture: it is made only when no stream the heap knows of captures (the legacy stream's
+ * query also fails while any blocking stream captures, known or not). An error when it is not
+ * made or fails. */
+static cua_result device_sync(heap_t *h) {
+    if (dw_any_capturing(h)) return CUA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    for (unsigned t = 1; t < TAG_STREAMS_END; t++)
+        if (h->tags[t].used && is_capturing(h, h->tags[t].handle)) return CUA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    h->stats.num_syncs++;
+    return h->drv->device_synchronize(h->dev);
+}
+
 /* Waits for all the group's work (one device synchronize) and settles both generations. */
 static void dw_sync(heap_t *h) {
     stream_rec_t *r = dw_rec(h);
     if (dw_free_bytes(h) == 0 && !r->event_in_flight) return;
-    if (dw_any_capturing(h)) return; /* a synchronize would break the capture: stay unsettled */
-    h->stats.num_syncs++;
-    if (h->drv->device_synchronize(h->dev) != CUA_SUCCESS) return;
+    if (device_sync(h) != CUA_SUCCESS) return; /* captures in progress, or refused: stay unsettled */
     r->event_in_flight = false;
     for (unsigned i = 0; i < h->n_nb; i++) h->nb[i].in_flight = false;
     settle_tag(h, TAG_DW_A);
@@ -1030,8 +1040,7 @@ static void settle_all(heap_t *h) {
         if (!device_synced && stream_sync(h, r->handle) != CUA_SUCCESS) {
             /* A stream the driver will not synchronize (destroyed, or another device's): wait for
              * the whole device instead, once. */
-            h->stats.num_syncs++;
-            if (h->drv->device_synchronize(h->dev) != CUA_SUCCESS) continue; /* cannot prove it idle */
+            if (device_sync(h) != CUA_SUCCESS) continue; /* cannot prove it idle */
             device_synced = true;
         }
         stream_settle_synced(h, t);
@@ -2090,8 +2099,14 @@ static __attribute__((noinline)) void free_unparked(heap_t *h, pool_t *p, block_
     }
     if (!h->vmm && stream != b->stream && !is_capturing(h, stream)) {
         /* Classic mode keeps PyTorch's rule that a segment serves one stream: the block returns to
-         * its allocation stream, which may reuse it only after the freeing stream's work. */
-        stream_sync(h, stream);
+         * its allocation stream, which may reuse it only after the freeing stream's work. When
+         * that stream cannot be synchronized, the block waits device-wide first (a settled
+         * device-wide block returns to its allocation stream: settle_tag). */
+        if (stream_sync(h, stream) != CUA_SUCCESS) {
+            free_tag(b, h->dw_open);
+            free_to_index(h, p, b);
+            return;
+        }
         stream = b->stream;
     }
     free_on_tag(h, p, b, stream, tag_of(h, stream));
@@ -2635,9 +2650,10 @@ void heap_stream_destroyed(heap_t *h, cua_stream stream) {
         stream_rec_t *r = &h->tags[t];
         if (!r->used || r->closed || r->handle != stream) continue;
         if (open_tag_waiting(h, t)) {
-            /* The handle may come back for a new stream: its blocks must not stay tied to it. */
-            stream_sync(h, stream);
-            stream_settle_synced(h, t);
+            /* The handle may come back for a new stream: its blocks must not stay tied to it. They
+             * settle once the stream, or else the whole device, is seen idle; when neither can be
+             * (a capture in progress, a failing device) they stay tagged, unusable by others. */
+            if (stream_sync(h, stream) == CUA_SUCCESS || device_sync(h) == CUA_SUCCESS) stream_settle_synced(h, t);
         }
         if (!tag_free_bytes(h, t)) r->used = false;
         if (h->last_tag == t) last_set(h, NO_STREAM, 0);

@@ -156,6 +156,13 @@ uint64_t sim_peer_mask(int dev);
 /* Marks a stream capturing (a CUDA graph capture in progress) or not; the heap must then never
  * record, query or synchronize on it. */
 void sim_stream_set_capturing(cua_stream s, bool capturing);
+/* Marks a stream blocking (cudaStreamCreate without cudaStreamNonBlocking; streams are
+ * non-blocking by default): while it captures, the legacy stream's capture query fails with
+ * CUDA's ..._STREAM_CAPTURE_IMPLICIT. */
+void sim_stream_set_blocking(cua_stream s, bool blocking);
+/* Captures the sim invalidated so far, as CUDA would: a synchronize of a capturing stream, an
+ * event recorded on one, a device synchronize while any stream of the device captures. */
+uint64_t sim_captures_broken(void);
 /* The device driver_sim_ops.current_device reports for the calling thread (default 0). */
 void sim_set_current_device(int dev);
 

@@ -701,6 +701,79 @@ static void test_capture_untouched(void) {
     sim_stream_destroy(t);
 }
 
+/* A device synchronize joins any capture in progress on the device, which CUDA then invalidates.
+ * Device-wide frees are waiting and the heap is trimmed while a stream captures: a blocking stream
+ * the heap knows only as created (the legacy stream's capture query then fails), and a
+ * non-blocking one it knows only by the blocks it allocated. No capture may be broken. */
+static void test_capture_no_device_sync(bool blocking) {
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:256", &c);
+    cua_stream n = sim_stream_create(0, true), cap = sim_stream_create(0, true);
+    heap_stream_created(h, n, true); /* a non-blocking stream: cudaFree is device-wide */
+    if (blocking) {
+        sim_stream_set_blocking(cap, true);
+        heap_stream_created(h, cap, false);
+    } else {
+        must_free(h, must_alloc(h, 2 << 20, cap), cap); /* known by its tag, not registered */
+    }
+    void *x = must_alloc(h, 8 << 20, NULL);
+    uint64_t broken = sim_captures_broken();
+    sim_stream_set_capturing(cap, true);
+    EXPECT(heap_free_device_wide(h, x), "device-wide free");
+    heap_trim(h);
+    void *y = must_alloc(h, 64 << 20, NULL);
+    EXPECT(sim_captures_broken() == broken, "%s stream's capture was broken by a device synchronize",
+           blocking ? "a blocking" : "a non-blocking");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    sim_stream_set_capturing(cap, false);
+    must_free(h, y, NULL);
+    heap_trim(h);
+    EXPECT(heap_check(h, stderr) == 0 && stats(h).allocated_bytes == 0, "after the capture");
+    heap_destroy(h);
+    sim_stream_destroy(n);
+    sim_stream_destroy(cap);
+}
+
+/* A stream destroyed while its freed blocks wait for its work, and its synchronize refused: the
+ * blocks settle only once the device is seen idle, never by the destroy alone. */
+static void test_stream_destroyed_sync_refused(void) {
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:64", &c);
+    cua_stream s = sim_stream_create(0, true), t = sim_stream_create(0, true);
+    void *a = must_alloc(h, 4 << 20, s);
+    must_free(h, a, s); /* s's work on it is still in flight (held) */
+    sim_fail(SIM_OP_STREAM_SYNC, 0, 1, CUA_ERROR_INVALID_VALUE);
+    uint64_t ds = sim_calls(SIM_OP_DEVICE_SYNC);
+    heap_stream_destroyed(h, s);
+    void *b = must_alloc(h, 4 << 20, t);
+    EXPECT(b != a || sim_calls(SIM_OP_DEVICE_SYNC) > ds, "another stream got the block before s's work was seen done");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    must_free(h, b, t);
+    heap_destroy(h);
+    sim_stream_destroy(s);
+    sim_stream_destroy(t);
+}
+
+/* Classic mode: a block allocated on s and freed on t goes back to s once t is synchronized; when
+ * t's synchronize is refused, s may not reuse it before t's work is seen done. */
+static void test_classic_cross_free_sync_refused(void) {
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:64,expandable_segments:False", &c);
+    cua_stream s = sim_stream_create(0, true), t = sim_stream_create(0, true);
+    void *a = must_alloc(h, 4 << 20, s);
+    sim_fail(SIM_OP_STREAM_SYNC, 0, 1, CUA_ERROR_INVALID_VALUE);
+    must_free(h, a, t); /* t's work on it is in flight */
+    uint64_t ds = sim_calls(SIM_OP_DEVICE_SYNC), es = sim_calls(SIM_OP_EVENT_SYNC);
+    void *b = must_alloc(h, 4 << 20, s);
+    EXPECT(b != a || sim_calls(SIM_OP_DEVICE_SYNC) > ds || sim_calls(SIM_OP_EVENT_SYNC) > es,
+           "s reused the block before t's work was seen done");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    must_free(h, b, s);
+    heap_destroy(h);
+    sim_stream_destroy(s);
+    sim_stream_destroy(t);
+}
+
 /* Peer access: the heap re-grants its mapped ranges once a peer is enabled. */
 static void test_peer_enabled(void) {
     conf_t c;
@@ -830,6 +903,10 @@ int main(void) {
     test_device_wide_bounded();
     test_device_wide_bounded_overflow();
     test_capture_untouched();
+    test_capture_no_device_sync(true);
+    test_capture_no_device_sync(false);
+    test_stream_destroyed_sync_refused();
+    test_classic_cross_free_sync_refused();
     test_tag_table_full();
     test_peer_enabled();
     bool usable;
