@@ -27,7 +27,9 @@ extern "C" {
  * grow. Listed once, as X-macros, so the struct, the JSON writer and the text table agree.
  *   requested  : sizes callers asked for, of live allocations
  *   allocated  : the same allocations after rounding (512 B multiples)
- *   active     : allocated plus blocks freed but still waiting on stream work before reuse
+ *   active     : equal to allocated (PyTorch's name kept for its stats): a freed block is never
+ *                held back as active; one that must wait for other streams' work before others may
+ *                reuse it waits in its stream's free index, counted in reserved, not here
  *   reserved   : bytes backed by physical memory (mapped chunks, or cuMemAlloc'd segments)
  *   inactive_split : free bytes that cannot be released because a live block shares their chunk
  *                    (VMM) or segment (classic)
