@@ -1165,7 +1165,13 @@ static cua_result chunks_map(heap_t *h, pool_t *p, uintptr_t addr, size_t len) {
     /* Recorded even when set_access failed: the rollback below records the matching unmap. */
     if (done && trace_enabled()) trace_on_map(h->dev, addr, done * p->chunk);
     if (r != CUA_SUCCESS) {
-        chunks_unmap(h, p, first, done);
+        /* The caller marks the whole range unmapped again, so the rollback must leave nothing
+         * mapped: an unmap the driver refuses is tried again (chunks_unmap stops at it). */
+        size_t undone = 0;
+        for (int tries = 0; undone < done && tries < 4; tries++) undone += chunks_unmap(h, p, first + undone, done - undone);
+        if (undone < done)
+            cua_error("device %d: %zu chunks of a failed map could not be unmapped; the heap's view of them is wrong "
+                      "until the process ends", h->dev, done - undone);
         return r;
     }
     if (h->stats.reserved_bytes > h->stats.reserved_peak) h->stats.reserved_peak = h->stats.reserved_bytes;

@@ -315,42 +315,50 @@ static const variant_t variants[] = {
     {"no vmm on device", "sim_memory_mb:512,sim_vmm:0", 32 << 20, true, 4000},
 };
 
-/* Every driver operation fails at some point of a random sequence; the heap stays consistent. */
+/* One random sequence of 400 operations with `op` failing `count` times after `after` calls (and,
+ * when `also` is not SIM_OP_COUNT, the next call of `also` failing): the heap stays consistent. */
+static void fault_run(rng_t *r, const char *conf, bool held, sim_op_t op, sim_op_t also) {
+    world_t w;
+    world_open(&w, conf, held);
+    unsigned after = (unsigned)rng_below(r, 40);
+    unsigned count = 1 + (unsigned)rng_below(r, 3);
+    cua_result err = (op == SIM_OP_PHYS_CREATE || op == SIM_OP_MEM_ALLOC) ? CUA_ERROR_OUT_OF_MEMORY : CUA_ERROR_UNKNOWN;
+    sim_fail(op, after, count, err);
+    if (also != SIM_OP_COUNT) sim_fail(also, 0, 1, CUA_ERROR_UNKNOWN); /* the next one: likely the rollback's */
+    w.exact_device = op != SIM_OP_PHYS_RELEASE;
+    for (int i = 0; i < 400; i++) {
+        if (w.nlive < MAX_LIVE && (rng_below(r, 100) < 55 || w.nlive == 0)) {
+            world_alloc(&w, r, rng_tensor_size(r, 24 << 20), (int)rng_below(r, NSTREAMS));
+        } else if (rng_below(r, 30) == 0) {
+            heap_trim(w.h);
+        } else {
+            int k = (int)rng_below(r, (uint64_t)w.nlive);
+            world_free(&w, k, w.live[k].stream);
+        }
+        world_verify(&w, sim_op_name(op));
+    }
+    sim_fail(op, 0, 0, CUA_SUCCESS);
+    if (also != SIM_OP_COUNT) sim_fail(also, 0, 0, CUA_SUCCESS);
+    world_close(&w, true);
+}
+
+/* Every driver operation fails at some point of a random sequence; the heap stays consistent. Then
+ * a map that fails whose rollback's unmap is refused too (the rollback must still leave nothing
+ * mapped under the range it gives back). */
 static void run_faults(rng_t *r) {
     static const sim_op_t ops[] = {SIM_OP_PHYS_CREATE, SIM_OP_MAP,        SIM_OP_SET_ACCESS,  SIM_OP_UNMAP,
                                    SIM_OP_PHYS_RELEASE, SIM_OP_MEM_ALLOC, SIM_OP_MEM_FREE,    SIM_OP_EVENT_CREATE,
                                    SIM_OP_EVENT_RECORD, SIM_OP_EVENT_QUERY, SIM_OP_STREAM_SYNC, SIM_OP_EVENT_SYNC};
     static const char *confs[] = {"sim_memory_mb:128", "sim_memory_mb:128,expandable_segments:0"};
     int runs = 0;
-    for (size_t oi = 0; oi < sizeof ops / sizeof ops[0]; oi++) {
-        for (int ci = 0; ci < 2; ci++) {
-            for (int trial = 0; trial < 3; trial++) {
-                world_t w;
-                world_open(&w, confs[ci], trial == 2);
-                unsigned after = (unsigned)rng_below(r, 40);
-                unsigned count = 1 + (unsigned)rng_below(r, 3);
-                cua_result err = (ops[oi] == SIM_OP_PHYS_CREATE || ops[oi] == SIM_OP_MEM_ALLOC) ? CUA_ERROR_OUT_OF_MEMORY
-                                                                                                : CUA_ERROR_UNKNOWN;
-                sim_fail(ops[oi], after, count, err);
-                w.exact_device = ops[oi] != SIM_OP_PHYS_RELEASE;
-                for (int op = 0; op < 400; op++) {
-                    if (w.nlive < MAX_LIVE && (rng_below(r, 100) < 55 || w.nlive == 0)) {
-                        world_alloc(&w, r, rng_tensor_size(r, 24 << 20), (int)rng_below(r, NSTREAMS));
-                    } else if (rng_below(r, 30) == 0) {
-                        heap_trim(w.h);
-                    } else {
-                        int i = (int)rng_below(r, (uint64_t)w.nlive);
-                        world_free(&w, i, w.live[i].stream);
-                    }
-                    world_verify(&w, sim_op_name(ops[oi]));
-                }
-                sim_fail(ops[oi], 0, 0, CUA_SUCCESS);
-                world_close(&w, true);
-                runs++;
-            }
-        }
-    }
-    printf("  fault injection: %d runs over %zu operations\n", runs, sizeof ops / sizeof ops[0]);
+    for (size_t oi = 0; oi < sizeof ops / sizeof ops[0]; oi++)
+        for (int ci = 0; ci < 2; ci++)
+            for (int trial = 0; trial < 3; trial++, runs++) fault_run(r, confs[ci], trial == 2, ops[oi], SIM_OP_COUNT);
+    static const sim_op_t map_side[] = {SIM_OP_PHYS_CREATE, SIM_OP_MAP, SIM_OP_SET_ACCESS};
+    for (size_t oi = 0; oi < sizeof map_side / sizeof map_side[0]; oi++)
+        for (int trial = 0; trial < 4; trial++, runs++) fault_run(r, confs[0], trial == 3, map_side[oi], SIM_OP_UNMAP);
+    printf("  fault injection: %d runs over %zu operations, and map failures with a refused unmap\n", runs,
+           sizeof ops / sizeof ops[0]);
 }
 
 int main(void) {
