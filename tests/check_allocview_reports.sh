@@ -32,7 +32,8 @@ record varlen varlen sim_memory_mb:512
 record phase phase sim_memory_mb:512
 record optstep optstep sim_memory_mb:512
 record twodev twodev sim_memory_mb:256,sim_devices:2
-traces="leak shortage frag step2 longest varlen phase optstep twodev"
+record latepeak latepeak sim_memory_mb:256
+traces="leak shortage frag step2 longest varlen phase optstep twodev latepeak"
 if [ -n "$fakecuda" ]; then
     # The CUDA backend on the fake driver, whose memory the scenario's other library shares.
     LD_LIBRARY_PATH=$fakecuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} CUALLOC_CONF=driver:cuda,sim_memory_mb:128 \
@@ -66,9 +67,16 @@ check() { # EXPECTED-NAME ARGS...
         bad "allocview $* differs from expected/report_$name.txt (UPDATE_EXPECTED=1 to regenerate)"
     fi
 }
-for t in leak shortage frag step2 longest varlen phase twodev; do
+for t in leak shortage frag step2 longest varlen phase twodev latepeak; do
     check "$t" report "$t.trace"
 done
+# More steps than the Steps list shows: the rows the report names elsewhere (the peak's, the
+# first OOM's) are never elided, and "... N more" counts only rows the list would have shown.
+steps_of() { "$allocview" report --no-color "$tmp/$1.trace" | sed -n '/^Steps and phases/,/^Diagnosis/p'; }
+steps_of latepeak | grep -q "^  step 15 .*<- the peak$" || bad "latepeak: the peak's step is elided: $(steps_of latepeak)"
+steps_of latepeak | grep -q "^  step 18 " || bad "latepeak: the first OOM's step is elided: $(steps_of latepeak)"
+[ "$(steps_of latepeak | grep -c '^  step ')" = 14 ] && [ "$(steps_of latepeak | awk '/^  \.\.\. [0-9]+ more$/ { n += $2 } END { print n + 0 }')" = 6 ] ||
+    bad "latepeak: 20 steps are not 14 rows and 6 elided: $(steps_of latepeak)"
 check oom_shortage oom shortage.trace
 check oom_frag oom frag.trace
 [ -n "$fakecuda" ] && real_clock=1 check oom_devicefull oom devicefull.trace

@@ -4,7 +4,7 @@
  * must show the callers that tell the call sites apart. "step N" marks follow cualloc_torch's
  * convention (after step N's optimizer step). The sim's addresses and clock are deterministic.
  *
- *   trace_scenarios SCENARIO TRACE
+ *   trace_scenarios SCENARIO TRACE     (the scenarios after devicefull are described in main())
  *     leak       each step keeps a 2 MiB "loss" tensor alive (accumulating losses)
  *     shortage   step 2's activations do not fit (sim_memory_mb:128): OOM, the process dies
  *     frag       classic segments: live blocks pin split segments; a 56 MiB request fails: OOM
@@ -118,7 +118,7 @@ static NOINLINE void *big_buffer(size_t bytes) { return tensor_empty(bytes); }
 int main(int argc, char **argv)
 {
     if (argc != 3) {
-        fprintf(stderr, "usage: trace_scenarios leak|shortage|frag|twodev|devicefull|step2|longest|varlen|phase|optstep TRACE\n");
+        fprintf(stderr, "usage: trace_scenarios leak|shortage|frag|twodev|devicefull|step2|longest|varlen|phase|optstep|latepeak TRACE\n");
         return 1;
     }
     const char *s = argv[1];
@@ -197,6 +197,16 @@ int main(int argc, char **argv)
         cualloc_mark("START Optimizer.step#AdamW.step"); /* as cualloc_torch.watch_optimizer writes */
         adam_init_state(32 * MIB);
         mark_step(1);
+    } else if (strcmp(s, "latepeak") == 0) {
+        /* 20 steps: step 15's batch is three times the others' (the peak), and step 18 asks for a
+         * buffer larger than the device (sim_memory_mb:256): an OOM the job survives. */
+        init_params(32 * MIB);
+        for (int step = 1; step <= 20; step++) {
+            train_step(step == 15 ? 24 * MIB : 8 * MIB, 4);
+            if (step == 18 && big_buffer(1024 * MIB))
+                return 3;
+            mark_step(step);
+        }
     } else {
         fprintf(stderr, "trace_scenarios: unknown scenario %s\n", s);
         return 1;

@@ -822,30 +822,51 @@ static void oom_text(FILE *out, const av_t *a, sym_ctx_t *sym, const ropts_t *o)
     free(v);
 }
 
+/* The rows of the Steps list: segments with allocations, and those holding the peak or the first
+ * OOM even without any. Past STEPS_MAX_ROWS rows, runs of them are elided; the first STEPS_HEAD, the
+ * last, the peak's and the first OOM's are always shown, since the report's other sections name
+ * them. A run of one row is shown rather than elided: its "... 1 more" line would save nothing. */
+#define STEPS_MAX_ROWS 12
+#define STEPS_HEAD 10
+static bool step_row(const av_t *a, size_t i)
+{
+    return a->segs[i].num_allocs || (a->nooms && a->ooms[0].seg == (uint32_t)i) ||
+           (a->have_peak && a->peak_seg == (uint32_t)i);
+}
+
 static void steps_text(FILE *out, const av_t *a)
 {
-    size_t nsteps = 0;
-    for (size_t i = 0; i < a->nsegs; i++)
-        if (a->segs[i].num_allocs || a->segs[i].kind != AV_SEG_START)
-            nsteps++;
     if (a->nmarks == 0)
         return;
     fprintf(out, "%sSteps and phases%s (peak allocated in each)\n", C_B(), C_0());
-    size_t shown = 0;
+    size_t nrows = 0;
+    for (size_t i = 0; i < a->nsegs; i++)
+        nrows += step_row(a, i);
+    size_t row = 0, hidden = 0;
     for (size_t i = 0; i < a->nsegs; i++) {
         const av_seg_t *g = &a->segs[i];
-        bool has_oom = a->nooms && a->ooms[0].seg == (uint32_t)i;
-        if (!g->num_allocs && !has_oom && (uint32_t)i != a->peak_seg)
+        if (!step_row(a, i))
             continue;
-        if (nsteps > 12 && shown == 10 && i + 2 < a->nsegs) {
-            fprintf(out, "  ... %zu more\n", nsteps - 11);
-            i = a->nsegs - 2;
-            shown++;
+        bool is_peak = a->have_peak && (uint32_t)i == a->peak_seg;
+        row++;
+        bool keep = nrows <= STEPS_MAX_ROWS || row <= STEPS_HEAD || row == nrows || is_peak ||
+                    (a->nooms && a->ooms[0].seg == (uint32_t)i);
+        if (!keep) {
+            hidden++;
             continue;
         }
+        if (hidden == 1) { /* the one row before this one: find it and show it */
+            size_t j = i;
+            while (!step_row(a, --j))
+                ;
+            fprintf(out, "  %-20s peak %12s at %s  %6" PRIu64 " allocs\n", a->segs[j].label,
+                    H(a->segs[j].peak_alloc), T(a, a->segs[j].peak_time), a->segs[j].num_allocs);
+        } else if (hidden) {
+            fprintf(out, "  ... %zu more\n", hidden);
+        }
+        hidden = 0;
         fprintf(out, "  %-20s peak %12s at %s  %6" PRIu64 " allocs%s\n", g->label, H(g->peak_alloc),
-                T(a, g->peak_time), g->num_allocs, (uint32_t)i == a->peak_seg ? "  <- the peak" : "");
-        shown++;
+                T(a, g->peak_time), g->num_allocs, is_peak ? "  <- the peak" : "");
     }
 }
 
