@@ -33,7 +33,8 @@ record phase phase sim_memory_mb:512
 record optstep optstep sim_memory_mb:512
 record twodev twodev sim_memory_mb:256,sim_devices:2
 record latepeak latepeak sim_memory_mb:256
-traces="leak shortage frag step2 longest varlen phase optstep twodev latepeak"
+record twoleaks twoleaks sim_memory_mb:256
+traces="leak shortage frag step2 longest varlen phase optstep twodev latepeak twoleaks"
 if [ -n "$fakecuda" ]; then
     # The CUDA backend on the fake driver, whose memory the scenario's other library shares.
     LD_LIBRARY_PATH=$fakecuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} CUALLOC_CONF=driver:cuda,sim_memory_mb:128 \
@@ -81,6 +82,10 @@ check oom_shortage oom shortage.trace
 check oom_frag oom frag.trace
 [ -n "$fakecuda" ] && real_clock=1 check oom_devicefull oom devicefull.trace
 check leaks_leak leaks leak.trace
+# leaks --top N: the N call sites holding most at the end, and how many more there are.
+check leaks_top1_twoleaks leaks --top 1 twoleaks.trace
+"$allocview" leaks --json --top 1 "$tmp/twoleaks.trace" | python3 -c 'import json,sys; d=json.load(sys.stdin)
+sys.exit(not (len(d["diagnosis"]) == 1 and d["num_leaks"] == 2))' || bad "twoleaks: leaks --json --top 1 is not 1 of 2 leaks"
 check peak_step2 peak step2.trace
 check peak_at_step2 peak --at "step 1" step2.trace
 # peak --at TIME is the state after every event up to TIME, not after the first one past it: the sim's
@@ -110,6 +115,7 @@ for t in $traces; do
         done
     fi
 done
+want twoleaks leak
 want leak leak; wantnot leak oom-shortage; wantnot leak step2-jump; wantnot leak longest-batch
 want shortage oom-shortage; wantnot shortage oom-fragmentation; wantnot shortage leak
 want frag oom-fragmentation; wantnot frag oom-shortage

@@ -118,7 +118,7 @@ static NOINLINE void *big_buffer(size_t bytes) { return tensor_empty(bytes); }
 int main(int argc, char **argv)
 {
     if (argc != 3) {
-        fprintf(stderr, "usage: trace_scenarios leak|shortage|frag|twodev|devicefull|step2|longest|varlen|phase|optstep|latepeak TRACE\n");
+        fprintf(stderr, "usage: trace_scenarios leak|shortage|frag|twodev|devicefull|step2|longest|varlen|phase|optstep|latepeak|twoleaks TRACE\n");
         return 1;
     }
     const char *s = argv[1];
@@ -205,6 +205,16 @@ int main(int argc, char **argv)
             train_step(step == 15 ? 24 * MIB : 8 * MIB, 4);
             if (step == 18 && big_buffer(1024 * MIB))
                 return 3;
+            mark_step(step);
+        }
+    } else if (strcmp(s, "twoleaks") == 0) {
+        /* Two call sites keep tensors step after step: this line 4 MiB a step, the next one 2 MiB. */
+        init_params(32 * MIB);
+        for (int step = 1; step <= 6; step++) {
+            train_step(8 * MIB, 4);
+            for (int i = 0; i < 2; i++)
+                record_loss();
+            record_loss();
             mark_step(step);
         }
     } else {

@@ -976,6 +976,15 @@ static void oom_json(FILE *out, const av_t *a, sym_ctx_t *sym, const ropts_t *o)
 
 /* ------------------------------------------------------------------------------ commands */
 
+/* How many call sites leak: every one, where the diagnosis stops at its array's size. They are
+ * counted as diagnose() lists them (stacks naming the same frames are one site, not merged by label). */
+static size_t count_leaks(const av_t *a, sym_ctx_t *sym)
+{
+    size_t n;
+    free(collect_sites(a, sym, VIEW_END, is_leak, &n));
+    return n;
+}
+
 static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
 {
     sym_ctx_t *sym = sym_new(a->r);
@@ -1028,10 +1037,13 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
             fprintf(out, ", \"diagnosis\": ");
             diag_t l[32];
             size_t nl = 0;
+            /* leaks: the --top largest (by bytes at the end); num_leaks says how many there are */
             for (size_t i = 0; i < nd; i++)
-                if (dflt || strcmp(d[i].rule, "leak") == 0)
+                if (dflt || (strcmp(d[i].rule, "leak") == 0 && nl < (size_t)o->top))
                     l[nl++] = d[i];
             diag_json(out, l, nl);
+            if (!dflt)
+                fprintf(out, ", \"num_leaks\": %zu", count_leaks(a, sym));
         }
         fprintf(out, "}\n");
         free(ref_sites);
@@ -1076,10 +1088,13 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
         devices_text(out, a);
         fprintf(out, "%sLeaks%s (judged over %s)\n", C_B(), C_0(),
                 use_step_leaks(a) ? "step ends" : "windows of allocations: the trace has fewer than 3 step marks");
-        for (size_t i = 0; i < nd; i++)
+        for (size_t i = 0; i < nd && nl < (size_t)o->top; i++)
             if (strcmp(d[i].rule, "leak") == 0) {
                 fprintf(out, "  %zu. %s\n     %s\n", ++nl, d[i].text, d[i].fix);
             }
+        size_t all = count_leaks(a, sym);
+        if (all > nl)
+            fprintf(out, "  ... %zu more leaking call site%s (--top N lists more)\n", all - nl, all - nl == 1 ? "" : "s");
         if (!nl)
             fprintf(out, "  none: no call site's live bytes grew step after step without being freed\n");
     }
@@ -1172,9 +1187,9 @@ static void help(const char *cmd, FILE *out)
                      "  Call sites (whole stacks, allocator and CUDA runtime frames folded) holding memory at\n"
                      "  the peak and at the end of the trace, largest first, with bytes, blocks and share.\n");
     else if (strcmp(cmd, "leaks") == 0)
-        fprintf(out, "usage: allocview leaks [--json] [--no-color] [--redact] TRACE\n"
+        fprintf(out, "usage: allocview leaks [--json] [--no-color] [--redact] [--top N] TRACE\n"
                      "  Call sites whose live bytes grew step after step (\"step N\" marks; without them,\n"
-                     "  windows of allocations) and were never freed.\n");
+                     "  windows of allocations) and were never freed; the --top N holding most at the end.\n");
     else if (strcmp(cmd, "oom") == 0)
         fprintf(out, "usage: allocview oom [--json] [--no-color] [--redact] [--top N] TRACE\n"
                      "  The first OOM: the request, the heap's state, where the request came from, what was\n"
