@@ -99,6 +99,13 @@ span=$("$allocview" peak --at 1e6 "$tmp/step2.trace" 2>&1 | sed -n "s/.*its even
     bad "peak --at the last event's time ($span s) is refused"
 check sites_leak sites leak.trace
 check ranks report shortage.trace leak.trace
+# Any number of ranks: 257 traces are 257 rows and 257 reports, none dropped. (Recorded without
+# stacks: naming call sites 257 times would be most of this test's time.)
+record nostacks optstep sim_memory_mb:256,trace_stack_depth:0
+mkdir "$tmp/ranks" && for i in $(seq 0 256); do cp "$tmp/nostacks.trace" "$tmp/ranks/r$i.trace"; done
+"$allocview" report --no-color "$tmp"/ranks/r*.trace >"$tmp/ranks.txt" 2>&1
+grep -q "^Ranks (257 traces)$" "$tmp/ranks.txt" && [ "$(grep -c '^allocview report: ' "$tmp/ranks.txt")" = 257 ] ||
+    bad "257 traces: not every one reported: $(head -1 "$tmp/ranks.txt"), $(grep -c '^allocview report: ' "$tmp/ranks.txt") reports"
 
 # The diagnosis names what each scenario is, and nothing it is not.
 want() { # TRACE RULE

@@ -1108,7 +1108,11 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
 static void report_many(FILE *out, av_t **as, size_t n, const ropts_t *o)
 {
     /* Times across processes compare on the wall clock where the clock is monotonic. */
-    int64_t fail_at[256];
+    int64_t *fail_at = malloc((n ? n : 1) * sizeof *fail_at);
+    if (!fail_at) {
+        fprintf(stderr, "allocview: out of memory\n");
+        exit(EXIT_UNREADABLE);
+    }
     int first_fail = -1, highest = -1;
     for (size_t i = 0; i < n; i++) {
         const av_t *a = as[i];
@@ -1135,6 +1139,7 @@ static void report_many(FILE *out, av_t **as, size_t n, const ropts_t *o)
             fprintf(out, "}");
         }
         fprintf(out, "], \"peaked_highest\": %d, \"failed_first\": %d}\n", highest, first_fail);
+        free(fail_at);
         return;
     }
     fprintf(out, "%sRanks%s (%zu traces)\n", C_B(), C_0(), n);
@@ -1163,6 +1168,7 @@ static void report_many(FILE *out, av_t **as, size_t n, const ropts_t *o)
     else
         fprintf(out, "  no rank failed\n");
     fprintf(out, "\n");
+    free(fail_at);
 }
 
 static void help(const char *cmd, FILE *out)
@@ -1251,7 +1257,8 @@ static av_t *one_device_of_several(av_t *a, const char *path, const av_opts_t *o
     return b;
 }
 
-int report_main(const char *cmd, int argc, char **argv)
+/* report_main with room for argc traces: paths named, and their analyses. */
+static int report_traces(const char *cmd, int argc, char **argv, const char **paths, av_t **as)
 {
     ropts_t o;
     memset(&o, 0, sizeof o);
@@ -1260,7 +1267,6 @@ int report_main(const char *cmd, int argc, char **argv)
     bool no_color = getenv("NO_COLOR") != NULL;
     const char *at_arg = NULL; /* peak --at as given, for its error message */
     bool device_all = false;   /* --device all: several devices' blocks summed */
-    const char *paths[256];
     size_t np = 0;
     for (int i = 0; i < argc; i++) {
         const char *s = argv[i];
@@ -1311,7 +1317,7 @@ int report_main(const char *cmd, int argc, char **argv)
         } else if (s[0] == '-' && s[1]) {
             fprintf(stderr, "allocview %s: unknown option %s (see allocview %s --help)\n", cmd, s, cmd);
             return EXIT_USAGE;
-        } else if (np < 256) {
+        } else {
             paths[np++] = s;
         }
     }
@@ -1325,7 +1331,6 @@ int report_main(const char *cmd, int argc, char **argv)
     }
     color = !no_color && !o.json && isatty(STDOUT_FILENO);
     o.av.progress = isatty(STDERR_FILENO);
-    av_t *as[256];
     int status = 0;
     size_t na = 0;
     for (size_t i = 0; i < np; i++) {
@@ -1374,4 +1379,22 @@ int report_main(const char *cmd, int argc, char **argv)
         av_free(as[i]);
     }
     return status;
+}
+
+int report_main(const char *cmd, int argc, char **argv)
+{
+    /* Every trace named is reported (one per rank: any number of ranks); at most argc of them. */
+    size_t room = argc > 0 ? (size_t)argc : 1;
+    const char **paths = malloc(room * sizeof *paths);
+    av_t **as = malloc(room * sizeof *as);
+    int st;
+    if (paths && as) {
+        st = report_traces(cmd, argc, argv, paths, as);
+    } else {
+        fprintf(stderr, "allocview: out of memory\n");
+        st = EXIT_UNREADABLE;
+    }
+    free(paths);
+    free(as);
+    return st;
 }
