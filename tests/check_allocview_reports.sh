@@ -201,6 +201,22 @@ if [ -n "$demo" ]; then
     "$allocview" report --no-color "$tmp/demo.trace" >"$tmp/demo.txt" 2>&1
     grep -q "20 marks (20 steps)" "$tmp/demo.txt" || bad "the demo's trace lacks its 20 step marks: $(head -12 "$tmp/demo.txt")"
     grep -q "Longest batches: step [0-9]* peaked at" "$tmp/demo.txt" || bad "the demo's diagnosis: $(tail -4 "$tmp/demo.txt")"
+    # A ring trace that lost its oldest events: every report says its figures are of the window
+    # that survived (a complete trace says nothing of the kind).
+    CUALLOC_CONF="trace:$tmp/ring.trace,trace_max_mb:1,trace_ring:1" "$demo" --steps 60 --quiet >/dev/null 2>&1
+    if "$allocview" summary "$tmp/ring.trace" | grep -q "the oldest events were overwritten"; then
+        for c in report peak sites leaks oom; do
+            "$allocview" $c --no-color "$tmp/ring.trace" | grep -q "^  warning   a ring trace whose oldest events were overwritten: " ||
+                bad "ring: $c does not say the oldest events were overwritten"
+        done
+        "$allocview" report --json "$tmp/ring.trace" | python3 -c 'import json,sys; sys.exit(json.load(sys.stdin)["overwritten"] is not True)' ||
+            bad "ring: report --json lacks overwritten: true"
+        "$allocview" report --no-color "$tmp/demo.trace" | grep -q "oldest events were overwritten" && bad "demo: a complete trace said to be overwritten"
+        python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["overwritten"] is not False)' "$tmp/demo.json" ||
+            bad "demo: report --json lacks overwritten: false"
+    else
+        bad "the ring trace was not overwritten (the test needs a longer run)"
+    fi
 fi
 
 # Every command on truncated copies: exit 0 or 3, a report on stdout, never a crash.

@@ -725,6 +725,24 @@ static void devices_text(FILE *out, const av_t *a)
     fprintf(out, "%s (--device N for one)\n", n > 8 ? ", ..." : "");
 }
 
+/* A ring trace that lost its oldest events: what the figures printed after it are of. */
+static void ring_text(FILE *out, const av_t *a)
+{
+    if (!tr_info(a->r)->overwritten)
+        return;
+    /* The blocks and mappings made before the window are never seen: every figure is of the
+     * window, and allocated and reserved count only what it made (reserved may read below
+     * allocated when the mappings came before it). */
+    fprintf(out,
+            "  %swarning%s   a ring trace whose oldest events were overwritten: the report covers only the newest "
+            "events (from +0 s here); its peak, call sites, steps and leaks are of that window, and blocks "
+            "allocated or memory mapped before it are not counted",
+            C_R(), C_0());
+    if (a->acct.unmatched_frees)
+        fprintf(out, " (%" PRIu64 " frees of blocks it never saw allocated)", a->acct.unmatched_frees);
+    fprintf(out, "\n");
+}
+
 static void header_text(FILE *out, const av_t *a, const ropts_t *o)
 {
     char buf[2048], ended[768], conf[1024];
@@ -770,6 +788,7 @@ static void header_text(FILE *out, const av_t *a, const ropts_t *o)
     fprintf(out, "  ended     %s%s%s\n", a->acct.end_seen && a->acct.end_reason == 0 && !a->nooms ? "" : C_R(),
             ended, C_0());
     devices_text(out, a);
+    ring_text(out, a);
     if (a->warning[0] && !o->redact)
         fprintf(out, "  warning   %s\n", a->warning);
 }
@@ -912,6 +931,8 @@ static void process_json(FILE *out, const av_t *a, const ropts_t *o)
     txt_json_string(out, buf);
     fprintf(out, ", \"rank\": %" PRId64 ", \"ended\": \"%s\", \"duration_ns\": %" PRIu64 ", \"num_ooms\": %zu",
             a->rank, ended_key(a), a->acct.any_event ? a->acct.last_time - a->acct.first_time : 0, a->nooms);
+    /* true: a ring trace that lost its oldest events; every figure is of the window that survived */
+    fprintf(out, ", \"overwritten\": %s", tr_info(a->r)->overwritten ? "true" : "false");
     fprintf(out, ", \"device\": ");
     if (a->one_device)
         fprintf(out, "%u", a->device);
@@ -1060,9 +1081,11 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
         diag_text(out, d, nd);
     } else if (strcmp(cmd, "peak") == 0) {
         devices_text(out, a);
+        ring_text(out, a);
         peak_text(out, a, sym, o, o->av.at_mark || o->av.at_time_ns >= 0);
     } else if (strcmp(cmd, "oom") == 0) {
         devices_text(out, a);
+        ring_text(out, a);
         if (!a->nooms)
             fprintf(out, "no OOM in this trace\n");
         oom_text(out, a, sym, o);
@@ -1072,6 +1095,7 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
         }
     } else if (strcmp(cmd, "sites") == 0) {
         devices_text(out, a);
+        ring_text(out, a);
         size_t n;
         site_t *v = collect_sites(a, sym, VIEW_PEAK, NULL, &n);
         fprintf(out, "%sCall sites at the peak%s (%s allocated, %s, in %s)\n", C_B(), C_0(), H(a->peak_alloc),
@@ -1086,6 +1110,7 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
     } else if (strcmp(cmd, "leaks") == 0) {
         size_t nl = 0;
         devices_text(out, a);
+        ring_text(out, a);
         fprintf(out, "%sLeaks%s (judged over %s)\n", C_B(), C_0(),
                 use_step_leaks(a) ? "step ends" : "windows of allocations: the trace has fewer than 3 step marks");
         for (size_t i = 0; i < nd && nl < (size_t)o->top; i++)
