@@ -34,7 +34,8 @@ record optstep optstep sim_memory_mb:512
 record twodev twodev sim_memory_mb:256,sim_devices:2
 record latepeak latepeak sim_memory_mb:256
 record twoleaks twoleaks sim_memory_mb:256
-traces="leak shortage frag step2 longest varlen phase optstep twodev latepeak twoleaks"
+record evalstep evalstep sim_memory_mb:512
+traces="leak shortage frag step2 longest varlen phase optstep twodev latepeak twoleaks evalstep"
 if [ -n "$fakecuda" ]; then
     # The CUDA backend on the fake driver, whose memory the scenario's other library shares.
     LD_LIBRARY_PATH=$fakecuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} CUALLOC_CONF=driver:cuda,sim_memory_mb:128 \
@@ -68,7 +69,7 @@ check() { # EXPECTED-NAME ARGS...
         bad "allocview $* differs from expected/report_$name.txt (UPDATE_EXPECTED=1 to regenerate)"
     fi
 }
-for t in leak shortage frag step2 longest varlen phase twodev latepeak; do
+for t in leak shortage frag step2 longest varlen phase twodev latepeak evalstep; do
     check "$t" report "$t.trace"
 done
 # More steps than the Steps list shows: the rows the report names elsewhere (the peak's, the
@@ -160,6 +161,10 @@ want step2 step2-jump; wantnot step2 leak; wantnot step2 longest-batch
 want longest longest-batch; wantnot longest step2-jump; wantnot longest leak
 want varlen longest-batch; wantnot varlen step2-jump; wantnot varlen leak
 want phase phase; wantnot phase leak
+# A phase closed by "step N" (written at step N's end) holds step N's training too: the segment is
+# named as both, and the phase is not blamed for its peak.
+want evalstep phase-or-step; wantnot evalstep phase
+grep -q '"label": "eval + step 4"' "$tmp/evalstep.json" || bad "evalstep: no segment 'eval + step 4' in $(cat "$tmp/evalstep.json")"
 want optstep optimizer-step; wantnot optstep step2-jump; wantnot step2 optimizer-step
 
 # The views name call sites as the report does: function (file:line), callers where needed.

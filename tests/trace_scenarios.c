@@ -118,7 +118,7 @@ static NOINLINE void *big_buffer(size_t bytes) { return tensor_empty(bytes); }
 int main(int argc, char **argv)
 {
     if (argc != 3) {
-        fprintf(stderr, "usage: trace_scenarios leak|shortage|frag|twodev|devicefull|step2|longest|varlen|phase|optstep|latepeak|twoleaks TRACE\n");
+        fprintf(stderr, "usage: trace_scenarios leak|shortage|frag|twodev|devicefull|step2|longest|varlen|phase|optstep|latepeak|twoleaks|evalstep TRACE\n");
         return 1;
     }
     const char *s = argv[1];
@@ -217,6 +217,18 @@ int main(int argc, char **argv)
             record_loss();
             mark_step(step);
         }
+    } else if (strcmp(s, "evalstep") == 0) {
+        /* phase, without the mark that ends the evaluation: training resumes and "step 4" is
+         * written at its end, so one segment holds the evaluation and step 4. */
+        init_params(32 * MIB);
+        for (int step = 1; step <= 3; step++) {
+            train_step(8 * MIB, 4);
+            mark_step(step);
+        }
+        cualloc_mark("eval");
+        eval_pass(32 * MIB, 4);
+        train_step(8 * MIB, 4);
+        mark_step(4);
     } else {
         fprintf(stderr, "trace_scenarios: unknown scenario %s\n", s);
         return 1;

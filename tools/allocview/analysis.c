@@ -211,6 +211,18 @@ static void on_mark(av_t *a, const char *label, uint64_t time, uint64_t seq)
         g->kind = AV_SEG_STEP;
         g->step = n;
         snprintf(g->label, sizeof g->label, "step %ld", n);
+    } else if (n >= 0 && !a->marks_start_steps && g->kind == AV_SEG_PHASE) {
+        /* "step N" is written at step N's end: step N's work ran before it, after the phase's mark
+         * (or around it), with no mark in between. The segment is both; its label says so, the
+         * phase's name cut to leave room for the step's. */
+        char step[32];
+        int sl = snprintf(step, sizeof step, " + step %ld", n);
+        int room = (int)sizeof g->label - 1 - sl;
+        char phase[sizeof g->label];
+        snprintf(phase, sizeof phase, "%s", g->label);
+        snprintf(g->label, sizeof g->label, "%.*s%s", room > 0 ? room : 0, phase, step);
+        g->with_step = true;
+        g->step = n;
     }
     if (g->kind == AV_SEG_STEP) {
         a->step_bounds++;

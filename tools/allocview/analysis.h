@@ -57,6 +57,10 @@ typedef struct av_seg {
     uint64_t num_allocs;
     uint64_t first_free_seq;   /* 0: no free in it */
     bool closed;
+    /* AV_SEG_PHASE closed by "step N" where such marks end their steps: the segment holds the
+     * phase's work and then step N's (the rest of it, or all of it when the phase mark came
+     * between steps), and no mark tells the two apart; step = N, and the label names both. */
+    bool with_step;
 } av_seg_t;
 
 typedef struct av_oom {

@@ -242,7 +242,7 @@ static size_t label_sites(site_t *v, size_t n, size_t show)
 
 typedef struct diag {
     const char *rule;      /* "oom-fragmentation", "oom-shortage", "oom-device-full", "leak", "step2-jump", "optimizer-step",
-                              "longest-batch", "phase" */
+                              "longest-batch", "phase", "phase-or-step" */
     char text[1024];
     char fix[1024];
     uint64_t saving;       /* bytes the trace implies the fix can save (0: none claimed) */
@@ -562,13 +562,32 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
             const av_seg_t *g = &a->segs[i];
             if (g->kind != AV_SEG_PHASE || g->peak_alloc <= max_step + max_step / 20)
                 continue;
+            const char *rule = g->with_step ? "phase-or-step" : "phase";
             bool dup = false;
             for (size_t j = 0; j < nd; j++)
-                if (strcmp(d[j].rule, "phase") == 0 && strstr(d[j].text, g->label))
+                if (strcmp(d[j].rule, rule) == 0 && strstr(d[j].text, g->label))
                     dup = true;
             if (dup)
                 continue;
-            diag_t *x = diag_add(d, &nd, "phase", NULL);
+            diag_t *x = diag_add(d, &nd, rule, NULL);
+            if (g->with_step) {
+                /* The segment holds the phase and step N's training, unseparated by any mark: its
+                 * peak is either's, and the trace cannot say which. Nothing is blamed or claimed. */
+                char step[32];
+                int plen = (int)strlen(g->label) - snprintf(step, sizeof step, " + step %ld", g->step);
+                snprintf(x->text, sizeof x->text,
+                         "'%s' peaked at %s, %s above the highest training step (%s); it holds phase '%.*s' and "
+                         "then step %ld's training, with no mark between them, so the trace cannot tell which of "
+                         "the two set that peak.",
+                         g->label, H(g->peak_alloc), H(g->peak_alloc - max_step), H(max_step), plen, g->label,
+                         g->step);
+                snprintf(x->fix, sizeof x->fix,
+                         "Fix: mark the return to training when '%.*s' ends (cualloc_mark(\"train\"), "
+                         "cualloc_torch.mark(\"train\")) so that the next trace tells them apart; if it is "
+                         "'%.*s', run it with a batch no larger than training's and under torch.no_grad().",
+                         plen, g->label, plen, g->label);
+                continue;
+            }
             snprintf(x->text, sizeof x->text,
                      "Phase '%s' peaked at %s, %s above the highest training step (%s).", g->label,
                      H(g->peak_alloc), H(g->peak_alloc - max_step), H(max_step));
@@ -1207,7 +1226,7 @@ static void help(const char *cmd, FILE *out)
                 "  jump, the optimizer's step, the longest batch, a phase above training) with the fix to try\n"
                 "  first and what the trace says it saves. Several traces (one per rank): a table of ranks\n"
                 "  first. --json: \"diagnosis\" entries' \"rule\" is one of oom-fragmentation, oom-shortage,\n"
-                "  oom-device-full, leak, step2-jump, optimizer-step, longest-batch, phase.\n");
+                "  oom-device-full, leak, step2-jump, optimizer-step, longest-batch, phase, phase-or-step.\n");
     else if (strcmp(cmd, "peak") == 0)
         fprintf(out, "usage: allocview peak [--at TIME|MARK] [--json] [--no-color] [--redact] [--top N] TRACE\n"
                      "  The peak of allocated bytes: when, in which step or phase, requested / allocated /\n"
