@@ -6,8 +6,9 @@
  * reconstructed and written as INIT_BLOCK / INIT_MAP records:
  *   blocks: blocks freed (free_completed) in the trace that it never saw allocated, plus blocks of
  *           the final segments (active_allocated / active_pending_free) it never saw allocated;
- *   memory: final segments the trace never saw allocated, plus segments freed in the trace that it
- *           never saw allocated.
+ *   memory: the final segments' ranges with the trace's segment events undone from the last back
+ *           (minus what the trace mapped, plus what it unmapped): an expandable segment that grew
+ *           or was remapped in the window starts with only what was mapped before it.
  * Then per event: alloc -> ALLOC, free_completed -> FREE (completed; free_requested is ignored:
  * the block is reusable only once the free completes), segment_alloc / segment_map -> MAP,
  * segment_free / segment_unmap -> UNMAP with a TRIM before each run of segment_free (PyTorch
@@ -154,6 +155,79 @@ static int64_t geti(const py_t *d, const char *k)
     int64_t v = 0;
     py_as_int(py_dict_get(d, k), &v);
     return v;
+}
+
+/* ------------------------------------------------------------------------------ mapped ranges */
+
+/* A set of disjoint address ranges [addr, end), sorted by address. Adjacent ranges stay apart: each
+ * becomes one INIT_MAP, so a classic segment stays the segment PyTorch freed whole. */
+typedef struct rng { uint64_t addr, end; } rng_t;
+typedef struct rngs { rng_t *v; size_t n, cap; } rngs_t;
+
+/* Index of the first range ending after addr. */
+static size_t rngs_after(const rngs_t *m, uint64_t addr)
+{
+    size_t lo = 0, hi = m->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (m->v[mid].end <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static bool rngs_insert(rngs_t *m, size_t i, uint64_t addr, uint64_t end)
+{
+    if (m->n == m->cap) {
+        size_t cap = m->cap ? m->cap * 2 : 64;
+        rng_t *p = realloc(m->v, cap * sizeof *p);
+        if (!p)
+            return false;
+        m->v = p;
+        m->cap = cap;
+    }
+    memmove(m->v + i + 1, m->v + i, (m->n - i) * sizeof *m->v);
+    m->v[i] = (rng_t){addr, end};
+    m->n++;
+    return true;
+}
+
+/* Adds the parts of [addr, end) not in the set yet, each as a range of its own. */
+static bool rngs_add(rngs_t *m, uint64_t addr, uint64_t end)
+{
+    size_t i = rngs_after(m, addr);
+    uint64_t cur = addr;
+    while (cur < end) {
+        if (i < m->n && m->v[i].addr <= cur) {
+            cur = m->v[i++].end;
+            continue;
+        }
+        uint64_t gap_end = i < m->n && m->v[i].addr < end ? m->v[i].addr : end;
+        if (!rngs_insert(m, i++, cur, gap_end))
+            return false;
+        cur = gap_end;
+    }
+    return true;
+}
+
+/* Removes [addr, end) from the set, cutting the ranges it overlaps. */
+static bool rngs_remove(rngs_t *m, uint64_t addr, uint64_t end)
+{
+    size_t i = rngs_after(m, addr), j = i;
+    while (j < m->n && m->v[j].addr < end)
+        j++;
+    if (i == j)
+        return true;
+    rng_t first = m->v[i], last = m->v[j - 1];
+    memmove(m->v + i, m->v + j, (m->n - j) * sizeof *m->v);
+    m->n -= j - i;
+    if (last.end > end && !rngs_insert(m, i, end, last.end))
+        return false;
+    if (first.addr < addr && !rngs_insert(m, i, first.addr, addr))
+        return false;
+    return true;
 }
 
 static void import_usage(FILE *out)
@@ -316,10 +390,40 @@ int av_cmd_import(int argc, char **argv)
     uint64_t base_alloc[CUA_TRACE_MAX_DEVICES] = {0}, base_resv[CUA_TRACE_MAX_DEVICES] = {0};
     for (int d = 0; d < ndev && im.ok; d++) {
         const py_t *evs = py_item(traces, (size_t)d);
+        /* The memory mapped at the start, written before the starting blocks that lie in it: the
+         * final segments' ranges with the window's segment events undone, last first (a map undone
+         * removes its range, an unmap undone adds it back). So a segment mapped before the window
+         * stays whole, an expandable segment that grew in the window starts at its size before,
+         * and a range unmapped and mapped again is there from the start. A map whose range is not
+         * mapped at the end contradicts the snapshot; undoing it removes what there is, and the
+         * forward replay of `allocview export` names the contradiction. */
+        rngs_t mapped = {0};
+        for (size_t s = 0; s < py_len(segments); s++) {
+            const py_t *seg = py_item(segments, s);
+            uint64_t saddr = (uint64_t)geti(seg, "address"), ssize = (uint64_t)geti(seg, "total_size");
+            if (geti(seg, "device") == d && ssize && !rngs_add(&mapped, saddr, saddr + ssize))
+                im.ok = false;
+        }
+        for (size_t i = py_len(evs); i-- > 0 && im.ok;) {
+            const py_t *e = py_item(evs, i);
+            const py_t *a = py_dict_get(e, "action");
+            uint64_t addr = (uint64_t)geti(e, "addr"), size = (uint64_t)geti(e, "size");
+            if (!size)
+                continue;
+            if (py_str_eq(a, "segment_alloc") || py_str_eq(a, "segment_map"))
+                im.ok = rngs_remove(&mapped, addr, addr + size);
+            else if (py_str_eq(a, "segment_free") || py_str_eq(a, "segment_unmap"))
+                im.ok = rngs_add(&mapped, addr, addr + size);
+        }
+        for (size_t r = 0; r < mapped.n; r++) {
+            tw_map(im.w, t0, (uint32_t)d, mapped.v[r].addr, mapped.v[r].end - mapped.v[r].addr, false, true);
+            base_resv[d] += mapped.v[r].end - mapped.v[r].addr;
+            nmaps++;
+        }
+        free(mapped.v);
         /* Pass 1: what the trace saw allocated first, and what it freed without seeing it. */
-        u64map_t seen_alloc, seen_seg, init_blocks;
+        u64map_t seen_alloc, init_blocks;
         u64map_init(&seen_alloc);
-        u64map_init(&seen_seg);
         u64map_init(&init_blocks);
         for (size_t i = 0; i < py_len(evs); i++) {
             const py_t *e = py_item(evs, i);
@@ -335,26 +439,13 @@ int av_cmd_import(int argc, char **argv)
                     nblocks++;
                 }
                 set_add(&im, &seen_alloc, addr); /* a later alloc at that address is a new block */
-            } else if (py_str_eq(a, "segment_alloc") || py_str_eq(a, "segment_map")) {
-                set_add(&im, &seen_seg, addr);
-            } else if ((py_str_eq(a, "segment_free") || py_str_eq(a, "segment_unmap")) && !u64map_has(&seen_seg, addr)) {
-                tw_map(im.w, t0, (uint32_t)d, addr, size, false, true);
-                base_resv[d] += size;
-                nmaps++;
-                set_add(&im, &seen_seg, addr);
             }
         }
-        /* Final segments the trace never saw mapped, and their live blocks it never saw allocated. */
+        /* The final segments' live blocks the trace never saw allocated. */
         for (size_t s = 0; s < py_len(segments); s++) {
             const py_t *seg = py_item(segments, s);
             if (geti(seg, "device") != d)
                 continue;
-            uint64_t saddr = (uint64_t)geti(seg, "address");
-            if (!u64map_has(&seen_seg, saddr)) {
-                tw_map(im.w, t0, (uint32_t)d, saddr, (uint64_t)geti(seg, "total_size"), false, true);
-                base_resv[d] += (uint64_t)geti(seg, "total_size");
-                nmaps++;
-            }
             const py_t *blocks = py_dict_get(seg, "blocks");
             for (size_t b = 0; b < py_len(blocks); b++) {
                 const py_t *blk = py_item(blocks, b);
@@ -372,7 +463,6 @@ int av_cmd_import(int argc, char **argv)
             }
         }
         u64map_free(&seen_alloc);
-        u64map_free(&seen_seg);
         u64map_free(&init_blocks);
     }
 

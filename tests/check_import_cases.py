@@ -1,0 +1,176 @@
+"""check_import_cases.py ALLOCVIEW — `allocview import` (and `export --pytorch` back) on small
+snapshots crafted here, one case per behaviour the import must get right, each checked on the
+records it writes (`allocview dump`) and on the snapshot the export makes of them:
+  expand_grow     an expandable segment that grows inside the window: the starting state maps only
+                  what was mapped before the window, so reserved memory is the final segment's size
+  expand_remap    part of an expandable segment unmapped and mapped again inside the window: the
+                  starting state maps the whole segment, and its live block lies in mapped memory
+Exits 1 naming every failed check."""
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+
+AV = sys.argv[1]
+tmp = tempfile.mkdtemp()
+B = 0x7F0000000000
+M = 1 << 20
+failures = []
+
+
+def check(case, cond, msg):
+    if not cond:
+        failures.append("%s: %s" % (case, msg))
+        print("FAIL: %s: %s" % (case, msg))
+    return cond
+
+
+def run(*args):
+    p = subprocess.run([AV] + [str(a) for a in args], capture_output=True, text=True)
+    return p.returncode, p.stdout, p.stderr
+
+
+# Snapshot pieces, shaped as torch.cuda.memory._snapshot() writes them.
+def ev(action, addr, size, t, stream=0, frames=None, **kw):
+    e = {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": t, "frames": frames or []}
+    e.update(kw)
+    return e
+
+
+def blk(addr, size, state="active_allocated", req=None):
+    return {"address": addr, "size": size, "requested_size": size if req is None else req, "state": state,
+            "frames": []}
+
+
+def seg(addr, total, blocks, device=0, stream=0, expandable=False):
+    live = [b for b in blocks if b["state"] != "inactive"]
+    return {"device": device, "address": addr, "total_size": total, "allocated_size": sum(b["size"] for b in live),
+            "active_size": sum(b["size"] for b in live), "requested_size": sum(b["requested_size"] for b in live),
+            "stream": stream, "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": expandable,
+            "frames": [], "blocks": blocks}
+
+
+def snap(segments, traces, ann=None, expandable=False):
+    return {"segments": segments, "device_traces": traces, "external_annotations": ann or [],
+            "allocator_settings": {"expandable_segments": expandable}}
+
+
+def write(name, obj):
+    path = os.path.join(tmp, name + ".pickle")
+    with open(path, "wb") as f:
+        pickle.dump(obj, f, protocol=4)
+    return path
+
+
+def import_(name, obj):
+    """Imports obj; returns (exit status, stderr, trace path)."""
+    src = write(name, obj) if not isinstance(obj, str) else obj
+    trace = os.path.join(tmp, name + ".trace")
+    rc, _, err = run("import", src, "-o", trace)
+    return rc, err, trace
+
+
+def records(trace):
+    """The trace's records as (kind, {key: value}, text after the first quote) from `allocview dump`."""
+    rc, out, err = run("dump", trace)
+    out_recs = []
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) < 2:
+            continue
+        kv = {}
+        for x in f[2:]:
+            if "=" in x and not x.startswith('"'):
+                k, v = x.split("=", 1)
+                kv[k] = v
+        if "completed" in f[2:]:
+            kv["completed"] = True
+        label = line.split('"', 1)[1].rstrip()[:-1] if f[1] == "mark" else None
+        out_recs.append((f[1], kv, label))
+    return out_recs
+
+
+def export(name, trace):
+    """Exports trace; returns (exit status, stderr, the snapshot or None)."""
+    out = os.path.join(tmp, name + ".out.pickle")
+    rc, _, err = run("export", "--pytorch", out, trace)
+    return rc, err, (pickle.load(open(out, "rb")) if rc == 0 else None)
+
+
+def num(v):
+    return int(v, 0)
+
+
+def ranges(recs, kinds, dev="0"):
+    return sorted((num(kv["addr"]), num(kv["addr"]) + num(kv["size"])) for k, kv, _ in recs
+                  if k in kinds and kv.get("dev") == dev)
+
+
+def summary_json(trace):
+    import json
+    rc, out, err = run("summary", "--json", trace)
+    return json.loads(out) if rc == 0 else {}
+
+
+cases = []
+
+
+def case(fn):
+    cases.append(fn)
+    return fn
+
+
+@case
+def expand_grow():
+    """[B, B+2M) mapped before the window; the window maps [B+2M, B+4M) and allocates there."""
+    c = "expand_grow"
+    tr = [ev("segment_map", B + 2 * M, 2 * M, 10), ev("alloc", B + 2 * M, 2 * M, 20)]
+    s = snap([seg(B, 4 * M, [blk(B, 2 * M, "inactive", 0), blk(B + 2 * M, 2 * M)], expandable=True)], [tr],
+             expandable=True)
+    rc, err, trace = import_(c, s)
+    if not check(c, rc == 0, "import exited %d: %s" % (rc, err)):
+        return
+    recs = records(trace)
+    check(c, ranges(recs, ("init_map",)) == [(B, B + 2 * M)],
+          "starting mapped ranges %r, want only [B, B+2M)" % ranges(recs, ("init_map",)))
+    sj = summary_json(trace)
+    check(c, sj.get("peak_reserved_bytes") == 4 * M, "peak reserved %r, want 4 MiB" % sj.get("peak_reserved_bytes"))
+    rc, err, out = export(c, trace)
+    if check(c, rc == 0, "export exited %d: %s" % (rc, err)):
+        check(c, [(g["address"], g["total_size"]) for g in out["segments"]] == [(B, 4 * M)],
+              "exported segments %r" % out["segments"])
+
+
+@case
+def expand_remap():
+    """A 4 MiB segment mapped before the window, a 1 MiB block live in it from before; the window
+    unmaps [B, B+2M) and maps it again."""
+    c = "expand_remap"
+    tr = [ev("segment_unmap", B, 2 * M, 10), ev("segment_map", B, 2 * M, 20)]
+    s = snap([seg(B, 4 * M, [blk(B, 2 * M, "inactive", 0), blk(B + 2 * M, M), blk(B + 3 * M, M, "inactive", 0)],
+                  expandable=True)], [tr], expandable=True)
+    rc, err, trace = import_(c, s)
+    if not check(c, rc == 0, "import exited %d: %s" % (rc, err)):
+        return
+    recs = records(trace)
+    init = ranges(recs, ("init_map",))
+    check(c, sum(e - a for a, e in init) == 4 * M and init[0][0] == B and init[-1][1] == B + 4 * M,
+          "starting mapped ranges %r, want all of [B, B+4M)" % init)
+    rc, err, out = export(c, trace)
+    if check(c, rc == 0, "export exited %d: %s" % (rc, err)):
+        check(c, "inferred" not in err, "the export had to infer the starting state: %s" % err.strip())
+        check(c, [(g["address"], g["total_size"]) for g in out["segments"]] == [(B, 4 * M)],
+              "exported segments %r" % out["segments"])
+
+
+only = sys.argv[2:]
+for fn in cases:
+    if not only or fn.__name__ in only:
+        fn()
+shutil.rmtree(tmp)
+if failures:
+    print("%d check(s) failed" % len(failures))
+    sys.exit(1)
+print("check_import_cases: all %d cases passed" % len(cases))
