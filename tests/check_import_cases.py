@@ -5,6 +5,9 @@ records it writes (`allocview dump`) and on the snapshot the export makes of the
                   what was mapped before the window, so reserved memory is the final segment's size
   expand_remap    part of an expandable segment unmapped and mapped again inside the window: the
                   starting state maps the whole segment, and its live block lies in mapped memory
+  multidev        two devices whose events interleave in time, and an annotation between them: the
+                  trace has every event at its own time, in time order, and the export gives each
+                  device its events at their times
 Exits 1 naming every failed check."""
 import os
 import pickle
@@ -163,6 +166,34 @@ def expand_remap():
         check(c, "inferred" not in err, "the export had to infer the starting state: %s" % err.strip())
         check(c, [(g["address"], g["total_size"]) for g in out["segments"]] == [(B, 4 * M)],
               "exported segments %r" % out["segments"])
+
+
+@case
+def multidev():
+    c = "multidev"
+    B1 = 0x7E0000000000
+    d0 = [ev("segment_alloc", B, 2 * M, 100), ev("alloc", B, M, 110), ev("free_requested", B, M, 300),
+          ev("free_completed", B, M, 300)]
+    d1 = [ev("segment_alloc", B1, 2 * M, 105), ev("alloc", B1, M, 200), ev("free_requested", B1, M, 250),
+          ev("free_completed", B1, M, 250)]
+    ann = [{"stage": "START", "name": "fwd", "device": 1, "time_us": 150}]
+    s = snap([seg(B, 2 * M, [blk(B, 2 * M, "inactive", 0)]), seg(B1, 2 * M, [blk(B1, 2 * M, "inactive", 0)], device=1)],
+             [d0, d1], ann)
+    rc, err, trace = import_(c, s)
+    if not check(c, rc == 0, "import exited %d: %s" % (rc, err)):
+        return
+    got = [(k, kv.get("dev"), num(kv["t"]) // 1000) for k, kv, _ in records(trace)
+           if k in ("map", "alloc", "free", "mark")]
+    want = [("map", "0", 100), ("map", "1", 105), ("alloc", "0", 110), ("mark", None, 150), ("alloc", "1", 200),
+            ("free", "1", 250), ("free", "0", 300)]
+    check(c, got == want, "records (kind, device, time_us) %r, want %r" % (got, want))
+    rc, err, out = export(c, trace)
+    if check(c, rc == 0, "export exited %d: %s" % (rc, err)):
+        for d, orig in enumerate((d0, d1)):
+            back = [(e["action"], e["time_us"]) for e in out["device_traces"][d]]
+            check(c, back == [(e["action"], e["time_us"]) for e in orig], "device %d's events came back as %r" % (d, back))
+        check(c, [a["time_us"] for a in out["external_annotations"]] == [150],
+              "annotations %r" % out["external_annotations"])
 
 
 only = sys.argv[2:]

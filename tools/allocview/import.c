@@ -9,7 +9,8 @@
  *   memory: the final segments' ranges with the trace's segment events undone from the last back
  *           (minus what the trace mapped, plus what it unmapped): an expandable segment that grew
  *           or was remapped in the window starts with only what was mapped before it.
- * Then per event: alloc -> ALLOC, free_completed -> FREE (completed; free_requested is ignored:
+ * Then the events of every device and the annotations, merged by time (each device's own order
+ * kept), per event: alloc -> ALLOC, free_completed -> FREE (completed; free_requested is ignored:
  * the block is reusable only once the free completes), segment_alloc / segment_map -> MAP,
  * segment_free / segment_unmap -> UNMAP with a TRIM before each run of segment_free (PyTorch
  * frees segments when releasing its cache), oom -> OOM, external_annotations -> MARK ("STAGE
@@ -260,6 +261,59 @@ static void write_annotation(tw_t *w, const ann_t *a)
     tw_mark(w, a->time, label);
 }
 
+/* One device's place and state in pass 2. */
+typedef struct devpass {
+    const py_t *evs;   /* its device_traces list */
+    size_t i, n;       /* the next event, the number of events */
+    u64map_t sizes;    /* addr -> allocated size of blocks allocated in the trace */
+    uint64_t alloc_now, resv_now; /* its allocated and reserved bytes so far, for OOM records */
+    bool in_free_run;  /* the previous event was a segment_free (one TRIM heads a run of them) */
+} devpass_t;
+
+/* Writes event e of device d; false when it writes nothing (free_requested, snapshot and unknown
+ * actions). */
+static bool import_event(imp_t *im, devpass_t *p, uint32_t d, const py_t *e, uint64_t devmem)
+{
+    const py_t *a = py_dict_get(e, "action");
+    uint64_t t = (uint64_t)geti(e, "time_us") * 1000;
+    uint64_t addr = (uint64_t)geti(e, "addr"), size = (uint64_t)geti(e, "size");
+    uint32_t sid = stream_id(im, (uint64_t)geti(e, "stream"));
+    bool segfree = py_str_eq(a, "segment_free") || py_str_eq(a, "segment_unmap");
+    if (py_str_eq(a, "segment_free") && !p->in_free_run)
+        tw_trim(im->w, t, d);
+    p->in_free_run = py_str_eq(a, "segment_free") ? true : (segfree ? p->in_free_run : false);
+    bool seen_it;
+    if (py_str_eq(a, "alloc")) {
+        uint64_t r = round_size(size), *slot = u64map_slot(&p->sizes, addr, &seen_it);
+        if (slot)
+            *slot = r;
+        else
+            im->ok = false;
+        im->ok &= tw_alloc(im->w, t, d, sid, addr, r, size, stack_of(im, py_dict_get(e, "frames")), false);
+        p->alloc_now += r;
+    } else if (py_str_eq(a, "free_completed")) {
+        uint64_t *r = u64map_slot(&p->sizes, addr, &seen_it);
+        if (!r)
+            im->ok = false;
+        uint64_t freed = r && *r ? *r : round_size(size);
+        im->ok &= tw_free(im->w, t, d, sid, addr, freed, true);
+        p->alloc_now = p->alloc_now > freed ? p->alloc_now - freed : 0;
+    } else if (py_str_eq(a, "segment_alloc") || py_str_eq(a, "segment_map")) {
+        im->ok &= tw_map(im->w, t, d, addr, size, false, false);
+        p->resv_now += size;
+    } else if (segfree) {
+        im->ok &= tw_map(im->w, t, d, addr, size, true, false);
+        p->resv_now = p->resv_now > size ? p->resv_now - size : 0;
+    } else if (py_str_eq(a, "oom")) {
+        uint64_t dfree = (uint64_t)geti(e, "device_free");
+        im->ok &= tw_oom(im->w, t, d, sid, stack_of(im, py_dict_get(e, "frames")), size, round_size(size), devmem,
+                         p->alloc_now, p->resv_now, dfree, 0);
+    } else {
+        return false; /* free_requested, snapshot, unknown actions */
+    }
+    return true;
+}
+
 int av_cmd_import(int argc, char **argv)
 {
     const char *in = NULL, *out = NULL;
@@ -479,69 +533,52 @@ int av_cmd_import(int argc, char **argv)
     else
         nann = 0;
 
-    /* Pass 2: the events (devices one after the other when there are several). */
-    uint64_t live_alloc_sizes = 0;
-    for (int d = 0; d < ndev && im.ok; d++) {
-        const py_t *evs = py_item(traces, (size_t)d);
-        u64map_t sizes; /* addr -> rounded size of blocks live in the trace */
-        u64map_init(&sizes);
-        uint64_t alloc_now = base_alloc[d], resv_now = base_resv[d]; /* the device's bytes so far */
-        bool in_free_run = false;
-        for (size_t i = 0; i < py_len(evs) && im.ok; i++) {
-            const py_t *e = py_item(evs, i);
-            const py_t *a = py_dict_get(e, "action");
-            uint64_t t = (uint64_t)geti(e, "time_us") * 1000;
-            while (ai < nann && av[ai].time <= t) {
-                write_annotation(im.w, &av[ai]);
-                ai++;
-            }
-            uint64_t addr = (uint64_t)geti(e, "addr"), size = (uint64_t)geti(e, "size");
-            uint32_t sid = stream_id(&im, (uint64_t)geti(e, "stream"));
-            bool segfree = py_str_eq(a, "segment_free") || py_str_eq(a, "segment_unmap");
-            if (py_str_eq(a, "segment_free") && !in_free_run)
-                tw_trim(im.w, t, (uint32_t)d);
-            in_free_run = py_str_eq(a, "segment_free") ? true : (segfree ? in_free_run : false);
-            bool seen_it;
-            if (py_str_eq(a, "alloc")) {
-                uint64_t r = round_size(size), *slot = u64map_slot(&sizes, addr, &seen_it);
-                if (slot)
-                    *slot = r;
-                else
-                    im.ok = false;
-                im.ok &= tw_alloc(im.w, t, (uint32_t)d, sid, addr, r, size, stack_of(&im, py_dict_get(e, "frames")),
-                                  false);
-                alloc_now += r;
-                live_alloc_sizes++;
-            } else if (py_str_eq(a, "free_completed")) {
-                uint64_t *r = u64map_slot(&sizes, addr, &seen_it);
-                if (!r)
-                    im.ok = false;
-                uint64_t freed = r && *r ? *r : round_size(size);
-                im.ok &= tw_free(im.w, t, (uint32_t)d, sid, addr, freed, true);
-                alloc_now = alloc_now > freed ? alloc_now - freed : 0;
-            } else if (py_str_eq(a, "segment_alloc") || py_str_eq(a, "segment_map")) {
-                im.ok &= tw_map(im.w, t, (uint32_t)d, addr, size, false, false);
-                resv_now += size;
-            } else if (segfree) {
-                im.ok &= tw_map(im.w, t, (uint32_t)d, addr, size, true, false);
-                resv_now = resv_now > size ? resv_now - size : 0;
-            } else if (py_str_eq(a, "oom")) {
-                uint64_t dfree = (uint64_t)geti(e, "device_free");
-                im.ok &= tw_oom(im.w, t, (uint32_t)d, sid, stack_of(&im, py_dict_get(e, "frames")), size,
-                                round_size(size), devmem, alloc_now, resv_now, dfree, 0);
-            } else {
-                continue; /* free_requested, snapshot, unknown actions */
-            }
-            nev++;
-        }
-        u64map_free(&sizes);
+    /* Pass 2: the events of every device and the annotations, merged by time. The trace's times
+     * never go backwards (the writer holds a smaller time at the previous one), so writing the
+     * devices one after the other would move every later device's events to the first one's last
+     * time. Each device's own order is kept as the snapshot gives it: the merge takes the device
+     * whose next event is earliest (the lowest device on a tie), and annotations go before the
+     * events of their time. */
+    devpass_t *dp = calloc((size_t)ndev + 1, sizeof *dp);
+    if (!dp)
+        im.ok = false;
+    for (int d = 0; d < ndev && dp; d++) {
+        dp[d].evs = py_item(traces, (size_t)d);
+        dp[d].n = py_len(dp[d].evs);
+        u64map_init(&dp[d].sizes);
+        dp[d].alloc_now = base_alloc[d];
+        dp[d].resv_now = base_resv[d];
     }
+    while (im.ok) {
+        int best = -1;
+        uint64_t bt = 0;
+        for (int d = 0; d < ndev; d++) {
+            if (dp[d].i == dp[d].n)
+                continue;
+            uint64_t t = (uint64_t)geti(py_item(dp[d].evs, dp[d].i), "time_us") * 1000;
+            if (best < 0 || t < bt) {
+                best = d;
+                bt = t;
+            }
+        }
+        if (best < 0)
+            break;
+        while (ai < nann && av[ai].time <= bt) {
+            write_annotation(im.w, &av[ai]);
+            ai++;
+        }
+        devpass_t *p = &dp[best];
+        if (import_event(&im, p, (uint32_t)best, py_item(p->evs, p->i++), devmem))
+            nev++;
+    }
+    for (int d = 0; d < ndev && dp; d++)
+        u64map_free(&dp[d].sizes);
+    free(dp);
     while (ai < nann) {
         write_annotation(im.w, &av[ai]);
         ai++;
     }
     free(av);
-    (void)live_alloc_sizes;
     bool ok = im.ok;
     if (!tw_close(im.w, true, err, sizeof err)) {
         fprintf(stderr, "allocview import: %s: %s\n", out, err);
