@@ -8,6 +8,8 @@ records it writes (`allocview dump`) and on the snapshot the export makes of the
   multidev        two devices whose events interleave in time, and an annotation between them: the
                   trace has every event at its own time, in time order, and the export gives each
                   device its events at their times
+  blocksize       a block live at the end that is larger than its rounded request (PyTorch did not
+                  split off a small remainder): its allocation has the block's size, not the rounding
 Exits 1 naming every failed check."""
 import os
 import pickle
@@ -194,6 +196,27 @@ def multidev():
             check(c, back == [(e["action"], e["time_us"]) for e in orig], "device %d's events came back as %r" % (d, back))
         check(c, [a["time_us"] for a in out["external_annotations"]] == [150],
               "annotations %r" % out["external_annotations"])
+
+
+@case
+def blocksize():
+    c = "blocksize"
+    # 1.5 MiB requested twice at B: the first is freed (512-byte rounding is all there is to go
+    # by), the second is the block live at the end, 2 MiB.
+    tr = [ev("segment_alloc", B, 20 * M, 100), ev("alloc", B, 3 * M // 2, 110), ev("free_requested", B, 3 * M // 2, 120),
+          ev("free_completed", B, 3 * M // 2, 120), ev("alloc", B, 3 * M // 2, 130)]
+    s = snap([seg(B, 20 * M, [blk(B, 2 * M, req=3 * M // 2), blk(B + 2 * M, 18 * M, "inactive", 0)])], [tr])
+    rc, err, trace = import_(c, s)
+    if not check(c, rc == 0, "import exited %d: %s" % (rc, err)):
+        return
+    sizes = [(num(kv["size"]), num(kv["requested"])) for k, kv, _ in records(trace) if k == "alloc"]
+    check(c, sizes == [(3 * M // 2, 3 * M // 2), (2 * M, 3 * M // 2)],
+          "alloc (size, requested) %r, want the rounding then the live block's 2 MiB" % sizes)
+    rc, err, out = export(c, trace)
+    if check(c, rc == 0, "export exited %d: %s" % (rc, err)):
+        g = out["segments"][0]
+        check(c, g["allocated_size"] == 2 * M and [(b["size"], b["state"]) for b in g["blocks"]][0] ==
+              (2 * M, "active_allocated"), "exported segment %r" % g)
 
 
 only = sys.argv[2:]

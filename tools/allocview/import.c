@@ -15,9 +15,10 @@
  * segment_free / segment_unmap -> UNMAP with a TRIM before each run of segment_free (PyTorch
  * frees segments when releasing its cache), oom -> OOM, external_annotations -> MARK ("STAGE
  * name"; the name alone for marks `allocview export` wrote), frames -> stacks of PYFRAME nodes (C++ frames too: the snapshot has their names only).
- * Sizes: an event's size is the caller's requested size; ALLOC records it with the allocated
- * size PyTorch's round_size gives (512-byte multiples), so `requested` is exact and `allocated`
- * is the rounded size. The device's capacity is not in a snapshot: --device-memory (default
+ * Sizes: an event's size is the caller's requested size; ALLOC records it as `requested`, with
+ * the allocated size of the block when the snapshot has it (the last alloc at an address whose
+ * block is live in the final segments: that block's `size`), else the size PyTorch's round_size
+ * gives (512-byte multiples), which a block of a split segment can exceed. The device's capacity is not in a snapshot: --device-memory (default
  * 80 GiB). The CONFIG record is "expandable_segments:0" or ":1" as the snapshot's settings say,
  * so `allocview replay --conf recorded` replays under the allocator mode PyTorch used.
  */
@@ -266,14 +267,17 @@ typedef struct devpass {
     const py_t *evs;   /* its device_traces list */
     size_t i, n;       /* the next event, the number of events */
     u64map_t sizes;    /* addr -> allocated size of blocks allocated in the trace */
+    u64map_t last_alloc; /* addr -> 1 + index of the last alloc event at addr */
+    u64map_t final_size; /* addr -> size of the block live there in the final segments */
     uint64_t alloc_now, resv_now; /* its allocated and reserved bytes so far, for OOM records */
     bool in_free_run;  /* the previous event was a segment_free (one TRIM heads a run of them) */
 } devpass_t;
 
 /* Writes event e of device d; false when it writes nothing (free_requested, snapshot and unknown
  * actions). */
-static bool import_event(imp_t *im, devpass_t *p, uint32_t d, const py_t *e, uint64_t devmem)
+static bool import_event(imp_t *im, devpass_t *p, uint32_t d, size_t i, uint64_t devmem)
 {
+    const py_t *e = py_item(p->evs, i);
     const py_t *a = py_dict_get(e, "action");
     uint64_t t = (uint64_t)geti(e, "time_us") * 1000;
     uint64_t addr = (uint64_t)geti(e, "addr"), size = (uint64_t)geti(e, "size");
@@ -284,7 +288,15 @@ static bool import_event(imp_t *im, devpass_t *p, uint32_t d, const py_t *e, uin
     p->in_free_run = py_str_eq(a, "segment_free") ? true : (segfree ? p->in_free_run : false);
     bool seen_it;
     if (py_str_eq(a, "alloc")) {
-        uint64_t r = round_size(size), *slot = u64map_slot(&p->sizes, addr, &seen_it);
+        /* The allocated size: PyTorch's rounding of the request, unless this is the last alloc at
+         * the address and a block is live there at the end: then that block is this allocation,
+         * and its size is the real one (a block of a split segment can be larger than the rounded
+         * request: PyTorch leaves a remainder too small to split inside it). */
+        uint64_t r = round_size(size), *slot;
+        if (u64map_has(&p->last_alloc, addr) && *u64map_slot(&p->last_alloc, addr, &seen_it) == i + 1 &&
+            u64map_has(&p->final_size, addr) && *u64map_slot(&p->final_size, addr, &seen_it) >= size)
+            r = *u64map_slot(&p->final_size, addr, &seen_it);
+        slot = u64map_slot(&p->sizes, addr, &seen_it);
         if (slot)
             *slot = r;
         else
@@ -438,12 +450,23 @@ int av_cmd_import(int argc, char **argv)
         t0 = 0;
 
     uint64_t nblocks = 0, nmaps = 0, nev = 0;
+    /* Per device, its place and state in pass 2, and what pass 1 learns for it. */
+    devpass_t *dp = calloc((size_t)ndev + 1, sizeof *dp);
+    if (!dp)
+        im.ok = false;
+    for (int d = 0; d < ndev && dp; d++) {
+        dp[d].evs = py_item(traces, (size_t)d);
+        dp[d].n = py_len(dp[d].evs);
+        u64map_init(&dp[d].sizes);
+        u64map_init(&dp[d].last_alloc);
+        u64map_init(&dp[d].final_size);
+    }
     /* Each device's allocated and reserved bytes before its first event (the blocks and segments
      * written as already there), from which pass 2 keeps them current for the OOM records: the
      * diagnosis of an OOM weighs them against the capacity and the device's free memory. */
     uint64_t base_alloc[CUA_TRACE_MAX_DEVICES] = {0}, base_resv[CUA_TRACE_MAX_DEVICES] = {0};
     for (int d = 0; d < ndev && im.ok; d++) {
-        const py_t *evs = py_item(traces, (size_t)d);
+        const py_t *evs = dp[d].evs;
         /* The memory mapped at the start, written before the starting blocks that lie in it: the
          * final segments' ranges with the window's segment events undone, last first (a map undone
          * removes its range, an unmap undone adds it back). So a segment mapped before the window
@@ -479,12 +502,18 @@ int av_cmd_import(int argc, char **argv)
         u64map_t seen_alloc, init_blocks;
         u64map_init(&seen_alloc);
         u64map_init(&init_blocks);
+        bool seen;
         for (size_t i = 0; i < py_len(evs); i++) {
             const py_t *e = py_item(evs, i);
             const py_t *a = py_dict_get(e, "action");
             uint64_t addr = (uint64_t)geti(e, "addr"), size = (uint64_t)geti(e, "size");
             if (py_str_eq(a, "alloc")) {
                 set_add(&im, &seen_alloc, addr);
+                uint64_t *last = u64map_slot(&dp[d].last_alloc, addr, &seen);
+                if (last)
+                    *last = i + 1;
+                else
+                    im.ok = false;
             } else if (py_str_eq(a, "free_completed") && !u64map_has(&seen_alloc, addr)) {
                 if (!set_add(&im, &init_blocks, addr)) {
                     tw_alloc(im.w, t0, (uint32_t)d, stream_id(&im, (uint64_t)geti(e, "stream")), addr,
@@ -507,9 +536,14 @@ int av_cmd_import(int argc, char **argv)
                 if (!py_str_eq(state, "active_allocated") && !py_str_eq(state, "active_pending_free"))
                     continue;
                 uint64_t addr = (uint64_t)geti(blk, "address");
+                uint64_t size = (uint64_t)geti(blk, "size"), req = (uint64_t)geti(blk, "requested_size");
+                uint64_t *fs = u64map_slot(&dp[d].final_size, addr, &seen);
+                if (fs)
+                    *fs = size;
+                else
+                    im.ok = false;
                 if (u64map_has(&seen_alloc, addr))
                     continue;
-                uint64_t size = (uint64_t)geti(blk, "size"), req = (uint64_t)geti(blk, "requested_size");
                 tw_alloc(im.w, t0, (uint32_t)d, stream_id(&im, (uint64_t)geti(seg, "stream")), addr, size,
                          req ? req : size, stack_of(&im, py_dict_get(blk, "frames")), true);
                 base_alloc[d] += size;
@@ -539,13 +573,7 @@ int av_cmd_import(int argc, char **argv)
      * time. Each device's own order is kept as the snapshot gives it: the merge takes the device
      * whose next event is earliest (the lowest device on a tie), and annotations go before the
      * events of their time. */
-    devpass_t *dp = calloc((size_t)ndev + 1, sizeof *dp);
-    if (!dp)
-        im.ok = false;
     for (int d = 0; d < ndev && dp; d++) {
-        dp[d].evs = py_item(traces, (size_t)d);
-        dp[d].n = py_len(dp[d].evs);
-        u64map_init(&dp[d].sizes);
         dp[d].alloc_now = base_alloc[d];
         dp[d].resv_now = base_resv[d];
     }
@@ -568,11 +596,14 @@ int av_cmd_import(int argc, char **argv)
             ai++;
         }
         devpass_t *p = &dp[best];
-        if (import_event(&im, p, (uint32_t)best, py_item(p->evs, p->i++), devmem))
+        if (import_event(&im, p, (uint32_t)best, p->i++, devmem))
             nev++;
     }
-    for (int d = 0; d < ndev && dp; d++)
+    for (int d = 0; d < ndev && dp; d++) {
         u64map_free(&dp[d].sizes);
+        u64map_free(&dp[d].last_alloc);
+        u64map_free(&dp[d].final_size);
+    }
     free(dp);
     while (ai < nann) {
         write_annotation(im.w, &av[ai]);
@@ -595,8 +626,8 @@ int av_cmd_import(int argc, char **argv)
     }
     fprintf(stderr,
             "allocview import: %s -> %s: %d device%s, %" PRIu64 " initial blocks, %" PRIu64 " initial segments, %" PRIu64
-            " events, %zu marks, %u stack nodes, %s segments (sizes: requested exact, allocated = PyTorch's 512-byte "
-            "rounding)\n",
+            " events, %zu marks, %u stack nodes, %s segments (sizes: requested exact, allocated = the block's size when "
+            "it is live at the end, else PyTorch's 512-byte rounding)\n",
             in, out, ndev, ndev == 1 ? "" : "s", nblocks, nmaps, nev, nann, im.next_node,
             expandable ? "expandable" : "classic");
     return 0;
