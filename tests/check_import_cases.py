@@ -10,6 +10,10 @@ records it writes (`allocview dump`) and on the snapshot the export makes of the
                   device its events at their times
   blocksize       a block live at the end that is larger than its rounded request (PyTorch did not
                   split off a small remainder): its allocation has the block's size, not the rounding
+  pending         a free completed at once (the adjacent free_requested/free_completed pair) is one
+                  completed FREE; a stream-ordered one is FREE then FREE_DONE; one still waiting at
+                  the end (active_pending_free) is a FREE without FREE_DONE, and the export gives
+                  back the same events and the block as active_pending_free
 Exits 1 naming every failed check."""
 import os
 import pickle
@@ -217,6 +221,38 @@ def blocksize():
         g = out["segments"][0]
         check(c, g["allocated_size"] == 2 * M and [(b["size"], b["state"]) for b in g["blocks"]][0] ==
               (2 * M, "active_allocated"), "exported segment %r" % g)
+
+
+@case
+def pending():
+    c = "pending"
+    S = 0x55550000
+    tr = [ev("segment_alloc", B, 4 * M, 100),
+          ev("alloc", B, M, 110, stream=S), ev("alloc", B + M, M, 120, stream=S), ev("alloc", B + 2 * M, M, 125, stream=S),
+          ev("free_requested", B, M, 130, stream=S), ev("free_completed", B, M, 130, stream=S),
+          ev("free_requested", B + M, M, 140, stream=S), ev("alloc", B + 3 * M, M, 150, stream=S),
+          ev("free_completed", B + M, M, 160, stream=S),
+          ev("free_requested", B + 2 * M, M, 170, stream=S),
+          {"action": "oom", "device_free": 12345, "size": 80 << 30, "stream": S, "time_us": 180, "frames": []}]
+    s = snap([seg(B, 4 * M, [blk(B, 2 * M, "inactive", 0), blk(B + 2 * M, M, "active_pending_free"), blk(B + 3 * M, M)],
+                  stream=S)], [tr])
+    rc, err, trace = import_(c, s)
+    if not check(c, rc == 0, "import exited %d: %s" % (rc, err)):
+        return
+    recs = records(trace)
+    frees = [(k, num(kv["addr"]) - B, num(kv["t"]) // 1000, bool(kv.get("completed"))) for k, kv, _ in recs
+             if k in ("free", "free_done")]
+    want = [("free", 0, 130, True), ("free", M, 140, False), ("free_done", M, 160, False), ("free", 2 * M, 170, False)]
+    check(c, frees == want, "frees (kind, offset, time_us, completed) %r, want %r" % (frees, want))
+    oom = [kv for k, kv, _ in recs if k == "oom"]
+    check(c, len(oom) == 1 and num(oom[0]["allocated"]) == 2 * M,
+          "the OOM's allocated bytes %r, want 2 MiB (the pending block still counts)" % oom)
+    rc, err, out = export(c, trace)
+    if check(c, rc == 0, "export exited %d: %s" % (rc, err)):
+        back = [(e["action"], e.get("addr"), e["time_us"]) for e in out["device_traces"][0]]
+        check(c, back == [(e["action"], e.get("addr"), e["time_us"]) for e in tr], "events came back as %r" % back)
+        states = [(b["address"] - B, b["state"]) for g in out["segments"] for b in g["blocks"] if b["state"] != "inactive"]
+        check(c, states == [(2 * M, "active_pending_free"), (3 * M, "active_allocated")], "final blocks %r" % states)
 
 
 only = sys.argv[2:]

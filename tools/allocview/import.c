@@ -10,8 +10,9 @@
  *           (minus what the trace mapped, plus what it unmapped): an expandable segment that grew
  *           or was remapped in the window starts with only what was mapped before it.
  * Then the events of every device and the annotations, merged by time (each device's own order
- * kept), per event: alloc -> ALLOC, free_completed -> FREE (completed; free_requested is ignored:
- * the block is reusable only once the free completes), segment_alloc / segment_map -> MAP,
+ * kept), per event: alloc -> ALLOC, free_requested -> FREE and free_completed -> FREE_DONE (a block
+ * whose free waits for its streams is pending in between; a free_requested that the next event
+ * completes, and a free_completed with no request in the trace, are one completed FREE), segment_alloc / segment_map -> MAP,
  * segment_free / segment_unmap -> UNMAP with a TRIM before each run of segment_free (PyTorch
  * frees segments when releasing its cache), oom -> OOM, external_annotations -> MARK ("STAGE
  * name"; the name alone for marks `allocview export` wrote), frames -> stacks of PYFRAME nodes (C++ frames too: the snapshot has their names only).
@@ -269,12 +270,22 @@ typedef struct devpass {
     u64map_t sizes;    /* addr -> allocated size of blocks allocated in the trace */
     u64map_t last_alloc; /* addr -> 1 + index of the last alloc event at addr */
     u64map_t final_size; /* addr -> size of the block live there in the final segments */
+    u64map_t pending;  /* addr -> 1 while its free is requested (FREE written), not completed */
     uint64_t alloc_now, resv_now; /* its allocated and reserved bytes so far, for OOM records */
     bool in_free_run;  /* the previous event was a segment_free (one TRIM heads a run of them) */
 } devpass_t;
 
-/* Writes event e of device d; false when it writes nothing (free_requested, snapshot and unknown
- * actions). */
+/* true when event i of evs is a free_requested that the next event completes (free_completed
+ * at the same address): PyTorch writes that pair for every free whose memory is reusable at once. */
+static bool free_pair_at(const py_t *evs, size_t i)
+{
+    const py_t *e = py_item(evs, i), *n = py_item(evs, i + 1);
+    return n && py_str_eq(py_dict_get(e, "action"), "free_requested") &&
+           py_str_eq(py_dict_get(n, "action"), "free_completed") && geti(e, "addr") == geti(n, "addr");
+}
+
+/* Writes event i of device d; false when it writes nothing (the free_completed of a pair written
+ * as one completed FREE, snapshot and unknown actions). */
 static bool import_event(imp_t *im, devpass_t *p, uint32_t d, size_t i, uint64_t devmem)
 {
     const py_t *e = py_item(p->evs, i);
@@ -303,12 +314,35 @@ static bool import_event(imp_t *im, devpass_t *p, uint32_t d, size_t i, uint64_t
             im->ok = false;
         im->ok &= tw_alloc(im->w, t, d, sid, addr, r, size, stack_of(im, py_dict_get(e, "frames")), false);
         p->alloc_now += r;
-    } else if (py_str_eq(a, "free_completed")) {
+    } else if (py_str_eq(a, "free_requested") || py_str_eq(a, "free_completed")) {
+        /* free_requested -> FREE, free_completed -> FREE_DONE, as the trace format defines them: a
+         * block whose free waits for its streams (record_stream) stays pending in between, and
+         * one pending at the end exports as active_pending_free. The pair PyTorch writes for a
+         * free that completes at once is one completed FREE (what `allocview export` writes as
+         * that pair), and a free_completed with no request in the trace (made before the window
+         * began) is a completed FREE too. The allocated bytes for OOM records drop when the free
+         * completes, as PyTorch counts them. */
+        bool requested = py_str_eq(a, "free_requested");
+        if (!requested && i > 0 && free_pair_at(p->evs, i - 1))
+            return false; /* written with its request */
         uint64_t *r = u64map_slot(&p->sizes, addr, &seen_it);
-        if (!r)
-            im->ok = false;
         uint64_t freed = r && *r ? *r : round_size(size);
-        im->ok &= tw_free(im->w, t, d, sid, addr, freed, true);
+        uint64_t *pend = r ? u64map_slot(&p->pending, addr, &seen_it) : NULL;
+        if (!pend) {
+            im->ok = false;
+            return false;
+        }
+        if (requested && !free_pair_at(p->evs, i)) {
+            *pend = 1;
+            im->ok &= tw_free(im->w, t, d, sid, addr, freed, false);
+            return true;
+        }
+        if (!requested && *pend) {
+            *pend = 0;
+            im->ok &= tw_free_done(im->w, t, d, sid, addr, freed);
+        } else {
+            im->ok &= tw_free(im->w, t, d, sid, addr, freed, true);
+        }
         p->alloc_now = p->alloc_now > freed ? p->alloc_now - freed : 0;
     } else if (py_str_eq(a, "segment_alloc") || py_str_eq(a, "segment_map")) {
         im->ok &= tw_map(im->w, t, d, addr, size, false, false);
@@ -321,7 +355,7 @@ static bool import_event(imp_t *im, devpass_t *p, uint32_t d, size_t i, uint64_t
         im->ok &= tw_oom(im->w, t, d, sid, stack_of(im, py_dict_get(e, "frames")), size, round_size(size), devmem,
                          p->alloc_now, p->resv_now, dfree, 0);
     } else {
-        return false; /* free_requested, snapshot, unknown actions */
+        return false; /* snapshot, unknown actions */
     }
     return true;
 }
@@ -460,6 +494,7 @@ int av_cmd_import(int argc, char **argv)
         u64map_init(&dp[d].sizes);
         u64map_init(&dp[d].last_alloc);
         u64map_init(&dp[d].final_size);
+        u64map_init(&dp[d].pending);
     }
     /* Each device's allocated and reserved bytes before its first event (the blocks and segments
      * written as already there), from which pass 2 keeps them current for the OOM records: the
@@ -603,6 +638,7 @@ int av_cmd_import(int argc, char **argv)
         u64map_free(&dp[d].sizes);
         u64map_free(&dp[d].last_alloc);
         u64map_free(&dp[d].final_size);
+        u64map_free(&dp[d].pending);
     }
     free(dp);
     while (ai < nann) {
