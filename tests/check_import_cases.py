@@ -14,6 +14,11 @@ records it writes (`allocview dump`) and on the snapshot the export makes of the
                   completed FREE; a stream-ordered one is FREE then FREE_DONE; one still waiting at
                   the end (active_pending_free) is a FREE without FREE_DONE, and the export gives
                   back the same events and the block as active_pending_free
+  malformed       bad events and annotations (negative size, no addr, not a dict, unknown action, a
+                  size that is a str, a time_us that is a str) are skipped, each named by index and
+                  key, with a count at the end; the rest imports. Past 20 warnings only the count
+                  grows. A bad segment or block (what the starting state is built from) refuses the
+                  file naming it, and writes nothing
 Exits 1 naming every failed check."""
 import os
 import pickle
@@ -56,7 +61,7 @@ def blk(addr, size, state="active_allocated", req=None):
 def seg(addr, total, blocks, device=0, stream=0, expandable=False):
     live = [b for b in blocks if b["state"] != "inactive"]
     return {"device": device, "address": addr, "total_size": total, "allocated_size": sum(b["size"] for b in live),
-            "active_size": sum(b["size"] for b in live), "requested_size": sum(b["requested_size"] for b in live),
+            "active_size": sum(b["size"] for b in live), "requested_size": sum(b.get("requested_size", 0) for b in live),
             "stream": stream, "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": expandable,
             "frames": [], "blocks": blocks}
 
@@ -253,6 +258,49 @@ def pending():
         check(c, back == [(e["action"], e.get("addr"), e["time_us"]) for e in tr], "events came back as %r" % back)
         states = [(b["address"] - B, b["state"]) for g in out["segments"] for b in g["blocks"] if b["state"] != "inactive"]
         check(c, states == [(2 * M, "active_pending_free"), (3 * M, "active_allocated")], "final blocks %r" % states)
+
+
+@case
+def malformed():
+    c = "malformed"
+    tr = [ev("segment_alloc", B, 4 * M, 100), ev("alloc", B, -1, 110),
+          {"action": "alloc", "size": 4096, "stream": 0, "time_us": 120}, 42, ev("resize", B, M, 125),
+          ev("alloc", B, "1024", 127), ev("alloc", B + M, M, 130)]
+    ann = [{"stage": "START", "name": "ok", "time_us": 105}, {"stage": "START", "name": "bad", "time_us": "soon"}]
+    s = snap([seg(B, 4 * M, [blk(B, M, "inactive", 0), blk(B + M, M), blk(B + 2 * M, 2 * M, "inactive", 0)])], [tr], ann)
+    rc, err, trace = import_(c, s)
+    if not check(c, rc == 0, "import exited %d: %s" % (rc, err)):
+        return
+    for want in ("device_traces[0][1] 'size' is -1, below 0; event skipped",
+                 "device_traces[0][2] no 'addr'; event skipped",
+                 "device_traces[0][3] is an int, not a dict; event skipped",
+                 "device_traces[0][4] unknown action 'resize'; event skipped",
+                 "device_traces[0][5] 'size' is a str, not an integer; event skipped",
+                 "external_annotations[1] 'time_us' is a str, not an integer; annotation skipped",
+                 "6 malformed events or annotations skipped"):
+        check(c, want in err, "no %r in: %s" % (want, err))
+    recs = records(trace)
+    allocs = [(num(kv["addr"]), num(kv["size"])) for k, kv, _ in recs if k == "alloc"]
+    check(c, allocs == [(B + M, M)], "allocs %r, want only the good one" % allocs)
+    check(c, [l for k, _, l in recs if k == "mark"] == ["START ok"], "marks %r" % [l for k, _, l in recs if k == "mark"])
+    # Many bad events: 20 named, all counted.
+    rc, err, trace = import_(c + "-many", snap([], [[ev("alloc", B, -1, 10 + i) for i in range(25)]]))
+    check(c, rc == 0 and err.count("event skipped") == 20 and "25 malformed events or annotations skipped" in err,
+          "25 bad events: exit %d, %s" % (rc, err))
+    # A bad segment or block refuses the file.
+    for name, segs, want in (
+            ("badseg", [seg(B, -5, [])], "segments[0]: 'total_size' is -5, below 0"),
+            ("nodev", [{k: v for k, v in seg(B, 4 * M, []).items() if k != "device"}], "segments[0]: no 'device'"),
+            ("bigdev", [seg(B, 4 * M, [], device=300)], "segments[0]: 'device' is 300, out of range"),
+            ("badblk", [seg(B, 4 * M, [blk(B, M), {"size": M, "state": "active_allocated"}])],
+             "segments[0]: blocks[1]: no 'address'")):
+        trace = os.path.join(tmp, name + ".trace")
+        rc, _, err = run("import", write(name, snap(segs, [[]])), "-o", trace)
+        check(c, rc == 2 and want in err and "refused" in err, "%s: exit %d, %s" % (name, rc, err))
+        check(c, not os.path.exists(trace), "%s: a refused import wrote %s" % (name, trace))
+    rc, _, err = run("import", write("badtraces", {"segments": [], "device_traces": [[], 7]}), "-o",
+                     os.path.join(tmp, "badtraces.trace"))
+    check(c, rc == 2 and "device_traces[1] is an int, not a list" in err, "device_traces[1] = 7: exit %d, %s" % (rc, err))
 
 
 only = sys.argv[2:]

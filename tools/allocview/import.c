@@ -22,6 +22,8 @@
  * gives (512-byte multiples), which a block of a split segment can exceed. The device's capacity is not in a snapshot: --device-memory (default
  * 80 GiB). The CONFIG record is "expandable_segments:0" or ":1" as the snapshot's settings say,
  * so `allocview replay --conf recorded` replays under the allocator mode PyTorch used.
+ * Malformed input: a bad segment or block refuses the file, a bad event or annotation is skipped
+ * with a warning (see "input checks").
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -233,6 +235,157 @@ static bool rngs_remove(rngs_t *m, uint64_t addr, uint64_t end)
     return true;
 }
 
+/* ------------------------------------------------------------------------------ input checks */
+
+/* Malformed input never crashes the import and never passes silently. What the starting state is
+ * built from (the segments and their blocks, the shape of device_traces) must be whole: a segment
+ * or block without a usable address, size or state, a device out of range, device_traces not a
+ * list of lists refuses the file, naming the entry and key, and nothing is written. A malformed
+ * event or annotation (not a dict, no action, an unknown action, a missing or negative addr, size,
+ * stream or time_us) is skipped with a warning naming its index and key — the first
+ * IM_MAX_WARNINGS of them; a last line counts them all — and the rest imports. */
+enum { IM_MAX_WARNINGS = 20 };
+
+typedef struct chk {
+    const char *in;
+    uint64_t skipped;  /* events and annotations skipped */
+    uint64_t untimed;  /* events without time_us (written at the time of the record before them) */
+} chk_t;
+
+static const char *kind_name(const py_t *v)
+{
+    if (!v)
+        return "absent";
+    switch (v->kind) {
+    case PY_NONE: return "None";
+    case PY_BOOL: return "a bool";
+    case PY_INT: return "an int";
+    case PY_FLOAT: return "a float";
+    case PY_STR: return "a str";
+    case PY_BYTES: return "bytes";
+    case PY_LIST: return "a list";
+    case PY_TUPLE: return "a tuple";
+    case PY_DICT: return "a dict";
+    default: return "an unknown value";
+    }
+}
+
+static bool is_seq(const py_t *v)
+{
+    return v && (v->kind == PY_LIST || v->kind == PY_TUPLE);
+}
+
+/* d[key] as an integer in [0, limit]: true with *out. Absent: *out = 0, true unless required.
+ * Otherwise false with the reason in why. */
+static bool field_uint(const py_t *d, const char *key, bool required, uint64_t limit, uint64_t *out, char *why,
+                       size_t n)
+{
+    const py_t *v = py_dict_get(d, key);
+    *out = 0;
+    if (!v) {
+        if (required)
+            snprintf(why, n, "no '%s'", key);
+        return !required;
+    }
+    if (v->kind != PY_INT) {
+        snprintf(why, n, "'%s' is %s, not an integer", key, kind_name(v));
+        return false;
+    }
+    if (v->u.i < 0 || (uint64_t)v->u.i > limit) {
+        snprintf(why, n, "'%s' is %" PRId64 ", %s", key, v->u.i, v->u.i < 0 ? "below 0" : "out of range");
+        return false;
+    }
+    *out = (uint64_t)v->u.i;
+    return true;
+}
+
+/* time_us in ns must fit 64 bits. */
+#define IM_MAX_TIME_US (UINT64_MAX / 1000)
+
+/* Whether event e can be imported; the reason in why when not. */
+static bool check_event(chk_t *c, const py_t *e, char *why, size_t n)
+{
+    if (!e || e->kind != PY_DICT) {
+        snprintf(why, n, "is %s, not a dict", kind_name(e));
+        return false;
+    }
+    const py_t *a = py_dict_get(e, "action");
+    if (!a || a->kind != PY_STR) {
+        snprintf(why, n, a ? "'action' is %s, not a str" : "no 'action'", kind_name(a));
+        return false;
+    }
+    uint64_t v;
+    if (!field_uint(e, "time_us", false, IM_MAX_TIME_US, &v, why, n) ||
+        !field_uint(e, "stream", false, INT64_MAX, &v, why, n))
+        return false;
+    bool block = py_str_eq(a, "alloc") || py_str_eq(a, "free_requested") || py_str_eq(a, "free_completed");
+    bool seg = py_str_eq(a, "segment_alloc") || py_str_eq(a, "segment_free") || py_str_eq(a, "segment_map") ||
+               py_str_eq(a, "segment_unmap");
+    if (block || seg) {
+        /* addr and size both below 2^63: addr + size cannot wrap */
+        if (!field_uint(e, "addr", true, INT64_MAX, &v, why, n) || !field_uint(e, "size", true, INT64_MAX, &v, why, n))
+            return false;
+        if (seg && v == 0) {
+            snprintf(why, n, "'size' is 0: a segment event with no memory");
+            return false;
+        }
+    } else if (py_str_eq(a, "oom")) {
+        if (!field_uint(e, "size", true, INT64_MAX, &v, why, n) ||
+            !field_uint(e, "device_free", false, INT64_MAX, &v, why, n))
+            return false;
+    } else if (!py_str_eq(a, "snapshot")) { /* snapshot: PyTorch marks a snapshot taken; nothing to import */
+        snprintf(why, n, "unknown action '%.*s'", a->u.s.len > 40 ? 40 : (int)a->u.s.len, a->u.s.p);
+        return false;
+    }
+    if (!py_dict_get(e, "time_us"))
+        c->untimed++;
+    return true;
+}
+
+/* Whether segment g can build the starting state; the reason in why when not. */
+static bool check_segment(const py_t *g, char *why, size_t n)
+{
+    if (!g || g->kind != PY_DICT) {
+        snprintf(why, n, "is %s, not a dict", kind_name(g));
+        return false;
+    }
+    uint64_t v, total;
+    if (!field_uint(g, "device", true, CUA_TRACE_MAX_DEVICES - 1, &v, why, n) ||
+        !field_uint(g, "address", true, INT64_MAX, &v, why, n) ||
+        !field_uint(g, "stream", false, INT64_MAX, &v, why, n) ||
+        !field_uint(g, "total_size", true, INT64_MAX, &total, why, n))
+        return false;
+    if (total == 0) {
+        snprintf(why, n, "'total_size' is 0");
+        return false;
+    }
+    const py_t *blocks = py_dict_get(g, "blocks");
+    if (blocks && !is_seq(blocks)) {
+        snprintf(why, n, "'blocks' is %s, not a list", kind_name(blocks));
+        return false;
+    }
+    for (size_t b = 0; b < py_len(blocks); b++) {
+        const py_t *k = py_item(blocks, b);
+        char bwhy[160];
+        const py_t *state = py_dict_get(k, "state");
+        bool ok = k && k->kind == PY_DICT;
+        if (!ok)
+            snprintf(bwhy, sizeof bwhy, "is %s, not a dict", kind_name(k));
+        else if (!state || state->kind != PY_STR) {
+            snprintf(bwhy, sizeof bwhy, state ? "'state' is %s, not a str" : "no 'state'", kind_name(state));
+            ok = false;
+        } else
+            ok = field_uint(k, "address", true, INT64_MAX, &v, bwhy, sizeof bwhy) &&
+                 field_uint(k, "size", true, INT64_MAX, &v, bwhy, sizeof bwhy) &&
+                 field_uint(k, "requested_size", false, INT64_MAX, &v, bwhy, sizeof bwhy);
+        if (!ok) {
+            snprintf(why, n, "blocks[%zu]: %s", b, bwhy);
+            return false;
+        }
+    }
+    return true;
+}
+
 static void import_usage(FILE *out)
 {
     fprintf(out, "usage: allocview import SNAPSHOT.pickle -o TRACE [--device-memory SIZE]\n"
@@ -265,7 +418,7 @@ static void write_annotation(tw_t *w, const ann_t *a)
 
 /* One device's place and state in pass 2. */
 typedef struct devpass {
-    const py_t *evs;   /* its device_traces list */
+    const py_t **ev;   /* its device_traces events that passed check_event, in order */
     size_t i, n;       /* the next event, the number of events */
     u64map_t sizes;    /* addr -> allocated size of blocks allocated in the trace */
     u64map_t last_alloc; /* addr -> 1 + index of the last alloc event at addr */
@@ -275,12 +428,14 @@ typedef struct devpass {
     bool in_free_run;  /* the previous event was a segment_free (one TRIM heads a run of them) */
 } devpass_t;
 
-/* true when event i of evs is a free_requested that the next event completes (free_completed
- * at the same address): PyTorch writes that pair for every free whose memory is reusable at once. */
-static bool free_pair_at(const py_t *evs, size_t i)
+/* true when event i of p is a free_requested that the next event completes (free_completed at
+ * the same address): PyTorch writes that pair for every free whose memory is reusable at once. */
+static bool free_pair_at(const devpass_t *p, size_t i)
 {
-    const py_t *e = py_item(evs, i), *n = py_item(evs, i + 1);
-    return n && py_str_eq(py_dict_get(e, "action"), "free_requested") &&
+    if (i + 1 >= p->n)
+        return false;
+    const py_t *e = p->ev[i], *n = p->ev[i + 1];
+    return py_str_eq(py_dict_get(e, "action"), "free_requested") &&
            py_str_eq(py_dict_get(n, "action"), "free_completed") && geti(e, "addr") == geti(n, "addr");
 }
 
@@ -288,7 +443,7 @@ static bool free_pair_at(const py_t *evs, size_t i)
  * as one completed FREE, snapshot and unknown actions). */
 static bool import_event(imp_t *im, devpass_t *p, uint32_t d, size_t i, uint64_t devmem)
 {
-    const py_t *e = py_item(p->evs, i);
+    const py_t *e = p->ev[i];
     const py_t *a = py_dict_get(e, "action");
     uint64_t t = (uint64_t)geti(e, "time_us") * 1000;
     uint64_t addr = (uint64_t)geti(e, "addr"), size = (uint64_t)geti(e, "size");
@@ -323,7 +478,7 @@ static bool import_event(imp_t *im, devpass_t *p, uint32_t d, size_t i, uint64_t
          * began) is a completed FREE too. The allocated bytes for OOM records drop when the free
          * completes, as PyTorch counts them. */
         bool requested = py_str_eq(a, "free_requested");
-        if (!requested && i > 0 && free_pair_at(p->evs, i - 1))
+        if (!requested && i > 0 && free_pair_at(p, i - 1))
             return false; /* written with its request */
         uint64_t *r = u64map_slot(&p->sizes, addr, &seen_it);
         uint64_t freed = r && *r ? *r : round_size(size);
@@ -332,7 +487,7 @@ static bool import_event(imp_t *im, devpass_t *p, uint32_t d, size_t i, uint64_t
             im->ok = false;
             return false;
         }
-        if (requested && !free_pair_at(p->evs, i)) {
+        if (requested && !free_pair_at(p, i)) {
             *pend = 1;
             im->ok &= tw_free(im->w, t, d, sid, addr, freed, false);
             return true;
@@ -431,6 +586,62 @@ int av_cmd_import(int argc, char **argv)
         pk_free(doc);
         return IM_EXIT_UNREADABLE;
     }
+    /* The snapshot's shape, checked before anything is written (see "input checks" above). */
+    chk_t chk = {.in = in};
+    char why[256];
+#define REFUSE(...)                                                                                       \
+    do {                                                                                                  \
+        fprintf(stderr, "allocview import: %s: ", in);                                                    \
+        fprintf(stderr, __VA_ARGS__);                                                                     \
+        fprintf(stderr, "; the snapshot is refused, nothing written\n");                                 \
+        pk_free(doc);                                                                                     \
+        return IM_EXIT_UNREADABLE;                                                                        \
+    } while (0)
+    if (segments && !is_seq(segments))
+        REFUSE("'segments' is %s, not a list", kind_name(segments));
+    if (traces && !is_seq(traces))
+        REFUSE("'device_traces' is %s, not a list", kind_name(traces));
+    if (py_len(traces) > CUA_TRACE_MAX_DEVICES)
+        REFUSE("'device_traces' has %zu devices, more than a trace holds (%d)", py_len(traces), CUA_TRACE_MAX_DEVICES);
+    int ndev = (int)py_len(traces);
+    for (size_t i = 0; i < py_len(segments); i++) {
+        const py_t *g = py_item(segments, i);
+        if (!check_segment(g, why, sizeof why))
+            REFUSE("segments[%zu]: %s", i, why);
+        int64_t d = geti(g, "device");
+        if (d + 1 > ndev)
+            ndev = (int)d + 1;
+    }
+    for (int d = 0; d < (int)py_len(traces); d++)
+        if (!is_seq(py_item(traces, (size_t)d)))
+            REFUSE("device_traces[%d] is %s, not a list", d, kind_name(py_item(traces, (size_t)d)));
+#undef REFUSE
+    /* Per device: the events that pass check_event (the others skipped, with a warning), its place
+     * and state in pass 2, and what pass 1 learns for it. */
+    devpass_t *dp = calloc((size_t)ndev + 1, sizeof *dp);
+    for (int d = 0; d < (int)py_len(traces) && dp; d++) {
+        const py_t *list = py_item(traces, (size_t)d);
+        if (!(dp[d].ev = malloc((py_len(list) + 1) * sizeof *dp[d].ev))) {
+            for (int k = 0; k < d; k++)
+                free(dp[k].ev);
+            free(dp);
+            dp = NULL;
+            break;
+        }
+        for (size_t i = 0; i < py_len(list); i++) {
+            const py_t *e = py_item(list, i);
+            if (check_event(&chk, e, why, sizeof why))
+                dp[d].ev[dp[d].n++] = e;
+            else if (chk.skipped++ < IM_MAX_WARNINGS)
+                fprintf(stderr, "allocview import: %s: device_traces[%d][%zu] %s; event skipped\n", in, d, i, why);
+        }
+    }
+    if (!dp) {
+        fprintf(stderr, "allocview import: %s: out of memory\n", in);
+        pk_free(doc);
+        return IM_EXIT_UNREADABLE;
+    }
+
     bool expandable = false;
     const py_t *settings = py_dict_get(root, "allocator_settings");
     int64_t ex = 0;
@@ -449,6 +660,9 @@ int av_cmd_import(int argc, char **argv)
     im.w = tw_open(out, err, sizeof err);
     if (!im.w) {
         fprintf(stderr, "allocview import: %s\n", err);
+        for (int d = 0; d < ndev; d++)
+            free(dp[d].ev);
+        free(dp);
         pk_free(doc);
         return IM_EXIT_UNREADABLE;
     }
@@ -457,14 +671,6 @@ int av_cmd_import(int argc, char **argv)
     tw_process(im.w, cmd, "allocview import (PyTorch memory snapshot)", 0);
     tw_config(im.w, expandable ? "expandable_segments:1" : "expandable_segments:0");
 
-    int ndev = (int)py_len(traces);
-    for (size_t i = 0; i < py_len(segments); i++) {
-        int64_t d = geti(py_item(segments, i), "device");
-        if (d >= 0 && d < CUA_TRACE_MAX_DEVICES && d + 1 > ndev)
-            ndev = (int)d + 1;
-    }
-    if (ndev > CUA_TRACE_MAX_DEVICES)
-        ndev = CUA_TRACE_MAX_DEVICES;
     for (int d = 0; d < ndev; d++) {
         char name[96];
         snprintf(name, sizeof name, "PyTorch snapshot device %d (capacity assumed)", d);
@@ -473,9 +679,8 @@ int av_cmd_import(int argc, char **argv)
 
     uint64_t t0 = UINT64_MAX; /* the first event's time: initial records get it */
     for (int d = 0; d < ndev; d++) {
-        const py_t *evs = py_item(traces, (size_t)d);
-        for (size_t i = 0; i < py_len(evs); i++) {
-            uint64_t t = (uint64_t)geti(py_item(evs, i), "time_us") * 1000;
+        for (size_t i = 0; i < dp[d].n; i++) {
+            uint64_t t = (uint64_t)geti(dp[d].ev[i], "time_us") * 1000;
             if (t && t < t0)
                 t0 = t;
         }
@@ -484,13 +689,7 @@ int av_cmd_import(int argc, char **argv)
         t0 = 0;
 
     uint64_t nblocks = 0, nmaps = 0, nev = 0;
-    /* Per device, its place and state in pass 2, and what pass 1 learns for it. */
-    devpass_t *dp = calloc((size_t)ndev + 1, sizeof *dp);
-    if (!dp)
-        im.ok = false;
-    for (int d = 0; d < ndev && dp; d++) {
-        dp[d].evs = py_item(traces, (size_t)d);
-        dp[d].n = py_len(dp[d].evs);
+    for (int d = 0; d < ndev; d++) {
         u64map_init(&dp[d].sizes);
         u64map_init(&dp[d].last_alloc);
         u64map_init(&dp[d].final_size);
@@ -501,7 +700,7 @@ int av_cmd_import(int argc, char **argv)
      * diagnosis of an OOM weighs them against the capacity and the device's free memory. */
     uint64_t base_alloc[CUA_TRACE_MAX_DEVICES] = {0}, base_resv[CUA_TRACE_MAX_DEVICES] = {0};
     for (int d = 0; d < ndev && im.ok; d++) {
-        const py_t *evs = dp[d].evs;
+        const devpass_t *p = &dp[d];
         /* The memory mapped at the start, written before the starting blocks that lie in it: the
          * final segments' ranges with the window's segment events undone, last first (a map undone
          * removes its range, an unmap undone adds it back). So a segment mapped before the window
@@ -516,8 +715,8 @@ int av_cmd_import(int argc, char **argv)
             if (geti(seg, "device") == d && ssize && !rngs_add(&mapped, saddr, saddr + ssize))
                 im.ok = false;
         }
-        for (size_t i = py_len(evs); i-- > 0 && im.ok;) {
-            const py_t *e = py_item(evs, i);
+        for (size_t i = p->n; i-- > 0 && im.ok;) {
+            const py_t *e = p->ev[i];
             const py_t *a = py_dict_get(e, "action");
             uint64_t addr = (uint64_t)geti(e, "addr"), size = (uint64_t)geti(e, "size");
             if (!size)
@@ -538,8 +737,8 @@ int av_cmd_import(int argc, char **argv)
         u64map_init(&seen_alloc);
         u64map_init(&init_blocks);
         bool seen;
-        for (size_t i = 0; i < py_len(evs); i++) {
-            const py_t *e = py_item(evs, i);
+        for (size_t i = 0; i < p->n; i++) {
+            const py_t *e = p->ev[i];
             const py_t *a = py_dict_get(e, "action");
             uint64_t addr = (uint64_t)geti(e, "addr"), size = (uint64_t)geti(e, "size");
             if (py_str_eq(a, "alloc")) {
@@ -591,11 +790,33 @@ int av_cmd_import(int argc, char **argv)
 
     /* Annotations, merged with the events by time. */
     const py_t *anns = py_dict_get(root, "external_annotations");
-    size_t nann = py_len(anns), ai = 0;
-    ann_t *av = calloc(nann + 1, sizeof *av);
-    for (size_t i = 0; av && i < nann; i++) {
-        av[i].d = py_item(anns, i);
-        av[i].time = (uint64_t)geti(av[i].d, "time_us") * 1000;
+    if (anns && !is_seq(anns)) {
+        if (chk.skipped++ < IM_MAX_WARNINGS)
+            fprintf(stderr, "allocview import: %s: 'external_annotations' is %s, not a list; skipped\n", in,
+                    kind_name(anns));
+        anns = NULL;
+    }
+    size_t nann = 0, ai = 0;
+    ann_t *av = calloc(py_len(anns) + 1, sizeof *av);
+    for (size_t i = 0; av && i < py_len(anns); i++) {
+        const py_t *an = py_item(anns, i), *stage = py_dict_get(an, "stage"), *name = py_dict_get(an, "name");
+        uint64_t t = 0;
+        bool good = an && an->kind == PY_DICT;
+        if (!good)
+            snprintf(why, sizeof why, "is %s, not a dict", kind_name(an));
+        else if (!(good = field_uint(an, "time_us", true, IM_MAX_TIME_US, &t, why, sizeof why)))
+            ;
+        else if (stage && stage->kind != PY_STR)
+            snprintf(why, sizeof why, "'stage' is %s, not a str", kind_name(stage)), good = false;
+        else if (name && name->kind != PY_STR)
+            snprintf(why, sizeof why, "'name' is %s, not a str", kind_name(name)), good = false;
+        if (!good) {
+            if (chk.skipped++ < IM_MAX_WARNINGS)
+                fprintf(stderr, "allocview import: %s: external_annotations[%zu] %s; annotation skipped\n", in, i, why);
+            continue;
+        }
+        av[nann].d = an;
+        av[nann++].time = t * 1000;
     }
     if (av)
         qsort(av, nann, sizeof *av, ann_cmp);
@@ -618,7 +839,7 @@ int av_cmd_import(int argc, char **argv)
         for (int d = 0; d < ndev; d++) {
             if (dp[d].i == dp[d].n)
                 continue;
-            uint64_t t = (uint64_t)geti(py_item(dp[d].evs, dp[d].i), "time_us") * 1000;
+            uint64_t t = (uint64_t)geti(dp[d].ev[dp[d].i], "time_us") * 1000;
             if (best < 0 || t < bt) {
                 best = d;
                 bt = t;
@@ -639,6 +860,7 @@ int av_cmd_import(int argc, char **argv)
         u64map_free(&dp[d].last_alloc);
         u64map_free(&dp[d].final_size);
         u64map_free(&dp[d].pending);
+        free(dp[d].ev);
     }
     free(dp);
     while (ai < nann) {
@@ -666,5 +888,12 @@ int av_cmd_import(int argc, char **argv)
             "it is live at the end, else PyTorch's 512-byte rounding)\n",
             in, out, ndev, ndev == 1 ? "" : "s", nblocks, nmaps, nev, nann, im.next_node,
             expandable ? "expandable" : "classic");
+    if (chk.skipped)
+        fprintf(stderr, "allocview import: %s: %" PRIu64 " malformed event%s or annotation%s skipped%s\n", in, chk.skipped,
+                chk.skipped == 1 ? "" : "s", chk.skipped == 1 ? "" : "s",
+                chk.skipped > IM_MAX_WARNINGS ? " (the first of them named above)" : " (named above)");
+    if (chk.untimed)
+        fprintf(stderr, "allocview import: %s: %" PRIu64 " event%s without time_us, written at the time of the record "
+                "before\n", in, chk.untimed, chk.untimed == 1 ? "" : "s");
     return 0;
 }
