@@ -19,6 +19,9 @@ records it writes (`allocview dump`) and on the snapshot the export makes of the
                   key, with a count at the end; the rest imports. Past 20 warnings only the count
                   grows. A bad segment or block (what the starting state is built from) refuses the
                   file naming it, and writes nothing
+  longmark        an annotation name of 700 bytes (with a multi-byte character) comes back whole
+                  from import and export; one past what a trace record holds is cut at a character
+                  boundary, with a warning naming it
 Exits 1 naming every failed check."""
 import os
 import pickle
@@ -301,6 +304,29 @@ def malformed():
     rc, _, err = run("import", write("badtraces", {"segments": [], "device_traces": [[], 7]}), "-o",
                      os.path.join(tmp, "badtraces.trace"))
     check(c, rc == 2 and "device_traces[1] is an int, not a list" in err, "device_traces[1] = 7: exit %d, %s" % (rc, err))
+
+
+@case
+def longmark():
+    c = "longmark"
+    name = "phase_\u00e9" + "x" * 692
+    huge = "y" * 59993 + "\u00e9" + "z" * 5000  # "START " + this: the cut at 60000 bytes falls inside the é
+    tr = [ev("segment_alloc", B, 4 * M, 100), ev("alloc", B, M, 110)]
+    ann = [{"stage": "START", "name": name, "device": 0, "time_us": 105},
+           {"stage": "END", "name": name, "device": 0, "time_us": 107},
+           {"stage": "START", "name": huge, "device": 0, "time_us": 108}]
+    rc, err, trace = import_(c, snap([seg(B, 4 * M, [blk(B, M), blk(B + M, 3 * M, "inactive", 0)])], [tr], ann))
+    if not check(c, rc == 0, "import exited %d: %s" % (rc, err)):
+        return
+    check(c, "external_annotations[2]: its label (65001 bytes) is cut to 59999 bytes" in err,
+          "no warning for the cut label: %s" % err)
+    rc, err, out = export(c, trace)
+    if check(c, rc == 0, "export exited %d: %s" % (rc, err)):
+        back = [(a["stage"], a["name"]) for a in out["external_annotations"]]
+        check(c, back[:2] == [("START", name), ("END", name)],
+              "names came back %r" % [(st, len(n)) for st, n in back[:2]])
+        check(c, len(back) == 3 and back[2][1] == "y" * 59993, "the cut label came back as %r bytes" %
+              [len(n.encode()) for _, n in back[2:]])
 
 
 only = sys.argv[2:]

@@ -15,7 +15,8 @@
  * completes, and a free_completed with no request in the trace, are one completed FREE), segment_alloc / segment_map -> MAP,
  * segment_free / segment_unmap -> UNMAP with a TRIM before each run of segment_free (PyTorch
  * frees segments when releasing its cache), oom -> OOM, external_annotations -> MARK ("STAGE
- * name"; the name alone for marks `allocview export` wrote), frames -> stacks of PYFRAME nodes (C++ frames too: the snapshot has their names only).
+ * name" whole up to TW_LABEL_MAX bytes, cut there with a warning; the name alone for marks
+ * `allocview export` wrote), frames -> stacks of PYFRAME nodes (C++ frames too: the snapshot has their names only).
  * Sizes: an event's size is the caller's requested size; ALLOC records it as `requested`, with
  * the allocated size of the block when the snapshot has it (the last alloc at an address whose
  * block is live in the final segments: that block's `size`), else the size PyTorch's round_size
@@ -393,7 +394,7 @@ static void import_usage(FILE *out)
                  "  SIZE is the device capacity to record (the snapshot has none; default 80GiB)\n");
 }
 
-typedef struct ann { uint64_t time; const py_t *d; } ann_t;
+typedef struct ann { uint64_t time; const py_t *d; size_t index; /* in external_annotations */ } ann_t;
 
 static int ann_cmp(const void *a, const void *b)
 {
@@ -403,17 +404,32 @@ static int ann_cmp(const void *a, const void *b)
 
 /* An annotation as a MARK: "STAGE name" (PyTorch's record_function phases), or the name alone for
  * a cualloc mark that `allocview export` wrote (cualloc_mark: True). */
-static void write_annotation(tw_t *w, const ann_t *a)
+static void write_annotation(imp_t *im, const char *in, const ann_t *a)
 {
-    char stage[64], name[512], label[600];
-    py_as_cstr(py_dict_get(a->d, "stage"), stage, sizeof stage);
-    py_as_cstr(py_dict_get(a->d, "name"), name, sizeof name);
+    /* The stage and name whole: a cut name would no longer pair a START with its END. */
+    char *stage = py_strdup(py_dict_get(a->d, "stage")), *name = py_strdup(py_dict_get(a->d, "name")), *label = NULL;
     int64_t plain = 0;
-    if (py_as_int(py_dict_get(a->d, "cualloc_mark"), &plain) && plain)
-        snprintf(label, sizeof label, "%s", name);
-    else
-        snprintf(label, sizeof label, "%s %s", stage, name);
-    tw_mark(w, a->time, label);
+    bool ok = stage && name &&
+              (py_as_int(py_dict_get(a->d, "cualloc_mark"), &plain) && plain ? asprintf(&label, "%s", name)
+                                                                             : asprintf(&label, "%s %s", stage, name)) >= 0;
+    if (!ok) {
+        label = NULL;
+        im->ok = false;
+    } else {
+        size_t len = strlen(label);
+        if (len > TW_LABEL_MAX) { /* past what a trace record holds: cut at a UTF-8 character, said */
+            size_t cut = TW_LABEL_MAX;
+            while (cut > 0 && ((unsigned char)label[cut] & 0xC0) == 0x80)
+                cut--;
+            label[cut] = 0;
+            fprintf(stderr, "allocview import: %s: external_annotations[%zu]: its label (%zu bytes) is cut to %zu bytes, "
+                    "the most a trace record holds\n", in, a->index, len, cut);
+        }
+        im->ok &= tw_mark(im->w, a->time, label);
+    }
+    free(stage);
+    free(name);
+    free(label);
 }
 
 /* One device's place and state in pass 2. */
@@ -816,6 +832,7 @@ int av_cmd_import(int argc, char **argv)
             continue;
         }
         av[nann].d = an;
+        av[nann].index = i;
         av[nann++].time = t * 1000;
     }
     if (av)
@@ -848,7 +865,7 @@ int av_cmd_import(int argc, char **argv)
         if (best < 0)
             break;
         while (ai < nann && av[ai].time <= bt) {
-            write_annotation(im.w, &av[ai]);
+            write_annotation(&im, in, &av[ai]);
             ai++;
         }
         devpass_t *p = &dp[best];
@@ -864,7 +881,7 @@ int av_cmd_import(int argc, char **argv)
     }
     free(dp);
     while (ai < nann) {
-        write_annotation(im.w, &av[ai]);
+        write_annotation(&im, in, &av[ai]);
         ai++;
     }
     free(av);

@@ -23,6 +23,7 @@ struct tw {
     uint64_t seq;         /* the last sequence number used */
     uint64_t last_time;
     wblock_t meta, ev;
+    uint8_t payload[CUA_TRACE_BLOCK_SIZE]; /* a record's payload while it is built */
     bool failed;
     char msg[256];
 };
@@ -101,12 +102,12 @@ static bool put_record(tw_t *w, bool event, uint8_t type, build_fn build, const 
     if (w->failed)
         return false;
     wblock_t *b = event ? &w->ev : &w->meta;
-    uint8_t payload[8192], rec[8192 + 32];
+    uint8_t *payload = w->payload, seqbuf[CUA_TRACE_VARINT_MAX];
     for (int attempt = 0; attempt < 2; attempt++) {
         if (!b->used)
             start_block(b, w->seq, event ? time : 0);
         size_t plen = build(b, payload, arg);
-        size_t body = 1 + varint(rec, w->seq + 1 - b->last_seq) + plen;
+        size_t body = 1 + varint(seqbuf, w->seq + 1 - b->last_seq) + plen;
         uint8_t lenbuf[CUA_TRACE_VARINT_MAX];
         size_t ln = varint(lenbuf, body);
         if (b->used + ln + body <= CUA_TRACE_BLOCK_SIZE) {
@@ -327,7 +328,7 @@ static size_t b_event(wblock_t *b, uint8_t *out, const void *arg)
         for (int i = 0; i < 7; i++)
             n += varint(out + n, e->oom[i]);
     if (t == CUA_TRACE_MARK)
-        n += string(out + n, e->label, 4000);
+        n += string(out + n, e->label, TW_LABEL_MAX);
     /* the state this record leaves (the writer keeps it only once the record is committed, but a
      * record that does not fit is rebuilt in a fresh block, whose state is reset anyway) */
     b->time = time;

@@ -39,6 +39,8 @@ bool tw_trim(tw_t *w, uint64_t time_ns, uint32_t dev);
 bool tw_oom(tw_t *w, uint64_t time_ns, uint32_t dev, uint32_t stream, uint32_t stack, uint64_t requested,
             uint64_t rounded, uint64_t capacity, uint64_t allocated, uint64_t reserved, uint64_t device_free,
             uint64_t largest_free);
+/* A label longer than TW_LABEL_MAX bytes is cut there (a record must fit in one block). */
+#define TW_LABEL_MAX 60000u
 bool tw_mark(tw_t *w, uint64_t time_ns, const char *label);
 
 #endif
