@@ -22,6 +22,7 @@ records it writes (`allocview dump`) and on the snapshot the export makes of the
   longmark        an annotation name of 700 bytes (with a multi-byte character) comes back whole
                   from import and export; one past what a trace record holds is cut at a character
                   boundary, with a warning naming it
+  dupkey          a dict that sets a key twice holds the last value, as Python's pickle gives it
 Exits 1 naming every failed check."""
 import os
 import pickle
@@ -327,6 +328,23 @@ def longmark():
               "names came back %r" % [(st, len(n)) for st, n in back[:2]])
         check(c, len(back) == 3 and back[2][1] == "y" * 59993, "the cut label came back as %r bytes" %
               [len(n.encode()) for _, n in back[2:]])
+
+
+@case
+def dupkey():
+    c = "dupkey"
+    good = [seg(B, 4 * M, [blk(B, M), blk(B + M, 3 * M, "inactive", 0)])]
+    body = pickle.dumps(good, protocol=4)[2:-1]  # without PROTO and STOP
+    # protocol 4, by hand: {'segments': [], 'device_traces': [[]], 'segments': good}
+    raw = (b"\x80\x04}(" + b"\x8c\x08segments]" + b"\x8c\x0ddevice_traces]]a" + b"\x8c\x08segments" + body + b"u.")
+    check(c, len(pickle.loads(raw)["segments"]) == 1, "the crafted pickle is not what Python reads")
+    path = os.path.join(tmp, c + ".pickle")
+    open(path, "wb").write(raw)
+    rc, err, trace = import_(c, path)
+    if check(c, rc == 0, "import exited %d: %s" % (rc, err)):
+        recs = records(trace)
+        got = (ranges(recs, ("init_map",)), [num(kv["addr"]) for k, kv, _ in recs if k == "init_block"])
+        check(c, got == ([(B, B + 4 * M)], [B]), "starting state %r, want the last 'segments'" % (got,))
 
 
 only = sys.argv[2:]

@@ -596,7 +596,10 @@ const py_t *py_dict_get(const py_t *d, const char *key)
     if (!d || d->kind != PY_DICT)
         return NULL;
     size_t kl = strlen(key);
-    for (size_t i = 0; i + 1 < d->u.seq.n; i += 2) {
+    /* From the last pair back: a key set twice (SETITEMS may repeat one) holds its last value, as
+     * in Python's dict. */
+    for (size_t i = d->u.seq.n & ~(size_t)1; i >= 2;) {
+        i -= 2;
         const py_t *k = d->u.seq.v[i];
         if (k->kind == PY_STR && k->u.s.len == kl && memcmp(k->u.s.p, key, kl) == 0)
             return d->u.seq.v[i + 1];

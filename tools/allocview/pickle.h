@@ -51,7 +51,7 @@ size_t pk_bytes_used(const pk_doc_t *doc);
 void pk_free(pk_doc_t *doc);
 
 /* Accessors; all accept NULL and answer "absent" for the wrong kind. */
-const py_t *py_dict_get(const py_t *dict, const char *key);       /* by string key */
+const py_t *py_dict_get(const py_t *dict, const char *key);       /* by string key; a repeated key: its last value */
 size_t py_len(const py_t *seq);                                   /* LIST/TUPLE items, DICT pairs */
 const py_t *py_item(const py_t *seq, size_t i);                   /* LIST/TUPLE item i */
 bool py_as_int(const py_t *v, int64_t *out);                      /* INT or BOOL */
