@@ -736,6 +736,7 @@ static bool quick_flush_small(heap_t *h, unsigned tag, size_t rsize, bool until_
 /* ------------------------------------------------------------------ streams */
 
 static void settle_all(heap_t *h);
+static size_t classic_release_all(heap_t *h);
 
 /* Sets tag_of's one-entry cache (tag 0: empty) and the fast paths' view of it. */
 static void last_set(heap_t *h, cua_stream stream, unsigned tag) {
@@ -802,8 +803,11 @@ static __attribute__((noinline)) unsigned tag_of_uncached(heap_t *h, cua_stream 
     if (!free_slot) {
         /* Every slot names a stream: settle everything (synchronizing: closed generations go with
          * it) and forget the streams that then hold nothing. Allocated blocks remember stream
-         * handles, not tags, so this is safe. */
+         * handles, not tags, so this is safe. Classic mode never moves a free block to another
+         * stream (a segment serves one), so there its streams' wholly free segments are released
+         * instead, as PyTorch releases its cache before giving up. */
         settle_all(h);
+        if (!h->vmm) classic_release_all(h);
         for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
             stream_rec_t *r = &h->tags[t];
             if (r->used && !r->closed && !open_tag_waiting(h, t)) {
@@ -1804,25 +1808,30 @@ static void report_host_refused(heap_t *h, size_t size) {
 
 /* No tag could be had for `stream`, and not for want of host memory: every stream slot belongs to a
  * stream whose free blocks cannot settle now (capturing a CUDA graph, so nothing may synchronize
- * it, or its synchronize failed). An allocation needs its stream's tag: memory the heap maps for it
+ * it, or its synchronize failed; in classic mode, free blocks in a segment shared with live ones). An allocation needs its stream's tag: memory the heap maps for it
  * merges with a free neighbour and takes that block's tag, which then names who may use it. Counted
  * in num_ooms and said once, but not as the device running out (it has room) and not recorded as
  * an OOM. Lock held; released here. */
 static __attribute__((noinline, cold)) void alloc_fail_no_slot(heap_t *h, cua_stream stream, size_t size) {
     h->stats.num_ooms++;
+    /* Classic mode keeps a segment to one stream, so there a stream holding part of a segment
+     * keeps its slot; in VMM mode only a stream that cannot settle does. */
+    const char *why = h->vmm ? "whose freed memory cannot be reused yet (they are capturing CUDA graphs, or could "
+                               "not be synchronized)"
+                             : "that hold cached memory in segments shared with their live blocks (classic mode keeps "
+                               "each segment to one stream)";
+    const char *fix = h->vmm ? "End those captures, or capture on fewer streams at once"
+                             : "Use expandable segments (the default: remove expandable_segments:False), or allocate "
+                               "on fewer streams at once";
     snprintf(h->oom_text, sizeof h->oom_text,
-             "not the device — all %d of cualloc's stream slots belong to streams whose freed memory cannot be "
-             "reused yet (they are capturing CUDA graphs, or could not be synchronized). End those captures, or "
-             "capture on fewer streams at once.",
-             TAG_STREAMS_END - 1);
+             "not the device — all %d of cualloc's stream slots belong to streams %s. %s.", TAG_STREAMS_END - 1, why,
+             fix);
     if (!h->no_slot_said) {
         h->no_slot_said = true;
         char req[32];
         cua_error("device %d: cannot allocate %s on stream %p: all %d of cualloc's stream slots belong to streams "
-                  "whose freed memory cannot be reused yet (they are capturing CUDA graphs, or could not be "
-                  "synchronized); the device itself has room. End those captures, or capture on fewer streams at "
-                  "once; later failures of this kind are only counted in num_ooms",
-                  h->dev, fmt_bytes(size, req, sizeof req), (void *)stream, TAG_STREAMS_END - 1);
+                  "%s; the device itself has room. %s; later failures of this kind are only counted in num_ooms",
+                  h->dev, fmt_bytes(size, req, sizeof req), (void *)stream, TAG_STREAMS_END - 1, why, fix);
     }
     update_inactive_split(h);
     cua_unlock(&h->lock);

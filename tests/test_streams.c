@@ -283,6 +283,38 @@ static void test_many_streams(void) {
     heap_destroy(h);
 }
 
+/* Classic mode moves no free block between streams (a segment serves one), so a stream that
+ * cached a free block keeps its tag: 200 streams come and go, each allocating and freeing, and a
+ * full table is freed by releasing the streams' wholly free segments, as PyTorch releases its
+ * cache before giving up. */
+static void test_many_streams_classic(void) {
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:1024,expandable_segments:False", &c);
+    for (int i = 0; i < 200; i++) {
+        cua_stream s = (cua_stream)(uintptr_t)(0x1000 + 16 * i);
+        must_free(h, must_alloc(h, (size_t)(i % 3 + 1) << 20, s), s);
+        EXPECT(heap_check(h, stderr) == 0, "heap_check after stream %d", i);
+    }
+    EXPECT(stats(h).num_ooms == 0, "no allocation failed");
+    /* Streams whose live blocks share a segment with their cached free memory keep their slots: the
+     * stream past them gets none, and is told why and what to do, not that the device is full. */
+    test_captured_t said = {0};
+    error_set_callback(test_capture, &said);
+    void *live[TAG_STREAMS_END];
+    for (int i = 0; i < TAG_STREAMS_END - 1; i++) live[i] = must_alloc(h, 1 << 20, (cua_stream)(uintptr_t)(0x9000 + 16 * i));
+    void *p = NULL;
+    EXPECT(heap_alloc(h, 1 << 20, (cua_stream)(uintptr_t)0x8000, &p) != CUA_SUCCESS && !p, "a stream with no slot was served");
+    EXPECT(strstr(said.text, "classic mode keeps each segment to one stream") && strstr(said.text, "expandable") &&
+               !strstr(said.text, "capturing"),
+           "the refusal did not say why:\n%s", said.text);
+    error_set_callback(NULL, NULL);
+    for (int i = 0; i < TAG_STREAMS_END - 1; i++) must_free(h, live[i], (cua_stream)(uintptr_t)(0x9000 + 16 * i));
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    heap_trim(h);
+    EXPECT(stats(h).reserved_bytes == 0, "all released");
+    heap_destroy(h);
+}
+
 /* The fragmentation trap: 4 GiB device, 3 GiB held; one 1000 MiB block allocated and freed, then
  * carved into 9 x 100 MiB blocks interleaved with 9 x 2 MiB pins; the 100 MiB blocks freed; a
  * 900 MiB request. Expandable segments unmap the holes and remap them; classic mode, like
@@ -895,6 +927,7 @@ int main(void) {
     test_trim_synchronizes_first();
     test_stream_destroyed();
     test_many_streams();
+    test_many_streams_classic();
     test_device_wide_without_nonblocking();
     test_device_wide_waits_for_nonblocking();
     test_device_wide_generations();
