@@ -59,9 +59,10 @@
  * threads and streams are recorded as id 0, unknown). When the file is full, the recorder reuses
  * the EVENT block with the lowest serial, for events or, when definitions need a new block, as a
  * META block (with the next META serial): it clears the magic, zeroes the block, writes the new
- * header and commits the magic. A reader therefore reads all block headers, keeps the valid EVENT
- * blocks, and reads them in serial order (equivalently seq_base order), starting from the lowest
- * serial present: the oldest surviving events. A serial gap at the start means older events were
+ * header and commits the magic. A reader therefore reads all block headers, keeps the valid
+ * blocks, and reads each kind in serial order (equivalently seq_base order; for META blocks file
+ * order is not serial order once one has taken an EVENT block's place), the EVENT blocks starting
+ * from the lowest serial present: the oldest surviving events. A serial gap at the start means older events were
  * overwritten; that is expected in a ring and is not an error.
  *
  * --------------------------------------------------------------------------------------- records

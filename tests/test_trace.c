@@ -1040,6 +1040,38 @@ static void ring_definitions_body(void)
     trace_free(&t);
 }
 
+/* A ring in which several META blocks take EVENT blocks' places, round after round of new stacks
+ * and events: each takes the oldest EVENT block, which the rotation has by then moved to a lower
+ * file position than the previous META block's, so META blocks are out of file order. The reader
+ * reads them by serial: the whole trace, its END and its last mark. */
+static void ring_meta_order_body(void)
+{
+    char path[300];
+    path_of(path, sizeof path, "ring-meta-order.trace");
+    conf_t c = base_conf();
+    c.trace_max = CUA_TRACE_HEADER_SIZE + 16 * (size_t)CUA_TRACE_BLOCK_SIZE;
+    c.trace_ring = true;
+    EXPECT(api_trace_start(path, &c) == 0, "start");
+    for (int i = 0; i < 100000; i++) /* fills the ring */
+        cualloc_free(site_alpha(4096 + (size_t)(i % 7) * 512), NULL);
+    unsigned bits = 0;
+    for (int round = 0; round < 6; round++) {
+        for (int k = 0; k < 400; k++, bits++)
+            cualloc_free(site_bits(bits, 14, 4096), NULL);
+        for (int i = 0; i < 5000; i++)
+            cualloc_free(site_alpha(4096 + (size_t)(i % 7) * 512), NULL);
+    }
+    cualloc_mark("after the rounds");
+    cualloc_trace_stop();
+    trace_t t;
+    trace_read(path, &t);
+    EXPECT(t.status == 0, "reader: %s", t.error);
+    EXPECT(t.acct.end_seen && t.acct.end_reason == CUA_TRACE_END_STOP, "END(stop) not read back");
+    const rec_t *m = nth_of(&t, CUA_TRACE_MARK, count_type(&t, CUA_TRACE_MARK) - 1);
+    EXPECT(m && strcmp(m->s1, "after the rounds") == 0, "the last mark: %s", m ? m->s1 : "-");
+    trace_free(&t);
+}
+
 /* A file size limit below the header, or below the header and the first block: start fails with
  * the reason, the process is not killed by SIGXFSZ, and no file is left behind. */
 static void start_limit_body(void)
@@ -1508,6 +1540,7 @@ int main(int argc, char **argv)
     in_child("fork: the child stops (no %p)", sim, fork_nopid_body);
     in_child("full file system (RLIMIT_FSIZE)", sim, full_body);
     in_child("trace_ring: new definitions once the ring is full", sim, ring_definitions_body);
+    in_child("trace_ring: META blocks out of file order", sim, ring_meta_order_body);
     in_child("a file size limit below the first block (RLIMIT_FSIZE)", sim, start_limit_body);
     in_child("signal handlers recording inside the recorder", sim, signal_body);
     in_child("exit() from a signal handler inside an allocation", sim, exit_from_signal_body);

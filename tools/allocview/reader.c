@@ -53,6 +53,8 @@ struct tr_reader {
     uint64_t nblocks;       /* blocks the file has room for (a partial last one counts) */
     uint64_t *order;        /* ring: EVENT block numbers by serial */
     uint64_t norder;
+    uint64_t *morder;       /* ring: META block numbers by serial (a META block takes the place of */
+    uint64_t nmorder;       /* the oldest EVENT block, so file order is not serial order) */
     cursor_t meta, ev;
     char error[512];
     char warning[512];
@@ -335,9 +337,11 @@ static int cursor_advance(tr_reader_t *r, cursor_t *c)
     uint8_t h[CUA_TRACE_BLOCK_HEADER];
     const char *why = "";
     c->have = false;
-    if (r->info.ring && c->kind == CUA_TRACE_BLOCK_EVENTS) {
-        while (c->scan < r->norder) {
-            uint64_t b = r->order[c->scan++];
+    if (r->info.ring) {
+        const uint64_t *order = c->kind == CUA_TRACE_BLOCK_EVENTS ? r->order : r->morder;
+        uint64_t n = c->kind == CUA_TRACE_BLOCK_EVENTS ? r->norder : r->nmorder;
+        while (c->scan < n) {
+            uint64_t b = order[c->scan++];
             if (block_header(r, b, h, &why) != BH_OK)
                 continue; /* checked when indexed */
             return cursor_load(r, c, b, h) < 0 ? -1 : 1;
@@ -694,14 +698,17 @@ static tr_reader_t *open_common(tr_reader_t *r, char *err, size_t errlen)
                      r->info.max_blocks);
             goto bad;
         }
-        ser_t *list = malloc((size_t)(r->nblocks ? r->nblocks : 1) * sizeof *list);
-        r->order = malloc((size_t)(r->nblocks ? r->nblocks : 1) * sizeof *r->order);
-        if (!list || !r->order) {
+        size_t cap = (size_t)(r->nblocks ? r->nblocks : 1);
+        ser_t *list = malloc(cap * sizeof *list), *mlist = malloc(cap * sizeof *mlist);
+        r->order = malloc(cap * sizeof *r->order);
+        r->morder = malloc(cap * sizeof *r->morder);
+        if (!list || !mlist || !r->order || !r->morder) {
             free(list);
+            free(mlist);
             snprintf(err, errlen, "out of memory");
             goto bad;
         }
-        size_t k = 0;
+        size_t k = 0, mk = 0;
         for (uint64_t b = 0; b < r->nblocks; b++) {
             uint8_t bh[CUA_TRACE_BLOCK_HEADER];
             const char *why = "";
@@ -709,18 +716,26 @@ static tr_reader_t *open_common(tr_reader_t *r, char *err, size_t errlen)
             if (st == BH_BAD) {
                 snprintf(err, errlen, "block %" PRIu64 " at offset %" PRIu64 ": %s", b, block_off(r, b), why);
                 free(list);
+                free(mlist);
                 goto bad;
             }
             if (st == BH_OK && bh[CUA_TRACE_BOFF_KIND] == CUA_TRACE_BLOCK_EVENTS)
                 list[k++] = (ser_t){get_le(bh + CUA_TRACE_BOFF_SERIAL, 8), b};
+            else if (st == BH_OK)
+                mlist[mk++] = (ser_t){get_le(bh + CUA_TRACE_BOFF_SERIAL, 8), b};
         }
         qsort(list, k, sizeof *list, ser_cmp);
+        qsort(mlist, mk, sizeof *mlist, ser_cmp);
         for (size_t i = 0; i < k; i++)
             r->order[i] = list[i].block;
+        for (size_t i = 0; i < mk; i++)
+            r->morder[i] = mlist[i].block;
         r->norder = k;
+        r->nmorder = mk;
         r->info.first_event_serial = k ? list[0].serial : 0;
         r->info.overwritten = k && list[0].serial > 0;
         free(list);
+        free(mlist);
     }
     return r;
 bad:
@@ -774,6 +789,7 @@ void tr_close(tr_reader_t *r)
     free(r->meta.buf);
     free(r->ev.buf);
     free(r->order);
+    free(r->morder);
     free(r->nodes);
     for (uint32_t i = 1; i <= r->npyfs; i++) {
         free(r->pyfs[i].function);
