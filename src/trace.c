@@ -1780,6 +1780,9 @@ bool trace_after_fork_child(char *tmpl_out, size_t len)
     int resolving = PY_RESOLVING;
     atomic_compare_exchange_strong(&py.state, &resolving, PY_UNRESOLVED);
     bool was_open = T.open;
+    /* The child's heaps are made anew and describe their devices again. */
+    for (int d = 0; d < CUA_TRACE_MAX_DEVICES; d++)
+        T.dev[d].known = false;
     if (T.meta.map)
         munmap(T.meta.map, T.block_size);
     if (T.ev.map)

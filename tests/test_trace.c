@@ -1217,6 +1217,9 @@ static void fork_body(bool with_pid)
         EXPECT(t.acct.num_allocs == 50, "the child's own file has its 50 allocs, got %llu",
                (unsigned long long)t.acct.num_allocs);
         EXPECT(nth_of(&t, CUA_TRACE_PROCESS, 0)->r.u.process.pid == (uint64_t)pid, "child pid");
+        /* The child's heap is its own, described once, not also by the parent's DEVICE record. */
+        EXPECT(count_type(&t, CUA_TRACE_DEVICE) == 1, "the child's file describes device 0 %zu times",
+               count_type(&t, CUA_TRACE_DEVICE));
         trace_free(&t);
     } else {
         char alt[320];
