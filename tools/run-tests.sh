@@ -84,7 +84,7 @@ if [ $quick = 0 ]; then
             srcs=$(sed -n 's|^// sources: *||p' "$target")
             [ -n "$srcs" ] || srcs="src/conf.c src/error.c"
             # shellcheck disable=SC2086
-            if clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Iinclude -Isrc "$target" $srcs \
+            if clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -D_GNU_SOURCE -Iinclude -Isrc "$target" $srcs \
                    -o "$exe" -lm -lpthread -ldl 2>"/tmp/cualloc-$name.log"; then
                 work=$(mktemp -d)
                 cp -r "$corpus"/. "$work"/ 2>/dev/null || true

@@ -39,6 +39,7 @@
 #include "cualloc_trace.h"
 #include "pickle.h"
 #include "replay.h"
+#include "text.h"
 #include "trace_writer.h"
 #include "u64map.h"
 
@@ -544,7 +545,7 @@ int av_cmd_import(int argc, char **argv)
         } else if (strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--output") == 0)
             out = argv[++i];
         else if (strcmp(argv[i], "--device-memory") == 0) {
-            if (!av_parse_size(argv[++i], &devmem) || !devmem) {
+            if (!txt_parse_size(argv[++i], &devmem) || !devmem) {
                 fprintf(stderr, "allocview import: bad --device-memory '%s'\n", argv[i]);
                 return IM_EXIT_USAGE;
             }

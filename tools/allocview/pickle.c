@@ -185,6 +185,13 @@ static bool push(parser_t *ps, py_t *v)
     return true;
 }
 
+/* The stack's items from index i on (none yet pushed: the stack may not exist, and NULL + 0 is
+ * undefined behaviour in C). */
+static py_t *const *stack_from(const parser_t *ps, size_t i)
+{
+    return ps->stack ? ps->stack + i : NULL;
+}
+
 static py_t *pop(parser_t *ps)
 {
     if (ps->sp == 0 || (ps->nmarks && ps->sp <= ps->marks[ps->nmarks - 1])) {
@@ -290,7 +297,7 @@ static bool setitems(parser_t *ps, py_t *dict, size_t first)
     size_t n = ps->sp - first;
     if (n % 2)
         return fail(ps, "%s with an odd number of items", pk_opcode_name(ps->p[ps->op_at]));
-    bool ok = seq_append(ps, dict, ps->stack + first, n);
+    bool ok = seq_append(ps, dict, stack_from(ps, first), n);
     ps->sp = first;
     return ok;
 }
@@ -465,7 +472,7 @@ static bool run(parser_t *ps)
             size_t n = ps->sp - first;
             if (op == 'd' && n % 2)
                 return fail(ps, "DICT with an odd number of items");
-            py_t *v = make_seq(ps, op == 'l' ? PY_LIST : op == 't' ? PY_TUPLE : PY_DICT, ps->stack + first, n);
+            py_t *v = make_seq(ps, op == 'l' ? PY_LIST : op == 't' ? PY_TUPLE : PY_DICT, stack_from(ps, first), n);
             ps->sp = first;
             if (!push(ps, v))
                 return false;
@@ -475,7 +482,7 @@ static bool run(parser_t *ps)
             size_t n = (size_t)(op - 0x84);
             if (ps->sp < n || (ps->nmarks && ps->sp - n < ps->marks[ps->nmarks - 1]))
                 return fail(ps, "%s needs %zu items on the stack", pk_opcode_name(op), n);
-            py_t *v = make_seq(ps, PY_TUPLE, ps->stack + ps->sp - n, n);
+            py_t *v = make_seq(ps, PY_TUPLE, stack_from(ps, ps->sp - n), n);
             ps->sp -= n;
             if (!push(ps, v))
                 return false;
@@ -501,7 +508,7 @@ static bool run(parser_t *ps)
             py_t *list = ps->stack[first - 1];
             if (list->kind != PY_LIST)
                 return fail(ps, "APPENDS to a value that is not a list");
-            if (!seq_append(ps, list, ps->stack + first, ps->sp - first))
+            if (!seq_append(ps, list, stack_from(ps, first), ps->sp - first))
                 return false;
             ps->sp = first;
             break;

@@ -98,34 +98,6 @@ typedef struct run_result {
     double seconds;
 } run_result_t;
 
-/* ------------------------------------------------------------------------------- sizes */
-
-bool av_parse_size(const char *s, uint64_t *out)
-{
-    if (!s || !*s)
-        return false;
-    errno = 0;
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || errno || !(v >= 0) || isinf(v))
-        return false;
-    static const struct { const char *suffix; double mult; } units[] = {
-        {"", 1},          {"B", 1},         {"K", 0x1p10},    {"KiB", 0x1p10}, {"KB", 1e3},
-        {"M", 0x1p20},    {"MiB", 0x1p20},  {"MB", 1e6},      {"G", 0x1p30},   {"GiB", 0x1p30},
-        {"GB", 1e9},      {"T", 0x1p40},    {"TiB", 0x1p40},  {"TB", 1e12},
-    };
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strcmp(end, units[i].suffix) == 0) {
-            double b = v * units[i].mult;
-            if (b >= 0x1p62)
-                return false;
-            *out = (uint64_t)(b + 0.5);
-            return true;
-        }
-    }
-    return false;
-}
-
 /* ------------------------------------------------------------------------------- loading */
 
 static bool push(trace_reqs_t *t, ev_t e)
@@ -715,7 +687,7 @@ int av_cmd_replay(int argc, char **argv)
                     return RP_EXIT_USAGE;
                 }
                 confs[nconfs++] = v;
-            } else if (!av_parse_size(v, &memory) || memory == 0) {
+            } else if (!txt_parse_size(v, &memory) || memory == 0) {
                 fprintf(stderr, "allocview replay: bad --memory '%s' (bytes, or e.g. 16GiB, 40G, 512MiB)\n", v);
                 return RP_EXIT_USAGE;
             }
@@ -724,7 +696,7 @@ int av_cmd_replay(int argc, char **argv)
                 return RP_EXIT_USAGE;
             confs[nconfs++] = a + 7;
         } else if (strncmp(a, "--memory=", 9) == 0) {
-            if (!av_parse_size(a + 9, &memory) || memory == 0) {
+            if (!txt_parse_size(a + 9, &memory) || memory == 0) {
                 fprintf(stderr, "allocview replay: bad --memory '%s'\n", a + 9);
                 return RP_EXIT_USAGE;
             }

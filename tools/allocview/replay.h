@@ -21,8 +21,4 @@ int av_cmd_replay(int argc, char **argv);
 int av_cmd_import(int argc, char **argv);
 int av_cmd_export(int argc, char **argv);
 
-/* "123", "16GiB", "40G", "512MiB", "1.5GiB": K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024,
- * KB/MB/GB/TB powers of 1000; a plain number (or B) is bytes. False on anything else. */
-bool av_parse_size(const char *s, uint64_t *out);
-
 #endif

@@ -3,6 +3,7 @@
 #include "text.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,4 +43,30 @@ bool txt_parse_count(const char *s, unsigned long long lo, unsigned long long hi
         return false;
     *out = v;
     return true;
+}
+
+bool txt_parse_size(const char *s, uint64_t *out)
+{
+    if (!s || !*s)
+        return false;
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || errno || !(v >= 0) || isinf(v))
+        return false;
+    static const struct { const char *suffix; double mult; } units[] = {
+        {"", 1},          {"B", 1},         {"K", 0x1p10},    {"KiB", 0x1p10}, {"KB", 1e3},
+        {"M", 0x1p20},    {"MiB", 0x1p20},  {"MB", 1e6},      {"G", 0x1p30},   {"GiB", 0x1p30},
+        {"GB", 1e9},      {"T", 0x1p40},    {"TiB", 0x1p40},  {"TB", 1e12},
+    };
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(end, units[i].suffix) == 0) {
+            double b = v * units[i].mult;
+            if (b >= 0x1p62)
+                return false;
+            *out = (uint64_t)(b + 0.5);
+            return true;
+        }
+    }
+    return false;
 }
