@@ -888,8 +888,8 @@ static bool dw_any_capturing(heap_t *h) {
  * made or fails. */
 static cua_result device_sync(heap_t *h) {
     if (dw_any_capturing(h)) return CUA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    for (unsigned t = 1; t < TAG_STREAMS_END; t++)
-        if (h->tags[t].used && is_capturing(h, h->tags[t].handle)) return CUA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    for (unsigned t = 1; t < TAG_STREAMS_END; t++) /* the streams the heap holds free blocks for */
+        if (open_tag_waiting(h, t) && is_capturing(h, h->tags[t].handle)) return CUA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     h->stats.num_syncs++;
     return h->drv->device_synchronize(h->dev);
 }

@@ -512,6 +512,15 @@ static __thread int passthrough_depth;
 
 /* ------------------------------------------------------------------ common paths */
 
+/* cudaStreamPerThread names a different stream in every thread, and an event recorded or a
+ * synchronize made on it acts on the calling thread's: the heap cannot treat it as one stream. Its
+ * allocations use a key of the calling thread's own (a thread-local's address, never a CUDA
+ * handle), which never holds free blocks, so the heap makes no driver call on it: the frees wait
+ * device-wide (release), for an event on the legacy stream, which every thread's default stream
+ * (a blocking stream) precedes. */
+static __thread char per_thread_stream;
+static cua_stream per_thread_stream_key(void) { return (cua_stream)&per_thread_stream; }
+
 /* Serves a request from dev's heap. CUA_SUCCESS, an error, or CUA_ERROR_NOT_FOUND when the heap
  * cannot serve at all (no such device, the driver is unusable): the caller passes through.
  * noinline: the trace recorder drops this frame and the entry point that called it (skip 1), so
@@ -521,12 +530,14 @@ __attribute__((noinline)) static cua_result serve(int dev, size_t size, cua_stre
     if (!h) return CUA_ERROR_NOT_FOUND;
     if (trace_enabled()) trace_capture_stack(1);
     if (__builtin_expect(atomic_load_explicit(&pending_any, memory_order_relaxed), 0)) pending_flush();
-    return heap_alloc(h, size, stream, out);
+    return heap_alloc(h, size, stream == CUA_STREAM_PER_THREAD ? per_thread_stream_key() : stream, out);
 }
 
-/* Frees an owned pointer; false when cualloc does not own it (the caller passes through). */
+/* Frees an owned pointer; false when cualloc does not own it (the caller passes through). A free
+ * on cudaStreamPerThread waits device-wide (see per_thread_stream_key). */
 static bool release(const void *ptr, cua_stream stream) {
     heap_t *h = api_owner(ptr);
+    if (h && stream == CUA_STREAM_PER_THREAD) return heap_free_device_wide(h, (void *)ptr);
     return h && heap_free(h, (void *)ptr, stream);
 }
 

@@ -5,8 +5,10 @@
  * CUALLOC_CONF=driver:cuda,sim_host_backed:1 (cualloc's own backend then runs on the fake too).
  * Checks that the functions handed out are cualloc's, that they serve memory from cualloc (its
  * statistics move, the fake's cuMemAlloc counter does not), that a pointer from the driver itself
- * is passed to the real cuMemFree, and that without a current context cuMemAlloc answers as CUDA. */
+ * is passed to the real cuMemFree, that two threads' per-thread default streams are kept apart, and that
+ * without a current context cuMemAlloc answers as CUDA. */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +43,25 @@ typedef int (*get_stats_fn)(int, stats_mirror *);
 
 
 #define AS(fnptr, p) memcpy(&(fnptr), &(p), sizeof(p))
+
+/* Threads A and B, each on its per-thread default stream (the _ptsz entry points, stream NULL). */
+static CUcontext pt_ctx;
+static alloc_async_fn pt_alloc;
+static free_async_fn pt_free;
+static setcur_fn pt_setcur;
+static CUdeviceptr pt_a, pt_b;
+static void *pt_thread_a(void *unused) {
+    (void)unused;
+    pt_setcur(pt_ctx);
+    if (pt_alloc(&pt_a, 1 << 20, NULL) == 0) pt_free(pt_a, NULL);
+    return NULL;
+}
+static void *pt_thread_b(void *unused) {
+    (void)unused;
+    pt_setcur(pt_ctx);
+    pt_alloc(&pt_b, 1 << 20, NULL);
+    return NULL;
+}
 
 static int from_cualloc(void *fn) {
     Dl_info info;
@@ -161,6 +182,19 @@ int main(void) {
         CHECK_MSG(alloc_async[0](&g, 1 << 20, cs) == 0 && allocs_now() == al0 + 1, "after the capture cualloc serves again");
         CHECK_MSG(free_async[0](g, cs) == 0, "free");
     }
+
+    /* Two threads' per-thread default streams are two streams: a block one thread freed on its
+     * own may not go at once to the other's (nothing orders the two), as it would between two
+     * explicit streams. */
+    pt_ctx = ctx;
+    pt_setcur = setcur;
+    pt_alloc = alloc_async[1];
+    pt_free = free_async[1];
+    pthread_t th;
+    CHECK_MSG(pthread_create(&th, NULL, pt_thread_a, NULL) == 0 && pthread_join(th, NULL) == 0, "thread A");
+    CHECK_MSG(pthread_create(&th, NULL, pt_thread_b, NULL) == 0 && pthread_join(th, NULL) == 0, "thread B");
+    CHECK_MSG(pt_a && pt_b && pt_a != pt_b, "thread B's per-thread stream got thread A's block %#llx at once", pt_a);
+    if (pt_b) CHECK_MSG(free_async[1](pt_b, NULL) == 0, "free B's block");
 
     /* A pointer from the driver itself goes to the real cuMemFree. */
     CUdeviceptr foreign = 0;
