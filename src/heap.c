@@ -2448,6 +2448,10 @@ bool heap_owns(heap_t *h, const void *ptr) {
     cua_lock(&h->lock);
     block_t *b = live_get(h, a);
     bool owned = b && b->state == BLOCK_ALLOCATED;
+    /* A segment's base is the heap's even when no live block starts there (a double free): passed
+     * on, the driver would free the whole segment. Other addresses the driver refuses itself. */
+    for (int pi = 0; pi < POOL_COUNT && !owned; pi++)
+        for (const block_t *seg = h->pools[pi].segments; seg && !owned; seg = seg->seg_next) owned = seg->addr == a;
     cua_unlock(&h->lock);
     return owned;
 }

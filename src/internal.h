@@ -486,7 +486,8 @@ bool heap_free(heap_t *h, void *ptr, cua_stream stream);
  * nothing, so that the front door's common case is a tail call. */
 void heap_free_in_small_pool(heap_t *h, void *ptr, cua_stream stream);
 void heap_free_in_large_pool(heap_t *h, void *ptr, cua_stream stream);
-/* Does ptr fall in memory this heap manages? (Exact for VMM; allocated-block lookup for classic.) */
+/* Does ptr fall in memory this heap manages? (Exact for VMM; for classic, an allocated block or a
+ * segment's base: freed again, the driver would take that for the segment.) */
 bool heap_owns(heap_t *h, const void *ptr);
 /* The requested size of an allocated block, or SIZE_MAX when ptr is not one of h's. */
 size_t heap_block_size(heap_t *h, const void *ptr);

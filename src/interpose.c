@@ -533,18 +533,24 @@ __attribute__((noinline)) static cua_result serve(int dev, size_t size, cua_stre
     return heap_alloc(h, size, stream == CUA_STREAM_PER_THREAD ? per_thread_stream_key() : stream, out);
 }
 
-/* Frees an owned pointer; false when cualloc does not own it (the caller passes through). A free
- * on cudaStreamPerThread waits device-wide (see per_thread_stream_key). */
-static bool release(const void *ptr, cua_stream stream) {
+/* What a free found: the pointer freed; not cualloc's (the caller passes it through); or in
+ * cualloc's memory but no live block's start (a double free, an interior pointer): refused as
+ * invalid, never passed through, since the driver would take it for the segment or range it is. */
+typedef enum { RELEASED, RELEASE_FOREIGN, RELEASE_INVALID } release_t;
+
+/* Frees a pointer. A free on cudaStreamPerThread waits device-wide (see per_thread_stream_key). */
+static release_t release(const void *ptr, cua_stream stream) {
     heap_t *h = api_owner(ptr);
-    if (h && stream == CUA_STREAM_PER_THREAD) return heap_free_device_wide(h, (void *)ptr);
-    return h && heap_free(h, (void *)ptr, stream);
+    if (!h) return RELEASE_FOREIGN;
+    bool ok = stream == CUA_STREAM_PER_THREAD ? heap_free_device_wide(h, (void *)ptr) : heap_free(h, (void *)ptr, stream);
+    return ok ? RELEASED : RELEASE_INVALID;
 }
 
 /* cudaFree / cuMemFree: CUDA's device-wide guarantee (heap_free_device_wide). */
-static bool release_device_wide(const void *ptr) {
+static release_t release_device_wide(const void *ptr) {
     heap_t *h = api_owner(ptr);
-    return h && heap_free_device_wide(h, (void *)ptr);
+    if (!h) return RELEASE_FOREIGN;
+    return heap_free_device_wide(h, (void *)ptr) ? RELEASED : RELEASE_INVALID;
 }
 
 static void streams_destroyed(cua_stream stream) {
@@ -588,7 +594,8 @@ cudart_error cudaMalloc(void **ptr, size_t size) {
 }
 
 cudart_error cudaFree(void *ptr) {
-    if (ptr && !disabled() && release_device_wide(ptr)) return CUDART_SUCCESS;
+    release_t r = ptr && !disabled() ? release_device_wide(ptr) : RELEASE_FOREIGN;
+    if (r != RELEASE_FOREIGN) return r == RELEASED ? CUDART_SUCCESS : CUDART_ERROR_INVALID_VALUE;
     cudaFree_fn next = NEXT(N_cudaFree, cudaFree_fn);
     if (next) return next(ptr);
     return ptr ? CUDART_ERROR_INVALID_VALUE : CUDART_SUCCESS;
@@ -629,7 +636,8 @@ cudart_error cudaMallocAsync(void **ptr, size_t size, cudart_stream stream) {
 }
 
 cudart_error cudaFreeAsync(void *ptr, cudart_stream stream) {
-    if (ptr && !disabled() && release(ptr, (cua_stream)stream)) return CUDART_SUCCESS;
+    release_t r = ptr && !disabled() ? release(ptr, (cua_stream)stream) : RELEASE_FOREIGN;
+    if (r != RELEASE_FOREIGN) return r == RELEASED ? CUDART_SUCCESS : CUDART_ERROR_INVALID_VALUE;
     cudaFreeAsync_fn next = NEXT(N_cudaFreeAsync, cudaFreeAsync_fn);
     if (next) return next(ptr, stream);
     return ptr ? CUDART_ERROR_INVALID_VALUE : CUDART_SUCCESS;
@@ -688,9 +696,10 @@ static cua_result drv_alloc(int next_idx, cua_devptr *dptr, size_t size, cua_str
 }
 
 static cua_result drv_free(int next_idx, cua_devptr dptr, cua_stream stream, bool async) {
-    if (dptr && !disabled() &&
-        (async ? release((const void *)(uintptr_t)dptr, stream) : release_device_wide((const void *)(uintptr_t)dptr)))
-        return CUA_SUCCESS;
+    release_t r = RELEASE_FOREIGN;
+    if (dptr && !disabled())
+        r = async ? release((const void *)(uintptr_t)dptr, stream) : release_device_wide((const void *)(uintptr_t)dptr);
+    if (r != RELEASE_FOREIGN) return r == RELEASED ? CUA_SUCCESS : CUA_ERROR_INVALID_VALUE;
     if (async) {
         cuMemFreeAsync_fn next = NEXT(next_idx, cuMemFreeAsync_fn);
         return next ? next(dptr, stream) : CUA_ERROR_NOT_INITIALIZED;
@@ -725,8 +734,10 @@ cua_result cuMemAllocAsync_ptsz(cua_devptr *dptr, size_t size, cua_stream stream
     return drv_alloc(N_cuMemAllocAsync_ptsz, dptr, size, stream, true, caller);
 }
 cua_result cuMemFreeAsync_ptsz(cua_devptr dptr, cua_stream stream) {
-    if (dptr && !stream && !disabled() && release((const void *)(uintptr_t)dptr, CUA_STREAM_PER_THREAD))
-        return CUA_SUCCESS;
+    if (dptr && !stream && !disabled()) {
+        release_t r = release((const void *)(uintptr_t)dptr, CUA_STREAM_PER_THREAD);
+        if (r != RELEASE_FOREIGN) return r == RELEASED ? CUA_SUCCESS : CUA_ERROR_INVALID_VALUE;
+    }
     return drv_free(N_cuMemFreeAsync_ptsz, dptr, stream, true);
 }
 

@@ -196,6 +196,13 @@ int main(void) {
     CHECK_MSG(pt_a && pt_b && pt_a != pt_b, "thread B's per-thread stream got thread A's block %#llx at once", pt_a);
     if (pt_b) CHECK_MSG(free_async[1](pt_b, NULL) == 0, "free B's block");
 
+    /* A double free is refused as CUDA refuses it, and not passed to the driver. */
+    CUdeviceptr twice = 0;
+    CHECK_MSG(mem_alloc(&twice, 1 << 20) == 0 && twice && mem_free(twice) == 0, "alloc and free");
+    uint64_t frees0 = fake_calls(OP_MEM_FREE);
+    CHECK_MSG(mem_free(twice) == 1, "a second cuMemFree must answer CUDA_ERROR_INVALID_VALUE (1)");
+    CHECK_MSG(fake_calls(OP_MEM_FREE) == frees0, "a second cuMemFree reached the driver");
+
     /* A pointer from the driver itself goes to the real cuMemFree. */
     CUdeviceptr foreign = 0;
     CHECK_MSG(direct(0, 1 << 20, &foreign) == 0 && foreign, "direct allocation");

@@ -315,6 +315,21 @@ static void test_many_streams_classic(void) {
     heap_destroy(h);
 }
 
+/* Classic mode: a block freed twice is still the heap's when it starts a segment (the driver
+ * would free the whole segment if the second free were passed on); an address past every segment
+ * is not. */
+static void test_classic_owns_segment_base(void) {
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:64,expandable_segments:False", &c);
+    void *a = must_alloc(h, 1 << 20, NULL), *b = must_alloc(h, 1 << 20, NULL);
+    EXPECT(heap_owns(h, a) && heap_owns(h, b), "live blocks");
+    must_free(h, a, NULL);
+    must_free(h, b, NULL);
+    EXPECT(heap_owns(h, a), "a freed segment base (a double free must not reach the driver)");
+    EXPECT(!heap_owns(h, (char *)a + (64 << 20)), "an address past the segments");
+    heap_destroy(h);
+}
+
 /* The fragmentation trap: 4 GiB device, 3 GiB held; one 1000 MiB block allocated and freed, then
  * carved into 9 x 100 MiB blocks interleaved with 9 x 2 MiB pins; the 100 MiB blocks freed; a
  * 900 MiB request. Expandable segments unmap the holes and remap them; classic mode, like
@@ -928,6 +943,7 @@ int main(void) {
     test_stream_destroyed();
     test_many_streams();
     test_many_streams_classic();
+    test_classic_owns_segment_base();
     test_device_wide_without_nonblocking();
     test_device_wide_waits_for_nonblocking();
     test_device_wide_generations();
