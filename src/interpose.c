@@ -560,6 +560,7 @@ static void streams_destroyed(cua_stream stream) {
             if (pending_nb[i].s == stream) pending_nb[i--] = pending_nb[--pending_nb_n];
         pthread_mutex_unlock(&pending_lock);
     }
+    if (!api_started()) return; /* no heap yet: the pending list was all there was to forget */
     int n = api_device_count();
     for (int d = 0; d < n; d++) {
         heap_t *h = api_heap_if_created(d);
@@ -660,7 +661,7 @@ cudart_error cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
 }
 
 cudart_error cudaStreamDestroy(cudart_stream stream) {
-    if (!disabled() && api_started()) streams_destroyed((cua_stream)stream);
+    if (!disabled()) streams_destroyed((cua_stream)stream);
     cudaStreamDestroy_fn next = NEXT(N_cudaStreamDestroy, cudaStreamDestroy_fn);
     return next ? next(stream) : CUDART_ERROR_INVALID_VALUE;
 }
@@ -742,7 +743,7 @@ cua_result cuMemFreeAsync_ptsz(cua_devptr dptr, cua_stream stream) {
 }
 
 cua_result cuStreamDestroy_v2(cua_stream stream) {
-    if (!disabled() && api_started()) streams_destroyed(stream);
+    if (!disabled()) streams_destroyed(stream);
     cuStreamDestroy_fn next = NEXT(N_cuStreamDestroy_v2, cuStreamDestroy_fn);
     return next ? next(stream) : CUA_ERROR_NOT_INITIALIZED;
 }

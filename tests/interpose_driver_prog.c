@@ -40,6 +40,7 @@ typedef int (*get_stats_fn)(int, stats_mirror *);
 /* sim_op_t (src/internal.h): the fake's counters by operation. */
 #define OP_MEM_ALLOC 7
 #define OP_MEM_FREE 8
+#define OP_EVENT_RECORD 10
 
 
 #define AS(fnptr, p) memcpy(&(fnptr), &(p), sizeof(p))
@@ -125,12 +126,37 @@ int main(void) {
     CHECK_MSG(alloc_async[0] != alloc_async[1], "flags 2 must give the _ptsz variant");
     if (failures) return 1;
 
-    /* No current context: as CUDA, CUDA_ERROR_INVALID_CONTEXT (201) from the real driver. */
-    CUdeviceptr d = 0;
-    CHECK_MSG(mem_alloc(&d, 4096) == 201, "cuMemAlloc without a context");
-
     CUcontext ctx = NULL;
     CHECK_MSG(retain(&ctx, 0) == 0 && setcur(ctx) == 0, "make device 0's primary context current");
+
+    /* A non-blocking stream created and destroyed before cualloc starts (its first allocation) is
+     * forgotten: frees need not wait for it, and no event is ever recorded on its handle. */
+    typedef CUresult (*stream_create_fn)(CUstream *, unsigned);
+    typedef CUresult (*stream_destroy_fn)(CUstream);
+    stream_create_fn stream_create;
+    stream_destroy_fn stream_destroy;
+    CHECK_MSG(gpa("cuStreamCreate", &q, 12000, 0, NULL) == 0, "cuStreamCreate");
+    AS(stream_create, q);
+    CHECK_MSG(gpa("cuStreamDestroy", &q, 12000, 0, NULL) == 0, "cuStreamDestroy");
+    AS(stream_destroy, q);
+    CUstream dead = NULL;
+    CHECK_MSG(stream_create(&dead, 1 /* CU_STREAM_NON_BLOCKING */) == 0 && stream_destroy(dead) == 0,
+              "create and destroy a non-blocking stream");
+    /* cuMemFree is device-wide: with no live non-blocking stream it is a free on the legacy stream,
+     * which reuses the block at once, with no event. */
+    uint64_t records0 = fake_calls(OP_EVENT_RECORD);
+    for (int i = 0; i < 16; i++) {
+        CUdeviceptr x = 0;
+        CHECK_MSG(mem_alloc(&x, 4 << 20) == 0 && mem_free(x) == 0, "cuMemAlloc and cuMemFree %d", i);
+    }
+    CHECK_MSG(fake_calls(OP_EVENT_RECORD) == records0, "%llu events recorded: the destroyed stream was still waited for",
+              (unsigned long long)(fake_calls(OP_EVENT_RECORD) - records0));
+
+    /* No current context: as CUDA, CUDA_ERROR_INVALID_CONTEXT (201) from the real driver. */
+    CUdeviceptr d = 0;
+    CHECK_MSG(setcur(NULL) == 0 && mem_alloc(&d, 4096) == 201, "cuMemAlloc without a context");
+    CHECK_MSG(setcur(ctx) == 0, "device 0's primary context current again");
+
 
     uint64_t a0 = allocs_now(), fake0 = fake_calls(OP_MEM_ALLOC);
     CUdeviceptr ptrs[30];
