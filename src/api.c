@@ -149,7 +149,7 @@ static void api_init(void) {
         pthread_atfork(api_atfork_prepare, api_atfork_parent, api_atfork_child);
     }
     conf_load(&g.conf);
-    g.disabled = conf_env_flag("CUALLOC_DISABLE");
+    g.disabled = conf_disabled();
     g.drv = g.conf.driver == DRIVER_SIM ? &driver_sim_ops : &driver_cuda_ops;
     if (g.conf.driver == DRIVER_SIM) sim_configure(&g.conf);
     g.init_error = g.drv->init();

@@ -16,6 +16,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "internal.h"
@@ -382,6 +383,19 @@ bool conf_env_flag(const char *name)
         return b;
     cua_error("%s='%s' is not a boolean (1/0, true/false, yes/no, on/off); taken as 1", name, v);
     return true;
+}
+
+bool conf_disabled(void)
+{
+    static _Atomic int state = -1; /* -1: not read yet */
+    int s = atomic_load_explicit(&state, memory_order_relaxed);
+    if (s < 0) {
+        int expected = -1;
+        s = conf_env_flag("CUALLOC_DISABLE");
+        if (!atomic_compare_exchange_strong(&state, &expected, s))
+            s = expected; /* another thread read it first: its answer stands */
+    }
+    return s != 0;
 }
 
 /* ------------------------------------------------------------------------ roundup lists */

@@ -115,6 +115,9 @@ void conf_load(conf_t *out);
  * CUALLOC_CONF reads one (1/0, true/false, yes/no, on/off, any case); anything else is reported
  * and taken as on. */
 bool conf_env_flag(const char *name);
+/* CUALLOC_DISABLE, read once per process: the interposer and the API decide on the same answer
+ * even when the environment changes while the program runs. */
+bool conf_disabled(void);
 /* Writes the configuration as "key:value,..." (all keys), for traces and summaries. */
 size_t conf_format(const conf_t *c, char *buf, size_t len);
 /* Writes the descriptor table as a Markdown table (key | default | meaning), for the README. */

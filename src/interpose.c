@@ -182,7 +182,14 @@ static bool env_flag(int *state, const char *name) {
     return s != 0;
 }
 
-static inline bool disabled(void) { return env_flag(&disabled_state, "CUALLOC_DISABLE"); }
+static inline bool disabled(void) {
+    int s = __atomic_load_n(&disabled_state, __ATOMIC_RELAXED);
+    if (__builtin_expect(s < 0, 0)) {
+        s = conf_disabled(); /* the API's answer too */
+        __atomic_store_n(&disabled_state, s, __ATOMIC_RELAXED);
+    }
+    return s != 0;
+}
 static inline bool log_on(void) { return env_flag(&log_state, "CUALLOC_LOG_INTERPOSE"); }
 
 /* ------------------------------------------------------------------ next definitions */

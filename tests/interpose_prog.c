@@ -6,6 +6,7 @@
  * with cualloc's cached bytes added), and that a forked child and its parent both keep working.
  *   interpose_prog            cualloc serves
  *   interpose_prog --disable  run under CUALLOC_DISABLE=1: everything reaches the stub
+ *   interpose_prog --disable-late  CUALLOC_DISABLE set while it runs: one answer for the process
  *   interpose_prog --streams-first  70 non-blocking streams created before the first allocation
  *   interpose_prog --threads  eight threads allocate, free and make and destroy streams at once */
 #include <dlfcn.h>
@@ -278,6 +279,24 @@ int main(int argc, char **argv) {
         CHECK_MSG(stats_of(0).num_allocs == 0, "cualloc served an excluded caller");
         if (failures) return 1;
         printf("interpose_prog --exclude: all checks passed\n");
+        return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "--disable-late") == 0) {
+        /* CUALLOC_DISABLE set after an entry point was called but before the first allocation:
+         * the process keeps the answer it read first, in every part of cualloc, so the block
+         * cualloc serves is also the one it frees (not the stub's). */
+        size_t fr = 0, total = 0;
+        CHECK_MSG(cudaMemGetInfo(&fr, &total) == 0, "cudaMemGetInfo");
+        setenv("CUALLOC_DISABLE", "1", 1);
+        unsigned long m0 = stub_cudart_calls("cudaMalloc"), f0 = stub_cudart_calls("cudaFree");
+        void *p = NULL;
+        CHECK_MSG(cudaMalloc(&p, 1 << 20) == 0 && p, "cudaMalloc");
+        int served = stub_cudart_calls("cudaMalloc") == m0;
+        CHECK_MSG(cudaFree(p) == 0, "cudaFree");
+        CHECK_MSG(served == (stub_cudart_calls("cudaFree") == f0),
+                  "the allocation and its free went different ways (served by cualloc: %d)", served);
+        if (failures) return 1;
+        printf("interpose_prog --disable-late: all checks passed\n");
         return 0;
     }
     if (argc > 1 && strcmp(argv[1], "--streams-first") == 0) {
