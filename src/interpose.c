@@ -10,6 +10,7 @@
  *            cudaDeviceEnablePeerAccess cudaIpcGetMemHandle
  *   driver   cuMemAlloc_v2 cuMemFree_v2 cuMemAllocAsync cuMemFreeAsync (+ _ptsz) cuStreamDestroy_v2
  *            cuStreamCreate cuStreamCreateWithPriority cuCtxEnablePeerAccess cuMemGetAddressRange_v2
+ *            cuMemGetInfo_v2
  *   lookup   dlsym cuGetProcAddress cuGetProcAddress_v2
  *
  * Rules:
@@ -119,6 +120,7 @@ CUALLOC_API cua_result cuStreamCreate(cua_stream *stream, unsigned int flags);
 CUALLOC_API cua_result cuStreamCreateWithPriority(cua_stream *stream, unsigned int flags, int priority);
 CUALLOC_API cua_result cuCtxEnablePeerAccess(cua_ctx peer_ctx, unsigned int flags);
 CUALLOC_API cua_result cuMemGetAddressRange_v2(cua_devptr *base, size_t *size, cua_devptr dptr);
+CUALLOC_API cua_result cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
 CUALLOC_API cua_result cuMemAlloc_v2(cua_devptr *dptr, size_t size);
 CUALLOC_API cua_result cuMemFree_v2(cua_devptr dptr);
 CUALLOC_API cua_result cuMemAllocAsync(cua_devptr *dptr, size_t size, cua_stream stream);
@@ -210,6 +212,7 @@ enum {
     N_cuMemAlloc_v2, N_cuMemFree_v2, N_cuMemAllocAsync, N_cuMemFreeAsync, N_cuMemAllocAsync_ptsz,
     N_cuMemFreeAsync_ptsz, N_cuStreamDestroy_v2, N_cuGetProcAddress_v2, N_cuGetProcAddress,
     N_cuStreamCreate, N_cuStreamCreateWithPriority, N_cuCtxEnablePeerAccess, N_cuMemGetAddressRange_v2,
+    N_cuMemGetInfo_v2,
     /* driver names looked up, never interposed */
     N_cuCtxPushCurrent_v2, N_cuCtxPopCurrent_v2, N_cuCtxGetDevice, N_COUNT
 };
@@ -241,6 +244,7 @@ static next_t nexts[N_COUNT] = {
     [N_cuStreamCreateWithPriority] = {"cuStreamCreateWithPriority", true, NULL},
     [N_cuCtxEnablePeerAccess] = {"cuCtxEnablePeerAccess", true, NULL},
     [N_cuMemGetAddressRange_v2] = {"cuMemGetAddressRange_v2", true, NULL},
+    [N_cuMemGetInfo_v2] = {"cuMemGetInfo_v2", true, NULL},
     [N_cuCtxPushCurrent_v2] = {"cuCtxPushCurrent_v2", true, NULL},
     [N_cuCtxPopCurrent_v2] = {"cuCtxPopCurrent_v2", true, NULL},
     [N_cuCtxGetDevice] = {"cuCtxGetDevice", true, NULL},
@@ -273,6 +277,7 @@ static void *own_fn(int i) {
     case N_cuStreamCreateWithPriority: return (void *)cuStreamCreateWithPriority;
     case N_cuCtxEnablePeerAccess: return (void *)cuCtxEnablePeerAccess;
     case N_cuMemGetAddressRange_v2: return (void *)cuMemGetAddressRange_v2;
+    case N_cuMemGetInfo_v2: return (void *)cuMemGetInfo_v2;
     default: return NULL;
     }
 }
@@ -651,19 +656,24 @@ cudart_error cudaFreeAsync(void *ptr, cudart_stream stream) {
     return ptr ? CUDART_ERROR_INVALID_VALUE : CUDART_SUCCESS;
 }
 
+/* What the device reports free, plus what dev's heap holds cached (reserved, not allocated): what
+ * the application could allocate. */
+static void add_cached(int dev, size_t *free_bytes, const size_t *total_bytes) {
+    heap_t *h = dev >= 0 ? api_heap_if_created(dev) : NULL;
+    if (!h) return;
+    cualloc_stats s;
+    heap_get_stats(h, &s);
+    size_t cached = s.reserved_bytes > s.allocated_bytes ? s.reserved_bytes - s.allocated_bytes : 0;
+    size_t f = *free_bytes + cached;
+    *free_bytes = f < *free_bytes || f > *total_bytes ? *total_bytes : f;
+}
+
 cudart_error cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
     cudaMemGetInfo_fn next = NEXT(N_cudaMemGetInfo, cudaMemGetInfo_fn);
     if (!next) return CUDART_ERROR_INITIALIZATION;
     cudart_error r = next(free_bytes, total_bytes);
     if (r != CUDART_SUCCESS || disabled() || !api_started() || !free_bytes || !total_bytes) return r;
-    heap_t *h = api_heap_if_created(runtime_device());
-    if (h) {
-        cualloc_stats s;
-        heap_get_stats(h, &s);
-        size_t cached = s.reserved_bytes > s.allocated_bytes ? s.reserved_bytes - s.allocated_bytes : 0;
-        size_t f = *free_bytes + cached;
-        *free_bytes = f < *free_bytes || f > *total_bytes ? *total_bytes : f;
-    }
+    add_cached(runtime_device(), free_bytes, total_bytes);
     return r;
 }
 
@@ -874,6 +884,17 @@ cua_result cuMemGetAddressRange_v2(cua_devptr *base, size_t *size, cua_devptr dp
     return next ? next(base, size, dptr) : CUA_ERROR_NOT_INITIALIZED;
 }
 
+/* cuMemGetInfo: as cudaMemGetInfo, for the current context's device (what the static runtime and
+ * the driver API ask). */
+cua_result cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
+    cua_pfn_cuMemGetInfo_v2 next = NEXT(N_cuMemGetInfo_v2, cua_pfn_cuMemGetInfo_v2);
+    if (!next) return CUA_ERROR_NOT_INITIALIZED;
+    cua_result r = next(free_bytes, total_bytes);
+    if (r != CUA_SUCCESS || disabled() || !api_started() || !free_bytes || !total_bytes) return r;
+    add_cached(driver_device(), free_bytes, total_bytes);
+    return r;
+}
+
 /* ------------------------------------------------------------------ cuGetProcAddress */
 
 /* Which of cualloc's functions answers a cuGetProcAddress look-up (NULL: pass through), and the
@@ -919,6 +940,10 @@ static void *proc_substitute(const char *symbol, int version, unsigned long long
     if (strcmp(symbol, "cuCtxEnablePeerAccess") == 0) {
         *slot = N_cuCtxEnablePeerAccess, *ours = "cuCtxEnablePeerAccess";
         return (void *)cuCtxEnablePeerAccess;
+    }
+    if (strcmp(symbol, "cuMemGetInfo") == 0 && version >= 3020) {
+        *slot = N_cuMemGetInfo_v2, *ours = "cuMemGetInfo_v2";
+        return (void *)cuMemGetInfo_v2;
     }
     if (strcmp(symbol, "cuMemGetAddressRange") == 0 && version >= 3020) {
         *slot = N_cuMemGetAddressRange_v2, *ours = "cuMemGetAddressRange_v2";

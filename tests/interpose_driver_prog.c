@@ -222,6 +222,18 @@ int main(void) {
     CHECK_MSG(pt_a && pt_b && pt_a != pt_b, "thread B's per-thread stream got thread A's block %#llx at once", pt_a);
     if (pt_b) CHECK_MSG(free_async[1](pt_b, NULL) == 0, "free B's block");
 
+    /* cuMemGetInfo (as the static runtime fetches it) counts what cualloc holds cached as free. */
+    typedef CUresult (*meminfo_fn)(size_t *, size_t *);
+    meminfo_fn meminfo;
+    CHECK_MSG(gpa("cuMemGetInfo", &q, 3020, 0, NULL) == 0 && from_cualloc(q), "cuMemGetInfo@3020 is not cualloc's");
+    AS(meminfo, q);
+    size_t free0 = 0, free1 = 0, total = 0;
+    CUdeviceptr big = 0;
+    CHECK_MSG(meminfo(&free0, &total) == 0 && mem_alloc(&big, 64 << 20) == 0 && mem_free(big) == 0 &&
+                  meminfo(&free1, &total) == 0,
+              "cuMemGetInfo around 64 MiB allocated and freed");
+    CHECK_MSG(free1 == free0, "free memory %zu before, %zu after 64 MiB were allocated and freed (cached)", free0, free1);
+
     /* A double free is refused as CUDA refuses it, and not passed to the driver. */
     CUdeviceptr twice = 0;
     CHECK_MSG(mem_alloc(&twice, 1 << 20) == 0 && twice && mem_free(twice) == 0, "alloc and free");
