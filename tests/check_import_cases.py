@@ -23,6 +23,8 @@ records it writes (`allocview dump`) and on the snapshot the export makes of the
                   from import and export; one past what a trace record holds is cut at a character
                   boundary, with a warning naming it
   dupkey          a dict that sets a key twice holds the last value, as Python's pickle gives it
+  deepstack       a stack of 600 frames: the export keeps the innermost 512 and ends the list with a
+                  frame that says the outer ones were cut
 Exits 1 naming every failed check."""
 import os
 import pickle
@@ -345,6 +347,26 @@ def dupkey():
         recs = records(trace)
         got = (ranges(recs, ("init_map",)), [num(kv["addr"]) for k, kv, _ in recs if k == "init_block"])
         check(c, got == ([(B, B + 4 * M)], [B]), "starting state %r, want the last 'segments'" % (got,))
+
+
+
+@case
+def deepstack():
+    c = "deepstack"
+    frames = [{"filename": "model.py", "line": i + 1, "name": "f%d" % i} for i in range(600)]
+    s = snap([seg(B, 2 * M, [blk(B, 2 * M, "inactive", 0)])], [[ev("alloc", B, M, 100, frames=frames)]])
+    rc, err, trace = import_(c, s)
+    if not check(c, rc == 0, "import exited %d: %s" % (rc, err)):
+        return
+    rc, err, out = export(c, trace)
+    if not check(c, rc == 0 and out is not None, "export exited %d: %s" % (rc, err)):
+        return
+    got = [e for t in out["device_traces"] for e in t if e["action"] == "alloc"]
+    fr = got[0]["frames"] if got else []
+    check(c, len(fr) == 513 and [f["name"] for f in fr[:512]] == ["f%d" % i for i in range(512)]
+          and "frames cut" in fr[-1]["name"],
+          "%d frames exported, the last %r: want the innermost 512 and a last one saying the rest were cut"
+          % (len(fr), fr[-1]["name"] if fr else None))
 
 
 only = sys.argv[2:]

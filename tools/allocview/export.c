@@ -293,6 +293,10 @@ static void write_frames(exporter_t *ex, uint32_t stack)
             write_frame(ex, name, nf[k].file ? nf[k].file : f->module ? f->module : "??", (uint64_t)nf[k].line);
         }
     }
+    if (n == VW_MAX_FRAMES) { /* deeper stacks lose their outermost frames: the last one says so */
+        pkw_item(ex->w);
+        write_frame(ex, "(outer frames cut: at most " VW_MAX_FRAMES_TEXT " frames are exported)", "??", 0);
+    }
     pkw_list_end(ex->w);
     if (stack && stack < ex->nstack_memo)
         ex->stack_memo[stack] = pkw_memoize(ex->w) + 1;

@@ -56,6 +56,7 @@ int64_t vw_replay_add(vw_replay_t *s, const tr_record_t *rec);
 /* ------------------------------------------------------------------------------ naming */
 
 #define VW_MAX_FRAMES 512
+#define VW_MAX_FRAMES_TEXT "512" /* the same, for messages */
 
 /* A call site's user frames (sym_stack: the allocator's and the CUDA runtime's folded away),
  * innermost first, the first VW_SITE_FRAMES of them; `stack` its id. */
