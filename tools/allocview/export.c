@@ -49,6 +49,7 @@
 
 #include "analysis.h"
 #include "pickle_writer.h"
+#include "ranges.h"
 #include "replay.h"
 #include "symbolize.h"
 #include "views.h"
@@ -94,103 +95,16 @@ static xblock_t *blocks_put(devaddr_map_t *t, const xblock_t *b)
 
 /* ------------------------------------------------------------------------------ mapped ranges */
 
-typedef struct xrange { uint64_t addr, end; } xrange_t;
-
-/* Disjoint ranges sorted by address, kept as mapped (adjacent ranges are not merged, so a classic
- * segment stays itself). */
-typedef struct xranges { xrange_t *v; size_t n, cap; } xranges_t;
-
-/* Index of the first range ending after addr. */
-static size_t ranges_after(const xranges_t *m, uint64_t addr)
-{
-    size_t lo = 0, hi = m->n;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (m->v[mid].end <= addr)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
-/* true when [addr, end) lies in mapped memory (possibly across adjacent ranges). */
-static bool ranges_cover(const xranges_t *m, uint64_t addr, uint64_t end)
-{
-    size_t i = ranges_after(m, addr);
-    if (i == m->n || m->v[i].addr > addr)
-        return false;
-    uint64_t cur = m->v[i].end;
-    while (cur < end) {
-        if (++i == m->n || m->v[i].addr != cur)
-            return false;
-        cur = m->v[i].end;
-    }
-    return true;
-}
-
-static bool ranges_overlap(const xranges_t *m, uint64_t addr, uint64_t end)
-{
-    size_t i = ranges_after(m, addr);
-    return i < m->n && m->v[i].addr < end;
-}
-
-static bool ranges_insert_at(xranges_t *m, size_t i, xrange_t r)
-{
-    if (m->n == m->cap) {
-        size_t cap = m->cap ? m->cap * 2 : 64;
-        xrange_t *p = realloc(m->v, cap * sizeof *p);
-        if (!p)
-            return false;
-        m->v = p;
-        m->cap = cap;
-    }
-    memmove(&m->v[i + 1], &m->v[i], (m->n - i) * sizeof *m->v);
-    m->v[i] = r;
-    m->n++;
-    return true;
-}
-
-/* Adds [addr, end), which must not overlap what is mapped. */
-static bool ranges_add(xranges_t *m, uint64_t addr, uint64_t end)
-{
-    return ranges_insert_at(m, ranges_after(m, addr), (xrange_t){addr, end});
-}
-
-/* Removes [addr, end), which must be covered, splitting ranges it cuts. */
-static bool ranges_remove(xranges_t *m, uint64_t addr, uint64_t end)
-{
-    size_t i = ranges_after(m, addr);
-    while (i < m->n && m->v[i].addr < end) {
-        xrange_t r = m->v[i];
-        if (r.addr < addr && r.end > end) { /* cut in two */
-            m->v[i].end = addr;
-            return ranges_insert_at(m, i + 1, (xrange_t){end, r.end});
-        }
-        if (r.addr < addr) {
-            m->v[i].end = addr;
-            i++;
-        } else if (r.end > end) {
-            m->v[i].addr = end;
-            i++;
-        } else {
-            memmove(&m->v[i], &m->v[i + 1], (m->n - i - 1) * sizeof *m->v);
-            m->n--;
-        }
-    }
-    return true;
-}
-
 /* ------------------------------------------------------------------------------ the exporter */
 
 typedef struct xdev {
     bool present, vmm;
     devaddr_map_t live; /* of xblock_t */
-    xranges_t mapped;
+    addr_ranges_t mapped;
     /* the starting state: INIT records plus what the first pass inferred */
     xblock_t *init_blocks;
     size_t n_init_blocks, cap_init_blocks;
-    xranges_t init_mapped;
+    addr_ranges_t init_mapped;
     uint64_t entries;   /* device_traces entries the trace gives this device */
     uint64_t inferred;  /* starting-state items inferred (not recorded) */
 } xdev_t;
@@ -761,9 +675,9 @@ static void exporter_free(exporter_t *ex)
 {
     for (uint32_t i = 0; i < ex->ndev; i++) {
         devaddr_map_free(&ex->dev[i].live);
-        free(ex->dev[i].mapped.v);
+        ranges_free(&ex->dev[i].mapped);
         free(ex->dev[i].init_blocks);
-        free(ex->dev[i].init_mapped.v);
+        ranges_free(&ex->dev[i].init_mapped);
     }
     free(ex->dev);
     free(ex->stack_memo);

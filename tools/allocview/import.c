@@ -38,6 +38,7 @@
 
 #include "cualloc_trace.h"
 #include "pickle.h"
+#include "ranges.h"
 #include "replay.h"
 #include "text.h"
 #include "trace_writer.h"
@@ -165,77 +166,6 @@ static int64_t geti(const py_t *d, const char *k)
 }
 
 /* ------------------------------------------------------------------------------ mapped ranges */
-
-/* A set of disjoint address ranges [addr, end), sorted by address. Adjacent ranges stay apart: each
- * becomes one INIT_MAP, so a classic segment stays the segment PyTorch freed whole. */
-typedef struct rng { uint64_t addr, end; } rng_t;
-typedef struct rngs { rng_t *v; size_t n, cap; } rngs_t;
-
-/* Index of the first range ending after addr. */
-static size_t rngs_after(const rngs_t *m, uint64_t addr)
-{
-    size_t lo = 0, hi = m->n;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (m->v[mid].end <= addr)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
-static bool rngs_insert(rngs_t *m, size_t i, uint64_t addr, uint64_t end)
-{
-    if (m->n == m->cap) {
-        size_t cap = m->cap ? m->cap * 2 : 64;
-        rng_t *p = realloc(m->v, cap * sizeof *p);
-        if (!p)
-            return false;
-        m->v = p;
-        m->cap = cap;
-    }
-    memmove(m->v + i + 1, m->v + i, (m->n - i) * sizeof *m->v);
-    m->v[i] = (rng_t){addr, end};
-    m->n++;
-    return true;
-}
-
-/* Adds the parts of [addr, end) not in the set yet, each as a range of its own. */
-static bool rngs_add(rngs_t *m, uint64_t addr, uint64_t end)
-{
-    size_t i = rngs_after(m, addr);
-    uint64_t cur = addr;
-    while (cur < end) {
-        if (i < m->n && m->v[i].addr <= cur) {
-            cur = m->v[i++].end;
-            continue;
-        }
-        uint64_t gap_end = i < m->n && m->v[i].addr < end ? m->v[i].addr : end;
-        if (!rngs_insert(m, i++, cur, gap_end))
-            return false;
-        cur = gap_end;
-    }
-    return true;
-}
-
-/* Removes [addr, end) from the set, cutting the ranges it overlaps. */
-static bool rngs_remove(rngs_t *m, uint64_t addr, uint64_t end)
-{
-    size_t i = rngs_after(m, addr), j = i;
-    while (j < m->n && m->v[j].addr < end)
-        j++;
-    if (i == j)
-        return true;
-    rng_t first = m->v[i], last = m->v[j - 1];
-    memmove(m->v + i, m->v + j, (m->n - j) * sizeof *m->v);
-    m->n -= j - i;
-    if (last.end > end && !rngs_insert(m, i, end, last.end))
-        return false;
-    if (first.addr < addr && !rngs_insert(m, i, first.addr, addr))
-        return false;
-    return true;
-}
 
 /* ------------------------------------------------------------------------------ input checks */
 
@@ -725,11 +655,11 @@ int av_cmd_import(int argc, char **argv)
          * and a range unmapped and mapped again is there from the start. A map whose range is not
          * mapped at the end contradicts the snapshot; undoing it removes what there is, and the
          * forward replay of `allocview export` names the contradiction. */
-        rngs_t mapped = {0};
+        addr_ranges_t mapped = {0};
         for (size_t s = 0; s < py_len(segments); s++) {
             const py_t *seg = py_item(segments, s);
             uint64_t saddr = (uint64_t)geti(seg, "address"), ssize = (uint64_t)geti(seg, "total_size");
-            if (geti(seg, "device") == d && ssize && !rngs_add(&mapped, saddr, saddr + ssize))
+            if (geti(seg, "device") == d && ssize && !ranges_add_missing(&mapped, saddr, saddr + ssize))
                 im.ok = false;
         }
         for (size_t i = p->n; i-- > 0 && im.ok;) {
@@ -739,16 +669,16 @@ int av_cmd_import(int argc, char **argv)
             if (!size)
                 continue;
             if (py_str_eq(a, "segment_alloc") || py_str_eq(a, "segment_map"))
-                im.ok = rngs_remove(&mapped, addr, addr + size);
+                im.ok = ranges_remove(&mapped, addr, addr + size);
             else if (py_str_eq(a, "segment_free") || py_str_eq(a, "segment_unmap"))
-                im.ok = rngs_add(&mapped, addr, addr + size);
+                im.ok = ranges_add_missing(&mapped, addr, addr + size);
         }
         for (size_t r = 0; r < mapped.n; r++) {
             tw_map(im.w, t0, (uint32_t)d, mapped.v[r].addr, mapped.v[r].end - mapped.v[r].addr, false, true);
             base_resv[d] += mapped.v[r].end - mapped.v[r].addr;
             nmaps++;
         }
-        free(mapped.v);
+        ranges_free(&mapped);
         /* Pass 1: what the trace saw allocated first, and what it freed without seeing it. */
         u64map_t seen_alloc, init_blocks;
         u64map_init(&seen_alloc);

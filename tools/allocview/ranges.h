@@ -1,0 +1,28 @@
+/* ranges.h — a set of disjoint address ranges [addr, end), sorted by address: what is mapped, for
+ * the exporter's checks and the import's starting state. Adjacent ranges are not merged (each is a
+ * mapping or a segment of its own). Invariant: v[i].addr < v[i].end <= v[i + 1].addr. */
+#ifndef CUALLOC_ALLOCVIEW_RANGES_H
+#define CUALLOC_ALLOCVIEW_RANGES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct addr_range { uint64_t addr, end; } addr_range_t;
+typedef struct addr_ranges { addr_range_t *v; size_t n, cap; } addr_ranges_t; /* {0}: empty */
+
+/* Index of the first range ending after addr. */
+size_t ranges_after(const addr_ranges_t *m, uint64_t addr);
+/* True when [addr, end) lies in the set (possibly across adjacent ranges). */
+bool ranges_cover(const addr_ranges_t *m, uint64_t addr, uint64_t end);
+/* True when [addr, end) meets the set. */
+bool ranges_overlap(const addr_ranges_t *m, uint64_t addr, uint64_t end);
+/* Adds [addr, end), which must not overlap the set. False when no memory could be had. */
+bool ranges_add(addr_ranges_t *m, uint64_t addr, uint64_t end);
+/* Adds the parts of [addr, end) not in the set yet, each as a range of its own. */
+bool ranges_add_missing(addr_ranges_t *m, uint64_t addr, uint64_t end);
+/* Removes [addr, end) from the set, cutting the ranges it overlaps. */
+bool ranges_remove(addr_ranges_t *m, uint64_t addr, uint64_t end);
+void ranges_free(addr_ranges_t *m);
+
+#endif
