@@ -29,6 +29,7 @@ typedef struct cua_event_s *cua_event;  /* CUevent */
 #define CUA_ERROR_INVALID_CONTEXT 201
 #define CUA_ERROR_ALREADY_MAPPED 208
 #define CUA_ERROR_NOT_MAPPED 211
+#define CUA_ERROR_INVALID_HANDLE 400
 #define CUA_ERROR_NOT_FOUND 500
 #define CUA_ERROR_NOT_READY 600
 #define CUA_ERROR_NOT_PERMITTED 800
@@ -126,6 +127,7 @@ typedef cua_result (*cua_pfn_cuStreamSynchronize)(cua_stream stream);
 typedef cua_result (*cua_pfn_cuStreamIsCapturing)(cua_stream stream, int *status /* CUstreamCaptureStatus */);
 typedef cua_result (*cua_pfn_cuDeviceCanAccessPeer)(int *can_access, cua_device dev, cua_device peer);
 typedef cua_result (*cua_pfn_cuMemGetAddressRange_v2)(cua_devptr *base, size_t *size, cua_devptr dptr);
+typedef cua_result (*cua_pfn_cuStreamGetCtx)(cua_stream stream, cua_ctx *ctx);
 typedef cua_result (*cua_pfn_cuStreamCreate)(cua_stream *stream, unsigned int flags);
 typedef cua_result (*cua_pfn_cuStreamCreateWithPriority)(cua_stream *stream, unsigned int flags, int priority);
 typedef cua_result (*cua_pfn_cuCtxEnablePeerAccess)(cua_ctx peer_ctx, unsigned int flags);

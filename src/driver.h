@@ -82,6 +82,9 @@ typedef struct driver_ops_s {
      * ..._STREAM_CAPTURE_IMPLICIT) means the caller must treat the stream as capturing. The heap
      * never records an event on, queries or synchronizes a capturing stream. */
     cua_result (*stream_is_capturing)(int dev, cua_stream s, bool *capturing);
+    /* The device stream s was created on (a real stream: not NULL or a per-thread/legacy
+     * constant). Never creates or changes a context. NULL op: unknown. */
+    cua_result (*stream_device)(cua_stream s, int *dev);
     /* Adds `peer` to the devices set_access grants on dev's memory (dev's memory becomes readable
      * and writable from peer). CUA_ERROR_INVALID_DEVICE / CUA_ERROR_NOT_SUPPORTED when peer
      * cannot access dev. Does not touch existing mappings (heap_peer_enabled re-grants them). */

@@ -53,7 +53,8 @@ typedef cua_result (*cua_pfn_cuCtxGetDevice)(cua_device *dev);
     X(cuMemUnmap, cuMemUnmap, false) \
     X(cuMemSetAccess, cuMemSetAccess, false) \
     X(cuStreamIsCapturing, cuStreamIsCapturing, false) \
-    X(cuDeviceCanAccessPeer, cuDeviceCanAccessPeer, false)
+    X(cuDeviceCanAccessPeer, cuDeviceCanAccessPeer, false) \
+    X(cuStreamGetCtx, cuStreamGetCtx, false)
 
 typedef struct cuda_fns_s {
 #define CUDA_FIELD_(name, sym, required) cua_pfn_##sym name;
@@ -475,6 +476,29 @@ static cua_result cudaop_current_device(int *dev) {
     return CUA_ERROR_INVALID_DEVICE;
 }
 
+/* The device of stream s: its context's (cuStreamGetCtx), entered for cuCtxGetDevice and left. */
+static cua_result cudaop_stream_device(cua_stream s, int *dev) {
+    if (!dev) return CUA_ERROR_INVALID_VALUE;
+    if (!__atomic_load_n(&cu.ready, __ATOMIC_ACQUIRE)) return CUA_ERROR_NOT_INITIALIZED;
+    if (!cu.fn.cuStreamGetCtx || !cu.fn.cuCtxGetDevice) return CUA_ERROR_NOT_SUPPORTED;
+    cua_ctx ctx = NULL;
+    cua_result r = cu.fn.cuStreamGetCtx(s, &ctx);
+    if (r != CUA_SUCCESS) return r;
+    if ((r = cu.fn.cuCtxPushCurrent(ctx)) != CUA_SUCCESS) return r;
+    cua_device cudev = 0;
+    r = cu.fn.cuCtxGetDevice(&cudev);
+    cua_ctx popped;
+    cu.fn.cuCtxPopCurrent(&popped);
+    if (r != CUA_SUCCESS) return r;
+    for (int i = 0; i < cu.ndev; i++) {
+        if (cu.dev[i].cudev == cudev) {
+            *dev = i;
+            return CUA_SUCCESS;
+        }
+    }
+    return CUA_ERROR_INVALID_DEVICE;
+}
+
 const driver_ops_t driver_cuda_ops = {
     .name = "cuda",
     .init = cudaop_init,
@@ -498,6 +522,7 @@ const driver_ops_t driver_cuda_ops = {
     .stream_synchronize = cudaop_stream_synchronize,
     .device_synchronize = cudaop_device_synchronize,
     .current_device = cudaop_current_device,
+    .stream_device = cudaop_stream_device,
     .stream_is_capturing = cudaop_stream_is_capturing,
     .peer_enable = cudaop_peer_enable,
 };

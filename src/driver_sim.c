@@ -1034,6 +1034,14 @@ static __thread int sim_current_dev;
 
 void sim_set_current_device(int dev) { sim_current_dev = dev; }
 
+static cua_result simop_stream_device(cua_stream s, int *dev) {
+    if (!dev) return CUA_ERROR_INVALID_VALUE;
+    int d = sim_stream_device(s);
+    if (d < 0) return CUA_ERROR_INVALID_HANDLE;
+    *dev = d;
+    return CUA_SUCCESS;
+}
+
 static cua_result simop_current_device(int *dev) {
     if (!dev) return CUA_ERROR_INVALID_VALUE;
     *dev = sim_current_dev;
@@ -1063,6 +1071,7 @@ const driver_ops_t driver_sim_ops = {
     .stream_synchronize = simop_stream_synchronize,
     .device_synchronize = simop_device_synchronize,
     .current_device = simop_current_device,
+    .stream_device = simop_stream_device,
     .stream_is_capturing = simop_stream_is_capturing,
     .peer_enable = simop_peer_enable,
 };

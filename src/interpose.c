@@ -383,6 +383,19 @@ static int driver_device(void) {
     return dev;
 }
 
+/* The device an allocation on `stream` comes from: as CUDA, the stream's device, whichever is
+ * current. Asked of the driver only for a real stream handle and in a process that uses more than
+ * one device (a single-device process pays nothing); `current` otherwise, or when the driver cannot
+ * tell. */
+static int stream_alloc_device(cua_stream stream, int current) {
+    if ((uintptr_t)stream <= (uintptr_t)CUA_STREAM_PER_THREAD) return current;
+    const driver_ops_t *drv = api_driver(); /* (starts cualloc, as the allocation will) */
+    if (api_device_count() < 2) return current;
+    int dev;
+    if (drv && drv->stream_device && drv->stream_device(stream, &dev) == CUA_SUCCESS) return dev;
+    return current;
+}
+
 /* ------------------------------------------------------------------ before the heaps exist */
 
 /* Non-blocking streams created, and peer access enabled, before cualloc started (the front door
@@ -635,7 +648,9 @@ cudart_error cudaMallocAsync(void **ptr, size_t size, cudart_stream stream) {
         return CUDART_SUCCESS;
     }
     void *p = NULL;
-    cua_result r = excluded(CALLER()) ? CUA_ERROR_NOT_FOUND : serve(runtime_device(), size, (cua_stream)stream, &p);
+    cua_result r = excluded(CALLER()) ? CUA_ERROR_NOT_FOUND
+                                      : serve(stream_alloc_device((cua_stream)stream, runtime_device()), size,
+                                              (cua_stream)stream, &p);
     if (r == CUA_ERROR_NOT_FOUND) {
         cudaMallocAsync_fn next = NEXT(N_cudaMallocAsync, cudaMallocAsync_fn);
         passthrough_depth++;
@@ -697,7 +712,7 @@ static cua_result drv_alloc(int next_idx, cua_devptr *dptr, size_t size, cua_str
                             const void *caller) {
     int dev;
     if (!disabled() && !passthrough_depth && dptr && size > 0 && (dev = driver_device()) >= 0 && !excluded(caller) &&
-        !(async && drv_capturing(dev, stream))) {
+        (!async || (dev = stream_alloc_device(stream, dev)) >= 0) && !(async && drv_capturing(dev, stream))) {
         void *p = NULL;
         cua_result r = serve(dev, size, stream, &p);
         if (r != CUA_ERROR_NOT_FOUND) {

@@ -70,13 +70,52 @@ static int from_cualloc(void *fn) {
 }
 
 static get_stats_fn get_stats;
-static uint64_t allocs_now(void) {
+static uint64_t allocs_on(int dev) {
     stats_mirror s;
     memset(&s, 0, sizeof s);
-    return get_stats && get_stats(0, &s) == 0 ? s.num_allocs : 0;
+    return get_stats && get_stats(dev, &s) == 0 ? s.num_allocs : 0;
+}
+static uint64_t allocs_now(void) { return allocs_on(0); }
+
+/* --stream-device (two devices): an allocation on a stream of device 1 while device 0's context is
+ * current comes from device 1, as CUDA serves it from the stream's device. */
+static int stream_device_main(gpa_fn gpa) {
+    void *q;
+    init_fn cu_init;
+    retain_fn retain;
+    setcur_fn setcur;
+    alloc_async_fn alloc_async;
+    free_async_fn free_async;
+    CUresult (*stream_create)(CUstream *, unsigned);
+    CHECK_MSG(gpa("cuInit", &q, 12000, 0, NULL) == 0, "cuInit");
+    AS(cu_init, q);
+    CHECK_MSG(gpa("cuDevicePrimaryCtxRetain", &q, 12000, 0, NULL) == 0, "cuDevicePrimaryCtxRetain");
+    AS(retain, q);
+    CHECK_MSG(gpa("cuCtxSetCurrent", &q, 12000, 0, NULL) == 0, "cuCtxSetCurrent");
+    AS(setcur, q);
+    CHECK_MSG(gpa("cuStreamCreate", &q, 12000, 0, NULL) == 0, "cuStreamCreate");
+    AS(stream_create, q);
+    CHECK_MSG(gpa("cuMemAllocAsync", &q, 11020, 0, NULL) == 0 && from_cualloc(q), "cuMemAllocAsync");
+    AS(alloc_async, q);
+    CHECK_MSG(gpa("cuMemFreeAsync", &q, 11020, 0, NULL) == 0 && from_cualloc(q), "cuMemFreeAsync");
+    AS(free_async, q);
+    if (failures) return 1;
+    CUcontext c0 = NULL, c1 = NULL;
+    CUstream s1 = NULL;
+    CHECK_MSG(cu_init(0) == 0 && retain(&c0, 0) == 0 && retain(&c1, 1) == 0, "two primary contexts");
+    CHECK_MSG(setcur(c1) == 0 && stream_create(&s1, 0) == 0 && setcur(c0) == 0, "a stream of device 1");
+    CUdeviceptr d = 0;
+    uint64_t on0 = allocs_on(0), on1 = allocs_on(1);
+    CHECK_MSG(alloc_async(&d, 1 << 20, s1) == 0 && d, "cuMemAllocAsync on device 1's stream");
+    CHECK_MSG(allocs_on(1) == on1 + 1 && allocs_on(0) == on0, "served by device %s, not by the stream's device 1",
+              allocs_on(0) != on0 ? "0 (the current one)" : "none");
+    CHECK_MSG(free_async(d, s1) == 0, "free");
+    if (failures) return 1;
+    printf("interpose_driver_prog --stream-device: all checks passed\n");
+    return 0;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     CHECK_MSG(lib != NULL, "dlopen libcuda.so.1: %s", dlerror());
     if (!lib) return 1;
@@ -88,6 +127,7 @@ int main(void) {
     AS(gpa, p);
     CHECK_MSG(gpa && from_cualloc(p), "dlsym(libcuda, cuGetProcAddress_v2) did not give cualloc's wrapper");
     if (!gpa || !get_stats) return 1;
+    if (argc > 1 && strcmp(argv[1], "--stream-device") == 0) return stream_device_main(gpa);
 
     void *q;
     init_fn cuInit;

@@ -68,6 +68,7 @@ FAKE_API cua_result cuMemsetD8_v2(cua_devptr dptr, unsigned char value, size_t n
 FAKE_API cua_result cuMemcpyDtoH_v2(void *dst, cua_devptr src, size_t n);
 FAKE_API cua_result cuStreamCreate(cua_stream *stream, unsigned int flags);
 FAKE_API cua_result cuStreamDestroy_v2(cua_stream stream);
+FAKE_API cua_result cuStreamGetCtx(cua_stream stream, cua_ctx *ctx);
 FAKE_DECLARE(cuStreamIsCapturing)
 FAKE_DECLARE(cuDeviceCanAccessPeer)
 FAKE_API void fakecuda_stream_set_capturing(cua_stream s, int capturing);
@@ -203,6 +204,7 @@ static const struct {
     {"cuEventSynchronize", (void *)cuEventSynchronize},
     {"cuStreamCreate", (void *)cuStreamCreate},
     {"cuStreamDestroy", (void *)cuStreamDestroy_v2},
+    {"cuStreamGetCtx", (void *)cuStreamGetCtx},
     {"cuStreamSynchronize", (void *)cuStreamSynchronize},
     {"cuStreamIsCapturing", (void *)cuStreamIsCapturing},
     {"cuDeviceCanAccessPeer", (void *)cuDeviceCanAccessPeer},
@@ -565,6 +567,16 @@ cua_result cuDeviceCanAccessPeer(int *can_access, cua_device dev, cua_device pee
 }
 
 void fakecuda_stream_set_capturing(cua_stream s, int capturing) { sim_stream_set_capturing(s, capturing != 0); }
+
+/* The primary context of the stream's device (the only contexts the fake has). */
+cua_result cuStreamGetCtx(cua_stream stream, cua_ctx *ctx) {
+    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!ctx) return CUA_ERROR_INVALID_VALUE;
+    int dev = sim_stream_device(stream);
+    if (dev < 0) return CUA_ERROR_INVALID_HANDLE;
+    *ctx = (cua_ctx)&fake_ctx[dev];
+    return CUA_SUCCESS;
+}
 
 cua_result cuStreamDestroy_v2(cua_stream stream) {
     if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
