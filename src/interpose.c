@@ -15,8 +15,9 @@
  *
  * Rules:
  *  - Nothing starts at load time (no constructor, no dlopen, no cuInit, no file). The heap starts
- *    at the first intercepted allocation; frees, cudaMemGetInfo and stream destruction before that
- *    pass through without starting anything.
+ *    at the first intercepted allocation (a driver-API one only with a current context: before the
+ *    program's cuInit it reaches the driver untouched); frees, cudaMemGetInfo and stream
+ *    destruction before that pass through without starting anything.
  *  - CUALLOC_DISABLE=1 (a boolean as CUALLOC_CONF reads one: 1/true/yes/on; unset, empty, 0, false,
  *    no and off leave cualloc on): every entry point is a pure pass-through.
  *  - A pointer cualloc does not own goes to the next definition (runtime names: dlsym(RTLD_NEXT),
@@ -708,10 +709,22 @@ static bool drv_capturing(int dev, cua_stream stream) {
     return drv->stream_is_capturing(dev, stream, &cap) != CUA_SUCCESS || cap;
 }
 
+/* Before cualloc starts, a driver-API allocation starts it only when the program has a current
+ * context, asked of the driver itself: a call before the program's own cuInit, or without a
+ * context, reaches the driver as it would without cualloc, and nothing initializes the driver
+ * behind the program's back (its later calls would answer differently). */
+static bool driver_ready_for_us(void) {
+    if (api_started()) return true;
+    cuCtxGetDevice_fn getdev = NEXT(N_cuCtxGetDevice, cuCtxGetDevice_fn);
+    cua_device d;
+    return getdev && getdev(&d) == CUA_SUCCESS;
+}
+
 static cua_result drv_alloc(int next_idx, cua_devptr *dptr, size_t size, cua_stream stream, bool async,
                             const void *caller) {
     int dev;
-    if (!disabled() && !passthrough_depth && dptr && size > 0 && (dev = driver_device()) >= 0 && !excluded(caller) &&
+    if (!disabled() && !passthrough_depth && dptr && size > 0 && driver_ready_for_us() && (dev = driver_device()) >= 0 &&
+        !excluded(caller) &&
         (!async || (dev = stream_alloc_device(stream, dev)) >= 0) && !(async && drv_capturing(dev, stream))) {
         void *p = NULL;
         cua_result r = serve(dev, size, stream, &p);
@@ -754,7 +767,7 @@ cua_result cuMemAllocAsync_ptsz(cua_devptr *dptr, size_t size, cua_stream stream
     const void *caller = CALLER();
     if (!stream && !disabled() && !passthrough_depth) {
         int dev;
-        if (dptr && size > 0 && (dev = driver_device()) >= 0 && !excluded(caller) &&
+        if (dptr && size > 0 && driver_ready_for_us() && (dev = driver_device()) >= 0 && !excluded(caller) &&
             !drv_capturing(dev, CUA_STREAM_PER_THREAD)) {
             void *p = NULL;
             cua_result r = serve(dev, size, CUA_STREAM_PER_THREAD, &p);

@@ -147,7 +147,6 @@ int main(int argc, char **argv) {
     AS(direct, p);
     CHECK_MSG(fake_calls && direct, "fake helpers");
     if (failures) return 1;
-    CHECK_MSG(cuInit(0) == 0, "cuInit");
 
     alloc_fn mem_alloc;
     free_fn mem_free;
@@ -164,6 +163,12 @@ int main(int argc, char **argv) {
         AS(free_async[f], q);
     }
     CHECK_MSG(alloc_async[0] != alloc_async[1], "flags 2 must give the _ptsz variant");
+
+    /* Before the program's own cuInit: the driver's answer, and the driver left uninitialized. */
+    CUdeviceptr early = 0;
+    CHECK_MSG(mem_alloc(&early, 4096) == 3, "cuMemAlloc before cuInit must answer CUDA_ERROR_NOT_INITIALIZED (3)");
+    CHECK_MSG(alloc_async[1](&early, 4096, NULL) == 3, "cuMemAllocAsync_ptsz before cuInit must answer 3");
+    CHECK_MSG(cuInit(0) == 0, "cuInit");
     if (failures) return 1;
 
     CUcontext ctx = NULL;
