@@ -2436,6 +2436,15 @@ void heap_destroy(heap_t *h) {
 
 /* ------------------------------------------------------------------ queries */
 
+/* Classic mode: does a segment start at a? (A walk of the segment lists: for the rare frees and
+ * IPC requests of addresses that start no live block.) Lock held. */
+static bool segment_at(const heap_t *h, uintptr_t a) {
+    for (int pi = 0; pi < POOL_COUNT; pi++)
+        for (const block_t *seg = h->pools[pi].segments; seg; seg = seg->seg_next)
+            if (seg->addr == a) return true;
+    return false;
+}
+
 bool heap_owns(heap_t *h, const void *ptr) {
     uintptr_t a = (uintptr_t)ptr;
     if (h->vmm) {
@@ -2447,13 +2456,19 @@ bool heap_owns(heap_t *h, const void *ptr) {
     }
     cua_lock(&h->lock);
     block_t *b = live_get(h, a);
-    bool owned = b && b->state == BLOCK_ALLOCATED;
     /* A segment's base is the heap's even when no live block starts there (a double free): passed
      * on, the driver would free the whole segment. Other addresses the driver refuses itself. */
-    for (int pi = 0; pi < POOL_COUNT && !owned; pi++)
-        for (const block_t *seg = h->pools[pi].segments; seg && !owned; seg = seg->seg_next) owned = seg->addr == a;
+    bool owned = (b && b->state == BLOCK_ALLOCATED) || segment_at(h, a);
     cua_unlock(&h->lock);
     return owned;
+}
+
+bool heap_starts_segment(heap_t *h, const void *ptr) {
+    if (h->vmm) return false;
+    cua_lock(&h->lock);
+    bool starts = segment_at(h, (uintptr_t)ptr);
+    cua_unlock(&h->lock);
+    return starts;
 }
 
 size_t heap_block_size(heap_t *h, const void *ptr) {

@@ -492,6 +492,8 @@ void heap_free_in_large_pool(heap_t *h, void *ptr, cua_stream stream);
 /* Does ptr fall in memory this heap manages? (Exact for VMM; for classic, an allocated block or a
  * segment's base: freed again, the driver would take that for the segment.) */
 bool heap_owns(heap_t *h, const void *ptr);
+/* Classic mode: does one of h's segments (one cuMemAlloc) start at ptr? False in VMM mode. */
+bool heap_starts_segment(heap_t *h, const void *ptr);
 /* The requested size of an allocated block, or SIZE_MAX when ptr is not one of h's. */
 size_t heap_block_size(heap_t *h, const void *ptr);
 void heap_get_stats(heap_t *h, cualloc_stats *out);

@@ -41,7 +41,8 @@
  *    peer's heap grants d access to its existing and future mappings (driver peer_enable +
  *    heap_peer_enabled). Pluggable mode: cualloc_enable_peer_access_all().
  *  - cudaIpcGetMemHandle of VMM memory fails with cudaErrorInvalidValue after one message saying
- *    how to avoid it (expandable_segments:False, or exclude:); classic-mode pointers pass through.
+ *    how to avoid it (exclude:, or expandable_segments:False); in classic mode a block at the start
+ *    of its segment passes through, one inside a segment fails the same way.
  *  - cuMemGetAddressRange_v2 of an owned address (interior too) answers the allocated block's base
  *    and size, as for cudaMalloc memory; anything else passes through.
  *  - CUALLOC_CONF exclude:GLOBS: allocations whose caller module (dladdr of the return address,
@@ -880,7 +881,8 @@ cua_result cuCtxEnablePeerAccess(cua_ctx peer_ctx, unsigned int flags) {
 /* ------------------------------------------------------------------ VMM memory vs cudaMalloc memory */
 
 /* IPC: a VMM chunk is not exportable through cudaIpcGetMemHandle (the handles are created without
- * a shareable type, and CUDA rejects VMM addresses). Fail clearly, once, saying what to do. */
+ * a shareable type, and CUDA rejects VMM addresses), and a classic block inside a segment would be
+ * opened at the segment's start. Fail clearly, once each, saying what to do. */
 cudart_error cudaIpcGetMemHandle(void *handle, void *dev_ptr) {
     heap_t *h = disabled() ? NULL : api_owner(dev_ptr);
     if (h && heap_is_vmm(h)) {
@@ -890,6 +892,18 @@ cudart_error cudaIpcGetMemHandle(void *handle, void *dev_ptr) {
                       "run the process with CUALLOC_CONF=expandable_segments:False, or add the library "
                       "doing IPC to exclude: (e.g. CUALLOC_CONF=exclude:libnccl*) so its allocations come "
                       "from cudaMalloc",
+                      dev_ptr);
+        return CUDART_ERROR_INVALID_VALUE;
+    }
+    if (h && !heap_starts_segment(h, dev_ptr)) {
+        /* Classic mode: a handle covers a whole cuMemAlloc'd segment, and the receiving process
+         * opens it at the segment's start, not at this block: it would use the wrong memory. */
+        static _Atomic int said_inside;
+        if (!atomic_exchange(&said_inside, 1))
+            cua_error("cudaIpcGetMemHandle(%p): the block lies inside a segment it shares with others, and the "
+                      "other process would open the segment's start, not the block; only a block at the start of "
+                      "its segment can be shared. Add the library doing IPC to exclude: (e.g. "
+                      "CUALLOC_CONF=exclude:libnccl*) so its allocations come from cudaMalloc",
                       dev_ptr);
         return CUDART_ERROR_INVALID_VALUE;
     }

@@ -7,6 +7,7 @@
  *   interpose_prog            cualloc serves
  *   interpose_prog --disable  run under CUALLOC_DISABLE=1: everything reaches the stub
  *   interpose_prog --disable-late  CUALLOC_DISABLE set while it runs: one answer for the process
+ *   interpose_prog --ipc-classic  classic mode: IPC only of a block at its segment's start
  *   interpose_prog --streams-first  70 non-blocking streams created before the first allocation
  *   interpose_prog --threads  eight threads allocate, free and make and destroy streams at once */
 #include <dlfcn.h>
@@ -279,6 +280,23 @@ int main(int argc, char **argv) {
         CHECK_MSG(stats_of(0).num_allocs == 0, "cualloc served an excluded caller");
         if (failures) return 1;
         printf("interpose_prog --exclude: all checks passed\n");
+        return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "--ipc-classic") == 0) {
+        /* Classic mode (expandable_segments:False): an IPC handle covers a whole segment and opens
+         * at its start, so only a block at a segment's start may be shared; one inside is refused
+         * before it reaches the runtime. */
+        void *a = NULL, *b = NULL;
+        unsigned char handle[64];
+        CHECK_MSG(cudaMalloc(&a, 5000) == 0 && cudaMalloc(&b, 5000) == 0 && a && b, "two blocks of one segment");
+        unsigned long ipc0 = stub_cudart_calls("cudaIpcGetMemHandle");
+        CHECK_MSG(cudaIpcGetMemHandle(handle, a) == 0 && stub_cudart_calls("cudaIpcGetMemHandle") == ipc0 + 1,
+                  "the block at the segment's start reaches the runtime");
+        CHECK_MSG(cudaIpcGetMemHandle(handle, b) == 1 && stub_cudart_calls("cudaIpcGetMemHandle") == ipc0 + 1,
+                  "the block inside the segment must be refused (1) before the runtime");
+        CHECK_MSG(cudaFree(a) == 0 && cudaFree(b) == 0, "frees");
+        if (failures) return 1;
+        printf("interpose_prog --ipc-classic: all checks passed\n");
         return 0;
     }
     if (argc > 1 && strcmp(argv[1], "--disable-late") == 0) {

@@ -323,6 +323,7 @@ static void test_classic_owns_segment_base(void) {
     heap_t *h = test_sim_heap("sim_memory_mb:64,expandable_segments:False", &c);
     void *a = must_alloc(h, 1 << 20, NULL), *b = must_alloc(h, 1 << 20, NULL);
     EXPECT(heap_owns(h, a) && heap_owns(h, b), "live blocks");
+    EXPECT(heap_starts_segment(h, a) && !heap_starts_segment(h, b), "a starts the 2 MiB segment, b lies inside it");
     must_free(h, a, NULL);
     must_free(h, b, NULL);
     EXPECT(heap_owns(h, a), "a freed segment base (a double free must not reach the driver)");
