@@ -2539,6 +2539,7 @@ block_t *heap_test_find_block(heap_t *h, const void *ptr) {
     return b && b->state == BLOCK_ALLOCATED ? b : NULL;
 }
 bool heap_is_vmm(const heap_t *h) { return h->vmm; }
+int heap_device(const heap_t *h) { return h->dev; }
 
 void heap_pool_range(const heap_t *h, pool_id_t pool, uintptr_t *lo, uintptr_t *hi) {
     *lo = h->pools[pool].va_base;

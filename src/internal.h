@@ -553,6 +553,7 @@ block_t **heap_test_live_slot(heap_t *h, const void *ptr); /* VMM: ptr's entry i
 /* The fields of stream tag t's record that the stream-generation invariants bind. */
 void heap_test_tag_fields(heap_t *h, unsigned t, bool **closed, bool **in_flight, uint16_t **partner);
 bool heap_is_vmm(const heap_t *h);
+int heap_device(const heap_t *h); /* the device ordinal it serves */
 /* The VA range [lo, hi) of a VMM pool (empty in classic mode). Fixed for the heap's life. */
 void heap_pool_range(const heap_t *h, pool_id_t pool, uintptr_t *lo, uintptr_t *hi);
 size_t heap_chunk_size(const heap_t *h, pool_id_t pool);

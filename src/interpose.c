@@ -565,10 +565,32 @@ __attribute__((noinline)) static cua_result serve(int dev, size_t size, cua_stre
  * invalid, never passed through, since the driver would take it for the segment or range it is. */
 typedef enum { RELEASED, RELEASE_FOREIGN, RELEASE_INVALID } release_t;
 
+/* A stream-ordered free made while its stream captures a CUDA graph becomes a node of the graph:
+ * the memory is freed when the graph runs, each time it runs, which cualloc never sees. Freeing
+ * the block now would let other work reuse memory the graph's kernels still use, so it stays
+ * allocated for good (said once). Only a definite capture counts: a failed query frees as usual. */
+static bool free_captured(heap_t *h, const void *ptr, cua_stream stream) {
+    if ((uintptr_t)stream <= (uintptr_t)CUA_STREAM_PER_THREAD) return false;
+    const driver_ops_t *drv = api_driver();
+    bool cap = false;
+    if (!drv || !drv->stream_is_capturing || drv->stream_is_capturing(heap_device(h), stream, &cap) != CUA_SUCCESS ||
+        !cap)
+        return false;
+    static _Atomic int said;
+    if (!atomic_exchange(&said, 1))
+        cua_error("cudaFreeAsync(%p) during a CUDA graph capture: the graph would free it each time it runs, which "
+                  "cualloc cannot follow, so the block stays allocated (never reused: the graph's kernels may "
+                  "still use it); later such frees are not reported. Allocate the graph's memory inside the "
+                  "capture (it then comes from CUDA), or free it outside",
+                  ptr);
+    return true;
+}
+
 /* Frees a pointer. A free on cudaStreamPerThread waits device-wide (see per_thread_stream_key). */
 static release_t release(const void *ptr, cua_stream stream) {
     heap_t *h = api_owner(ptr);
     if (!h) return RELEASE_FOREIGN;
+    if (free_captured(h, ptr, stream)) return RELEASED;
     bool ok = stream == CUA_STREAM_PER_THREAD ? heap_free_device_wide(h, (void *)ptr) : heap_free(h, (void *)ptr, stream);
     return ok ? RELEASED : RELEASE_INVALID;
 }

@@ -243,6 +243,19 @@ int main(int argc, char **argv) {
     CHECK_MSG(screate && scap, "fake stream helpers");
     if (screate && scap) {
         void *cs = screate(0, 0);
+        CUdeviceptr held = 0, other = 0;
+        CHECK_MSG(alloc_async[0](&held, 1 << 20, cs) == 0 && held, "an allocation before the capture");
+        scap(cs, 1);
+        /* Freed inside the capture, the block belongs to the graph, which frees it when it runs:
+         * it must stay allocated and never be handed out again. */
+        stats_mirror before, after;
+        get_stats(0, &before);
+        CHECK_MSG(free_async[0](held, cs) == 0, "cuMemFreeAsync of cualloc memory during capture");
+        get_stats(0, &after);
+        CHECK_MSG(after.gauges[2] == before.gauges[2], "a block freed during capture was freed at once");
+        scap(cs, 0);
+        CHECK_MSG(alloc_async[0](&other, 1 << 20, cs) == 0 && other != held, "the captured free's block was reused");
+        CHECK_MSG(free_async[0](other, cs) == 0, "free");
         scap(cs, 1);
         uint64_t ma0 = fake_calls(OP_MEM_ALLOC), al0 = allocs_now();
         CUdeviceptr g = 0;
