@@ -139,6 +139,10 @@ python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(d["device"
 "$allocview" oom --no-color "$tmp/twodev.trace" | grep -q "^  showing   device 1 (the first OOM's)" ||
     bad "twodev: oom does not say which device it shows"
 "$allocview" --device 256 "$tmp/twodev.trace" >/dev/null 2>&1 && bad "twodev: --device 256 accepted"
+# replay --min-fit finds a per-device capacity: it is set against the device that needed most (device
+# 1: 32 MiB live and its 240 MiB request), never below that (against both devices' sum it read 0.68).
+ratio=$("$allocview" replay --min-fit "$tmp/twodev.trace" 2>/dev/null | sed -n 's/^  default .*, \([0-9.]*\) x peak requested.*/\1/p')
+awk -v r="$ratio" 'BEGIN { exit !(r + 0 >= 1) }' || bad "twodev: replay min-fit is $ratio x peak requested"
 if [ -n "$fakecuda" ]; then
     want devicefull oom-device-full; wantnot devicefull oom-fragmentation; wantnot devicefull oom-shortage
 fi

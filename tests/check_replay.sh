@@ -64,6 +64,9 @@ check_reproduces frag_classic "$tmp/frag_classic.trace"
 "$allocview" replay --memory 2GiB --json "$tmp/fx.trace" >"$tmp/big.json" || bad "replay --memory 2GiB exited $?"
 [ "$(jget "$tmp/big.json" "j[0]['num_ooms']")" = 0 ] || bad "--memory 2GiB: OOMs remain: $(cat "$tmp/big.json")"
 "$allocview" replay --memory 2147483648 --json "$tmp/fx.trace" | cmp -s - "$tmp/big.json" || bad "--memory in bytes differs from 2GiB"
+# The capacity simulated is whole granules (2 MiB here): the header says what ran, not what was typed.
+"$allocview" replay --memory 3MiB "$tmp/fx.trace" 2>/dev/null | grep -q "sim memory 4.00 MiB per device" ||
+    bad "replay --memory 3MiB does not state the 4 MiB it simulates"
 
 # 3. Classic reserves more than the default on the fragmenting trace.
 "$allocview" replay --conf default --conf expandable_segments:0 --json "$tmp/frag.trace" >"$tmp/modes.json" ||

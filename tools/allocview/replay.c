@@ -360,6 +360,24 @@ static uint64_t gran_of(const trace_reqs_t *t)
     return g ? g : 2 * MiB;
 }
 
+/* The per-device capacity a run of `memory` bytes simulates: whole granules, at least one. */
+static uint64_t sim_capacity(const trace_reqs_t *t, uint64_t memory)
+{
+    uint64_t gran = gran_of(t);
+    uint64_t c = (memory + gran - 1) / gran * gran;
+    return c ? c : gran;
+}
+
+/* The largest peak of requested bytes on one device: what a per-device capacity is set against. */
+static uint64_t peak_requested_one_device(const run_result_t *r)
+{
+    uint64_t m = 0;
+    for (int d = 0; d < CUA_TRACE_MAX_DEVICES; d++)
+        if (r->dev_peak[d][0] > m)
+            m = r->dev_peak[d][0];
+    return m ? m : r->peak_requested;
+}
+
 static uint64_t default_memory(const trace_reqs_t *t)
 {
     uint64_t m = 0;
@@ -387,9 +405,7 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
     conf_t c = *base;
     c.driver = DRIVER_SIM;
     c.sim_host_backed = false;
-    c.sim_memory = (size_t)((memory + gran - 1) / gran * gran);
-    if (c.sim_memory == 0)
-        c.sim_memory = (size_t)gran;
+    c.sim_memory = (size_t)sim_capacity(t, memory);
     c.sim_granularity = (size_t)gran;
     c.sim_vmm = true;
     c.sim_devices = t->ndev > 0 ? t->ndev : 1;
@@ -807,7 +823,7 @@ int av_cmd_replay(int argc, char **argv)
         char b0[32], b1[32], b2[32], b3[32];
         size_t nev = t->n;
         printf("replay of %s: %zu requests on %d device%s, sim memory %s per device%s", path, nev, t->ndev,
-               t->ndev == 1 ? "" : "s", txt_human(mem, b0, sizeof b0),
+               t->ndev == 1 ? "" : "s", txt_human(sim_capacity(t, mem), b0, sizeof b0),
                memory ? "" : " (the recorded capacity)");
         if (passes > 1)
             printf("; %u passes (peaks over all of them)", passes);
@@ -881,12 +897,14 @@ int av_cmd_replay(int argc, char **argv)
                     printf("  %-34s no capacity up to 1 PiB completes\n", confs[i]);
                     continue;
                 }
+                /* The capacity is per device: set against the device that needed most. */
+                uint64_t one = peak_requested_one_device(&f->at);
                 printf("  %-34s %s: peak requested %s, allocated %s, reserved %s, utilisation %.4f, %.4f x peak "
-                       "requested; %s (%u runs)",
+                       "requested%s; %s (%u runs)",
                        confs[i], txt_human(f->bytes, b0, sizeof b0), txt_human(f->at.peak_requested, b1, sizeof b1),
                        txt_human(f->at.peak_allocated, b2, sizeof b2), txt_human(f->at.peak_reserved, b3, sizeof b3),
                        f->at.peak_reserved ? (double)f->at.peak_allocated / (double)f->at.peak_reserved : 0.0,
-                       f->at.peak_requested ? (double)f->bytes / (double)f->at.peak_requested : 0.0,
+                       one ? (double)f->bytes / (double)one : 0.0, t->ndev > 1 ? " (of the device needing most)" : "",
                        f->monotone ? "monotone above it (+1..+64 granules tried)" : "NOT MONOTONE", f->runs);
                 if (!f->monotone)
                     printf(": %s fails", txt_human(f->failed_above, b1, sizeof b1));
