@@ -26,12 +26,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         snprintf(in_path, sizeof in_path, "%s/in.pickle", fuzz_tmpdir());
         snprintf(out_path, sizeof out_path, "%s/out.trace", fuzz_tmpdir());
     }
-    FILE *f = fopen(in_path, "wb");
-    if (!f)
+    if (!fuzz_write_input(in_path, data, size))
         return 0;
-    fwrite(data, 1, size, f);
-    fclose(f);
-    unlink(out_path);
+    unlink(out_path); /* what is there afterwards is this run's */
     char *argv[] = {"import", in_path, "-o", out_path, NULL};
     int st = av_cmd_import(4, argv);
     if (st == 0) {

@@ -27,11 +27,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!freopen("/dev/null", "w", stdout))
             return 0;
     }
-    FILE *f = fopen(path, "wb");
-    if (!f)
+    if (!fuzz_write_input(path, data, size))
         return 0;
-    fwrite(data, 1, size, f);
-    fclose(f);
     char *report[] = {"--no-color", path, NULL};
     int st = report_main("report", 2, report);
     char *oom[] = {"--json", path, NULL};

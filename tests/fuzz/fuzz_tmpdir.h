@@ -5,6 +5,8 @@
 #define CUALLOC_FUZZ_TMPDIR_H
 
 #include <dirent.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +41,17 @@ static const char *fuzz_tmpdir(void)
         atexit(fuzz_tmpdir_remove);
     }
     return fuzz_dir;
+}
+
+/* The fuzzer's bytes as the file at `path`, for code under test that reads by name. False when it
+ * could not be written (the run then tests nothing). */
+static bool fuzz_write_input(const char *path, const uint8_t *data, size_t size)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return false;
+    bool ok = fwrite(data, 1, size, f) == size;
+    return fclose(f) == 0 && ok;
 }
 
 #endif
