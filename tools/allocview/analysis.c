@@ -294,17 +294,6 @@ static bool device_scoped(uint32_t type)
     }
 }
 
-/* A record of a device the analysis leaves out (opts.one_device) still moves the trace's clock,
- * so that times read as in the whole trace; nothing else of it is counted. */
-static void acct_clock_only(tr_acct_t *acct, const tr_record_t *rec)
-{
-    acct->num_records++;
-    if (!acct->any_event)
-        acct->first_time = rec->time_ns;
-    acct->any_event = true;
-    acct->last_time = rec->time_ns;
-}
-
 av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errlen)
 {
     tr_reader_t *r = tr_open(path, err, errlen);
@@ -359,7 +348,9 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
             seg_cur(a)->end_time = rec.time_ns;
         }
         if (a->one_device && rec.known && device_scoped(rec.type) && rec.dev != a->device) {
-            acct_clock_only(&a->acct, &rec);
+            /* another device's record still moves the trace's clock, so that times read as in the
+             * whole trace; nothing else of it is counted */
+            tr_acct_clock(&a->acct, &rec);
             a->last_seq = rec.seq;
             continue;
         }

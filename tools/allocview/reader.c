@@ -1189,19 +1189,26 @@ static void peak(uint64_t *peakv, uint64_t v)
 
 static void sub(uint64_t *v, uint64_t d) { *v = *v >= d ? *v - d : 0; }
 
-void tr_acct_add(tr_acct_t *a, const tr_record_t *rec)
+bool tr_acct_clock(tr_acct_t *a, const tr_record_t *rec)
 {
     a->num_records++;
     if (!rec->known) {
         a->num_unknown++;
-        return;
+        return false;
     }
     if (rec->type < CUA_TRACE_FIRST_EVENT)
-        return;
+        return false;
     if (!a->any_event)
         a->first_time = rec->time_ns;
     a->any_event = true;
     a->last_time = rec->time_ns;
+    return true;
+}
+
+void tr_acct_add(tr_acct_t *a, const tr_record_t *rec)
+{
+    if (!tr_acct_clock(a, rec))
+        return;
     tr_acct_dev_t *d = &a->dev[rec->dev < CUA_TRACE_MAX_DEVICES ? rec->dev : 0];
     switch (rec->type) {
     case CUA_TRACE_ALLOC:

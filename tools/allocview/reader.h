@@ -150,6 +150,10 @@ typedef struct tr_acct {
 
 void tr_acct_init(tr_acct_t *a);
 void tr_acct_add(tr_acct_t *a, const tr_record_t *rec);
+/* tr_acct_add's first part: counts the record and moves the trace's clock (first and last event
+ * times). True for an event, which tr_acct_add goes on to count; an analysis that leaves a record
+ * out calls only this. */
+bool tr_acct_clock(tr_acct_t *a, const tr_record_t *rec);
 void tr_acct_free(tr_acct_t *a);
 
 #endif
