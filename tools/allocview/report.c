@@ -762,6 +762,14 @@ static void ring_text(FILE *out, const av_t *a)
     fprintf(out, "\n");
 }
 
+/* What the figures after it are of: which device, which window of a ring. The default report's
+ * header ends with it; the other commands start with it. */
+static void scope_text(FILE *out, const av_t *a)
+{
+    devices_text(out, a);
+    ring_text(out, a);
+}
+
 static void header_text(FILE *out, const av_t *a, const ropts_t *o)
 {
     char buf[2048], ended[768], conf[1024];
@@ -806,8 +814,7 @@ static void header_text(FILE *out, const av_t *a, const ropts_t *o)
     ended_text(a, ended, sizeof ended);
     fprintf(out, "  ended     %s%s%s\n", a->acct.end_seen && a->acct.end_reason == 0 && !a->nooms ? "" : C_R(),
             ended, C_0());
-    devices_text(out, a);
-    ring_text(out, a);
+    scope_text(out, a);
     if (a->warning[0] && !o->redact)
         fprintf(out, "  warning   %s\n", a->warning);
 }
@@ -1092,6 +1099,8 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
         sym_free(sym);
         return;
     }
+    if (!dflt)
+        scope_text(out, a);
     if (dflt) {
         header_text(out, a, o);
         peak_text(out, a, sym, o, false);
@@ -1099,12 +1108,8 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
         steps_text(out, a);
         diag_text(out, d, nd);
     } else if (strcmp(cmd, "peak") == 0) {
-        devices_text(out, a);
-        ring_text(out, a);
         peak_text(out, a, sym, o, o->av.at_mark || o->av.at_time_ns >= 0);
     } else if (strcmp(cmd, "oom") == 0) {
-        devices_text(out, a);
-        ring_text(out, a);
         if (!a->nooms)
             fprintf(out, "no OOM in this trace\n");
         oom_text(out, a, sym, o);
@@ -1113,8 +1118,6 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
             diag_text(out, d, nd);
         }
     } else if (strcmp(cmd, "sites") == 0) {
-        devices_text(out, a);
-        ring_text(out, a);
         size_t n;
         site_t *v = collect_sites(a, sym, VIEW_PEAK, NULL, &n);
         fprintf(out, "%sCall sites at the peak%s (%s allocated, %s, in %s)\n", C_B(), C_0(), H(a->peak_alloc),
@@ -1128,8 +1131,6 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
         free(v);
     } else if (strcmp(cmd, "leaks") == 0) {
         size_t nl = 0;
-        devices_text(out, a);
-        ring_text(out, a);
         fprintf(out, "%sLeaks%s (judged over %s)\n", C_B(), C_0(),
                 use_step_leaks(a) ? "step ends" : "windows of allocations: the trace has fewer than 3 step marks");
         for (size_t i = 0; i < nd && nl < (size_t)o->top; i++)
