@@ -174,8 +174,7 @@ void *interpose_real_dlsym(void *handle, const char *symbol) {
 
 /* ------------------------------------------------------------------ settings */
 
-static int disabled_state = -1;   /* -1 unknown, 0, 1 (atomic) */
-static int log_state = -1;
+static int log_state = -1; /* -1 unknown, 0, 1 (atomic) */
 
 static bool env_flag(int *state, const char *name) {
     int s = __atomic_load_n(state, __ATOMIC_RELAXED);
@@ -186,14 +185,7 @@ static bool env_flag(int *state, const char *name) {
     return s != 0;
 }
 
-static inline bool disabled(void) {
-    int s = __atomic_load_n(&disabled_state, __ATOMIC_RELAXED);
-    if (__builtin_expect(s < 0, 0)) {
-        s = conf_disabled(); /* the API's answer too */
-        __atomic_store_n(&disabled_state, s, __ATOMIC_RELAXED);
-    }
-    return s != 0;
-}
+static inline bool disabled(void) { return conf_disabled(); } /* read once; the API's answer too */
 static inline bool log_on(void) { return env_flag(&log_state, "CUALLOC_LOG_INTERPOSE"); }
 
 /* ------------------------------------------------------------------ next definitions */
@@ -385,17 +377,30 @@ static int driver_device(void) {
     return dev;
 }
 
+/* A stream handle that names one stream: not the legacy stream (NULL, cudaStreamLegacy) or
+ * cudaStreamPerThread, whose meaning depends on the calling thread. */
+static bool real_stream(cua_stream stream) { return (uintptr_t)stream > (uintptr_t)CUA_STREAM_PER_THREAD; }
+
 /* The device an allocation on `stream` comes from: as CUDA, the stream's device, whichever is
  * current. Asked of the driver only for a real stream handle and in a process that uses more than
  * one device (a single-device process pays nothing); `current` otherwise, or when the driver cannot
  * tell. */
 static int stream_alloc_device(cua_stream stream, int current) {
-    if ((uintptr_t)stream <= (uintptr_t)CUA_STREAM_PER_THREAD) return current;
+    if (!real_stream(stream)) return current;
     const driver_ops_t *drv = api_driver(); /* (starts cualloc, as the allocation will) */
     if (api_device_count() < 2) return current;
     int dev;
     if (drv && drv->stream_device && drv->stream_device(stream, &dev) == CUA_SUCCESS) return dev;
     return current;
+}
+
+/* The current context's device asked of the driver itself, as before cualloc starts: nothing is
+ * started or initialized. The ordinal is the CUdevice value; -1 when there is no context (or the
+ * program has not called cuInit). */
+static int context_device_unstarted(void) {
+    cuCtxGetDevice_fn getdev = NEXT(N_cuCtxGetDevice, cuCtxGetDevice_fn);
+    cua_device d = -1;
+    return getdev && getdev(&d) == CUA_SUCCESS ? d : -1;
 }
 
 /* ------------------------------------------------------------------ before the heaps exist */
@@ -565,17 +570,23 @@ __attribute__((noinline)) static cua_result serve(int dev, size_t size, cua_stre
  * invalid, never passed through, since the driver would take it for the segment or range it is. */
 typedef enum { RELEASED, RELEASE_FOREIGN, RELEASE_INVALID } release_t;
 
+
+/* The driver's answer to "is `stream` capturing?": CUA_SUCCESS with *cap, or its error. A driver
+ * that cannot be asked has no captures (success, *cap false). */
+static cua_result drv_capture_status(int dev, cua_stream stream, bool *cap) {
+    const driver_ops_t *drv = api_driver();
+    *cap = false;
+    if (!drv || !drv->stream_is_capturing) return CUA_SUCCESS;
+    return drv->stream_is_capturing(dev, stream, cap);
+}
+
 /* A stream-ordered free made while its stream captures a CUDA graph becomes a node of the graph:
  * the memory is freed when the graph runs, each time it runs, which cualloc never sees. Freeing
  * the block now would let other work reuse memory the graph's kernels still use, so it stays
  * allocated for good (said once). Only a definite capture counts: a failed query frees as usual. */
 static bool free_captured(heap_t *h, const void *ptr, cua_stream stream) {
-    if ((uintptr_t)stream <= (uintptr_t)CUA_STREAM_PER_THREAD) return false;
-    const driver_ops_t *drv = api_driver();
-    bool cap = false;
-    if (!drv || !drv->stream_is_capturing || drv->stream_is_capturing(heap_device(h), stream, &cap) != CUA_SUCCESS ||
-        !cap)
-        return false;
+    bool cap;
+    if (!real_stream(stream) || drv_capture_status(heap_device(h), stream, &cap) != CUA_SUCCESS || !cap) return false;
     static _Atomic int said;
     if (!atomic_exchange(&said, 1))
         cua_error("cudaFreeAsync(%p) during a CUDA graph capture: the graph would free it each time it runs, which "
@@ -726,22 +737,15 @@ cudart_error cudaStreamDestroy(cudart_stream stream) {
 
 /* Is a stream capturing (driver entry points: through the driver op)? Errors count as capturing. */
 static bool drv_capturing(int dev, cua_stream stream) {
-    const driver_ops_t *drv = api_driver();
-    bool cap = false;
-    if (!drv || !drv->stream_is_capturing) return false;
-    return drv->stream_is_capturing(dev, stream, &cap) != CUA_SUCCESS || cap;
+    bool cap;
+    return drv_capture_status(dev, stream, &cap) != CUA_SUCCESS || cap;
 }
 
 /* Before cualloc starts, a driver-API allocation starts it only when the program has a current
  * context, asked of the driver itself: a call before the program's own cuInit, or without a
  * context, reaches the driver as it would without cualloc, and nothing initializes the driver
  * behind the program's back (its later calls would answer differently). */
-static bool driver_ready_for_us(void) {
-    if (api_started()) return true;
-    cuCtxGetDevice_fn getdev = NEXT(N_cuCtxGetDevice, cuCtxGetDevice_fn);
-    cua_device d;
-    return getdev && getdev(&d) == CUA_SUCCESS;
-}
+static bool driver_ready_for_us(void) { return api_started() || context_device_unstarted() >= 0; }
 
 static cua_result drv_alloc(int next_idx, cua_devptr *dptr, size_t size, cua_stream stream, bool async,
                             const void *caller) {
@@ -821,13 +825,8 @@ cua_result cuStreamDestroy_v2(cua_stream stream) {
 #define STREAM_NON_BLOCKING 0x1u /* cudaStreamNonBlocking == CU_STREAM_NON_BLOCKING */
 
 /* The device a driver-API stream was created on: the current context's. Before cualloc started,
- * asked of the driver directly (starting nothing); the ordinal is the CUdevice value. */
-static int stream_device(void) {
-    if (api_started()) return driver_device();
-    cuCtxGetDevice_fn getdev = NEXT(N_cuCtxGetDevice, cuCtxGetDevice_fn);
-    cua_device d = -1;
-    return getdev && getdev(&d) == CUA_SUCCESS ? d : -1;
-}
+ * asked of the driver directly (context_device_unstarted). */
+static int stream_device(void) { return api_started() ? driver_device() : context_device_unstarted(); }
 
 cudart_error cudaStreamCreate(cudart_stream *stream) {
     cudaStreamCreate_fn next = NEXT(N_cudaStreamCreate, cudaStreamCreate_fn);
