@@ -1808,10 +1808,11 @@ static void report_host_refused(heap_t *h, size_t size) {
 
 /* No tag could be had for `stream`, and not for want of host memory: every stream slot belongs to a
  * stream whose free blocks cannot settle now (capturing a CUDA graph, so nothing may synchronize
- * it, or its synchronize failed; in classic mode, free blocks in a segment shared with live ones). An allocation needs its stream's tag: memory the heap maps for it
- * merges with a free neighbour and takes that block's tag, which then names who may use it. Counted
- * in num_ooms and said once, but not as the device running out (it has room) and not recorded as
- * an OOM. Lock held; released here. */
+ * it, or its synchronize failed; in classic mode, free blocks in a segment shared with live ones).
+ * An allocation needs its stream's tag: memory the heap maps for it merges with a free neighbour
+ * and takes that block's tag, which then names who may use it. Counted in num_ooms and said once,
+ * but not as the device running out (it has room) and not recorded as an OOM. Lock held; released
+ * here. */
 static __attribute__((noinline, cold)) void alloc_fail_no_slot(heap_t *h, cua_stream stream, size_t size) {
     h->stats.num_ooms++;
     /* Classic mode keeps a segment to one stream, so there a stream holding part of a segment
