@@ -706,9 +706,12 @@ cudart_error cudaFreeAsync(void *ptr, cudart_stream stream) {
     return ptr ? CUDART_ERROR_INVALID_VALUE : CUDART_SUCCESS;
 }
 
-/* What the device reports free, plus what dev's heap holds cached (reserved, not allocated): what
- * the application could allocate. */
-static void add_cached(int dev, size_t *free_bytes, const size_t *total_bytes) {
+/* After the driver's or the runtime's memory query succeeded: what the device reports free, plus
+ * what the heap of device() holds cached (reserved, not allocated), which the application could
+ * allocate too. Nothing when cualloc is off or not started (device() is then not asked). */
+static void add_cached(int (*device)(void), size_t *free_bytes, const size_t *total_bytes) {
+    if (disabled() || !api_started() || !free_bytes || !total_bytes) return;
+    int dev = device();
     heap_t *h = dev >= 0 ? api_heap_if_created(dev) : NULL;
     if (!h) return;
     cualloc_stats s;
@@ -722,8 +725,7 @@ cudart_error cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
     cudaMemGetInfo_fn next = NEXT(N_cudaMemGetInfo, cudaMemGetInfo_fn);
     if (!next) return CUDART_ERROR_INITIALIZATION;
     cudart_error r = next(free_bytes, total_bytes);
-    if (r != CUDART_SUCCESS || disabled() || !api_started() || !free_bytes || !total_bytes) return r;
-    add_cached(runtime_device(), free_bytes, total_bytes);
+    if (r == CUDART_SUCCESS) add_cached(runtime_device, free_bytes, total_bytes);
     return r;
 }
 
@@ -953,8 +955,7 @@ cua_result cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     cua_pfn_cuMemGetInfo_v2 next = NEXT(N_cuMemGetInfo_v2, cua_pfn_cuMemGetInfo_v2);
     if (!next) return CUA_ERROR_NOT_INITIALIZED;
     cua_result r = next(free_bytes, total_bytes);
-    if (r != CUA_SUCCESS || disabled() || !api_started() || !free_bytes || !total_bytes) return r;
-    add_cached(driver_device(), free_bytes, total_bytes);
+    if (r == CUA_SUCCESS) add_cached(driver_device, free_bytes, total_bytes);
     return r;
 }
 
