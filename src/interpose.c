@@ -7,7 +7,7 @@
  * Exported (default visibility, unversioned, plain C names):
  *   runtime  cudaMalloc cudaFree cudaMallocAsync cudaFreeAsync cudaMemGetInfo cudaStreamDestroy
  *            cudaStreamCreate cudaStreamCreateWithFlags cudaStreamCreateWithPriority
- *            cudaDeviceEnablePeerAccess cudaIpcGetMemHandle
+ *            cudaDeviceEnablePeerAccess cudaIpcGetMemHandle cudaGetLastError cudaPeekAtLastError
  *   driver   cuMemAlloc_v2 cuMemFree_v2 cuMemAllocAsync cuMemFreeAsync (+ _ptsz) cuStreamDestroy_v2
  *            cuStreamCreate cuStreamCreateWithPriority cuCtxEnablePeerAccess cuMemGetAddressRange_v2
  *            cuMemGetInfo_v2
@@ -49,6 +49,11 @@
  *    cached) matches go to CUDA unchanged, including the runtime's own driver calls inside them
  *    (thread-local pass-through flag); their frees pass through as foreign pointers.
  *  - OOM: cudaErrorMemoryAllocation (2) / CUDA_ERROR_OUT_OF_MEMORY; the heap printed the report.
+ *  - The runtime's last error: an error a runtime entry point answers itself (an OOM, a double
+ *    free, a refused IPC handle) is also the calling thread's last error, as CUDA's own would be:
+ *    cudaGetLastError returns and clears it, cudaPeekAtLastError returns it. An error the runtime
+ *    itself holds for the thread is returned first (a sticky error must not be hidden); both are
+ *    cleared by cudaGetLastError, since CUDA keeps one last error, not two.
  *  - cudaMemGetInfo is truthful about what the application could allocate: the next definition's
  *    free bytes plus cualloc's cached free bytes on the current device (reserved - allocated),
  *    capped at total.
@@ -118,6 +123,8 @@ CUALLOC_API cudart_error cudaStreamCreateWithFlags(cudart_stream *stream, unsign
 CUALLOC_API cudart_error cudaStreamCreateWithPriority(cudart_stream *stream, unsigned int flags, int priority);
 CUALLOC_API cudart_error cudaDeviceEnablePeerAccess(int peer, unsigned int flags);
 CUALLOC_API cudart_error cudaIpcGetMemHandle(void *handle, void *dev_ptr);
+CUALLOC_API cudart_error cudaGetLastError(void);
+CUALLOC_API cudart_error cudaPeekAtLastError(void);
 CUALLOC_API cua_result cuStreamCreate(cua_stream *stream, unsigned int flags);
 CUALLOC_API cua_result cuStreamCreateWithPriority(cua_stream *stream, unsigned int flags, int priority);
 CUALLOC_API cua_result cuCtxEnablePeerAccess(cua_ctx peer_ctx, unsigned int flags);
@@ -203,6 +210,7 @@ enum {
     N_cudaMalloc, N_cudaFree, N_cudaMallocAsync, N_cudaFreeAsync, N_cudaMemGetInfo, N_cudaStreamDestroy,
     N_cudaGetDevice, N_cudaStreamIsCapturing, N_cudaStreamCreate, N_cudaStreamCreateWithFlags,
     N_cudaStreamCreateWithPriority, N_cudaDeviceEnablePeerAccess, N_cudaIpcGetMemHandle,
+    N_cudaGetLastError, N_cudaPeekAtLastError,
     N_cuMemAlloc_v2, N_cuMemFree_v2, N_cuMemAllocAsync, N_cuMemFreeAsync, N_cuMemAllocAsync_ptsz,
     N_cuMemFreeAsync_ptsz, N_cuStreamDestroy_v2, N_cuGetProcAddress_v2, N_cuGetProcAddress,
     N_cuStreamCreate, N_cuStreamCreateWithPriority, N_cuCtxEnablePeerAccess, N_cuMemGetAddressRange_v2,
@@ -225,6 +233,8 @@ static next_t nexts[N_COUNT] = {
     [N_cudaStreamCreateWithPriority] = {"cudaStreamCreateWithPriority", false, NULL},
     [N_cudaDeviceEnablePeerAccess] = {"cudaDeviceEnablePeerAccess", false, NULL},
     [N_cudaIpcGetMemHandle] = {"cudaIpcGetMemHandle", false, NULL},
+    [N_cudaGetLastError] = {"cudaGetLastError", false, NULL},
+    [N_cudaPeekAtLastError] = {"cudaPeekAtLastError", false, NULL},
     [N_cuMemAlloc_v2] = {"cuMemAlloc_v2", true, NULL},
     [N_cuMemFree_v2] = {"cuMemFree_v2", true, NULL},
     [N_cuMemAllocAsync] = {"cuMemAllocAsync", true, NULL},
@@ -267,6 +277,8 @@ static void *own_fn(int i) {
     case N_cudaStreamCreateWithPriority: return (void *)cudaStreamCreateWithPriority;
     case N_cudaDeviceEnablePeerAccess: return (void *)cudaDeviceEnablePeerAccess;
     case N_cudaIpcGetMemHandle: return (void *)cudaIpcGetMemHandle;
+    case N_cudaGetLastError: return (void *)cudaGetLastError;
+    case N_cudaPeekAtLastError: return (void *)cudaPeekAtLastError;
     case N_cuStreamCreate: return (void *)cuStreamCreate;
     case N_cuStreamCreateWithPriority: return (void *)cuStreamCreateWithPriority;
     case N_cuCtxEnablePeerAccess: return (void *)cuCtxEnablePeerAccess;
@@ -352,6 +364,7 @@ typedef cudart_error (*cudaStreamCreateWithFlags_fn)(cudart_stream *, unsigned i
 typedef cudart_error (*cudaStreamCreateWithPriority_fn)(cudart_stream *, unsigned int, int);
 typedef cudart_error (*cudaDeviceEnablePeerAccess_fn)(int, unsigned int);
 typedef cudart_error (*cudaIpcGetMemHandle_fn)(void *, void *);
+typedef cudart_error (*cudaGetLastError_fn)(void);
 typedef cua_result (*cuCtxPushCurrent_fn)(cua_ctx);
 typedef cua_result (*cuCtxPopCurrent_fn)(cua_ctx *);
 typedef cua_result (*cuCtxGetDevice_fn)(cua_device *);
@@ -630,12 +643,36 @@ static void streams_destroyed(cua_stream stream) {
 
 /* ------------------------------------------------------------------ runtime entry points */
 
+/* The newest error a runtime entry point of this thread answered itself (0: none), not yet taken
+ * by cudaGetLastError: CUDA's runtime sets its last error on every failing call, and cualloc's
+ * answers never reach it. */
+static __thread cudart_error own_last_error;
+
+/* Every error a runtime entry point answers itself goes through here. */
+static cudart_error runtime_failed(cudart_error e) {
+    own_last_error = e;
+    return e;
+}
+
+/* The last error: the runtime's own first (a sticky error it holds must not be hidden behind an
+ * allocation's), else cualloc's. `take` clears both, as cudaGetLastError clears CUDA's one. */
+static cudart_error last_error(int next_idx, bool take) {
+    cudaGetLastError_fn next = NEXT(next_idx, cudaGetLastError_fn);
+    cudart_error runtime = next ? next() : CUDART_SUCCESS;
+    cudart_error own = own_last_error;
+    if (take) own_last_error = CUDART_SUCCESS;
+    return runtime != CUDART_SUCCESS ? runtime : own;
+}
+
+cudart_error cudaGetLastError(void) { return last_error(N_cudaGetLastError, true); }
+cudart_error cudaPeekAtLastError(void) { return last_error(N_cudaPeekAtLastError, false); }
+
 cudart_error cudaMalloc(void **ptr, size_t size) {
     if (disabled()) {
         cudaMalloc_fn next = NEXT(N_cudaMalloc, cudaMalloc_fn);
         return next ? next(ptr, size) : CUDART_ERROR_INITIALIZATION;
     }
-    if (!ptr) return CUDART_ERROR_INVALID_VALUE;
+    if (!ptr) return runtime_failed(CUDART_ERROR_INVALID_VALUE);
     if (size == 0) { /* as CUDA: success and NULL */
         *ptr = NULL;
         return CUDART_SUCCESS;
@@ -649,14 +686,14 @@ cudart_error cudaMalloc(void **ptr, size_t size) {
         passthrough_depth--;
         return e;
     }
-    if (r != CUA_SUCCESS) return CUDART_ERROR_MEMORY_ALLOCATION;
+    if (r != CUA_SUCCESS) return runtime_failed(CUDART_ERROR_MEMORY_ALLOCATION);
     *ptr = p;
     return CUDART_SUCCESS;
 }
 
 cudart_error cudaFree(void *ptr) {
     release_t r = ptr && !disabled() ? release_device_wide(ptr) : RELEASE_FOREIGN;
-    if (r != RELEASE_FOREIGN) return r == RELEASED ? CUDART_SUCCESS : CUDART_ERROR_INVALID_VALUE;
+    if (r != RELEASE_FOREIGN) return r == RELEASED ? CUDART_SUCCESS : runtime_failed(CUDART_ERROR_INVALID_VALUE);
     cudaFree_fn next = NEXT(N_cudaFree, cudaFree_fn);
     if (next) return next(ptr);
     return ptr ? CUDART_ERROR_INVALID_VALUE : CUDART_SUCCESS;
@@ -677,7 +714,7 @@ cudart_error cudaMallocAsync(void **ptr, size_t size, cudart_stream stream) {
         passthrough_depth--;
         return e;
     }
-    if (!ptr) return CUDART_ERROR_INVALID_VALUE;
+    if (!ptr) return runtime_failed(CUDART_ERROR_INVALID_VALUE);
     if (size == 0) {
         *ptr = NULL;
         return CUDART_SUCCESS;
@@ -693,14 +730,14 @@ cudart_error cudaMallocAsync(void **ptr, size_t size, cudart_stream stream) {
         passthrough_depth--;
         return e;
     }
-    if (r != CUA_SUCCESS) return CUDART_ERROR_MEMORY_ALLOCATION;
+    if (r != CUA_SUCCESS) return runtime_failed(CUDART_ERROR_MEMORY_ALLOCATION);
     *ptr = p;
     return CUDART_SUCCESS;
 }
 
 cudart_error cudaFreeAsync(void *ptr, cudart_stream stream) {
     release_t r = ptr && !disabled() ? release(ptr, (cua_stream)stream) : RELEASE_FOREIGN;
-    if (r != RELEASE_FOREIGN) return r == RELEASED ? CUDART_SUCCESS : CUDART_ERROR_INVALID_VALUE;
+    if (r != RELEASE_FOREIGN) return r == RELEASED ? CUDART_SUCCESS : runtime_failed(CUDART_ERROR_INVALID_VALUE);
     cudaFreeAsync_fn next = NEXT(N_cudaFreeAsync, cudaFreeAsync_fn);
     if (next) return next(ptr, stream);
     return ptr ? CUDART_ERROR_INVALID_VALUE : CUDART_SUCCESS;
@@ -916,7 +953,7 @@ cudart_error cudaIpcGetMemHandle(void *handle, void *dev_ptr) {
                       "doing IPC to exclude: (e.g. CUALLOC_CONF=exclude:libnccl*) so its allocations come "
                       "from cudaMalloc",
                       dev_ptr);
-        return CUDART_ERROR_INVALID_VALUE;
+        return runtime_failed(CUDART_ERROR_INVALID_VALUE);
     }
     if (h && !heap_starts_segment(h, dev_ptr)) {
         /* Classic mode: a handle covers a whole cuMemAlloc'd segment, and the receiving process
@@ -928,7 +965,7 @@ cudart_error cudaIpcGetMemHandle(void *handle, void *dev_ptr) {
                       "its segment can be shared. Add the library doing IPC to exclude: (e.g. "
                       "CUALLOC_CONF=exclude:libnccl*) so its allocations come from cudaMalloc",
                       dev_ptr);
-        return CUDART_ERROR_INVALID_VALUE;
+        return runtime_failed(CUDART_ERROR_INVALID_VALUE);
     }
     cudaIpcGetMemHandle_fn next = NEXT(N_cudaIpcGetMemHandle, cudaIpcGetMemHandle_fn);
     return next ? next(handle, dev_ptr) : CUDART_ERROR_INITIALIZATION;

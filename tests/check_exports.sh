@@ -17,7 +17,8 @@ allow="cudaMalloc cudaFree cudaMallocAsync cudaFreeAsync cuMemAlloc cuMemAlloc_v
 cuMemAllocAsync cuMemFreeAsync cuGetProcAddress cuGetProcAddress_v2 dlsym cudaStreamCreate
 cudaStreamCreateWithFlags cudaStreamCreateWithPriority cudaStreamDestroy cudaMemGetInfo
 cuMemAllocAsync_ptsz cuMemFreeAsync_ptsz cuStreamDestroy_v2 cuStreamCreate cuStreamCreateWithPriority
-cudaDeviceEnablePeerAccess cuCtxEnablePeerAccess cudaIpcGetMemHandle cuMemGetAddressRange_v2 cuMemGetInfo_v2"
+cudaDeviceEnablePeerAccess cuCtxEnablePeerAccess cudaIpcGetMemHandle cuMemGetAddressRange_v2 cuMemGetInfo_v2
+cudaGetLastError cudaPeekAtLastError"
 # Linker-defined symbols that may show as defined.
 ignore="_init _fini _edata _end __bss_start __end__ _DYNAMIC _GLOBAL_OFFSET_TABLE_"
 # The public API of include/cualloc.h must be there.

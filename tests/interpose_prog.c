@@ -3,7 +3,8 @@
  * host-backed sim device. Checks that cudaMalloc/cudaFree/cudaMallocAsync/cudaFreeAsync are served
  * by cualloc (its statistics move, the stub sees no allocation), that foreign pointers and
  * cudaFree(NULL) reach the stub, that cudaStreamDestroy and cudaMemGetInfo pass through (the latter
- * with cualloc's cached bytes added), and that a forked child and its parent both keep working.
+ * with cualloc's cached bytes added), that cualloc's own errors are the thread's last error (as
+ * the runtime's would be), and that a forked child and its parent both keep working.
  *   interpose_prog            cualloc serves
  *   interpose_prog --disable  run under CUALLOC_DISABLE=1: everything reaches the stub
  *   interpose_prog --disable-late  CUALLOC_DISABLE set while it runs: one answer for the process
@@ -33,6 +34,8 @@ int cudaStreamCreateWithFlags(void **stream, unsigned int flags);
 int cudaSetDevice(int dev);
 int cudaDeviceEnablePeerAccess(int peer, unsigned int flags);
 int cudaIpcGetMemHandle(void *handle, void *dev_ptr);
+int cudaGetLastError(void);
+int cudaPeekAtLastError(void);
 typedef int (*get_range_fn)(unsigned long long *, size_t *, unsigned long long);
 void *stub_cudart_malloc_direct(size_t n);
 
@@ -262,6 +265,35 @@ static int dlsym_scope_main(const char *plugin) {
     return 0;
 }
 
+static void *other_thread_last_error(void *arg) {
+    (void)arg;
+    return (void *)(intptr_t)cudaGetLastError();
+}
+
+/* Right after cudaMalloc answered an OOM: as with CUDA's runtime, the error is the calling
+ * thread's last error (peeked, then taken once), a double free's too, and an error the runtime
+ * holds itself comes first and is cleared with it. */
+static void last_error_checks(void) {
+    pthread_t t;
+    void *other = (void *)1;
+    CHECK_MSG(pthread_create(&t, NULL, other_thread_last_error, NULL) == 0 && pthread_join(t, &other) == 0 &&
+                  other == NULL,
+              "another thread's last error is %d, want 0", (int)(intptr_t)other);
+    int peek = cudaPeekAtLastError(), peek2 = cudaPeekAtLastError(), got = cudaGetLastError(), after = cudaGetLastError();
+    CHECK_MSG(peek == 2 && peek2 == 2 && got == 2 && after == 0,
+              "after the OOM: peek %d, peek %d, get %d, get %d; want 2, 2, 2, 0", peek, peek2, got, after);
+    void *q = NULL;
+    CHECK_MSG(cudaMalloc(&q, 4096) == 0 && q && cudaGetLastError() == 0, "cudaMalloc(4096) leaves no error");
+    CHECK_MSG(cudaFree(q) == 0 && cudaFree(q) == 1, "a double free is refused with cudaErrorInvalidValue (1)");
+    got = cudaGetLastError();
+    CHECK_MSG(got == 1 && cudaGetLastError() == 0, "after the double free: get %d, want 1 then 0", got);
+    void *big = NULL;
+    CHECK_MSG(cudaSetDevice(99) == 101 && cudaMalloc(&big, (size_t)1 << 30) == 2, "a runtime error, then an OOM");
+    got = cudaGetLastError();
+    CHECK_MSG(got == 101 && cudaGetLastError() == 0, "the runtime's own error must come first: got %d, want 101, then 0",
+              got);
+}
+
 int main(int argc, char **argv) {
     int disable = argc > 1 && strcmp(argv[1], "--disable") == 0;
     void *gs = dlsym(RTLD_DEFAULT, "cualloc_get_stats"); /* (a look-up starts nothing) */
@@ -408,6 +440,7 @@ int main(int argc, char **argv) {
         void *big = (void *)1;
         int r = cudaMalloc(&big, (size_t)1 << 30);
         CHECK_MSG(r == 2, "cudaMalloc(1 GiB) on a 512 MiB device = %d, want cudaErrorMemoryAllocation (2)", r);
+        last_error_checks();
     }
 
     if (!disable) {

@@ -15,6 +15,7 @@ static const char *const names[C_COUNT] = {"cudaMalloc", "cudaFree", "cudaMalloc
                                            "cudaStreamCreate", "cudaSetDevice", "cudaDeviceEnablePeerAccess",
                                            "cudaIpcGetMemHandle"};
 static __thread int current_device; /* cudaSetDevice / cudaGetDevice */
+static __thread int last_error;     /* as CUDA's: set by a failing call, taken by cudaGetLastError */
 static atomic_uintptr_t next_stream = 0x7000;
 static atomic_ulong calls[C_COUNT];
 
@@ -31,9 +32,23 @@ STUB_API int cudaStreamDestroy(void *stream);
 STUB_API unsigned long stub_cudart_calls(const char *name);
 STUB_API void *stub_cudart_malloc_direct(size_t n);
 
+static int failed(int e) {
+    last_error = e;
+    return e;
+}
+
+STUB_API int cudaGetLastError(void);
+STUB_API int cudaPeekAtLastError(void);
+int cudaGetLastError(void) {
+    int e = last_error;
+    last_error = 0;
+    return e;
+}
+int cudaPeekAtLastError(void) { return last_error; }
+
 int cudaMalloc(void **p, size_t n) {
     atomic_fetch_add(&calls[C_MALLOC], 1);
-    if (!p) return 1;
+    if (!p) return failed(1);
     *p = malloc(n ? n : 1);
     return *p ? 0 : 2;
 }
@@ -69,7 +84,7 @@ int cudaGetDevice(int *dev) {
 STUB_API int cudaSetDevice(int dev);
 int cudaSetDevice(int dev) {
     atomic_fetch_add(&calls[C_SET_DEVICE], 1);
-    if (dev < 0 || dev > 7) return 101;
+    if (dev < 0 || dev > 7) return failed(101);
     current_device = dev;
     return 0;
 }
