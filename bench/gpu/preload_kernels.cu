@@ -394,7 +394,16 @@ int main(int argc, char **argv) {
     if (g_xs_rounds > 0) cross_stream_rounds();
     CK(cudaDeviceSynchronize());
     CK(cudaGetLastError());
-    bool pass = g_mismatches == 0 && g_xs_mismatches == 0 && g_ho_mismatches == 0;
-    report(pass, pass ? "" : "mismatches");
+    // An allocation no device can serve: its error is also the thread's last error, peeked and
+    // then taken once, with or without cualloc (under the shared runtime cualloc answers both).
+    void *huge = nullptr;
+    cudaError_t oom = cudaMalloc(&huge, (size_t)1 << 50);
+    cudaError_t peeked = cudaPeekAtLastError(), taken = cudaGetLastError(), after = cudaGetLastError();
+    bool last_error_ok = oom == cudaErrorMemoryAllocation && peeked == oom && taken == oom && after == cudaSuccess;
+    if (!last_error_ok)
+        fprintf(stderr, "preload_kernels: cudaMalloc(1 PiB) = %s, then peek %s, get %s, get %s\n", cudaGetErrorName(oom),
+                cudaGetErrorName(peeked), cudaGetErrorName(taken), cudaGetErrorName(after));
+    bool pass = g_mismatches == 0 && g_xs_mismatches == 0 && g_ho_mismatches == 0 && last_error_ok;
+    report(pass, pass ? "" : !last_error_ok ? "last error after an OOM" : "mismatches");
     return pass ? 0 : 1;
 }
