@@ -430,6 +430,26 @@ static uint64_t pending_peer[CUALLOC_MAX_DEVICES]; /* bit a of [d]: device a may
 static uint64_t pending_nb_lost;
 static _Atomic int pending_any;
 
+/* fork: the child must not inherit pending_lock held by a parent thread that was creating a
+ * stream at that moment (its first stream would wait forever), nor the parent's pending streams,
+ * which are not its own. Registered at the first use of the pending state, so that a fork before
+ * cualloc starts is covered too (api.c's handlers come only with the heaps). */
+static void pending_after_fork_child(void) {
+    pending_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    pending_nb_n = 0;
+    pending_nb_lost = 0;
+    memset(pending_peer, 0, sizeof pending_peer);
+    atomic_store_explicit(&pending_any, 0, memory_order_relaxed);
+}
+
+static void pending_fork_register(void) { pthread_atfork(NULL, NULL, pending_after_fork_child); }
+
+static void pending_lock_take(void) {
+    static pthread_once_t registered = PTHREAD_ONCE_INIT;
+    pthread_once(&registered, pending_fork_register);
+    pthread_mutex_lock(&pending_lock);
+}
+
 /* owner's heap grants `accessor` access (driver mask, then existing mappings). */
 static void peer_apply(int owner, int accessor) {
     const driver_ops_t *drv = api_driver();
@@ -440,7 +460,7 @@ static void peer_apply(int owner, int accessor) {
 }
 
 static void pending_flush(void) {
-    pthread_mutex_lock(&pending_lock);
+    pending_lock_take();
     for (int i = 0; i < pending_nb_n; i++) {
         heap_t *h = api_heap(pending_nb[i].dev);
         if (h) heap_stream_created(h, pending_nb[i].s, true);
@@ -473,7 +493,7 @@ static void note_stream(int dev, cua_stream s, bool non_blocking) {
             return;
         }
     }
-    pthread_mutex_lock(&pending_lock);
+    pending_lock_take();
     for (int i = 0; i < pending_nb_n; i++) {
         if (pending_nb[i].s == s) {
             pending_nb[i] = pending_nb[--pending_nb_n];
@@ -500,7 +520,7 @@ static void note_peer(int owner, int accessor) {
         peer_apply(owner, accessor);
         return;
     }
-    pthread_mutex_lock(&pending_lock);
+    pending_lock_take();
     pending_peer[owner] |= (uint64_t)1 << accessor;
     atomic_store(&pending_any, 1);
     pthread_mutex_unlock(&pending_lock);
@@ -628,7 +648,7 @@ static release_t release_device_wide(const void *ptr) {
 
 static void streams_destroyed(cua_stream stream) {
     if (atomic_load_explicit(&pending_any, memory_order_relaxed)) {
-        pthread_mutex_lock(&pending_lock);
+        pending_lock_take();
         for (int i = 0; i < pending_nb_n; i++)
             if (pending_nb[i].s == stream) pending_nb[i--] = pending_nb[--pending_nb_n];
         pthread_mutex_unlock(&pending_lock);

@@ -10,9 +10,11 @@
  *   interpose_prog --disable-late  CUALLOC_DISABLE set while it runs: one answer for the process
  *   interpose_prog --ipc-classic  classic mode: IPC only of a block at its segment's start
  *   interpose_prog --streams-first  70 non-blocking streams created before the first allocation
- *   interpose_prog --threads  eight threads allocate, free and make and destroy streams at once */
+ *   interpose_prog --threads  eight threads allocate, free and make and destroy streams at once
+ *   interpose_prog --fork-race  forks while another thread makes and destroys streams */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -265,6 +267,46 @@ static int dlsym_scope_main(const char *plugin) {
     return 0;
 }
 
+/* --fork-race: forks while another thread creates and destroys non-blocking streams before cualloc
+ * starts (each takes the front door's lock on the streams it must remember). A child that
+ * inherited that lock held would hang at its own first stream; every child must create one and
+ * exit within 10 s. */
+static atomic_int fork_race_stop;
+
+static void *stream_churn(void *arg) {
+    (void)arg;
+    while (!atomic_load(&fork_race_stop)) {
+        void *s = NULL;
+        if (cudaStreamCreateWithFlags(&s, 1) == 0) cudaStreamDestroy(s);
+    }
+    return NULL;
+}
+
+static int fork_race_main(void) {
+    pthread_t t;
+    CHECK_MSG(pthread_create(&t, NULL, stream_churn, NULL) == 0, "pthread_create");
+    int hung = 0, forks = 300;
+    for (int i = 0; i < forks; i++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            alarm(10);
+            void *s = NULL;
+            _exit(cudaStreamCreateWithFlags(&s, 1) == 0 && cudaStreamDestroy(s) == 0 ? 0 : 3);
+        }
+        int st = 0;
+        CHECK_MSG(pid > 0 && waitpid(pid, &st, 0) == pid, "fork %d", i);
+        if (WIFSIGNALED(st) && WTERMSIG(st) == SIGALRM) hung++;
+        else CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child %d: status %#x", i, st);
+        if (hung) break;
+    }
+    atomic_store(&fork_race_stop, 1);
+    pthread_join(t, NULL);
+    CHECK_MSG(hung == 0, "a forked child hung at its first stream creation");
+    if (failures) return 1;
+    printf("interpose_prog --fork-race: %d forks, all checks passed\n", forks);
+    return 0;
+}
+
 static void *other_thread_last_error(void *arg) {
     (void)arg;
     return (void *)(intptr_t)cudaGetLastError();
@@ -301,6 +343,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--threads") == 0) return threads_main();
     if (argc == 4 && strcmp(argv[1], "--exclude-race") == 0) return exclude_race_main(argv[2], argv[3]);
     if (argc == 3 && strcmp(argv[1], "--dlsym-scope") == 0) return dlsym_scope_main(argv[2]);
+    if (argc > 1 && strcmp(argv[1], "--fork-race") == 0) return fork_race_main();
     if (argc > 1 && strcmp(argv[1], "--exclude") == 0) {
         /* Run with CUALLOC_CONF=...,exclude:interpose_prog*: this program's allocations go to the
          * stub unchanged, and their frees follow as foreign pointers. */
