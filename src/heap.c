@@ -849,15 +849,19 @@ static void settle_tag(heap_t *h, unsigned tag) {
     }
 }
 
+/* A key (stream_is_key) names no CUDA stream and cannot be synchronized: an error, which sends the
+ * callers to their device-wide fallbacks. */
 static cua_result stream_sync(heap_t *h, cua_stream s) {
+    if (stream_is_key(s)) return CUA_ERROR_INVALID_HANDLE;
     h->stats.num_syncs++;
     return h->drv->stream_synchronize(h->dev, s);
 }
 
 /* Capture (CUDA graphs): nothing records on, queries or synchronizes a capturing stream; an error
- * from the query counts as capturing. */
+ * from the query counts as capturing. A key is not asked about (the front door asked about the
+ * stream it stands for before serving). */
 static bool is_capturing(heap_t *h, cua_stream s) {
-    if (!h->drv->stream_is_capturing) return false;
+    if (!h->drv->stream_is_capturing || stream_is_key(s)) return false;
     bool cap = false;
     return h->drv->stream_is_capturing(h->dev, s, &cap) != CUA_SUCCESS || cap;
 }
@@ -991,6 +995,7 @@ static void closed_settle(heap_t *h, unsigned c) {
  * False, nothing changed, when no slot, index or event could be had. */
 static bool stream_close(heap_t *h, unsigned t) {
     stream_rec_t *r = &h->tags[t];
+    if (stream_is_key(r->handle)) return false; /* no event can be recorded on it: settle_all's device synchronize settles it */
     unsigned n = slot_unused(h);
     if (!n || !slot_claim(h, n, r->handle)) return false;
     if ((!r->event && h->drv->event_create(h->dev, &r->event) != CUA_SUCCESS) ||

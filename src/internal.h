@@ -476,8 +476,16 @@ typedef struct heap_s heap_t;
 heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_result *err);
 /* Frees every block, unmaps and releases everything, returns the VA. Live pointers die. */
 void heap_destroy(heap_t *h);
+/* Stream keys: handles the heap orders blocks by that name no CUDA stream (the front door's key for
+ * one thread's cudaStreamPerThread, interpose.c). Their top bit is set, which no user-space address
+ * and no special handle (CU_STREAM_LEGACY 0x1, CU_STREAM_PER_THREAD 0x2) has. The heap never hands
+ * a key to the driver: an event or a synchronize on it would act on no stream (or crash it). */
+#define STREAM_KEY_BIT ((uintptr_t)1 << (sizeof(uintptr_t) * 8 - 1))
+static inline cua_stream stream_key_make(const void *unique) { return (cua_stream)((uintptr_t)unique | STREAM_KEY_BIT); }
+static inline bool stream_is_key(cua_stream s) { return ((uintptr_t)s & STREAM_KEY_BIT) != 0; }
+
 /* 0 and *out on success; CUA_ERROR_OUT_OF_MEMORY (after releasing cache and retrying) or the
- * driver's error otherwise. Thread-safe. */
+ * driver's error otherwise. `stream` may be a key (stream_key_make). Thread-safe. */
 cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out);
 /* heap_alloc returning the pointer, NULL on failure (heap_alloc fails only with out of memory). */
 void *heap_malloc(heap_t *h, size_t size, cua_stream stream);

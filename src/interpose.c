@@ -579,12 +579,13 @@ static __thread int passthrough_depth;
 
 /* cudaStreamPerThread names a different stream in every thread, and an event recorded or a
  * synchronize made on it acts on the calling thread's: the heap cannot treat it as one stream. Its
- * allocations use a key of the calling thread's own (a thread-local's address, never a CUDA
- * handle), which never holds free blocks, so the heap makes no driver call on it: the frees wait
- * device-wide (release), for an event on the legacy stream, which every thread's default stream
- * (a blocking stream) precedes. */
+ * allocations use a key of the calling thread's own (stream_key_make of a thread-local's address,
+ * never a CUDA handle), on which the heap makes no driver call; the frees wait device-wide
+ * (release), for an event on the legacy stream, which every thread's default stream (a blocking
+ * stream) precedes. The key's tag can still hold free blocks (fresh memory mapped for its requests;
+ * in classic mode its segments' blocks): only a device synchronize settles those for others. */
 static __thread char per_thread_stream;
-static cua_stream per_thread_stream_key(void) { return (cua_stream)&per_thread_stream; }
+static cua_stream per_thread_stream_key(void) { return stream_key_make(&per_thread_stream); }
 
 /* Serves a request from dev's heap. CUA_SUCCESS, an error, or CUA_ERROR_NOT_FOUND when the heap
  * cannot serve at all (no such device, the driver is unusable): the caller passes through.

@@ -41,6 +41,8 @@ typedef int (*get_stats_fn)(int, stats_mirror *);
 #define OP_MEM_ALLOC 7
 #define OP_MEM_FREE 8
 #define OP_EVENT_RECORD 10
+#define OP_STREAM_SYNC 12
+#define OP_DEVICE_SYNC 13
 
 
 #define AS(fnptr, p) memcpy(&(fnptr), &(p), sizeof(p))
@@ -269,16 +271,27 @@ int main(int argc, char **argv) {
 
     /* Two threads' per-thread default streams are two streams: a block one thread freed on its
      * own may not go at once to the other's (nothing orders the two), as it would between two
-     * explicit streams. */
+     * explicit streams; only after an event on the legacy stream (which waits for every blocking
+     * stream's earlier work) or a synchronize. The sim completes such events at once, so B may get
+     * A's block, but not without one. No call may name the per-thread streams' keys as streams. */
     pt_ctx = ctx;
     pt_setcur = setcur;
     pt_alloc = alloc_async[1];
     pt_free = free_async[1];
     pthread_t th;
     CHECK_MSG(pthread_create(&th, NULL, pt_thread_a, NULL) == 0 && pthread_join(th, NULL) == 0, "thread A");
+    uint64_t ordered0 = fake_calls(OP_EVENT_RECORD) + fake_calls(OP_STREAM_SYNC) + fake_calls(OP_DEVICE_SYNC);
     CHECK_MSG(pthread_create(&th, NULL, pt_thread_b, NULL) == 0 && pthread_join(th, NULL) == 0, "thread B");
-    CHECK_MSG(pt_a && pt_b && pt_a != pt_b, "thread B's per-thread stream got thread A's block %#llx at once", pt_a);
+    uint64_t ordered = fake_calls(OP_EVENT_RECORD) + fake_calls(OP_STREAM_SYNC) + fake_calls(OP_DEVICE_SYNC) - ordered0;
+    CHECK_MSG(pt_a && pt_b && (pt_a != pt_b || ordered > 0), "thread B's per-thread stream got thread A's block %#llx at once",
+              pt_a);
     if (pt_b) CHECK_MSG(free_async[1](pt_b, NULL) == 0, "free B's block");
+    typedef uint64_t (*bad_fn)(void);
+    bad_fn bad_streams;
+    p = dlsym(lib, "fakecuda_bad_stream_handles");
+    AS(bad_streams, p);
+    CHECK_MSG(bad_streams && bad_streams() == 0, "%llu driver calls named a stream that is none (a per-thread key?)",
+              bad_streams ? (unsigned long long)bad_streams() : 0ull);
 
     /* cuMemGetInfo (as the static runtime fetches it) counts what cualloc holds cached as free. */
     typedef CUresult (*meminfo_fn)(size_t *, size_t *);

@@ -86,6 +86,9 @@ FAKE_API unsigned fakecuda_ctx_retains(int dev);
 /* Device memory straight from the sim (cuMemAlloc without any interposer on the way), for tests of
  * foreign-pointer pass-through. Returns a CUresult. */
 FAKE_API int fakecuda_mem_alloc_direct(int dev, size_t size, cua_devptr *out);
+/* How many calls named a stream that is not one (neither NULL, CU_STREAM_LEGACY,
+ * CU_STREAM_PER_THREAD nor a live stream): the real driver would read it as a CUstream_st. */
+FAKE_API uint64_t fakecuda_bad_stream_handles(void);
 
 static const driver_ops_t *const sim_ops = &driver_sim_ops;
 
@@ -105,6 +108,16 @@ static fake_ctx_t fake_ctx[CUALLOC_MAX_DEVICES];
 
 static __thread cua_ctx ctx_stack[FAKE_CTX_DEPTH];
 static __thread int ctx_depth;
+
+static uint64_t fake_bad_streams; /* atomic */
+
+/* A stream handle CUDA accepts: NULL, CU_STREAM_LEGACY (0x1), CU_STREAM_PER_THREAD (0x2) or a live
+ * stream. Any other value is counted (fakecuda_bad_stream_handles) and refused. */
+static bool stream_known(cua_stream s) {
+    if ((uintptr_t)s <= 2 || sim_stream_device(s) >= 0) return true;
+    __atomic_add_fetch(&fake_bad_streams, 1, __ATOMIC_RELAXED);
+    return false;
+}
 
 static bool ready(void) { return __atomic_load_n(&fake_ready, __ATOMIC_ACQUIRE) != 0; }
 
@@ -518,6 +531,7 @@ cua_result cuEventDestroy_v2(cua_event event) {
 
 cua_result cuEventRecord(cua_event event, cua_stream stream) {
     if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!stream_known(stream)) return CUA_ERROR_INVALID_HANDLE;
     return sim_ops->event_record(device_or_current(sim_event_device(event)), event, stream);
 }
 
@@ -533,6 +547,7 @@ cua_result cuEventSynchronize(cua_event event) {
 
 cua_result cuStreamSynchronize(cua_stream stream) {
     if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!stream_known(stream)) return CUA_ERROR_INVALID_HANDLE;
     return sim_ops->stream_synchronize(device_or_current(sim_stream_device(stream)), stream);
 }
 
@@ -551,6 +566,7 @@ cua_result cuStreamCreate(cua_stream *stream, unsigned int flags) {
 cua_result cuStreamIsCapturing(cua_stream stream, int *status) {
     if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
     if (!status) return CUA_ERROR_INVALID_VALUE;
+    if (!stream_known(stream)) return CUA_ERROR_INVALID_HANDLE;
     bool cap = false;
     int dev = device_or_current(sim_stream_device(stream));
     cua_result r = sim_ops->stream_is_capturing(dev < 0 ? 0 : dev, stream, &cap);
@@ -629,6 +645,7 @@ int fakecuda_ctx_depth(void) { return ctx_depth; }
 unsigned fakecuda_ctx_retains(int dev) {
     return dev >= 0 && dev < CUALLOC_MAX_DEVICES ? __atomic_load_n(&fake_ctx[dev].retains, __ATOMIC_RELAXED) : 0;
 }
+uint64_t fakecuda_bad_stream_handles(void) { return __atomic_load_n(&fake_bad_streams, __ATOMIC_RELAXED); }
 int fakecuda_mem_alloc_direct(int dev, size_t size, cua_devptr *out) {
     if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
     return sim_ops->mem_alloc(dev, size, out);
