@@ -617,10 +617,15 @@ static cua_result drv_capture_status(int dev, cua_stream stream, bool *cap) {
 /* A stream-ordered free made while its stream captures a CUDA graph becomes a node of the graph:
  * the memory is freed when the graph runs, each time it runs, which cualloc never sees. Freeing
  * the block now would let other work reuse memory the graph's kernels still use, so it stays
- * allocated for good (said once). Only a definite capture counts: a failed query frees as usual. */
+ * allocated for good (said once). Only a definite capture counts: a failed query frees as usual.
+ * Every stream but the legacy one (NULL, CU_STREAM_LEGACY) may capture, the calling thread's
+ * cudaStreamPerThread included (cuStreamBeginCapture: "Capture may not be initiated if stream is
+ * CU_STREAM_LEGACY"); the query on CU_STREAM_PER_THREAD asks about the calling thread's. */
 static bool free_captured(heap_t *h, const void *ptr, cua_stream stream) {
     bool cap;
-    if (!real_stream(stream) || drv_capture_status(heap_device(h), stream, &cap) != CUA_SUCCESS || !cap) return false;
+    if ((!real_stream(stream) && stream != CUA_STREAM_PER_THREAD) ||
+        drv_capture_status(heap_device(h), stream, &cap) != CUA_SUCCESS || !cap)
+        return false;
     static _Atomic int said;
     if (!atomic_exchange(&said, 1))
         cua_error("cudaFreeAsync(%p) during a CUDA graph capture: the graph would free it each time it runs, which "

@@ -267,6 +267,21 @@ int main(int argc, char **argv) {
         scap(cs, 0);
         CHECK_MSG(alloc_async[0](&g, 1 << 20, cs) == 0 && allocs_now() == al0 + 1, "after the capture cualloc serves again");
         CHECK_MSG(free_async[0](g, cs) == 0, "free");
+
+        /* The per-thread default stream may capture too (only the legacy stream may not): a free
+         * on it during its capture, through either spelling, keeps the block as well. */
+        void *const per_thread = (void *)(uintptr_t)0x2; /* CU_STREAM_PER_THREAD */
+        CUdeviceptr h1 = 0, h2 = 0;
+        CHECK_MSG(alloc_async[1](&h1, 1 << 20, NULL) == 0 && h1, "a per-thread allocation before its capture");
+        CHECK_MSG(alloc_async[0](&h2, 1 << 20, per_thread) == 0 && h2, "another one");
+        scap(per_thread, 1);
+        get_stats(0, &before);
+        CHECK_MSG(free_async[1](h1, NULL) == 0 && free_async[0](h2, per_thread) == 0,
+                  "cuMemFreeAsync of cualloc memory during the per-thread stream's capture");
+        get_stats(0, &after);
+        CHECK_MSG(after.gauges[2] == before.gauges[2], "blocks freed during the per-thread stream's capture were freed at once "
+                  "(%zu bytes)", before.gauges[2] - after.gauges[2]);
+        scap(per_thread, 0);
     }
 
     /* Two threads' per-thread default streams are two streams: a block one thread freed on its

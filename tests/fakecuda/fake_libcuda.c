@@ -562,11 +562,19 @@ cua_result cuStreamCreate(cua_stream *stream, unsigned int flags) {
     return CUA_SUCCESS;
 }
 
+/* The calling thread's per-thread default stream (CU_STREAM_PER_THREAD) captures: it may, as any
+ * stream but the legacy one (fakecuda_stream_set_capturing of 0x2, from that thread). */
+static __thread bool per_thread_capturing;
+
 /* Capture status from the sim's per-stream flag (fakecuda_stream_set_capturing). */
 cua_result cuStreamIsCapturing(cua_stream stream, int *status) {
     if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
     if (!status) return CUA_ERROR_INVALID_VALUE;
     if (!stream_known(stream)) return CUA_ERROR_INVALID_HANDLE;
+    if ((uintptr_t)stream == 2) {
+        *status = per_thread_capturing ? CUA_STREAM_CAPTURE_STATUS_ACTIVE : CUA_STREAM_CAPTURE_STATUS_NONE;
+        return CUA_SUCCESS;
+    }
     bool cap = false;
     int dev = device_or_current(sim_stream_device(stream));
     cua_result r = sim_ops->stream_is_capturing(dev < 0 ? 0 : dev, stream, &cap);
@@ -582,7 +590,10 @@ cua_result cuDeviceCanAccessPeer(int *can_access, cua_device dev, cua_device pee
     return CUA_SUCCESS;
 }
 
-void fakecuda_stream_set_capturing(cua_stream s, int capturing) { sim_stream_set_capturing(s, capturing != 0); }
+void fakecuda_stream_set_capturing(cua_stream s, int capturing) {
+    if ((uintptr_t)s == 2) per_thread_capturing = capturing != 0;
+    else sim_stream_set_capturing(s, capturing != 0);
+}
 
 /* The primary context of the stream's device (the only contexts the fake has). */
 cua_result cuStreamGetCtx(cua_stream stream, cua_ctx *ctx) {
