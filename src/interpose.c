@@ -784,10 +784,17 @@ static void add_cached(int (*device)(void), size_t *free_bytes, const size_t *to
     *free_bytes = f < *free_bytes || f > *total_bytes ? *total_bytes : f;
 }
 
+/* Set while the runtime's cudaMemGetInfo runs: the runtime answers it with the driver's
+ * cuMemGetInfo, fetched through cuGetProcAddress and so cualloc's, which must then leave the
+ * cached bytes to be added once, here (a runtime that asks the driver another way gets them too). */
+static __thread int runtime_meminfo_depth;
+
 cudart_error cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
     cudaMemGetInfo_fn next = NEXT(N_cudaMemGetInfo, cudaMemGetInfo_fn);
     if (!next) return CUDART_ERROR_INITIALIZATION;
+    runtime_meminfo_depth++;
     cudart_error r = next(free_bytes, total_bytes);
+    runtime_meminfo_depth--;
     if (r == CUDART_SUCCESS) add_cached(runtime_device, free_bytes, total_bytes);
     return r;
 }
@@ -1018,7 +1025,7 @@ cua_result cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     cua_pfn_cuMemGetInfo_v2 next = NEXT(N_cuMemGetInfo_v2, cua_pfn_cuMemGetInfo_v2);
     if (!next) return CUA_ERROR_NOT_INITIALIZED;
     cua_result r = next(free_bytes, total_bytes);
-    if (r == CUA_SUCCESS) add_cached(driver_device, free_bytes, total_bytes);
+    if (r == CUA_SUCCESS && !runtime_meminfo_depth) add_cached(driver_device, free_bytes, total_bytes);
     return r;
 }
 

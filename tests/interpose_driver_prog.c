@@ -16,6 +16,8 @@
 
 #include "softcheck.h"
 
+int cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes); /* libmeminfo_rt.so's, unless preloaded */
+
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 typedef void *CUstream;
@@ -319,6 +321,11 @@ int main(int argc, char **argv) {
                   meminfo(&free1, &total) == 0,
               "cuMemGetInfo around 64 MiB allocated and freed");
     CHECK_MSG(free1 == free0, "free memory %zu before, %zu after 64 MiB were allocated and freed (cached)", free0, free1);
+    /* cudaMemGetInfo of a runtime that asks that same cuMemGetInfo (libmeminfo_rt.so, as libcudart)
+     * counts the cached bytes once, not once in each. */
+    size_t rt_free = 0, rt_total = 0;
+    CHECK_MSG(cudaMemGetInfo(&rt_free, &rt_total) == 0 && rt_total == total, "cudaMemGetInfo");
+    CHECK_MSG(rt_free == free1, "cudaMemGetInfo says %zu free, cuMemGetInfo %zu", rt_free, free1);
 
     /* A double free is refused as CUDA refuses it, and not passed to the driver. */
     CUdeviceptr twice = 0;
