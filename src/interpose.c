@@ -725,11 +725,14 @@ cudart_error cudaFree(void *ptr) {
     return ptr ? CUDART_ERROR_INVALID_VALUE : CUDART_SUCCESS;
 }
 
-/* During stream capture the allocation must become a graph node: pass it through. */
+/* During stream capture the allocation must become a graph node: pass it through. So must it when
+ * the runtime cannot say: the legacy stream's query fails (cudaErrorStreamCaptureImplicit) while a
+ * blocking stream captures, and CUDA then refuses the allocation itself, where cualloc would serve
+ * it. As the driver entry points (drv_capturing), an error counts as capturing. */
 static bool capturing(cudart_stream stream) {
     cudaStreamIsCapturing_fn is = NEXT(N_cudaStreamIsCapturing, cudaStreamIsCapturing_fn);
     int status = 0;
-    return is && is(stream, &status) == CUDART_SUCCESS && status != 0;
+    return is && (is(stream, &status) != CUDART_SUCCESS || status != 0);
 }
 
 cudart_error cudaMallocAsync(void **ptr, size_t size, cudart_stream stream) {

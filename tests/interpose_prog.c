@@ -38,6 +38,7 @@ int cudaDeviceEnablePeerAccess(int peer, unsigned int flags);
 int cudaIpcGetMemHandle(void *handle, void *dev_ptr);
 int cudaGetLastError(void);
 int cudaPeekAtLastError(void);
+void stub_cudart_set_legacy_capture_error(int e);
 typedef int (*get_range_fn)(unsigned long long *, size_t *, unsigned long long);
 void *stub_cudart_malloc_direct(size_t n);
 
@@ -458,6 +459,22 @@ int main(int argc, char **argv) {
     CHECK_MSG(cudaStreamDestroy(stream) == 0, "cudaStreamDestroy");
     CHECK_MSG(stub_cudart_calls("cudaStreamDestroy") - sd0 == 1, "cudaStreamDestroy did not reach the stub");
     if (!disable) CHECK_MSG(allocs_now() - a1 == 20, "cualloc served %llu of 20 async", (unsigned long long)(allocs_now() - a1));
+
+    /* 2b. While a blocking stream captures, the legacy stream's capture query fails
+     *     (cudaErrorStreamCaptureImplicit): an allocation on it goes to the runtime, which refuses
+     *     or captures it as CUDA decides; cualloc must not serve it. */
+    if (!disable) {
+        stub_cudart_set_legacy_capture_error(906);
+        unsigned long mac = stub_cudart_calls("cudaMallocAsync"), fac = stub_cudart_calls("cudaFreeAsync");
+        uint64_t served = allocs_now();
+        void *cap = NULL;
+        CHECK_MSG(cudaMallocAsync(&cap, 4096, NULL) == 0 && cap, "cudaMallocAsync on the legacy stream");
+        CHECK_MSG(stub_cudart_calls("cudaMallocAsync") == mac + 1 && allocs_now() == served,
+                  "an allocation whose capture query failed was served by cualloc, not passed to the runtime");
+        CHECK_MSG(cudaFreeAsync(cap, NULL) == 0 && stub_cudart_calls("cudaFreeAsync") == fac + 1, "its free");
+        stub_cudart_set_legacy_capture_error(0);
+        CHECK_MSG(cudaGetLastError() == 906 && cudaGetLastError() == 0, "the query's error is the runtime's");
+    }
 
     /* 3. A pointer cualloc does not own, and NULL, reach the stub. */
     void *foreign = stub_cudart_malloc_direct(4096);

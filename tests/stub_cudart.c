@@ -46,6 +46,21 @@ int cudaGetLastError(void) {
 }
 int cudaPeekAtLastError(void) { return last_error; }
 
+/* Capture, as the test sets it: cudaStreamIsCapturing answers `capture_error` for the legacy
+ * stream (NULL) when it is set (cudaErrorStreamCaptureImplicit, 906, while a blocking stream
+ * captures), else not capturing. */
+static atomic_int capture_error;
+STUB_API void stub_cudart_set_legacy_capture_error(int e);
+void stub_cudart_set_legacy_capture_error(int e) { atomic_store(&capture_error, e); }
+
+STUB_API int cudaStreamIsCapturing(void *stream, int *status);
+int cudaStreamIsCapturing(void *stream, int *status) {
+    if (!status) return failed(1);
+    *status = 0;
+    int e = atomic_load(&capture_error);
+    return !stream && e ? failed(e) : 0;
+}
+
 int cudaMalloc(void **p, size_t n) {
     atomic_fetch_add(&calls[C_MALLOC], 1);
     if (!p) return failed(1);
