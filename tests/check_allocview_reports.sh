@@ -4,7 +4,8 @@
 # device: deterministic addresses and clock): the default report and `oom`/`leaks`/`peak`/`sites`
 # of each scenario equal expected/report_*.txt (--no-color --redact); --json is valid JSON; several
 # traces give a rank table; every report command on a truncated trace exits 0 or 3 with a report;
-# timeline, folded and diff name the sites as the report does. With DEMO (cualloc-demo), the
+# timeline, folded and diff name the sites as the report does, and show a two-device trace's
+# device as the reports do. With DEMO (cualloc-demo), the
 # demo's own trace is cut into its steps and diagnosed as what it is. With INLINE
 # (trace_inline_fixture), a call site inside inlined functions is named frame by frame. With
 # FAKECUDA (the folder of the fake libcuda.so.1), a device filled by another user of the driver is
@@ -139,6 +140,34 @@ python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(d["device"
 "$allocview" oom --no-color "$tmp/twodev.trace" | grep -q "^  showing   device 1 (the first OOM's)" ||
     bad "twodev: oom does not say which device it shows"
 "$allocview" --device 256 "$tmp/twodev.trace" >/dev/null 2>&1 && bad "twodev: --device 256 accepted"
+# The views follow the same rule: timeline, folded (sites --folded) and diff show device 1 (its peak
+# is 32 MiB, as peak's; summed, both devices read 192 MiB at device 0's own peak), say so (folded on
+# stderr: its stdout is flamegraph input), and take --device N|all.
+tl() { "$allocview" timeline --no-color --ascii "$@" "$tmp/twodev.trace" 2>&1; }
+tl | grep -q "^showing   device 1 (the first OOM's); blocks on 2 devices" || bad "twodev: timeline does not say which device it shows: $(tl)"
+tl | grep -q "^live .*  peak 32.00 MiB$" || bad "twodev: timeline's live peak is not device 1's 32 MiB: $(tl)"
+tl --device 0 | grep -q "^live .*  peak 192.00 MiB$" || bad "twodev: timeline --device 0 is not device 0's 192 MiB"
+tl --device all | grep -q "^showing   all devices summed;" || bad "twodev: timeline --device all does not say it sums"
+"$allocview" timeline --json "$tmp/twodev.trace" | python3 -c 'import json,sys; d=json.load(sys.stdin)
+sys.exit(not (d["device"] == 1 and d["peak_live_bytes"] == 32 << 20 and d["num_ooms"] == 1))' ||
+    bad "twodev: timeline --json is not of device 1"
+folded_sum() { awk '{ s += $NF } END { print s + 0 }' "$tmp/twodev.folded"; }
+"$allocview" folded "$tmp/twodev.trace" >"$tmp/twodev.folded" 2>"$tmp/twodev.folded.err" || bad "twodev: folded exited $?"
+[ "$(folded_sum)" = $((32 << 20)) ] || bad "twodev: folded sums to $(folded_sum), want device 1's peak of 32 MiB"
+grep -q "showing device 1 (the first OOM's)" "$tmp/twodev.folded.err" || bad "twodev: folded does not say on stderr which device"
+if grep -q showing "$tmp/twodev.folded"; then bad "twodev: folded prints prose into its stacks"; fi
+"$allocview" sites --folded --device 0 "$tmp/twodev.trace" >"$tmp/twodev.folded" 2>/dev/null
+[ "$(folded_sum)" = $((192 << 20)) ] || bad "twodev: sites --folded --device 0 sums to $(folded_sum), want 192 MiB"
+"$allocview" diff --json "$tmp/twodev.trace" "$tmp/twodev.trace" | python3 -c 'import json,sys; d=json.load(sys.stdin)
+sys.exit(not (d["device"] == {"a": 1, "b": 1} and d["peak_live_bytes"]["a"] == 32 << 20))' || bad "twodev: diff --json is not of device 1"
+"$allocview" diff "$tmp/twodev.trace" "$tmp/twodev.trace" | grep -q "^   showing   device 1 (the first OOM's)" ||
+    bad "twodev: diff does not say which device it shows"
+"$allocview" diff --device all "$tmp/twodev.trace" "$tmp/twodev.trace" | grep -q "^peak allocated  192.00 MiB -> 192.00 MiB" ||
+    bad "twodev: diff --device all does not sum the devices"
+for c in timeline folded "diff $tmp/twodev.trace"; do
+    $allocview $c --device 256 "$tmp/twodev.trace" >/dev/null 2>&1
+    [ $? = 1 ] || bad "twodev: $c --device 256 not refused with exit 1"
+done
 # replay --min-fit finds a per-device capacity: it is set against the device that needed most (device
 # 1: 32 MiB live and its 240 MiB request), never below that (against both devices' sum it read 0.68).
 ratio=$("$allocview" replay --min-fit "$tmp/twodev.trace" 2>/dev/null | sed -n 's/^  default .*, \([0-9.]*\) x peak requested.*/\1/p')

@@ -275,25 +275,6 @@ static void progress(const av_t *a, uint64_t off, uint64_t total, int *last)
     fprintf(stderr, "] %3d%%", pct);
 }
 
-/* Records that belong to one device's heap (the others are the process's: marks, the end). */
-static bool device_scoped(uint32_t type)
-{
-    switch (type) {
-    case CUA_TRACE_ALLOC:
-    case CUA_TRACE_FREE:
-    case CUA_TRACE_FREE_DONE:
-    case CUA_TRACE_MAP:
-    case CUA_TRACE_UNMAP:
-    case CUA_TRACE_TRIM:
-    case CUA_TRACE_OOM:
-    case CUA_TRACE_INIT_BLOCK:
-    case CUA_TRACE_INIT_MAP:
-        return true;
-    default:
-        return false;
-    }
-}
-
 av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errlen)
 {
     tr_reader_t *r = tr_open(path, err, errlen);
@@ -324,10 +305,8 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
     int k;
     bool first_event = true;
     uint64_t first_time = 0;
-    if (opts && opts->one_device) {
-        a->one_device = true;
-        a->device = opts->device;
-    }
+    if (opts)
+        a->scope = opts->scope;
     while ((k = tr_next(r, &rec)) > 0) {
         if (prog && (rec.seq & 0xffff) == 0)
             progress(a, rec.offset, fsize, &last_pct);
@@ -347,7 +326,7 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
             a->last_time = rec.time_ns;
             seg_cur(a)->end_time = rec.time_ns;
         }
-        if (a->one_device && rec.known && device_scoped(rec.type) && rec.dev != a->device) {
+        if (dv_skips(&a->scope, &rec)) {
             /* another device's record still moves the trace's clock, so that times read as in the
              * whole trace; nothing else of it is counted */
             tr_acct_clock(&a->acct, &rec);
@@ -508,7 +487,7 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
     }
     snprintf(a->warning, sizeof a->warning, "%s", tr_warning(r));
     for (int d = 0; d < CUA_TRACE_MAX_DEVICES; d++)
-        a->dev_peak[d] = a->acct.dev[d].allocated_peak;
+        a->scope.peak[d] = a->acct.dev[d].allocated_peak;
     seg_cur(a)->end_time = a->last_time;
     /* An unfinished last step (the job died in it) keeps its provisional label. */
     for (size_t i = 0; i < a->nst; i++) {

@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "devices.h"
 #include "reader.h"
 
 /* Leak state of one stack over a series of boundaries (step ends or time windows). */
@@ -73,8 +74,8 @@ typedef struct av_opts {
     int64_t at_time_ns;        /* peak --at TIME (ns after the first event); -1: none */
     const char *at_mark;       /* peak --at MARK: the state when this mark was written */
     bool progress;             /* a progress bar on stderr */
-    bool one_device;           /* analyze only `device`'s blocks, maps and OOMs (marks and the clock */
-    uint32_t device;           /* stay the whole trace's) */
+    dv_scope_t scope;          /* which device (devices.h): with scope.one, only that device's blocks,
+                                * maps and OOMs (marks and the clock stay the whole trace's) */
 } av_opts_t;
 
 typedef struct av {
@@ -127,12 +128,9 @@ typedef struct av {
     uint32_t at_seg;
     devaddr_map_t live;        /* live blocks (struct av_live in analysis.c) */
     uint64_t last_seq, last_time;
-    /* Traces with blocks on several devices: which one this analysis is of (opts.one_device), why,
-     * and every device's own peak of allocated bytes (0: none), for the report to list. */
-    bool one_device;
-    uint32_t device;
-    char device_why[64];
-    uint64_t dev_peak[CUA_TRACE_MAX_DEVICES];
+    /* Traces with blocks on several devices: which one this analysis is of (opts.scope), why, and
+     * every device's own peak of allocated bytes (0: none) as this analysis saw them. */
+    dv_scope_t scope;
 } av_t;
 
 av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errlen);

@@ -2,7 +2,9 @@
  * allocated peak are taken per call site (vw_peak_sites); sites are matched between the traces by
  * their symbolic frames (vw_site_folded: function and file:line, or module+offset without debug
  * information, and Python function/file/line, root first), never by stack id or address, which
- * differ from run to run. Largest growth first; each site labelled as the report labels it.
+ * differ from run to run. Largest growth first; each site labelled as the report labels it. A
+ * trace with blocks on several devices is taken for one device, as the reports take it
+ * (devices.h): each trace for its own unless --device names one for both.
  */
 #include "views.h"
 
@@ -18,6 +20,7 @@ typedef struct side {
     tr_reader_t *r;
     sym_ctx_t *sym;
     vw_peak_t p;
+    dv_scope_t scope; /* which device of the trace */
     int status;
 } side_t;
 
@@ -78,18 +81,22 @@ static void signed_human(int64_t d, char *buf, size_t len)
 
 static void diff_usage(FILE *out)
 {
-    fprintf(out, "usage: allocview diff [--json] [--all] A B\n"
+    fprintf(out, "usage: allocview diff [--json] [--all] [--device N|all] A B\n"
                  "  what grew from trace A to trace B: each call site's live bytes at its trace's peak of\n"
                  "  allocated memory, A against B, largest growth first; and the two peaks. Sites are\n"
                  "  matched by their frames (function and file:line, or module+offset; Python function and\n"
                  "  line), not by address.\n"
-                 "  Sites that did not change are left out unless --all.\n");
+                 "  Sites that did not change are left out unless --all.\n"
+                 "  --device N|all  one device of traces with blocks on several (default: each trace's first\n"
+                 "                  OOM's device, else its device with the highest peak of its own), or all\n"
+                 "                  summed; a 'showing' line under each trace says which\n");
 }
 
 int av_cmd_diff(int argc, char **argv)
 {
     const char *pa = NULL, *pb = NULL;
     bool json = false, all = false;
+    dv_scope_t scope = {0};
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             diff_usage(stdout);
@@ -98,6 +105,10 @@ int av_cmd_diff(int argc, char **argv)
             json = true;
         } else if (strcmp(argv[i], "--all") == 0) {
             all = true;
+        } else if (strcmp(argv[i], "--device") == 0) {
+            if (!dv_parse("diff", i + 1 < argc ? argv[i + 1] : NULL, &scope))
+                return VW_EXIT_USAGE;
+            i++;
         } else if (argv[i][0] == '-' && argv[i][1]) {
             fprintf(stderr, "allocview diff: unknown option %s (see allocview diff --help)\n", argv[i]);
             return VW_EXIT_USAGE;
@@ -116,10 +127,11 @@ int av_cmd_diff(int argc, char **argv)
     }
     side_t s[2];
     memset(s, 0, sizeof s);
-    s[0].status = vw_peak_sites(pa, &s[0].r, &s[0].p);
+    s[0].scope = s[1].scope = scope;
+    s[0].status = vw_peak_sites(pa, &s[0].scope, &s[0].r, &s[0].p);
     if (!s[0].r)
         return s[0].status;
-    s[1].status = vw_peak_sites(pb, &s[1].r, &s[1].p);
+    s[1].status = vw_peak_sites(pb, &s[1].scope, &s[1].r, &s[1].p);
     if (!s[1].r) {
         vw_peak_free(&s[0].p);
         tr_close(s[0].r);
@@ -176,7 +188,11 @@ int av_cmd_diff(int argc, char **argv)
         txt_json_string(stdout, pa);
         printf(", \"b\": ");
         txt_json_string(stdout, pb);
-        printf(", \"peak_live_bytes\": {\"a\": %" PRIu64 ", \"b\": %" PRIu64 ", \"diff\": %" PRId64 "}",
+        printf(", \"device\": {\"a\": ");
+        dv_json(stdout, &s[0].scope);
+        printf(", \"b\": ");
+        dv_json(stdout, &s[1].scope);
+        printf("}, \"peak_live_bytes\": {\"a\": %" PRIu64 ", \"b\": %" PRIu64 ", \"diff\": %" PRId64 "}",
                s[0].p.live_peak, s[1].p.live_peak, (int64_t)(s[1].p.live_peak - s[0].p.live_peak));
         printf(", \"peak_reserved_bytes\": {\"a\": %" PRIu64 ", \"b\": %" PRIu64 ", \"diff\": %" PRId64 "}",
                s[0].p.reserved_peak, s[1].p.reserved_peak, (int64_t)(s[1].p.reserved_peak - s[0].p.reserved_peak));
@@ -193,7 +209,12 @@ int av_cmd_diff(int argc, char **argv)
         }
         printf("]}\n");
     } else {
-        printf("A  %s\nB  %s\n", pa, pb);
+        for (int i = 0; i < 2; i++) {
+            char showing[512];
+            printf("%s  %s\n", i ? "B" : "A", i ? pb : pa);
+            if (dv_showing(&s[i].scope, "", "", showing, sizeof showing))
+                printf("   showing   %s\n", showing);
+        }
         signed_human((int64_t)(s[1].p.live_peak - s[0].p.live_peak), h3, sizeof h3);
         printf("peak allocated  %s -> %s  (%s)\n", txt_human(s[0].p.live_peak, h1, sizeof h1),
                txt_human(s[1].p.live_peak, h2, sizeof h2), h3);

@@ -80,6 +80,10 @@ int64_t vw_replay_add(vw_replay_t *s, const tr_record_t *rec)
         e->stack = rec->stack;
         s->site_bytes[rec->stack] += rec->size;
         s->live += rec->size;
+        uint32_t d = rec->dev < CUA_TRACE_MAX_DEVICES ? rec->dev : 0;
+        s->dev_live[d] += rec->size;
+        if (s->dev_live[d] > s->dev_peak[d])
+            s->dev_peak[d] = s->dev_live[d];
         if (s->live > s->live_peak) {
             s->live_peak = s->live;
             s->live_peak_seq = rec->seq;
@@ -93,8 +97,10 @@ int64_t vw_replay_add(vw_replay_t *s, const tr_record_t *rec)
             return -1; /* unmatched (a ring's overwritten start) */
         uint32_t st = e->stack;
         uint64_t sz = e->size;
+        uint32_t d = rec->dev < CUA_TRACE_MAX_DEVICES ? rec->dev : 0;
         s->site_bytes[st] -= sz < s->site_bytes[st] ? sz : s->site_bytes[st];
         s->live -= sz < s->live ? sz : s->live;
+        s->dev_live[d] -= sz < s->dev_live[d] ? sz : s->dev_live[d];
         devaddr_map_remove(&s->blocks, e);
         return st;
     }
@@ -108,6 +114,12 @@ int64_t vw_replay_add(vw_replay_t *s, const tr_record_t *rec)
         return -1;
     case CUA_TRACE_UNMAP:
         s->reserved -= rec->size < s->reserved ? rec->size : s->reserved;
+        return -1;
+    case CUA_TRACE_OOM:
+        if (!s->have_oom) {
+            s->have_oom = true;
+            s->oom_dev = rec->dev;
+        }
         return -1;
     default:
         return -1;
@@ -181,7 +193,23 @@ size_t vw_site_folded(const vw_site_frames_t *s, char *buf, size_t len)
 
 /* ------------------------------------------------------------------------------ peak sites */
 
-int vw_peak_sites(const char *path, tr_reader_t **rp, vw_peak_t *p)
+/* Replays all of r under scope into s (fresh); *end: an END record was read. Returns tr_next's last. */
+static int replay_all(tr_reader_t *r, const dv_scope_t *scope, vw_replay_t *s, bool *end)
+{
+    tr_record_t rec;
+    int k;
+    *end = false;
+    while ((k = tr_next(r, &rec)) > 0) {
+        if (dv_skips(scope, &rec))
+            continue;
+        vw_replay_add(s, &rec);
+        if (rec.known && rec.type == CUA_TRACE_END)
+            *end = true;
+    }
+    return k;
+}
+
+int vw_peak_sites(const char *path, dv_scope_t *scope, tr_reader_t **rp, vw_peak_t *p)
 {
     memset(p, 0, sizeof *p);
     *rp = NULL;
@@ -190,13 +218,21 @@ int vw_peak_sites(const char *path, tr_reader_t **rp, vw_peak_t *p)
         return VW_EXIT_UNREADABLE;
     vw_replay_t s;
     vw_replay_init(&s);
-    tr_record_t rec;
-    int k;
-    bool end = false;
-    while ((k = tr_next(r, &rec)) > 0) {
-        vw_replay_add(&s, &rec);
-        if (rec.known && rec.type == CUA_TRACE_END)
-            end = true;
+    bool end;
+    int k = replay_all(r, scope, &s, &end);
+    if (dv_pick(scope, s.dev_peak, s.have_oom ? &s.oom_dev : NULL)) {
+        /* Several devices' blocks: the peak is the device's own, found by reading it alone. (r,
+         * which read everything, stays open for naming.) */
+        tr_reader_t *one = vw_open(path);
+        if (!one) {
+            vw_replay_free(&s);
+            tr_close(r);
+            return VW_EXIT_UNREADABLE;
+        }
+        vw_replay_free(&s);
+        vw_replay_init(&s);
+        k = replay_all(one, scope, &s, &end);
+        tr_close(one);
     }
     int status = k < 0 ? VW_EXIT_CORRUPT : VW_EXIT_OK;
     p->live_peak = s.live_peak;
@@ -213,8 +249,10 @@ int vw_peak_sites(const char *path, tr_reader_t **rp, vw_peak_t *p)
             return VW_EXIT_UNREADABLE;
         }
         vw_replay_init(&s);
+        tr_record_t rec;
         while (tr_next(r2, &rec) > 0) {
-            vw_replay_add(&s, &rec);
+            if (!dv_skips(scope, &rec))
+                vw_replay_add(&s, &rec);
             if (rec.seq >= peak_seq)
                 break;
         }
@@ -251,13 +289,16 @@ static int fline_text_cmp(const void *a, const void *b)
     return strcmp(((const fline_t *)a)->text, ((const fline_t *)b)->text);
 }
 
-int vw_write_folded(FILE *out, const char *path)
+int vw_write_folded(FILE *out, const char *path, dv_scope_t *scope)
 {
     tr_reader_t *r;
     vw_peak_t p;
-    int status = vw_peak_sites(path, &r, &p);
+    int status = vw_peak_sites(path, scope, &r, &p);
     if (!r)
         return status;
+    char showing[512];
+    if (dv_showing(scope, "", "", showing, sizeof showing))
+        fprintf(stderr, "allocview folded: %s: showing %s\n", path, showing);
     fline_t *lines = calloc(p.nstacks ? p.nstacks : 1, sizeof *lines);
     size_t n = 0;
     static char buf[65536];
@@ -312,21 +353,29 @@ bool av_wants_folded(int argc, char **argv)
 
 static void folded_usage(FILE *out)
 {
-    fprintf(out, "usage: allocview folded TRACE   (also: allocview sites --folded TRACE)\n"
+    fprintf(out, "usage: allocview folded [--device N|all] TRACE   (also: allocview sites --folded TRACE)\n"
                  "  the live bytes at the allocated peak as folded stacks, one line per call site:\n"
                  "  'frame;frame;frame BYTES', the outermost frame first, the allocator's and the CUDA\n"
-                 "  runtime's innermost frames folded away — input for flamegraph.pl, inferno, speedscope.\n");
+                 "  runtime's innermost frames folded away — input for flamegraph.pl, inferno, speedscope.\n"
+                 "  --device N|all  one device of a trace with blocks on several (default: the first OOM's\n"
+                 "                  device, else the one with the highest peak of its own), or all summed;\n"
+                 "                  which one is said on stderr, as the report's 'showing' line\n");
 }
 
 int av_cmd_folded(int argc, char **argv)
 {
     const char *path = NULL;
+    dv_scope_t scope = {0};
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             folded_usage(stdout);
             return 0;
         } else if (strcmp(argv[i], "--folded") == 0) {
             continue; /* sites --folded */
+        } else if (strcmp(argv[i], "--device") == 0) {
+            if (!dv_parse("folded", i + 1 < argc ? argv[i + 1] : NULL, &scope))
+                return VW_EXIT_USAGE;
+            i++;
         } else if (argv[i][0] == '-' && argv[i][1]) {
             fprintf(stderr, "allocview folded: unknown option %s (see allocview folded --help)\n", argv[i]);
             return VW_EXIT_USAGE;
@@ -341,5 +390,5 @@ int av_cmd_folded(int argc, char **argv)
         folded_usage(stderr);
         return VW_EXIT_USAGE;
     }
-    return vw_write_folded(stdout, path);
+    return vw_write_folded(stdout, path, &scope);
 }

@@ -312,12 +312,11 @@ static int cmp_u64(const void *p, const void *q)
 /* The device the report is of: the one analyzed, else the first with blocks (0 when none). */
 static uint32_t report_device(const av_t *a)
 {
-    if (a->one_device)
-        return a->device;
-    for (uint32_t d = 0; d < CUA_TRACE_MAX_DEVICES; d++)
-        if (a->dev_peak[d])
-            return d;
-    return 0;
+    uint32_t first = 0;
+    if (a->scope.one)
+        return a->scope.device;
+    dv_with_blocks(&a->scope, &first, 1);
+    return first;
 }
 
 static bool dev_vmm(const av_t *a, uint32_t dev)
@@ -711,37 +710,13 @@ static void sites_json(FILE *out, site_t *v, size_t n, int top)
     fprintf(out, "]");
 }
 
-/* Devices that had blocks (their own peaks of allocated bytes), at most `max` of them in `out`. */
-static size_t devices_with_blocks(const av_t *a, uint32_t *out, size_t max)
-{
-    size_t n = 0;
-    for (uint32_t d = 0; d < CUA_TRACE_MAX_DEVICES; d++)
-        if (a->dev_peak[d]) {
-            if (n < max)
-                out[n] = d;
-            n++;
-        }
-    return n;
-}
-
 /* A trace with blocks on several devices: which one the report is of, or that it sums them, and
  * every device's own peak. */
 static void devices_text(FILE *out, const av_t *a)
 {
-    uint32_t devs[8];
-    size_t n = devices_with_blocks(a, devs, 8);
-    if (a->one_device && n < 2)
-        fprintf(out, "  showing   %sdevice %u%s (%s)\n", C_B(), a->device, C_0(), a->device_why);
-    if (n < 2)
-        return;
-    if (a->one_device)
-        fprintf(out, "  showing   %sdevice %u%s (%s); blocks on %zu devices, their own peaks:", C_B(), a->device, C_0(),
-                a->device_why, n);
-    else
-        fprintf(out, "  showing   %sall devices summed%s; blocks on %zu devices, their own peaks:", C_B(), C_0(), n);
-    for (size_t i = 0; i < n && i < 8; i++)
-        fprintf(out, "%s device %u %s", i ? "," : "", devs[i], H(a->dev_peak[devs[i]]));
-    fprintf(out, "%s (--device N for one)\n", n > 8 ? ", ..." : "");
+    char buf[512];
+    if (dv_showing(&a->scope, C_B(), C_0(), buf, sizeof buf))
+        fprintf(out, "  showing   %s\n", buf);
 }
 
 /* A ring trace that lost its oldest events: what the figures printed after it are of. */
@@ -960,10 +935,7 @@ static void process_json(FILE *out, const av_t *a, const ropts_t *o)
     /* true: a ring trace that lost its oldest events; every figure is of the window that survived */
     fprintf(out, ", \"overwritten\": %s", tr_info(a->r)->overwritten ? "true" : "false");
     fprintf(out, ", \"device\": ");
-    if (a->one_device)
-        fprintf(out, "%u", a->device);
-    else
-        fprintf(out, "null");
+    dv_json(out, &a->scope);
     fprintf(out, ", \"error\": ");
     if (a->status)
         txt_json_string(out, a->error);
@@ -1236,7 +1208,8 @@ static void help(const char *cmd, FILE *out)
     else if (strcmp(cmd, "sites") == 0)
         fprintf(out, "usage: allocview sites [--json] [--no-color] [--redact] [--top N] TRACE\n"
                      "  Call sites (whole stacks, allocator and CUDA runtime frames folded) holding memory at\n"
-                     "  the peak and at the end of the trace, largest first, with bytes, blocks and share.\n");
+                     "  the peak and at the end of the trace, largest first, with bytes, blocks and share.\n"
+                     "  (sites --folded [--device N|all] TRACE: the peak as folded stacks, allocview folded)\n");
     else if (strcmp(cmd, "leaks") == 0)
         fprintf(out, "usage: allocview leaks [--json] [--no-color] [--redact] [--top N] TRACE\n"
                      "  Call sites whose live bytes grew step after step (\"step N\" marks; without them,\n"
@@ -1272,32 +1245,19 @@ static bool parse_seconds(const char *v, double *out)
 }
 
 /* A trace with blocks on several devices (one process driving several GPUs) is analyzed again for
- * the device that matters: the first OOM's, else the one with the highest peak of its own. A peak
- * summed over devices is no card's, and an OOM is one card's. Returns the analysis to report. */
+ * the device devices.h picks. Returns the analysis to report. */
 static av_t *one_device_of_several(av_t *a, const char *path, const av_opts_t *opts)
 {
-    uint32_t devs[2];
-    if (devices_with_blocks(a, devs, 2) < 2)
+    dv_scope_t scope = a->scope;
+    if (!dv_pick(&scope, a->scope.peak, a->nooms ? &a->ooms[0].dev : NULL))
         return a;
     av_opts_t one = *opts;
-    one.one_device = true;
-    const char *why;
-    if (a->nooms) {
-        one.device = a->ooms[0].dev;
-        why = "the first OOM's";
-    } else {
-        one.device = 0;
-        for (uint32_t d = 1; d < CUA_TRACE_MAX_DEVICES; d++)
-            if (a->dev_peak[d] > a->dev_peak[one.device])
-                one.device = d;
-        why = "the highest peak";
-    }
+    one.scope = scope;
     char err[512];
     av_t *b = av_analyze(path, &one, err, sizeof err);
     if (!b)
         return a; /* the file read a moment ago: keep the summed analysis */
-    memcpy(b->dev_peak, a->dev_peak, sizeof b->dev_peak);
-    snprintf(b->device_why, sizeof b->device_why, "%s", why);
+    b->scope = scope; /* the whole trace's peaks, for the showing line */
     av_free(a);
     return b;
 }
@@ -1311,7 +1271,6 @@ static int report_traces(const char *cmd, int argc, char **argv, const char **pa
     o.av.at_time_ns = -1;
     bool no_color = getenv("NO_COLOR") != NULL;
     const char *at_arg = NULL; /* peak --at as given, for its error message */
-    bool device_all = false;   /* --device all: several devices' blocks summed */
     size_t np = 0;
     for (int i = 0; i < argc; i++) {
         const char *s = argv[i];
@@ -1335,17 +1294,8 @@ static int report_traces(const char *cmd, int argc, char **argv, const char **pa
             o.top = (int)top;
             i++;
         } else if (strcmp(s, "--device") == 0) {
-            unsigned long long dev;
-            if (i + 1 < argc && strcmp(argv[i + 1], "all") == 0) {
-                device_all = true;
-            } else if (i + 1 < argc && txt_parse_count(argv[i + 1], 0, CUA_TRACE_MAX_DEVICES - 1, &dev)) {
-                o.av.one_device = true;
-                o.av.device = (uint32_t)dev;
-            } else {
-                fprintf(stderr, "allocview %s: --device wants a device ordinal from 0 to %d, or 'all'\n", cmd,
-                        CUA_TRACE_MAX_DEVICES - 1);
+            if (!dv_parse(cmd, i + 1 < argc ? argv[i + 1] : NULL, &o.av.scope))
                 return EXIT_USAGE;
-            }
             i++;
         } else if (strcmp(cmd, "peak") == 0 && strcmp(s, "--at") == 0) {
             if (i + 1 >= argc) {
@@ -1386,10 +1336,7 @@ static int report_traces(const char *cmd, int argc, char **argv, const char **pa
             status = EXIT_UNREADABLE;
             continue;
         }
-        if (!o.av.one_device && !device_all)
-            a = one_device_of_several(a, paths[i], &o.av);
-        else if (o.av.one_device)
-            snprintf(a->device_why, sizeof a->device_why, "as asked");
+        a = one_device_of_several(a, paths[i], &o.av);
         if (a->status == EXIT_CORRUPT) {
             fprintf(stderr, "allocview: %s: corrupt trace: %s; the report covers the readable prefix\n", paths[i],
                     a->error);

@@ -1,7 +1,9 @@
 /* timeline.c — `allocview timeline`: live (allocated) and reserved memory over time.
  *
  * Two streaming passes over the trace. The first finds the time range, every call site's largest
- * live bytes (to pick the top K), the marks and the OOMs (the first MAX_MARKS / MAX_OOMS kept);
+ * live bytes (to pick the top K), the marks and the OOMs (the first MAX_MARKS / MAX_OOMS kept),
+ * and runs again for one device when the trace has blocks on several (devices.h: the other
+ * devices' records then move the clock only, and the OOMs are the device's);
  * the second replays the events into a fixed number of time buckets, each holding the largest
  * live and reserved bytes seen in it and, at the moment of its largest live bytes, the share of
  * each top site. Memory: live blocks, one counter per stack, and the buckets.
@@ -38,6 +40,7 @@ typedef struct tl {
     unsigned width, top;
     bool ascii, color, json;
     const char *svg;
+    dv_scope_t scope;          /* which device (devices.h); pass 1 may pick one */
     /* pass 1 */
     bool any_event, truncated;
     uint64_t t0, t1;
@@ -84,11 +87,20 @@ static unsigned bucket_of(const tl_t *t, uint64_t time)
 
 /* ---------------------------------------------------------------------------------- passes */
 
-static int pass1(tl_t *t, tr_reader_t **rp)
+/* Pass 1. *again: it picked a device of several (dv_pick), and must run again for it alone. */
+static int pass1(tl_t *t, tr_reader_t **rp, bool *again)
 {
+    *again = false;
     tr_reader_t *r = vw_open(t->path);
     if (!r)
         return VW_EXIT_UNREADABLE;
+    /* What pass 1 finds starts empty: it may run a second time. */
+    t->any_event = t->truncated = false;
+    t->t0 = t->t1 = 0;
+    t->live_peak = t->live_peak_time = t->reserved_peak = t->reserved_peak_time = 0;
+    if (t->site_max)
+        memset(t->site_max, 0, t->site_max_cap * sizeof *t->site_max);
+    t->nmarks = t->marks_total = t->nooms = t->ooms_total = 0;
     vw_replay_t s;
     vw_replay_init(&s);
     tr_record_t rec;
@@ -101,6 +113,8 @@ static int pass1(tl_t *t, tr_reader_t **rp)
             t->t0 = rec.time_ns;
         t->any_event = true;
         t->t1 = rec.time_ns;
+        if (dv_skips(&t->scope, &rec))
+            continue;
         int64_t st = vw_replay_add(&s, &rec);
         if (st >= 0) {
             uint32_t id = (uint32_t)st;
@@ -137,6 +151,7 @@ static int pass1(tl_t *t, tr_reader_t **rp)
     t->live_peak_time = s.live_peak_time;
     t->reserved_peak = s.reserved_peak;
     t->reserved_peak_time = s.reserved_peak_time;
+    *again = dv_pick(&t->scope, s.dev_peak, s.have_oom ? &s.oom_dev : NULL);
     vw_replay_free(&s);
     *rp = r;
     return k < 0 ? VW_EXIT_CORRUPT : VW_EXIT_OK;
@@ -200,7 +215,7 @@ static int pass2(tl_t *t)
     bool started = false;
     int k;
     while ((k = tr_next(r, &rec)) > 0) {
-        if (!rec.known || rec.type < CUA_TRACE_FIRST_EVENT)
+        if (!rec.known || rec.type < CUA_TRACE_FIRST_EVENT || dv_skips(&t->scope, &rec))
             continue;
         unsigned bi = bucket_of(t, rec.time_ns);
         if (!started || bi != cur) {
@@ -272,6 +287,9 @@ static void text_report(const tl_t *t, FILE *out)
     uint64_t span = t->t1 - t->t0;
     fprintf(out, "timeline  %s: %s, %u columns of %s\n", t->path, fmt_time(span, t->ascii, a, sizeof a), t->width,
             fmt_time((span + t->width) / t->width, t->ascii, b, sizeof b));
+    char showing[512];
+    if (dv_showing(&t->scope, t->color ? "\033[1m" : "", t->color ? "\033[0m" : "", showing, sizeof showing))
+        fprintf(out, "%-10s%s\n", "showing", showing);
     uint64_t scale = t->live_peak > t->reserved_peak ? t->live_peak : t->reserved_peak;
     sparkline(t, out, "live", true, scale, "\033[32m");
     sparkline(t, out, "reserved", false, scale, "\033[34m");
@@ -336,6 +354,8 @@ static void json_report(const tl_t *t, FILE *out)
     txt_json_string(out, t->path);
     fprintf(out, ", \"start_ns\": %" PRIu64 ", \"end_ns\": %" PRIu64 ", \"width\": %u, \"truncated\": %s", t->t0,
             t->t1, t->width, t->truncated ? "true" : "false");
+    fprintf(out, ", \"device\": ");
+    dv_json(out, &t->scope);
     fprintf(out, ", \"peak_live_bytes\": %" PRIu64 ", \"peak_live_time_ns\": %" PRIu64
                  ", \"peak_reserved_bytes\": %" PRIu64 ", \"peak_reserved_time_ns\": %" PRIu64,
             t->live_peak, t->live_peak_time, t->reserved_peak, t->reserved_peak_time);
@@ -462,6 +482,8 @@ static int svg_report(const tl_t *t, const char *file)
     fprintf(out, "</title>\n<rect x=\"0\" y=\"0\" width=\"%.0f\" height=\"%.0f\" fill=\"#ffffff\"/>\n", W, H);
     fprintf(out, "<text x=\"%.1f\" y=\"24\" font-size=\"14\">Memory over time: ", L);
     xml_text(out, t->path);
+    if (t->scope.one)
+        fprintf(out, ", device %u", t->scope.device);
     fprintf(out, "</text>\n");
     /* Axes and grid. */
     fprintf(out, "<g class=\"axes\" stroke=\"#cccccc\" stroke-width=\"0.5\">\n");
@@ -597,7 +619,8 @@ static int svg_report(const tl_t *t, const char *file)
 static void timeline_usage(FILE *out)
 {
     fprintf(out,
-            "usage: allocview timeline [--width N] [--top K] [--ascii] [--no-color] [--json] [--svg FILE] TRACE\n"
+            "usage: allocview timeline [--width N] [--top K] [--ascii] [--no-color] [--json] [--svg FILE]\n"
+            "                          [--device N|all] TRACE\n"
             "  live (allocated) and reserved memory over time, in N columns (default 72):\n"
             "  sparklines of block characters (--ascii: \" ._-=+*#@\"), scaled to the same maximum, and\n"
             "  under them '^' the peak of live memory, '!' an OOM, 1-9 a-z the marks ('*' several).\n"
@@ -605,7 +628,10 @@ static void timeline_usage(FILE *out)
             "  --top K     the K call sites with the most live memory (default 8, at most %d)\n"
             "  --svg FILE  also write a stacked-area chart (SVG 1.1) of live memory by top site, the rest\n"
             "              as \"other\", reserved memory as a line, marks and OOMs as vertical rules\n"
-            "  --json      the columns, peaks, marks, OOMs and top sites as one JSON object\n",
+            "  --json      the columns, peaks, marks, OOMs and top sites as one JSON object\n"
+            "  --device N|all  one device of a trace with blocks on several (default: the first OOM's\n"
+            "              device, else the one with the highest peak of its own), or all summed; a\n"
+            "              'showing' line (--json: \"device\") says which\n",
             MAX_TOP);
 }
 
@@ -646,6 +672,12 @@ int av_cmd_timeline(int argc, char **argv)
                 return VW_EXIT_USAGE;
             }
             t->svg = argv[++i];
+        } else if (strcmp(a, "--device") == 0) {
+            if (!dv_parse("timeline", i + 1 < argc ? argv[i + 1] : NULL, &t->scope)) {
+                free(t);
+                return VW_EXIT_USAGE;
+            }
+            i++;
         } else if (strcmp(a, "--ascii") == 0) {
             t->ascii = true;
         } else if (strcmp(a, "--no-color") == 0 || strcmp(a, "--no-colour") == 0) {
@@ -673,8 +705,15 @@ int av_cmd_timeline(int argc, char **argv)
     t->color = !no_color && !t->json && isatty(STDOUT_FILENO) && !getenv("NO_COLOR") && !(term && strcmp(term, "dumb") == 0);
 
     tr_reader_t *r = NULL;
-    status = pass1(t, &r);
+    bool again;
+    status = pass1(t, &r, &again);
+    if (r && again) {
+        tr_close(r);
+        r = NULL;
+        status = pass1(t, &r, &again);
+    }
     if (!r) {
+        free(t->site_max);
         free(t);
         return status;
     }

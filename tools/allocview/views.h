@@ -3,7 +3,11 @@
  *
  *  - vw_replay_t: the live state replayed from the events (live blocks keyed by device and address,
  *    with the stack that allocated them; live bytes per stack id; allocated and reserved totals,
- *    summed over devices as tr_acct does). Memory grows with live blocks and stacks only.
+ *    summed over the devices fed, as tr_acct does; each device's own allocated peak and the first
+ *    OOM's device, for devices.h's choice). Memory grows with live blocks and stacks only.
+ *  - devices: like the reports, the views of a trace with blocks on several devices show one device
+ *    (devices.h): each reads the trace whole, lets dv_pick choose, and reads it again for the device
+ *    picked, skipping the other devices' records (dv_skips) before they reach the replay.
  *  - call-site naming: a call site is a whole stack (the stack id of the ALLOC record), named as
  *    the report names it (symbolize.h): the user's frames, the allocator's and the CUDA runtime's
  *    folded away; a native frame reads "function (file.c:12)" where the module file has debug
@@ -20,6 +24,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "devices.h"
 #include "reader.h"
 #include "symbolize.h"
 #include "text.h"
@@ -45,6 +50,10 @@ typedef struct vw_replay {
     size_t site_cap;                  /* entries of site_bytes */
     devaddr_map_t blocks;             /* live blocks (struct vw_live in folded.c) */
     bool oom;                         /* out of memory: the figures stopped being exact */
+    /* per device (a device past CUA_TRACE_MAX_DEVICES counts as 0, as tr_acct counts it) */
+    uint64_t dev_live[CUA_TRACE_MAX_DEVICES], dev_peak[CUA_TRACE_MAX_DEVICES];
+    bool have_oom;                    /* an OOM record was fed; oom_dev: the first one's device */
+    uint32_t oom_dev;
 } vw_replay_t;
 
 void vw_replay_init(vw_replay_t *s);
@@ -79,21 +88,23 @@ size_t vw_site_folded(const vw_site_frames_t *s, char *buf, size_t len);
 /* ------------------------------------------------------------------------- peak sites */
 
 /* Live bytes of every stack at the allocated peak (replays the trace twice: the first pass finds
- * the peak, the second stops there). On success returns 0 or VW_EXIT_CORRUPT (the figures cover
- * the readable prefix) and leaves *rp open (definitions read up to the peak at least — the whole
- * trace is read) for naming; VW_EXIT_UNREADABLE with a message printed otherwise. */
+ * the peak, the second stops there; the first runs again, for one device, when dv_pick picks one
+ * in *scope). On success returns 0 or VW_EXIT_CORRUPT (the figures cover the readable prefix) and
+ * leaves *rp open (definitions read up to the peak at least — the whole trace is read) for naming;
+ * VW_EXIT_UNREADABLE with a message printed otherwise. */
 typedef struct vw_peak {
     uint64_t live_peak, reserved_peak, peak_time;
     uint64_t *bytes;     /* per stack id, at the peak */
     size_t nstacks;      /* entries of bytes */
     bool truncated;      /* no END record */
 } vw_peak_t;
-int vw_peak_sites(const char *path, tr_reader_t **rp, vw_peak_t *p);
+int vw_peak_sites(const char *path, dv_scope_t *scope, tr_reader_t **rp, vw_peak_t *p);
 void vw_peak_free(vw_peak_t *p);
 
 /* Writes the folded stacks of the live bytes at the peak: `frame;frame;frame bytes` lines, root
- * first, one per site with live bytes, largest first. For `folded` and `sites --folded`. */
-int vw_write_folded(FILE *out, const char *path);
+ * first, one per site with live bytes, largest first. For `folded` and `sites --folded`. Of the
+ * device *scope asks for or dv_pick picks; which one is said on stderr (the format has no room). */
+int vw_write_folded(FILE *out, const char *path, dv_scope_t *scope);
 
 /* Opens a trace, printing "allocview: PATH: why" when it cannot. */
 tr_reader_t *vw_open(const char *path);
