@@ -61,6 +61,18 @@ else
     echo "python3 not found: skipping the XML and JSON parse checks"
 fi
 
+# 2b. Mark labels that are not UTF-8 (Latin-1) or long: --json stays JSON (UTF-8 text; a byte that
+#     is no character reads U+FFFD).
+"$sites" U "$tmp/u.trace" || bad "trace_sites_fixture U did not run"
+"$allocview" timeline --json "$tmp/u.trace" >"$tmp/u.json" || bad "timeline --json (U) exited $?"
+if command -v python3 >/dev/null 2>&1; then
+    python3 -c '
+import json, sys
+d = json.loads(open(sys.argv[1], "rb").read().decode("utf-8"))
+assert "caf\ufffd" in [m["label"] for m in d["marks"]], d["marks"]
+' "$tmp/u.json" || bad "timeline --json of Latin-1 marks is not UTF-8 JSON: $(grep -o '"marks".*' "$tmp/u.json")"
+fi
+
 # 3. diff: the site B adds, and nothing else changed.
 "$allocview" diff "$tmp/a.trace" "$tmp/b.trace" >"$tmp/diff.txt" || bad "diff exited $?"
 grep -q '+24.00 MiB .*libtorch_cuda.so+0x6000  (new in B)' "$tmp/diff.txt" || bad "diff does not name the new site: $(cat "$tmp/diff.txt")"

@@ -11,6 +11,9 @@
  *                                 gelu) through two operators that allocate through one shared
  *                                 innermost frame, as PyTorch's operators do through create_out:
  *                                 two stacks that a call-site label cannot tell apart
+ *   trace_sites_fixture U TRACE   A, with two more marks before "done": one in Latin-1 ("caf\xe9",
+ *                                 not UTF-8), and one of 94 'x' then "\xc3\xa9\xc3\xa9 end" (UTF-8
+ *                                 e-acute twice), whose first character straddles byte 95
  * SITES_TORCH_PATH=FILE names the file recorded for libtorch_cuda.so (default a path that does not
  * exist here).
  */
@@ -56,11 +59,11 @@ static uint64_t alloc(uint64_t size, uint32_t stack)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3 || (strcmp(argv[1], "A") != 0 && strcmp(argv[1], "B") != 0 && strcmp(argv[1], "G") != 0)) {
-        fprintf(stderr, "usage: trace_sites_fixture A|B|G TRACE\n");
+    if (argc != 3 || strlen(argv[1]) != 1 || !strchr("ABGU", argv[1][0])) {
+        fprintf(stderr, "usage: trace_sites_fixture A|B|G|U TRACE\n");
         return 1;
     }
-    bool b = argv[1][0] == 'B', g = argv[1][0] == 'G';
+    bool b = argv[1][0] == 'B', g = argv[1][0] == 'G', u = argv[1][0] == 'U';
     if (tw_open(&w, argv[2]) != 0) {
         perror(argv[2]);
         return 2;
@@ -118,6 +121,13 @@ int main(int argc, char **argv)
                 opt[i] = alloc(32 * MIB, s_opt);
         for (int i = 0; i < 4; i++)
             tw_free(&w, tick(), 0, grad[i], 16 * MIB);
+    }
+    if (u) {
+        char label[128];
+        memset(label, 'x', 94);
+        snprintf(label + 94, sizeof label - 94, "\xc3\xa9\xc3\xa9 end");
+        tw_mark(&w, tick(), "caf\xe9");
+        tw_mark(&w, tick(), label);
     }
     tw_mark(&w, tick(), "done");
     for (int i = 0; i < 4; i++) {

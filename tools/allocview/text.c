@@ -11,17 +11,42 @@
 
 const char *txt_human(uint64_t bytes, char *buf, size_t len) { return fmt_bytes((size_t)bytes, buf, len); }
 
+size_t txt_utf8_char(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    unsigned char ch = p[0];
+    if (ch < 0x80)
+        return 1;
+    size_t n = (ch & 0xe0) == 0xc0 ? 2 : (ch & 0xf0) == 0xe0 ? 3 : (ch & 0xf8) == 0xf0 ? 4 : 0;
+    if (n == 0 || ch == 0xc0 || ch == 0xc1 || ch >= 0xf5)
+        return 0;
+    for (size_t i = 1; i < n; i++)
+        if ((p[i] & 0xc0) != 0x80)
+            return 0; /* a NUL stops here too */
+    if (n == 3 && ch == 0xe0 && p[1] < 0xa0)
+        return 0; /* overlong */
+    if (n == 3 && ch == 0xed && p[1] >= 0xa0)
+        return 0; /* surrogates */
+    if (n == 4 && ((ch == 0xf0 && p[1] < 0x90) || (ch == 0xf4 && p[1] >= 0x90)))
+        return 0; /* overlong, or past U+10FFFF */
+    return n;
+}
+
 void txt_json_string(FILE *out, const char *s)
 {
     fputc('"', out);
-    for (; s && *s; s++) {
+    while (s && *s) {
         unsigned char ch = (unsigned char)*s;
+        size_t n = ch < 0x80 ? 1 : txt_utf8_char(s);
         if (ch == '"' || ch == '\\')
             fprintf(out, "\\%c", ch);
         else if (ch < 0x20 || ch == 0x7f)
             fprintf(out, "\\u%04x", ch);
+        else if (n == 0)
+            fputs("\\ufffd", out);
         else
-            fputc(ch, out);
+            fwrite(s, 1, n, out);
+        s += n ? n : 1;
     }
     fputc('"', out);
 }

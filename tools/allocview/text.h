@@ -10,8 +10,14 @@
 
 /* "512 B", "1.50 KiB", "20.00 MiB", "3.25 GiB" (binary units) into buf; returns buf. */
 const char *txt_human(uint64_t bytes, char *buf, size_t len);
-/* s as a JSON string literal (quoted, escaped); NULL writes "". */
+/* s as a JSON string literal (quoted, escaped); NULL writes "". JSON text is UTF-8: a byte of s
+ * that is not part of a UTF-8 character (a Latin-1 mark, a name cut inside a character) is written
+ * as \ufffd, the replacement character. */
 void txt_json_string(FILE *out, const char *s);
+/* The length of the UTF-8 character at s (1 to 4 bytes; ASCII, NUL included, is 1), or 0 when the
+ * bytes there are not one: a stray continuation byte, an overlong form, a surrogate, a code point
+ * past U+10FFFF, or a character cut short. Reads no further than the first byte that decides. */
+size_t txt_utf8_char(const char *s);
 /* The last component of a path ("libx.so" of "/usr/lib/libx.so"): a pointer into path. */
 const char *txt_base_name(const char *path);
 /* An option's whole-number value: s is all decimal digits (no sign, no blanks), from lo to hi.

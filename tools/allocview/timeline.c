@@ -414,17 +414,8 @@ static void xml_text(FILE *out, const char *s)
             p++;
             continue;
         }
-        size_t n = (ch & 0xe0) == 0xc0 ? 2 : (ch & 0xf0) == 0xe0 ? 3 : (ch & 0xf8) == 0xf0 ? 4 : 0;
-        bool ok = n > 0 && ch != 0xc0 && ch != 0xc1 && ch < 0xf5;
-        for (size_t i = 1; ok && i < n; i++)
-            ok = (p[i] & 0xc0) == 0x80;
-        if (ok && n == 3 && ch == 0xe0 && p[1] < 0xa0)
-            ok = false; /* overlong */
-        if (ok && n == 3 && ch == 0xed && p[1] >= 0xa0)
-            ok = false; /* surrogates */
-        if (ok && n == 4 && ((ch == 0xf0 && p[1] < 0x90) || (ch == 0xf4 && p[1] >= 0x90)))
-            ok = false;
-        if (!ok) {
+        size_t n = txt_utf8_char((const char *)p);
+        if (n == 0) {
             fputc('?', out);
             p++;
         } else {
