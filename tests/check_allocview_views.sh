@@ -62,7 +62,7 @@ else
 fi
 
 # 2b. Mark labels that are not UTF-8 (Latin-1) or long: --json stays JSON (UTF-8 text; a byte that
-#     is no character reads U+FFFD).
+#     is no character reads U+FFFD), and a label cut to fit is cut between characters.
 "$sites" U "$tmp/u.trace" || bad "trace_sites_fixture U did not run"
 "$allocview" timeline --json "$tmp/u.trace" >"$tmp/u.json" || bad "timeline --json (U) exited $?"
 if command -v python3 >/dev/null 2>&1; then
@@ -71,6 +71,12 @@ import json, sys
 d = json.loads(open(sys.argv[1], "rb").read().decode("utf-8"))
 assert "caf\ufffd" in [m["label"] for m in d["marks"]], d["marks"]
 ' "$tmp/u.json" || bad "timeline --json of Latin-1 marks is not UTF-8 JSON: $(grep -o '"marks".*' "$tmp/u.json")"
+    # the long label is cut before its first e-acute, not inside it
+    python3 -c '
+import json, sys
+d = json.loads(open(sys.argv[1], "rb").read().decode("utf-8"))
+assert "x" * 94 in [m["label"] for m in d["marks"]], d["marks"]
+' "$tmp/u.json" || bad "timeline cuts a mark inside a UTF-8 character: $(grep -o '"marks".*' "$tmp/u.json")"
 fi
 
 # 3. diff: the site B adds, and nothing else changed.

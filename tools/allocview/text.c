@@ -32,6 +32,16 @@ size_t txt_utf8_char(const char *s)
     return n;
 }
 
+size_t txt_utf8_cut(const char *s, size_t len, size_t max)
+{
+    if (len <= max)
+        return len;
+    size_t c = max;
+    while (c > 0 && ((unsigned char)s[c] & 0xc0) == 0x80)
+        c--; /* s[c], the first byte left out, continues a character: leave out its start too */
+    return c;
+}
+
 void txt_json_string(FILE *out, const char *s)
 {
     fputc('"', out);

@@ -18,6 +18,9 @@ void txt_json_string(FILE *out, const char *s);
  * bytes there are not one: a stray continuation byte, an overlong form, a surrogate, a code point
  * past U+10FFFF, or a character cut short. Reads no further than the first byte that decides. */
 size_t txt_utf8_char(const char *s);
+/* How many of the len bytes at s fit in max without cutting a UTF-8 character in two: len when
+ * len <= max, else max less the start of a character straddling the cut. */
+size_t txt_utf8_cut(const char *s, size_t len, size_t max);
 /* The last component of a path ("libx.so" of "/usr/lib/libx.so"): a pointer into path. */
 const char *txt_base_name(const char *path);
 /* An option's whole-number value: s is all decimal digits (no sign, no blanks), from lo to hi.

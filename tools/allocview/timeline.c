@@ -133,7 +133,7 @@ static int pass1(tl_t *t, tr_reader_t **rp, bool *again)
             if (t->nmarks < MAX_MARKS) {
                 tl_mark_t *m = &t->marks[t->nmarks++];
                 m->time = rec.time_ns;
-                size_t n = rec.u.text.len < sizeof m->label - 1 ? rec.u.text.len : sizeof m->label - 1;
+                size_t n = txt_utf8_cut(rec.u.text.p, rec.u.text.len, sizeof m->label - 1);
                 memcpy(m->label, rec.u.text.p, n);
                 m->label[n] = '\0';
             }
@@ -583,10 +583,7 @@ static int svg_report(const tl_t *t, const char *file)
         /* cut long names on a character boundary */
         size_t n = strlen(full);
         if (n > 48) {
-            size_t c = 45;
-            while (c > 0 && ((unsigned char)full[c] & 0xc0) == 0x80)
-                c--;
-            snprintf(name, sizeof name, "%.*s...", (int)c, full);
+            snprintf(name, sizeof name, "%.*s...", (int)txt_utf8_cut(full, n, 45), full);
         } else {
             snprintf(name, sizeof name, "%s", full);
         }
