@@ -142,7 +142,9 @@ assert o["peak_requested_bytes"] == 2 << 20 and o["peak_allocated_bytes"] == 2 <
 PY
 
 # 7. Usage and unreadable input.
-"$allocview" replay --memory 12XB "$tmp/fx.trace" >/dev/null 2>&1; [ $? = 1 ] || bad "bad --memory: want exit 1"
+for m in 12XB 0x10 0x1p30 " 2GiB" +2GiB -0 inf; do
+    "$allocview" replay --memory "$m" "$tmp/fx.trace" >/dev/null 2>&1; [ $? = 1 ] || bad "bad --memory '$m': want exit 1"
+done
 "$allocview" replay --conf no_such_key:1 "$tmp/fx.trace" >/dev/null 2>&1; [ $? = 1 ] || bad "bad --conf: want exit 1"
 "$allocview" replay >/dev/null 2>&1; [ $? = 1 ] || bad "no trace: want exit 1"
 "$allocview" replay "$tmp/missing.trace" >/dev/null 2>&1; [ $? = 2 ] || bad "missing trace: want exit 2"

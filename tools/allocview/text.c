@@ -82,7 +82,8 @@ bool txt_parse_count(const char *s, unsigned long long lo, unsigned long long hi
 
 bool txt_parse_size(const char *s, uint64_t *out)
 {
-    if (!s || !*s)
+    /* strtod would also skip blanks and take a sign, hex ("0x10" as 16 bytes), "inf" and "nan" */
+    if (!s || !((*s >= '0' && *s <= '9') || *s == '.') || strpbrk(s, "xX"))
         return false;
     errno = 0;
     char *end;

@@ -27,7 +27,8 @@ const char *txt_base_name(const char *path);
  * False, *out untouched, for anything else ("", "-1", "+1", " 1", "12x", "1e3", overflow). */
 bool txt_parse_count(const char *s, unsigned long long lo, unsigned long long hi, unsigned long long *out);
 /* A size: "123", "16GiB", "40G", "512MiB", "1.5GiB": K/M/G/T and KiB/MiB/GiB/TiB are powers of
- * 1024, KB/MB/GB/TB powers of 1000; a plain number (or B) is bytes. False on anything else. */
+ * 1024, KB/MB/GB/TB powers of 1000; a plain number (or B) is bytes. False on anything else (a
+ * blank, a sign, hex, "inf"). */
 bool txt_parse_size(const char *s, uint64_t *out);
 
 #endif
