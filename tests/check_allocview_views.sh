@@ -153,6 +153,10 @@ for t in fx a; do
             st=$?
             [ $st = 0 ] || [ $st = 3 ] || bad "$cmd on $t cut at $cut: exit $st"
         done
+        # --svg writes its file even when the cut left no event (an empty chart)
+        rm -f "$tmp/cut.svg"
+        $allocview timeline --svg "$tmp/cut.svg" "$tmp/cut.trace" >/dev/null 2>&1
+        [ -s "$tmp/cut.svg" ] || bad "timeline --svg on $t cut at $cut wrote no file"
     done
     cp "$tmp/$t.trace" "$tmp/bad.trace"
     printf '\377\377\377\377\377' | dd of="$tmp/bad.trace" bs=1 seek=$((4096 + 65536 + 40)) conv=notrunc status=none

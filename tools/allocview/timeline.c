@@ -707,30 +707,27 @@ int av_cmd_timeline(int argc, char **argv)
     }
     pick_top(t, r);
     int k = status == VW_EXIT_CORRUPT ? -1 : 0;
-    if (!t->any_event) {
-        if (t->json)
-            json_report(t, stdout);
-        else
-            printf("timeline  %s: no events\n", t->path);
+    /* The columns: empty (nothing live, nothing reserved) when the trace holds no event, so that
+     * --json has its `width` columns and --svg writes the file asked for, an empty chart. */
+    t->b = calloc(t->width, sizeof *t->b);
+    if (!t->b) {
+        fprintf(stderr, "allocview timeline: out of memory\n");
+        status = VW_EXIT_UNREADABLE;
     } else {
-        t->b = calloc(t->width, sizeof *t->b);
-        if (!t->b) {
-            fprintf(stderr, "allocview timeline: out of memory\n");
-            status = VW_EXIT_UNREADABLE;
-        } else {
-            int s2 = pass2(t);
-            if (s2 == VW_EXIT_UNREADABLE)
-                status = s2;
-            if (status != VW_EXIT_UNREADABLE) {
-                if (t->json)
-                    json_report(t, stdout);
-                else
-                    text_report(t, stdout);
-                if (t->svg) {
-                    int s3 = svg_report(t, t->svg);
-                    if (s3)
-                        status = s3;
-                }
+        int s2 = t->any_event ? pass2(t) : VW_EXIT_OK;
+        if (s2 == VW_EXIT_UNREADABLE)
+            status = s2;
+        if (status != VW_EXIT_UNREADABLE) {
+            if (t->json)
+                json_report(t, stdout);
+            else if (!t->any_event)
+                printf("timeline  %s: no events\n", t->path);
+            else
+                text_report(t, stdout);
+            if (t->svg) {
+                int s3 = svg_report(t, t->svg);
+                if (s3)
+                    status = s3;
             }
         }
     }
