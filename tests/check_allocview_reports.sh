@@ -36,7 +36,12 @@ record twodev twodev sim_memory_mb:256,sim_devices:2
 record latepeak latepeak sim_memory_mb:256
 record twoleaks twoleaks sim_memory_mb:256
 record evalstep evalstep sim_memory_mb:512
+record startmarks startmarks sim_memory_mb:512
 traces="leak shortage frag step2 longest varlen phase optstep twodev latepeak twoleaks evalstep"
+# Marks that start their steps: each names a step as a mark at a step's end does.
+"$allocview" --no-color "$tmp/startmarks.trace" >"$tmp/startmarks.txt" 2>&1
+grep -q "3 marks (3 steps)" "$tmp/startmarks.txt" ||
+    bad "three start-of-step marks: $(grep duration "$tmp/startmarks.txt")"
 if [ -n "$fakecuda" ]; then
     # The CUDA backend on the fake driver, whose memory the scenario's other library shares.
     LD_LIBRARY_PATH=$fakecuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} CUALLOC_CONF=driver:cuda,sim_memory_mb:128 \

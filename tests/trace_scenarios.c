@@ -118,7 +118,7 @@ static NOINLINE void *big_buffer(size_t bytes) { return tensor_empty(bytes); }
 int main(int argc, char **argv)
 {
     if (argc != 3) {
-        fprintf(stderr, "usage: trace_scenarios leak|shortage|frag|twodev|devicefull|step2|longest|varlen|phase|optstep|latepeak|twoleaks|evalstep TRACE\n");
+        fprintf(stderr, "usage: trace_scenarios leak|shortage|frag|twodev|devicefull|step2|longest|varlen|phase|optstep|latepeak|twoleaks|evalstep|startmarks TRACE\n");
         return 1;
     }
     const char *s = argv[1];
@@ -229,6 +229,14 @@ int main(int argc, char **argv)
         eval_pass(32 * MIB, 4);
         train_step(8 * MIB, 4);
         mark_step(4);
+    } else if (strcmp(s, "startmarks") == 0) {
+        /* "step N" written at the start of each step, before its work (the other convention) */
+        for (int step = 1; step <= 3; step++) {
+            mark_step(step);
+            if (step == 1)
+                init_params(32 * MIB);
+            train_step(8 * MIB, 4);
+        }
     } else {
         fprintf(stderr, "trace_scenarios: unknown scenario %s\n", s);
         return 1;

@@ -195,8 +195,10 @@ static void on_mark(av_t *a, const char *label, uint64_t time, uint64_t seq)
         return;
     if (n == -1)
         n = av_step_of(label);
-    if (n >= 0)
+    if (n >= 0) {
         a->opt_open = false; /* a step ends with its optimizer's step (cualloc_torch's "step N") */
+        a->nstep_marks++;    /* a step named, whether the mark starts or ends it */
+    }
     if (n >= 0 && !a->mark_convention_known) {
         a->mark_convention_known = true;
         /* A "step N" written before any allocation starts its step; after work, it ends it. */
@@ -224,10 +226,8 @@ static void on_mark(av_t *a, const char *label, uint64_t time, uint64_t seq)
         g->with_step = true;
         g->step = n;
     }
-    if (g->kind == AV_SEG_STEP) {
+    if (g->kind == AV_SEG_STEP)
         a->step_bounds++;
-        a->nstep_marks++;
-    }
     seg_open(a, label, n, time, seq);
 }
 
