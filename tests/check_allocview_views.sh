@@ -77,6 +77,14 @@ import json, sys
 d = json.loads(open(sys.argv[1], "rb").read().decode("utf-8"))
 assert "x" * 94 in [m["label"] for m in d["marks"]], d["marks"]
 ' "$tmp/u.json" || bad "timeline cuts a mark inside a UTF-8 character: $(grep -o '"marks".*' "$tmp/u.json")"
+    # the report's phase label (63 bytes at most) is cut before the e-acute that straddles its end
+    "$allocview" --json "$tmp/u.trace" >"$tmp/u-report.json" || bad "report --json (U) exited $?"
+    python3 -c '
+import json, sys
+text = open(sys.argv[1], "rb").read().decode("utf-8")
+json.loads(text)
+assert "\"" + "y" * 62 + "\"" in text, "no label of the 62 y"
+' "$tmp/u-report.json" || bad "the report cuts a phase label inside a UTF-8 character: $(grep -o '"y[^"]*"' "$tmp/u-report.json")"
 fi
 
 # 3. diff: the site B adds, and nothing else changed.

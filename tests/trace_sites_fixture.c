@@ -13,7 +13,8 @@
  *                                 two stacks that a call-site label cannot tell apart
  *   trace_sites_fixture U TRACE   A, with two more marks before "done": one in Latin-1 ("caf\xe9",
  *                                 not UTF-8), and one of 94 'x' then "\xc3\xa9\xc3\xa9 end" (UTF-8
- *                                 e-acute twice), whose first character straddles byte 95
+ *                                 e-acute twice), whose first character straddles byte 95, and
+ *                                 one of 62 'y' then "\xc3\xa9 end", whose e-acute straddles byte 63
  * SITES_TORCH_PATH=FILE names the file recorded for libtorch_cuda.so (default a path that does not
  * exist here).
  */
@@ -127,6 +128,9 @@ int main(int argc, char **argv)
         memset(label, 'x', 94);
         snprintf(label + 94, sizeof label - 94, "\xc3\xa9\xc3\xa9 end");
         tw_mark(&w, tick(), "caf\xe9");
+        tw_mark(&w, tick(), label);
+        memset(label, 'y', 62);
+        snprintf(label + 62, sizeof label - 62, "\xc3\xa9 end");
         tw_mark(&w, tick(), label);
     }
     tw_mark(&w, tick(), "done");

@@ -1,6 +1,7 @@
 /* analysis.c — see analysis.h. */
 #include "analysis.h"
 #include "grow.h"
+#include "text.h"
 
 #include <ctype.h>
 #include <inttypes.h>
@@ -145,7 +146,8 @@ static void seg_open(av_t *a, const char *mark, long step, uint64_t time, uint64
         long n = step;
         if (n < 0) {
             g->kind = AV_SEG_PHASE;
-            snprintf(g->label, sizeof g->label, "%s", mark);
+            snprintf(g->label, sizeof g->label, "%.*s", (int)txt_utf8_cut(mark, strlen(mark), sizeof g->label - 1),
+                     mark);
         } else if (a->marks_start_steps) {
             g->kind = AV_SEG_STEP;
             g->step = n;
@@ -222,7 +224,8 @@ static void on_mark(av_t *a, const char *label, uint64_t time, uint64_t seq)
         int room = (int)sizeof g->label - 1 - sl;
         char phase[sizeof g->label];
         snprintf(phase, sizeof phase, "%s", g->label);
-        snprintf(g->label, sizeof g->label, "%.*s%s", room > 0 ? room : 0, phase, step);
+        snprintf(g->label, sizeof g->label, "%.*s%s", (int)txt_utf8_cut(phase, strlen(phase), room > 0 ? (size_t)room : 0),
+                 phase, step);
         g->with_step = true;
         g->step = n;
     }
