@@ -1625,6 +1625,7 @@ static bool device_free_now(const heap_t *h, size_t *dfree, size_t *dtotal) {
  *   shortage (live blocks + the request exceed the cap) and a full device (they fit under the cap
  *     but not in what the heap holds plus the device's free memory): the training-side fixes in
  *     cost order, since no allocator setting can help; a full device names what holds the rest;
+ *     a shortage against a configured cap that the device has room beyond names the key to raise;
  *   fragmentation: the allocator's own fixes, free of cost — expandable segments, a lower
  *     max_split_size_mb, garbage_collection_threshold (VMM mode: the address space, va_factor),
  *     or, when the device refused memory the cap allows, what holds it.
@@ -1637,7 +1638,24 @@ static oom_kind_t oom_diagnose(heap_t *h, size_t rsize, size_t dfree, size_t dto
     fmt_bytes(allocated, alloc, sizeof alloc);
     fmt_bytes(dfree, devfree, sizeof devfree);
     oom_kind_t kind = oom_classify(rsize, h->cap, allocated, reserved, dknown ? dfree : UINT64_MAX);
-    if (kind == OOM_SHORTAGE) {
+    /* A cap configured below the device's memory is a setting: where the device itself has room
+     * for the live blocks and the request (what the heap holds plus what the device reports free,
+     * or the whole device when the driver does not say), raising the cap fixes the shortage. */
+    uint64_t device_room = dknown ? oom_room(reserved, dfree) : h->total;
+    bool cap_only = kind == OOM_SHORTAGE && h->cap < h->total && oom_missing(rsize, allocated, h->total) == 0 &&
+                    oom_missing(rsize, allocated, device_room) == 0;
+    if (cap_only) {
+        /* max_memory_mb set the cap when it equals it; otherwise per_process_memory_fraction did. */
+        const char *key = h->conf.max_memory == h->cap ? "max_memory_mb" : "per_process_memory_fraction";
+        snprintf(text, len,
+                 "the configured cap is reached — live blocks (%s) plus this request need %s more than the cap of "
+                 "%s that %s sets, but the device has room for them (of its %s, it reports %s free besides the %s "
+                 "this heap holds). First fix: raise %s if this process may use more of the device; else " OOM_LIVE_FIXES
+                 ".",
+                 alloc, fmt_bytes(oom_missing(rsize, allocated, h->cap), excess, sizeof excess), cap, key,
+                 fmt_bytes(h->total, total, sizeof total), dknown ? devfree : "(unknown)",
+                 fmt_bytes(reserved, held, sizeof held), key);
+    } else if (kind == OOM_SHORTAGE) {
         snprintf(text, len,
                  "genuine shortage — live blocks (%s) plus this request need %s more than the cap of %s; no allocator "
                  "setting can fix that. First fix: " OOM_LIVE_FIXES ".",

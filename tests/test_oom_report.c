@@ -1,9 +1,10 @@
 /* test_oom_report.c — the OOM report (heap.c report_oom, DESIGN.md decision 10) against expected
  * text: a genuine shortage (VMM), a fragmentation case (classic segments), a repeated OOM that
  * produces no second report, shortage at chunk granularity (and at a chunk_size_mb above the
- * granularity, or above the cap), a device that refuses memory, and a device full of memory held
- * outside the heap. Messages are captured with error_set_callback; the sim device's
- * addresses and sizes are deterministic, so the text is too.
+ * granularity, or above the cap), a device that refuses memory, a device full of memory held
+ * outside the heap, and a configured cap reached while the device has room. Messages are captured
+ * with error_set_callback; the sim device's addresses and sizes are deterministic, so the text is
+ * too.
  *   test_oom_report EXPECTED_DIR            compare with EXPECTED_DIR/oom_*.txt
  *   UPDATE_EXPECTED=1 test_oom_report DIR   rewrite them */
 #include "internal.h"
@@ -176,6 +177,25 @@ int main(int argc, char **argv) {
     EXPECT(h && heap_chunk_size(h, POOL_LARGE) == 16 * MiB, "chunks of 16 MiB, not 64");
     compare(argv[1], "oom_chunk_over_cap.txt");
     EXPECT(heap_alloc(h, 10 << 20, NULL, &live) == CUA_SUCCESS, "10 MiB in a 16 MiB chunk");
+    EXPECT(heap_free(h, live, NULL), "free");
+    heap_destroy(h);
+
+    /* 8. A cap configured below the device's memory is what the request exceeds: 20 MiB live under
+     *    max_memory_mb:32 on a 64 MiB device, 20 MiB more asked. The device has room, so the first
+     *    fix is the cap itself, not "no allocator setting can fix that"; per_process_memory_fraction
+     *    is named when it set the cap. */
+    h = open_heap("sim_memory_mb:64,max_memory_mb:32");
+    EXPECT(heap_alloc(h, 20 << 20, NULL, &live) == CUA_SUCCESS, "20 MiB");
+    reset();
+    EXPECT(heap_alloc(h, 20 << 20, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY && !p, "cap reached");
+    compare(argv[1], "oom_cap.txt");
+    EXPECT(heap_free(h, live, NULL), "free");
+    heap_destroy(h);
+    h = open_heap("sim_memory_mb:64,per_process_memory_fraction:0.5");
+    EXPECT(heap_alloc(h, 20 << 20, NULL, &live) == CUA_SUCCESS, "20 MiB");
+    reset();
+    EXPECT(heap_alloc(h, 20 << 20, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY && !p, "cap reached (fraction)");
+    EXPECT(strstr(captured.text, "raise per_process_memory_fraction"), "names the fraction:\n%s", captured.text);
     EXPECT(heap_free(h, live, NULL), "free");
     heap_destroy(h);
 
