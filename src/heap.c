@@ -1713,12 +1713,28 @@ static oom_kind_t oom_diagnose(heap_t *h, size_t rsize, size_t dfree, size_t dto
                      "(CUALLOC_CONF=va_factor:8).",
                      alloc, cap);
         } else {
+            /* Only the settings not in effect already are advised: expandable segments when they were
+             * turned off (asked for, they fell back here because the device has no VMM), a lower
+             * max_split_size_mb when it is above the 128 suggested, and the threshold when it is off. */
+            const char *fix[3];
+            unsigned nfix = 0;
+            if (!h->conf.expandable_segments) fix[nfix++] = "expandable segments (CUALLOC_CONF=expandable_segments:True)";
+            if (h->conf.max_split_size > 128 * MiB) fix[nfix++] = "lower max_split_size_mb (e.g. max_split_size_mb:128)";
+            if (!(h->conf.garbage_collection_threshold > 0)) fix[nfix++] = "set garbage_collection_threshold:0.8";
+            char fixes[320];
+            if (nfix == 0)
+                snprintf(fixes, sizeof fixes, "First fix: " OOM_LIVE_FIXES);
+            else
+                snprintf(fixes, sizeof fixes, "First fix (free): %s%s%s%s%s", fix[0], nfix > 1 ? "; else " : "",
+                         nfix > 1 ? fix[1] : "", nfix > 2 ? " or " : "", nfix > 2 ? fix[2] : "");
             snprintf(text, len,
                      "fragmentation — live blocks (%s) plus this request fit in %s, but the cached free memory is "
-                     "split into pieces smaller than the request. First fix (free): expandable segments "
-                     "(CUALLOC_CONF=expandable_segments:True); else lower max_split_size_mb (e.g. "
-                     "max_split_size_mb:128) or set garbage_collection_threshold:0.8.",
-                     alloc, cap);
+                     "split into pieces smaller than the request.%s %s.",
+                     alloc, cap,
+                     h->conf.expandable_segments ? " (Expandable segments are asked for, but this device has no "
+                                                   "virtual memory management, so its segments are classic.)"
+                                                 : "",
+                     fixes);
         }
     }
     return kind;

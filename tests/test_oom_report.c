@@ -1,6 +1,7 @@
 /* test_oom_report.c — the OOM report (heap.c report_oom, DESIGN.md decision 10) against expected
- * text: a genuine shortage (VMM), a fragmentation case (classic segments), a repeated OOM that
- * produces no second report, shortage at chunk granularity (and at a chunk_size_mb above the
+ * text: a genuine shortage (VMM), a fragmentation case (classic segments, also on a device without
+ * VMM and with the allocator's fixes set), a repeated OOM that produces no second report,
+ * shortage at chunk granularity (and at a chunk_size_mb above the
  * granularity, or above the cap), a device that refuses memory, a device full of memory held
  * outside the heap, and a configured cap reached while the device has room. Messages are captured
  * with error_set_callback; the sim device's addresses and sizes are deterministic, so the text is
@@ -114,6 +115,31 @@ int main(int argc, char **argv) {
     EXPECT(heap_check(h, stderr) == 0, "heap_check");
     for (int i = 1; i < 6; i += 2) EXPECT(heap_free(h, b[i], NULL), "free #%d", i);
     heap_destroy(h);
+
+    /* 2b. The same on a device without VMM, where expandable_segments:True (the default) fell back to
+     *     classic segments: the advice does not ask for what is set already. Nor, with
+     *     max_split_size_mb:32 and a threshold set, does it suggest max_split_size_mb:128 (a raise)
+     *     or the threshold again. */
+    const char *frag_confs[] = {"sim_memory_mb:64,sim_vmm:False",
+                                "sim_memory_mb:64,expandable_segments:False,max_split_size_mb:32,"
+                                "garbage_collection_threshold:0.8"};
+    for (int k = 0; k < 2; k++) {
+        h = open_heap(frag_confs[k]);
+        for (int i = 0; i < 6; i++) EXPECT(heap_alloc(h, 8 << 20, NULL, &b[i]) == CUA_SUCCESS, "8 MiB #%d", i);
+        for (int i = 0; i < 6; i += 2) EXPECT(heap_free(h, b[i], NULL), "free #%d", i);
+        reset();
+        EXPECT(heap_alloc(h, 12 << 20, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY, "fragmentation (%s)", frag_confs[k]);
+        if (k == 0) {
+            compare(argv[1], "oom_fragmentation_novmm.txt");
+        } else {
+            EXPECT(strstr(captured.text, "diagnosis: fragmentation") &&
+                       !strstr(captured.text, "max_split_size_mb:128") &&
+                       !strstr(captured.text, "garbage_collection_threshold:0.8"),
+                   "advice already in effect:\n%s", captured.text);
+        }
+        for (int i = 1; i < 6; i += 2) EXPECT(heap_free(h, b[i], NULL), "free #%d", i);
+        heap_destroy(h);
+    }
 
     /* 3. VMM, shortage at chunk granularity: one 512 B block pins a 2 MiB small-pool chunk of an
      *    8 MiB device; 7 MiB live + 512 B fit in 8 MiB, but 7 MiB needs four whole chunks. */
