@@ -1644,17 +1644,18 @@ static oom_kind_t oom_diagnose(heap_t *h, size_t rsize, size_t dfree, size_t dto
     uint64_t device_room = dknown ? oom_room(reserved, dfree) : h->total;
     bool cap_only = kind == OOM_SHORTAGE && h->cap < h->total && oom_missing(rsize, allocated, h->total) == 0 &&
                     oom_missing(rsize, allocated, device_room) == 0;
+    /* The key that set a cap below the device's memory: max_memory_mb when the cap equals it,
+     * otherwise per_process_memory_fraction. */
+    const char *cap_key = h->conf.max_memory == h->cap ? "max_memory_mb" : "per_process_memory_fraction";
     if (cap_only) {
-        /* max_memory_mb set the cap when it equals it; otherwise per_process_memory_fraction did. */
-        const char *key = h->conf.max_memory == h->cap ? "max_memory_mb" : "per_process_memory_fraction";
         snprintf(text, len,
                  "the configured cap is reached — live blocks (%s) plus this request need %s more than the cap of "
                  "%s that %s sets, but the device has room for them (of its %s, it reports %s free besides the %s "
                  "this heap holds). First fix: raise %s if this process may use more of the device; else " OOM_LIVE_FIXES
                  ".",
-                 alloc, fmt_bytes(oom_missing(rsize, allocated, h->cap), excess, sizeof excess), cap, key,
+                 alloc, fmt_bytes(oom_missing(rsize, allocated, h->cap), excess, sizeof excess), cap, cap_key,
                  fmt_bytes(h->total, total, sizeof total), dknown ? devfree : "(unknown)",
-                 fmt_bytes(reserved, held, sizeof held), key);
+                 fmt_bytes(reserved, held, sizeof held), cap_key);
     } else if (kind == OOM_SHORTAGE) {
         snprintf(text, len,
                  "genuine shortage — live blocks (%s) plus this request need %s more than the cap of %s; no allocator "
@@ -1691,12 +1692,18 @@ static oom_kind_t oom_diagnose(heap_t *h, size_t rsize, size_t dfree, size_t dto
             char partial[32], chunk[32], needs[32], gran[32];
             /* Chunks larger than the device's granularity (chunk_size_mb) are what makes the
              * granularity coarse: smaller ones are then the first fix, not a smaller batch. */
-            char fix[160];
+            char fix[256];
             if (p->chunk > h->granularity)
                 snprintf(fix, sizeof fix,
                          "use smaller chunks (CUALLOC_CONF=chunk_size_mb:0, the device's %s); or reduce the batch "
                          "size slightly",
                          fmt_bytes(h->granularity, gran, sizeof gran));
+            else if (h->cap < h->total && oom_missing(need, reserved, device_room) == 0)
+                /* The cap is a setting, and the device has room for the new chunks. */
+                snprintf(fix, sizeof fix,
+                         "raise %s, which sets the cap, if this process may use more of the device (it reports %s "
+                         "free); else reduce the batch size slightly",
+                         cap_key, dknown ? devfree : "(unknown)");
             else
                 snprintf(fix, sizeof fix, "reduce the batch size slightly (or keep it with gradient accumulation)");
             snprintf(text, len,

@@ -1,11 +1,11 @@
 /* test_oom_report.c — the OOM report (heap.c report_oom, DESIGN.md decision 10) against expected
  * text: a genuine shortage (VMM), a fragmentation case (classic segments, also on a device without
  * VMM and with the allocator's fixes set), a repeated OOM that produces no second report,
- * shortage at chunk granularity (and at a chunk_size_mb above the
- * granularity, or above the cap), a device that refuses memory, a device full of memory held
- * outside the heap, and a configured cap reached while the device has room. Messages are captured
- * with error_set_callback; the sim device's addresses and sizes are deterministic, so the text is
- * too.
+ * shortage at chunk granularity (also under a cap below the device's memory, and at a
+ * chunk_size_mb above the granularity, or above the cap), a device that refuses memory, a device
+ * full of memory held outside the heap, and a configured cap reached while the device has room.
+ * Messages are captured with error_set_callback; the sim device's addresses and sizes are
+ * deterministic, so the text is too.
  *   test_oom_report EXPECTED_DIR            compare with EXPECTED_DIR/oom_*.txt
  *   UPDATE_EXPECTED=1 test_oom_report DIR   rewrite them */
 #include "internal.h"
@@ -149,6 +149,16 @@ int main(int argc, char **argv) {
     reset();
     EXPECT(heap_alloc(h, 7 << 20, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY, "chunk granularity");
     compare(argv[1], "oom_vmm_chunks.txt");
+    EXPECT(heap_free(h, pin, NULL), "free pin");
+    heap_destroy(h);
+
+    /* 3b. The same under max_memory_mb:8 on a 64 MiB device: the cap, not the device, is what the
+     *     new chunks exceed, so raising it comes before a smaller batch. */
+    h = open_heap("sim_memory_mb:64,max_memory_mb:8");
+    EXPECT(heap_alloc(h, 512, NULL, &pin) == CUA_SUCCESS, "pin");
+    reset();
+    EXPECT(heap_alloc(h, 7 << 20, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY, "chunk granularity under a cap");
+    compare(argv[1], "oom_vmm_chunks_cap.txt");
     EXPECT(heap_free(h, pin, NULL), "free pin");
     heap_destroy(h);
 
