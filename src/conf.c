@@ -284,7 +284,7 @@ static const char *check_number(const opt_t *o, uint64_t v, char *why, size_t wh
         snprintf(why, why_len, "%s: must be %llu to %llu%s%s",
                  v < o->lo ? "too small" : "too large", (unsigned long long)o->lo,
                  (unsigned long long)o->hi,
-                 (o->flags & OPT_ZERO_OK) ? ", or 0" : "",
+                 (o->flags & OPT_ZERO_OK) && o->lo > 0 ? ", or 0" : "",
                  (o->flags & OPT_UNLIMITED) ? ", or unlimited" : "");
         return why;
     }
@@ -422,9 +422,9 @@ static const char *parse_roundup(const opt_t *o, const char *s, size_t len,
     const char *err;
 
     if (len == 0 || s[0] != '[') {
-        if ((err = parse_u64(s, len, false, &v)) != NULL)
+        if ((err = parse_u64(s, len, false, &v)) != NULL && strcmp(err, "too large") != 0)
             return err;
-        if ((err = check_number(o, v, why, why_len)) != NULL)
+        if ((err = check_number(o, err ? UINT64_MAX : v, why, why_len)) != NULL)
             return err;
         for (unsigned i = 0; i < CONF_ROUNDUP_INTERVALS; i++)
             div[i] = (unsigned)v;
@@ -513,9 +513,10 @@ static const char *opt_parse(const opt_t *o, const char *val, size_t len, conf_t
             *(size_t *)field = SIZE_MAX;
             return NULL;
         }
-        if ((err = parse_u64(val, len, o->type == OPT_ADDR, &v)) != NULL)
+        /* A number past 2^64 - 1 is past every range: the range check names the bounds. */
+        if ((err = parse_u64(val, len, o->type == OPT_ADDR, &v)) != NULL && strcmp(err, "too large") != 0)
             return err;
-        if ((err = check_number(o, v, why, why_len)) != NULL)
+        if ((err = check_number(o, err ? UINT64_MAX : v, why, why_len)) != NULL)
             return err;
         switch (o->type) {
         case OPT_MIB: *(size_t *)field = (size_t)v * MiB; break; /* hi <= SIZE_MAX / MiB */

@@ -350,6 +350,16 @@ static void test_bad_values(void)
     CHECK_MSG(strstr(msg_last, "too small") && strstr(msg_last, "21"), "%s", msg_last);
     CHECK_MSG(strstr(msg_last, "using the default unlimited"), "%s", msg_last);
 
+    /* A number past 2^64 - 1 says the accepted range, as one just past the range does; a range
+     * from 0 does not add "or 0". */
+    conf_defaults(&c);
+    parse_counted("max_memory_mb:99999999999999999999", &c);
+    CHECK_MSG(strstr(msg_last, "too large: must be 1 to 17592186044415, or 0; using the default 0"), "%s", msg_last);
+    parse_counted("sim_va_base:0x7f000000000000000000", &c);
+    CHECK_MSG(strstr(msg_last, "too large: must be 1 to 72057594037927935;"), "%s", msg_last);
+    parse_counted("roundup_power2_divisions:99999999999999999999", &c);
+    CHECK_MSG(strstr(msg_last, "too large: must be 0 to 1048576; using the default 0"), "%s", msg_last);
+
     /* A bad value after a good one keeps the good one and says so. */
     conf_defaults(&c);
     CHECK(parse_counted("max_split_size_mb:64,max_split_size_mb:7", &c) == 1);
