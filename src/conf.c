@@ -709,6 +709,34 @@ static void report_unknown(const char *key, size_t len)
     cua_error("CUALLOC_CONF: unknown key '%s' (known keys: %s)", shown, known);
 }
 
+/* PyTorch's PYTORCH_CUDA_ALLOC_CONF keys that cualloc has no use for, and why: a configuration
+ * copied from PyTorch gets a message that says so instead of "unknown key". */
+#define PINNED_WHY                                                                               \
+    "it configures PyTorch's pinned host memory, which cualloc does not allocate: keep it in "   \
+    "PYTORCH_CUDA_ALLOC_CONF"
+static const struct { const char *key, *why; } torch_only_keys[] = {
+    {"backend", "cualloc is the allocator; PyTorch's choice between its own and cudaMallocAsync "
+                "does not apply"},
+    {"release_lock_on_cudamalloc", "it concerns PyTorch's own allocator lock: keep it in "
+                                   "PYTORCH_CUDA_ALLOC_CONF"},
+    {"pinned_use_cuda_host_register", PINNED_WHY},
+    {"pinned_num_register_threads", PINNED_WHY},
+    {"pinned_use_background_threads", PINNED_WHY},
+    {"pinned_reserve_segment_size_mb", PINNED_WHY},
+};
+
+static bool report_torch_only(const char *key, size_t len)
+{
+    for (size_t i = 0; i < sizeof torch_only_keys / sizeof torch_only_keys[0]; i++) {
+        if (span_is(key, len, torch_only_keys[i].key, false)) {
+            cua_error("CUALLOC_CONF: '%s' is a PYTORCH_CUDA_ALLOC_CONF key that cualloc does not take (%s); "
+                      "ignored", torch_only_keys[i].key, torch_only_keys[i].why);
+            return true;
+        }
+    }
+    return false;
+}
+
 /* ------------------------------------------------------------------------ entry points */
 
 /* Applies one entry "key:value" (already trimmed, nonempty). Returns 1 for a problem, else 0. */
@@ -727,7 +755,8 @@ static int conf_apply(const char *s, size_t len, conf_t *c)
         if (span_is(key, key_len, opts[i].key, false))
             o = &opts[i];
     if (!o) {
-        report_unknown(key, key_len);
+        if (!report_torch_only(key, key_len))
+            report_unknown(key, key_len);
         return 1;
     }
     const char *err;

@@ -495,6 +495,15 @@ static void test_unknown_keys(void)
     c = def;
     CHECK(parse_counted("foo:1,max_split_size_mb:64,backend:native,bar", &c) == 3);
     CHECK(c.max_split_size == 64 * MiB);
+    /* PyTorch's keys that cualloc does not take are named as such, with the reason. */
+    c = def;
+    CHECK(parse_counted("backend:cudaMallocAsync", &c) == 1);
+    CHECK_MSG(strstr(msg_last, "'backend' is a PYTORCH_CUDA_ALLOC_CONF key that cualloc does not take (") &&
+                  strstr(msg_last, "); ignored"),
+              "%s", msg_last);
+    CHECK(parse_counted("pinned_use_cuda_host_register:True,release_lock_on_cudamalloc:True", &c) == 2);
+    CHECK_MSG(strstr(msg_last, "'release_lock_on_cudamalloc' is a PYTORCH_CUDA_ALLOC_CONF key"), "%s", msg_last);
+    CHECK_CONF_EQ(&def, &c, "PyTorch-only keys");
     /* Keys are case-sensitive, as PyTorch's. */
     c = def;
     CHECK(parse_counted("Expandable_Segments:False", &c) == 1);
