@@ -235,6 +235,31 @@ class Enable(TorchLibCase):
         self.assertIsInstance(cm.exception.__cause__, RuntimeError)
         self.assertFalse(ct.is_enabled())
 
+    def test_again_without_a_path(self):
+        """enable(path) first, then enable() (a library's own call, say): a no-op, even where the
+        default search would find no library or another copy."""
+        torch, ct = fresh_modules()
+        alloc = ct.enable(ARGS.torch_lib)
+        saved_env = os.environ.pop("CUALLOC_TORCH_LIB", None)
+        ct._candidate_dirs = lambda: ["/nonexistent/a"]
+        saved = ct.ctypes.util.find_library
+        ct.ctypes.util.find_library = lambda name: None
+        try:
+            self.assertIs(ct.enable(), alloc)
+            os.environ["CUALLOC_TORCH_LIB"] = "/nonexistent/env/libcualloc_torch.so"
+            self.assertIs(ct.enable(step_marks=True), alloc)
+        finally:
+            ct.ctypes.util.find_library = saved
+            os.environ.pop("CUALLOC_TORCH_LIB", None)
+            if saved_env is not None:
+                os.environ["CUALLOC_TORCH_LIB"] = saved_env
+        self.assertEqual(torch.cuda._state["change_calls"], 1)
+        self.assertIsNotNone(ct._global_hook_handle)
+        ct._global_hook_handle.remove()
+        # Another library named explicitly is still refused.
+        with self.assertRaisesRegex(RuntimeError, "already enabled"):
+            ct.enable(os.path.join(os.path.dirname(ARGS.torch_lib), "libcualloc.so"))
+
     def test_missing_library(self):
         torch, ct = fresh_modules()
         with self.assertRaises(FileNotFoundError):

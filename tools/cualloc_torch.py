@@ -608,20 +608,24 @@ def enable(path=None, peer_access=True, step_marks=False, standins=True):
                 does it for one
     standins    replace torch.cuda.memory_stats & co. with cualloc's figures (default)
 
-    Returns the torch CUDAPluggableAllocator. Calling it again with the same library is a no-op.
+    Returns the torch CUDAPluggableAllocator. Calling it again with the same library, or with no
+    path, is a no-op (but for installing what step_marks and standins ask).
     Raises RuntimeError when CUDA is already initialized, FileNotFoundError when the library is
     not found."""
     global _allocator
     import torch  # noqa: E402 (lazy: the module imports without torch)
 
     with _state_lock:
-        lib_path = find_library(path)
         if _allocator is not None:
-            if _norm(lib_path) != _lib_path:
+            # Enabled already. Without a path the library in use is the one meant: the search is
+            # not made again, since it need not find that library (enable(path=...) first).
+            wanted = find_library(path) if path is not None else _lib_path
+            if _norm(wanted) != _lib_path:
                 raise RuntimeError("cualloc_torch.enable(): already enabled with %s; cannot switch to %s"
-                                   % (_lib_path, lib_path))
+                                   % (_lib_path, wanted))
             _finish_enable(torch, step_marks, standins)
             return _allocator
+        lib_path = find_library(path)
         memory = getattr(torch.cuda, "memory", None)
         if memory is None or not hasattr(memory, "CUDAPluggableAllocator") \
                 or not hasattr(memory, "change_current_allocator"):
