@@ -381,6 +381,19 @@ CUALLOC_API int cualloc_oom_message(size_t size, int device, char *buf, size_t l
                  req, size, device, device);
         return 0;
     }
+    /* Disabled: the request went to the driver itself (api_malloc_slow), past every heap, so a
+     * heap's figures would describe memory that was never asked for; none is made here either. */
+    if (g.disabled) {
+        size_t dfree = 0, dtotal = 0;
+        char devfree[32];
+        bool dknown = g.drv->mem_get_info(device, &dfree, &dtotal) == CUA_SUCCESS;
+        snprintf(buf, len,
+                 "CUDA out of memory (cualloc). Tried to allocate %s (%zu bytes) on device %d. cualloc is disabled "
+                 "(CUALLOC_DISABLE), so the request went straight to the driver, which refused it; the device "
+                 "reports %s free. No cualloc setting applies while it is disabled.",
+                 req, size, device, dknown ? torch_size(dfree, devfree, sizeof devfree) : "(unknown)");
+        return 0;
+    }
     /* No allocation yet on the device: its heap is made now (as the request itself would make it),
      * so the answer is the diagnosis the request would get, not a set-up failure that never was. */
     heap_t *h = api_heap(device);

@@ -9,6 +9,8 @@
  *   test_torch_abi LIB fragmentation   with expandable_segments:False: a heap of 2 MiB holes
  *                                      fails a 48 MiB request that fits the capacity, and the
  *                                      message must diagnose fragmentation.
+ *   test_torch_abi LIB disabled        with CUALLOC_DISABLE=1: a refused request's message says
+ *                                      the driver refused it, with no heap figures, and makes no heap.
  *   test_torch_abi LIB device-full     on the fake driver (driver:cuda): a ballast taken with the
  *                                      driver's own cuMemAlloc leaves too little; the message
  *                                      must say the device is full, not fragmented.
@@ -291,11 +293,29 @@ void test_device_full(const lib_t &L) {
     check_heap(L, "recovery");
 }
 
+/* CUALLOC_DISABLE=1: every request goes to the driver, past the heap. A refused one still throws,
+ * and its message says the driver refused it, not a heap's figures (which read 0 bytes allocated
+ * next to live driver memory); asking for the message makes no heap either. */
+void test_disabled(const lib_t &L) {
+    void *held = L.tmalloc(16 * MiB, DEV, nullptr);
+    EXPECT(held != nullptr, "16 MiB from the driver");
+    std::string msg = expect_oom(L, (size_t)1 << 40, nullptr);
+    EXPECT(starts_with(msg, "CUDA out of memory") && contains(msg, "Tried to allocate 1024.00 GiB"), "message: %s",
+           msg.c_str());
+    EXPECT(contains(msg, "cualloc is disabled (CUALLOC_DISABLE)") && contains(msg, "the device reports"),
+           "message does not say that the driver refused it: %s", msg.c_str());
+    EXPECT(!contains(msg, "heap") && !contains(msg, "Diagnosis"), "a heap's figures while disabled: %s", msg.c_str());
+    cualloc_stats s = stats(L);
+    EXPECT(s.capacity_bytes == 0 && s.num_ooms == 0, "a heap was made while disabled (capacity %zu, %llu OOMs)",
+           s.capacity_bytes, (unsigned long long)s.num_ooms);
+    L.tfree(held, 16 * MiB, DEV, nullptr);
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        std::fprintf(stderr, "usage: test_torch_abi path/to/libcualloc_torch.so [fragmentation|device-full]\n");
+        std::fprintf(stderr, "usage: test_torch_abi path/to/libcualloc_torch.so [fragmentation|device-full|disabled]\n");
         return 2;
     }
     void *h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
@@ -315,6 +335,8 @@ int main(int argc, char **argv) {
         test_fragmentation(L);
     else if (argc > 2 && std::strcmp(argv[2], "device-full") == 0)
         test_device_full(L);
+    else if (argc > 2 && std::strcmp(argv[2], "disabled") == 0)
+        test_disabled(L);
     else
         test_basic(L);
 
