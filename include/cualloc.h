@@ -80,8 +80,9 @@ CUALLOC_API void cualloc_free(void *ptr, void *stream);
 CUALLOC_API int cualloc_get_stats(int device, cualloc_stats *out);
 
 /* The message for a request of `size` bytes on `device` that cualloc_malloc could not serve, as
- * one paragraph in buf (at most len bytes, NUL-terminated): it starts "CUDA out of memory", like
- * PyTorch's OutOfMemoryError, gives the heap's figures and the device's free memory, and ends with
+ * one paragraph in buf (at most len bytes, NUL-terminated): it starts "CUDA out of memory. Tried to
+ * allocate", as PyTorch's OutOfMemoryError does (code that recognizes an OOM by that text, such as
+ * Accelerate's find_executable_batch_size, recognizes this one), gives the heap's figures and the device's free memory, and ends with
  * the diagnosis of the device's last failed request and its first fix, the same as the report on
  * stderr and allocview's: a genuine shortage, a device full of memory held outside cualloc, or
  * fragmentation (before any request has failed: what this one would be diagnosed as now). Under

@@ -375,7 +375,7 @@ CUALLOC_API int cualloc_oom_message(size_t size, int device, char *buf, size_t l
     torch_size(size, req, sizeof req);
     if (g.init_error != CUA_SUCCESS || device < 0 || device >= api_ndevices()) {
         snprintf(buf, len,
-                 "CUDA out of memory (cualloc). Tried to allocate %s (%zu bytes) on device %d, but device %d is not "
+                 "CUDA out of memory. Tried to allocate %s (%zu bytes) on device %d, but device %d is not "
                  "a device cualloc can use (no such device, or the CUDA driver is not usable; see the \"cualloc:\" "
                  "messages on stderr).",
                  req, size, device, device);
@@ -388,7 +388,7 @@ CUALLOC_API int cualloc_oom_message(size_t size, int device, char *buf, size_t l
         char devfree[32];
         bool dknown = g.drv->mem_get_info(device, &dfree, &dtotal) == CUA_SUCCESS;
         snprintf(buf, len,
-                 "CUDA out of memory (cualloc). Tried to allocate %s (%zu bytes) on device %d. cualloc is disabled "
+                 "CUDA out of memory. Tried to allocate %s (%zu bytes) on device %d. cualloc is disabled "
                  "(CUALLOC_DISABLE), so the request went straight to the driver, which refused it; the device "
                  "reports %s free. No cualloc setting applies while it is disabled.",
                  req, size, device, dknown ? torch_size(dfree, devfree, sizeof devfree) : "(unknown)");
@@ -399,7 +399,7 @@ CUALLOC_API int cualloc_oom_message(size_t size, int device, char *buf, size_t l
     heap_t *h = api_heap(device);
     if (!h) {
         snprintf(buf, len,
-                 "CUDA out of memory (cualloc). Tried to allocate %s (%zu bytes) on device %d, but cualloc could not "
+                 "CUDA out of memory. Tried to allocate %s (%zu bytes) on device %d, but cualloc could not "
                  "set up a heap on this device (see the \"cualloc:\" messages on stderr).",
                  req, size, device);
         return 0;
@@ -410,7 +410,7 @@ CUALLOC_API int cualloc_oom_message(size_t size, int device, char *buf, size_t l
     char diagnosis[1024], cap[32], alloc[32], resv[32], cached[32], largest[32], devfree[32];
     heap_oom_facts(h, size, &s, &dfree, &dknown, diagnosis, sizeof diagnosis);
     snprintf(buf, len,
-             "CUDA out of memory (cualloc). Tried to allocate %s (%zu bytes) on device %d. cualloc's heap on device "
+             "CUDA out of memory. Tried to allocate %s (%zu bytes) on device %d. cualloc's heap on device "
              "%d has a capacity of %s; %s is allocated, %s reserved, of which %s is reserved but unallocated; the "
              "largest free block is %s; the device reports %s free. Diagnosis: %s (%" PRIu64
              " out-of-memory failure%s on this device so far.)",

@@ -27,7 +27,7 @@
 extern "C" {
 
 /* Allocates `size` bytes on `device`, ordered on `stream` (a cudaStream_t). Throws
- * std::runtime_error("CUDA out of memory (cualloc). ...") when cualloc cannot serve the request
+ * std::runtime_error("CUDA out of memory. Tried to allocate ...") when cualloc cannot serve the request
  * even after releasing its cache. O(1) from cached memory. */
 CUALLOC_API void *cualloc_torch_malloc(size_t size, int device, void *stream) {
     void *p = cualloc_malloc(size, device, stream);
