@@ -260,6 +260,25 @@ class Enable(TorchLibCase):
         with self.assertRaisesRegex(RuntimeError, "already enabled"):
             ct.enable(os.path.join(os.path.dirname(ARGS.torch_lib), "libcualloc.so"))
 
+    def test_graph_capture_is_refused(self):
+        """A CUDA graph captured under a pluggable allocator would replay into memory cualloc has
+        handed to other tensors: the capture is refused before it starts, with the ways out."""
+        torch, ct = fresh_modules()
+        g = torch.cuda.CUDAGraph()
+        g.capture_begin()  # PyTorch's own allocator: captures
+        self.assertEqual(torch.cuda._state["captures"], 1)
+        ct.enable(ARGS.torch_lib)
+        with self.assertRaises(RuntimeError) as cm:
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                pass
+        self.assertIn("CUDA graph capture is not supported under cualloc.enable()", str(cm.exception))
+        self.assertIn("LD_PRELOAD", str(cm.exception))
+        self.assertEqual(torch.cuda._state["captures"], 1)
+        ct.enable(ARGS.torch_lib)  # again: still refused, wrapped once
+        with self.assertRaises(RuntimeError):
+            torch.cuda.graphs.CUDAGraph().capture_begin(capture_error_mode="thread_local")
+        self.assertEqual(torch.cuda._state["captures"], 1)
+
     def test_missing_library(self):
         torch, ct = fresh_modules()
         with self.assertRaises(FileNotFoundError):

@@ -660,10 +660,37 @@ def enable(path=None, peer_access=True, step_marks=False, standins=True):
 
 
 def _finish_enable(torch, step_marks, standins):
+    _refuse_graph_capture(torch)
     if standins:
         install_standins()
     if step_marks:
         _watch_all_optimizers()
+
+
+GRAPH_CAPTURE_MESSAGE = (
+    "cualloc_torch: CUDA graph capture is not supported under cualloc.enable(). A captured graph "
+    "keeps using the memory its kernels were given when it replays, and PyTorch tells a pluggable "
+    "allocator nothing about the graph (its private memory pool is PyTorch's own allocator's), so "
+    "cualloc would hand that memory to other tensors after the capture and every replay would "
+    "overwrite them. Capture graphs (torch.cuda.graph, make_graphed_callables, "
+    "torch.compile(mode='reduce-overhead')) without cualloc_torch.enable(), or run the job with "
+    "LD_PRELOAD=libcualloc.so beneath PyTorch's own cache (without PYTORCH_NO_CUDA_MEMORY_CACHING), "
+    "where PyTorch keeps its graph pools")
+
+
+def _refuse_graph_capture(torch):
+    """CUDAGraph.capture_begin raises instead of starting a capture whose memory cualloc could not
+    keep for the graph (GRAPH_CAPTURE_MESSAGE). Every Python way into a capture goes through it
+    (torch.cuda.graph, make_graphed_callables, torch.compile's CUDA graph trees). Idempotent."""
+    graph_cls = getattr(getattr(torch.cuda, "graphs", None), "CUDAGraph", None) or getattr(torch.cuda, "CUDAGraph", None)
+    if graph_cls is None or getattr(graph_cls.capture_begin, "_cualloc_refuses", False):
+        return
+
+    def capture_begin(self, *args, **kwargs):
+        raise RuntimeError(GRAPH_CAPTURE_MESSAGE)
+
+    capture_begin._cualloc_refuses = True
+    graph_cls.capture_begin = capture_begin
 
 
 def _cuda_in_use(torch):

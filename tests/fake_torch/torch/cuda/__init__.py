@@ -62,7 +62,8 @@ def _fake_empty(nbytes):
     return _FakeTensor(ptr, nbytes, lambda: alloc._free(ptr, nbytes, dev, None))
 
 
-from . import memory  # noqa: E402
+from . import graphs, memory  # noqa: E402
+from .graphs import CUDAGraph, graph  # noqa: E402,F401
 from .memory import (  # noqa: E402,F401  (PyTorch: `from .memory import *`)
     empty_cache, max_memory_allocated, max_memory_reserved, memory_allocated, memory_reserved,
     memory_stats, memory_summary, reset_peak_memory_stats, reset_max_memory_allocated,
