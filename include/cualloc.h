@@ -23,7 +23,8 @@ extern "C" {
 #define CUALLOC_API
 #endif
 
-/* Statistics, per device. Gauges (bytes; each with its peak since start) and counters that only
+/* Statistics, per device. Gauges (bytes; each with its peak since start, or since the last
+ * cualloc_reset_peaks) and counters that only
  * grow. Listed once, as X-macros, so the struct, the JSON writer and the text table agree.
  *   requested  : sizes callers asked for, of live allocations
  *   allocated  : the same allocations after rounding (512 B multiples)
@@ -89,6 +90,12 @@ CUALLOC_API int cualloc_get_stats(int device, cualloc_stats *out);
  * CUALLOC_DISABLE it says that the driver refused the request and gives the device's free memory.
  * The exception cualloc_torch_malloc throws carries it. Returns 0, or -1 when buf is NULL or len 0. */
 CUALLOC_API int cualloc_oom_message(size_t size, int device, char *buf, size_t len);
+
+/* Sets every gauge's peak of `device` to the gauge's current value, so that later peaks are
+ * measured from now: what torch.cuda.reset_peak_memory_stats() does for PyTorch's allocator. The
+ * counters are left alone, and the exit summary then reports the peaks since the last reset.
+ * Returns 0, or -1 for a device that is not valid. O(1); takes the device's heap lock. */
+CUALLOC_API int cualloc_reset_peaks(int device);
 
 /* Unmaps every cached free chunk (VMM) or frees every unused segment (classic) of `device`,
  * synchronizing only the streams whose work may still touch them. Like torch.cuda.empty_cache(). */

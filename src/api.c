@@ -423,6 +423,14 @@ CUALLOC_API int cualloc_oom_message(size_t size, int device, char *buf, size_t l
     return 0;
 }
 
+CUALLOC_API int cualloc_reset_peaks(int device) {
+    pthread_once(&g.once, api_init);
+    if (device < 0 || device >= g.device_count || device >= CUALLOC_MAX_DEVICES) return -1;
+    heap_t *h = api_existing_heap(device);
+    if (h) heap_reset_peaks(h);
+    return 0;
+}
+
 CUALLOC_API void cualloc_trim(int device) {
     pthread_once(&g.once, api_init);
     heap_t *h = api_existing_heap(device);

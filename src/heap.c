@@ -2653,6 +2653,15 @@ static void stats_read_locked(heap_t *h, cualloc_stats *out) {
 
 void heap_stats_release(heap_t *h) { cua_unlock(&h->lock); }
 
+void heap_reset_peaks(heap_t *h) {
+    cua_lock(&h->lock);
+    cualloc_stats *s = &h->stats;
+#define RESET_PEAK_(cur, peak) s->peak = s->cur;
+    CUALLOC_STATS_GAUGES(RESET_PEAK_)
+#undef RESET_PEAK_
+    cua_unlock(&h->lock);
+}
+
 void heap_get_stats(heap_t *h, cualloc_stats *out) {
     heap_stats_hold(h, out);
     heap_stats_release(h);

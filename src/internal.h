@@ -517,6 +517,8 @@ bool retry_for_ms(bool (*attempt)(void *), void *arg, unsigned wait_ms);
  * would then never come free. */
 bool heap_stats_try_hold(heap_t *h, cualloc_stats *out, unsigned wait_ms);
 void heap_stats_release(heap_t *h);
+/* Every gauge's peak set to its current value (cualloc_reset_peaks). */
+void heap_reset_peaks(heap_t *h);
 /* For cualloc_oom_message, read together under the heap's lock: its statistics, the device's free
  * memory (*dknown false when the driver could not tell) and the diagnosis of its last failed
  * request, or, before any has failed, what a request of `size` bytes would be diagnosed as now. */

@@ -22,7 +22,7 @@ cudaGetLastError cudaPeekAtLastError"
 # Linker-defined symbols that may show as defined.
 ignore="_init _fini _edata _end __bss_start __end__ _DYNAMIC _GLOBAL_OFFSET_TABLE_"
 # The public API of include/cualloc.h must be there.
-required="cualloc_malloc cualloc_free cualloc_get_stats cualloc_oom_message cualloc_trim cualloc_check"
+required="cualloc_malloc cualloc_free cualloc_get_stats cualloc_oom_message cualloc_trim cualloc_check cualloc_reset_peaks"
 
 for tool in nm readelf; do
     if ! command -v "$tool" >/dev/null 2>&1; then

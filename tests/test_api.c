@@ -276,6 +276,32 @@ static void test_stats(void) {
     check_gauges("freeing everything");
 }
 
+/* cualloc_reset_peaks: every peak comes down to its gauge, and later peaks count from there. */
+static void test_reset_peaks(void) {
+    void *big = cualloc_malloc(64 * MIB, DEV, NULL), *small = cualloc_malloc(MIB, DEV, NULL);
+    EXPECT(big && small, "two allocations");
+    cualloc_free(big, NULL);
+    cualloc_stats s0 = stats();
+    EXPECT(s0.allocated_peak >= 65 * MIB && s0.allocated_bytes < s0.allocated_peak, "peak %zu before the reset",
+           s0.allocated_peak);
+    EXPECT(cualloc_reset_peaks(DEV) == 0, "cualloc_reset_peaks");
+    cualloc_stats s1 = stats();
+    EXPECT(s1.requested_peak == s1.requested_bytes && s1.allocated_peak == s1.allocated_bytes &&
+               s1.active_peak == s1.active_bytes && s1.reserved_peak == s1.reserved_bytes &&
+               s1.inactive_split_peak == s1.inactive_split_bytes,
+           "after the reset: allocated %zu / peak %zu, reserved %zu / peak %zu", s1.allocated_bytes, s1.allocated_peak,
+           s1.reserved_bytes, s1.reserved_peak);
+    EXPECT(s1.num_allocs == s0.num_allocs && s1.num_frees == s0.num_frees, "the counters moved");
+    void *again = cualloc_malloc(4 * MIB, DEV, NULL);
+    cualloc_free(again, NULL);
+    cualloc_stats s2 = stats();
+    EXPECT(s2.allocated_peak == s1.allocated_bytes + 4 * MIB, "peak %zu after a 4 MiB allocation, want %zu",
+           s2.allocated_peak, s1.allocated_bytes + 4 * MIB);
+    cualloc_free(small, NULL);
+    EXPECT(cualloc_reset_peaks(-1) == -1 && cualloc_reset_peaks(1) == -1, "reset on an invalid device");
+    check_gauges("reset peaks");
+}
+
 static void test_trim(void) {
     void *p[8];
     for (int i = 0; i < 8; i++) p[i] = cualloc_malloc((size_t)(i + 1) * 3 * MIB + (size_t)i * 1000, DEV, NULL);
@@ -528,6 +554,7 @@ int main(int argc, char **argv) {
         {"round trip", test_round_trip},
         {"alignment", test_alignment},
         {"size 0", test_size_zero},
+        {"reset peaks", test_reset_peaks},
         {"trim", test_trim},
         {"oom", test_oom},
         {"cache release under pressure", test_cache_release_under_pressure},

@@ -398,14 +398,31 @@ class Standins(TorchLibCase):
         self.assertEqual(c.max_memory_reserved(), s["reserved_peak"])
         self.assertIn("allocated_bytes", c.memory_summary())
 
-    def test_reset_peaks_warns_once(self):
+    def test_reset_peaks(self):
+        """reset_peak_memory_stats brings the peaks down to the current figures, as PyTorch's does;
+        reset_accumulated_memory_stats cannot reset cualloc's counters and says so once."""
+        c = self.torch.cuda
+        t = c._fake_empty(48 * MiB)
+        t.free()
+        self.assertGreater(c.max_memory_allocated(), c.memory_allocated())
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
-            self.torch.cuda.reset_peak_memory_stats()
-            self.torch.cuda.reset_peak_memory_stats(0)
-            self.torch.cuda.memory.reset_max_memory_allocated()
+            c.reset_peak_memory_stats()
+            self.assertEqual(c.max_memory_allocated(), c.memory_allocated())
+            self.assertEqual(c.max_memory_reserved(), c.memory_reserved())
+            u = c._fake_empty(3 * MiB)
+            self.assertEqual(c.max_memory_allocated(), c.memory_allocated())
+            u.free()
+            self.assertEqual(c.max_memory_allocated(), c.memory_allocated() + 3 * MiB)
+            c.memory.reset_max_memory_allocated(0)
+            self.assertEqual(c.max_memory_allocated(0), c.memory_allocated(0))
+            self.assertEqual(w, [])
+            with self.assertRaises(ValueError):
+                c.reset_peak_memory_stats(7)
+            c.reset_accumulated_memory_stats()
+            c.reset_accumulated_memory_stats()
         self.assertEqual(len(w), 1, [str(x.message) for x in w])
-        self.assertIn("cannot reset peak", str(w[0].message))
+        self.assertIn("only grow", str(w[0].message))
 
     def test_disable_standins_restores_pytorch(self):
         self.assertIn("torch.cuda.memory_stats", self.ct._originals)

@@ -284,6 +284,10 @@ def _declare(lib):
     lib.cualloc_trim.restype = None
     lib.cualloc_check.argtypes = [ctypes.c_int]
     lib.cualloc_check.restype = ctypes.c_int
+    reset_fn = _optional_symbol(lib, "cualloc_reset_peaks")
+    if reset_fn is not None:
+        reset_fn.argtypes = [ctypes.c_int]
+        reset_fn.restype = ctypes.c_int
     mark_fn = _optional_symbol(lib, "cualloc_mark")
     if mark_fn is not None:
         mark_fn.argtypes = [ctypes.c_char_p]
@@ -512,11 +516,25 @@ def _max_memory_reserved(device=None):
 
 
 def _reset_peaks(device=None):
-    """cualloc keeps peaks since the process started and cannot reset them: a no-op, with a
-    one-time warning, so scripts that reset between phases keep running."""
-    _warn_once("reset-peaks", "cualloc_torch: cualloc cannot reset peak statistics; "
-               "torch.cuda.reset_peak_memory_stats() and friends are no-ops under cualloc (peaks are "
-               "since process start; use cualloc_torch.mark() and allocview for per-phase peaks)")
+    """torch.cuda.reset_peak_memory_stats (and reset_max_memory_allocated/_cached): cualloc's peaks
+    of the device come down to the current figures (cualloc_reset_peaks), so max_memory_allocated()
+    measures from here, as under PyTorch's allocator. A library without the function warns once
+    and leaves the peaks since start."""
+    fn = _optional_symbol(library(), "cualloc_reset_peaks")
+    if fn is None:
+        _warn_once("reset-peaks", "cualloc_torch: this libcualloc has no cualloc_reset_peaks; "
+                   "torch.cuda.reset_peak_memory_stats() is a no-op (peaks are since process start)")
+        return
+    dev = _device_index(device)
+    if fn(dev) != 0:
+        raise ValueError("cualloc_torch: device %d is not a device cualloc can use" % dev)
+
+
+def _reset_accumulated(device=None):
+    """torch.cuda.reset_accumulated_memory_stats: cualloc's counters only grow; a no-op, with a
+    one-time warning."""
+    _warn_once("reset-accumulated", "cualloc_torch: cualloc's counters (allocations, frees, retries, "
+               "OOMs) only grow; torch.cuda.reset_accumulated_memory_stats() is a no-op under cualloc")
 
 
 def _empty_cache():
@@ -550,7 +568,7 @@ _STANDINS = {
     "reset_peak_memory_stats": _reset_peaks,
     "reset_max_memory_allocated": _reset_peaks,
     "reset_max_memory_cached": _reset_peaks,
-    "reset_accumulated_memory_stats": _reset_peaks,
+    "reset_accumulated_memory_stats": _reset_accumulated,
     "empty_cache": _empty_cache,
 }
 
