@@ -184,6 +184,12 @@ uint64_t oom_room(uint64_t reserved, uint64_t device_free);
 /* How far allocated + request exceeds limit (0 when it does not; UINT64_MAX when the excess itself
  * does not fit in 64 bits): what live memory must shrink by. */
 uint64_t oom_missing(uint64_t request, uint64_t allocated, uint64_t limit);
+/* A shortage only against a cap configured below the device's memory (capacity < device_total):
+ * the device had room for the live blocks and the request, in all (device_total) and then
+ * (device_room: what the heap held plus the device's free memory, or device_total when the driver
+ * could not tell). Raising the cap fixes it. */
+bool oom_cap_reached(uint64_t request, uint64_t capacity, uint64_t device_total, uint64_t allocated,
+                     uint64_t device_room);
 
 /* ======================================================================== slab.c */
 

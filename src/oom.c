@@ -11,6 +11,8 @@
  *                  served it either; the capacity overstates what this process can have.
  *   fragmentation  they fit in what the heap holds plus the device's free memory: an allocator
  *                  that placed every block perfectly would have served it.
+ * A shortage against a cap configured below the device's memory, where the device itself had room,
+ * is a setting (oom_cap_reached): raising the cap fixes it.
  *
  * The figures are the ones at the failure, after the heap has released what it could: the free
  * memory is the device's own reading (cuMemGetInfo), taken then.
@@ -36,4 +38,10 @@ uint64_t oom_missing(uint64_t request, uint64_t allocated, uint64_t limit) {
     /* The sum wrapped: it is 2^64 + sum, and the excess 2^64 + sum - limit, which the unsigned
      * subtraction gives exactly when it is below 2^64 (sum < limit). */
     return sum < limit ? sum - limit : UINT64_MAX;
+}
+
+bool oom_cap_reached(uint64_t request, uint64_t capacity, uint64_t device_total, uint64_t allocated,
+                     uint64_t device_room) {
+    return oom_classify(request, capacity, allocated, 0, UINT64_MAX) == OOM_SHORTAGE && capacity < device_total &&
+           oom_missing(request, allocated, device_total) == 0 && oom_missing(request, allocated, device_room) == 0;
 }

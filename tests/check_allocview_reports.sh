@@ -37,6 +37,7 @@ record latepeak latepeak sim_memory_mb:256
 record twoleaks twoleaks sim_memory_mb:256
 record evalstep evalstep sim_memory_mb:512
 record startmarks startmarks sim_memory_mb:512
+record capped shortage sim_memory_mb:512,max_memory_mb:128
 traces="leak shortage frag step2 longest varlen phase optstep twodev latepeak twoleaks evalstep"
 # Marks that start their steps: each names a step as a mark at a step's end does.
 "$allocview" --no-color "$tmp/startmarks.trace" >"$tmp/startmarks.txt" 2>&1
@@ -132,6 +133,12 @@ done
 want twoleaks leak
 want leak leak; wantnot leak oom-shortage; wantnot leak step2-jump; wantnot leak longest-batch
 want shortage oom-shortage; wantnot shortage oom-fragmentation; wantnot shortage leak
+# The same job under a cap set below the device's memory, with the device's room to spare: the cap
+# is a setting, as the report on stderr says.
+"$allocview" report --json "$tmp/capped.trace" >"$tmp/capped.json" 2>/dev/null
+want capped oom-cap; wantnot capped oom-shortage
+"$allocview" --no-color "$tmp/capped.trace" 2>/dev/null | grep -q "raise the cap (CUALLOC_CONF max_memory_mb" ||
+    bad "capped: the fix does not name the cap's keys"
 want frag oom-fragmentation; wantnot frag oom-shortage
 # Two devices in one process: the report is of the OOM's device (expected/report_twodev.txt: only
 # device 1's 32 MiB live at its OOM); --device picks one, --device all sums them (the OOM's live

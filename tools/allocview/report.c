@@ -241,7 +241,7 @@ static size_t label_sites(site_t *v, size_t n, size_t show)
 /* ----------------------------------------------------------------------- the facts, by rule */
 
 typedef struct diag {
-    const char *rule;      /* "oom-fragmentation", "oom-shortage", "oom-device-full", "leak", "step2-jump", "optimizer-step",
+    const char *rule;      /* "oom-fragmentation", "oom-shortage", "oom-cap", "oom-device-full", "leak", "step2-jump", "optimizer-step",
                               "longest-batch", "phase", "phase-or-step" */
     char text[1024];
     char fix[1024];
@@ -365,7 +365,20 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
         } else {
             uint64_t over;
             const char *lead = "Fix, in cost order";
-            if (kind == OOM_SHORTAGE) {
+            uint64_t dev_total = o->dev < CUA_TRACE_MAX_DEVICES ? a->dev_total[o->dev] : 0;
+            if (kind == OOM_SHORTAGE &&
+                oom_cap_reached(o->rounded, o->capacity, dev_total, o->allocated, oom_room(o->reserved, o->device_free))) {
+                x->rule = "oom-cap";
+                over = oom_missing(o->rounded, o->allocated, o->capacity);
+                snprintf(x->text, sizeof x->text,
+                         "OOM at the configured cap: the live blocks (%s) plus the request (%s) need %s more than the "
+                         "capacity (%s), a cap set below the device's %s, and the device had room for them (the %s "
+                         "the heap held plus the %s the device had free).",
+                         H(o->allocated), H(o->rounded), H(over), H(o->capacity), H(dev_total), H(o->reserved),
+                         H(o->device_free));
+                lead = "Fix (free): raise the cap (CUALLOC_CONF max_memory_mb or per_process_memory_fraction, "
+                       "whichever set it) if this process may use more of the device; else, in cost order";
+            } else if (kind == OOM_SHORTAGE) {
                 x->rule = "oom-shortage";
                 over = oom_missing(o->rounded, o->allocated, o->capacity);
                 snprintf(x->text, sizeof x->text,
@@ -1198,7 +1211,7 @@ static void help(const char *cmd, FILE *out)
                 "  each step or phase, and a diagnosis (OOM by shortage or fragmentation, leaks, the step-2\n"
                 "  jump, the optimizer's step, the longest batch, a phase above training) with the fix to try\n"
                 "  first and what the trace says it saves. Several traces (one per rank): a table of ranks\n"
-                "  first. --json: \"diagnosis\" entries' \"rule\" is one of oom-fragmentation, oom-shortage,\n"
+                "  first. --json: \"diagnosis\" entries' \"rule\" is one of oom-fragmentation, oom-shortage, oom-cap,\n"
                 "  oom-device-full, leak, step2-jump, optimizer-step, longest-batch, phase, phase-or-step.\n");
     else if (strcmp(cmd, "peak") == 0)
         fprintf(out, "usage: allocview peak [--at TIME|MARK] [--json] [--no-color] [--redact] [--top N] TRACE\n"
