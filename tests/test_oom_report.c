@@ -75,6 +75,15 @@ static void check_rule(uint64_t seed) {
         EXPECT(oom_missing(req, alloc, cap) == want_miss, "oom_missing(%llu, %llu, %llu)", (unsigned long long)req,
                (unsigned long long)alloc, (unsigned long long)cap);
     }
+    /* oom_cap_reached: a shortage against a cap below the device, which had room then and in all. */
+    for (int i = 0; i < 1000000; i++) {
+        uint64_t req = edgy(&r), cap = edgy(&r), total = edgy(&r), alloc = edgy(&r), room = edgy(&r);
+        unsigned __int128 need = (unsigned __int128)alloc + req;
+        bool want = need > cap && cap < total && need <= total && need <= room;
+        EXPECT(oom_cap_reached(req, cap, total, alloc, room) == want, "oom_cap_reached(%llu, %llu, %llu, %llu, %llu)",
+               (unsigned long long)req, (unsigned long long)cap, (unsigned long long)total, (unsigned long long)alloc,
+               (unsigned long long)room);
+    }
     /* An unknown free reading (UINT64_MAX) never makes a full device. */
     EXPECT(oom_classify(1, 100, 99, 0, UINT64_MAX) == OOM_FRAGMENTATION, "unknown device_free");
 }
@@ -142,25 +151,24 @@ int main(int argc, char **argv) {
     }
 
     /* 3. VMM, shortage at chunk granularity: one 512 B block pins a 2 MiB small-pool chunk of an
-     *    8 MiB device; 7 MiB live + 512 B fit in 8 MiB, but 7 MiB needs four whole chunks. */
-    h = open_heap("sim_memory_mb:8");
-    void *pin = NULL;
-    EXPECT(heap_alloc(h, 512, NULL, &pin) == CUA_SUCCESS, "pin");
-    reset();
-    EXPECT(heap_alloc(h, 7 << 20, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY, "chunk granularity");
-    compare(argv[1], "oom_vmm_chunks.txt");
-    EXPECT(heap_free(h, pin, NULL), "free pin");
-    heap_destroy(h);
-
-    /* 3b. The same under max_memory_mb:8 on a 64 MiB device: the cap, not the device, is what the
+     *    8 MiB device; 7 MiB live + 512 B fit in 8 MiB, but 7 MiB needs four whole chunks.
+     * 3b. The same under max_memory_mb:8 on a 64 MiB device: the cap, not the device, is what the
      *     new chunks exceed, so raising it comes before a smaller batch. */
-    h = open_heap("sim_memory_mb:64,max_memory_mb:8");
-    EXPECT(heap_alloc(h, 512, NULL, &pin) == CUA_SUCCESS, "pin");
-    reset();
-    EXPECT(heap_alloc(h, 7 << 20, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY, "chunk granularity under a cap");
-    compare(argv[1], "oom_vmm_chunks_cap.txt");
-    EXPECT(heap_free(h, pin, NULL), "free pin");
-    heap_destroy(h);
+    static const struct { const char *conf, *expected; } chunk_cases[] = {
+        {"sim_memory_mb:8", "oom_vmm_chunks.txt"},
+        {"sim_memory_mb:64,max_memory_mb:8", "oom_vmm_chunks_cap.txt"},
+    };
+    void *pin = NULL;
+    for (size_t k = 0; k < sizeof chunk_cases / sizeof chunk_cases[0]; k++) {
+        h = open_heap(chunk_cases[k].conf);
+        EXPECT(heap_alloc(h, 512, NULL, &pin) == CUA_SUCCESS, "pin");
+        reset();
+        EXPECT(heap_alloc(h, 7 << 20, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY, "chunk granularity (%s)",
+               chunk_cases[k].conf);
+        compare(argv[1], chunk_cases[k].expected);
+        EXPECT(heap_free(h, pin, NULL), "free pin");
+        heap_destroy(h);
+    }
 
     /* 4. VMM, the device refuses although the cap allows (another process holds the memory). */
     h = open_heap("sim_memory_mb:64");
@@ -220,20 +228,19 @@ int main(int argc, char **argv) {
      *    max_memory_mb:32 on a 64 MiB device, 20 MiB more asked. The device has room, so the first
      *    fix is the cap itself, not "no allocator setting can fix that"; per_process_memory_fraction
      *    is named when it set the cap. */
-    h = open_heap("sim_memory_mb:64,max_memory_mb:32");
-    EXPECT(heap_alloc(h, 20 << 20, NULL, &live) == CUA_SUCCESS, "20 MiB");
-    reset();
-    EXPECT(heap_alloc(h, 20 << 20, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY && !p, "cap reached");
-    compare(argv[1], "oom_cap.txt");
-    EXPECT(heap_free(h, live, NULL), "free");
-    heap_destroy(h);
-    h = open_heap("sim_memory_mb:64,per_process_memory_fraction:0.5");
-    EXPECT(heap_alloc(h, 20 << 20, NULL, &live) == CUA_SUCCESS, "20 MiB");
-    reset();
-    EXPECT(heap_alloc(h, 20 << 20, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY && !p, "cap reached (fraction)");
-    EXPECT(strstr(captured.text, "raise per_process_memory_fraction"), "names the fraction:\n%s", captured.text);
-    EXPECT(heap_free(h, live, NULL), "free");
-    heap_destroy(h);
+    const char *cap_confs[] = {"sim_memory_mb:64,max_memory_mb:32", "sim_memory_mb:64,per_process_memory_fraction:0.5"};
+    for (int k = 0; k < 2; k++) {
+        h = open_heap(cap_confs[k]);
+        EXPECT(heap_alloc(h, 20 << 20, NULL, &live) == CUA_SUCCESS, "20 MiB");
+        reset();
+        EXPECT(heap_alloc(h, 20 << 20, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY && !p, "cap reached (%s)", cap_confs[k]);
+        if (k == 0)
+            compare(argv[1], "oom_cap.txt");
+        else
+            EXPECT(strstr(captured.text, "raise per_process_memory_fraction"), "names the fraction:\n%s", captured.text);
+        EXPECT(heap_free(h, live, NULL), "free");
+        heap_destroy(h);
+    }
 
     error_set_callback(NULL, NULL);
     if (failures) return 1;
