@@ -24,6 +24,7 @@ RuntimeError, and trains under cualloc with the stand-ins — is the GPU check, 
 """
 import argparse
 import ctypes
+import gc
 import importlib
 import io
 import os
@@ -491,9 +492,23 @@ class Marks(TorchLibCase):
         self.assertEqual(marks, [start, "step 1", start, "step 1 (optimizer 1)", start, "step 2"])
         # An optimizer also watched explicitly is marked once per step, not twice.
         marks.clear()
-        self.ct.watch_optimizer(g)
+        handle = self.ct.watch_optimizer(g)
         g.step()
         self.assertEqual(marks, [start, "step 3"])
+        # Unwatched again: the global hooks mark it (it was left out of them for good).
+        marks.clear()
+        handle.remove()
+        g.step()
+        self.assertEqual(marks, [start, "step 4"])
+        # A new optimizer after the first is gone takes the plain "step N"; one made while d lives
+        # never takes d's number.
+        marks.clear()
+        del g
+        gc.collect()
+        e = self.torch.optim.Optimizer()
+        e.step()
+        d.step()
+        self.assertEqual(marks, [start, "step 1", start, "step 2 (optimizer 1)"])
         self.ct._global_hook_handle.remove()
 
 

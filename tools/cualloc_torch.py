@@ -413,7 +413,11 @@ def _step_label(opt):
         n = _step_counts.get(opt, 0) + 1
         _step_counts[opt] = n
         if opt not in _optimizer_ids:
-            _optimizer_ids[opt] = len(_optimizer_ids)
+            # The lowest number no live optimizer has: the first optimizer (or the one that took
+            # its place, e.g. a new one for a second phase) writes the plain "step N" allocview
+            # counts steps by, and two live optimizers never share a label.
+            used = set(_optimizer_ids.values())
+            _optimizer_ids[opt] = next(i for i in range(len(used) + 1) if i not in used)
         k = _optimizer_ids[opt]
     return "step %d" % n if k == 0 else "step %d (optimizer %d)" % (n, k)
 
@@ -432,14 +436,19 @@ def _on_step_start_global(opt, args=None, kwargs=None):
 
 
 class _Handles:
-    """The hooks of one watch: remove() removes them all."""
+    """The hooks of one watch: remove() removes them all, then calls on_remove (if given)."""
 
-    def __init__(self, *handles):
+    def __init__(self, *handles, on_remove=None):
         self._handles = [h for h in handles if h is not None]
+        self._on_remove = on_remove
 
     def remove(self):
         for h in self._handles:
             h.remove()
+        self._handles = []
+        if self._on_remove is not None:
+            self._on_remove()
+            self._on_remove = None
 
 
 def _on_step_global(opt, args=None, kwargs=None):
@@ -456,7 +465,14 @@ def watch_optimizer(opt):
                            "(PyTorch >= 2.0 needed); call cualloc_torch.mark('step N') yourself")
     _watched.add(opt)
     pre = opt.register_step_pre_hook(_on_step_start) if hasattr(opt, "register_step_pre_hook") else None
-    return _Handles(pre, opt.register_step_post_hook(_on_step))
+    ref = weakref.ref(opt)
+
+    def unwatch():  # the global hooks (step_marks=True) mark it again
+        o = ref()
+        if o is not None:
+            _watched.discard(o)
+
+    return _Handles(pre, opt.register_step_post_hook(_on_step), on_remove=unwatch)
 
 
 def _watch_all_optimizers():
