@@ -177,8 +177,11 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    if (runs < 1 || runs > 99 || pairs < SEQ)
+    if (runs < 1 || runs > 99 || pairs < SEQ) {
+        fprintf(stderr, "trace_overhead: --runs must be 1 to 99 and --pairs at least %d (one period of the request "
+                        "sequence), not --runs %d --pairs %llu\n", SEQ, runs, (unsigned long long)pairs);
         return 1;
+    }
     setenv("CUALLOC_CONF", "driver:sim,sim_memory_mb:65536", 1);
     /* A tensor-like mix, 512 B .. 4 MiB, log-uniform, with recurring shapes. */
     static const size_t common[] = {512, 4096, 65536, 768 * 4 * 1024, 1 << 20, 3 << 20, 12288, 196608};

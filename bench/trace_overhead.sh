@@ -9,7 +9,7 @@
 # environment:
 #   TRACE_OVERHEAD_RUNS   native runs per configuration (default 7)
 #   TRACE_OVERHEAD_NATIVE=0  skip the native run
-#   TRACE_OVERHEAD_PAIRS  pairs per native run (default 200000)
+#   TRACE_OVERHEAD_PAIRS  pairs per native run (default 200000, at least 16384)
 #   TRACE_OVERHEAD_BUILD=0   do not run ninja (the smoke test sets it: meson has built the program)
 # The callgrind profiles stay in <builddir>/trace-overhead-callgrind/ for callgrind_annotate.
 set -eu

@@ -60,6 +60,15 @@ grep -q "where cualloc's instructions go (random, 1 thread)" "$out" ||
     { echo "FAIL: bench/fastpath.sh printed no profile"; fail=1; }
 [ "$fail" = 0 ] || cat "$out"
 
+# trace_overhead refuses too few pairs or a bad run count with a message (it exited 1 silently, so
+# bench/trace_overhead.sh stopped without a word at TRACE_OVERHEAD_PAIRS below 16384).
+for args in "--pairs 2000" "--runs 0"; do
+    if "$build/bench/trace_overhead" $args >/dev/null 2>"$out.toerr" ||
+        ! grep -q "^trace_overhead: --runs must be 1 to 99 and --pairs at least 16384" "$out.toerr"; then
+        echo "FAIL: trace_overhead $args did not refuse with a message:"; cat "$out.toerr"; fail=1
+    fi
+done
+rm -f "$out.toerr"
 # trace_overhead: one native run per depth, callgrind off and on for both depths.
 if ! TRACE_OVERHEAD_BUILD=0 TRACE_OVERHEAD_RUNS=1 TRACE_OVERHEAD_PAIRS=16384 \
     "$src/bench/trace_overhead.sh" "$build" >"$out" 2>&1; then
