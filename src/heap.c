@@ -1690,9 +1690,13 @@ static oom_kind_t oom_diagnose(heap_t *h, size_t rsize, size_t dfree, size_t dto
              * chunks that live blocks share. */
             char partial[32], chunk[32], needs[32], gran[32];
             /* Chunks larger than the device's granularity (chunk_size_mb) are what makes the
-             * granularity coarse: smaller ones are then the first fix, not a smaller batch. */
+             * granularity coarse: smaller ones are then the first fix, not a smaller batch. They are
+             * the large pool's, whichever pool the request is for: a small request also fails when
+             * the large pool's partly used chunks leave no room for a small-pool chunk. */
+            const pool_t *lp = &h->pools[POOL_LARGE];
+            size_t coarse = lp->chunk > h->granularity ? lp->chunk : p->chunk;
             char fix[256];
-            if (p->chunk > h->granularity)
+            if (lp->chunk > h->granularity)
                 snprintf(fix, sizeof fix,
                          "use smaller chunks (CUALLOC_CONF=chunk_size_mb:0, the device's %s); or reduce the batch "
                          "size slightly",
@@ -1709,7 +1713,7 @@ static oom_kind_t oom_diagnose(heap_t *h, size_t rsize, size_t dfree, size_t dto
                      "shortage at chunk granularity — live blocks (%s) plus this request fit in %s, but memory is "
                      "mapped in whole chunks of %s and live blocks keep %s in partly used chunks; this request "
                      "needs %s of new chunks. First fix: %s.",
-                     alloc, cap, fmt_bytes(p->chunk, chunk, sizeof chunk),
+                     alloc, cap, fmt_bytes(coarse, chunk, sizeof chunk),
                      fmt_bytes(reserved - allocated, partial, sizeof partial), fmt_bytes(need, needs, sizeof needs),
                      fix);
         } else if (h->vmm) {

@@ -214,6 +214,21 @@ int main(int argc, char **argv) {
     EXPECT(heap_free(h, p, NULL) && heap_free(h, live, NULL), "frees");
     heap_destroy(h);
 
+    /* 6b. The large pool's chunks fill the cap and a small request finds no room for a small-pool
+     *     chunk: chunk_size_mb:16 on a 16 MiB device, 10 MiB live in the one 16 MiB chunk, then
+     *     4 KiB. The first fix is smaller chunks, not a smaller batch (it said the batch, and that
+     *     memory is mapped in chunks of 2 MiB, the small pool's). */
+    h = open_heap("sim_memory_mb:16,chunk_size_mb:16");
+    EXPECT(h && heap_chunk_size(h, POOL_LARGE) == 16 * MiB, "16 MiB chunks");
+    EXPECT(heap_alloc(h, 10 << 20, NULL, &live) == CUA_SUCCESS, "10 MiB");
+    reset();
+    EXPECT(heap_alloc(h, 4096, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY && !p, "no room for a small-pool chunk");
+    EXPECT(strstr(captured.text, "mapped in whole chunks of 16.00 MiB") &&
+               strstr(captured.text, "First fix: use smaller chunks (CUALLOC_CONF=chunk_size_mb:0"),
+           "a small request short of room by the large pool's chunks names the chunk size:\n%s", captured.text);
+    EXPECT(heap_free(h, live, NULL), "free");
+    heap_destroy(h);
+
     /* 7. A chunk larger than the cap could never be mapped: the heap says so at creation and uses
      *    the largest chunk that fits, and large blocks are served. */
     reset();
