@@ -261,6 +261,24 @@ if [ -n "$demo" ]; then
         done
         "$allocview" report --json "$tmp/ring.trace" | python3 -c 'import json,sys; sys.exit(json.load(sys.stdin)["overwritten"] is not True)' ||
             bad "ring: report --json lacks overwritten: true"
+        # The views and replay say so too (they printed the window's figures, and replay compared
+        # them with the recording allocator's, without a word).
+        "$allocview" timeline --no-color "$tmp/ring.trace" | grep -q "^warning   a ring trace whose oldest events were overwritten: " ||
+            bad "ring: timeline does not say the oldest events were overwritten"
+        "$allocview" timeline --json "$tmp/ring.trace" | python3 -c 'import json,sys; sys.exit(json.load(sys.stdin)["overwritten"] is not True)' ||
+            bad "ring: timeline --json lacks overwritten: true"
+        "$allocview" diff "$tmp/demo.trace" "$tmp/ring.trace" | grep -q "^   warning   a ring trace whose oldest events were overwritten: " ||
+            bad "ring: diff does not say the oldest events were overwritten"
+        "$allocview" diff --json "$tmp/demo.trace" "$tmp/ring.trace" |
+            python3 -c 'import json,sys; sys.exit(json.load(sys.stdin)["overwritten"] != {"a": False, "b": True})' ||
+            bad "ring: diff --json lacks overwritten: {a: false, b: true}"
+        "$allocview" folded "$tmp/ring.trace" 2>&1 >/dev/null | grep -q "warning: a ring trace whose oldest events were overwritten" ||
+            bad "ring: folded does not say on stderr that the oldest events were overwritten"
+        "$allocview" replay "$tmp/ring.trace" 2>/dev/null >"$tmp/ring.replay"
+        grep -q "^warning: a ring trace whose oldest events were overwritten" "$tmp/ring.replay" ||
+            bad "ring: replay does not say the oldest events were overwritten"
+        grep -q "^recorded " "$tmp/ring.replay" && bad "ring: replay compares with the recorded figures of the window: $(cat "$tmp/ring.replay")"
+        "$allocview" timeline --no-color "$tmp/demo.trace" | grep -q "oldest events were overwritten" && bad "demo: timeline says overwritten"
         "$allocview" report --no-color "$tmp/demo.trace" | grep -q "oldest events were overwritten" && bad "demo: a complete trace said to be overwritten"
         python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["overwritten"] is not False)' "$tmp/demo.json" ||
             bad "demo: report --json lacks overwritten: false"

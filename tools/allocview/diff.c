@@ -192,7 +192,9 @@ int av_cmd_diff(int argc, char **argv)
         dv_json(stdout, &s[0].scope);
         printf(", \"b\": ");
         dv_json(stdout, &s[1].scope);
-        printf("}, \"peak_live_bytes\": {\"a\": %" PRIu64 ", \"b\": %" PRIu64 ", \"diff\": %" PRId64 "}",
+        printf("}, \"overwritten\": {\"a\": %s, \"b\": %s}", tr_info(s[0].r)->overwritten ? "true" : "false",
+               tr_info(s[1].r)->overwritten ? "true" : "false");
+        printf(", \"peak_live_bytes\": {\"a\": %" PRIu64 ", \"b\": %" PRIu64 ", \"diff\": %" PRId64 "}",
                s[0].p.live_peak, s[1].p.live_peak, (int64_t)(s[1].p.live_peak - s[0].p.live_peak));
         printf(", \"peak_reserved_bytes\": {\"a\": %" PRIu64 ", \"b\": %" PRIu64 ", \"diff\": %" PRId64 "}",
                s[0].p.reserved_peak, s[1].p.reserved_peak, (int64_t)(s[1].p.reserved_peak - s[0].p.reserved_peak));
@@ -214,6 +216,9 @@ int av_cmd_diff(int argc, char **argv)
             printf("%s  %s\n", i ? "B" : "A", i ? pb : pa);
             if (dv_showing(&s[i].scope, "", "", showing, sizeof showing))
                 printf("   showing   %s\n", showing);
+            if (tr_info(s[i].r)->overwritten)
+                printf("   warning   a ring trace whose oldest events were overwritten: its peak and call sites are of "
+                       "the newest events, and blocks allocated or memory mapped before them are not counted\n");
         }
         signed_human((int64_t)(s[1].p.live_peak - s[0].p.live_peak), h3, sizeof h3);
         printf("peak allocated  %s -> %s  (%s)\n", txt_human(s[0].p.live_peak, h1, sizeof h1),

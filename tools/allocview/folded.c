@@ -299,6 +299,10 @@ int vw_write_folded(FILE *out, const char *path, dv_scope_t *scope)
     char showing[512];
     if (dv_showing(scope, "", "", showing, sizeof showing))
         fprintf(stderr, "allocview folded: %s: showing %s\n", path, showing);
+    if (tr_info(r)->overwritten)
+        fprintf(stderr, "allocview folded: %s: warning: a ring trace whose oldest events were overwritten: the stacks "
+                        "are those live at the peak of the newest events; blocks allocated before them are not counted\n",
+                path);
     fline_t *lines = calloc(p.nstacks ? p.nstacks : 1, sizeof *lines);
     size_t n = 0;
     static char buf[65536];

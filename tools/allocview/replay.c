@@ -84,6 +84,7 @@ typedef struct trace_reqs {
      * recording's configuration should reproduce them; the difference is the prediction error. */
     uint64_t rec_allocated, rec_reserved, rec_peak_allocated, rec_peak_reserved;
     bool rec_maps;           /* the trace records its memory (MAP/INIT_MAP) */
+    bool overwritten;        /* a ring whose oldest events were overwritten: the rec_* are of the window */
     unsigned passes;         /* how many times a run replays the requests (--passes) */
     bool cudafree;           /* every free device-wide (--cudafree) */
     uint64_t device_lag;     /* requests between completions of the device's work (--device-lag) */
@@ -164,6 +165,7 @@ static int load_trace(const char *path, trace_reqs_t *t)
         fprintf(stderr, "allocview: %s: %s\n", path, err);
         return RP_EXIT_UNREADABLE;
     }
+    t->overwritten = tr_info(r)->overwritten;
     devaddr_map_t live;
     devaddr_map_init(&live, sizeof(rp_block_t));
     uint64_t cur_req[CUA_TRACE_MAX_DEVICES] = {0};
@@ -833,6 +835,10 @@ int av_cmd_replay(int argc, char **argv)
                    "work every %" PRIu64 " request%s\n", device_lag + 1, device_lag ? "s" : "");
         if (t->ndev > 1)
             printf("figures are totals over devices (peak of the sum); per device below\n");
+        if (t->overwritten)
+            printf("warning: a ring trace whose oldest events were overwritten: only the newest events' requests are "
+                   "replayed, and the recording allocator's own figures, of that window (what it mapped before the "
+                   "window is not counted), are not compared\n");
         printf("%-36s %16s %16s %16s %11s %6s%s\n", "conf", "peak requested", "peak allocated", "peak reserved",
                "utilisation", "OOMs", fit ? "  min-fit" : "");
         for (int i = 0; i < nconfs; i++) {
@@ -860,7 +866,7 @@ int av_cmd_replay(int argc, char **argv)
                     printf("%s %s %" PRIu64, i ? "," : "", confs[i], res[i].num_syncs);
             printf("\n");
         }
-        if (t->rec_maps && t->rec_peak_reserved) {
+        if (t->rec_maps && t->rec_peak_reserved && !t->overwritten) {
             /* The recording allocator's own figures, and each configuration's distance from them:
              * under the recording's own configuration (for an imported PyTorch snapshot, classic
              * mode predicts PyTorch's default allocator) the distance is the prediction error. */

@@ -43,6 +43,7 @@ typedef struct tl {
     dv_scope_t scope;          /* which device (devices.h); pass 1 may pick one */
     /* pass 1 */
     bool any_event, truncated;
+    bool overwritten;          /* a ring that lost its oldest events: the figures are of the window */
     uint64_t t0, t1;
     uint64_t live_peak, live_peak_time, reserved_peak, reserved_peak_time;
     uint64_t *site_max;
@@ -94,6 +95,7 @@ static int pass1(tl_t *t, tr_reader_t **rp, bool *again)
     tr_reader_t *r = vw_open(t->path);
     if (!r)
         return VW_EXIT_UNREADABLE;
+    t->overwritten = tr_info(r)->overwritten;
     /* What pass 1 finds starts empty: it may run a second time. */
     t->any_event = t->truncated = false;
     t->t0 = t->t1 = 0;
@@ -290,6 +292,9 @@ static void text_report(const tl_t *t, FILE *out)
     char showing[512];
     if (dv_showing(&t->scope, t->color ? "\033[1m" : "", t->color ? "\033[0m" : "", showing, sizeof showing))
         fprintf(out, "%-10s%s\n", "showing", showing);
+    if (t->overwritten)
+        fprintf(out, "%-10sa ring trace whose oldest events were overwritten: the timeline covers only the newest "
+                     "events, and blocks allocated or memory mapped before them are not counted\n", "warning");
     uint64_t scale = t->live_peak > t->reserved_peak ? t->live_peak : t->reserved_peak;
     sparkline(t, out, "live", true, scale, "\033[32m");
     sparkline(t, out, "reserved", false, scale, "\033[34m");
@@ -354,6 +359,7 @@ static void json_report(const tl_t *t, FILE *out)
     txt_json_string(out, t->path);
     fprintf(out, ", \"start_ns\": %" PRIu64 ", \"end_ns\": %" PRIu64 ", \"width\": %u, \"truncated\": %s", t->t0,
             t->t1, t->width, t->truncated ? "true" : "false");
+    fprintf(out, ", \"overwritten\": %s", t->overwritten ? "true" : "false");
     fprintf(out, ", \"device\": ");
     dv_json(out, &t->scope);
     fprintf(out, ", \"peak_live_bytes\": %" PRIu64 ", \"peak_live_time_ns\": %" PRIu64
