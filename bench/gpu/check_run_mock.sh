@@ -17,8 +17,8 @@ rc=$?
 cat "$tmp/log"
 [ "$rc" = 0 ] || bad "run.sh all --mock exited $rc"
 [ -s "$tmp/results/summary.md" ] || bad "no combined summary.md"
-for part in driver-costs property-cuda ld-preload torch torch-medium torch-alloc-cost torch-capacity \
-        torch-capacity-medium viewer; do
+for part in driver-costs property-cuda ld-preload driver-questions torch torch-medium torch-alloc-cost \
+        torch-capacity torch-capacity-medium viewer; do
     f=$tmp/results/$part/results.jsonl
     [ -s "$f" ] || { bad "$part: no results.jsonl"; continue; }
     [ -s "$tmp/results/$part/summary.md" ] || bad "$part: no summary.md"
@@ -79,6 +79,17 @@ need = {
     "property-cuda": lambda: len([r for r in body if r.get("pass") is True]) >= 5
                              and {r["mode"] for r in body if "mode" in r} == {"vmm", "classic"},
     "ld-preload": lambda: len([r for r in body if r["op"] == "run"]) == 6,
+    # every check listed in both processes, not run; where nvcc built the program, its driver
+    # look-up probed against the fake driver, plain and under the preload (dq_verdict judged them)
+    "driver-questions": lambda: sorted((r["check"], r["mode"]) for r in body if r["op"] == "check"
+                                       and r["status"] == "not-run")
+                                == sorted((c, m) for c in ["capture_vs_misses", "stream_get_ctx_under_capture",
+                                                           "legacy_lookup_flags", "meminfo_counted_once",
+                                                           "device_reset"] for m in ["plain", "preload"])
+                                and all(b["ok"] for b in body if b["op"] == "build")
+                                and (not any(b["op"] == "build" for b in body)
+                                     or sorted(r["mode"] for r in body if r["op"] == "probe" and r["pass"])
+                                     == ["plain", "preload"]),
     "torch": lambda: dry(body) == sorted([(m, p) for m in MODES for p in ["train", "oom"]]
                                          + [("default", "snapshot"), ("expandable", "snapshot")])
                      and all(r["shrink_check"]["ok"] for r in body if r.get("phase") == "snapshot")
@@ -228,6 +239,58 @@ for with_nvml in (True, False):
     assert Device.mgi_calls == (1 + 7 if with_nvml else 1 + 61), (with_nvml, Device.mgi_calls)
     if with_nvml:
         assert out["baseline_used_bytes_nvml"] == 6 * GiB, out
+PY
+
+# driver-questions' verdict on made-up results of a GPU run: capture_vs_misses is judged against
+# CUDA's own answer (the run without cualloc), a crashed process fails, an undecided check is named.
+PYTHONPATH="$src/bench/gpu" python3 - <<'PY' || bad "summarize.dq_verdict judges driver-questions wrongly"
+import summarize as s
+
+
+def step(op, phase, error, capture):
+    return {"op": op, "phase": phase, "error": error, "capture_after": capture}
+
+
+def capture(mode, passed, steps):
+    return {"op": "check", "check": "capture_vs_misses", "mode": mode, "rc": 0, "pass": passed,
+            "result": {"check": "capture_vs_misses", "pass": passed, "steps": steps}}
+
+
+def other(check, mode, passed, rc=0):
+    return {"op": "check", "check": check, "mode": mode, "rc": rc, "pass": passed, "result": {"pass": passed}}
+
+
+ok = [other(c, m, True) for c in ["legacy_lookup_flags", "stream_get_ctx_under_capture", "meminfo_counted_once",
+                                  "device_reset"] for m in ["plain", "preload"]]
+refused = "cudaErrorStreamCaptureImplicit"
+# CUDA refuses the cudaMalloc and loses the capture; so does cualloc (its trim is its own): pass.
+same = [capture("plain", False, [step("cudaMalloc 4 MiB", 1, refused, "invalidated"),
+                                 step("cualloc_trim(0)", 1, "not loaded", "active"),
+                                 step("cuCtxSynchronize (control)", 2, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "invalidated")]),
+        capture("preload", False, [step("cudaMalloc 4 MiB", 1, refused, "invalidated"),
+                                   step("cualloc_trim(0)", 1, "cudaSuccess", "active"),
+                                   step("cuCtxSynchronize (control)", 2, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "invalidated")])]
+status, detail, extra = s.dq_verdict(ok + same, False, "")
+assert status == "pass" and extra[0]["pass"] is True and len(extra[0]["steps"]) == 3, (status, detail, extra)
+# cualloc's trim invalidates a capture CUDA kept: fail, and the step is named.
+worse = same[:1] + [capture("preload", False, [step("cudaMalloc 4 MiB", 1, refused, "invalidated"),
+                                                step("cualloc_trim(0)", 1, "cudaSuccess", "invalidated"),
+                                                step("cuCtxSynchronize (control)", 2, "x", "invalidated")])]
+status, detail, extra = s.dq_verdict(ok + worse, False, "")
+assert status == "fail" and extra[0]["cualloc_extra_invalidations"] == ["cualloc_trim(0)"], (status, extra)
+# cualloc answers OOM where CUDA succeeded: fail.
+oom = [capture("plain", True, [step("cudaMalloc 4 MiB", 1, "cudaSuccess", "active")]),
+       capture("preload", False, [step("cudaMalloc 4 MiB", 1, "cudaErrorMemoryAllocation", "active")])]
+status, detail, extra = s.dq_verdict(ok + oom, False, "")
+assert status == "fail" and extra[0]["cualloc_extra_errors"], (status, extra)
+# a crash (no RESULT line) fails; an undecided check is named, and does not fail the part.
+status, detail = s.dq_verdict(ok[:-1] + [other("device_reset", "preload", None, rc=139)] + same, False, "")[:2]
+assert status == "fail" and "device_reset (preload) exited 139" in detail, detail
+status, detail = s.dq_verdict(ok[:-1] + [other("device_reset", "preload", None)] + same, False, "")[:2]
+assert status == "pass" and "undecided: device_reset (preload)" in detail, detail
+# the summary shows the comparison
+text = "\n".join(s.driver_questions(ok + same + s.dq_verdict(ok + same, False, "")[2]))
+assert "| 1 | cualloc_trim(0) | not loaded | active | cudaSuccess | active |" in text, text
 PY
 
 # carry-libs.sh into a folder of its own: every library the build's programs load that is not the

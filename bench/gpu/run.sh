@@ -3,15 +3,16 @@
 #                  [--budget-gb G] [--probe-steps N] [--deadline-s S] [--pack FILE] [--repeat N]
 # — the runs made on a GPU machine, one command each (see bench/gpu/README.md).
 #
-#   PART  driver-costs | property-cuda | ld-preload | torch | torch-medium | torch-alloc-cost |
-#         torch-capacity | torch-capacity-medium | torch-capacity-varlen |
+#   PART  driver-costs | property-cuda | ld-preload | driver-questions | torch | torch-medium |
+#         torch-alloc-cost | torch-capacity | torch-capacity-medium | torch-capacity-varlen |
 #         torch-capacity-medium-varlen | viewer | all; several, comma-separated, run in the order
 #         given within one command. The -varlen capacity parts search the same way with probes
 #         whose 8 steps have sequence lengths drawn as training's are (the longest first and last)
 #   --mock       no GPU: driver-costs and property-cuda run against the fake libcuda.so.1
-#                (BUILD/tests/fakecuda), ld-preload only builds (when nvcc exists) and prints what
-#                it would run, the torch parts run torch_train.py --dry-run per mode (the capacity
-#                parts run their whole search with dry-run probes). Tests the script.
+#                (BUILD/tests/fakecuda), ld-preload and driver-questions only build (when nvcc
+#                exists), probe the fake driver and print what they would run, the torch parts
+#                run torch_train.py --dry-run per mode (the capacity parts run their whole search
+#                with dry-run probes). Tests the script.
 #   --out DIR    where results go when $OUT is not set (default ./gpu-results); $OUT wins.
 #   --build DIR  the meson build folder (default: $CUALLOC_BUILD, else REPO/build).
 #   --steps N    training steps per torch mode (default 30).
@@ -77,7 +78,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-PARTS="driver-costs property-cuda ld-preload torch torch-medium torch-alloc-cost torch-capacity torch-capacity-medium \
+PARTS="driver-costs property-cuda ld-preload driver-questions torch torch-medium torch-alloc-cost torch-capacity torch-capacity-medium \
 torch-capacity-varlen torch-capacity-medium-varlen viewer"
 ALL_TORCH_MODES="default expandable cualloc-enable cualloc-preload-nocache cualloc-preload-cache"
 if [ "$PART" = all ]; then
@@ -114,6 +115,7 @@ estimate() {
         driver-costs) echo "about 1 minute" ;;
         property-cuda) echo "about 1-3 minutes" ;;
         ld-preload) echo "about 1-2 minutes (two nvcc builds, six runs)" ;;
+        driver-questions) echo "about 1 minute (one small nvcc build, ten processes of a few seconds each, at most 30 s each)" ;;
         torch) echo "about 4-7 minutes (5 modes x (training run + forced-OOM run) + 2 snapshot runs, each a fresh process; capped at 9 minutes)" ;;
         torch-medium) echo "about 2-4 minutes (5 GPT-2 medium training runs; capped at 9 minutes)" ;;
         torch-alloc-cost) echo "about 1 minute (5 short processes)" ;;
@@ -284,6 +286,18 @@ find_nvcc() {
     fi
 }
 
+# cudart_dir_of NVCC: where the shared libcudart lies beside this nvcc (toolkit installs: lib64;
+# others: lib or targets/<arch>/lib): a shared build's rpath. Empty when not found.
+cudart_dir_of() {
+    local d
+    for d in lib64 lib "targets/$(uname -m)-linux/lib"; do
+        if ls "$(dirname "$1")/../$d"/libcudart.so* >/dev/null 2>&1; then
+            (cd "$(dirname "$1")/../$d" && pwd)
+            return
+        fi
+    done
+}
+
 # One run of a preload_kernels build: appends its JSON line. run_prog KIND MODE PROG [ENV...]
 # At most 80 s each: the part's six runs and two builds must end within one command's 10 minutes.
 run_prog() {
@@ -331,15 +345,8 @@ part_ld_preload() {
     # shellcheck disable=SC2054
     local arch=(-gencode arch=compute_90,code=sm_90 -gencode arch=compute_75,code=compute_75)
     if [ -n "$nvcc" ]; then
-        # Where the shared libcudart lies beside this nvcc (toolkit installs: lib64; others: lib or
-        # targets/<arch>/lib): the shared build's rpath.
-        local cudart_dir="" d
-        for d in lib64 lib "targets/$(uname -m)-linux/lib"; do
-            if ls "$(dirname "$nvcc")/../$d"/libcudart.so* >/dev/null 2>&1; then
-                cudart_dir=$(cd "$(dirname "$nvcc")/../$d" && pwd)
-                break
-            fi
-        done
+        local cudart_dir
+        cudart_dir=$(cudart_dir_of "$nvcc")
         for kind in $kinds; do
             echo "build: $nvcc -O2 -cudart $kind ${arch[*]} -o preload_kernels_$kind preload_kernels.cu -ldl"
             # Bounded, as the runs are: a hung compiler must not take the part past one device command.
@@ -403,6 +410,130 @@ part_ld_preload() {
         fail=1
     fi
     summarize ld-preload
+    [ "$fail" = 0 ]
+}
+
+# ------------------------------------------------------------------ driver-questions
+# driver_questions.cu asks the real driver what the fake driver and the sim cannot answer (see
+# that file and the README). Each check runs in a process of its own, once without cualloc (CUDA's
+# own answer: the reference) and once under LD_PRELOAD; device_reset last, since a reset could
+# leave the device unusable for whatever came after it. A process is bounded by 30 s: the ten take
+# a few seconds each.
+DQ_CHECKS="legacy_lookup_flags stream_get_ctx_under_capture meminfo_counted_once capture_vs_misses device_reset"
+
+# dq_env MODE: the environment of a driver-questions process, as arguments of env(1).
+dq_env() {
+    case $1 in
+        plain) echo "-u LD_PRELOAD -u CUALLOC_CONF" ;;
+        preload) echo "LD_PRELOAD=$LIBCUALLOC CUALLOC_CONF=summary:1" ;;
+    esac
+}
+
+# dq_run CHECK MODE PROG [ENV...]: one process; appends its record (op "check", or $RUN_OP) with the
+# program's RESULT line as "result" and its verdict as "pass" (null when the line is missing: then
+# the log's tail is kept). The log goes to run-CHECK-MODE.log.
+dq_run() {
+    local check=$1 mode=$2 prog=$3 dir=$RESULTS/driver-questions
+    shift 3
+    local log=$dir/run-$check-$mode.log rc t0 t1
+    echo "run: $* driver_questions --check $check"
+    t0=$(date +%s.%N)
+    env "$@" timeout "$(limit 30)" "$prog" --check "$check" >"$log" 2>&1
+    rc=$?
+    t1=$(date +%s.%N)
+    "$PY" - "$log" "$check" "$mode" "$rc" "$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.3f", b-a}')" \
+        "${RUN_OP:-check}" >>"$dir/results.jsonl" <<'PY'
+import json, sys
+log, check, mode, rc, wall, op = sys.argv[1:7]
+text = open(log, errors="replace").read()
+res = None
+for line in text.splitlines():
+    if line.startswith("driver_questions: RESULT "):
+        try:
+            res = json.loads(line[len("driver_questions: RESULT "):])
+        except ValueError:
+            pass
+rec = {"part": "driver-questions", "op": op, "check": check, "mode": mode, "rc": int(rc), "wall_s": float(wall),
+       "pass": res.get("pass") if res else None, "result": res}
+if res is None:
+    rec["log_tail"] = "\n".join(text.splitlines()[-15:])
+print(json.dumps(rec))
+PY
+    grep '^driver_questions: RESULT' "$log" | cut -c1-400
+    [ "$rc" = 0 ] || echo "run.sh: driver-questions $check ($mode) exited $rc (see run-$check-$mode.log in logs.txt)"
+}
+
+# dq_verdict: the part's status and detail on one line ("pass|...", "fail|...", "mock|...",
+# "skipped|..."), from summarize.py, which also appends the comparison of capture_vs_misses with
+# and without cualloc (op "compare"). See dq_verdict in summarize.py for the rules.
+dq_verdict() {
+    "$PY" "$HERE/summarize.py" driver-questions-verdict "$RESULTS/driver-questions/results.jsonl" "$MOCK" "$FAKECUDA"
+}
+
+part_driver_questions() {
+    local dir=$RESULTS/driver-questions nvcc bin prog check mode fail=0
+    need "$LIBCUALLOC" || return 1
+    nvcc=$(find_nvcc)
+    bin=$(mktemp -d "${TMPDIR:-/tmp}/cualloc-dq.XXXXXX") || return 1
+    # shellcheck disable=SC2064
+    trap "rm -rf '$bin'" RETURN
+    prog=$bin/driver_questions
+    # shellcheck disable=SC2054
+    local arch=(-gencode arch=compute_90,code=sm_90 -gencode arch=compute_75,code=compute_75)
+    if [ -n "$nvcc" ]; then
+        local cudart_dir
+        cudart_dir=$(cudart_dir_of "$nvcc")
+        echo "build: $nvcc -O2 -cudart shared ${arch[*]} -o driver_questions driver_questions.cu -ldl -lpthread"
+        if timeout "$(limit 150)" "$nvcc" -O2 -cudart shared "${arch[@]}" -o "$prog" "$HERE/driver_questions.cu" \
+            -ldl -lpthread -Xlinker "-rpath=$cudart_dir" >"$dir/build.log" 2>&1; then
+            printf '{"part":"driver-questions","op":"build","cudart":"shared","ok":true}\n' >>"$dir/results.jsonl"
+        else
+            cat "$dir/build.log"
+            printf '{"part":"driver-questions","op":"build","cudart":"shared","ok":false}\n' >>"$dir/results.jsonl"
+            fail=1
+        fi
+    else
+        echo "run.sh: no nvcc: driver_questions.cu cannot be built here"
+    fi
+    local can_run=1
+    if [ "$MOCK" = 1 ] || ! gpu_present || [ ! -x "$prog" ]; then can_run=0; fi
+    for check in $DQ_CHECKS; do
+        for mode in plain preload; do
+            if [ "$can_run" = 1 ]; then
+                # shellcheck disable=SC2046
+                dq_run "$check" "$mode" "$prog" $(dq_env "$mode")
+            else
+                local why="mock" envs=""
+                [ "$MOCK" = 1 ] || why="no GPU or no nvcc"
+                [ "$mode" = preload ] && envs="LD_PRELOAD=$LIBCUALLOC CUALLOC_CONF=summary:1 "
+                echo "would run ($why): ${envs}driver_questions --check $check"
+                printf '{"part":"driver-questions","op":"check","check":"%s","mode":"%s","status":"not-run","reason":"%s","command":%s}\n' \
+                    "$check" "$mode" "$why" "$(json_str "${envs}driver_questions --check $check")" >>"$dir/results.jsonl"
+            fi
+        done
+    done
+    if [ "$MOCK" = 1 ] && [ -x "$prog" ]; then
+        # The program's driver look-up against the fake driver, which legacy_lookup_flags needs
+        # nothing else for (the runtime stops at once: the fake is older than it): it must reach
+        # the driver's own cuGetProcAddress, also past cualloc's dlsym.
+        for mode in plain preload; do
+            # shellcheck disable=SC2046
+            RUN_OP=probe dq_run legacy_lookup_flags "$mode" "$prog" $(dq_env "$mode") LD_LIBRARY_PATH="$FAKECUDA" \
+                CUALLOC_CONF=driver:cuda,sim_host_backed:1,sim_memory_mb:256
+        done
+    fi
+    local verdict status
+    verdict=$(dq_verdict) || verdict="fail|the verdict could not be made"
+    status=${verdict%%|*}
+    [ "$fail" = 1 ] && status=fail && verdict="fail|nvcc build failed; ${verdict#*|}"
+    echo "driver-questions: $status: ${verdict#*|}"
+    case $status in
+        pass) status_line driver-questions pass 0 "${verdict#*|}" ;;
+        mock) status_line driver-questions mock 0 "built: $([ -x "$prog" ] && echo yes || echo no); ${verdict#*|}" ;;
+        skipped) status_line driver-questions skipped 77 "no GPU or no nvcc"; fail=1 ;;
+        *) status_line driver-questions fail 1 "${verdict#*|}"; fail=1 ;;
+    esac
+    summarize driver-questions
     [ "$fail" = 0 ]
 }
 
@@ -676,6 +807,7 @@ run_part() {
         driver-costs) part_driver_costs ;;
         property-cuda) part_property_cuda ;;
         ld-preload) part_ld_preload ;;
+        driver-questions) part_driver_questions ;;
         torch) part_torch ;;
         torch-medium) part_torch_medium ;;
         torch-alloc-cost) part_torch_alloc_cost ;;

@@ -2,6 +2,9 @@
 """summarize.py PART RESULTS.jsonl — the human-readable summary (Markdown) of one part of
 bench/gpu/run.sh, from its JSON lines.
 
+summarize.py driver-questions-verdict RESULTS.jsonl MOCK FAKECUDA_DIR — the driver-questions part's
+status ("pass|detail", ...); appends capture_vs_misses compared with and without cualloc.
+
 summarize.py targets PATH... — the torch parts side by side per model against the targets (step
 time vs default, peak vs expandable, tokens per step vs expandable and default); each PATH is a
 results.jsonl or a folder searched for them (several commands' results fetched separately can be
@@ -143,6 +146,167 @@ def ld_preload(rows):
         if r.get("cualloc_summary"):
             out += ["cualloc summary (%s, %s):" % (r["cudart"], r["mode"]), "", "```", r["cualloc_summary"], "```", ""]
             break
+    return out
+
+
+def dq_facts(check, res):
+    """The facts of one driver_questions RESULT line, in a table cell."""
+    if res.get("error"):
+        return "error: %s" % res["error"]
+    mib = lambda v: "%.1f MiB" % (v / MiB) if isinstance(v, (int, float)) else "-"
+    if check == "legacy_lookup_flags":
+        f = ["flags %s: %s %s (%s)" % (k[5:], (res.get(k) or {}).get("symbol"), (res.get(k) or {}).get("pointer"),
+                                       (res.get(k) or {}).get("result")) for k in ("flags0", "flags1", "flags2")]
+        t = res.get("through_cualloc")
+        if t:
+            f.append("through cualloc's cuGetProcAddress: %s" % ("the same" if t.get("same_as_driver") else
+                                                                 "flags 0 %s, flags 1 %s" % (t["flags0"], t["flags1"])))
+        return "; ".join(f)
+    if check == "stream_get_ctx_under_capture":
+        return ("capturing before %s, cuStreamGetCtx %s (the current context: %s), capturing after %s, end %s"
+                % (res.get("capturing_before"), res.get("get_ctx"), res.get("ctx_is_current"),
+                   res.get("capturing_after"), res.get("end")))
+    if check == "meminfo_counted_once":
+        return ("cudaMemGetInfo free %s, the driver's %s, cualloc's cached %s: off by %s bytes (counted twice "
+                "would be %s)" % (mib(res.get("runtime_free")), mib(res.get("driver_free")), mib(res.get("cached")),
+                                  res.get("diff"), res.get("counted_twice_diff")))
+    if check == "capture_vs_misses":
+        text = ("phase 1: %s invalidation(s)%s; end %s, instantiate %s, graph launch %s, value %s"
+                % (res.get("phase1_invalidations"), " (first: %s)" % res["first_invalidating_step"]
+                   if res.get("first_invalidating_step") else "", res.get("end"), res.get("instantiate"),
+                   res.get("graph_launch"), res.get("value")))
+        if "cualloc_maps" in res:
+            text += "; cualloc: %s maps, %s unmaps, %s syncs" % (res["cualloc_maps"], res["cualloc_unmaps"],
+                                                              res["cualloc_syncs"])
+        return text
+    if check == "device_reset":
+        return ("before %s; cudaDeviceReset %s; after it: 1 MiB %s (same address: %s), 96 MiB %s; last error %s"
+                % (res.get("before_reset"), res.get("reset"), res.get("after_1MiB"), res.get("same_address_as_before"),
+                   res.get("after_96MiB"), res.get("last_error")))
+    return json.dumps(res)[:300]
+
+
+def dq_compare(plain, pre):
+    """capture_vs_misses without cualloc (plain) and under it (pre), step by step: op "compare". CUDA
+    itself may refuse an application's cudaMalloc during another thread's global-mode capture, so
+    the verdict is relative: pass when the capture survived under cualloc, or when cualloc refused
+    nothing CUDA allowed and invalidated the capture at no phase-1 step where CUDA left it intact.
+    Phase 2 (the driver called directly, the same calls in both) is facts only."""
+    cmp = {"part": "driver-questions", "op": "compare", "check": "capture_vs_misses", "pass": None}
+    pr, cr = (plain or {}).get("result") or {}, (pre or {}).get("result") or {}
+    if not (pr.get("steps") and cr.get("steps")):
+        return cmp
+    steps, extra_inval, extra_err = [], [], []
+    for a, b in zip(pr["steps"], cr["steps"]):
+        steps.append({"op": a["op"], "phase": a["phase"], "plain_error": a["error"],
+                      "plain_capture": a["capture_after"], "cualloc_error": b["error"],
+                      "cualloc_capture": b["capture_after"]})
+        if a["phase"] != 1:
+            continue
+        if b["capture_after"] != "active" and a["capture_after"] == "active":
+            extra_inval.append(a["op"])
+        if b["error"] not in ("cudaSuccess", "not loaded") and a["error"] in ("cudaSuccess", "not loaded"):
+            extra_err.append("%s: %s" % (a["op"], b["error"]))
+    cmp.update(steps=steps, cualloc_extra_invalidations=extra_inval, cualloc_extra_errors=extra_err,
+               plain_pass=plain.get("pass"), cualloc_pass=pre.get("pass"))
+    if pre.get("pass") is True:
+        cmp["pass"] = True
+    elif pre.get("pass") is False:
+        cmp["pass"] = not extra_inval and not extra_err
+    return cmp
+
+
+def dq_verdict(rows, mock, fake):
+    """The driver-questions part's status, detail and the records to append. Each check counts
+    under cualloc and without it, except capture_vs_misses, for which the comparison counts (its
+    run without cualloc is CUDA's own answer, the reference); a process that crashed or timed out
+    fails. In --mock the probes against the fake driver must have found the driver's own
+    cuGetProcAddress (in the fake's folder), under the preload too, past cualloc's dlsym."""
+    if mock:
+        probes = {r["mode"]: r for r in rows if r.get("op") == "probe"}
+        if not probes:
+            return "mock", "no nvcc: nothing built or run", []
+        bad = []
+        for mode in ("plain", "preload"):
+            r = probes.get(mode) or {}
+            res = r.get("result") or {}
+            if not (r.get("pass") is True and res.get("get_proc_file", "").startswith(fake)
+                    and res.get("cualloc") is (mode == "preload")
+                    and res.get("dlsym_get_proc_is_driver") is (mode == "plain")):
+                bad.append("%s: %s" % (mode, json.dumps(res)[:300] if res else "no result"))
+        if bad:
+            return "fail", "legacy_lookup_flags against the fake driver: " + "; ".join(bad), []
+        return "mock", "legacy_lookup_flags ran against the fake driver (plain and under the preload); the rest not run", []
+    runs = {(r["check"], r["mode"]): r for r in rows if r.get("op") == "check" and r.get("status") != "not-run"}
+    if not runs:
+        return "skipped", "nothing ran", []
+    verdicts, extra = [], []
+    plain, pre = runs.get(("capture_vs_misses", "plain")), runs.get(("capture_vs_misses", "preload"))
+    if plain or pre:
+        cmp = dq_compare(plain, pre)
+        extra.append(cmp)
+        verdicts.append(("capture_vs_misses", "compared", cmp["pass"], max((plain or {}).get("rc", 0), (pre or {}).get("rc", 0))))
+    for (check, mode), r in runs.items():
+        if check != "capture_vs_misses":
+            verdicts.append((check, mode, r.get("pass"), r.get("rc", 0)))
+    failed = ["%s (%s)%s" % (c, m, "" if rc == 0 else " exited %d" % rc) for c, m, p, rc in verdicts
+              if p is False or rc != 0]
+    undecided = ["%s (%s)" % (c, m) for c, m, p, rc in verdicts if p is None and rc == 0]
+    detail = "; ".join(x for x in ["failed: " + ", ".join(failed) if failed else "",
+                                     "undecided: " + ", ".join(undecided) if undecided else ""] if x)
+    return ("fail" if failed else "pass"), detail or "every check passed", extra
+
+
+def dq_verdict_main(path, mock, fake):
+    status, detail, extra = dq_verdict(load(path), mock == "1", fake)
+    with open(path, "a", encoding="utf-8") as f:
+        for r in extra:
+            f.write(json.dumps(r) + "\n")
+    print("%s|%s" % (status, detail))
+    return 0
+
+
+def driver_questions(rows):
+    out = []
+    builds = [r for r in rows if r.get("op") == "build"]
+    if builds:
+        out += ["nvcc build (shared runtime): " + ", ".join("ok" if b["ok"] else "FAILED" for b in builds), ""]
+    tab = []
+    for r in rows:
+        if r.get("op") not in ("check", "probe"):
+            continue
+        who = "without cualloc" if r["mode"] == "plain" else "LD_PRELOAD cualloc"
+        if r["op"] == "probe":
+            who += " (fake driver)"
+        if r.get("status") == "not-run":
+            tab.append([r["check"], who, "not run (%s)" % r["reason"], "-", "-", "-"])
+            continue
+        res = r.get("result")
+        if res is None:
+            tail = (r.get("log_tail") or "").strip().splitlines()
+            tab.append([r["check"], who, "no result (rc %s)" % r["rc"], (tail[-1] if tail else "-").replace("|", "/"),
+                        r["rc"], fmt(r.get("wall_s"), "%.2f")])
+            continue
+        verdict = {True: "pass", False: "**FAIL**", None: "undecided"}[r.get("pass")]
+        tab.append([r["check"], who, verdict, dq_facts(r["check"], res).replace("|", "/"), r["rc"],
+                    fmt(r.get("wall_s"), "%.2f")])
+    if tab:
+        out += table(["check", "process", "result", "facts", "rc", "wall s"], tab)
+        out.append("")
+    for c in (r for r in rows if r.get("op") == "compare"):
+        out.append("capture_vs_misses, step by step (thread B's call and the capture's status after it; phase 2 "
+                   "calls the driver directly in both processes): %s" % {True: "pass", False: "**FAIL**",
+                                                                         None: "undecided"}[c.get("pass")])
+        out.append("")
+        if c.get("cualloc_extra_invalidations") or c.get("cualloc_extra_errors"):
+            out.append("- only under cualloc: invalidations %s; errors %s" % (
+                ", ".join(c.get("cualloc_extra_invalidations") or []) or "none",
+                ", ".join(c.get("cualloc_extra_errors") or []) or "none"))
+            out.append("")
+        out += table(["phase", "step", "without cualloc", "capture", "under cualloc", "capture"],
+                     [[s["phase"], s["op"], s["plain_error"], s["plain_capture"], s["cualloc_error"],
+                       s["cualloc_capture"]] for s in c.get("steps") or []])
+        out.append("")
     return out
 
 
@@ -533,7 +697,8 @@ def viewer(rows):
     return out
 
 
-PARTS = {"driver-costs": driver_costs, "property-cuda": property_cuda, "ld-preload": ld_preload, "torch": torch,
+PARTS = {"driver-costs": driver_costs, "property-cuda": property_cuda, "ld-preload": ld_preload,
+         "driver-questions": driver_questions, "torch": torch,
          "torch-medium": torch, "torch-alloc-cost": alloc_cost, "torch-capacity": capacity,
          "torch-capacity-medium": capacity, "torch-capacity-varlen": capacity,
          "torch-capacity-medium-varlen": capacity, "viewer": viewer}
@@ -542,6 +707,8 @@ PARTS = {"driver-costs": driver_costs, "property-cuda": property_cuda, "ld-prelo
 def main(argv):
     if len(argv) >= 3 and argv[1] == "targets":
         return targets_main(argv[2:])
+    if len(argv) == 5 and argv[1] == "driver-questions-verdict":
+        return dq_verdict_main(*argv[2:])
     if len(argv) != 3 or argv[1] not in PARTS:
         print("usage: summarize.py %s RESULTS.jsonl\n       summarize.py targets RESULTS_DIR_OR_JSONL..."
               % "|".join(PARTS), file=sys.stderr)
