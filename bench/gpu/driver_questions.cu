@@ -291,7 +291,7 @@ struct capture_state {
     int *out;                         // the captured kernel's target
     char error[N_STEPS][64];          // B's error per step ("-" when the step was not made)
     cudaStreamCaptureStatus after[N_STEPS]; // A's stream after the step
-    char restart[N_STEPS][64];        // A's cudaStreamEndCapture of an invalidated capture, "" if none
+    char restart[N_STEPS][160];       // A's cudaStreamEndCapture of a lost capture and its new begin, "" if none
     // B's state between steps
     void *p4;
     CUevent ev;
@@ -299,7 +299,7 @@ struct capture_state {
     CUdeviceptr va;
     size_t gran;
     // A's ends
-    char begin[64], launch[64], end[64], instantiate[64], graph_launch[64], sync[64], end2[64];
+    char begin[64], end[64], instantiate[64], graph_launch[64], sync[64], begin2[64], end2[64], a_last[64];
     int value;
 };
 
@@ -404,17 +404,21 @@ static void a_after(capture_state *st, int k) {
     if (s != cudaStreamCaptureStatusActive) {
         cudaGraph_t g = NULL;
         cudaError_t r = cudaStreamEndCapture(st->a, &g);
-        snprintf(st->restart[k], sizeof st->restart[k], "%s", rt_name(r));
         if (g) cudaGraphDestroy(g);
-        cudaGetLastError();
+        cudaError_t last = cudaGetLastError();
         char again[64];
         a_begin(st, again, sizeof again);
+        snprintf(st->restart[k], sizeof st->restart[k], "%s (last error %s); begun again: %s", rt_name(r),
+                 rt_name(last), again);
     }
 }
 
+// Both threads make the device's primary context current (cudaSetDevice, cudaFree(0)) before the
+// first barrier, so that nothing in the steps is a thread's first use of the runtime.
 static void *thread_a(void *arg) {
     capture_state *st = (capture_state *)arg;
     cudaSetDevice(0);
+    cudaFree(0);
     pthread_barrier_wait(&st->barrier); // both threads have the device
     a_begin(st, st->begin, sizeof st->begin);
     pthread_barrier_wait(&st->barrier); // the capture is under way
@@ -439,8 +443,7 @@ static void *thread_a(void *arg) {
             }
             if (g) cudaGraphDestroy(g);
             cudaGetLastError();
-            char again[64];
-            a_begin(st, again, sizeof again); // phase 2 runs under a capture too
+            a_begin(st, st->begin2, sizeof st->begin2); // phase 2 runs under a capture too
         }
         pthread_barrier_wait(&st->barrier); // A has looked
     }
@@ -448,12 +451,14 @@ static void *thread_a(void *arg) {
     cudaError_t r = cudaStreamEndCapture(st->a, &g);
     snprintf(st->end2, sizeof st->end2, "%s", rt_name(r));
     if (g) cudaGraphDestroy(g);
+    snprintf(st->a_last, sizeof st->a_last, "%s", rt_name(cudaGetLastError()));
     return NULL;
 }
 
 static void *thread_b(void *arg) {
     capture_state *st = (capture_state *)arg;
     cudaSetDevice(0);
+    cudaFree(0);
     pthread_barrier_wait(&st->barrier);
     pthread_barrier_wait(&st->barrier);
     for (int k = 0; k < N_STEPS; k++) {
@@ -508,12 +513,13 @@ static int check_capture_vs_misses(void) {
          st.value, invalidated1);
     if (first >= 0) jstr(STEP_NAMES[first]);
     else jadd("null");
-    jadd(",\"end_after_phase2\":\"%s\",\"steps\":[", st.end2);
+    jadd(",\"begin_phase2\":\"%s\",\"end_phase2\":\"%s\",\"a_last_error\":\"%s\",\"steps\":[", st.begin2, st.end2,
+         st.a_last);
     for (int k = 0; k < N_STEPS; k++) {
         jadd("%s{\"phase\":%d,\"op\":", k ? "," : "", k < N_PHASE1 ? 1 : 2);
         jstr(STEP_NAMES[k]);
         jadd(",\"error\":\"%s\",\"capture_after\":\"%s\"", st.error[k], status_name(st.after[k]));
-        if (st.restart[k][0]) jadd(",\"end_capture\":\"%s\"", st.restart[k]);
+        if (st.restart[k][0]) jadd(",\"restart\":\"%s\"", st.restart[k]);
         jadd("}");
     }
     jadd("]");
