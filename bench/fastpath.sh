@@ -20,6 +20,8 @@
 #   FASTPATH_NATIVE=0   skip the native run;  FASTPATH_PROFILE=0  skip the per-function profile
 #   FASTPATH_BUILD=0    do not run ninja (the smoke test sets it: meson has built the program)
 # The callgrind profiles stay in <builddir>/fastpath-callgrind/ for callgrind_annotate.
+# Exit status: 0; 3 when the native run's cualloc loop mapped memory (not all cached); 1 when a
+# callgrind run failed or counted nothing (its cells, and the nets and ratio that need them, read -).
 set -eu
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -58,9 +60,13 @@ fi
 
 out=$build/fastpath-callgrind
 mkdir -p "$out"
+failed=$out/failed-runs.txt # the callgrind runs that gave no count, one a line
+: >"$failed"
 
 # Runs one configuration under callgrind, collecting only inside bench_loop_* (the timed loop);
-# prints the instructions collected and the pairs timed (a trace rounds them up to whole passes).
+# prints the instructions collected and the pairs timed (a trace rounds them up to whole passes),
+# or nothing when the run failed or left no count: the run is then listed in $failed, and its cells
+# (and every cell computed from them) read "-".
 # SEED: the mix's seed (default: the program's own). PATTERN trace=FILE: FILE's requests.
 cg_run() { # allocator pattern threads [seed]
     case $2 in
@@ -68,6 +74,7 @@ cg_run() { # allocator pattern threads [seed]
     *) name=$2 ;;
     esac
     f=$out/cg.$1.$name.t$3${4:+.s$4}
+    rm -f "$f"
     rc=0
     valgrind --tool=callgrind $instr_opt --toggle-collect='bench_loop_*' --callgrind-out-file="$f" \
         "$exe" --allocator "$1" --pattern "$2" --threads "$3" --pairs "$cg_pairs" ${4:+--seed "$4"} \
@@ -77,14 +84,21 @@ cg_run() { # allocator pattern threads [seed]
     elif [ "$rc" != 0 ]; then
         echo "fastpath.sh: callgrind run $1/$2/$3 failed (exit $rc; see $f.log):" >&2
         tail -5 "$f.log" >&2
-        echo 0 1
+        echo "$1/$2/$3${4:+/seed$4}" >>"$failed"
         return
     fi
-    echo "$(sed -n 's/^totals: *//p' "$f" | head -1) $(awk -v a="$1" '$1 == a { print $4; exit }' "$f.log")"
+    instr=$(sed -n 's/^totals: *//p' "$f" 2>/dev/null | head -1)
+    pairs_timed=$(awk -v a="$1" '$1 == a { print $4; exit }' "$f.log")
+    case "$instr.$pairs_timed" in
+    [1-9]*.[1-9]*) echo "$instr $pairs_timed" ;; # 0 instructions: the timed loop was never entered
+    *)
+        echo "fastpath.sh: callgrind run $1/$2/$3 left no instruction count or no pairs (see $f and $f.log)" >&2
+        echo "$1/$2/$3${4:+/seed$4}" >>"$failed" ;;
+    esac
 }
 
-per_pair() { # "instructions pairs" -> per pair, one decimal
-    echo "$1" | awk '{ printf "%.1f", ($2 > 0 ? $1 / $2 : 0) }'
+per_pair() { # "instructions pairs" -> per pair, one decimal; "-" without a count
+    echo "$1" | awk 'NF == 2 && $2 > 0 { printf "%.1f", $1 / $2; ok = 1 } END { if (!ok) printf "-" }'
 }
 
 # One table row: the loop baseline, cualloc and jemalloc for PATTERN with THREADS threads, each per
@@ -97,10 +111,14 @@ cg_row() { # pattern threads [seed [label]]
     cua=$(per_pair "$(cg_run cualloc "$1" "$2" "${3:-}")")
     je=-
     case "$allocs" in *jemalloc*) je=$(per_pair "$(cg_run jemalloc "$1" "$2" "${3:-}")") ;; esac
-    cua_net=$(awk -v a="$cua" -v b="$loop" 'BEGIN { printf "%.1f", a - b }')
-    je_net=- ratio=-
-    if [ "$je" != - ]; then
+    cua_net=- je_net=- ratio=-
+    if [ "$cua" != - ] && [ "$loop" != - ]; then
+        cua_net=$(awk -v a="$cua" -v b="$loop" 'BEGIN { printf "%.1f", a - b }')
+    fi
+    if [ "$je" != - ] && [ "$loop" != - ]; then
         je_net=$(awk -v a="$je" -v b="$loop" 'BEGIN { printf "%.1f", a - b }')
+    fi
+    if [ "$cua_net" != - ] && [ "$je_net" != - ]; then
         ratio=$(awk -v a="$je_net" -v b="$cua_net" 'BEGIN { if (b > 0) printf "%.1fx", a / b; else printf "-" }')
     fi
     printf '%-8s %7s %10s %10s %8s %12s %12s %8s\n' "${4:-$1}" "${3:-$2}" "$cua" "$je" "$loop" "$cua_net" "$je_net" "$ratio"
@@ -200,5 +218,9 @@ if [ "${FASTPATH_PROFILE:-1}" != 0 ]; then
     done
     echo
     echo "profiles: $out/cg.<allocator>.<pattern>.t<threads> (callgrind_annotate --inclusive=yes <file>)"
+fi
+if [ -s "$failed" ]; then
+    echo "fastpath.sh: $(wc -l <"$failed") callgrind run(s) gave no count ($(tr '\n' ' ' <"$failed")): their cells read -" >&2
+    status=1
 fi
 exit "$status"

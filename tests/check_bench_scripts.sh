@@ -69,6 +69,31 @@ for args in "--pairs 2000" "--runs 0"; do
     fi
 done
 rm -f "$out.toerr"
+
+# A callgrind run that fails (here the loop baseline's, through a valgrind that refuses it) gives no
+# number: its cells and every cell computed from them read "-", and the script exits 1. It read 0.0,
+# so the loop subtracted nothing and the net columns were the gross counts, with exit status 0.
+fake=$(mktemp -d)
+cat >"$fake/valgrind" <<EOF
+#!/bin/sh
+case " \$* " in *" --allocator null "*) echo "valgrind: refused" >&2; exit 1 ;; esac
+exec "$(command -v valgrind)" "\$@"
+EOF
+chmod +x "$fake/valgrind"
+rc=0
+PATH="$fake:$PATH" FASTPATH_BUILD=0 FASTPATH_NATIVE=0 FASTPATH_PROFILE=0 FASTPATH_CG_PAIRS=1024 FASTPATH_CG_THREADS=0 \
+    FASTPATH_TRACES= "$src/bench/fastpath.sh" "$build" >"$out" 2>&1 || rc=$?
+rm -rf "$fake"
+if [ "$rc" != 1 ]; then
+    echo "FAIL: bench/fastpath.sh exited with $rc after a failed callgrind run (expected 1)"; cat "$out"; fail=1
+fi
+for pat in random stack repeat; do
+    # pattern threads cualloc jemalloc loop cualloc-net jemalloc-net je/cua: loop and what needs it are "-"
+    awk -v p="$pat" '$1 == p && $2 == 1 && $3 + 0 > 0 && $5 == "-" && $6 == "-" && $7 == "-" && $8 == "-" { ok = 1 }
+        END { exit !ok }' "$out" ||
+        { echo "FAIL: bench/fastpath.sh printed a number computed from a failed callgrind run ($pat)"; cat "$out"; fail=1; }
+done
+
 # trace_overhead: one native run per depth, callgrind off and on for both depths.
 if ! TRACE_OVERHEAD_BUILD=0 TRACE_OVERHEAD_RUNS=1 TRACE_OVERHEAD_PAIRS=16384 \
     "$src/bench/trace_overhead.sh" "$build" >"$out" 2>&1; then
