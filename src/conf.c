@@ -819,6 +819,13 @@ int conf_parse(const char *text, conf_t *out)
         out->sim_va_base = fixed;
         problems++;
     }
+    /* A ring needs a bound: an unbounded file never wraps, and trace_ring alone would do nothing
+     * without a word. */
+    if (out->trace_ring && out->trace_max == 0) {
+        cua_error("CUALLOC_CONF: trace_ring has no effect without trace_max_mb (an unbounded trace file never "
+                  "wraps); add trace_max_mb:N to keep the newest N MiB");
+        problems++;
+    }
     return problems;
 }
 

@@ -201,7 +201,7 @@ static void test_good_values(void)
     CHECK(good("trace_stack_depth:64").trace_stack_depth == 64);
     CHECK(good("trace_max_mb:1").trace_max == MiB);
     CHECK(good("trace_max_mb:0").trace_max == 0);
-    CHECK(good("trace_ring:1").trace_ring);
+    CHECK(good("trace_ring:1,trace_max_mb:8").trace_ring);
     CHECK(good("sim_va_base:4294967296").sim_va_base == 0x100000000ull);
     CHECK(good("sim_va_base:0X7F0000200000").sim_va_base == 0x7f0000200000ull);
     /* The granularity set first allows a finer base. */
@@ -419,6 +419,14 @@ static void test_va_base_granularity_order(void)
     c.sim_va_base = 0x7f0000001000ull;
     CHECK(parse_counted("sim_granularity_kb:2048", &c) == 1);
     CHECK(c.sim_va_base == 0x7f0000200000ull);
+    /* trace_ring needs trace_max_mb, in either order; alone it is reported (and stays set). */
+    c = def;
+    CHECK(parse_counted("trace_ring:1", &c) == 1 && c.trace_ring);
+    CHECK_MSG(strstr(msg_last, "trace_ring has no effect without trace_max_mb") != NULL, "%s", msg_last);
+    c = def;
+    CHECK(parse_counted("trace_ring:1,trace_max_mb:64", &c) == 0);
+    c = def;
+    CHECK(parse_counted("trace_max_mb:64,trace_ring:1", &c) == 0);
 }
 
 static void check_divs(const char *text, const unsigned want[CONF_ROUNDUP_INTERVALS])
@@ -557,7 +565,7 @@ static void random_conf(conf_t *c)
     snprintf(c->trace, sizeof c->trace, "%s", paths[rnd_below(4)]);
     c->trace_stack_depth = (unsigned)rnd_below(65);
     c->trace_max = (rnd() & 1) ? 0 : (size_t)(1 + rnd_below(1u << 30)) * MiB;
-    c->trace_ring = rnd() & 1;
+    c->trace_ring = c->trace_max && (rnd() & 1); /* a ring without a bound is reported */
     c->driver = (rnd() & 1) ? DRIVER_SIM : DRIVER_CUDA;
     c->sim_memory = (size_t)(1 + rnd_below(1u << 30)) * MiB;
     c->sim_host_backed = rnd() & 1;
