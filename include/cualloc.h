@@ -86,7 +86,8 @@ CUALLOC_API int cualloc_get_stats(int device, cualloc_stats *out);
  * Accelerate's find_executable_batch_size, recognizes this one), gives the heap's figures and the device's free memory, and ends with
  * the diagnosis of the device's last failed request and its first fix, the same as the report on
  * stderr and allocview's: a genuine shortage, a device full of memory held outside cualloc, or
- * fragmentation (before any request has failed: what this one would be diagnosed as now). Under
+ * fragmentation (before any request has failed: what this one would be diagnosed as now, or "none yet"
+ * when the heap would serve it). Under
  * CUALLOC_DISABLE it says that the driver refused the request and gives the device's free memory.
  * The exception cualloc_torch_malloc throws carries it. Returns 0, or -1 when buf is NULL or len 0. */
 CUALLOC_API int cualloc_oom_message(size_t size, int device, char *buf, size_t len);

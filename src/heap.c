@@ -2675,10 +2675,21 @@ void heap_oom_facts(heap_t *h, size_t size, cualloc_stats *out, size_t *dfree, b
     size_t dtotal;
     heap_stats_hold(h, out);
     *dknown = device_free_now(h, dfree, &dtotal);
-    if (h->oom_text[0])
+    size_t rsize = heap_round_size(&h->conf, size);
+    if (h->oom_text[0]) {
         snprintf(diagnosis, len, "%s", h->oom_text);
-    else {
-        size_t rsize = heap_round_size(&h->conf, size);
+    } else if (rsize && oom_classify(rsize, h->cap, h->stats.allocated_bytes, h->stats.reserved_bytes,
+                                     *dknown ? *dfree : UINT64_MAX) == OOM_FRAGMENTATION &&
+               (out->largest_free_block >= rsize || (*dknown && rsize <= *dfree))) {
+        /* Asked before anything failed, of a request the heap would serve now: the diagnosis of a
+         * failure would describe one that never was. */
+        char largest[32], devfree[32];
+        snprintf(diagnosis, len,
+                 "none yet — no allocation has failed on this device, and this request would be served now "
+                 "(largest free block %s; the device reports %s free).",
+                 fmt_bytes(out->largest_free_block, largest, sizeof largest),
+                 *dknown ? fmt_bytes(*dfree, devfree, sizeof devfree) : "(unknown)");
+    } else {
         oom_diagnose(h, rsize ? rsize : size /* 0: rounding would overflow */, *dfree, dtotal, *dknown, diagnosis,
                      len);
     }

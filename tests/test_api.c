@@ -136,6 +136,10 @@ static void test_oom_message_first(void) {
     EXPECT(strncmp(buf, "CUDA out of memory", 18) == 0 && strstr(buf, "genuine shortage") &&
                !strstr(buf, "could not set up"),
            "before any allocation: %s", buf);
+    /* A request the heap would serve now, asked of before anything failed: no failure is made up. */
+    EXPECT(cualloc_oom_message(64 << 20, 0, buf, sizeof buf) == 0 && strstr(buf, "Diagnosis: none yet") &&
+               !strstr(buf, "failed and the device"),
+           "a request that would be served: %s", buf);
 }
 
 static void test_round_trip(void) {
