@@ -48,6 +48,8 @@ static inline void api_ensure_init(void) {
 
 /* The devices that may have a heap: the driver's count, at most CUALLOC_MAX_DEVICES. */
 static inline int api_ndevices(void) { return g.device_count < CUALLOC_MAX_DEVICES ? g.device_count : CUALLOC_MAX_DEVICES; }
+/* A device ordinal the API answers for: one the driver has, below CUALLOC_MAX_DEVICES. */
+static inline bool api_device_valid(int device) { return device >= 0 && device < api_ndevices(); }
 
 /* At exit a lock may never come free: exit() called from a signal handler that interrupted this
  * thread inside the heap (or making one) hangs on it. So exit waits for each lock at most this
@@ -184,13 +186,13 @@ const driver_ops_t *api_driver(void) {
 }
 
 static heap_t *api_existing_heap(int device) {
-    if (device < 0 || device >= g.device_count || device >= CUALLOC_MAX_DEVICES) return NULL;
+    if (!api_device_valid(device)) return NULL;
     return atomic_load_explicit(&g.heaps[device], memory_order_acquire);
 }
 
 heap_t *api_heap(int device) {
     pthread_once(&g.once, api_init);
-    if (device < 0 || device >= g.device_count || device >= CUALLOC_MAX_DEVICES) return NULL;
+    if (!api_device_valid(device)) return NULL;
     heap_t *h = atomic_load_explicit(&g.heaps[device], memory_order_acquire);
     if (h) return h;
     pthread_mutex_lock(&g.create_lock);
@@ -346,7 +348,7 @@ CUALLOC_API void cualloc_free(void *ptr, void *stream) {
 CUALLOC_API int cualloc_get_stats(int device, cualloc_stats *out) {
     if (!out) return -1;
     pthread_once(&g.once, api_init);
-    if (device < 0 || device >= g.device_count || device >= CUALLOC_MAX_DEVICES) return -1;
+    if (!api_device_valid(device)) return -1;
     heap_t *h = api_existing_heap(device);
     memset(out, 0, sizeof *out);
     if (h) heap_get_stats(h, out);
@@ -373,7 +375,7 @@ CUALLOC_API int cualloc_oom_message(size_t size, int device, char *buf, size_t l
     pthread_once(&g.once, api_init);
     char req[32];
     torch_size(size, req, sizeof req);
-    if (g.init_error != CUA_SUCCESS || device < 0 || device >= api_ndevices()) {
+    if (g.init_error != CUA_SUCCESS || !api_device_valid(device)) {
         snprintf(buf, len,
                  "CUDA out of memory. Tried to allocate %s (%zu bytes) on device %d, but device %d is not "
                  "a device cualloc can use (no such device, or the CUDA driver is not usable; see the \"cualloc:\" "
@@ -425,7 +427,7 @@ CUALLOC_API int cualloc_oom_message(size_t size, int device, char *buf, size_t l
 
 CUALLOC_API int cualloc_reset_peaks(int device) {
     pthread_once(&g.once, api_init);
-    if (device < 0 || device >= g.device_count || device >= CUALLOC_MAX_DEVICES) return -1;
+    if (!api_device_valid(device)) return -1;
     heap_t *h = api_existing_heap(device);
     if (h) heap_reset_peaks(h);
     return 0;

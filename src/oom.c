@@ -42,6 +42,6 @@ uint64_t oom_missing(uint64_t request, uint64_t allocated, uint64_t limit) {
 
 bool oom_cap_reached(uint64_t request, uint64_t capacity, uint64_t device_total, uint64_t allocated,
                      uint64_t device_room) {
-    return oom_classify(request, capacity, allocated, 0, UINT64_MAX) == OOM_SHORTAGE && capacity < device_total &&
+    return oom_missing(request, allocated, capacity) != 0 && capacity < device_total &&
            oom_missing(request, allocated, device_total) == 0 && oom_missing(request, allocated, device_room) == 0;
 }
