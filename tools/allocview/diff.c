@@ -217,7 +217,7 @@ int av_cmd_diff(int argc, char **argv)
             if (dv_showing(&s[i].scope, "", "", showing, sizeof showing))
                 printf("   showing   %s\n", showing);
             if (tr_info(s[i].r)->overwritten)
-                printf("   warning   a ring trace whose oldest events were overwritten: its peak and call sites are of "
+                printf("   warning   " TR_RING_OVERWRITTEN ": its peak and call sites are of "
                        "the newest events, and blocks allocated or memory mapped before them are not counted\n");
         }
         signed_human((int64_t)(s[1].p.live_peak - s[0].p.live_peak), h3, sizeof h3);

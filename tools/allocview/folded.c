@@ -300,7 +300,7 @@ int vw_write_folded(FILE *out, const char *path, dv_scope_t *scope)
     if (dv_showing(scope, "", "", showing, sizeof showing))
         fprintf(stderr, "allocview folded: %s: showing %s\n", path, showing);
     if (tr_info(r)->overwritten)
-        fprintf(stderr, "allocview folded: %s: warning: a ring trace whose oldest events were overwritten: the stacks "
+        fprintf(stderr, "allocview folded: %s: warning: " TR_RING_OVERWRITTEN ": the stacks "
                         "are those live at the peak of the newest events; blocks allocated before them are not counted\n",
                 path);
     fline_t *lines = calloc(p.nstacks ? p.nstacks : 1, sizeof *lines);

@@ -75,6 +75,9 @@ typedef struct tr_info {
     uint64_t first_event_serial;  /* ring: serial of the oldest surviving EVENT block */
     bool overwritten;             /* ring: older events were overwritten */
 } tr_info_t;
+/* How every command's warning about an overwritten ring begins (each says what its figures then
+ * cover). */
+#define TR_RING_OVERWRITTEN "a ring trace whose oldest events were overwritten"
 
 /* Opens a trace; NULL with a message in err (missing file, not a trace, newer major version
  * — "trace format version 2.0 is newer than this reader's 1.0" —, bad header). */

@@ -836,7 +836,7 @@ int av_cmd_replay(int argc, char **argv)
         if (t->ndev > 1)
             printf("figures are totals over devices (peak of the sum); per device below\n");
         if (t->overwritten)
-            printf("warning: a ring trace whose oldest events were overwritten: only the newest events' requests are "
+            printf("warning: " TR_RING_OVERWRITTEN ": only the newest events' requests are "
                    "replayed, and the recording allocator's own figures, of that window (what it mapped before the "
                    "window is not counted), are not compared\n");
         printf("%-36s %16s %16s %16s %11s %6s%s\n", "conf", "peak requested", "peak allocated", "peak reserved",

@@ -741,7 +741,7 @@ static void ring_text(FILE *out, const av_t *a)
      * window, and allocated and reserved count only what it made (reserved may read below
      * allocated when the mappings came before it). */
     fprintf(out,
-            "  %swarning%s   a ring trace whose oldest events were overwritten: the report covers only the newest "
+            "  %swarning%s   " TR_RING_OVERWRITTEN ": the report covers only the newest "
             "events (from +0 s here); its peak, call sites, steps and leaks are of that window, and blocks "
             "allocated or memory mapped before it are not counted",
             C_R(), C_0());

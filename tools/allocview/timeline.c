@@ -293,7 +293,7 @@ static void text_report(const tl_t *t, FILE *out)
     if (dv_showing(&t->scope, t->color ? "\033[1m" : "", t->color ? "\033[0m" : "", showing, sizeof showing))
         fprintf(out, "%-10s%s\n", "showing", showing);
     if (t->overwritten)
-        fprintf(out, "%-10sa ring trace whose oldest events were overwritten: the timeline covers only the newest "
+        fprintf(out, "%-10s" TR_RING_OVERWRITTEN ": the timeline covers only the newest "
                      "events, and blocks allocated or memory mapped before them are not counted\n", "warning");
     uint64_t scale = t->live_peak > t->reserved_peak ? t->live_peak : t->reserved_peak;
     sparkline(t, out, "live", true, scale, "\033[32m");
