@@ -272,7 +272,7 @@ class Enable(TorchLibCase):
         with self.assertRaises(RuntimeError) as cm:
             with torch.cuda.graph(torch.cuda.CUDAGraph()):
                 pass
-        self.assertIn("CUDA graph capture is not supported under cualloc.enable()", str(cm.exception))
+        self.assertIn("CUDA graph capture is not supported under cualloc_torch.enable()", str(cm.exception))
         self.assertIn("LD_PRELOAD", str(cm.exception))
         self.assertEqual(torch.cuda._state["captures"], 1)
         ct.enable(ARGS.torch_lib)  # again: still refused, wrapped once

@@ -358,6 +358,10 @@ def _device_range():
 # ----------------------------------------------------------------------------------------------
 # Statistics, cache, marks.
 
+def _not_a_device(dev):
+    return ValueError("cualloc_torch: device %d is not a device cualloc can use" % dev)
+
+
 def stats(device=None):
     """cualloc's statistics for `device` (default: the current device) as a dict of every field
     of struct cualloc_stats (include/cualloc.h): bytes for the gauges and their peaks since start,
@@ -365,7 +369,7 @@ def stats(device=None):
     dev = _device_index(device)
     s = CuallocStats()
     if library().cualloc_get_stats(dev, ctypes.byref(s)) != 0:
-        raise ValueError("cualloc_torch: device %d is not a device cualloc can use" % dev)
+        raise _not_a_device(dev)
     return {name: int(getattr(s, name)) for name in STATS_FIELDS}
 
 
@@ -543,7 +547,7 @@ def _reset_peaks(device=None):
         return
     dev = _device_index(device)
     if fn(dev) != 0:
-        raise ValueError("cualloc_torch: device %d is not a device cualloc can use" % dev)
+        raise _not_a_device(dev)
 
 
 def _reset_accumulated(device=None):
@@ -702,7 +706,7 @@ def _finish_enable(torch, step_marks, standins):
 
 
 GRAPH_CAPTURE_MESSAGE = (
-    "cualloc_torch: CUDA graph capture is not supported under cualloc.enable(). A captured graph "
+    "cualloc_torch: CUDA graph capture is not supported under cualloc_torch.enable(). A captured graph "
     "keeps using the memory its kernels were given when it replays, and PyTorch tells a pluggable "
     "allocator nothing about the graph (its private memory pool is PyTorch's own allocator's), so "
     "cualloc would hand that memory to other tensors after the capture and every replay would "
