@@ -23,13 +23,15 @@
 #   - the real snapshots, converted with `allocview import X.pickle -o X.trace` (the recorded
 #     capacity is import's assumed 80 GiB: a snapshot holds none);
 #   - the scenario traces the test suite records through libcualloc.so on the sim device, recorded
-#     here again with the tests' configurations: tests/trace_scenarios (as in
-#     tests/check_allocview_reports.sh), tests/replay_fixture and tests/trace_fixture (as in
+#     here again with the tests' configurations: every scenario of tests/trace_scenarios (its
+#     `--list`, which tests/check_allocview_reports.sh records too; devicefull on the tests' fake
+#     driver), tests/replay_fixture and tests/trace_fixture (as in
 #     tests/check_replay.sh), plus the demo job (tools/cualloc-demo, 20 steps of a GPT-2-small-shaped
 #     training loop) with CUALLOC_CONF=trace:...;
 #   - bench/corpus/*.pickle and *.trace, where snapshots recorded on a GPU are put.
-# Not included: tests/trace_sites_fixture (its records are written directly, not by the allocator)
-# and replay_fixture's classic recording (the same requests as its default recording; a replay
+# Not included: tests/trace_sites_fixture (its records are written directly, not by the allocator),
+# the reports test's `capped` trace (shortage's requests under a cap) and replay_fixture's classic
+# recording (the same requests as its default recording; a replay
 # sees only the requests, so its row would be identical).
 #
 # The configurations (checked with build/tools/cualloc-conf, keys in src/conf.c):
@@ -52,6 +54,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 case $build in /*) ;; *) build=$PWD/$build ;; esac
 snapdir=${FRAG_SNAPSHOTS:-$root/../shared/traces}
+fakecuda=$build/tests/fakecuda
 corpus=${FRAG_CORPUS:-$root/bench/corpus}
 out=${FRAG_OUT:-$build/fragmentation}
 passes=${FRAG_PASSES:-1}
@@ -73,7 +76,7 @@ if [ "${FRAG_BUILD:-1}" != 0 ]; then
     fi
     # -j 2: the machines this runs on are small and shared.
     ninja -C "$build" -j 2 tools/allocview/allocview tests/trace_scenarios tests/replay_fixture \
-        tests/trace_fixture tools/cualloc-demo >/dev/null ||
+        tests/trace_fixture tools/cualloc-demo tests/fakecuda/libcuda.so.1 >/dev/null ||
         { echo "fragmentation.sh: building the replay tool and the fixtures failed" >&2; exit 1; }
 fi
 allocview=$build/tools/allocview/allocview
@@ -103,13 +106,15 @@ import_snapshot() {
     fi
 }
 
-# record NAME SOURCE CONF COMMAND...: runs COMMAND with CUALLOC_CONF=CONF; the scenario must
+# record NAME SOURCE CONF COMMAND...: runs COMMAND with CUALLOC_CONF=CONF (on driver:sim unless CONF
+# names a driver); the scenario must
 # leave a trace (the shortage and frag scenarios die with their OOM, exit 1, as in the tests).
 # trace_stack_depth:0: a replay uses no stacks, and recording then needs no unwinder.
 record() {
     name=$1 source=$2 conf=$3
     shift 3
-    CUALLOC_CONF="driver:sim,trace_stack_depth:0,$conf" "$@" </dev/null >"$tmp/$name.log" 2>&1 || true
+    case $conf in driver:*) ;; *) conf="driver:sim,$conf" ;; esac
+    CUALLOC_CONF="trace_stack_depth:0,$conf" "$@" </dev/null >"$tmp/$name.log" 2>&1 || true
     if [ -s "$tmp/$name.trace" ]; then
         printf '%s\t%s\t%s\n' "$name" "$source" "$tmp/$name.trace" >>"$list"
     else
@@ -133,13 +138,27 @@ fi
 
 # 2. The test fixtures, recorded as the tests record them (configurations from
 #    tests/check_allocview_reports.sh and tests/check_replay.sh).
+# Every scenario, under the configuration `trace_scenarios --list` gives it (as
+# tests/check_allocview_reports.sh records it). devicefull runs on the fake driver the tests build
+# (tests/fakecuda): its replay, like every replay here, is on the sim device at the recorded
+# capacity, without the memory the scenario took past cualloc, so its OOM does not recur there.
 scen=$build/tests/trace_scenarios
-record scenario-leak "tests/trace_scenarios leak" sim_memory_mb:256 "$scen" leak "$tmp/scenario-leak.trace"
-record scenario-shortage "tests/trace_scenarios shortage" sim_memory_mb:128 "$scen" shortage "$tmp/scenario-shortage.trace"
-record scenario-frag "tests/trace_scenarios frag" sim_memory_mb:128,expandable_segments:0 "$scen" frag "$tmp/scenario-frag.trace"
-record scenario-step2 "tests/trace_scenarios step2" sim_memory_mb:256 "$scen" step2 "$tmp/scenario-step2.trace"
-record scenario-longest "tests/trace_scenarios longest" sim_memory_mb:512 "$scen" longest "$tmp/scenario-longest.trace"
-record scenario-phase "tests/trace_scenarios phase" sim_memory_mb:512 "$scen" phase "$tmp/scenario-phase.trace"
+"$scen" --list >"$tmp/scenarios.tsv" || fail "trace_scenarios --list failed"
+while IFS='	' read -r sname sconf; do
+    case $sconf in
+    driver:cuda,*)
+        if [ ! -e "$fakecuda/libcuda.so.1" ]; then
+            echo "fragmentation.sh: note: no $fakecuda/libcuda.so.1; scenario $sname is skipped" >&2
+            echo "Scenario \`$sname\` needs the fake driver (\`$fakecuda\`), which was not built: its row is missing." >>"$notes"
+            continue
+        fi
+        record "scenario-$sname" "tests/trace_scenarios $sname (fake driver)" "$sconf" \
+            env "LD_LIBRARY_PATH=$fakecuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$scen" "$sname" "$tmp/scenario-$sname.trace"
+        echo "\`scenario-$sname\` was recorded on the fake driver with memory taken past cualloc; the replays do not take it, so the recorded OOM need not recur in them." >>"$notes"
+        ;;
+    *) record "scenario-$sname" "tests/trace_scenarios $sname" "$sconf" "$scen" "$sname" "$tmp/scenario-$sname.trace" ;;
+    esac
+done <"$tmp/scenarios.tsv"
 record replay-fixture "tests/replay_fixture" sim_memory_mb:1024 "$build/tests/replay_fixture" "$tmp/replay-fixture.trace"
 record trace-fixture "tests/trace_fixture (2 devices)" sim_devices:2,sim_memory_mb:256 \
     "$build/tests/trace_fixture" "$tmp/trace-fixture.trace"

@@ -24,19 +24,12 @@ record() { # NAME SCENARIO CONF
     CUALLOC_CONF="driver:sim,$3" "$scen" "$2" "$tmp/$1.trace" 2>"$tmp/$1.err"
     [ -s "$tmp/$1.trace" ] || { cat "$tmp/$1.err"; bad "scenario $2 wrote no trace"; }
 }
-record leak leak sim_memory_mb:256
-record shortage shortage sim_memory_mb:128
-record frag frag sim_memory_mb:128,expandable_segments:0
-record step2 step2 sim_memory_mb:256
-record longest longest sim_memory_mb:512
-record varlen varlen sim_memory_mb:512
-record phase phase sim_memory_mb:512
-record optstep optstep sim_memory_mb:512
-record twodev twodev sim_memory_mb:256,sim_devices:2
-record latepeak latepeak sim_memory_mb:256
-record twoleaks twoleaks sim_memory_mb:256
-record evalstep evalstep sim_memory_mb:512
-record startmarks startmarks sim_memory_mb:512
+# Every scenario under the configuration trace_scenarios gives it (devicefull, on the fake driver,
+# below); bench/fragmentation.sh records them from the same list.
+"$scen" --list >"$tmp/scenarios.tsv" || bad "trace_scenarios --list failed"
+while IFS='	' read -r name conf; do
+    [ "$name" = devicefull ] || record "$name" "$name" "$conf"
+done <"$tmp/scenarios.tsv"
 record capped shortage sim_memory_mb:512,max_memory_mb:128
 traces="leak shortage frag step2 longest varlen phase optstep twodev latepeak twoleaks evalstep"
 # Marks that start their steps: each names a step as a mark at a step's end does.
@@ -45,7 +38,8 @@ grep -q "3 marks (3 steps)" "$tmp/startmarks.txt" ||
     bad "three start-of-step marks: $(grep duration "$tmp/startmarks.txt")"
 if [ -n "$fakecuda" ]; then
     # The CUDA backend on the fake driver, whose memory the scenario's other library shares.
-    LD_LIBRARY_PATH=$fakecuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} CUALLOC_CONF=driver:cuda,sim_memory_mb:128 \
+    LD_LIBRARY_PATH=$fakecuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+        CUALLOC_CONF=$(sed -n 's/^devicefull	//p' "$tmp/scenarios.tsv") \
         "$scen" devicefull "$tmp/devicefull.trace" 2>"$tmp/devicefull.err"
     [ -s "$tmp/devicefull.trace" ] || { cat "$tmp/devicefull.err"; bad "scenario devicefull wrote no trace"; }
     traces="$traces devicefull"

@@ -115,13 +115,60 @@ static NOINLINE void fragment(void)
 
 static NOINLINE void *big_buffer(size_t bytes) { return tensor_empty(bytes); }
 
+/* Every scenario with the configuration it is recorded under (CUALLOC_CONF, after driver:sim, or
+ * in place of it for devicefull). `trace_scenarios --list` prints this table, one
+ * "NAME<TAB>CONF" line each, so that the scripts that record the scenarios
+ * (tests/check_allocview_reports.sh, bench/fragmentation.sh) record all of them, each as the other
+ * does. The capacities are what each scenario's story needs: shortage and frag must fail at 128 MiB,
+ * latepeak's oversized buffer must exceed 256 MiB. */
+static const struct {
+    const char *name, *conf;
+} scenarios[] = {
+    {"leak", "sim_memory_mb:256"},
+    {"shortage", "sim_memory_mb:128"},
+    {"frag", "sim_memory_mb:128,expandable_segments:0"},
+    {"step2", "sim_memory_mb:256"},
+    {"longest", "sim_memory_mb:512"},
+    {"varlen", "sim_memory_mb:512"},
+    {"phase", "sim_memory_mb:512"},
+    {"optstep", "sim_memory_mb:512"},
+    {"twodev", "sim_memory_mb:256,sim_devices:2"},
+    {"latepeak", "sim_memory_mb:256"},
+    {"twoleaks", "sim_memory_mb:256"},
+    {"evalstep", "sim_memory_mb:512"},
+    {"startmarks", "sim_memory_mb:512"},
+    {"devicefull", "driver:cuda,sim_memory_mb:128"},
+};
+enum { NUM_SCENARIOS = sizeof scenarios / sizeof scenarios[0] };
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: trace_scenarios SCENARIO TRACE | --list\n  scenarios:");
+    for (int i = 0; i < NUM_SCENARIOS; i++)
+        fprintf(stderr, " %s", scenarios[i].name);
+    fputc('\n', stderr);
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 2 && strcmp(argv[1], "--list") == 0) {
+        for (int i = 0; i < NUM_SCENARIOS; i++)
+            printf("%s\t%s\n", scenarios[i].name, scenarios[i].conf);
+        return 0;
+    }
     if (argc != 3) {
-        fprintf(stderr, "usage: trace_scenarios leak|shortage|frag|twodev|devicefull|step2|longest|varlen|phase|optstep|latepeak|twoleaks|evalstep|startmarks TRACE\n");
+        usage();
         return 1;
     }
     const char *s = argv[1];
+    int known = 0;
+    for (int i = 0; i < NUM_SCENARIOS; i++)
+        known |= strcmp(s, scenarios[i].name) == 0;
+    if (!known) {
+        fprintf(stderr, "trace_scenarios: unknown scenario %s\n", s);
+        usage();
+        return 1;
+    }
     if (cualloc_trace_start(argv[2]) != 0)
         return 2;
     if (strcmp(s, "leak") == 0) {
@@ -237,9 +284,6 @@ int main(int argc, char **argv)
                 init_params(32 * MIB);
             train_step(8 * MIB, 4);
         }
-    } else {
-        fprintf(stderr, "trace_scenarios: unknown scenario %s\n", s);
-        return 1;
     }
     cualloc_trace_stop();
     return 0;
