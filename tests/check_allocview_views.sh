@@ -115,6 +115,16 @@ st=$?
 [ $st = 0 ] || bad "folded on a trace naming a FIFO as a module: exit $st (124: it waited on the FIFO)"
 grep -q 'libtorch_cuda.so+0x4000 134217728$' "$tmp/fifo.folded" || bad "folded (FIFO module): $(cat "$tmp/fifo.folded")"
 
+# 4b2. Modules whose files are regular but not ELF (200 of them, variant J) use no file descriptor
+#      once looked at: with 64 descriptors allowed, the one real site after them is still named.
+mkdir "$tmp/junk"
+i=0
+while [ $i -lt 200 ]; do echo "not an ELF file" >"$tmp/junk/$i"; i=$((i + 1)); done
+SITES_JUNK_DIR=$tmp/junk "$sites" J "$tmp/junk.trace" || bad "trace_sites_fixture J did not run"
+(ulimit -n 64 && "$allocview" folded "$tmp/junk.trace") >"$tmp/junk.folded" 2>&1 || bad "folded (J) exited $?"
+grep -q '^junk_sites_real (trace_sites_fixture.c:[0-9]*) 512$' "$tmp/junk.folded" ||
+    bad "folded (J): the real site is not named after 200 non-ELF modules: $(grep -v '^0 ' "$tmp/junk.folded" | tail -3)"
+
 # 4c. Call sites a label cannot tell apart (variant G: one Python line through two operators that
 # allocate through one shared frame) are one row, in the text and in --json: 6 blocks, 39 MiB.
 "$sites" G "$tmp/g.trace" || bad "trace_sites_fixture G did not run"

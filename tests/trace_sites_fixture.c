@@ -15,12 +15,19 @@
  *                                 not UTF-8), and one of 94 'x' then "\xc3\xa9\xc3\xa9 end" (UTF-8
  *                                 e-acute twice), whose first character straddles byte 95, and
  *                                 one of 62 'y' then "\xc3\xa9 end", whose e-acute straddles byte 63
+ *   trace_sites_fixture J TRACE   200 call sites, each in its own module, whose files are
+ *                                 SITES_JUNK_DIR/0 .. /199 (regular files, not ELF), and one
+ *                                 smaller site in this program's own junk_sites_real(): the real
+ *                                 site must be named however many of the others could not be read
  * SITES_TORCH_PATH=FILE names the file recorded for libtorch_cuda.so (default a path that does not
  * exist here).
  */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "trace_writer.h"
 
@@ -58,12 +65,55 @@ static uint64_t alloc(uint64_t size, uint32_t stack)
     return a;
 }
 
-int main(int argc, char **argv)
+enum { JUNK_MODULES = 200 };
+
+__attribute__((noinline)) void junk_sites_real(void) { __asm__ volatile("" ::: "memory"); }
+
+/* Variant J: a module per junk file, each holding 1 MiB from one frame in it, then 512 B from
+ * junk_sites_real (at its address in this executable's file: the offset from the load base). */
+static int junk_sites(const char *trace)
 {
-    if (argc != 3 || strlen(argv[1]) != 1 || !strchr("ABGU", argv[1][0])) {
-        fprintf(stderr, "usage: trace_sites_fixture A|B|G|U TRACE\n");
+    const char *dir = getenv("SITES_JUNK_DIR");
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    Dl_info info;
+    if (!dir || n <= 0 || !dladdr((void *)junk_sites_real, &info) || !info.dli_fbase) {
+        fprintf(stderr, "trace_sites_fixture J: needs SITES_JUNK_DIR and its own path and load base\n");
         return 1;
     }
+    exe[n] = 0;
+    if (tw_open(&w, trace) != 0) {
+        perror(trace);
+        return 2;
+    }
+    tw_device(&w, 0, 16ull << 30, "sim device 0");
+    tw_map(&w, tick(), 0, 0x7d0000000000ull, 512 * MIB, false);
+    for (int i = 0; i < JUNK_MODULES; i++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%d", dir, i);
+        uint64_t base = 0x7f2000000000ull + (uint64_t)i * 0x1000000;
+        tw_module(&w, base, base, base + 0x100000, path);
+        alloc(MIB, tw_stack(&w, 0, CUA_TRACE_FRAME_NATIVE, base + 0x100));
+    }
+    uint64_t self_base = 0x7f6000000000ull;
+    tw_module(&w, self_base, self_base, self_base + 0x10000000, exe);
+    uint64_t off = (uint64_t)((char *)(void *)junk_sites_real - (char *)info.dli_fbase);
+    alloc(512, tw_stack(&w, 0, CUA_TRACE_FRAME_NATIVE, self_base + off + 1));
+    if (tw_close(&w, tick()) != 0) {
+        fprintf(stderr, "trace_sites_fixture: writing %s failed\n", trace);
+        return 2;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3 || strlen(argv[1]) != 1 || !strchr("ABGUJ", argv[1][0])) {
+        fprintf(stderr, "usage: trace_sites_fixture A|B|G|U|J TRACE\n");
+        return 1;
+    }
+    if (argv[1][0] == 'J')
+        return junk_sites(argv[2]);
     bool b = argv[1][0] == 'B', g = argv[1][0] == 'G', u = argv[1][0] == 'U';
     if (tw_open(&w, argv[2]) != 0) {
         perror(argv[2]);

@@ -416,11 +416,15 @@ static void mod_open(sym_ctx_t *c, sym_mod_t *m)
         close(fd);
         return;
     }
-    /* Reported at bias 0: lookups use the file's own addresses (the recorded offset). */
+    /* Reported at bias 0: lookups use the file's own addresses (the recorded offset). The module
+     * owns fd from here on (dwfl_end closes it); a file it refuses, e.g. one that is not ELF,
+     * leaves fd with us. */
     m->mod = dwfl_report_elf(m->dwfl, txt_base_name(m->path), m->path, fd, 0, false);
     dwfl_report_end(m->dwfl, NULL, NULL);
-    if (!m->mod)
+    if (!m->mod) {
+        close(fd);
         return;
+    }
     /* The build id must match the recorded one: a rebuilt file would name the wrong code. */
     const unsigned char *want;
     size_t want_len = tr_module_build_id(c->r, m->path, &want);
