@@ -48,21 +48,31 @@ mkdir -p "$out"
 # Instructions collected inside overhead_timed_MODE for one run of cg_pairs pairs.
 cg_count() { # mode depth
     f=$out/cg.$1.d$2
+    rm -f "$f"
     if ! valgrind --tool=callgrind --toggle-collect="overhead_timed_$1" --callgrind-out-file="$f" \
         "$exe" --runs 1 --pairs "$cg_pairs" --depth "$2" >"$f.log" 2>&1; then
         echo "trace_overhead.sh: callgrind run $1/depth $2 failed (see $f.log):" >&2
         tail -5 "$f.log" >&2
         exit 1
     fi
-    sed -n 's/^totals: *//p' "$f" | head -1
+    # A run that wrote no profile, or collected nothing (the timed function renamed or inlined),
+    # has no count: an empty or zero one would print as a figure.
+    n=$(sed -n 's/^totals: *//p' "$f" 2>/dev/null | head -1)
+    case $n in
+    '' | *[!0-9]* | 0)
+        echo "trace_overhead.sh: callgrind run $1/depth $2 counted no instructions in overhead_timed_$1 (see $f and $f.log)" >&2
+        exit 1 ;;
+    esac
+    echo "$n"
 }
 
 echo "== instructions per alloc+free pair (callgrind Ir inside the timed loop, $cg_pairs pairs, the"
 echo "   benchmark's own loop and 20-deep recursion included in both columns)"
 printf '%-12s %12s %12s %12s\n' stack-depth tracing-off tracing-on added
 for depth in 16 0; do
-    off=$(cg_count off "$depth")
-    on=$(cg_count on "$depth")
+    # (exit in a command substitution leaves only the subshell: the status is tested here)
+    off=$(cg_count off "$depth") || exit 1
+    on=$(cg_count on "$depth") || exit 1
     awk -v d="$depth" -v a="$off" -v b="$on" -v n="$cg_pairs" \
         'BEGIN { printf "%-12s %12.1f %12.1f %12.1f\n", d, a / n, b / n, (b - a) / n }'
 done

@@ -143,5 +143,22 @@ for depth in 16 0; do
 done
 [ "$(grep -c 'added by tracing' "$out")" = 2 ] ||
     { echo "FAIL: bench/trace_overhead.sh did not print both native runs"; cat "$out"; fail=1; }
+# A callgrind run that succeeds but leaves no profile (here tracing on, through a valgrind that
+# writes none) gives no figure: trace_overhead.sh says which run and exits 1. It printed 0.0 for it,
+# and an "added" column of minus the cost of tracing off, with exit status 0.
+fake=$(mktemp -d)
+cat >"$fake/valgrind" <<EOF
+#!/bin/sh
+case " \$* " in *" --toggle-collect=overhead_timed_on "*) exit 0 ;; esac
+exec "$(command -v valgrind)" "\$@"
+EOF
+chmod +x "$fake/valgrind"
+rc=0
+PATH="$fake:$PATH" TRACE_OVERHEAD_BUILD=0 TRACE_OVERHEAD_NATIVE=0 "$src/bench/trace_overhead.sh" "$build" >"$out" 2>&1 || rc=$?
+rm -rf "$fake"
+if [ "$rc" != 1 ] || ! grep -q "callgrind run on/depth 16 counted no instructions" "$out"; then
+    echo "FAIL: bench/trace_overhead.sh exited $rc after a callgrind run without a count (expected 1, naming it)"
+    cat "$out"; fail=1
+fi
 [ "$fail" = 0 ] && echo "bench scripts: fastpath.sh and trace_overhead.sh ran and printed every row"
 exit "$fail"
