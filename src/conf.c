@@ -100,7 +100,7 @@ static const opt_t opts[] = {
      OFF(chunk_size), 2, (uint64_t)1 << 20, OPT_ZERO_OK | OPT_EVEN},
     {"va_factor", OPT_SIZE, "4",
      "The large pool reserves this many times device memory of address space, once (2 to 1024).",
-     OFF(va_factor), 2, 1024, 0},
+     OFF(va_factor), 2, VA_FACTOR_MAX, 0},
     {"summary", OPT_BOOL, "False",
      "At exit, print a statistics table for each device on stderr.",
      OFF(summary), 0, 1, 0},

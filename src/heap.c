@@ -1717,11 +1717,18 @@ static oom_kind_t oom_diagnose(heap_t *h, size_t rsize, size_t dfree, size_t dto
                      fmt_bytes(reserved - allocated, partial, sizeof partial), fmt_bytes(need, needs, sizeof needs),
                      fix);
         } else if (h->vmm) {
+            uint64_t next = oom_va_factor_next(h->conf.va_factor);
+            char fix[96];
+            if (next)
+                snprintf(fix, sizeof fix, "raise va_factor (CUALLOC_CONF=va_factor:%llu; it is %llu)",
+                         (unsigned long long)next, (unsigned long long)h->conf.va_factor);
+            else
+                snprintf(fix, sizeof fix, "none in the address space (va_factor is at its maximum, %d); "
+                         "reduce the batch size slightly", VA_FACTOR_MAX);
             snprintf(text, len,
                      "fragmentation of the address space — live blocks (%s) plus this request fit in %s, but no "
-                     "free range of the reserved address space is large enough. First fix: raise va_factor "
-                     "(CUALLOC_CONF=va_factor:8).",
-                     alloc, cap);
+                     "free range of the reserved address space is large enough. First fix: %s.",
+                     alloc, cap, fix);
         } else {
             /* Only the settings not in effect already are advised: expandable segments when they were
              * turned off (asked for, they fell back here because the device has no VMM), a lower

@@ -191,6 +191,12 @@ uint64_t oom_missing(uint64_t request, uint64_t allocated, uint64_t limit);
 bool oom_cap_reached(uint64_t request, uint64_t capacity, uint64_t device_total, uint64_t allocated,
                      uint64_t device_room);
 
+/* The va_factor to advise after an OOM by fragmentation of the reserved address space: twice the
+ * current one, at most VA_FACTOR_MAX; 0 when it is at the maximum already (no larger one to
+ * advise). */
+#define VA_FACTOR_MAX 1024
+uint64_t oom_va_factor_next(uint64_t current);
+
 /* ======================================================================== slab.c */
 
 /* Fixed-size records from 64 KiB mmap'd slabs, a free list threaded through them. Not

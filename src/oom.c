@@ -45,3 +45,9 @@ bool oom_cap_reached(uint64_t request, uint64_t capacity, uint64_t device_total,
     return oom_missing(request, allocated, capacity) != 0 && capacity < device_total &&
            oom_missing(request, allocated, device_total) == 0 && oom_missing(request, allocated, device_room) == 0;
 }
+
+uint64_t oom_va_factor_next(uint64_t current) {
+    if (current >= VA_FACTOR_MAX) return 0;
+    if (current < 2) current = 4; /* not a setting the key accepts: read as the default */
+    return current > VA_FACTOR_MAX / 2 ? VA_FACTOR_MAX : current * 2;
+}

@@ -31,7 +31,7 @@ while IFS='	' read -r name conf; do
     [ "$name" = devicefull ] || record "$name" "$name" "$conf"
 done <"$tmp/scenarios.tsv"
 record capped shortage sim_memory_mb:512,max_memory_mb:128
-traces="leak shortage frag step2 longest varlen phase optstep twodev latepeak twoleaks evalstep"
+traces="leak shortage frag step2 longest varlen phase optstep twodev latepeak twoleaks evalstep addrspace"
 # Marks that start their steps: each names a step as a mark at a step's end does.
 "$allocview" --no-color "$tmp/startmarks.trace" >"$tmp/startmarks.txt" 2>&1
 grep -q "3 marks (3 steps)" "$tmp/startmarks.txt" ||
@@ -134,6 +134,13 @@ want capped oom-cap; wantnot capped oom-shortage
 "$allocview" --no-color "$tmp/capped.trace" 2>/dev/null | grep -q "raise the cap (CUALLOC_CONF max_memory_mb" ||
     bad "capped: the fix does not name the cap's keys"
 want frag oom-fragmentation; wantnot frag oom-shortage
+# The expandable pool's address space fragmented at va_factor:2: the fix is twice the factor the
+# trace was recorded with, as the heap's own report says (both said va_factor:8 whatever it was).
+want addrspace oom-fragmentation
+"$allocview" --no-color "$tmp/addrspace.trace" 2>/dev/null | grep -q "Fix (free): raise va_factor (CUALLOC_CONF=va_factor:4)" ||
+    bad "addrspace: the fix is not va_factor:4: $("$allocview" --no-color "$tmp/addrspace.trace" 2>&1 | grep 'Fix')"
+grep -q "First fix: raise va_factor (CUALLOC_CONF=va_factor:4; it is 2)" "$tmp/addrspace.err" ||
+    bad "addrspace: the heap's report does not advise va_factor:4: $(grep diagnosis "$tmp/addrspace.err")"
 # Two devices in one process: the report is of the OOM's device (expected/report_twodev.txt: only
 # device 1's 32 MiB live at its OOM); --device picks one, --device all sums them (the OOM's live
 # blocks then include device 0's 128 MiB of parameters, which were no part of device 1's OOM).

@@ -3,7 +3,8 @@
  * VMM and with the allocator's fixes set), a repeated OOM that produces no second report,
  * shortage at chunk granularity (also under a cap below the device's memory, and at a
  * chunk_size_mb above the granularity, or above the cap), a device that refuses memory, a device
- * full of memory held outside the heap, and a configured cap reached while the device has room.
+ * full of memory held outside the heap, a configured cap reached while the device has room, and
+ * the VMM pool's address space fragmented.
  * Messages are captured with error_set_callback; the sim device's addresses and sizes are
  * deterministic, so the text is too.
  *   test_oom_report EXPECTED_DIR            compare with EXPECTED_DIR/oom_*.txt
@@ -256,6 +257,35 @@ int main(int argc, char **argv) {
         EXPECT(heap_free(h, live, NULL), "free");
         heap_destroy(h);
     }
+
+    /* 9. VMM, fragmentation of the reserved address space: with va_factor:2 a 64 MiB device has
+     *    128 MiB of it, and this sequence (found by a random search, then shrunk) leaves 40 MiB
+     *    live and no free range of 21 MiB although the device has 20 MiB free and 4 MiB is cached.
+     *    The fix names twice the factor in effect (it said va_factor:8 whatever the factor was). */
+    h = open_heap("sim_memory_mb:64,va_factor:2");
+    static const struct {
+        int id, mib; /* mib 0: free id */
+    } seq[] = {{4, 10}, {5, 12}, {6, 7}, {7, 6}, {8, 3}, {9, 11}, {6, 0},  {17, 9},  {4, 0},  {9, 0},  {20, 12}, {20, 0},
+               {5, 0},  {22, 24}, {23, 5}, {17, 0}, {7, 0}, {25, 21}, {25, 0}, {27, 19}, {28, 7}, {27, 0}};
+    void *blk[32] = {0};
+    for (size_t i = 0; i < sizeof seq / sizeof *seq; i++) {
+        if (seq[i].mib)
+            EXPECT(heap_alloc(h, (size_t)seq[i].mib << 20, NULL, &blk[seq[i].id]) == CUA_SUCCESS, "step %zu", i);
+        else
+            EXPECT(heap_free(h, blk[seq[i].id], NULL), "step %zu", i);
+        blk[seq[i].id] = seq[i].mib ? blk[seq[i].id] : NULL;
+    }
+    reset();
+    EXPECT(heap_alloc(h, 21 << 20, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY && !p, "address space fragmented");
+    compare(argv[1], "oom_vmm_address_space.txt");
+    for (int i = 0; i < 32; i++)
+        if (blk[i]) EXPECT(heap_free(h, blk[i], NULL), "free %d", i);
+    heap_destroy(h);
+    /* The advice: twice the factor, up to the key's maximum; none past it. */
+    EXPECT(oom_va_factor_next(2) == 4 && oom_va_factor_next(4) == 8 && oom_va_factor_next(300) == 600,
+           "va_factor doubles");
+    EXPECT(oom_va_factor_next(600) == VA_FACTOR_MAX && oom_va_factor_next(VA_FACTOR_MAX) == 0,
+           "va_factor stops at its maximum");
 
     error_set_callback(NULL, NULL);
     if (failures) return 1;

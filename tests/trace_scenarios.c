@@ -18,6 +18,7 @@
  *     devicefull the process takes 48 MiB of 128 past cualloc (cuMemCreate: tests/ballast.h) before
  *                the first step: OOM within the capacity, on a full device. Needs driver:cuda (the
  *                tests run it on the fake libcuda.so.1).
+ *     addrspace  blocks that come and go fragment the expandable pool's address space (va_factor:2)
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -138,6 +139,7 @@ static const struct {
     {"evalstep", "sim_memory_mb:512"},
     {"startmarks", "sim_memory_mb:512"},
     {"devicefull", "driver:cuda,sim_memory_mb:128"},
+    {"addrspace", "sim_memory_mb:64,va_factor:2"},
 };
 enum { NUM_SCENARIOS = sizeof scenarios / sizeof scenarios[0] };
 
@@ -276,6 +278,27 @@ int main(int argc, char **argv)
         eval_pass(32 * MIB, 4);
         train_step(8 * MIB, 4);
         mark_step(4);
+    } else if (strcmp(s, "addrspace") == 0) {
+        /* va_factor:2 gives the 64 MiB device 128 MiB of address space; blocks of 3 to 24 MiB come
+         * and go (the sequence of tests/test_oom_report.c case 9) until 39 MiB live leave no free
+         * range of 21 MiB, with 22 MiB free on the device: OOM by fragmentation of the address space. */
+        static const struct {
+            int id, mib; /* mib 0: free id */
+        } seq[] = {{4, 10}, {5, 12}, {6, 7},  {7, 6},   {8, 3},   {9, 11}, {6, 0},  {17, 9}, {4, 0},  {9, 0},  {20, 12},
+                   {20, 0}, {5, 0},  {22, 24}, {23, 5}, {17, 0}, {7, 0},  {25, 21}, {25, 0}, {27, 19}, {28, 7}, {27, 0}};
+        void *blk[32] = {0};
+        for (size_t i = 0; i < sizeof seq / sizeof *seq; i++) {
+            if (seq[i].mib) {
+                blk[seq[i].id] = tensor_empty((size_t)seq[i].mib * MIB);
+                if (!blk[seq[i].id])
+                    return 3;
+            } else {
+                tensor_free(blk[seq[i].id]);
+            }
+        }
+        mark_step(1);
+        if (!big_buffer(21 * MIB))
+            _exit(1);
     } else if (strcmp(s, "startmarks") == 0) {
         /* "step N" written at the start of each step, before its work (the other convention) */
         for (int step = 1; step <= 3; step++) {

@@ -4,6 +4,7 @@
  * checkpointing, expandable segments, ..., 8-bit optimizer, sharding, offload). */
 #include "report.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -324,6 +325,26 @@ static bool dev_vmm(const av_t *a, uint32_t dev)
     return dev < CUA_TRACE_MAX_DEVICES && a->have_dev[dev] && a->dev_mode[dev] == CUA_TRACE_MODE_VMM;
 }
 
+/* The value of KEY:N in the recorded configuration ("k:v,k:v,..."), or dflt when it is absent or
+ * not a number. */
+static uint64_t config_number(const av_t *a, const char *key, uint64_t dflt)
+{
+    size_t kl = strlen(key);
+    for (const char *p = a->config; *p;) {
+        if (strncmp(p, key, kl) == 0 && p[kl] == ':') {
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(p + kl + 1, &end, 10);
+            return end != p + kl + 1 && (*end == ',' || *end == '\0') && errno == 0 ? v : dflt;
+        }
+        const char *comma = strchr(p, ',');
+        if (!comma)
+            break;
+        p = comma + 1;
+    }
+    return dflt;
+}
+
 static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
 {
     size_t nd = 0;
@@ -348,12 +369,17 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                      "unallocated and its largest free block (%s) is smaller than the request.",
                      H(o->allocated), H(o->rounded), H(o->capacity), H(o->reserved), H(o->device_free),
                      H(o->reserved - o->allocated), H(o->largest_free));
+            uint64_t va_next = oom_va_factor_next(config_number(a, "va_factor", 4));
+            char raise_va[64] = "";
+            if (va_next)
+                snprintf(raise_va, sizeof raise_va, "raise va_factor (CUALLOC_CONF=va_factor:%llu) or ",
+                         (unsigned long long)va_next);
             if (dev_vmm(a, o->dev))
                 snprintf(x->fix, sizeof x->fix,
-                         "Fix (free): raise va_factor (CUALLOC_CONF=va_factor:8) or set "
-                         "garbage_collection_threshold:0.8 so cached chunks return earlier; no model change "
-                         "is needed: %s reserved but unallocated%s would serve the request.",
-                         H(o->reserved - o->allocated), with_device ? ", with the device's free memory," : "");
+                         "Fix (free): %sset garbage_collection_threshold:0.8 so cached chunks return earlier; no "
+                         "model change is needed: %s reserved but unallocated%s would serve the request.",
+                         raise_va, H(o->reserved - o->allocated),
+                         with_device ? ", with the device's free memory," : "");
             else
                 snprintf(x->fix, sizeof x->fix,
                          "Fix (free, ladder rung 4): expandable segments (CUALLOC_CONF=expandable_segments:True, "
