@@ -283,6 +283,18 @@ oom = [capture("plain", True, [step("cudaMalloc 4 MiB", 1, "cudaSuccess", "activ
        capture("preload", False, [step("cudaMalloc 4 MiB", 1, "cudaErrorMemoryAllocation", "active")])]
 status, detail, extra = s.dq_verdict(ok + oom, False, "")
 assert status == "fail" and extra[0]["cualloc_extra_errors"], (status, extra)
+# The same refusal when cualloc's own verdict is undecided (nothing it did reached the driver: a
+# refused miss maps nothing) or a pass (the capture survived the refusal): still fail.
+for verdict in (None, True):
+    refused_only = [oom[0], capture("preload", verdict, [step("cudaMalloc 4 MiB", 1, "cudaErrorMemoryAllocation",
+                                                              "active")])]
+    status, detail, extra = s.dq_verdict(ok + refused_only, False, "")
+    assert status == "fail" and extra[0]["pass"] is False and extra[0]["cualloc_extra_errors"], (verdict, status, extra)
+# cualloc invalidating a capture CUDA kept, with cualloc's own verdict undecided: fail.
+inval_only = same[:1] + [capture("preload", None, [step("cudaMalloc 4 MiB", 1, refused, "invalidated"),
+                                                    step("cualloc_trim(0)", 1, "cudaSuccess", "invalidated")])]
+status, detail, extra = s.dq_verdict(ok + inval_only, False, "")
+assert status == "fail" and extra[0]["cualloc_extra_invalidations"] == ["cualloc_trim(0)"], (status, extra)
 # a crash (no RESULT line) fails; an undecided check is named, and does not fail the part.
 status, detail = s.dq_verdict(ok[:-1] + [other("device_reset", "preload", None, rc=139)] + same, False, "")[:2]
 assert status == "fail" and "device_reset (preload) exited 139" in detail, detail

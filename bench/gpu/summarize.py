@@ -189,9 +189,12 @@ def dq_facts(check, res):
 def dq_compare(plain, pre):
     """capture_vs_misses without cualloc (plain) and under it (pre), step by step: op "compare". CUDA
     itself may refuse an application's cudaMalloc during another thread's global-mode capture, so
-    the verdict is relative: pass when the capture survived under cualloc, or when cualloc refused
-    nothing CUDA allowed and invalidated the capture at no phase-1 step where CUDA left it intact.
-    Phase 2 (the driver called directly, the same calls in both) is facts only."""
+    the verdict is relative: fail when cualloc refused a phase-1 call CUDA allowed or invalidated
+    the capture at a phase-1 step where CUDA left it intact, whatever cualloc's own verdict (a
+    refused miss maps nothing, which leaves that verdict undecided, and a capture can survive a
+    refusal); else pass when the capture survived under cualloc, or when it did not but only where
+    CUDA's did not either. Phase 2 (the driver called directly, the same calls in both) is facts
+    only."""
     cmp = {"part": "driver-questions", "op": "compare", "check": "capture_vs_misses", "pass": None}
     pr, cr = (plain or {}).get("result") or {}, (pre or {}).get("result") or {}
     if not (pr.get("steps") and cr.get("steps")):
@@ -209,10 +212,10 @@ def dq_compare(plain, pre):
             extra_err.append("%s: %s" % (a["op"], b["error"]))
     cmp.update(steps=steps, cualloc_extra_invalidations=extra_inval, cualloc_extra_errors=extra_err,
                plain_pass=plain.get("pass"), cualloc_pass=pre.get("pass"))
-    if pre.get("pass") is True:
+    if extra_inval or extra_err:
+        cmp["pass"] = False
+    elif pre.get("pass") is not None:
         cmp["pass"] = True
-    elif pre.get("pass") is False:
-        cmp["pass"] = not extra_inval and not extra_err
     return cmp
 
 
