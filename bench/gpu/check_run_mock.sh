@@ -152,6 +152,16 @@ if env -u LD_PRELOAD python3 "$src/bench/gpu/torch_train.py" --mode cualloc-prel
         --build "$build" >/dev/null 2>&1; then
     bad "torch_train.py accepted cualloc-preload-cache without LD_PRELOAD"
 fi
+# PyTorch reads its allocator settings from PYTORCH_ALLOC_CONF as well as PYTORCH_CUDA_ALLOC_CONF:
+# one left in the machine's environment would configure the default mode too. torch_train.py
+# refuses it, and run.sh unsets it for every mode.
+if env -u LD_PRELOAD -u PYTORCH_CUDA_ALLOC_CONF PYTORCH_ALLOC_CONF=expandable_segments:True python3 \
+        "$src/bench/gpu/torch_train.py" --mode default --dry-run --build "$build" >/dev/null 2>&1; then
+    bad "torch_train.py accepted mode default with PYTORCH_ALLOC_CONF=expandable_segments:True"
+fi
+env -u OUT PYTORCH_ALLOC_CONF=expandable_segments:True "$src/bench/gpu/run.sh" torch-alloc-cost --mock \
+    --modes default,expandable --out "$tmp/allocconf" --build "$build" >"$tmp/allocconf.log" 2>&1 ||
+    bad "run.sh torch-alloc-cost with PYTORCH_ALLOC_CONF in the environment failed: $(tail -5 "$tmp/allocconf.log")"
 # Which exceptions count as "out of device memory" (an OOM ends a capacity probe as a failure of
 # the size, any other error as a failure of the run).
 PYTHONPATH="$src/bench/gpu" python3 - <<'PY' || bad "torch_train.is_memory_error misclassifies"

@@ -544,11 +544,14 @@ oom_trace() { echo "$RESULTS/$1/$2-oom.trace"; }
 
 # mode_env PART MODE PHASE: the environment of a torch mode, as arguments of env(1). Variables a mode
 # must not have are unset (-u), not emptied: PyTorch treats PYTORCH_NO_CUDA_MEMORY_CACHING as set
-# whatever its value. Only phase oom caps memory through CUALLOC_CONF; the capacity parts enforce
-# their budget with a ballast instead, the same way for every mode.
+# whatever its value. PYTORCH_ALLOC_CONF is unset in every mode: PyTorch reads its allocator
+# settings from it too, so one left in the environment would configure every mode alike. Only
+# phase oom caps memory through CUALLOC_CONF; the capacity parts enforce their budget with a
+# ballast instead, the same way for every mode.
 mode_env() {
     local part=$1 mode=$2 phase=$3 cap=""
-    local unset_all="-u PYTORCH_CUDA_ALLOC_CONF -u PYTORCH_NO_CUDA_MEMORY_CACHING -u LD_PRELOAD -u CUALLOC_CONF"
+    local unset_all="-u PYTORCH_ALLOC_CONF -u PYTORCH_CUDA_ALLOC_CONF -u PYTORCH_NO_CUDA_MEMORY_CACHING -u LD_PRELOAD"
+    unset_all="$unset_all -u CUALLOC_CONF"
     # The forced OOM under cualloc is recorded (oom_report reads the trace).
     [ "$phase" = oom ] && cap=",max_memory_mb:$((TORCH_CAP_GB * 1024)),trace:$(oom_trace "$part" "$mode")"
     case $mode in

@@ -235,6 +235,11 @@ def validate(a):
     expandable = "expandable_segments:true" in env.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
     if (a.mode == "expandable") != expandable:
         bad.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True must be set exactly in mode expandable")
+    # PyTorch's recent versions also read their allocator settings from PYTORCH_ALLOC_CONF (some
+    # before PYTORCH_CUDA_ALLOC_CONF, some after it): set, it would configure every mode alike.
+    if "PYTORCH_ALLOC_CONF" in env:
+        bad.append("PYTORCH_ALLOC_CONF must not be set: PyTorch reads it as well as PYTORCH_CUDA_ALLOC_CONF "
+                   "(PYTORCH_ALLOC_CONF=%r)" % env["PYTORCH_ALLOC_CONF"])
     if a.mode == "cualloc-enable":
         tools = os.path.join(a.repo, "tools", "cualloc_torch.py")
         torch_lib = os.path.join(a.build, "src", "libcualloc_torch.so")
