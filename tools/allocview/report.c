@@ -1160,6 +1160,14 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
     sym_free(sym);
 }
 
+static void rank_text(int64_t rank, char *buf, size_t len)
+{
+    if (rank >= 0)
+        snprintf(buf, len, "rank %" PRId64, rank);
+    else
+        snprintf(buf, len, "no rank");
+}
+
 /* Several traces, one per rank: a table, then which rank peaked highest and which failed first. */
 static void report_many(FILE *out, av_t **as, size_t n, const ropts_t *o)
 {
@@ -1215,12 +1223,17 @@ static void report_many(FILE *out, av_t **as, size_t n, const ropts_t *o)
         fprintf(out, "  %-5s %-24.24s %12s %12s %-14.14s %5zu  %s\n", r, txt_base_name(a->path), H(a->peak_alloc),
                 H(a->acct.reserved_peak), a->have_peak ? a->segs[a->peak_seg].label : "-", a->nooms, ended);
     }
-    if (highest >= 0)
-        fprintf(out, "  highest peak: %s (rank %" PRId64 "), %s allocated\n", txt_base_name(as[highest]->path),
-                as[highest]->rank, H(as[highest]->peak_alloc));
-    if (first_fail >= 0)
-        fprintf(out, "  %sfailed first: %s (rank %" PRId64 ")%s, %s\n", C_R(), txt_base_name(as[first_fail]->path),
-                as[first_fail]->rank, C_0(), as[first_fail]->nooms ? "OOM" : "no end record");
+    char rk[40]; /* "rank N", or "no rank" for a trace recorded without RANK / LOCAL_RANK (rank -1) */
+    if (highest >= 0) {
+        rank_text(as[highest]->rank, rk, sizeof rk);
+        fprintf(out, "  highest peak: %s (%s), %s allocated\n", txt_base_name(as[highest]->path), rk,
+                H(as[highest]->peak_alloc));
+    }
+    if (first_fail >= 0) {
+        rank_text(as[first_fail]->rank, rk, sizeof rk);
+        fprintf(out, "  %sfailed first: %s (%s)%s, %s\n", C_R(), txt_base_name(as[first_fail]->path), rk, C_0(),
+                as[first_fail]->nooms ? "OOM" : "no end record");
+    }
     else
         fprintf(out, "  no rank failed\n");
     fprintf(out, "\n");
