@@ -1270,7 +1270,7 @@ static void help(const char *cmd, FILE *out)
         fprintf(out, "usage: allocview oom [--json] [--no-color] [--redact] [--top N] TRACE\n"
                      "  The first OOM: the request, the heap's state, where the request came from, what was\n"
                      "  live, and whether it was a genuine shortage or fragmentation, with the first fix.\n");
-    fprintf(out, "options: --json one JSON object; --no-color (colour is used only on a terminal);\n"
+    fprintf(out, "options: --json one JSON object; --no-color (colour only on a terminal, never with NO_COLOR set);\n"
                  "         --redact hide pids, host and directories (for comparing reports); --top N sites (10);\n"
                  "         --device N|all  one device of a trace with blocks on several (default: the first\n"
                  "         OOM's device, else the one with the highest peak of its own), or all summed\n");
