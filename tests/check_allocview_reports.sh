@@ -81,6 +81,15 @@ steps_of latepeak | grep -q "^  step 18 " || bad "latepeak: the first OOM's step
 [ "$(steps_of latepeak | grep -c '^  step ')" = 14 ] && [ "$(steps_of latepeak | awk '/^  \.\.\. [0-9]+ more$/ { n += $2 } END { print n + 0 }')" = 6 ] ||
     bad "latepeak: 20 steps are not 14 rows and 6 elided: $(steps_of latepeak)"
 check oom_shortage oom shortage.trace
+# The README shows this report, abridged: each of its lines that names a call site is one of the
+# report's (the fixture's line numbers move with every edit of trace_scenarios.c).
+readme=$expected/../../README.md
+if [ -f "$readme" ]; then
+    grep '(trace_scenarios\.c:[0-9]*)' "$readme" | while IFS= read -r line; do
+        grep -qxF -- "$line" "$expected/report_shortage.txt" ||
+            echo "FAIL: README's shortage report has a line allocview does not print: $line"
+    done | grep . && bad "README's shortage report is out of date (expected/report_shortage.txt is what allocview prints)"
+fi
 check oom_frag oom frag.trace
 [ -n "$fakecuda" ] && real_clock=1 check oom_devicefull oom devicefull.trace
 check leaks_leak leaks leak.trace
