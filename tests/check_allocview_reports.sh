@@ -255,6 +255,19 @@ fi
 # made at the first optimizer step. Its longest batches set the peak (the optimizer's state is
 # too small beside them to be the step-2 jump); its 20 "step N" marks cut the report into steps.
 if [ -n "$demo" ]; then
+    # The options only --min-fit uses are refused without it (status 2, naming the option): --scan
+    # and --verbose were ignored, so the run was not the one asked for.
+    for opt in "--scan 3" --verbose -v "--conf expandable_segments:0"; do
+        rc=0
+        "$demo" --steps 1 $opt >/dev/null 2>"$tmp/demo_usage.err" || rc=$?
+        [ $rc = 2 ] && grep -q "^cualloc-demo: ${opt%% *} is for --min-fit" "$tmp/demo_usage.err" ||
+            bad "cualloc-demo $opt without --min-fit: exit $rc, $(cat "$tmp/demo_usage.err")"
+    done
+    # --min-fit --scan 0: the sizes above the minimum that were tried are the bisection's, up to its
+    # upper bound (it said "up to 0 MiB").
+    "$demo" --min-fit --scan 0 --steps 2 --quiet --conf "" >"$tmp/demo_fit.out" 2>&1 || bad "cualloc-demo --min-fit --scan 0 failed"
+    awk '$1 == "min-fit" { m = $2 } /^  monotone/ { n = $(NF - 1) } END { exit !(m > 0 && n > m) }' "$tmp/demo_fit.out" ||
+        bad "cualloc-demo --min-fit --scan 0: $(grep -E 'min-fit |monotone' "$tmp/demo_fit.out")"
     CUALLOC_CONF="trace:$tmp/demo.trace" "$demo" --quiet >"$tmp/demo.out" 2>&1 || bad "cualloc-demo failed: $(cat "$tmp/demo.out")"
     "$allocview" report --json "$tmp/demo.trace" >"$tmp/demo.json" 2>"$tmp/demo.err" || bad "report on the demo's trace: $(cat "$tmp/demo.err")"
     want demo longest-batch; wantnot demo step2-jump; wantnot demo leak

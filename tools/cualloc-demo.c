@@ -97,6 +97,7 @@ typedef struct opts_s {
     const char *confs[MAX_CONFS];
     int nconfs;
     int scan;      /* min-fit: sizes above the minimum also tried */
+    const char *min_fit_only; /* the last option given that only --min-fit uses, or NULL */
 } opts_t;
 
 static void usage(FILE *out) {
@@ -165,6 +166,7 @@ static int parse_opts(int argc, char **argv, opts_t *o) {
             o->min_fit = true;
         } else if (!strcmp(a, "--verbose") || !strcmp(a, "-v")) {
             o->verbose = true;
+            o->min_fit_only = a;
         } else if (!strcmp(a, "--steps")) {
             ok = parse_int(v, 1, 1000000, &o->steps), i++;
         } else if (!strcmp(a, "--batch")) {
@@ -173,6 +175,7 @@ static int parse_opts(int argc, char **argv, opts_t *o) {
             ok = parse_int(v, 0, 63, &o->device), i++;
         } else if (!strcmp(a, "--scan")) {
             ok = parse_int(v, 0, 1000, &o->scan), i++;
+            o->min_fit_only = a;
         } else if (!strcmp(a, "--seed")) {
             ok = parse_u64(v, &o->seed), i++;
         } else if (!strcmp(a, "--memory-mb")) {
@@ -181,6 +184,7 @@ static int parse_opts(int argc, char **argv, opts_t *o) {
         } else if (!strcmp(a, "--conf")) {
             ok = v != NULL && o->nconfs < MAX_CONFS, i++;
             if (ok) o->confs[o->nconfs++] = v;
+            o->min_fit_only = a;
         } else {
             fprintf(stderr, "cualloc-demo: unknown option '%s' (see --help)\n", a);
             return 2;
@@ -941,17 +945,19 @@ static void min_fit_one(const opts_t *o, const char *extra, fit_t *f) {
     trials[nt++] = f->at_min;
     /* Sizes above the minimum: completion need not be monotone in capacity. The K sizes just
      * above it, then sizes at doubling distances up to the first size that completed. */
-    for (int k = 1; k <= o->scan && nt < MAX_TRIALS; k++) {
+    for (int k = 1; k <= o->scan && nt < MAX_TRIALS; k++)
         run_trial(o, keys, hi + (size_t)k, &trials[nt++]);
-        f->scanned_to = hi + (size_t)k;
-    }
     if (o->scan > 0)
         for (size_t d = 16; hi + d < top && nt < MAX_TRIALS; d *= 2) {
             if (d <= (size_t)o->scan) continue;
             run_trial(o, keys, hi + d, &trials[nt++]);
-            f->scanned_to = hi + d;
         }
-    for (int i = 0; i < nt && i < MAX_TRIALS; i++) f->nabove += trials[i].mb > hi;
+    /* Every trial above the minimum counts, the bisection's too (the largest is the upper bound). */
+    for (int i = 0; i < nt && i < MAX_TRIALS; i++)
+        if (trials[i].mb > hi) {
+            f->nabove++;
+            if (trials[i].mb > f->scanned_to) f->scanned_to = trials[i].mb;
+        }
     for (int i = 0; i < nt && i < MAX_TRIALS; i++)
         if (trials[i].outcome == 0 && trials[i].mb > hi && f->nlarger_failed < 32) {
             bool dup = false;
@@ -1039,8 +1045,10 @@ int main(int argc, char **argv) {
     int rc = parse_opts(argc, argv, &o);
     if (rc) return rc;
     if (o.min_fit) return run_min_fit(&o);
-    if (o.nconfs) {
-        fprintf(stderr, "cualloc-demo: --conf is for --min-fit; set CUALLOC_CONF for a single run\n");
+    if (o.min_fit_only) {
+        /* Ignoring it would run something other than what was asked for, without a word. */
+        fprintf(stderr, "cualloc-demo: %s is for --min-fit%s\n", o.min_fit_only,
+                strcmp(o.min_fit_only, "--conf") ? "" : "; set CUALLOC_CONF for a single run");
         return 2;
     }
     return run_training(&o);
