@@ -192,7 +192,8 @@ while IFS='	' read -r name source trace; do
     rc=0
     # </dev/null on every command in this loop: its standard input is the list being read.
     "$allocview" summary --json "$trace" </dev/null >"$tmp/$name.summary.json" 2>"$tmp/$name.err" || rc=$?
-    # 3: the trace is truncated (a job that died); the summary is still written.
+    # 3: the trace is damaged past some record; the summary of the records before is still written
+    # (a trace cut short by a job that died reads as 0).
     if [ $rc != 0 ] && [ $rc != 3 ]; then fail "$name: summary exited $rc: $(cat "$tmp/$name.err")"; continue; fi
     "$allocview" dump "$trace" </dev/null 2>/dev/null | sed -n '/^#[0-9]* config "/{s/^#[0-9]* config "\(.*\)"$/\1/p;q;}' \
         >"$tmp/$name.config" || true

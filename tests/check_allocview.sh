@@ -118,6 +118,10 @@ grep -q "not a cualloc trace" "$tmp/text.err" || bad "not a trace: $(cat "$tmp/t
 
 # 7. Usage.
 "$allocview" --help | grep -q "^usage: allocview" || bad "--help"
+# dump and summary have their own help (they printed the general one).
+for c in dump summary; do
+    "$allocview" $c --help | head -1 | grep -q "^usage: allocview $c " || bad "$c --help: $("$allocview" $c --help | head -1)"
+done
 "$allocview" >/dev/null 2>&1
 [ $? = 1 ] || bad "no arguments: want exit 1"
 "$allocview" frobnicate "$trace" >/dev/null 2>&1

@@ -404,7 +404,26 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "dump") == 0 || strcmp(cmd, "summary") == 0) {
         for (; i < argc; i++) {
             if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-                usage(stdout);
+                if (strcmp(cmd, "dump") == 0)
+                    fputs("usage: allocview dump [--redact] [--offsets] TRACE\n"
+                          "  Every record of the trace, one line each, in sequence order: definitions\n"
+                          "  (process, configuration, devices, modules, stacks) and events (alloc, free,\n"
+                          "  map, unmap, mark, oom, ...), with their fields as recorded.\n"
+                          "options: --redact replace what differs between runs (pids, host, times,\n"
+                          "         addresses) with '*'; --offsets start each line with the record's file\n"
+                          "         offset (to find it in a damaged file)\n"
+                          "exit status: 0; 2 the file cannot be read as a trace; 3 it is damaged past the\n"
+                          "         records printed (a trace cut short by a killed process reads as 0)\n",
+                          stdout);
+                else
+                    fputs("usage: allocview summary [--json] TRACE\n"
+                          "  Record counts, peak requested / allocated / reserved bytes, OOMs, devices, and\n"
+                          "  whether the trace is complete (an end record) or was cut short.\n"
+                          "options: --json one JSON object with fixed keys, for scripts\n"
+                          "exit status: 0 (also for a trace cut short by a killed process); 2 the file\n"
+                          "         cannot be read as a trace; 3 it is damaged (the summary of the records\n"
+                          "         before the damage is still printed)\n",
+                          stdout);
                 return 0;
             } else if (strcmp(argv[i], "--no-color") == 0 || strcmp(argv[i], "--no-colour") == 0)
                 continue; /* they print no colour */
