@@ -422,8 +422,10 @@ static bool import_event(imp_t *im, devpass_t *p, uint32_t d, size_t i, uint64_t
          * one pending at the end exports as active_pending_free. The pair PyTorch writes for a
          * free that completes at once is one completed FREE (what `allocview export` writes as
          * that pair), and a free_completed with no request in the trace (made before the window
-         * began) is a completed FREE too. The allocated bytes for OOM records drop when the free
-         * completes, as PyTorch counts them. */
+         * began) is a completed FREE too. The allocated bytes for OOM records drop at the request,
+         * as PyTorch counts them (its free() takes the block's size off allocated_bytes before it
+         * waits for the streams; a pending block is active, not allocated) and as the trace's
+         * reader does at FREE. */
         bool requested = py_str_eq(a, "free_requested");
         if (!requested && i > 0 && free_pair_at(p, i - 1))
             return false; /* written with its request */
@@ -434,18 +436,18 @@ static bool import_event(imp_t *im, devpass_t *p, uint32_t d, size_t i, uint64_t
             im->ok = false;
             return false;
         }
+        if (!requested && *pend) { /* its bytes left the allocated count at the request */
+            *pend = 0;
+            im->ok &= tw_free_done(im->w, t, d, sid, addr, freed);
+            return true;
+        }
+        p->alloc_now = p->alloc_now > freed ? p->alloc_now - freed : 0;
         if (requested && !free_pair_at(p, i)) {
             *pend = 1;
             im->ok &= tw_free(im->w, t, d, sid, addr, freed, false);
-            return true;
-        }
-        if (!requested && *pend) {
-            *pend = 0;
-            im->ok &= tw_free_done(im->w, t, d, sid, addr, freed);
         } else {
             im->ok &= tw_free(im->w, t, d, sid, addr, freed, true);
         }
-        p->alloc_now = p->alloc_now > freed ? p->alloc_now - freed : 0;
     } else if (py_str_eq(a, "segment_alloc") || py_str_eq(a, "segment_map")) {
         im->ok &= tw_map(im->w, t, d, addr, size, false, false);
         p->resv_now += size;
