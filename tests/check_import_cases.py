@@ -23,6 +23,9 @@ records it writes (`allocview dump`) and on the snapshot the export makes of the
   longmark        an annotation name of 700 bytes (with a multi-byte character) comes back whole
                   from import and export; one past what a trace record holds is cut at a character
                   boundary, with a warning naming it
+  torch20         PyTorch 2.0's snapshot shape: blocks without 'address' lie where PyTorch's viewer
+                  puts them (the segment's address plus the sizes before them), with the stack of
+                  their 'history'; events without time_us
   dupkey          a dict that sets a key twice holds the last value, as Python's pickle gives it
   deepstack       a stack of 600 frames: the export keeps the innermost 512 and ends the list with a
                   frame that says the outer ones were cut
@@ -300,8 +303,10 @@ def malformed():
             ("badseg", [seg(B, -5, [])], "segments[0]: 'total_size' is -5, below 0"),
             ("nodev", [{k: v for k, v in seg(B, 4 * M, []).items() if k != "device"}], "segments[0]: no 'device'"),
             ("bigdev", [seg(B, 4 * M, [], device=300)], "segments[0]: 'device' is 300, out of range"),
-            ("badblk", [seg(B, 4 * M, [blk(B, M), {"size": M, "state": "active_allocated"}])],
-             "segments[0]: blocks[1]: no 'address'")):
+            ("badblk", [seg(B, 4 * M, [blk(B, M), {"address": B + M, "state": "inactive"}])],
+             "segments[0]: blocks[1]: no 'size'"),
+            ("blkpast", [seg(B, 4 * M, [blk(B, M), {"size": (1 << 63) - 1, "state": "inactive"}])],
+             "segments[0]: blocks[1]: the blocks' sizes run past the end of the address space")):
         trace = os.path.join(tmp, name + ".trace")
         rc, _, err = run("import", write(name, snap(segs, [[]])), "-o", trace)
         check(c, rc == 2 and want in err and "refused" in err, "%s: exit %d, %s" % (name, rc, err))
@@ -309,6 +314,40 @@ def malformed():
     rc, _, err = run("import", write("badtraces", {"segments": [], "device_traces": [[], 7]}), "-o",
                      os.path.join(tmp, "badtraces.trace"))
     check(c, rc == 2 and "device_traces[1] is an int, not a list" in err, "device_traces[1] = 7: exit %d, %s" % (rc, err))
+
+
+@case
+def torch20():
+    # PyTorch 2.0's shape: blocks without 'address' (PyTorch's viewer places them by adding sizes
+    # from the segment's start) whose stack is in 'history', events without time_us.
+    c = "torch20"
+    fr = [{"name": "alloc_here", "filename": "train.py", "line": 7}]
+    blocks = [{"size": M, "requested_size": M, "state": "inactive"},
+              {"size": M, "requested_size": M - 512, "state": "active_allocated",
+               "history": [{"addr": B + M, "real_size": M - 512, "frames": fr}]},
+              {"size": 2 * M, "requested_size": 0, "state": "inactive"}]
+    segs = [{"device": 0, "address": B, "total_size": 4 * M, "allocated_size": M, "active_size": M,
+             "stream": 0, "segment_type": "large", "blocks": blocks},
+            {"device": 0, "address": B + 8 * M, "total_size": 2 * M, "allocated_size": 2 * M,
+             "active_size": 2 * M, "stream": 0, "segment_type": "large",
+             "blocks": [{"size": 2 * M, "requested_size": 2 * M, "state": "active_allocated"}]}]
+    tr = [{"action": "alloc", "addr": B + 8 * M, "size": 2 * M, "stream": 0, "frames": fr},
+          {"action": "alloc", "addr": B + 2 * M, "size": M, "stream": 0},
+          {"action": "free_requested", "addr": B + 2 * M, "size": M, "stream": 0},
+          {"action": "free_completed", "addr": B + 2 * M, "size": M, "stream": 0}]
+    rc, err, trace = import_(c, {"segments": segs, "device_traces": [tr]})
+    if not check(c, rc == 0, "import exited %d: %s" % (rc, err)):
+        return
+    recs = records(trace)
+    init = [(num(kv["addr"]) - B, num(kv["size"]), kv.get("stack")) for k, kv, _ in recs if k == "init_block"]
+    check(c, [(a, n) for a, n, _ in init] == [(M, M)], "initial blocks (offset, size) %r, want [(1 MiB, 1 MiB)]" % init)
+    check(c, init and init[0][2] not in (None, "0"), "the initial block has no stack (its history's frames): %r" % init)
+    rc, err, out = export(c, trace)
+    if check(c, rc == 0, "export exited %d: %s" % (rc, err)):
+        live = [(b["address"] - B, b["state"], [f["name"] for f in b["frames"]]) for g in out["segments"]
+                for b in g["blocks"] if b["state"] != "inactive"]
+        check(c, live == [(M, "active_allocated", ["alloc_here"]), (8 * M, "active_allocated", ["alloc_here"])],
+              "final blocks %r" % live)
 
 
 @case

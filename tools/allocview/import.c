@@ -171,8 +171,9 @@ static int64_t geti(const py_t *d, const char *k)
 
 /* Malformed input never crashes the import and never passes silently. What the starting state is
  * built from (the segments and their blocks, the shape of device_traces) must be whole: a segment
- * or block without a usable address, size or state, a device out of range, device_traces not a
- * list of lists refuses the file, naming the entry and key, and nothing is written. A malformed
+ * without a usable address or size, a block without a usable size or state (its address may be
+ * absent: see the final segments' blocks in av_cmd_import), a device out of range, device_traces
+ * not a list of lists refuses the file, naming the entry and key, and nothing is written. A malformed
  * event or annotation (not a dict, no action, an unknown action, a missing or negative addr, size,
  * stream or time_us) is skipped with a warning naming its index and key — the first
  * IM_MAX_WARNINGS of them; a last line counts them all — and the rest imports. */
@@ -281,9 +282,9 @@ static bool check_segment(const py_t *g, char *why, size_t n)
         snprintf(why, n, "is %s, not a dict", kind_name(g));
         return false;
     }
-    uint64_t v, total;
+    uint64_t v, total, cur;
     if (!field_uint(g, "device", true, CUA_TRACE_MAX_DEVICES - 1, &v, why, n) ||
-        !field_uint(g, "address", true, INT64_MAX, &v, why, n) ||
+        !field_uint(g, "address", true, INT64_MAX, &cur, why, n) ||
         !field_uint(g, "stream", false, INT64_MAX, &v, why, n) ||
         !field_uint(g, "total_size", true, INT64_MAX, &total, why, n))
         return false;
@@ -306,16 +307,33 @@ static bool check_segment(const py_t *g, char *why, size_t n)
         else if (!state || state->kind != PY_STR) {
             snprintf(bwhy, sizeof bwhy, state ? "'state' is %s, not a str" : "no 'state'", kind_name(state));
             ok = false;
-        } else
-            ok = field_uint(k, "address", true, INT64_MAX, &v, bwhy, sizeof bwhy) &&
-                 field_uint(k, "size", true, INT64_MAX, &v, bwhy, sizeof bwhy) &&
+        } else {
+            uint64_t size;
+            ok = field_uint(k, "address", false, INT64_MAX, &v, bwhy, sizeof bwhy) &&
+                 field_uint(k, "size", true, INT64_MAX, &size, bwhy, sizeof bwhy) &&
                  field_uint(k, "requested_size", false, INT64_MAX, &v, bwhy, sizeof bwhy);
+            /* the address a block without 'address' is given (segment + the sizes before it)
+             * stays below 2^63 */
+            if (ok && size > INT64_MAX - cur) {
+                snprintf(bwhy, sizeof bwhy, "the blocks' sizes run past the end of the address space");
+                ok = false;
+            }
+            cur += size;
+        }
         if (!ok) {
             snprintf(why, n, "blocks[%zu]: %s", b, bwhy);
             return false;
         }
     }
     return true;
+}
+
+/* The frames of a final block's allocation: PyTorch 2.0's blocks have no 'frames' but a 'history'
+ * of allocations, whose first entry is the one PyTorch's viewer shows for the block. */
+static const py_t *block_frames(const py_t *blk)
+{
+    const py_t *f = py_dict_get(blk, "frames");
+    return f ? f : py_dict_get(py_item(py_dict_get(blk, "history"), 0), "frames");
 }
 
 static void import_usage(FILE *out)
@@ -713,13 +731,18 @@ int av_cmd_import(int argc, char **argv)
             if (geti(seg, "device") != d)
                 continue;
             const py_t *blocks = py_dict_get(seg, "blocks");
+            /* A segment's blocks tile it in order: a block without 'address' (PyTorch 2.0 writes
+             * none) lies at the segment's address plus the sizes before it, where PyTorch's viewer
+             * puts every block. check_segment keeps that sum below 2^63. */
+            uint64_t next = (uint64_t)geti(seg, "address");
             for (size_t b = 0; b < py_len(blocks); b++) {
                 const py_t *blk = py_item(blocks, b);
                 const py_t *state = py_dict_get(blk, "state");
+                uint64_t addr = py_dict_get(blk, "address") ? (uint64_t)geti(blk, "address") : next;
+                uint64_t size = (uint64_t)geti(blk, "size"), req = (uint64_t)geti(blk, "requested_size");
+                next += size;
                 if (!py_str_eq(state, "active_allocated") && !py_str_eq(state, "active_pending_free"))
                     continue;
-                uint64_t addr = (uint64_t)geti(blk, "address");
-                uint64_t size = (uint64_t)geti(blk, "size"), req = (uint64_t)geti(blk, "requested_size");
                 uint64_t *fs = u64map_slot(&dp[d].final_size, addr, &seen);
                 if (fs)
                     *fs = size;
@@ -728,7 +751,7 @@ int av_cmd_import(int argc, char **argv)
                 if (u64map_has(&seen_alloc, addr))
                     continue;
                 tw_alloc(im.w, t0, (uint32_t)d, stream_id(&im, (uint64_t)geti(seg, "stream")), addr, size,
-                         req ? req : size, stack_of(&im, py_dict_get(blk, "frames")), true);
+                         req ? req : size, stack_of(&im, block_frames(blk)), true);
                 base_alloc[d] += size;
                 nblocks++;
             }
