@@ -22,7 +22,6 @@
  * SITES_TORCH_PATH=FILE names the file recorded for libtorch_cuda.so (default a path that does not
  * exist here).
  */
-#define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,7 +66,7 @@ static uint64_t alloc(uint64_t size, uint32_t stack)
 
 enum { JUNK_MODULES = 200 };
 
-__attribute__((noinline)) void junk_sites_real(void) { __asm__ volatile("" ::: "memory"); }
+static __attribute__((noinline, used)) void junk_sites_real(void) { __asm__ volatile("" ::: "memory"); }
 
 /* Variant J: a module per junk file, each holding 1 MiB from one frame in it, then 512 B from
  * junk_sites_real (at its address in this executable's file: the offset from the load base). */
