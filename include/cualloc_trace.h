@@ -148,9 +148,13 @@
  *               UNMAPs it caused follow. Replay repeats it.
  *   OOM         [stream], [stack], varint requested, varint rounded, varint capacity,
  *               varint allocated, varint reserved, varint device_free, varint largest_free_block
- *               (all bytes) an allocation failed even after releasing cache; the heap's state then.
- *               device_free is the driver's free-memory reading at the failure (0 where it could
- *               not tell): with reserved it separates a full device from fragmentation.
+ *               (all bytes), then from format 1.1 varint vmm_failure: an allocation failed even
+ *               after releasing cache; the heap's state then. device_free is the driver's
+ *               free-memory reading at the failure (0 where it could not tell): with reserved it
+ *               separates a full device from fragmentation. vmm_failure (CUA_TRACE_VMM_*) says why
+ *               expandable segments failed a request that fit in what the heap held plus the
+ *               device's free memory, which the figures cannot tell; a record without it (format
+ *               1.0, or a writer with nothing to say, such as an imported snapshot) reads as 0.
  *   MARK        string label   cualloc_mark(): names a step or phase (dev is meaningless).
  *   INIT_BLOCK  as ALLOC: a block that was already allocated when recording started (traces
  *               started mid-run, imported snapshots). Not an allocation event.
@@ -169,7 +173,7 @@
 #define CUA_TRACE_MAGIC "CUATRACE"
 #define CUA_TRACE_MAGIC_LEN 8
 #define CUA_TRACE_MAJOR 1
-#define CUA_TRACE_MINOR 0
+#define CUA_TRACE_MINOR 1
 #define CUA_TRACE_HEADER_SIZE 4096u          /* what the recorder writes */
 #define CUA_TRACE_BLOCK_SIZE 65536u          /* what the recorder writes */
 #define CUA_TRACE_BLOCK_HEADER 32u
@@ -236,6 +240,16 @@ enum cua_trace_clock {
 };
 
 enum cua_trace_mode { CUA_TRACE_MODE_CLASSIC = 0, CUA_TRACE_MODE_VMM = 1 };
+
+/* OOM vmm_failure: 0 none (classic segments, or not a failure of that kind) or not recorded; no
+ * free range of the reserved address space took the new chunks; the new chunks would pass the cap
+ * (live blocks keep the rest of what is reserved in partly used chunks); the device refused them. */
+enum cua_trace_vmm_failure {
+    CUA_TRACE_VMM_NONE = 0,
+    CUA_TRACE_VMM_ADDRESS_SPACE = 1,
+    CUA_TRACE_VMM_CHUNKS = 2,
+    CUA_TRACE_VMM_REFUSED = 3,
+};
 
 enum cua_trace_frame_kind { CUA_TRACE_FRAME_NATIVE = 0, CUA_TRACE_FRAME_PYTHON = 1 };
 

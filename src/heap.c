@@ -1619,6 +1619,16 @@ static bool device_free_now(const heap_t *h, size_t *dfree, size_t *dtotal) {
     "mixed precision if not already used; then activation checkpointing; then offloading or sharding " \
     "(FSDP / ZeRO)"
 
+/* Why expandable segments failed a request of rsize bytes (oom_vmm_failure), with the bytes of
+ * new chunks it needs (*need); 0 in classic mode. Lock held. */
+static oom_vmm_failure_t vmm_failure_of(heap_t *h, size_t rsize, size_t *need) {
+    const pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
+    *need = h->vmm ? align_up(rsize, p->chunk) : 0;
+    if (!h->vmm) return 0;
+    bool unmapped_fits = sizeclass_find(&p->unmapped, *need) != NULL; /* address space for it */
+    return oom_vmm_failure(*need, h->stats.reserved_bytes, h->cap, unmapped_fits);
+}
+
 /* The diagnosis of a request of rsize bytes that found no memory, by oom.c's rule, written to
  * `text` as the sentence that follows "diagnosis: " in the report, with the first fix of the OOM
  * ladder that applies:
@@ -1675,40 +1685,28 @@ static oom_kind_t oom_diagnose(heap_t *h, size_t rsize, size_t dfree, size_t dto
                  fmt_bytes(oom_missing(rsize, allocated, room), excess, sizeof excess));
     } else {
         const pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
-        size_t need = h->vmm ? align_up(rsize, p->chunk) : 0;
-        bool unmapped_fits = h->vmm && sizeclass_find(&p->unmapped, need); /* address space for it */
-        if (unmapped_fits && reserved + need <= h->cap) {
+        size_t need;
+        oom_vmm_failure_t why = vmm_failure_of(h, rsize, &need);
+        if (why == OOM_VMM_REFUSED) {
             snprintf(text, len,
                      "the device refused more memory — the heap's cap would allow it, but creating or mapping %s "
                      "failed and the device reports %s free. Other processes (or other allocators in this one) "
                      "hold the rest: free them, or lower per_process_memory_fraction / max_memory_mb so that the "
                      "cap matches what this process can have.",
                      fmt_bytes(need, req, sizeof req), devfree);
-        } else if (unmapped_fits) {
+        } else if (why == OOM_VMM_CHUNKS) {
             /* Address space is there: the cap is reached at chunk granularity. Everything cached
              * was released before this report, so what is reserved beyond the live blocks lies in
-             * chunks that live blocks share. */
-            char partial[32], chunk[32], needs[32], gran[32];
-            /* Chunks larger than the device's granularity (chunk_size_mb) are what makes the
-             * granularity coarse: smaller ones are then the first fix, not a smaller batch. They are
-             * the large pool's, whichever pool the request is for: a small request also fails when
-             * the large pool's partly used chunks leave no room for a small-pool chunk. */
+             * chunks that live blocks share. Chunks larger than the device's granularity
+             * (chunk_size_mb) are what makes the granularity coarse. They are the large pool's,
+             * whichever pool the request is for: a small request also fails when the large pool's
+             * partly used chunks leave no room for a small-pool chunk. */
+            char partial[32], chunk[32], needs[32];
             const pool_t *lp = &h->pools[POOL_LARGE];
             size_t coarse = lp->chunk > h->granularity ? lp->chunk : p->chunk;
             char fix[256];
-            if (lp->chunk > h->granularity)
-                snprintf(fix, sizeof fix,
-                         "use smaller chunks (CUALLOC_CONF=chunk_size_mb:0, the device's %s); or reduce the batch "
-                         "size slightly",
-                         fmt_bytes(h->granularity, gran, sizeof gran));
-            else if (h->cap < h->total && oom_missing(need, reserved, device_room) == 0)
-                /* The cap is a setting, and the device has room for the new chunks. */
-                snprintf(fix, sizeof fix,
-                         "raise %s, which sets the cap, if this process may use more of the device (it reports %s "
-                         "free); else reduce the batch size slightly",
-                         cap_key, dknown ? devfree : "(unknown)");
-            else
-                snprintf(fix, sizeof fix, "reduce the batch size slightly (or keep it with gradient accumulation)");
+            oom_chunks_fix(fix, sizeof fix, lp->chunk, h->granularity, h->cap < h->total ? cap_key : NULL,
+                           oom_missing(need, reserved, device_room) == 0, dknown ? devfree : "(unknown)");
             snprintf(text, len,
                      "shortage at chunk granularity — live blocks (%s) plus this request fit in %s, but memory is "
                      "mapped in whole chunks of %s and live blocks keep %s in partly used chunks; this request "
@@ -1716,15 +1714,9 @@ static oom_kind_t oom_diagnose(heap_t *h, size_t rsize, size_t dfree, size_t dto
                      alloc, cap, fmt_bytes(coarse, chunk, sizeof chunk),
                      fmt_bytes(reserved - allocated, partial, sizeof partial), fmt_bytes(need, needs, sizeof needs),
                      fix);
-        } else if (h->vmm) {
-            uint64_t next = oom_va_factor_next(h->conf.va_factor);
-            char fix[96];
-            if (next)
-                snprintf(fix, sizeof fix, "raise va_factor (CUALLOC_CONF=va_factor:%llu; it is %llu)",
-                         (unsigned long long)next, (unsigned long long)h->conf.va_factor);
-            else
-                snprintf(fix, sizeof fix, "none in the address space (va_factor is at its maximum, %d); "
-                         "reduce the batch size slightly", VA_FACTOR_MAX);
+        } else if (why == OOM_VMM_ADDRESS_SPACE) {
+            char fix[128];
+            oom_address_space_fix(fix, sizeof fix, h->conf.va_factor);
             snprintf(text, len,
                      "fragmentation of the address space — live blocks (%s) plus this request fit in %s, but no "
                      "free range of the reserved address space is large enough. First fix: %s.",
@@ -1905,9 +1897,16 @@ static cua_result alloc_fail(heap_t *h, cua_stream stream, size_t size, size_t r
     }
     size_t dfree, dtotal;
     bool dknown = device_free_now(h, &dfree, &dtotal);
-    if (trace_enabled())
+    if (trace_enabled()) {
+        /* What the report's diagnosis says of expandable segments, which the recorded figures
+         * cannot tell (the address space, the chunks, or the device). */
+        size_t need;
+        oom_kind_t kind = oom_classify(rsize, h->cap, h->stats.allocated_bytes, h->stats.reserved_bytes,
+                                       dknown ? dfree : UINT64_MAX);
+        unsigned vmm = kind == OOM_FRAGMENTATION ? (unsigned)vmm_failure_of(h, rsize, &need) : 0;
         trace_on_oom(h->dev, stream, size, rsize, h->cap, h->stats.allocated_bytes, h->stats.reserved_bytes, dfree,
-                     largest_free_locked(h));
+                     largest_free_locked(h), vmm);
+    }
     report_oom(h, size, rsize, dfree, dtotal, dknown);
     update_inactive_split(h);
     cua_unlock(&h->lock);
@@ -2415,14 +2414,13 @@ heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_re
     if (r == CUA_SUCCESS && h->vmm) {
         /* Chunks are a power-of-two multiple of the granularity: the reservation is aligned to them
          * and chunk arithmetic on the fast path is a mask. */
-        size_t large_chunk = h->granularity;
-        while (large_chunk < conf->chunk_size) large_chunk <<= 1;
-        if (large_chunk > h->cap && large_chunk > h->granularity) {
+        uint64_t wanted;
+        size_t large_chunk = oom_vmm_large_chunk(h->granularity, conf->chunk_size, h->cap, &wanted);
+        if (large_chunk < wanted) {
             /* A chunk larger than the cap could never be mapped: every large allocation would fail.
              * The largest chunk that fits serves instead, and the user is told. */
             char want[32], cap[32], got[32];
-            fmt_bytes(large_chunk, want, sizeof want);
-            while (large_chunk > h->cap && large_chunk > h->granularity) large_chunk >>= 1;
+            fmt_bytes(wanted, want, sizeof want);
             cua_error("device %d: chunk_size_mb asks for chunks of %s, more than the heap may use (%s, its cap); "
                       "using chunks of %s. Set chunk_size_mb to at most %zu, or 0 for the device's granularity",
                       dev, want, fmt_bytes(h->cap, cap, sizeof cap), fmt_bytes(large_chunk, got, sizeof got),
@@ -2432,8 +2430,7 @@ heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_re
         /* The small pool's chunks are larger than its blocks, so that no parked block holds a
          * whole chunk (quick_account). The granularity of every CUDA device is 2 MiB already;
          * only the sim device may have less. */
-        size_t small_chunk = h->granularity;
-        while (small_chunk <= CUALLOC_SMALL_MAX) small_chunk <<= 1;
+        size_t small_chunk = oom_vmm_small_chunk(h->granularity);
         r = pool_init_vmm(h, &h->pools[POOL_SMALL], small_chunk, align_up(h->total, small_chunk));
         if (r == CUA_SUCCESS) r = pool_init_vmm(h, &h->pools[POOL_LARGE], large_chunk, factor * align_up(h->total, large_chunk));
     }

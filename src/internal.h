@@ -25,6 +25,7 @@
 #include <stdio.h>
 
 #include "cualloc.h"
+#include "cualloc_trace.h"
 #include "driver.h"
 
 #define CUALLOC_MAX_DEVICES 64
@@ -190,6 +191,32 @@ uint64_t oom_missing(uint64_t request, uint64_t allocated, uint64_t limit);
  * could not tell). Raising the cap fixes it. */
 bool oom_cap_reached(uint64_t request, uint64_t capacity, uint64_t device_total, uint64_t allocated,
                      uint64_t device_room);
+
+/* The VMM pools' chunk sizes, as heap_create sets them up: the large pool's is the granularity
+ * doubled until it reaches chunk_size (chunk_size_mb; 0: the granularity), then halved while it
+ * exceeds the cap (*wanted, when not NULL: before that halving); the small pool's is the
+ * granularity doubled past CUALLOC_SMALL_MAX, so that no small block holds a whole chunk. */
+uint64_t oom_vmm_large_chunk(uint64_t granularity, uint64_t chunk_size, uint64_t cap, uint64_t *wanted);
+uint64_t oom_vmm_small_chunk(uint64_t granularity);
+/* Why a VMM heap failed a request that oom_classify calls fragmentation (live blocks plus the
+ * request fit in what it held plus the device's free memory), after releasing every whole cached
+ * chunk: no free range of its address space could take the new chunks (address_space_fits
+ * false); else the new chunks (need bytes) would pass the cap, as live blocks keep the rest of
+ * what is reserved in partly used chunks; else the device refused them. */
+typedef enum {
+    OOM_VMM_ADDRESS_SPACE = CUA_TRACE_VMM_ADDRESS_SPACE,
+    OOM_VMM_CHUNKS = CUA_TRACE_VMM_CHUNKS,
+    OOM_VMM_REFUSED = CUA_TRACE_VMM_REFUSED,
+} oom_vmm_failure_t; /* the trace records it as it is */
+oom_vmm_failure_t oom_vmm_failure(uint64_t need, uint64_t reserved, uint64_t cap, bool address_space_fits);
+/* The first fix for a shortage at chunk granularity, a clause for "First fix: ...": smaller chunks
+ * where chunk_size_mb made them larger than the granularity; else the cap's key (cap_key, NULL:
+ * the cap is the device's memory) where the device has room for the new chunks; else a slightly
+ * smaller batch. devfree: the device's free memory as text. */
+void oom_chunks_fix(char *buf, size_t len, uint64_t large_chunk, uint64_t granularity, const char *cap_key,
+                    bool device_has_room, const char *devfree);
+/* The first fix for a fragmented address space at va_factor (a clause, as above). */
+void oom_address_space_fix(char *buf, size_t len, uint64_t va_factor);
 
 /* The va_factor to advise after an OOM by fragmentation of the reserved address space: twice the
  * current one, at most VA_FACTOR_MAX; 0 when it is at the maximum already (no larger one to
@@ -643,7 +670,7 @@ void trace_on_map(int dev, uintptr_t addr, size_t size);
 void trace_on_unmap(int dev, uintptr_t addr, size_t size);
 void trace_on_trim(int dev);
 void trace_on_oom(int dev, cua_stream s, size_t requested, size_t rounded, size_t capacity, size_t allocated,
-                  size_t reserved, size_t device_free, size_t largest_free);
+                  size_t reserved, size_t device_free, size_t largest_free, unsigned vmm_failure);
 /* heap_create: remembered for every later trace; recorded (and the device begun) when tracing. */
 void trace_on_device(int dev, const char *name, size_t total, size_t capacity, size_t granularity, bool vmm);
 /* Snapshot records (api.c, through heap_snapshot), written before the device is begun. */

@@ -17,6 +17,8 @@
  * The figures are the ones at the failure, after the heap has released what it could: the free
  * memory is the device's own reading (cuMemGetInfo), taken then.
  */
+#include <stdio.h>
+
 #include "internal.h"
 
 oom_kind_t oom_classify(uint64_t request, uint64_t capacity, uint64_t allocated, uint64_t reserved,
@@ -50,4 +52,51 @@ uint64_t oom_va_factor_next(uint64_t current) {
     if (current >= VA_FACTOR_MAX) return 0;
     if (current < 2) current = 4; /* not a setting the key accepts: read as the default */
     return current > VA_FACTOR_MAX / 2 ? VA_FACTOR_MAX : current * 2;
+}
+
+uint64_t oom_vmm_large_chunk(uint64_t granularity, uint64_t chunk_size, uint64_t cap, uint64_t *wanted) {
+    uint64_t chunk = granularity;
+    while (chunk < chunk_size && chunk <= UINT64_MAX / 2) chunk <<= 1;
+    if (wanted) *wanted = chunk;
+    while (chunk > cap && chunk > granularity) chunk >>= 1;
+    return chunk;
+}
+
+uint64_t oom_vmm_small_chunk(uint64_t granularity) {
+    uint64_t chunk = granularity ? granularity : 1;
+    while (chunk <= CUALLOC_SMALL_MAX) chunk <<= 1;
+    return chunk;
+}
+
+oom_vmm_failure_t oom_vmm_failure(uint64_t need, uint64_t reserved, uint64_t cap, bool address_space_fits) {
+    if (!address_space_fits) return OOM_VMM_ADDRESS_SPACE;
+    return oom_missing(need, reserved, cap) == 0 ? OOM_VMM_REFUSED : OOM_VMM_CHUNKS;
+}
+
+void oom_chunks_fix(char *buf, size_t len, uint64_t large_chunk, uint64_t granularity, const char *cap_key,
+                    bool device_has_room, const char *devfree) {
+    char gran[32];
+    if (large_chunk > granularity)
+        snprintf(buf, len,
+                 "use smaller chunks (CUALLOC_CONF=chunk_size_mb:0, the device's %s); or reduce the batch size "
+                 "slightly",
+                 fmt_bytes(granularity, gran, sizeof gran));
+    else if (cap_key && device_has_room)
+        /* The cap is a setting, and the device has room for the new chunks. */
+        snprintf(buf, len,
+                 "raise %s, which sets the cap, if this process may use more of the device (it reports %s free); "
+                 "else reduce the batch size slightly",
+                 cap_key, devfree);
+    else
+        snprintf(buf, len, "reduce the batch size slightly (or keep it with gradient accumulation)");
+}
+
+void oom_address_space_fix(char *buf, size_t len, uint64_t va_factor) {
+    uint64_t next = oom_va_factor_next(va_factor);
+    if (next)
+        snprintf(buf, len, "raise va_factor (CUALLOC_CONF=va_factor:%llu; it is %llu)", (unsigned long long)next,
+                 (unsigned long long)va_factor);
+    else
+        snprintf(buf, len, "none in the address space (va_factor is at its maximum, %d); reduce the batch size slightly",
+                 VA_FACTOR_MAX);
 }

@@ -1318,9 +1318,9 @@ void trace_on_trim(int dev)
 }
 
 void trace_on_oom(int dev, cua_stream s, size_t requested, size_t rounded, size_t capacity, size_t allocated,
-                  size_t reserved, size_t device_free, size_t largest_free)
+                  size_t reserved, size_t device_free, size_t largest_free, unsigned vmm_failure)
 {
-    uint8_t tail[80], *p = tail;
+    uint8_t tail[88], *p = tail;
     p += put_varint(p, requested);
     p += put_varint(p, rounded);
     p += put_varint(p, capacity);
@@ -1328,6 +1328,7 @@ void trace_on_oom(int dev, cua_stream s, size_t requested, size_t rounded, size_
     p += put_varint(p, reserved);
     p += put_varint(p, device_free);
     p += put_varint(p, largest_free);
+    p += put_varint(p, vmm_failure);
     ev_t e = {.type = CUA_TRACE_OOM, .has_stream = true, .has_stack = true, .dev = (uint32_t)dev, .tail = tail,
               .tail_len = (size_t)(p - tail)};
     event_write(&e, s, false);

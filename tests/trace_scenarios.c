@@ -19,6 +19,10 @@
  *                the first step: OOM within the capacity, on a full device. Needs driver:cuda (the
  *                tests run it on the fake libcuda.so.1).
  *     addrspace  blocks that come and go fragment the expandable pool's address space (va_factor:2)
+ *     chunks     8 MiB chunks on a 20 MiB device: 10 MiB live holds two, and 9 MiB more needs a third
+ *                (it would fit in the device's 2 MiB chunks): OOM at chunk granularity
+ *     refused    the device refuses every chunk after the first (sim_fail), with memory free: the
+ *                second tensor's OOM is the device's refusal, not the heap's
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -140,6 +144,8 @@ static const struct {
     {"startmarks", "sim_memory_mb:512"},
     {"devicefull", "driver:cuda,sim_memory_mb:128"},
     {"addrspace", "sim_memory_mb:64,va_factor:2"},
+    {"chunks", "sim_memory_mb:20,chunk_size_mb:8"},
+    {"refused", "sim_memory_mb:64,sim_fail:phys_create@1*1000"},
 };
 enum { NUM_SCENARIOS = sizeof scenarios / sizeof scenarios[0] };
 
@@ -298,6 +304,16 @@ int main(int argc, char **argv)
         }
         mark_step(1);
         if (!big_buffer(21 * MIB))
+            _exit(1);
+    } else if (strcmp(s, "chunks") == 0) {
+        init_params(10 * MIB);
+        mark_step(1);
+        if (!big_buffer(9 * MIB))
+            _exit(1);
+    } else if (strcmp(s, "refused") == 0) {
+        init_params(8 * MIB);
+        mark_step(1);
+        if (!big_buffer(4 * MIB))
             _exit(1);
     } else if (strcmp(s, "startmarks") == 0) {
         /* "step N" written at the start of each step, before its work (the other convention) */

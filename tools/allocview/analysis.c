@@ -363,6 +363,7 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
                 a->dev_total[d] = rec.u.device.total;
                 a->dev_capacity[d] = rec.u.device.capacity;
                 a->dev_mode[d] = rec.u.device.mode;
+                a->dev_granularity[d] = rec.u.device.granularity;
             }
             break;
         case CUA_TRACE_STACK:
@@ -450,6 +451,7 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
             o->reserved = rec.u.oom.reserved;
             o->device_free = rec.u.oom.device_free;
             o->largest_free = rec.u.oom.largest_free;
+            o->vmm_failure = rec.u.oom.vmm_failure;
             stack_get(a, rec.stack);
             if (!a->oom_snap)
                 snapshot_oom(a);

@@ -68,6 +68,7 @@ typedef struct av_oom {
     uint64_t seq, time;
     uint32_t dev, stack, seg;
     uint64_t requested, rounded, capacity, allocated, reserved, device_free, largest_free;
+    uint64_t vmm_failure; /* CUA_TRACE_VMM_*, as recorded (0: none, or a trace before format 1.1) */
 } av_oom_t;
 
 typedef struct av_opts {
@@ -95,6 +96,7 @@ typedef struct av {
     char dev_name[CUA_TRACE_MAX_DEVICES][96];
     uint64_t dev_total[CUA_TRACE_MAX_DEVICES], dev_capacity[CUA_TRACE_MAX_DEVICES];
     uint8_t dev_mode[CUA_TRACE_MAX_DEVICES];
+    uint64_t dev_granularity[CUA_TRACE_MAX_DEVICES];
     /* stacks, indexed by stack id (0: not captured) */
     av_stack_t *st;
     size_t nst;

@@ -429,6 +429,8 @@ static int decode_event(tr_reader_t *r, cursor_t *c, tr_record_t *rec, span_t *s
         rec->u.oom.reserved = sp_varint(s);
         rec->u.oom.device_free = sp_varint(s);
         rec->u.oom.largest_free = sp_varint(s);
+        /* Format 1.1 added it: a record of 1.0 ends before it. */
+        rec->u.oom.vmm_failure = s->p < s->end ? sp_varint(s) : CUA_TRACE_VMM_NONE;
         break;
     case CUA_TRACE_MARK:
         rec->u.text = sp_string(s);
@@ -1141,6 +1143,15 @@ size_t tr_format(const tr_reader_t *r, const tr_record_t *rec, unsigned flags, c
             " reserved=%" PRIu64 " device_free=%" PRIu64 " largest_free=%" PRIu64,
             rec->stream, rec->stack, rec->u.oom.requested, rec->u.oom.rounded, rec->u.oom.capacity,
             rec->u.oom.allocated, rec->u.oom.reserved, rec->u.oom.device_free, rec->u.oom.largest_free);
+        if (rec->u.oom.vmm_failure) {
+            static const char *const why[] = {[CUA_TRACE_VMM_ADDRESS_SPACE] = "address_space",
+                                              [CUA_TRACE_VMM_CHUNKS] = "chunks", [CUA_TRACE_VMM_REFUSED] = "refused"};
+            uint64_t v = rec->u.oom.vmm_failure;
+            if (v < sizeof why / sizeof *why && why[v])
+                put(&o, " vmm_failure=%s", why[v]);
+            else
+                put(&o, " vmm_failure=%" PRIu64, v);
+        }
         break;
     case CUA_TRACE_MARK:
         put(&o, " ");

@@ -61,7 +61,10 @@ typedef struct tr_record {
         struct { uint64_t id, handle; } stream;
         struct { uint64_t id, line; tr_str_t function, file; } pyframe;
         struct { uint64_t id, parent; uint8_t kind; uint64_t value; } stack;
-        struct { uint64_t requested, rounded, capacity, allocated, reserved, device_free, largest_free; } oom;
+        struct {
+            uint64_t requested, rounded, capacity, allocated, reserved, device_free, largest_free;
+            uint64_t vmm_failure; /* CUA_TRACE_VMM_*: 0 where the record has none (before format 1.1) */
+        } oom;
         struct { uint64_t reason, dropped; uint32_t ndev; const tr_end_dev_t *devs; } end;
     } u;
 } tr_record_t;

@@ -345,6 +345,78 @@ static uint64_t config_number(const av_t *a, const char *key, uint64_t dflt)
     return dflt;
 }
 
+/* An OOM that oom_classify calls fragmentation, on a device of expandable (VMM) segments: why the
+ * heap, which releases every whole cached chunk before it fails, still could not serve it
+ * (oom_vmm_failure, the rule the heap's own report on stderr follows). cualloc records the reason
+ * (format 1.1). For a trace without it the address space's part is inferred, as the trace holds
+ * no map of the reserved range: where the new chunks fit under the cap and in what the device had
+ * free, only the address space can have been missing. That applies to cualloc's own traces; a
+ * PyTorch snapshot's expandable segments reserve their address space per segment, so there the
+ * device refused. */
+static void oom_vmm_text(const av_t *a, const av_oom_t *o, diag_t *x)
+{
+    uint32_t dev = o->dev;
+    uint64_t gran = a->dev_granularity[dev] ? a->dev_granularity[dev] : (uint64_t)2 << 20;
+    uint64_t chunk_size_mb = config_number(a, "chunk_size_mb", 0);
+    uint64_t large_chunk =
+        oom_vmm_large_chunk(gran, chunk_size_mb <= (UINT64_MAX >> 20) ? chunk_size_mb << 20 : UINT64_MAX, o->capacity, NULL);
+    uint64_t chunk = o->rounded <= CUALLOC_SMALL_MAX ? oom_vmm_small_chunk(gran) : large_chunk;
+    uint64_t need = o->rounded <= UINT64_MAX - (chunk - 1) ? (o->rounded + chunk - 1) / chunk * chunk : UINT64_MAX;
+    bool by_cualloc = strncmp(a->recorder, "cualloc", 7) == 0;
+    bool space_fits = !by_cualloc || oom_missing(need, o->reserved, o->capacity) != 0 || o->device_free < need;
+    uint64_t partial = o->reserved - o->allocated;
+    x->saving = 0;
+    oom_vmm_failure_t why = o->vmm_failure >= OOM_VMM_ADDRESS_SPACE && o->vmm_failure <= OOM_VMM_REFUSED
+                                ? (oom_vmm_failure_t)o->vmm_failure
+                                : oom_vmm_failure(need, o->reserved, o->capacity, space_fits);
+    switch (why) {
+    case OOM_VMM_CHUNKS: {
+        uint64_t dev_total = a->dev_total[dev];
+        uint64_t max_memory_mb = config_number(a, "max_memory_mb", 0);
+        const char *cap_key = o->capacity >= dev_total ? NULL
+                              : max_memory_mb && max_memory_mb <= (UINT64_MAX >> 20) && max_memory_mb << 20 == o->capacity
+                                  ? "max_memory_mb"
+                                  : "per_process_memory_fraction";
+        char fix[256];
+        oom_chunks_fix(fix, sizeof fix, large_chunk, gran, cap_key,
+                       oom_missing(need, o->reserved, oom_room(o->reserved, o->device_free)) == 0, H(o->device_free));
+        x->rule = "oom-chunk-granularity";
+        snprintf(x->text, sizeof x->text,
+                 "OOM at chunk granularity: the live blocks (%s) plus the request (%s) fit in the capacity (%s), but "
+                 "memory is mapped in whole chunks of %s and the live blocks kept %s in partly used chunks (what "
+                 "was reserved beyond them); the request needed %s of new chunks, which passed the capacity.",
+                 H(o->allocated), H(o->rounded), H(o->capacity), H(large_chunk > gran ? large_chunk : chunk), H(partial),
+                 H(need));
+        snprintf(x->fix, sizeof x->fix, "First fix: %s.", fix);
+        x->saving = oom_missing(need, o->reserved, o->capacity);
+        break;
+    }
+    case OOM_VMM_ADDRESS_SPACE: {
+        char fix[128];
+        oom_address_space_fix(fix, sizeof fix, config_number(a, "va_factor", 4));
+        x->rule = "oom-fragmentation";
+        snprintf(x->text, sizeof x->text,
+                 "OOM by fragmentation of the address space: the live blocks (%s) plus the request (%s) fit in the "
+                 "capacity (%s), and its %s of new chunks fit under it and in the %s the device had free, so what "
+                 "was missing is a free range of the heap's reserved address space large enough for them.",
+                 H(o->allocated), H(o->rounded), H(o->capacity), H(need), H(o->device_free));
+        snprintf(x->fix, sizeof x->fix, "Fix (free): %s; no model change is needed.", fix);
+        break;
+    }
+    case OOM_VMM_REFUSED:
+        x->rule = "oom-device-refused";
+        snprintf(x->text, sizeof x->text,
+                 "OOM because the device refused more memory: the live blocks (%s) plus the request (%s) fit in the "
+                 "capacity (%s) and its %s of new chunks under it, but creating or mapping them failed with %s "
+                 "free on the device.",
+                 H(o->allocated), H(o->rounded), H(o->capacity), H(need), H(o->device_free));
+        snprintf(x->fix, sizeof x->fix,
+                 "Free what holds the rest of the device (other processes, other allocators in this one); or set "
+                 "per_process_memory_fraction / max_memory_mb so that the cap matches what this process can have.");
+        break;
+    }
+}
+
 static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
 {
     size_t nd = 0;
@@ -358,35 +430,22 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
         site_t *v = collect_sites(a, sym, VIEW_OOM, NULL, &ns);
         ns = label_sites(v, ns, 8);
         diag_t *x = diag_add(d, &nd, NULL, NULL);
-        if (kind == OOM_FRAGMENTATION) {
+        if (kind == OOM_FRAGMENTATION && dev_vmm(a, o->dev)) {
+            oom_vmm_text(a, o, x);
+        } else if (kind == OOM_FRAGMENTATION) {
             x->rule = "oom-fragmentation";
-            /* The free memory that would serve the request if it were in one piece: what the heap held
-             * unallocated, and, where that is not enough, the device's free memory too. */
-            bool with_device = o->reserved - o->allocated < o->rounded;
             snprintf(x->text, sizeof x->text,
                      "OOM by fragmentation: the live blocks (%s) plus the request (%s) fit in the capacity (%s) "
                      "and in the %s the heap held plus the %s the device had free, but %s was reserved and "
                      "unallocated and its largest free block (%s) is smaller than the request.",
                      H(o->allocated), H(o->rounded), H(o->capacity), H(o->reserved), H(o->device_free),
                      H(o->reserved - o->allocated), H(o->largest_free));
-            uint64_t va_next = oom_va_factor_next(config_number(a, "va_factor", 4));
-            char raise_va[64] = "";
-            if (va_next)
-                snprintf(raise_va, sizeof raise_va, "raise va_factor (CUALLOC_CONF=va_factor:%llu) or ",
-                         (unsigned long long)va_next);
-            if (dev_vmm(a, o->dev))
-                snprintf(x->fix, sizeof x->fix,
-                         "Fix (free): %sset garbage_collection_threshold:0.8 so cached chunks return earlier; no "
-                         "model change is needed: %s reserved but unallocated%s would serve the request.",
-                         raise_va, H(o->reserved - o->allocated),
-                         with_device ? ", with the device's free memory," : "");
-            else
-                snprintf(x->fix, sizeof x->fix,
-                         "Fix (free, ladder rung 4): expandable segments (CUALLOC_CONF=expandable_segments:True, "
-                         "or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); else max_split_size_mb / "
-                         "garbage_collection_threshold:0.8. It makes the %s reserved but unallocated usable; the "
-                         "job then needs %s, under the capacity %s.",
-                         H(o->reserved - o->allocated), H(o->allocated + o->rounded), H(o->capacity));
+            snprintf(x->fix, sizeof x->fix,
+                     "Fix (free, ladder rung 4): expandable segments (CUALLOC_CONF=expandable_segments:True, "
+                     "or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); else max_split_size_mb / "
+                     "garbage_collection_threshold:0.8. It makes the %s reserved but unallocated usable; the "
+                     "job then needs %s, under the capacity %s.",
+                     H(o->reserved - o->allocated), H(o->allocated + o->rounded), H(o->capacity));
             x->saving = o->reserved - o->allocated;
         } else {
             uint64_t over;
