@@ -330,6 +330,19 @@ if [ -n "$demo" ]; then
         "$allocview" report --no-color "$tmp/demo.trace" | grep -q "oldest events were overwritten" && bad "demo: a complete trace said to be overwritten"
         python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["overwritten"] is not False)' "$tmp/demo.json" ||
             bad "demo: report --json lacks overwritten: false"
+        # Where the window begins: on the sim's counter clock only that the times count from it; on
+        # a real clock (the fake driver's is the host's), how long after the process started. It
+        # said "from +0 s here" on both, which told nothing.
+        "$allocview" --no-color "$tmp/ring.trace" | grep -q "^  warning   .*(the times here count from its first event);" ||
+            bad "ring: the warning does not say what its times count from: $("$allocview" --no-color "$tmp/ring.trace" | grep warning)"
+        if [ -n "$fakecuda" ]; then
+            LD_LIBRARY_PATH=$fakecuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+                CUALLOC_CONF="driver:cuda,trace:$tmp/ring_real.trace,trace_max_mb:1,trace_ring:1" \
+                "$demo" --steps 60 --quiet >/dev/null 2>&1
+            "$allocview" --no-color "$tmp/ring_real.trace" |
+                grep -q "^  warning   .*(it begins [0-9]*\.[0-9]* s after the process started; the times here count from there);" ||
+                bad "ring on a real clock: $("$allocview" --no-color "$tmp/ring_real.trace" 2>&1 | grep warning)"
+        fi
     else
         bad "the ring trace was not overwritten (the test needs a longer run)"
     fi

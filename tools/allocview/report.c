@@ -825,11 +825,16 @@ static void ring_text(FILE *out, const av_t *a)
     /* The blocks and mappings made before the window are never seen: every figure is of the
      * window, and allocated and reserved count only what it made (reserved may read below
      * allocated when the mappings came before it). */
+    char from[96] = "the times here count from its first event";
+    if (a->have_process && a->clock == CUA_TRACE_CLOCK_MONOTONIC && a->acct.any_event &&
+        a->acct.first_time >= a->start_monotonic)
+        snprintf(from, sizeof from, "it begins %.3f s after the process started; the times here count from there",
+                 (double)(a->acct.first_time - a->start_monotonic) / 1e9);
     fprintf(out,
             "  %swarning%s   " TR_RING_OVERWRITTEN ": the report covers only the newest "
-            "events (from +0 s here); its peak, call sites, steps and leaks are of that window, and blocks "
+            "events (%s); its peak, call sites, steps and leaks are of that window, and blocks "
             "allocated or memory mapped before it are not counted",
-            C_R(), C_0());
+            C_R(), C_0(), from);
     if (a->acct.unmatched_frees)
         fprintf(out, " (%" PRIu64 " frees of blocks it never saw allocated)", a->acct.unmatched_frees);
     fprintf(out, "\n");
