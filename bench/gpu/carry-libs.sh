@@ -43,7 +43,11 @@ for p in $programs; do
             echo missing >"$dest/.missing"
             continue
         fi
-        [ -e "$dest/$name" ] || cp -L "$path" "$dest/$name"
+        # (set -e would end the loop's subshell at a failed cp without a word: say which.)
+        if [ ! -e "$dest/$name" ] && ! cp -L "$path" "$dest/$name"; then
+            echo "carry-libs.sh: copying $path (for $p) to $dest failed" >&2
+            echo missing >"$dest/.missing"
+        fi
     done
 done
 if [ -e "$dest/.missing" ]; then

@@ -330,6 +330,12 @@ if "$src/bench/gpu/carry-libs.sh" "$build" "$libs" >"$tmp/carry.log" 2>&1; then
 else
     bad "carry-libs.sh failed: $(cat "$tmp/carry.log")"
 fi
+# A copy that fails (a cp that refuses) is named, and the status is 1; it ended without a word.
+mkdir "$tmp/failcp" && printf '#!/bin/sh\nexit 1\n' >"$tmp/failcp/cp" && chmod +x "$tmp/failcp/cp"
+if PATH="$tmp/failcp:$PATH" "$src/bench/gpu/carry-libs.sh" "$build" "$tmp/gpu-libs-failcp" >"$tmp/carry.log" 2>&1 ||
+    ! grep -q "^carry-libs.sh: copying .* failed" "$tmp/carry.log"; then
+    bad "carry-libs.sh with a failing cp: $(cat "$tmp/carry.log")"
+fi
 
 # On a machine without allocview's libraries the viewer part stops at once and says what to do.
 nb=$tmp/nolibs-build
