@@ -241,9 +241,10 @@ enum cua_trace_clock {
 
 enum cua_trace_mode { CUA_TRACE_MODE_CLASSIC = 0, CUA_TRACE_MODE_VMM = 1 };
 
-/* OOM vmm_failure: 0 none (classic segments, or not a failure of that kind) or not recorded; no
- * free range of the reserved address space took the new chunks; the new chunks would pass the cap
- * (live blocks keep the rest of what is reserved in partly used chunks); the device refused them. */
+/* OOM vmm_failure: 0 none (classic segments, or not a failure of that kind) or not recorded; the
+ * new chunks fit under the cap, but no free range of the reserved address space took them; the new
+ * chunks would pass the cap (live blocks keep the rest of what is reserved in partly used chunks),
+ * whatever the address space; the device refused them. */
 enum cua_trace_vmm_failure {
     CUA_TRACE_VMM_NONE = 0,
     CUA_TRACE_VMM_ADDRESS_SPACE = 1,

@@ -1695,9 +1695,9 @@ static oom_kind_t oom_diagnose(heap_t *h, size_t rsize, size_t dfree, size_t dto
                      "cap matches what this process can have.",
                      fmt_bytes(need, req, sizeof req), devfree);
         } else if (why == OOM_VMM_CHUNKS) {
-            /* Address space is there: the cap is reached at chunk granularity. Everything cached
-             * was released before this report, so what is reserved beyond the live blocks lies in
-             * chunks that live blocks share. Chunks larger than the device's granularity
+            /* The cap is reached at chunk granularity (whether or not address space was free).
+             * Everything cached was released before this report, so what is reserved beyond the
+             * live blocks lies in chunks that live blocks share. Chunks larger than the device's granularity
              * (chunk_size_mb) are what makes the granularity coarse. They are the large pool's,
              * whichever pool the request is for: a small request also fails when the large pool's
              * partly used chunks leave no room for a small-pool chunk. */

@@ -200,9 +200,10 @@ uint64_t oom_vmm_large_chunk(uint64_t granularity, uint64_t chunk_size, uint64_t
 uint64_t oom_vmm_small_chunk(uint64_t granularity);
 /* Why a VMM heap failed a request that oom_classify calls fragmentation (live blocks plus the
  * request fit in what it held plus the device's free memory), after releasing every whole cached
- * chunk: no free range of its address space could take the new chunks (address_space_fits
- * false); else the new chunks (need bytes) would pass the cap, as live blocks keep the rest of
- * what is reserved in partly used chunks; else the device refused them. */
+ * chunk: the new chunks (need bytes) would pass the cap, as live blocks keep the rest of what is
+ * reserved in partly used chunks (whether or not address space was free for them: more of it
+ * would not have served them); else no free range of its address space could take them
+ * (address_space_fits false); else the device refused them. */
 typedef enum {
     OOM_VMM_ADDRESS_SPACE = CUA_TRACE_VMM_ADDRESS_SPACE,
     OOM_VMM_CHUNKS = CUA_TRACE_VMM_CHUNKS,

@@ -69,8 +69,10 @@ uint64_t oom_vmm_small_chunk(uint64_t granularity) {
 }
 
 oom_vmm_failure_t oom_vmm_failure(uint64_t need, uint64_t reserved, uint64_t cap, bool address_space_fits) {
-    if (!address_space_fits) return OOM_VMM_ADDRESS_SPACE;
-    return oom_missing(need, reserved, cap) == 0 ? OOM_VMM_REFUSED : OOM_VMM_CHUNKS;
+    /* The cap first: where it refuses the new chunks, no free range of address space would have
+     * served them, and raising va_factor would not fix the OOM. */
+    if (oom_missing(need, reserved, cap) != 0) return OOM_VMM_CHUNKS;
+    return address_space_fits ? OOM_VMM_REFUSED : OOM_VMM_ADDRESS_SPACE;
 }
 
 void oom_chunks_fix(char *buf, size_t len, uint64_t large_chunk, uint64_t granularity, const char *cap_key,

@@ -286,6 +286,14 @@ int main(int argc, char **argv) {
            "va_factor doubles");
     EXPECT(oom_va_factor_next(600) == VA_FACTOR_MAX && oom_va_factor_next(VA_FACTOR_MAX) == 0,
            "va_factor stops at its maximum");
+    /* The reason's order: new chunks that pass the cap are a shortage at chunk granularity even
+     *    where no free range of address space could take them either (46 MiB reserved, 20 MiB of
+     *    new chunks, a 64 MiB cap: more address space, the va_factor advised, would not serve
+     *    them); under the cap, a missing range is the address space's, else the device refused. */
+    EXPECT(oom_vmm_failure(20 * MiB, 46 * MiB, 64 * MiB, false) == OOM_VMM_CHUNKS, "past the cap, no address space");
+    EXPECT(oom_vmm_failure(20 * MiB, 46 * MiB, 64 * MiB, true) == OOM_VMM_CHUNKS, "past the cap");
+    EXPECT(oom_vmm_failure(20 * MiB, 44 * MiB, 64 * MiB, false) == OOM_VMM_ADDRESS_SPACE, "no address space");
+    EXPECT(oom_vmm_failure(20 * MiB, 44 * MiB, 64 * MiB, true) == OOM_VMM_REFUSED, "refused");
 
     error_set_callback(NULL, NULL);
     if (failures) return 1;
