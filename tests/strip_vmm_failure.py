@@ -20,4 +20,5 @@ for off in sorted(offsets, reverse=True):
     block_end = header_size + ((off - header_size) // block_size + 1) * block_size
     rest = data[off + 1 + length:block_end]
     data[off:block_end] = bytes([length - 1]) + data[off + 1:off + length] + rest + b"\0"
+struct.pack_into("<H", data, 10, 0)  # minor version 0: the records are 1.0's now
 open(dst, "wb").write(data)

@@ -397,9 +397,11 @@ static void oom_vmm_text(const av_t *a, const av_oom_t *o, diag_t *x)
         x->rule = "oom-fragmentation";
         snprintf(x->text, sizeof x->text,
                  "OOM by fragmentation of the address space: the live blocks (%s) plus the request (%s) fit in the "
-                 "capacity (%s), and its %s of new chunks fit under it and in the %s the device had free, so what "
-                 "was missing is a free range of the heap's reserved address space large enough for them.",
-                 H(o->allocated), H(o->rounded), H(o->capacity), H(need), H(o->device_free));
+                 "capacity (%s), and its %s of new chunks fit under it%s%s, but no free range of the heap's "
+                 "reserved address space was large enough for them.",
+                 H(o->allocated), H(o->rounded), H(o->capacity), H(need),
+                 o->device_free >= need ? " and in what the device had free, " : "",
+                 o->device_free >= need ? H(o->device_free) : "");
         snprintf(x->fix, sizeof x->fix, "Fix (free): %s; no model change is needed.", fix);
         break;
     }
@@ -734,11 +736,13 @@ static void config_keys(const av_t *a, const ropts_t *o, char *buf, size_t len)
     /* The keys that decide how memory is used; the rest are defaults or tracing options. */
     static const char *const keys[] = {"driver", "expandable_segments", "max_split_size_mb",
                                        "garbage_collection_threshold", "roundup_power2_divisions",
-                                       "sim_memory_mb", "va_factor"};
+                                       "sim_memory_mb", "va_factor", "chunk_size_mb", "max_memory_mb",
+                                       "per_process_memory_fraction"};
     /* Defaults are left out. */
     static const char *const defaults[] = {"", "expandable_segments:True", "max_split_size_mb:unlimited",
                                            "garbage_collection_threshold:0", "roundup_power2_divisions:0", "",
-                                           "va_factor:4"};
+                                           "va_factor:4", "chunk_size_mb:0", "max_memory_mb:0",
+                                           "per_process_memory_fraction:0"};
     size_t k = 0;
     buf[0] = '\0';
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
