@@ -165,7 +165,7 @@ want refused oom-device-refused; wantnot refused oom-fragmentation; wantnot refu
 # traces gets what the heap recorded.
 for t in chunks addrspace; do
     off=$("$allocview" dump --offsets "$tmp/$t.trace" | sed -n 's/^@\([0-9]*\) #[0-9]* oom .*/\1/p')
-    if ! python3 "$(dirname "$0")/strip_vmm_failure.py" "$tmp/$t.trace" "$tmp/$t.old.trace" $off; then
+    if ! python3 "$(dirname "$0")/edit_oom_record.py" "$tmp/$t.trace" "$tmp/$t.old.trace" "$off" --strip-vmm; then
         bad "$t: could not strip vmm_failure"
     elif "$allocview" dump "$tmp/$t.old.trace" | grep -q vmm_failure; then
         bad "$t: the stripped trace still has vmm_failure"
@@ -175,6 +175,18 @@ for t in chunks addrspace; do
             bad "$t: without vmm_failure: $(diag "$tmp/$t.old.trace")"
     fi
 done
+# The driver could not tell the device's free memory (the record says 0): the recorded vmm_failure
+# says the heap's rule gave fragmentation, so allocview gives the heap's diagnosis, not a full
+# device (which reading 0 as free memory made it).
+off=$("$allocview" dump --offsets "$tmp/chunks.trace" | sed -n 's/^@\([0-9]*\) #[0-9]* oom .*/\1/p')
+if python3 "$(dirname "$0")/edit_oom_record.py" "$tmp/chunks.trace" "$tmp/chunks.nofree.trace" "$off" --device-free 0; then
+    "$allocview" dump "$tmp/chunks.nofree.trace" | grep -q " oom .* device_free=0 .*vmm_failure=chunks$" ||
+        bad "chunks, device free unknown: the record was not rewritten"
+    "$allocview" report --json "$tmp/chunks.nofree.trace" >"$tmp/chunks.nofree.json" 2>/dev/null
+    want chunks.nofree oom-chunk-granularity; wantnot chunks.nofree oom-device-full
+else
+    bad "chunks: could not rewrite device_free"
+fi
 # Two devices in one process: the report is of the OOM's device (expected/report_twodev.txt: only
 # device 1's 32 MiB live at its OOM); --device picks one, --device all sums them (the OOM's live
 # blocks then include device 0's 128 MiB of parameters, which were no part of device 1's OOM).

@@ -427,7 +427,10 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
      *    allocview says what the report on stderr said (the first OOM, the one that ends most jobs). */
     if (a->nooms && nd < maxd) {
         const av_oom_t *o = &a->ooms[0];
-        oom_kind_t kind = oom_classify(o->rounded, o->capacity, o->allocated, o->reserved, o->device_free);
+        /* A recorded vmm_failure is the heap's word that the rule gave fragmentation (it classifies
+         * with the device's free memory unknown where the record can only say 0). */
+        oom_kind_t kind = o->vmm_failure ? OOM_FRAGMENTATION
+                                         : oom_classify(o->rounded, o->capacity, o->allocated, o->reserved, o->device_free);
         size_t ns;
         site_t *v = collect_sites(a, sym, VIEW_OOM, NULL, &ns);
         ns = label_sites(v, ns, 8);
