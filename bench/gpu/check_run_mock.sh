@@ -17,8 +17,14 @@ rc=$?
 cat "$tmp/log"
 [ "$rc" = 0 ] || bad "run.sh all --mock exited $rc"
 [ -s "$tmp/results/summary.md" ] || bad "no combined summary.md"
-for part in driver-costs property-cuda ld-preload driver-questions torch torch-medium torch-alloc-cost \
-        torch-capacity torch-capacity-medium viewer; do
+parts="driver-costs property-cuda ld-preload driver-questions torch torch-medium torch-alloc-cost torch-capacity
+torch-capacity-medium torch-capacity-varlen torch-capacity-medium-varlen viewer"
+# Every part `all` ran is one of these: a part left off the list would go unchecked.
+for d in "$tmp/results"/*/; do
+    [ -d "$d" ] || continue
+    case " $(echo $parts) " in *" $(basename "$d") "*) ;; *) bad "$(basename "$d"): a part this script does not check" ;; esac
+done
+for part in $parts; do
     f=$tmp/results/$part/results.jsonl
     [ -s "$f" ] || { bad "$part: no results.jsonl"; continue; }
     [ -s "$tmp/results/$part/summary.md" ] || bad "$part: no summary.md"
