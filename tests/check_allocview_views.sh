@@ -3,7 +3,8 @@
 # and folded against deterministic traces: tests/trace_fixture.c (recorder, sim device) and
 # tests/trace_sites_fixture.c (chosen call sites, variants A and B differing by one site).
 #   timeline --ascii --no-color --width 48 equals expected/timeline_*.txt; --svg parses as XML
-#   with one area path per top site (plus "other") and one reserved line; diff A B names the one
+#   with one area path per top site (plus "other") and one reserved line, and never overwrites
+#   the trace it draws; diff A B names the one
 #   site that grew; folded gives 'frames bytes' lines; every command on a cut-short trace exits
 #   0 or 3 and never crashes; --help for each.   UPDATE_EXPECTED=1 rewrites the expected files.
 set -u
@@ -60,6 +61,20 @@ if command -v python3 >/dev/null 2>&1; then
 else
     echo "python3 not found: skipping the XML and JSON parse checks"
 fi
+
+# 2a. --svg naming the trace itself (or a link to it) is refused, status 1, and the trace is
+#     left as it was; an unwritable chart names why.
+cp "$tmp/a.trace" "$tmp/keep.trace"
+ln -s a.trace "$tmp/a-link.trace"
+for svg in "$tmp/a.trace" "$tmp/a-link.trace"; do
+    "$allocview" timeline --svg "$svg" "$tmp/a.trace" >/dev/null 2>"$tmp/svg.err"; rc=$?
+    [ "$rc" = 1 ] || bad "timeline --svg $svg onto its trace exited $rc, want 1"
+    grep -q "is the trace itself" "$tmp/svg.err" || bad "timeline --svg onto its trace: $(cat "$tmp/svg.err")"
+    cmp -s "$tmp/a.trace" "$tmp/keep.trace" || { bad "timeline --svg $svg overwrote the trace"; cp "$tmp/keep.trace" "$tmp/a.trace"; }
+done
+"$allocview" timeline --svg "$tmp" "$tmp/a.trace" >/dev/null 2>"$tmp/svg.err" && bad "timeline --svg onto a directory exited 0"
+grep -q "cannot write $tmp: Is a directory" "$tmp/svg.err" || bad "timeline --svg onto a directory: $(cat "$tmp/svg.err")"
+rm -f "$tmp/a-link.trace"
 
 # 2b. Mark labels that are not UTF-8 (Latin-1) or long: --json stays JSON (UTF-8 text; a byte that
 #     is no character reads U+FFFD), and a label cut to fit is cut between characters.

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "internal.h"
 
@@ -59,6 +60,12 @@ void txt_json_string(FILE *out, const char *s)
         s += n ? n : 1;
     }
     fputc('"', out);
+}
+
+bool txt_same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 const char *txt_base_name(const char *path)

@@ -23,6 +23,11 @@ size_t txt_utf8_char(const char *s);
 size_t txt_utf8_cut(const char *s, size_t len, size_t max);
 /* The last component of a path ("libx.so" of "/usr/lib/libx.so"): a pointer into path. */
 const char *txt_base_name(const char *path);
+/* Whether the paths a and b name one file (the same device and inode: a link to it, or another
+ * spelling of its path, too). False when either cannot be stat'ed: an output that is not there yet
+ * is no input. Commands that write a file check it against what they read before they open the
+ * output, which would otherwise truncate or replace the input. */
+bool txt_same_file(const char *a, const char *b);
 /* An option's whole-number value: s is all decimal digits (no sign, no blanks), from lo to hi.
  * False, *out untouched, for anything else ("", "-1", "+1", " 1", "12x", "1e3", overflow). */
 bool txt_parse_count(const char *s, unsigned long long lo, unsigned long long hi, unsigned long long *out);

@@ -16,6 +16,7 @@
 #include "views.h"
 #include "grow.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
@@ -447,7 +448,7 @@ static int svg_report(const tl_t *t, const char *file)
 {
     FILE *out = fopen(file, "w");
     if (!out) {
-        fprintf(stderr, "allocview timeline: cannot write %s\n", file);
+        fprintf(stderr, "allocview timeline: cannot write %s: %s\n", file, strerror(errno));
         return VW_EXIT_USAGE;
     }
     const double W = 1000, H = 520, L = 80, R = 300, T = 50, B = 60;
@@ -692,6 +693,12 @@ int av_cmd_timeline(int argc, char **argv)
     }
     if (!t->path) {
         timeline_usage(stderr);
+        free(t);
+        return VW_EXIT_USAGE;
+    }
+    /* Refused before the trace is read: the chart's fopen would truncate the trace it is drawn from. */
+    if (t->svg && txt_same_file(t->svg, t->path)) {
+        fprintf(stderr, "allocview timeline: --svg %s is the trace itself; name another file for the chart\n", t->svg);
         free(t);
         return VW_EXIT_USAGE;
     }
