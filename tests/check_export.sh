@@ -9,7 +9,8 @@
 #    (native stacks) and a ring trace whose oldest events were overwritten (starting state inferred);
 #  - export(import(S)) has S's events (check_snapshot.py --like) for every real snapshot in
 #    SNAPSHOT_DIR (skipped when there is none);
-#  - --max-entries keeps the last N events; usage errors exit 1, a missing trace 2, a trace that
+#  - --max-entries keeps the last N events; usage errors exit 1 (an output that is the input among
+#    them: the input is left intact), a missing trace 2, a trace that
 #    contradicts itself is refused (exit 3) naming why, leaving no file and an existing one intact.
 set -u
 allocview=$1 fixture=$2 scen=$3 demo=$4 snapdir=${CUALLOC_SNAPSHOT_DIR:-${5:-}}
@@ -167,6 +168,21 @@ done
 [ $st = 1 ] && grep -q -- "-o needs a value" "$tmp/e1" || bad "import -o without a value: exit $st, $(cat "$tmp/e1")"
 "$allocview" import "$tmp/fixture.pickle" -o "$tmp/y.trace" --device-memory lots 2>"$tmp/e1"; st=$?
 [ $st = 1 ] && grep -q "bad --device-memory 'lots'" "$tmp/e1" || bad "import --device-memory lots: exit $st, $(cat "$tmp/e1")"
+# An output that is the input itself (or a link to it) is refused, status 1, the input intact.
+cp "$tmp/fixture.trace" "$tmp/self.trace"
+cp "$tmp/fixture.pickle" "$tmp/self.pickle"
+ln -s self.trace "$tmp/self-link.trace"
+ln -s self.pickle "$tmp/self-link.pickle"
+for o in self.trace self-link.trace; do
+    "$allocview" export --pytorch "$tmp/$o" "$tmp/self.trace" 2>"$tmp/e1"; st=$?
+    [ $st = 1 ] && grep -q "is the trace itself" "$tmp/e1" || bad "export --pytorch $o onto its trace: exit $st, $(cat "$tmp/e1")"
+done
+cmp -s "$tmp/self.trace" "$tmp/fixture.trace" || bad "export --pytorch onto its trace changed the trace"
+for o in self.pickle self-link.pickle; do
+    "$allocview" import "$tmp/self.pickle" -o "$tmp/$o" 2>"$tmp/e1"; st=$?
+    [ $st = 1 ] && grep -q "is the snapshot itself" "$tmp/e1" || bad "import -o $o onto its snapshot: exit $st, $(cat "$tmp/e1")"
+done
+cmp -s "$tmp/self.pickle" "$tmp/fixture.pickle" || bad "import -o onto its snapshot changed the snapshot"
 # A snapshot mapping the same segment twice imports (the import keeps what it reads) but cannot
 # be exported consistently: refused, nothing written, an existing file left alone.
 python3 - "$tmp/bad.pickle" <<'PY'

@@ -772,6 +772,12 @@ int av_cmd_export(int argc, char **argv)
         return VW_EXIT_USAGE;
     }
 
+    /* Refused before the trace is read: the snapshot is renamed over OUT at the end, which would
+     * replace the trace it was made from. */
+    if (txt_same_file(out, in)) {
+        fprintf(stderr, "allocview export: --pytorch %s is the trace itself; name another file for the snapshot\n", out);
+        return VW_EXIT_USAGE;
+    }
     exporter_t ex = {.path = in, .max_entries = max_entries};
     char err[512];
     av_opts_t opts = {.at_time_ns = -1};

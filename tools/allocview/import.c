@@ -517,6 +517,11 @@ int av_cmd_import(int argc, char **argv)
         import_usage(stderr);
         return IM_EXIT_USAGE;
     }
+    /* Refused before the snapshot is read: the trace's fopen would truncate the snapshot. */
+    if (txt_same_file(out, in)) {
+        fprintf(stderr, "allocview import: -o %s is the snapshot itself; name another file for the trace\n", out);
+        return IM_EXIT_USAGE;
+    }
     FILE *f = fopen(in, "rb");
     if (!f) {
         fprintf(stderr, "allocview import: %s: cannot open: %s\n", in, strerror(errno));
