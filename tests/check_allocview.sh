@@ -3,7 +3,8 @@
 # (tests/trace_fixture.c on the sim device): `dump --redact` must equal expected/trace_dump.txt
 # byte for byte; `summary --json` must have its fixed keys with the fixture's values; a cut-short
 # trace is reported truncated (exit 0), a corrupt one gives its readable prefix and exit 3, a newer
-# format, a missing file and a non-trace exit 2 with a message; usage errors exit 1.
+# format, a missing file, a non-trace and a FIFO or directory exit 2 with a message; usage errors
+# exit 1.
 #   UPDATE_EXPECTED=1 check_allocview.sh ...   rewrites the expected file instead of comparing.
 set -u
 fixture=$1 allocview=$2 expected=$3
@@ -115,6 +116,13 @@ grep -q "not a cualloc trace" "$tmp/text.err" || bad "not a trace: $(cat "$tmp/t
 : >"$tmp/empty.trace"
 "$allocview" dump "$tmp/empty.trace" >/dev/null 2>&1
 [ $? = 2 ] || bad "empty file: want exit 2"
+# A FIFO, a directory, a device: refused at once (a FIFO's open waited for a writer), exit 2.
+mkfifo "$tmp/fifo.trace"
+for f in "$tmp/fifo.trace" "$tmp" /dev/null; do
+    timeout 10 "$allocview" summary "$f" >/dev/null 2>"$tmp/special.err"; st=$?
+    [ $st = 2 ] && grep -q "$f is not a regular file" "$tmp/special.err" ||
+        bad "summary $f: exit $st, want 2: $(cat "$tmp/special.err")"
+done
 
 # 7. Usage.
 "$allocview" --help | grep -q "^usage: allocview" || bad "--help"

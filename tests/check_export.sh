@@ -168,6 +168,14 @@ done
 [ $st = 1 ] && grep -q -- "-o needs a value" "$tmp/e1" || bad "import -o without a value: exit $st, $(cat "$tmp/e1")"
 "$allocview" import "$tmp/fixture.pickle" -o "$tmp/y.trace" --device-memory lots 2>"$tmp/e1"; st=$?
 [ $st = 1 ] && grep -q "bad --device-memory 'lots'" "$tmp/e1" || bad "import --device-memory lots: exit $st, $(cat "$tmp/e1")"
+# A snapshot that is a FIFO, a directory or a device: refused at once (a FIFO's open waited for a
+# writer), exit 2.
+mkfifo "$tmp/fifo.pickle"
+for f in "$tmp/fifo.pickle" "$tmp" /dev/null; do
+    timeout 10 "$allocview" import "$f" -o "$tmp/special.trace" 2>"$tmp/e1"; st=$?
+    [ $st = 2 ] && grep -q "$f: not a regular file" "$tmp/e1" || bad "import $f: exit $st, $(cat "$tmp/e1")"
+done
+[ ! -e "$tmp/special.trace" ] || bad "a refused import wrote a trace"
 # An output that is the input itself (or a link to it) is refused, status 1, the input intact.
 cp "$tmp/fixture.trace" "$tmp/self.trace"
 cp "$tmp/fixture.pickle" "$tmp/self.pickle"

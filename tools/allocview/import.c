@@ -30,11 +30,13 @@
 #define _GNU_SOURCE
 #endif
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cualloc_trace.h"
 #include "pickle.h"
@@ -522,13 +524,23 @@ int av_cmd_import(int argc, char **argv)
         fprintf(stderr, "allocview import: -o %s is the snapshot itself; name another file for the trace\n", out);
         return IM_EXIT_USAGE;
     }
-    FILE *f = fopen(in, "rb");
+    /* O_NONBLOCK: opening a FIFO for reading waits for a writer; so the check below refuses it at
+     * once. On a regular file, the only kind read, the flag changes nothing. */
+    int fd = open(in, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
     if (!f) {
         fprintf(stderr, "allocview import: %s: cannot open: %s\n", in, strerror(errno));
+        if (fd >= 0)
+            close(fd);
         return IM_EXIT_UNREADABLE;
     }
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || st.st_size <= 0 || st.st_size > ((off_t)1 << 34)) {
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fprintf(stderr, "allocview import: %s: not a regular file\n", in);
+        fclose(f);
+        return IM_EXIT_UNREADABLE;
+    }
+    if (st.st_size <= 0 || st.st_size > ((off_t)1 << 34)) {
         fprintf(stderr, "allocview import: %s: empty or too large\n", in);
         fclose(f);
         return IM_EXIT_UNREADABLE;
