@@ -670,8 +670,8 @@ static void usage(FILE *out) {
     fprintf(out,
             "usage: fastpath [--pairs N] [--threads T] [--allocator cualloc|jemalloc|all]\n"
             "                [--pattern random|stack|repeat|trace|all] [--trace FILE] [--seed S] [--json] [--quiet]\n"
-            "  --pairs N      timed alloc+free pairs per thread (default 200000; stack and repeat round up to %d,\n"
-            "                 trace to whole passes)\n"
+            "  --pairs N      timed alloc+free pairs per thread, 1 to 2^40 (default 200000; stack and repeat round\n"
+            "                 up to %d, trace to whole passes)\n"
             "  --threads T    run with T threads only (default: 1 and 8)\n"
             "  --allocator    which allocator(s) (default all; 'null' is the loop-overhead baseline)\n"
             "  --pattern      random: free a random live slot of %d and refill it; stack: allocate %d, free in\n"
@@ -686,11 +686,14 @@ static void usage(FILE *out) {
             SLOTS, SLOTS, SLOTS, SLOTS);
 }
 
+/* A count of 1 or more, all decimal digits: strtoull alone takes a sign and blanks ("-1" read as
+ * 2^64 - 1). */
 static bool parse_size(const char *s, size_t *out) {
     char *end;
     errno = 0;
+    if (*s < '0' || *s > '9') return false;
     unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *end || v == 0) return false;
+    if (errno || end == s || *end || v == 0 || v > SIZE_MAX) return false;
     *out = (size_t)v;
     return true;
 }
@@ -742,7 +745,9 @@ int main(int argc, char **argv) {
             printf("cualloc null%s%s\n", HAVE_JEMALLOC_ ? " jemalloc" : "", HAVE_CALLGRIND_H_ ? " callgrind-markers" : "");
             return 0;
         }
-        else if (v && !strcmp(a, "--pairs")) { if (!parse_size(v, &pairs)) goto bad; i++; }
+        /* --pairs at most 2^40: the patterns round it up to whole steps or passes, which must
+         * not wrap to 0 (a table of no pairs, "inf" ns each). */
+        else if (v && !strcmp(a, "--pairs")) { if (!parse_size(v, &pairs) || pairs > ((size_t)1 << 40)) goto bad; i++; }
         else if (v && !strcmp(a, "--trace")) { trace_path = v; i++; }
         else if (v && !strcmp(a, "--seed")) { size_t s; if (!parse_size(v, &s)) goto bad; seed = s; i++; }
         else if (v && !strcmp(a, "--threads")) {

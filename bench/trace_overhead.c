@@ -154,6 +154,24 @@ static void count_bytes(const char *path, bytes_t *b)
     tr_close(r);
 }
 
+/* An option's value: all decimal digits (no sign, blank or hex, which strtoull and atoi took: "-1"
+ * became 2^64 - 1 pairs, a run without end, and "7x" 7), from lo to hi. */
+static bool parse_count(const char *s, unsigned long long lo, unsigned long long hi, unsigned long long *out)
+{
+    if (!*s)
+        return false;
+    unsigned long long v = 0;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9' || v > (hi - (unsigned)(*p - '0')) / 10)
+            return false;
+        v = v * 10 + (unsigned)(*p - '0');
+    }
+    if (v < lo)
+        return false;
+    *out = v;
+    return true;
+}
+
 int main(int argc, char **argv)
 {
     uint64_t pairs = 200000;
@@ -162,25 +180,37 @@ int main(int argc, char **argv)
     const char *dir = "/tmp";
     bool json = false;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--pairs") == 0 && i + 1 < argc)
-            pairs = strtoull(argv[++i], NULL, 0);
-        else if (strcmp(argv[i], "--runs") == 0 && i + 1 < argc)
-            runs = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--depth") == 0 && i + 1 < argc)
-            depth = (unsigned)atoi(argv[++i]);
-        else if (strcmp(argv[i], "--dir") == 0 && i + 1 < argc)
+        unsigned long long v = 0;
+        bool is_pairs = strcmp(argv[i], "--pairs") == 0, is_runs = strcmp(argv[i], "--runs") == 0,
+             is_depth = strcmp(argv[i], "--depth") == 0;
+        if ((is_pairs || is_runs || is_depth || strcmp(argv[i], "--dir") == 0) && i + 1 >= argc) {
+            fprintf(stderr, "trace_overhead: %s needs a value\n", argv[i]);
+            return 1;
+        } else if (is_pairs || is_runs || is_depth) {
+            /* --depth's bound is trace_stack_depth's: the recorder would cut a deeper one to 64
+             * and the table would name the depth asked for. */
+            unsigned long long lo = is_pairs ? SEQ : is_runs ? 1 : 0, hi = is_pairs ? 1ull << 40 : is_runs ? 99 : 64;
+            if (!parse_count(argv[i + 1], lo, hi, &v)) {
+                fprintf(stderr, "trace_overhead: bad %s '%s' (a number from %llu to %llu%s)\n", argv[i], argv[i + 1], lo,
+                        hi, is_pairs ? ": at least one period of the request sequence" : "");
+                return 1;
+            }
+            if (is_pairs)
+                pairs = v;
+            else if (is_runs)
+                runs = (int)v;
+            else
+                depth = (unsigned)v;
+            i++;
+        } else if (strcmp(argv[i], "--dir") == 0)
             dir = argv[++i];
         else if (strcmp(argv[i], "--json") == 0)
             json = true;
         else {
-            fprintf(stderr, "usage: trace_overhead [--pairs N] [--runs R] [--depth D] [--dir DIR] [--json]\n");
+            fprintf(stderr, "trace_overhead: unknown argument '%s'\n"
+                            "usage: trace_overhead [--pairs N] [--runs R] [--depth D] [--dir DIR] [--json]\n", argv[i]);
             return 1;
         }
-    }
-    if (runs < 1 || runs > 99 || pairs < SEQ) {
-        fprintf(stderr, "trace_overhead: --runs must be 1 to 99 and --pairs at least %d (one period of the request "
-                        "sequence), not --runs %d --pairs %llu\n", SEQ, runs, (unsigned long long)pairs);
-        return 1;
     }
     setenv("CUALLOC_CONF", "driver:sim,sim_memory_mb:65536", 1);
     /* A tensor-like mix, 512 B .. 4 MiB, log-uniform, with recurring shapes. */

@@ -6,11 +6,12 @@
  * at once, gradients during backward, a "step N" mark per step and a few maps. Addresses are
  * reused (LIFO slots), times advance 0.5-4 us per event.
  *
- *   trace_synth TRACE [EVENTS]     EVENTS alloc+free records (default 50000000)
+ *   trace_synth TRACE [EVENTS]     EVENTS alloc+free records, 1 to 10^10 (default 50000000)
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "trace_writer.h"
@@ -58,11 +59,32 @@ static void release(blk_t b)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
+    /* TRACE is written over; a word that reads as an option ("--help") is refused rather than
+     * made a file of 50 M events. EVENTS is all decimal digits: strtoull took "-1" as 2^64 - 1, a
+     * trace that grew until the disk was full, and "5x" as 5. */
+    if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        printf("usage: trace_synth TRACE [EVENTS]   (EVENTS alloc+free records, 1 to 10^10; default 50000000)\n");
+        return 0;
+    }
+    if (argc < 2 || argc > 3 || argv[1][0] == '-' || !argv[1][0]) {
+        if (argc > 3)
+            fprintf(stderr, "trace_synth: one trace and one count at most (got '%s' after them)\n", argv[3]);
+        else if (argc > 1)
+            fprintf(stderr, "trace_synth: '%s' is not a trace file name\n", argv[1]);
         fprintf(stderr, "usage: trace_synth TRACE [EVENTS]\n");
         return 1;
     }
-    uint64_t target = argc > 2 ? strtoull(argv[2], NULL, 10) : 50000000ull;
+    uint64_t target = 50000000ull;
+    if (argc > 2) {
+        const char *p = argv[2];
+        target = 0;
+        for (; *p >= '0' && *p <= '9' && target <= 10000000000ull; p++)
+            target = target * 10 + (uint64_t)(*p - '0');
+        if (p == argv[2] || *p || target == 0 || target > 10000000000ull) {
+            fprintf(stderr, "trace_synth: bad EVENTS '%s' (a number of records from 1 to 10000000000)\n", argv[2]);
+            return 1;
+        }
+    }
     if (tw_open(&w, argv[1]) != 0) {
         perror(argv[1]);
         return 2;

@@ -1,8 +1,9 @@
 #!/bin/sh
 # check_bench_scripts.sh — the benchmark scripts still run and print their tables: bench/fastpath.sh
 # and bench/trace_overhead.sh on a short run (few pairs, callgrind included), each row of their
-# instruction tables present with numbers. The figures themselves are not judged here (a timed test
-# on a shared machine would be noise); bench/RESULTS.md records them.
+# instruction tables present with numbers; the benchmark programs refuse a bad argument, naming it.
+# The figures themselves are not judged here (a timed test on a shared machine would be noise);
+# bench/RESULTS.md records them.
 #
 # usage: check_bench_scripts.sh SOURCE_ROOT BUILD_ROOT      (skipped, 77, without valgrind)
 set -eu
@@ -60,14 +61,41 @@ grep -q "where cualloc's instructions go (random, 1 thread)" "$out" ||
     { echo "FAIL: bench/fastpath.sh printed no profile"; fail=1; }
 [ "$fail" = 0 ] || cat "$out"
 
-# trace_overhead refuses too few pairs or a bad run count with a message (it exited 1 silently, so
-# bench/trace_overhead.sh stopped without a word at TRACE_OVERHEAD_PAIRS below 16384).
-for args in "--pairs 2000" "--runs 0"; do
-    if "$build/bench/trace_overhead" $args >/dev/null 2>"$out.toerr" ||
-        ! grep -q "^trace_overhead: --runs must be 1 to 99 and --pairs at least 16384" "$out.toerr"; then
+# trace_overhead refuses a bad number with a message naming it, before any work: too few pairs or a
+# bad run count (it exited 1 silently, so bench/trace_overhead.sh stopped without a word at
+# TRACE_OVERHEAD_PAIRS below 16384), a sign, junk or hex ("-1" pairs was 2^64 - 1, a run without
+# end; "7x" runs was 7), a depth the recorder would cut to 64 while the table named the one asked.
+for args in "--pairs 2000" "--runs 0" "--pairs -1" "--runs 7x" "--pairs 0x8000" "--depth 65" "--depth -1"; do
+    opt=${args% *} val=${args#* }
+    if timeout 20 "$build/bench/trace_overhead" --runs 1 --pairs 16384 $args >/dev/null 2>"$out.toerr" ||
+        ! grep -q "^trace_overhead: bad $opt '$val' (a number from" "$out.toerr"; then
         echo "FAIL: trace_overhead $args did not refuse with a message:"; cat "$out.toerr"; fail=1
     fi
 done
+# fastpath likewise: a sign or a blank ("-1" pairs wrapped to a table of 0 pairs at "inf" ns, exit
+# 0), more pairs than it can round up to whole steps.
+for args in "--pairs -1" "--pairs  5" "--pairs 18446744073709551600" "--seed -3"; do
+    opt=${args%% *} val=${args#* }
+    if timeout 20 "$build/bench/fastpath" --quiet --threads 1 --allocator cualloc --pattern repeat $opt "$val" \
+        >/dev/null 2>"$out.toerr" || ! grep -q "^fastpath: bad argument '$opt' $val\$" "$out.toerr"; then
+        echo "FAIL: fastpath $args did not refuse with a message:"; cat "$out.toerr"; fail=1
+    fi
+done
+# trace_synth: an option-like first word is no trace name (--help wrote a 50 M-event file named
+# '--help'), and EVENTS is a whole number ("-1" wrote until the disk was full, "5x" 5 events).
+synth=$(mktemp -d)
+( cd "$synth" && "$build/bench/trace_synth" --help ) | grep -q "^usage: trace_synth TRACE" ||
+    { echo "FAIL: trace_synth --help printed no usage"; fail=1; }
+for args in "-x 1000" "t.trace -1" "t.trace 5x" "t.trace 0" "t.trace 5 extra"; do
+    # The file size limit keeps a regression from filling the disk: the write fails instead.
+    if ( cd "$synth" && ulimit -f 20480 && trap '' XFSZ && timeout 20 "$build/bench/trace_synth" $args ) \
+        >/dev/null 2>"$out.toerr" ||
+        ! grep -q "^trace_synth: .*'\(-x\|-1\|5x\|0\|extra\)'" "$out.toerr"; then
+        echo "FAIL: trace_synth $args did not refuse with a message:"; cat "$out.toerr"; fail=1
+    fi
+done
+[ -z "$(ls -A "$synth")" ] || { echo "FAIL: a refused trace_synth wrote $(ls -A "$synth")"; fail=1; }
+rm -rf "$synth"
 rm -f "$out.toerr"
 
 # The loop baseline costs what the loop costs: the timed loop's own instructions (self cost of
