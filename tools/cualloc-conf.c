@@ -14,6 +14,13 @@ int main(int argc, char **argv) {
                "  CONF        print the full configuration that CONF (default $CUALLOC_CONF) resolves to\n");
         return 0;
     }
+    /* One CONF string: a second word (keys given as separate words, "a:1 b:2") was left out of
+     * the configuration printed, without a word. */
+    if (argc > 2) {
+        fprintf(stderr, "cualloc-conf: one CONF at most, its keys joined by commas (got '%s' after '%s')\n", argv[2],
+                argv[1]);
+        return 2;
+    }
     if (argc > 1 && strcmp(argv[1], "--markdown") == 0) {
         conf_write_markdown(stdout);
         return 0;
