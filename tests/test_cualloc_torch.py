@@ -524,6 +524,19 @@ class SelfTest(unittest.TestCase):
         self.assertIn("cualloc_torch selftest: ok", r.stdout)
         self.assertNotIn("FAIL", r.stdout)
 
+    def test_bad_arguments_fail_naming_them(self):
+        # A header or library named but not there was skipped (exit 0), a bad --layout raised.
+        for args, named in ((["--header", "/nonexistent/cualloc.h"], "--header /nonexistent/cualloc.h"),
+                            (["--lib", "/nonexistent-dir"], "--lib: "),
+                            (["--layout", "sizeof=abc"], "--layout item 'sizeof=abc'"),
+                            (["--layout", "no_such_field=8"], "--layout item 'no_such_field=8'"),
+                            (["--layout", "junk"], "--layout item 'junk'")):
+            cmd = [sys.executable, os.path.join(TOOLS, "cualloc_torch.py"), "--selftest"] + args
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            self.assertEqual(r.returncode, 1, " ".join(args) + ": " + r.stdout + r.stderr)
+            self.assertIn("FAIL: " + named, r.stdout)
+            self.assertNotIn("Traceback", r.stderr)
+
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()

@@ -761,6 +761,10 @@ def _selftest(header=None, layout=None, lib=None):
             failures.append(what)
 
     # 1. The ctypes mirror against the header (and the compiler's layout when given).
+    # A header or library named on the command line must be there: only the default places may be
+    # missing (not a source checkout, not built) and skipped; a named one skipped passed unchecked.
+    if header is not None and not os.path.isfile(header):
+        check(False, "--header %s: no such file" % header)
     header = header or os.path.join(os.path.dirname(_HERE), "include", "cualloc.h")
     if os.path.isfile(header):
         problems = check_struct_against_header(header)
@@ -770,6 +774,10 @@ def _selftest(header=None, layout=None, lib=None):
     if layout:
         for item in layout.split(","):
             key, _, value = item.partition("=")
+            if not re.fullmatch(r"[0-9]+", value) or (key != "sizeof" and not isinstance(
+                    getattr(CuallocStats, key, None), type(CuallocStats.requested_bytes))):
+                check(False, "--layout item '%s': not sizeof=N or FIELD=OFFSET of a cualloc_stats field" % item)
+                continue
             want = int(value)
             have = ctypes.sizeof(CuallocStats) if key == "sizeof" else getattr(CuallocStats, key).offset
             check(have == want, "%s: ctypes %d, C compiler %d" % ("sizeof(cualloc_stats)" if key == "sizeof"
@@ -811,7 +819,10 @@ def _selftest(header=None, layout=None, lib=None):
     try:
         p = find_library(lib)
     except FileNotFoundError as e:
-        print("skip: library not built (%s)" % str(e).splitlines()[0])
+        if lib is not None:
+            check(False, "--lib: %s" % str(e).splitlines()[0])
+        else:
+            print("skip: library not built (%s)" % str(e).splitlines()[0])
     else:
         try:
             h = ctypes.CDLL(p)
