@@ -388,6 +388,20 @@ for n in 0 x; do
     env -u OUT "$src/bench/gpu/run.sh" torch-medium --mock --repeat "$n" --out "$tmp/rep0" --build "$build" >/dev/null 2>&1
     [ $? = 2 ] || bad "--repeat $n was not refused"
 done
+# A bad --steps or --budget-gb, an empty --modes or a list of no part: refused at once (status 2,
+# named), nothing run; torch_train.py refused the first two in every mode's job in turn, and the
+# last two ran all five modes or no part with status 0.
+for args in "torch --steps x" "torch --steps -3" "torch --steps 0" "torch-capacity --budget-gb lots" \
+    "torch-capacity --budget-gb 0" "torch-capacity --budget-gb -5" "torch --modes ," ","; do
+    set -f
+    env -u OUT "$src/bench/gpu/run.sh" $args --mock --out "$tmp/badarg" --build "$build" >/dev/null 2>"$tmp/badarg.err"
+    st=$?
+    set +f
+    [ $st = 2 ] && grep -q "^run.sh: \(--steps\|--budget-gb\|--modes\|no part\)" "$tmp/badarg.err" ||
+        bad "run.sh $args: exit $st, want 2 naming it: $(head -1 "$tmp/badarg.err")"
+    [ -z "$(ls "$tmp/badarg" 2>/dev/null)" ] || bad "run.sh $args ran a part: $(ls "$tmp/badarg")"
+    rm -rf "$tmp/badarg"
+done
 # The summaries of repeated runs: the median of the run medians, the range, and whether a mode's
 # runs all lie on one side of the default's (made-up step times).
 PYTHONPATH="$src/bench/gpu" python3 - <<'PY' || bad "summarize.py: repeated runs summarized wrongly"

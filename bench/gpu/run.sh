@@ -56,6 +56,7 @@ OUT_ARG=
 BUILD=${CUALLOC_BUILD:-}
 STEPS=30
 MODES_ARG=
+MODES_SEEN=0
 BUDGET_GB=
 PROBE_STEPS=
 DEADLINE_S=
@@ -67,7 +68,7 @@ while [ $# -gt 0 ]; do
         --out) [ $# -ge 2 ] || usage; OUT_ARG=$2; shift ;;
         --build) [ $# -ge 2 ] || usage; BUILD=$2; shift ;;
         --steps) [ $# -ge 2 ] || usage; STEPS=$2; shift ;;
-        --modes) [ $# -ge 2 ] || usage; MODES_ARG=$(echo "$2" | tr ',' ' '); shift ;;
+        --modes) [ $# -ge 2 ] || usage; MODES_ARG=$(echo "$2" | tr ',' ' '); MODES_SEEN=1; shift ;;
         --budget-gb) [ $# -ge 2 ] || usage; BUDGET_GB=$2; shift ;;
         --probe-steps) [ $# -ge 2 ] || usage; PROBE_STEPS=$2; shift ;;
         --deadline-s) [ $# -ge 2 ] || usage; DEADLINE_S=$2; shift ;;
@@ -85,6 +86,8 @@ if [ "$PART" = all ]; then
     RUN_PARTS=$PARTS
 else
     RUN_PARTS=$(echo "$PART" | tr ',' ' ')
+    # A list of no part (",") ran nothing and exited 0.
+    [ -n "$(echo $RUN_PARTS)" ] || { echo "run.sh: no part named in '$PART'" >&2; usage; }
     for p in $RUN_PARTS; do
         case " $PARTS " in *" $p "*) ;; *) echo "run.sh: unknown part '$p'" >&2; usage ;; esac
     done
@@ -92,6 +95,15 @@ fi
 case $DEADLINE_S in ''|*[!0-9]*) [ -z "$DEADLINE_S" ] || { echo "run.sh: --deadline-s takes whole seconds" >&2; usage; } ;; esac
 case $REPEAT in ''|*[!0-9]*|0) echo "run.sh: --repeat takes a whole number of rounds, 1 or more" >&2; usage ;; esac
 case $PROBE_STEPS in ''|*[!0-9]*|0) [ -z "$PROBE_STEPS" ] || { echo "run.sh: --probe-steps takes a whole number of steps, 1 or more" >&2; usage; } ;; esac
+# Checked here, before any part starts: torch_train.py refused a bad --steps or --budget-gb only
+# when each of its jobs started, every mode's job failing in turn; an empty --modes ran all five.
+case $STEPS in ''|*[!0-9]*|0) echo "run.sh: --steps takes a whole number of steps, 1 or more (not '$STEPS')" >&2; usage ;; esac
+if [ -n "$BUDGET_GB" ] && ! { [[ $BUDGET_GB =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ ]] && awk -v g="$BUDGET_GB" 'BEGIN { exit !(g > 0) }'; }; then
+    echo "run.sh: --budget-gb takes a number of GB above 0 (not '$BUDGET_GB')" >&2; usage
+fi
+if [ "$MODES_SEEN" = 1 ] && [ -z "$(echo $MODES_ARG)" ]; then
+    echo "run.sh: --modes names no mode (one or more of: $ALL_TORCH_MODES, comma-separated)" >&2; usage
+fi
 T_COMMAND=$(date +%s)
 for m in $MODES_ARG; do
     case " $ALL_TORCH_MODES " in *" $m "*) ;; *) echo "run.sh: unknown torch mode '$m'" >&2; usage ;; esac
