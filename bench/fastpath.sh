@@ -29,6 +29,15 @@ build=${1:-$root/build-bench}
 pairs=${FASTPATH_PAIRS:-200000}
 cg_pairs=${FASTPATH_CG_PAIRS:-20480}
 cg_threads=${FASTPATH_CG_THREADS:-8}
+# Checked before anything runs: a bad count made every native and callgrind run fail in turn.
+for v in "FASTPATH_PAIRS=$pairs" "FASTPATH_CG_PAIRS=$cg_pairs"; do
+    case ${v#*=} in
+    '' | *[!0-9]* | 0*) echo "fastpath.sh: ${v%%=*} must be a whole number, 1 or more, not '${v#*=}'" >&2; exit 1 ;;
+    esac
+done
+case $cg_threads in
+'' | *[!0-9]*) echo "fastpath.sh: FASTPATH_CG_THREADS must be a whole number, not '$cg_threads'" >&2; exit 1 ;;
+esac
 
 if [ ! -f "$build/build.ninja" ]; then
     meson setup "$build" "$root" >/dev/null || { echo "fastpath.sh: meson setup $build failed" >&2; exit 1; }

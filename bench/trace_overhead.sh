@@ -18,6 +18,12 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build-bench}
 runs=${TRACE_OVERHEAD_RUNS:-7}
 pairs=${TRACE_OVERHEAD_PAIRS:-200000}
+# Checked before anything runs (trace_overhead itself refuses them, but only after the build).
+for v in "TRACE_OVERHEAD_RUNS=$runs" "TRACE_OVERHEAD_PAIRS=$pairs"; do
+    case ${v#*=} in
+    '' | *[!0-9]* | 0*) echo "trace_overhead.sh: ${v%%=*} must be a whole number, 1 or more, not '${v#*=}'" >&2; exit 1 ;;
+    esac
+done
 cg_pairs=16384 # one period of the program's request sequence
 
 if [ ! -f "$build/build.ninja" ]; then

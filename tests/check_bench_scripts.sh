@@ -61,6 +61,15 @@ grep -q "where cualloc's instructions go (random, 1 thread)" "$out" ||
     { echo "FAIL: bench/fastpath.sh printed no profile"; fail=1; }
 [ "$fail" = 0 ] || cat "$out"
 
+# fastpath.sh and trace_overhead.sh refuse a bad count at once, naming it (every native and
+# callgrind run failed in turn).
+for v in "FASTPATH_PAIRS=-1" "FASTPATH_CG_PAIRS=x" "FASTPATH_CG_THREADS=-2" "TRACE_OVERHEAD_RUNS=7x" "TRACE_OVERHEAD_PAIRS=0x100"; do
+    case $v in FASTPATH*) script=fastpath.sh ;; *) script=trace_overhead.sh ;; esac
+    if env "$v" FASTPATH_BUILD=0 TRACE_OVERHEAD_BUILD=0 timeout 60 "$src/bench/$script" "$build" >/dev/null 2>"$out.toerr" ||
+        ! grep -q "^$script: ${v%%=*} must be a whole number\(, 1 or more\)\?, not '${v#*=}'" "$out.toerr"; then
+        echo "FAIL: $script with $v did not refuse at once:"; head -5 "$out.toerr"; fail=1
+    fi
+done
 # trace_overhead refuses a bad number with a message naming it, before any work: too few pairs or a
 # bad run count (it exited 1 silently, so bench/trace_overhead.sh stopped without a word at
 # TRACE_OVERHEAD_PAIRS below 16384), a sign, junk or hex ("-1" pairs was 2^64 - 1, a run without
