@@ -107,6 +107,11 @@ fi
 grep -q '+24.00 MiB .*libtorch_cuda.so+0x6000  (new in B)' "$tmp/diff.txt" || bad "diff does not name the new site: $(cat "$tmp/diff.txt")"
 [ "$(grep -c '(new in B)\|(gone in B)\|MiB  [^(]' "$tmp/diff.txt")" -ge 1 ] || bad "diff: no site lines"
 grep -q '5 sites unchanged' "$tmp/diff.txt" || bad "diff: sites matched across traces should be unchanged: $(cat "$tmp/diff.txt")"
+# A device with no blocks in either trace: no site to sort (qsort was given a null array, which
+# the sanitizer build's UBSan stops at).
+"$allocview" diff --device 5 "$tmp/a.trace" "$tmp/b.trace" >"$tmp/diff5.txt" 2>"$tmp/diff5.err" ||
+    bad "diff --device 5 exited $?: $(cat "$tmp/diff5.err")"
+if grep -q "runtime error" "$tmp/diff5.err"; then bad "diff --device 5: $(cat "$tmp/diff5.err")"; fi
 grep -q '^peak allocated  297.00 MiB -> 321.00 MiB' "$tmp/diff.txt" || bad "diff: peaks: $(cat "$tmp/diff.txt")"
 "$allocview" diff --json "$tmp/a.trace" "$tmp/b.trace" >"$tmp/diff.json" || bad "diff --json exited $?"
 grep -q '"stack": "main (train.py:10);remember (cache.py:9);' "$tmp/diff.json" || bad "diff --json: $(cat "$tmp/diff.json")"

@@ -146,8 +146,10 @@ int av_cmd_diff(int argc, char **argv)
         fprintf(stderr, "allocview diff: out of memory\n");
         status = VW_EXIT_UNREADABLE;
     }
-    /* Merge equal keys (the same site in both traces, or stacks folding to one key). */
-    qsort(v, n, sizeof *v, key_cmp);
+    /* Merge equal keys (the same site in both traces, or stacks folding to one key). No site at
+     * all (a --device without blocks) leaves v NULL, which qsort must not be given. */
+    if (n)
+        qsort(v, n, sizeof *v, key_cmp);
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         if (m && strcmp(v[m - 1].key, v[i].key) == 0) {
@@ -159,7 +161,8 @@ int av_cmd_diff(int argc, char **argv)
         }
     }
     n = m;
-    qsort(v, n, sizeof *v, growth_cmp);
+    if (n)
+        qsort(v, n, sizeof *v, growth_cmp);
     /* The sites listed (changed ones, or all), labelled among themselves. */
     size_t nshown = 0;
     for (size_t i = 0; i < n; i++) {
