@@ -191,6 +191,36 @@ for o in self.pickle self-link.pickle; do
     [ $st = 1 ] && grep -q "is the snapshot itself" "$tmp/e1" || bad "import -o $o onto its snapshot: exit $st, $(cat "$tmp/e1")"
 done
 cmp -s "$tmp/self.pickle" "$tmp/fixture.pickle" || bad "import -o onto its snapshot changed the snapshot"
+# An import that fails while writing (here: past a file size limit) leaves an existing trace at -o
+# as it was and no partial file (it truncated the trace and left half a new one).
+cp "$tmp/fixture.trace" "$tmp/kept.trace"
+python3 - "$tmp/big.pickle" <<'PY'
+import pickle, sys
+ev = [dict(action=a, addr=(1 << 30) + i * 4096, size=4096, stream=0, time_us=i + 1, frames=[])
+      for i in range(20000) for a in ("alloc", "free_completed")]
+pickle.dump({"segments": [], "device_traces": [ev]}, open(sys.argv[1], "wb"), protocol=4)
+PY
+( ulimit -f 64 && trap '' XFSZ && "$allocview" import "$tmp/big.pickle" -o "$tmp/kept.trace" ) 2>"$tmp/e1"; st=$?
+[ $st = 2 ] && grep -q "nothing written" "$tmp/e1" || bad "import past the size limit: exit $st, $(cat "$tmp/e1")"
+cmp -s "$tmp/kept.trace" "$tmp/fixture.trace" || bad "a failed import changed the existing trace at -o"
+ls "$tmp"/kept.trace.partial.* >/dev/null 2>&1 && bad "a failed import left its partial file"
+# export into a FIFO (as /dev/stdout can be) writes into it, where it replaced it by a regular
+# file (a trace, import's output, needs a file it can seek in); a directory is refused before any
+# work.
+mkfifo "$tmp/out.fifo"
+for cmd in "export --pytorch $tmp/out.fifo $tmp/fixture.trace"; do
+    timeout 20 cat "$tmp/out.fifo" >"$tmp/fifo.out" &
+    timeout 20 "$allocview" $cmd 2>"$tmp/e1" || bad "$cmd: exit $?, $(cat "$tmp/e1")"
+    wait
+    [ -p "$tmp/out.fifo" ] || { bad "$cmd replaced the FIFO"; rm -f "$tmp/out.fifo"; mkfifo "$tmp/out.fifo"; }
+    [ -s "$tmp/fifo.out" ] || bad "$cmd wrote nothing into the FIFO"
+done
+mkdir "$tmp/outdir"
+for cmd in "export --pytorch $tmp/outdir $tmp/fixture.trace" "import $tmp/fixture.pickle -o $tmp/outdir"; do
+    "$allocview" $cmd 2>"$tmp/e1"; st=$?
+    [ $st = 2 ] && grep -q "Is a directory" "$tmp/e1" || bad "$cmd: exit $st, $(cat "$tmp/e1")"
+done
+[ -z "$(ls "$tmp/outdir")" ] && ! ls "$tmp"/outdir.partial.* >/dev/null 2>&1 || bad "an output onto a directory left files"
 # A snapshot mapping the same segment twice imports (the import keeps what it reads) but cannot
 # be exported consistently: refused, nothing written, an existing file left alone.
 python3 - "$tmp/bad.pickle" <<'PY'

@@ -807,15 +807,12 @@ int av_cmd_export(int argc, char **argv)
         ex.dev[dv].vmm = ex.a->have_dev[dv] && ex.a->dev_mode[dv] == CUA_TRACE_MODE_VMM;
     }
 
-    /* Written beside the destination and renamed at the end: a refused or failed export leaves
-     * no half snapshot (and an existing file intact). */
-    size_t tlen = strlen(out) + 32;
-    char *tmp = malloc(tlen);
-    FILE *f = NULL;
-    if (tmp) {
-        snprintf(tmp, tlen, "%s.partial.%ld", out, (long)getpid());
-        f = fopen(tmp, "wbx");
-    }
+    /* Written beside the destination and renamed at the end (txt_output_path): a refused or
+     * failed export leaves no half snapshot (and an existing file intact); a FIFO or a device is
+     * written as it is. */
+    char *tmp = txt_output_path(out);
+    bool direct = tmp && strcmp(tmp, out) == 0;
+    FILE *f = tmp ? fopen(tmp, direct ? "wb" : "wbx") : NULL;
     if (!f) {
         fprintf(stderr, "allocview export: %s: cannot create: %s\n", tmp ? tmp : out, strerror(errno));
         free(tmp);
@@ -836,12 +833,13 @@ int av_cmd_export(int argc, char **argv)
         ok = false;
         xfail(&ex, "%s: %s", out, strerror(errno));
     }
-    if (ok && rename(tmp, out) != 0) {
+    if (ok && !direct && rename(tmp, out) != 0) {
         ok = false;
         xfail(&ex, "%s: cannot rename into place: %s", out, strerror(errno));
     }
     if (!ok) {
-        unlink(tmp);
+        if (!direct)
+            unlink(tmp);
         fprintf(stderr, "allocview export: %s: %s; nothing written\n", in, ex.error[0] ? ex.error : "out of memory");
         free(tmp);
         exporter_free(&ex);

@@ -641,9 +641,17 @@ int av_cmd_import(int argc, char **argv)
     u64map_init(&im.nodes);
     u64map_init(&im.streams);
     u64map_init(&im.lists);
-    im.w = tw_open(out, err, sizeof err);
+    /* Written beside the destination and renamed at the end (txt_output_path): a failed import
+     * leaves no half trace, and an existing file intact (it truncated it); a FIFO or a device is
+     * written as it is. */
+    char *tmp = txt_output_path(out);
+    bool direct = tmp && strcmp(tmp, out) == 0;
+    if (!tmp)
+        snprintf(err, sizeof err, "cannot create %s: %s", out, strerror(errno));
+    im.w = tmp ? tw_open(tmp, err, sizeof err) : NULL;
     if (!im.w) {
         fprintf(stderr, "allocview import: %s\n", err);
+        free(tmp);
         for (int d = 0; d < ndev; d++)
             free(dp[d].ev);
         free(dp);
@@ -863,13 +871,20 @@ int av_cmd_import(int argc, char **argv)
         fprintf(stderr, "allocview import: %s: %s\n", out, err);
         ok = false;
     }
+    if (ok && !direct && rename(tmp, out) != 0) {
+        fprintf(stderr, "allocview import: %s: cannot rename into place: %s\n", out, strerror(errno));
+        ok = false;
+    }
+    if (!ok && !direct)
+        unlink(tmp);
+    free(tmp);
     u64map_free(&im.frames);
     u64map_free(&im.lists);
     u64map_free(&im.nodes);
     u64map_free(&im.streams);
     pk_free(doc);
     if (!ok) {
-        fprintf(stderr, "allocview import: writing %s failed\n", out);
+        fprintf(stderr, "allocview import: writing %s failed; nothing written\n", out);
         return IM_EXIT_UNREADABLE;
     }
     fprintf(stderr,

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -66,6 +67,27 @@ bool txt_same_file(const char *a, const char *b)
 {
     struct stat sa, sb;
     return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+char *txt_output_path(const char *out)
+{
+    struct stat st;
+    bool there = stat(out, &st) == 0;
+    if (there && S_ISDIR(st.st_mode)) {
+        errno = EISDIR;
+        return NULL;
+    }
+    size_t len = strlen(out) + 32;
+    char *p = malloc(len);
+    if (!p) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (there && !S_ISREG(st.st_mode))
+        snprintf(p, len, "%s", out);
+    else
+        snprintf(p, len, "%s.partial.%ld", out, (long)getpid());
+    return p;
 }
 
 const char *txt_base_name(const char *path)
