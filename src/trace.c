@@ -1517,6 +1517,14 @@ static int file_create(const char *path, char *chosen, size_t chosen_len)
                       name);
             return -1;
         }
+        /* A directory or a device named as the trace is a mistake for a file in or beside it, not
+         * an existing trace to keep: PATH.1 beside it (/tmp.1, /dev/null.1) is not what was meant. */
+        if (n == 0 && lstat(name, &st) == 0 && !S_ISREG(st.st_mode)) {
+            cua_error("trace path %s is %s, not a file; tracing is off. Name a file%s", name,
+                      S_ISDIR(st.st_mode) ? "a directory" : "a device, FIFO or socket",
+                      S_ISDIR(st.st_mode) ? " in it (e.g. trace:DIR/trace_%p.bin)" : "");
+            return -1;
+        }
     }
     cua_error("cannot create trace file %s: it and %s.1 ... %s.999 all exist; tracing is off", path, path, path);
     return -1;

@@ -852,6 +852,18 @@ static void test_symlink_refused(void)
     char alt[320];
     snprintf(alt, sizeof alt, "%s.1", path);
     EXPECT(access(alt, F_OK) != 0, "no fallback file next to a planted link");
+    /* A directory or a FIFO named as the trace: refused, with no PATH.1 beside it. */
+    for (int k = 0; k < 2; k++) {
+        path_of(path, sizeof path, k == 0 ? "tracedir" : "tracefifo");
+        EXPECT((k == 0 ? mkdir(path, 0700) : mkfifo(path, 0600)) == 0, "%s: %s", path, strerror(errno));
+        msgs_clear();
+        EXPECT(cualloc_trace_start(path) == -1, "%s as the trace must be refused", path);
+        EXPECT(strstr(msgs, k == 0 ? "is a directory, not a file" : "is a device, FIFO or socket, not a file"),
+               "message: %s", msgs);
+        snprintf(alt, sizeof alt, "%s.1", path);
+        EXPECT(access(alt, F_OK) != 0, "no %s beside it", alt);
+        remove(path);
+    }
     /* A dangling link too. */
     path_of(path, sizeof path, "dangling.trace");
     path_of(target, sizeof target, "nonexistent/nowhere");
