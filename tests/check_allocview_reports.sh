@@ -199,6 +199,12 @@ python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(d["device"
 "$allocview" oom --no-color "$tmp/twodev.trace" | grep -q "^  showing   device 1 (the first OOM's)" ||
     bad "twodev: oom does not say which device it shows"
 "$allocview" --device 256 "$tmp/twodev.trace" >/dev/null 2>&1 && bad "twodev: --device 256 accepted"
+# A device the trace has no blocks on: every command says so where it says which device it shows
+# (an empty report with peak 0 B, and nothing more, read like a device that held nothing).
+for c in report peak sites leaks oom timeline folded; do
+    "$allocview" $c --device 5 "$tmp/twodev.trace" 2>&1 | grep -q "showing   device 5 (as asked): no blocks on it in this trace\|showing device 5 (as asked): no blocks on it in this trace" ||
+        bad "twodev: $c --device 5 does not say device 5 has no blocks"
+done
 # The views follow the same rule: timeline, folded (sites --folded) and diff show device 1 (its peak
 # is 32 MiB, as peak's; summed, both devices read 192 MiB at device 0's own peak), say so (folded on
 # stderr: its stdout is flamegraph input), and take --device N|all.

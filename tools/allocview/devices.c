@@ -100,7 +100,8 @@ bool dv_showing(const dv_scope_t *s, const char *bold, const char *plain, char *
     size_t o = 0;
     buf[0] = '\0';
     if (s->one)
-        put(buf, len, &o, "%sdevice %u%s (%s)", bold, s->device, plain, s->why);
+        put(buf, len, &o, "%sdevice %u%s (%s)%s", bold, s->device, plain, s->why,
+            s->peak[s->device] ? "" : ": no blocks on it in this trace");
     else
         put(buf, len, &o, "%sall devices summed%s", bold, plain);
     if (n >= 2) {
