@@ -134,8 +134,10 @@ done
 [ $? = 1 ] || bad "no arguments: want exit 1"
 "$allocview" frobnicate "$trace" >/dev/null 2>&1
 [ $? = 1 ] || bad "unknown command: want exit 1"
-"$allocview" summary --bogus "$trace" >/dev/null 2>&1
+"$allocview" summary --bogus "$trace" >/dev/null 2>"$tmp/bogus.err"
 [ $? = 1 ] || bad "unknown option: want exit 1"
+grep -q "^allocview summary: unknown option --bogus (see allocview summary --help)$" "$tmp/bogus.err" ||
+    bad "unknown option: the message points to the command's own help: $(cat "$tmp/bogus.err")"
 "$allocview" --bogus "$trace" >/dev/null 2>&1
 [ $? = 1 ] || bad "unknown leading option: want exit 1"
 # Option values: a bad one is a usage error that names the option, never a silent default.

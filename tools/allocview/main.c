@@ -436,7 +436,7 @@ int main(int argc, char **argv)
             else if (strcmp(argv[i], "--verbose") == 0)
                 verbose = true;
             else if (argv[i][0] == '-' && argv[i][1]) {
-                fprintf(stderr, "allocview %s: unknown option %s (see allocview --help)\n", cmd, argv[i]);
+                fprintf(stderr, "allocview %s: unknown option %s (see allocview %s --help)\n", cmd, argv[i], cmd);
                 return EXIT_USAGE;
             } else if (!path)
                 path = argv[i];
