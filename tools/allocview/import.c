@@ -30,7 +30,6 @@
 #define _GNU_SOURCE
 #endif
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +40,7 @@
 #include "cualloc_trace.h"
 #include "pickle.h"
 #include "ranges.h"
+#include "reader.h"
 #include "replay.h"
 #include "text.h"
 #include "trace_writer.h"
@@ -524,20 +524,17 @@ int av_cmd_import(int argc, char **argv)
         fprintf(stderr, "allocview import: -o %s is the snapshot itself; name another file for the trace\n", out);
         return IM_EXIT_USAGE;
     }
-    /* O_NONBLOCK: opening a FIFO for reading waits for a writer; so the check below refuses it at
-     * once. On a regular file, the only kind read, the flag changes nothing. */
-    int fd = open(in, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    struct stat st;
+    int fd = tr_open_regular(in, &st);
+    if (fd == -2) {
+        fprintf(stderr, "allocview import: %s: not a regular file\n", in);
+        return IM_EXIT_UNREADABLE;
+    }
     FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
     if (!f) {
         fprintf(stderr, "allocview import: %s: cannot open: %s\n", in, strerror(errno));
         if (fd >= 0)
             close(fd);
-        return IM_EXIT_UNREADABLE;
-    }
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fprintf(stderr, "allocview import: %s: not a regular file\n", in);
-        fclose(f);
         return IM_EXIT_UNREADABLE;
     }
     if (st.st_size <= 0 || st.st_size > ((off_t)1 << 34)) {

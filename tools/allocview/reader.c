@@ -745,19 +745,28 @@ bad:
     return NULL;
 }
 
+int tr_open_regular(const char *path, struct stat *st)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return -1;
+    if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) {
+        close(fd);
+        return -2;
+    }
+    return fd;
+}
+
 tr_reader_t *tr_open(const char *path, char *err, size_t errlen)
 {
-    /* O_NONBLOCK: opening a FIFO for reading waits for a writer; so the check below refuses it at
-     * once. On a regular file, the only kind read, the flag changes nothing. */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
+    struct stat st;
+    int fd = tr_open_regular(path, &st);
+    if (fd == -1) {
         snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
         return NULL;
     }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fd < 0) {
         snprintf(err, errlen, "%s is not a regular file", path);
-        close(fd);
         return NULL;
     }
     tr_reader_t *r = calloc(1, sizeof *r);

@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/stat.h>
 
 #include "cualloc_trace.h"
 #include "devaddr_map.h"
@@ -81,6 +82,12 @@ typedef struct tr_info {
 /* How every command's warning about an overwritten ring begins (each says what its figures then
  * cover). */
 #define TR_RING_OVERWRITTEN "a ring trace whose oldest events were overwritten"
+
+/* Opens path for reading if it is a regular file, the only kind allocview reads (a trace, a
+ * snapshot, a module a trace names): the descriptor, with *st filled; -1 when it cannot be opened
+ * (errno says why); -2 when it is something else. O_NONBLOCK: opening a FIFO for reading would
+ * wait for a writer, so it is refused at once; on a regular file the flag changes nothing. */
+int tr_open_regular(const char *path, struct stat *st);
 
 /* Opens a trace; NULL with a message in err (missing file, not a trace, newer major version
  * — "trace format version 2.0 is newer than this reader's 1.0" —, bad header). */

@@ -2,7 +2,6 @@
 #include "symbolize.h"
 
 #include <dlfcn.h>
-#include <fcntl.h>
 #include <fnmatch.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -401,16 +400,12 @@ static void mod_open(sym_ctx_t *c, sym_mod_t *m)
     m->tried = true;
     if (m->path[0] != '/')
         return;
-    /* The path comes from the trace: only a regular file is read (O_NONBLOCK: opening a FIFO a
-     * trace names must not wait for a writer). */
-    int fd = open(m->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    /* The path comes from the trace: only a regular file is read (a FIFO a trace names must not
+     * make it wait for a writer). */
+    struct stat st;
+    int fd = tr_open_regular(m->path, &st);
     if (fd < 0)
         return;
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return;
-    }
     m->dwfl = dwfl_begin(&callbacks);
     if (!m->dwfl) {
         close(fd);
