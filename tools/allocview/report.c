@@ -325,24 +325,35 @@ static bool dev_vmm(const av_t *a, uint32_t dev)
     return dev < CUA_TRACE_MAX_DEVICES && a->have_dev[dev] && a->dev_mode[dev] == CUA_TRACE_MODE_VMM;
 }
 
-/* The value of KEY:N in the recorded configuration ("k:v,k:v,..."), or dflt when it is absent or
- * not a number. */
-static uint64_t config_number(const av_t *a, const char *key, uint64_t dflt)
+/* The item "KEY:VALUE" of the recorded configuration ("k:v,k:v,..."): where it starts, with its
+ * length in *n; NULL when the configuration has no such key. */
+static const char *config_item(const av_t *a, const char *key, size_t *n)
 {
     size_t kl = strlen(key);
     for (const char *p = a->config; *p;) {
-        if (strncmp(p, key, kl) == 0 && p[kl] == ':') {
-            char *end;
-            errno = 0;
-            unsigned long long v = strtoull(p + kl + 1, &end, 10);
-            return end != p + kl + 1 && (*end == ',' || *end == '\0') && errno == 0 ? v : dflt;
-        }
         const char *comma = strchr(p, ',');
+        if (strncmp(p, key, kl) == 0 && p[kl] == ':') {
+            *n = comma ? (size_t)(comma - p) : strlen(p);
+            return p;
+        }
         if (!comma)
             break;
         p = comma + 1;
     }
-    return dflt;
+    return NULL;
+}
+
+/* The value of KEY:N in the recorded configuration, or dflt when it is absent or not a number. */
+static uint64_t config_number(const av_t *a, const char *key, uint64_t dflt)
+{
+    size_t n, kl = strlen(key);
+    const char *p = config_item(a, key, &n);
+    if (!p)
+        return dflt;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(p + kl + 1, &end, 10);
+    return end != p + kl + 1 && end == p + n && errno == 0 ? v : dflt;
 }
 
 /* An OOM that oom_classify calls fragmentation, on a device of expandable (VMM) segments: why the
@@ -749,23 +760,12 @@ static void config_keys(const av_t *a, const ropts_t *o, char *buf, size_t len)
     size_t k = 0;
     buf[0] = '\0';
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
-        size_t kl = strlen(keys[i]);
-        const char *p = a->config;
-        while (p && *p) {
-            if (strncmp(p, keys[i], kl) == 0 && p[kl] == ':') {
-                const char *e = strchr(p, ',');
-                size_t n = e ? (size_t)(e - p) : strlen(p);
-                if (strlen(defaults[i]) == n && strncmp(p, defaults[i], n) == 0)
-                    break;
-                if (k + n + 3 < len) {
-                    k += (size_t)snprintf(buf + k, len - k, "%s%.*s", k ? "," : "", (int)n, p);
-                }
-                break;
-            }
-            p = strchr(p, ',');
-            if (p)
-                p++;
-        }
+        size_t n;
+        const char *p = config_item(a, keys[i], &n);
+        if (!p || (strlen(defaults[i]) == n && strncmp(p, defaults[i], n) == 0))
+            continue;
+        if (k + n + 3 < len)
+            k += (size_t)snprintf(buf + k, len - k, "%s%.*s", k ? "," : "", (int)n, p);
     }
     (void)o;
     if (!k)
@@ -1304,9 +1304,9 @@ static void report_many(FILE *out, av_t **as, size_t n, const ropts_t *o)
         rank_text(as[first_fail]->rank, rk, sizeof rk);
         fprintf(out, "  %sfailed first: %s (%s)%s, %s\n", C_R(), txt_base_name(as[first_fail]->path), rk, C_0(),
                 as[first_fail]->nooms ? "OOM" : "no end record");
-    }
-    else
+    } else {
         fprintf(out, "  no rank failed\n");
+    }
     fprintf(out, "\n");
     free(fail_at);
 }
