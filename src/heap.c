@@ -1619,16 +1619,6 @@ static bool device_free_now(const heap_t *h, size_t *dfree, size_t *dtotal) {
     "mixed precision if not already used; then activation checkpointing; then offloading or sharding " \
     "(FSDP / ZeRO)"
 
-/* Why expandable segments failed a request of rsize bytes (oom_vmm_failure), with the bytes of
- * new chunks it needs (*need); 0 in classic mode. Lock held. */
-static oom_vmm_failure_t vmm_failure_of(heap_t *h, size_t rsize, size_t *need) {
-    const pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
-    *need = h->vmm ? align_up(rsize, p->chunk) : 0;
-    if (!h->vmm) return 0;
-    bool unmapped_fits = sizeclass_find(&p->unmapped, *need) != NULL; /* address space for it */
-    return oom_vmm_failure(*need, h->stats.reserved_bytes, h->cap, unmapped_fits);
-}
-
 /* The diagnosis of a request of rsize bytes that found no memory, by oom.c's rule, written to
  * `text` as the sentence that follows "diagnosis: " in the report, with the first fix of the OOM
  * ladder that applies:
@@ -1639,9 +1629,12 @@ static oom_vmm_failure_t vmm_failure_of(heap_t *h, size_t rsize, size_t *need) {
  *   fragmentation: the allocator's own fixes, free of cost — expandable segments, a lower
  *     max_split_size_mb, garbage_collection_threshold (VMM mode: the address space, va_factor),
  *     or, when the device refused memory the cap allows, what holds it.
- * dknown: the driver told dfree and dtotal. Lock held. */
+ * dknown: the driver told dfree and dtotal. *vmm (when not NULL): why expandable segments failed
+ * a request the rule calls fragmentation (oom_vmm_failure), else 0 — what the trace records. Lock
+ * held. */
 static oom_kind_t oom_diagnose(heap_t *h, size_t rsize, size_t dfree, size_t dtotal, bool dknown, char *text,
-                               size_t len) {
+                               size_t len, unsigned *vmm) {
+    if (vmm) *vmm = 0;
     size_t allocated = h->stats.allocated_bytes, reserved = h->stats.reserved_bytes;
     char req[32], cap[32], alloc[32], devfree[32], excess[32], held[32], outside[32], total[32];
     fmt_bytes(h->cap, cap, sizeof cap);
@@ -1685,8 +1678,11 @@ static oom_kind_t oom_diagnose(heap_t *h, size_t rsize, size_t dfree, size_t dto
                  fmt_bytes(oom_missing(rsize, allocated, room), excess, sizeof excess));
     } else {
         const pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
-        size_t need;
-        oom_vmm_failure_t why = vmm_failure_of(h, rsize, &need);
+        size_t need = h->vmm ? align_up(rsize, p->chunk) : 0;
+        /* sizeclass_find: a free range of the address space for the new chunks */
+        oom_vmm_failure_t why =
+            h->vmm ? oom_vmm_failure(need, reserved, h->cap, sizeclass_find(&p->unmapped, need) != NULL) : 0;
+        if (vmm) *vmm = why;
         if (why == OOM_VMM_REFUSED) {
             snprintf(text, len,
                      "the device refused more memory — the heap's cap would allow it, but creating or mapping %s "
@@ -1752,9 +1748,11 @@ static oom_kind_t oom_diagnose(heap_t *h, size_t rsize, size_t dfree, size_t dto
 /* The OOM report (DESIGN.md decision 10), in the spirit of PyTorch's message: the figures, then
  * the diagnosis (oom_diagnose), which stays in h->oom_text for cualloc_oom_message. One report per
  * distinct situation (power-of-two bucket of the request, diagnosis kind) per heap; the first
- * repeat says once that further ones are only counted (num_ooms). Lock held. */
-static void report_oom(heap_t *h, size_t size, size_t rsize, size_t dfree, size_t dtotal, bool dknown) {
-    uint8_t kind = (uint8_t)oom_diagnose(h, rsize, dfree, dtotal, dknown, h->oom_text, sizeof h->oom_text);
+ * repeat says once that further ones are only counted (num_ooms). Returns the diagnosis's
+ * vmm_failure (oom_diagnose), reported or not. Lock held. */
+static unsigned report_oom(heap_t *h, size_t size, size_t rsize, size_t dfree, size_t dtotal, bool dknown) {
+    unsigned vmm;
+    uint8_t kind = (uint8_t)oom_diagnose(h, rsize, dfree, dtotal, dknown, h->oom_text, sizeof h->oom_text, &vmm);
     uint8_t bucket = (uint8_t)(rsize ? floor_log2(rsize) : 0);
     for (unsigned i = 0; i < h->n_oom_seen; i++) {
         if (h->oom_seen[i].bucket == bucket && h->oom_seen[i].kind == kind) {
@@ -1764,7 +1762,7 @@ static void report_oom(heap_t *h, size_t size, size_t rsize, size_t dfree, size_
                           "reported, only counted in num_ooms (cualloc_get_stats)",
                           h->dev);
             }
-            return;
+            return vmm;
         }
     }
     if (h->n_oom_seen < HEAP_OOM_KINDS) {
@@ -1772,7 +1770,7 @@ static void report_oom(heap_t *h, size_t size, size_t rsize, size_t dfree, size_
         h->oom_seen[h->n_oom_seen].kind = kind;
         h->n_oom_seen++;
     } else {
-        return; /* that many distinct reports already: enough */
+        return vmm; /* that many distinct reports already: enough */
     }
     h->oom_reports++;
     size_t allocated = h->stats.allocated_bytes, reserved = h->stats.reserved_bytes;
@@ -1785,6 +1783,7 @@ static void report_oom(heap_t *h, size_t size, size_t rsize, size_t dfree, size_
               fmt_bytes(largest_free_locked(h), largest, sizeof largest),
               dknown ? fmt_bytes(dfree, devfree, sizeof devfree) : "(unknown: the driver did not say)");
     cua_error("device %d: diagnosis: %s", h->dev, h->oom_text);
+    return vmm;
 }
 
 /* The front `size` bytes of b become a new record before it, in state `state`, tag `tag`, in no
@@ -1897,17 +1896,12 @@ static cua_result alloc_fail(heap_t *h, cua_stream stream, size_t size, size_t r
     }
     size_t dfree, dtotal;
     bool dknown = device_free_now(h, &dfree, &dtotal);
-    if (trace_enabled()) {
-        /* What the report's diagnosis says of expandable segments, which the recorded figures
-         * cannot tell (the address space, the chunks, or the device). */
-        size_t need;
-        oom_kind_t kind = oom_classify(rsize, h->cap, h->stats.allocated_bytes, h->stats.reserved_bytes,
-                                       dknown ? dfree : UINT64_MAX);
-        unsigned vmm = kind == OOM_FRAGMENTATION ? (unsigned)vmm_failure_of(h, rsize, &need) : 0;
+    /* The trace records what the report's diagnosis says of expandable segments, which the
+     * recorded figures cannot tell (the address space, the chunks, or the device). */
+    unsigned vmm = report_oom(h, size, rsize, dfree, dtotal, dknown);
+    if (trace_enabled())
         trace_on_oom(h->dev, stream, size, rsize, h->cap, h->stats.allocated_bytes, h->stats.reserved_bytes, dfree,
                      largest_free_locked(h), vmm);
-    }
-    report_oom(h, size, rsize, dfree, dtotal, dknown);
     update_inactive_split(h);
     cua_unlock(&h->lock);
     return CUA_ERROR_OUT_OF_MEMORY;
@@ -2695,7 +2689,7 @@ void heap_oom_facts(heap_t *h, size_t size, cualloc_stats *out, size_t *dfree, b
                  *dknown ? fmt_bytes(*dfree, devfree, sizeof devfree) : "(unknown)");
     } else {
         oom_diagnose(h, rsize ? rsize : size /* 0: rounding would overflow */, *dfree, dtotal, *dknown, diagnosis,
-                     len);
+                     len, NULL);
     }
     heap_stats_release(h);
 }
