@@ -1511,7 +1511,9 @@ static int file_create(const char *path, char *chosen, size_t chosen_len)
             return -1;
         }
         struct stat st;
-        if (lstat(name, &st) == 0 && S_ISLNK(st.st_mode)) {
+        if (lstat(name, &st) != 0)
+            continue; /* gone since: the next name */
+        if (S_ISLNK(st.st_mode)) {
             cua_error("trace path %s is a symbolic link; refusing to write through it (tracing is off). "
                       "Remove it or choose another path.",
                       name);
@@ -1519,7 +1521,7 @@ static int file_create(const char *path, char *chosen, size_t chosen_len)
         }
         /* A directory or a device named as the trace is a mistake for a file in or beside it, not
          * an existing trace to keep: PATH.1 beside it (/tmp.1, /dev/null.1) is not what was meant. */
-        if (n == 0 && lstat(name, &st) == 0 && !S_ISREG(st.st_mode)) {
+        if (n == 0 && !S_ISREG(st.st_mode)) {
             cua_error("trace path %s is %s, not a file; tracing is off. Name a file%s", name,
                       S_ISDIR(st.st_mode) ? "a directory" : "a device, FIFO or socket",
                       S_ISDIR(st.st_mode) ? " in it (e.g. trace:DIR/trace_%p.bin)" : "");
