@@ -30,6 +30,7 @@
 
 #include "internal.h"
 #include "reader.h"
+#include "text.h"
 
 #define SLOTS 64
 #define SITES 8
@@ -154,24 +155,6 @@ static void count_bytes(const char *path, bytes_t *b)
     tr_close(r);
 }
 
-/* An option's value: all decimal digits (no sign, blank or hex, which strtoull and atoi took: "-1"
- * became 2^64 - 1 pairs, a run without end, and "7x" 7), from lo to hi. */
-static bool parse_count(const char *s, unsigned long long lo, unsigned long long hi, unsigned long long *out)
-{
-    if (!*s)
-        return false;
-    unsigned long long v = 0;
-    for (const char *p = s; *p; p++) {
-        if (*p < '0' || *p > '9' || v > (hi - (unsigned)(*p - '0')) / 10)
-            return false;
-        v = v * 10 + (unsigned)(*p - '0');
-    }
-    if (v < lo)
-        return false;
-    *out = v;
-    return true;
-}
-
 int main(int argc, char **argv)
 {
     uint64_t pairs = 200000;
@@ -190,7 +173,7 @@ int main(int argc, char **argv)
             /* --depth's bound is trace_stack_depth's: the recorder would cut a deeper one to 64
              * and the table would name the depth asked for. */
             unsigned long long lo = is_pairs ? SEQ : is_runs ? 1 : 0, hi = is_pairs ? 1ull << 40 : is_runs ? 99 : 64;
-            if (!parse_count(argv[i + 1], lo, hi, &v)) {
+            if (!txt_parse_count(argv[i + 1], lo, hi, &v)) { /* digits only: atoi took "7x", strtoull "-1" */
                 fprintf(stderr, "trace_overhead: bad %s '%s' (a number from %llu to %llu%s)\n", argv[i], argv[i + 1], lo,
                         hi, is_pairs ? ": at least one period of the request sequence" : "");
                 return 1;

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "text.h"
 #include "trace_writer.h"
 
 #define LAYERS 30
@@ -74,16 +75,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: trace_synth TRACE [EVENTS]\n");
         return 1;
     }
-    uint64_t target = 50000000ull;
-    if (argc > 2) {
-        const char *p = argv[2];
-        target = 0;
-        for (; *p >= '0' && *p <= '9' && target <= 10000000000ull; p++)
-            target = target * 10 + (uint64_t)(*p - '0');
-        if (p == argv[2] || *p || target == 0 || target > 10000000000ull) {
-            fprintf(stderr, "trace_synth: bad EVENTS '%s' (a number of records from 1 to 10000000000)\n", argv[2]);
-            return 1;
-        }
+    unsigned long long target = 50000000ull;
+    if (argc > 2 && !txt_parse_count(argv[2], 1, 10000000000ull, &target)) {
+        fprintf(stderr, "trace_synth: bad EVENTS '%s' (a number of records from 1 to 10000000000)\n", argv[2]);
+        return 1;
     }
     if (tw_open(&w, argv[1]) != 0) {
         perror(argv[1]);
