@@ -9,6 +9,7 @@
  * deterministic, so the text is too.
  *   test_oom_report EXPECTED_DIR            compare with EXPECTED_DIR/oom_*.txt
  *   UPDATE_EXPECTED=1 test_oom_report DIR   rewrite them */
+#include "addrspace_sequence.h"
 #include "internal.h"
 #include "testutil.h"
 
@@ -266,22 +267,20 @@ int main(int argc, char **argv) {
      *    live and no free range of 21 MiB although the device has 20 MiB free and 4 MiB is cached.
      *    The fix names twice the factor in effect (it said va_factor:8 whatever the factor was). */
     h = open_heap("sim_memory_mb:64,va_factor:2");
-    static const struct {
-        int id, mib; /* mib 0: free id */
-    } seq[] = {{4, 10}, {5, 12}, {6, 7}, {7, 6}, {8, 3}, {9, 11}, {6, 0},  {17, 9},  {4, 0},  {9, 0},  {20, 12}, {20, 0},
-               {5, 0},  {22, 24}, {23, 5}, {17, 0}, {7, 0}, {25, 21}, {25, 0}, {27, 19}, {28, 7}, {27, 0}};
-    void *blk[32] = {0};
-    for (size_t i = 0; i < sizeof seq / sizeof *seq; i++) {
-        if (seq[i].mib)
-            EXPECT(heap_alloc(h, (size_t)seq[i].mib << 20, NULL, &blk[seq[i].id]) == CUA_SUCCESS, "step %zu", i);
+    void *blk[ADDRSPACE_BLOCKS] = {0};
+    for (size_t i = 0; i < sizeof addrspace_sequence / sizeof *addrspace_sequence; i++) {
+        int id = addrspace_sequence[i].id, mib = addrspace_sequence[i].mib;
+        if (mib)
+            EXPECT(heap_alloc(h, (size_t)mib << 20, NULL, &blk[id]) == CUA_SUCCESS, "step %zu", i);
         else
-            EXPECT(heap_free(h, blk[seq[i].id], NULL), "step %zu", i);
-        blk[seq[i].id] = seq[i].mib ? blk[seq[i].id] : NULL;
+            EXPECT(heap_free(h, blk[id], NULL), "step %zu", i);
+        blk[id] = mib ? blk[id] : NULL;
     }
     reset();
-    EXPECT(heap_alloc(h, 21 << 20, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY && !p, "address space fragmented");
+    EXPECT(heap_alloc(h, (size_t)ADDRSPACE_REQUEST_MIB << 20, NULL, &p) == CUA_ERROR_OUT_OF_MEMORY && !p,
+           "address space fragmented");
     compare(argv[1], "oom_vmm_address_space.txt");
-    for (int i = 0; i < 32; i++)
+    for (int i = 0; i < ADDRSPACE_BLOCKS; i++)
         if (blk[i]) EXPECT(heap_free(h, blk[i], NULL), "free %d", i);
     heap_destroy(h);
     /* The advice: twice the factor, up to the key's maximum; none past it. */

@@ -30,6 +30,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "addrspace_sequence.h"
 #include "ballast.h"
 #include "cualloc.h"
 
@@ -285,25 +286,21 @@ int main(int argc, char **argv)
         train_step(8 * MIB, 4);
         mark_step(4);
     } else if (strcmp(s, "addrspace") == 0) {
-        /* va_factor:2 gives the 64 MiB device 128 MiB of address space; blocks of 3 to 24 MiB come
-         * and go (the sequence of tests/test_oom_report.c case 9) until 39 MiB live leave no free
-         * range of 21 MiB, with 22 MiB free on the device: OOM by fragmentation of the address space. */
-        static const struct {
-            int id, mib; /* mib 0: free id */
-        } seq[] = {{4, 10}, {5, 12}, {6, 7},  {7, 6},   {8, 3},   {9, 11}, {6, 0},  {17, 9}, {4, 0},  {9, 0},  {20, 12},
-                   {20, 0}, {5, 0},  {22, 24}, {23, 5}, {17, 0}, {7, 0},  {25, 21}, {25, 0}, {27, 19}, {28, 7}, {27, 0}};
-        void *blk[32] = {0};
-        for (size_t i = 0; i < sizeof seq / sizeof *seq; i++) {
-            if (seq[i].mib) {
-                blk[seq[i].id] = tensor_empty((size_t)seq[i].mib * MIB);
-                if (!blk[seq[i].id])
+        /* Blocks of 3 to 24 MiB come and go until no free range of the address space takes
+         * the last request (tests/addrspace_sequence.h). */
+        void *blk[ADDRSPACE_BLOCKS] = {0};
+        for (size_t i = 0; i < sizeof addrspace_sequence / sizeof *addrspace_sequence; i++) {
+            int id = addrspace_sequence[i].id, mib = addrspace_sequence[i].mib;
+            if (mib) {
+                blk[id] = tensor_empty((size_t)mib * MIB);
+                if (!blk[id])
                     return 3;
             } else {
-                tensor_free(blk[seq[i].id]);
+                tensor_free(blk[id]);
             }
         }
         mark_step(1);
-        if (!big_buffer(21 * MIB))
+        if (!big_buffer(ADDRSPACE_REQUEST_MIB * MIB))
             _exit(1);
     } else if (strcmp(s, "chunks") == 0) {
         init_params(10 * MIB);
