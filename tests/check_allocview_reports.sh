@@ -306,6 +306,20 @@ if [ -n "$demo" ]; then
         [ $rc = 2 ] && grep -q "^cualloc-demo: ${opt%% *} is for --min-fit" "$tmp/demo_usage.err" ||
             bad "cualloc-demo $opt without --min-fit: exit $rc, $(cat "$tmp/demo_usage.err")"
     done
+    # A bad value is refused (status 2) with the option, what it needs and what it got.
+    while IFS='|' read -r args want; do
+        rc=0
+        "$demo" $args >/dev/null 2>"$tmp/demo_usage.err" || rc=$?
+        [ $rc = 2 ] && grep -qxF "cualloc-demo: $want" "$tmp/demo_usage.err" ||
+            bad "cualloc-demo $args: exit $rc, $(cat "$tmp/demo_usage.err"), wanted: $want"
+    done <<'CASES'
+--steps abc|--steps needs a whole number from 1 to 1000000, got 'abc'
+--batch 4097|--batch needs a whole number from 1 to 4096, got '4097'
+--device|--device needs a whole number from 0 to 63, got nothing
+--seed -1|--seed needs a whole number from 0 to 2^64-1, got '-1'
+--memory-mb 0|--memory-mb needs a whole number of MiB from 1 to 2^30, got '0'
+--min-fit --conf|--conf needs CUALLOC_CONF keys ("" for none), got nothing
+CASES
     # --min-fit --scan 0: the sizes above the minimum that were tried are the bisection's, up to its
     # upper bound (it said "up to 0 MiB").
     "$demo" --min-fit --scan 0 --steps 2 --quiet --conf "" >"$tmp/demo_fit.out" 2>&1 || bad "cualloc-demo --min-fit --scan 0 failed"

@@ -148,6 +148,21 @@ static bool parse_int(const char *s, int lo, int hi, int *out) {
     return true;
 }
 
+/* Says that option `opt` needs `want` and got v (NULL: no value). */
+static void say_bad_value(const char *opt, const char *want, const char *v) {
+    if (v) fprintf(stderr, "cualloc-demo: %s needs %s, got '%s'\n", opt, want, v);
+    else fprintf(stderr, "cualloc-demo: %s needs %s, got nothing\n", opt, want);
+}
+
+/* The option's value into *out; false (said) when it is missing or not lo .. hi. */
+static bool parse_int_opt(const char *opt, const char *v, int lo, int hi, int *out) {
+    if (parse_int(v, lo, hi, out)) return true;
+    char want[64];
+    snprintf(want, sizeof want, "a whole number from %d to %d", lo, hi);
+    say_bad_value(opt, want, v);
+    return false;
+}
+
 static int parse_opts(int argc, char **argv, opts_t *o) {
     *o = (opts_t){.steps = 20, .batch = 8, .device = 0, .seed = 1, .memory_mb = DEFAULT_SIM_MB, .scan = 8};
     for (int i = 1; i < argc; i++) {
@@ -168,31 +183,32 @@ static int parse_opts(int argc, char **argv, opts_t *o) {
             o->verbose = true;
             o->min_fit_only = a;
         } else if (!strcmp(a, "--steps")) {
-            ok = parse_int(v, 1, 1000000, &o->steps), i++;
+            ok = parse_int_opt(a, v, 1, 1000000, &o->steps), i++;
         } else if (!strcmp(a, "--batch")) {
-            ok = parse_int(v, 1, 4096, &o->batch), i++;
+            ok = parse_int_opt(a, v, 1, 4096, &o->batch), i++;
         } else if (!strcmp(a, "--device")) {
-            ok = parse_int(v, 0, 63, &o->device), i++;
+            ok = parse_int_opt(a, v, 0, 63, &o->device), i++;
         } else if (!strcmp(a, "--scan")) {
-            ok = parse_int(v, 0, 1000, &o->scan), i++;
+            ok = parse_int_opt(a, v, 0, 1000, &o->scan), i++;
             o->min_fit_only = a;
         } else if (!strcmp(a, "--seed")) {
             ok = parse_u64(v, &o->seed), i++;
+            if (!ok) say_bad_value(a, "a whole number from 0 to 2^64-1", v);
         } else if (!strcmp(a, "--memory-mb")) {
             ok = parse_u64(v, &u) && u >= 1 && u <= ((uint64_t)1 << 30), i++;
             if (ok) o->memory_mb = (size_t)u;
+            else say_bad_value(a, "a whole number of MiB from 1 to 2^30", v);
         } else if (!strcmp(a, "--conf")) {
             ok = v != NULL && o->nconfs < MAX_CONFS, i++;
             if (ok) o->confs[o->nconfs++] = v;
+            else if (v) fprintf(stderr, "cualloc-demo: at most %d --conf options\n", MAX_CONFS);
+            else say_bad_value(a, "CUALLOC_CONF keys (\"\" for none)", v);
             o->min_fit_only = a;
         } else {
             fprintf(stderr, "cualloc-demo: unknown option '%s' (see --help)\n", a);
             return 2;
         }
-        if (!ok) {
-            fprintf(stderr, "cualloc-demo: bad or missing value for %s (see --help)\n", a);
-            return 2;
-        }
+        if (!ok) return 2; /* (said) */
     }
     return 0;
 }
