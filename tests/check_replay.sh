@@ -146,6 +146,17 @@ PY
 for m in 12XB 0x10 0x1p30 " 2GiB" +2GiB -0 inf; do
     "$allocview" replay --memory "$m" "$tmp/fx.trace" >/dev/null 2>&1; [ $? = 1 ] || bad "bad --memory '$m': want exit 1"
 done
+# Each refusal names what was wrong, in the --name=V form as in the --name V one.
+many=$(for i in $(seq 33); do printf -- '--conf=expandable_segments:0 '; done)
+while IFS='|' read -r args want; do
+    rc=0
+    "$allocview" replay $args "$tmp/fx.trace" >/dev/null 2>"$tmp/usage.err" || rc=$?
+    [ $rc = 1 ] && grep -qF "$want" "$tmp/usage.err" || bad "replay $args: exit $rc, said '$(cat "$tmp/usage.err")', want '$want'"
+done <<CASES
+--memory=0|allocview replay: bad --memory '0' (bytes, or e.g. 16GiB, 40G, 512MiB)
+--memory 12XB|allocview replay: bad --memory '12XB' (bytes, or e.g. 16GiB, 40G, 512MiB)
+$many|allocview replay: at most 32 --conf
+CASES
 "$allocview" replay --conf no_such_key:1 "$tmp/fx.trace" >/dev/null 2>&1; [ $? = 1 ] || bad "bad --conf: want exit 1"
 "$allocview" replay >/dev/null 2>&1; [ $? = 1 ] || bad "no trace: want exit 1"
 "$allocview" replay "$tmp/missing.trace" >/dev/null 2>&1; [ $? = 2 ] || bad "missing trace: want exit 2"

@@ -693,13 +693,16 @@ int av_cmd_replay(int argc, char **argv)
     bool lag_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (strcmp(a, "--conf") == 0 || strcmp(a, "--memory") == 0) {
-            if (i + 1 >= argc) {
+        bool is_conf = strcmp(a, "--conf") == 0 || strncmp(a, "--conf=", 7) == 0;
+        if (is_conf || strcmp(a, "--memory") == 0 || strncmp(a, "--memory=", 9) == 0) {
+            /* `--name V` or `--name=V` */
+            const char *eq = strchr(a, '=');
+            if (!eq && i + 1 >= argc) {
                 fprintf(stderr, "allocview replay: %s needs a value\n", a);
                 return RP_EXIT_USAGE;
             }
-            const char *v = argv[++i];
-            if (a[2] == 'c') {
+            const char *v = eq ? eq + 1 : argv[++i];
+            if (is_conf) {
                 if (nconfs == MAX_CONFS) {
                     fprintf(stderr, "allocview replay: at most %d --conf\n", MAX_CONFS);
                     return RP_EXIT_USAGE;
@@ -707,15 +710,6 @@ int av_cmd_replay(int argc, char **argv)
                 confs[nconfs++] = v;
             } else if (!txt_parse_size(v, &memory) || memory == 0) {
                 fprintf(stderr, "allocview replay: bad --memory '%s' (bytes, or e.g. 16GiB, 40G, 512MiB)\n", v);
-                return RP_EXIT_USAGE;
-            }
-        } else if (strncmp(a, "--conf=", 7) == 0) {
-            if (nconfs == MAX_CONFS)
-                return RP_EXIT_USAGE;
-            confs[nconfs++] = a + 7;
-        } else if (strncmp(a, "--memory=", 9) == 0) {
-            if (!txt_parse_size(a + 9, &memory) || memory == 0) {
-                fprintf(stderr, "allocview replay: bad --memory '%s'\n", a + 9);
                 return RP_EXIT_USAGE;
             }
         } else if (strcmp(a, "--passes") == 0 || strncmp(a, "--passes=", 9) == 0) {
