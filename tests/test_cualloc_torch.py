@@ -446,6 +446,52 @@ class Standins(TorchLibCase):
         self.assertEqual(ct._originals, {})
 
 
+# Run in a child process on two sim devices (this process's library has one: CUALLOC_CONF is read
+# once). The fake torch and cualloc_torch come first on its path; it prints "ok" at the end.
+TWO_DEVICES_CHILD = r"""
+import sys
+sys.path[:0] = [%(fake)r, %(tools)r]
+import torch, cualloc_torch as ct
+MiB = 1 << 20
+torch.cuda._state["device_count"] = 2
+ct.enable(%(lib)r)
+c = torch.cuda
+with c.device(1):                        # a tensor made on device 1
+    t = c._fake_empty(3 * MiB)
+    assert c.memory_allocated() == ct.stats(1)["allocated_bytes"] == 3 * MiB, c.memory_allocated()
+assert c.current_device() == 0
+assert c.memory_allocated() == ct.stats(0)["allocated_bytes"] == 0
+for dev in (1, "cuda:1", torch.device("cuda", 1), c.device(1)):
+    got = c.memory_allocated(dev), c.max_memory_allocated(dev), c.memory_stats(dev)["allocated_bytes.all.current"]
+    assert got == (3 * MiB, 3 * MiB, 3 * MiB), "device %%r: %%r" %% (dev, got)
+try:
+    c.memory_allocated(c.device(5))
+    raise AssertionError("torch.cuda.device(5) of 2 devices was read")
+except ValueError:
+    pass
+c.set_device(1)
+u = c._fake_empty(MiB)
+assert c.memory_allocated() == 4 * MiB and ct.stats(0)["allocated_bytes"] == 0
+t.free()
+u.free()
+assert ct.stats(1)["reserved_bytes"] > 0
+c.empty_cache()                          # every device's cache, as PyTorch's
+assert ct.stats(1)["reserved_bytes"] == 0, ct.stats(1)
+print("ok")
+"""
+
+
+class TwoDevices(TorchLibCase):
+    def test_device_arguments_name_the_device(self):
+        """Every form of PyTorch's device argument reads that device, torch.cuda.device (the context
+        manager, whose ordinal is its idx) included; a tensor goes to the current device."""
+        code = TWO_DEVICES_CHILD % {"fake": FAKE_TORCH, "tools": TOOLS, "lib": ARGS.torch_lib}
+        env = dict(os.environ, CUALLOC_CONF="driver:sim,sim_memory_mb:256,sim_devices:2")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual(r.stdout.strip().splitlines()[-1:], ["ok"], r.stdout + r.stderr)
+
+
 class Marks(TorchLibCase):
     def setUp(self):
         super().setUp()

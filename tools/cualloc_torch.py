@@ -305,11 +305,12 @@ def _optional_symbol(lib, name):
 # Devices.
 
 def _device_index(device):
-    """PyTorch's device argument (None, int, "cuda", "cuda:1", torch.device) → an ordinal. None and
-    an index-less device mean the current device; asking torch for it only when CUDA is already
-    initialized, so reading statistics never initializes CUDA (which would forbid enable()). The
-    ordinal goes to C as an int: one that does not fit is refused (ctypes would cut it to 32 bits,
-    and 2**32 would name device 0), and so is a bool (True is an int, but not a device)."""
+    """PyTorch's device argument (None, int, "cuda", "cuda:1", torch.device, torch.cuda.device) → an
+    ordinal. None and an index-less device mean the current device; asking torch for it only when
+    CUDA is already initialized, so reading statistics never initializes CUDA (which would forbid
+    enable()). The ordinal goes to C as an int: one that does not fit is refused (ctypes would cut
+    it to 32 bits, and 2**32 would name device 0), and so is a bool (True is an int, but not a
+    device)."""
     index = _device_ordinal(device)
     if isinstance(index, bool) or not -2**31 <= index < 2**31:
         raise ValueError("cualloc_torch: %r is not a CUDA device" % (device,))
@@ -326,6 +327,11 @@ def _device_ordinal(device):
         return int(m.group(1)) if m.group(1) is not None else _current_device()
     if device is None:
         return _current_device()
+    # torch.cuda.device (the context manager) holds its ordinal in idx and has no type or index;
+    # PyTorch's _get_device_index reads idx. (Only where torch is imported can it be one.)
+    cuda_device_cls = getattr(getattr(sys.modules.get("torch"), "cuda", None), "device", None)
+    if isinstance(cuda_device_cls, type) and isinstance(device, cuda_device_cls):
+        return device.idx
     index = getattr(device, "index", None)
     dtype = getattr(device, "type", "cuda")
     if dtype != "cuda":

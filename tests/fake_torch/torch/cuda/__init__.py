@@ -40,6 +40,29 @@ def device_count():
     return _state["device_count"]  # does not initialize CUDA, as in PyTorch
 
 
+def set_device(device):
+    """As PyTorch: initializes CUDA (torch._C._cuda_setDevice does), then makes `device` current."""
+    _lazy_init()
+    _state["device"] = int(device)
+
+
+class device:
+    """torch.cuda.device, the context manager: as PyTorch, it has the ordinal in `idx` (no `type`
+    or `index` attribute), and entering it initializes CUDA and makes idx the current device."""
+
+    def __init__(self, device):
+        self.idx = device if isinstance(device, int) else device.index
+        self.prev_idx = -1
+
+    def __enter__(self):
+        _lazy_init()
+        self.prev_idx, _state["device"] = _state["device"], self.idx
+
+    def __exit__(self, *exc):
+        _state["device"] = self.prev_idx
+        return False
+
+
 class _FakeTensor:
     def __init__(self, ptr, nbytes, free):
         self.ptr, self.nbytes, self._free = ptr, nbytes, free
