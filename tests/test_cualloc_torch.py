@@ -425,6 +425,29 @@ class Standins(TorchLibCase):
         self.assertEqual(len(w), 1, [str(x.message) for x in w])
         self.assertIn("only grow", str(w[0].message))
 
+    def test_accelerator_functions(self):
+        """PyTorch's device-agnostic torch.accelerator memory functions ask the device allocator
+        directly, not torch.cuda.memory_stats, so they need stand-ins of their own."""
+        acc, s = self.torch.accelerator, self.ct.stats()
+        self.assertEqual(acc.memory_allocated(), s["allocated_bytes"])
+        self.assertEqual(acc.memory_allocated(0), s["allocated_bytes"])
+        self.assertEqual(acc.memory.max_memory_allocated(), s["allocated_peak"])
+        self.assertEqual(acc.memory_reserved(), s["reserved_bytes"])
+        self.assertEqual(acc.max_memory_reserved(), s["reserved_peak"])
+        self.assertEqual(acc.memory_stats()["allocated_bytes.all.current"], s["allocated_bytes"])
+        t = self.torch.cuda._fake_empty(48 * MiB)
+        t.free()
+        self.assertGreater(acc.max_memory_allocated(), acc.memory_allocated())
+        acc.reset_peak_memory_stats()
+        self.assertEqual(acc.max_memory_allocated(), acc.memory_allocated())
+        trims = self.ct.stats()["num_trims"]
+        acc.empty_cache()
+        self.assertEqual(self.ct.stats()["num_trims"], trims + 1)
+        self.assertEqual(self.torch.cuda._state["empty_cache_calls"], 0)  # PyTorch's was not used
+        self.ct.disable_standins()
+        with self.assertRaisesRegex(RuntimeError, "does not yet support getDeviceStats"):
+            acc.memory_allocated()
+
     def test_disable_standins_restores_pytorch(self):
         self.assertIn("torch.cuda.memory_stats", self.ct._originals)
         self.assertIn("torch.cuda.memory.memory_stats", self.ct._originals)

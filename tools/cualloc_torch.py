@@ -581,7 +581,8 @@ def _memory_summary(device=None, abbreviated=False):
     return "\n".join(lines) + "\n"
 
 
-# name → stand-in; each is installed on torch.cuda and torch.cuda.memory where the name exists.
+# name → stand-in; each is installed on torch.cuda, torch.cuda.memory, torch.accelerator and
+# torch.accelerator.memory where the name exists.
 _STANDINS = {
     "memory_stats": memory_stats,
     "memory_allocated": _memory_allocated,
@@ -603,13 +604,20 @@ _originals = {}
 
 
 def install_standins():
-    """Replaces torch.cuda's statistics functions (see _STANDINS) with cualloc's; the originals
-    are kept in cualloc_torch._originals. Idempotent."""
+    """Replaces torch.cuda's statistics functions (see _STANDINS) with cualloc's, and those of
+    torch.accelerator (PyTorch >= 2.9: memory_stats, memory_allocated, ... empty_cache), which ask
+    the device allocator directly and so never reach torch.cuda's; the originals are kept in
+    cualloc_torch._originals. Idempotent."""
     import torch  # noqa: E402
-    modules = [("torch.cuda", torch.cuda)]
-    mem = getattr(torch.cuda, "memory", None)
-    if mem is not None:
-        modules.append(("torch.cuda.memory", mem))
+    modules = []
+    for modname in ("cuda", "accelerator"):
+        mod = getattr(torch, modname, None)
+        if mod is None:
+            continue
+        modules.append(("torch." + modname, mod))
+        mem = getattr(mod, "memory", None)
+        if mem is not None:
+            modules.append(("torch.%s.memory" % modname, mem))
     with _state_lock:
         for modname, mod in modules:
             for name, fn in _STANDINS.items():
