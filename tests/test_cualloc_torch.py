@@ -280,6 +280,19 @@ class Enable(TorchLibCase):
             torch.cuda.graphs.CUDAGraph().capture_begin(capture_error_mode="thread_local")
         self.assertEqual(torch.cuda._state["captures"], 1)
 
+    def test_cpu_only_build_is_a_clear_error(self):
+        """A PyTorch built without CUDA has the CUDAPluggableAllocator class but not its binding:
+        enable() says what is wrong instead of letting an AttributeError about torch._C out."""
+        torch, ct = fresh_modules()
+        torch.cuda._state["built_with_cuda"] = False
+        with self.assertRaises(RuntimeError) as cm:
+            ct.enable(ARGS.torch_lib)
+        self.assertIn("built without CUDA", str(cm.exception))
+        self.assertIn("torch.backends.cuda.is_built()", str(cm.exception))
+        self.assertEqual(torch.cuda._state["change_calls"], 0)
+        self.assertFalse(ct.is_enabled())
+        self.assertEqual(ct._originals, {})
+
     def test_missing_library(self):
         torch, ct = fresh_modules()
         with self.assertRaises(FileNotFoundError):

@@ -662,8 +662,8 @@ def enable(path=None, peer_access=True, step_marks=False, standins=True):
 
     Returns the torch CUDAPluggableAllocator. Calling it again with the same library, or with no
     path, is a no-op (but for installing what step_marks and standins ask).
-    Raises RuntimeError when CUDA is already initialized, FileNotFoundError when the library is
-    not found."""
+    Raises RuntimeError when CUDA is already initialized or this PyTorch has no CUDA (a CPU-only
+    build), FileNotFoundError when the library is not found."""
     global _allocator
     import torch  # noqa: E402 (lazy: the module imports without torch)
 
@@ -684,6 +684,18 @@ def enable(path=None, peer_access=True, step_marks=False, standins=True):
             raise RuntimeError("cualloc_torch.enable(): this PyTorch has no torch.cuda.memory."
                                "CUDAPluggableAllocator (PyTorch >= 2.0 with CUDA is needed); use "
                                "LD_PRELOAD=libcualloc.so PYTORCH_NO_CUDA_MEMORY_CACHING=1 instead")
+        # A CPU-only build has the class too, but not the binding it calls (torch._C.
+        # _cuda_customAllocator), so it would fail with an AttributeError about torch._C.
+        try:
+            import torch.backends.cuda as backends_cuda  # noqa: E402 (does not initialize CUDA)
+        except ImportError:
+            backends_cuda = None
+        is_built = getattr(backends_cuda, "is_built", None)
+        if is_built is not None and not is_built():
+            raise RuntimeError("cualloc_torch.enable(): this PyTorch (%s) is built without CUDA "
+                               "(torch.backends.cuda.is_built() is False), so it has no CUDA allocator "
+                               "to replace; install a CUDA build of PyTorch"
+                               % getattr(torch, "__version__", "unknown version"))
         if _cuda_in_use(torch):
             raise RuntimeError(_too_late_message())
         allocator = memory.CUDAPluggableAllocator(lib_path, MALLOC_SYMBOL, FREE_SYMBOL)

@@ -12,6 +12,7 @@ _state = {
     "current": None,           # the pluggable allocator in use, or None for the native one
     "native_used": False,      # the native allocator was initialized (PyTorch then refuses a swap)
     "empty_cache_calls": 0,
+    "built_with_cuda": True,   # torch.backends.cuda.is_built(); False: a CPU-only build
 }
 
 

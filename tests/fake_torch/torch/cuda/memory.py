@@ -18,6 +18,8 @@ class CUDAPluggableAllocator(_CUDAAllocator):
         free_fn = ctypes.cast(getattr(lib, free_fn_name), ctypes.c_void_p).value
         assert alloc_fn is not None
         assert free_fn is not None
+        if not _state["built_with_cuda"]:  # torch._C has the binding only in a CUDA build
+            raise AttributeError("module 'torch._C' has no attribute '_cuda_customAllocator'")
         self.path, self.alloc_fn_name, self.free_fn_name = path_to_so_file, alloc_fn_name, free_fn_name
         self.alloc_fn, self.free_fn = alloc_fn, free_fn
         # Call through the raw addresses, like c10's std::function over the dlsym'ed pointer.

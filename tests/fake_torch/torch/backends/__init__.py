@@ -1,0 +1,2 @@
+"""FAKE torch.backends — a test double (see tests/fake_torch/README.md)."""
+from . import cuda  # noqa: F401
