@@ -261,6 +261,30 @@ class Enable(TorchLibCase):
         with self.assertRaisesRegex(RuntimeError, "already enabled"):
             ct.enable(os.path.join(os.path.dirname(ARGS.torch_lib), "libcualloc.so"))
 
+    def test_library_the_loader_cache_names(self):
+        """Found only in the dynamic loader's cache, the library is a bare name, not a path:
+        enable() loads it for the statistics as PyTorch loaded it, rather than looking for a file
+        of that name after the swap (which failed, leaving the allocator swapped and enable() a
+        TypeError the next time)."""
+        code = "\n".join([
+            "import os, sys",
+            "sys.path[:0] = [%r, %r]" % (FAKE_TORCH, TOOLS),
+            "import torch, cualloc_torch as ct",
+            "os.environ.pop('CUALLOC_TORCH_LIB', None)",
+            "ct._candidate_dirs = lambda: ['/nonexistent/a']",
+            "ct.ctypes.util.find_library = lambda name: 'libcualloc_torch.so'  # as ldconfig -p would",
+            "alloc = ct.enable()",
+            "assert torch.cuda._state['allocators'][0][0] == 'libcualloc_torch.so'",
+            "t = torch.cuda._fake_empty(1 << 20)",
+            "assert torch.cuda.memory_allocated() == ct.stats()['allocated_bytes'] >= 1 << 20",
+            "t.free()",
+            "assert ct.enable() is alloc",
+            "print('ok')"])
+        env = dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(ARGS.torch_lib))
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual(r.stdout.strip().splitlines()[-1:], ["ok"], r.stdout + r.stderr)
+
     def test_graph_capture_is_refused(self):
         """A CUDA graph captured under a pluggable allocator would replay into memory cualloc has
         handed to other tensors: the capture is refused before it starts, with the ways out."""

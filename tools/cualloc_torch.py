@@ -251,11 +251,17 @@ def load(path=None):
     idempotent. Its cualloc_* symbols resolve through its dependency to libcualloc.so — the very
     copy PyTorch's allocator calls — so the statistics read here are the allocator's own. A
     libcualloc.so path also works (stats only, no PyTorch registration)."""
-    global _lib, _lib_path
     with _state_lock:
         if _lib is not None and (path is None or _norm(find_library(path)) == _lib_path):
             return _lib
-        p = find_library(path)
+        return _load_found(find_library(path))
+
+
+def _load_found(p):
+    """Loads `p`, what find_library returned: a path, or a bare name that only the dynamic
+    loader resolves (its cache), which must not be searched for again as a file."""
+    global _lib, _lib_path
+    with _state_lock:
         lib = ctypes.CDLL(p)
         _declare(lib)
         _lib, _lib_path = lib, _norm(p)
@@ -704,7 +710,7 @@ def enable(path=None, peer_access=True, step_marks=False, standins=True):
         except Exception as e:  # PyTorch: "Can't swap an already initialized allocator"
             raise RuntimeError("%s (PyTorch said: %s)" % (_too_late_message(), e)) from e
         _allocator = allocator
-        load(lib_path)
+        _load_found(lib_path)  # the library PyTorch just loaded, by the same name
         if peer_access:
             try:
                 if torch.cuda.device_count() > 1:  # does not initialize CUDA
