@@ -285,6 +285,27 @@ class Enable(TorchLibCase):
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertEqual(r.stdout.strip().splitlines()[-1:], ["ok"], r.stdout + r.stderr)
 
+    def test_again_after_a_reload(self):
+        """The swap outlives the module (importlib.reload, a notebook's autoreload, a second copy
+        of it): enable() again uses the allocator in use, where PyTorch would refuse a second swap
+        even before CUDA is initialized, and also after it, tensors made."""
+        torch, ct = fresh_modules()
+        alloc = ct.enable(ARGS.torch_lib)
+        original_stats = ct._originals["torch.cuda.memory_stats"]
+        t = torch.cuda._fake_empty(MiB)  # CUDA initialized, under cualloc
+        ct = importlib.reload(ct)
+        self.assertFalse(ct.is_enabled())
+        self.assertIs(ct.enable(ARGS.torch_lib), alloc)
+        self.assertIs(ct.enable(), alloc)
+        self.assertTrue(ct.is_enabled())
+        self.assertEqual(torch.cuda._state["change_calls"], 1)
+        self.assertEqual(torch.cuda.memory_allocated(), ct.stats()["allocated_bytes"])
+        t.free()
+        with self.assertRaisesRegex(RuntimeError, "already enabled"):
+            ct.enable(os.path.join(os.path.dirname(ARGS.torch_lib), "libcualloc.so"))
+        ct.disable_standins()  # PyTorch's own functions come back, not the first copy's stand-ins
+        self.assertIs(torch.cuda.memory_stats, original_stats)
+
     def test_graph_capture_is_refused(self):
         """A CUDA graph captured under a pluggable allocator would replay into memory cualloc has
         handed to other tensors: the capture is refused before it starts, with the ways out."""

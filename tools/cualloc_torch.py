@@ -667,13 +667,16 @@ def enable(path=None, peer_access=True, step_marks=False, standins=True):
     standins    replace torch.cuda.memory_stats & co. with cualloc's figures (default)
 
     Returns the torch CUDAPluggableAllocator. Calling it again with the same library, or with no
-    path, is a no-op (but for installing what step_marks and standins ask).
+    path, is a no-op (but for installing what step_marks and standins ask), also from this module
+    reloaded or another copy of it.
     Raises RuntimeError when CUDA is already initialized or this PyTorch has no CUDA (a CPU-only
     build), FileNotFoundError when the library is not found."""
     global _allocator
     import torch  # noqa: E402 (lazy: the module imports without torch)
 
     with _state_lock:
+        if _allocator is None:
+            _adopt_earlier_swap(torch)
         if _allocator is not None:
             # Enabled already. Without a path the library in use is the one meant: the search is
             # not made again, since it need not find that library (enable(path=...) first).
@@ -711,6 +714,7 @@ def enable(path=None, peer_access=True, step_marks=False, standins=True):
             raise RuntimeError("%s (PyTorch said: %s)" % (_too_late_message(), e)) from e
         _allocator = allocator
         _load_found(lib_path)  # the library PyTorch just loaded, by the same name
+        setattr(memory, _SWAP_RECORD, {"lib_path": lib_path, "allocator": allocator, "originals": _originals})
         if peer_access:
             try:
                 if torch.cuda.device_count() > 1:  # does not initialize CUDA
@@ -727,6 +731,28 @@ def enable(path=None, peer_access=True, step_marks=False, standins=True):
                 pass
         _finish_enable(torch, step_marks, standins)
         return allocator
+
+
+# enable()'s swap, recorded on torch.cuda.memory: like the swap itself it outlives this module
+# (importlib.reload, a notebook's autoreload, a second copy of the module), and PyTorch refuses a
+# second swap, even before CUDA is initialized (a pluggable allocator is initialized when made).
+_SWAP_RECORD = "_cualloc_torch_swap"
+
+
+def _adopt_earlier_swap(torch):
+    """Takes over the swap an earlier copy of this module made, if any: its library, allocator and
+    the PyTorch functions its stand-ins replaced (so that disable_standins() puts PyTorch's back)."""
+    global _allocator, _originals
+    record = getattr(getattr(torch.cuda, "memory", None), _SWAP_RECORD, None)
+    if record is None:
+        return
+    _load_found(record["lib_path"])
+    # Functions this copy replaced itself already (install_standins() before enable()) are
+    # PyTorch's only where the earlier copy had not replaced them: its record wins.
+    for key, fn in _originals.items():
+        record["originals"].setdefault(key, fn)
+    _originals = record["originals"]
+    _allocator = record["allocator"]
 
 
 def _finish_enable(torch, step_marks, standins):

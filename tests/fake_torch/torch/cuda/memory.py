@@ -30,8 +30,12 @@ class CUDAPluggableAllocator(_CUDAAllocator):
 
 
 def change_current_allocator(allocator):
+    """As PyTorch: refused once the allocator in use is initialized. The native one is by CUDA's
+    initialization; a pluggable one always is (createCustomAllocator initializes it), so a second
+    swap is refused even before CUDA is initialized."""
     _state["change_calls"] += 1
-    if _state["native_used"] or (_state["initialized"] and _state["current"] is None):
+    if _state["native_used"] or (_state["initialized"] and _state["current"] is None) \
+            or _state["current"] is not None:
         raise RuntimeError("Can't swap an already initialized allocator")
     _state["current"] = allocator.allocator()
     _state["changed_to"].append(allocator)
