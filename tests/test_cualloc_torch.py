@@ -402,6 +402,8 @@ class Stats(TorchLibCase):
                 self.ct.stats(bad)
         with self.assertRaises(ValueError):
             self.ct.empty_cache(2**32)
+        with self.assertRaisesRegex(ValueError, "device 5 is not a device cualloc can use"):
+            self.ct.empty_cache(5)  # as stats(5): not a silent no-op
 
     def test_empty_cache_trims(self):
         p = self.lib.cualloc_malloc(64 * MiB, 0, None)

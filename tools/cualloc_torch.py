@@ -387,13 +387,17 @@ def stats(device=None):
 
 def empty_cache(device=None):
     """Releases cualloc's cached free memory (cualloc_trim): on `device`, or on every device when
-    None — what torch.cuda.empty_cache() does for PyTorch's own allocator."""
+    None — what torch.cuda.empty_cache() does for PyTorch's own allocator. Raises ValueError for a
+    device cualloc does not have, as stats() does (cualloc_trim would ignore it)."""
     lib = library()
     if device is None:
         for d in _device_range():
             lib.cualloc_trim(d)
-    else:
-        lib.cualloc_trim(_device_index(device))
+        return
+    dev = _device_index(device)
+    if lib.cualloc_get_stats(dev, ctypes.byref(CuallocStats())) != 0:
+        raise _not_a_device(dev)
+    lib.cualloc_trim(dev)
 
 
 def mark(label):
