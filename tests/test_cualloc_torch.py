@@ -314,9 +314,13 @@ class Enable(TorchLibCase):
         g.capture_begin()  # PyTorch's own allocator: captures
         self.assertEqual(torch.cuda._state["captures"], 1)
         ct.enable(ARGS.torch_lib)
+        stream = torch.cuda.current_stream()
         with self.assertRaises(RuntimeError) as cm:
             with torch.cuda.graph(torch.cuda.CUDAGraph()):
                 pass
+        # Refused before torch.cuda.graph makes its capture stream current: an __enter__ that
+        # raises gets no __exit__, so all later work would have run on that side stream.
+        self.assertIs(torch.cuda.current_stream(), stream)
         self.assertIn("CUDA graph capture is not supported under cualloc_torch.enable()", str(cm.exception))
         self.assertIn("LD_PRELOAD", str(cm.exception))
         self.assertEqual(torch.cuda._state["captures"], 1)

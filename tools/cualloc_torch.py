@@ -781,16 +781,21 @@ GRAPH_CAPTURE_MESSAGE = (
 def _refuse_graph_capture(torch):
     """CUDAGraph.capture_begin raises instead of starting a capture whose memory cualloc could not
     keep for the graph (GRAPH_CAPTURE_MESSAGE). Every Python way into a capture goes through it
-    (torch.cuda.graph, make_graphed_callables, torch.compile's CUDA graph trees). Idempotent."""
-    graph_cls = getattr(getattr(torch.cuda, "graphs", None), "CUDAGraph", None) or getattr(torch.cuda, "CUDAGraph", None)
-    if graph_cls is None or getattr(graph_cls.capture_begin, "_cualloc_refuses", False):
-        return
+    (torch.cuda.graph, make_graphed_callables, torch.compile's CUDA graph trees). The torch.cuda.graph
+    context manager raises first thing too: its __enter__ makes its capture stream current before
+    capture_begin, and an __enter__ that raises gets no __exit__, so the work after a caught refusal
+    would all have run on that side stream. Idempotent."""
+    graphs = getattr(torch.cuda, "graphs", None)
+    for cls, name in ((getattr(graphs, "CUDAGraph", None) or getattr(torch.cuda, "CUDAGraph", None), "capture_begin"),
+                      (getattr(graphs, "graph", None) or getattr(torch.cuda, "graph", None), "__enter__")):
+        if cls is None or getattr(getattr(cls, name, None), "_cualloc_refuses", False):
+            continue
 
-    def capture_begin(self, *args, **kwargs):
-        raise RuntimeError(GRAPH_CAPTURE_MESSAGE)
+        def refuse(self, *args, **kwargs):
+            raise RuntimeError(GRAPH_CAPTURE_MESSAGE)
 
-    capture_begin._cualloc_refuses = True
-    graph_cls.capture_begin = capture_begin
+        refuse._cualloc_refuses = True
+        setattr(cls, name, refuse)
 
 
 def _cuda_in_use(torch):

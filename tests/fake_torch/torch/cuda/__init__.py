@@ -64,6 +64,32 @@ class device:
         return False
 
 
+class Stream:
+    """torch.cuda.Stream, as an identity only."""
+
+
+_DEFAULT_STREAM = Stream()
+
+
+def current_stream(device=None):
+    return _state.get("stream", _DEFAULT_STREAM)
+
+
+class stream:
+    """torch.cuda.stream: makes a stream current for the block, as PyTorch's context manager."""
+
+    def __init__(self, s):
+        self.s = s
+
+    def __enter__(self):
+        self.prev = current_stream()
+        _state["stream"] = self.s
+
+    def __exit__(self, *exc):
+        _state["stream"] = self.prev
+        return False
+
+
 class _FakeTensor:
     def __init__(self, ptr, nbytes, free):
         self.ptr, self.nbytes, self._free = ptr, nbytes, free
