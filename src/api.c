@@ -356,14 +356,15 @@ CUALLOC_API int cualloc_get_stats(int device, cualloc_stats *out) {
 }
 
 /* PyTorch's own size format (c10 format_size), for the figures of cualloc_oom_message, which reads
- * like PyTorch's message: bytes below 1 KiB, then KiB, MiB, and GiB for everything larger (a 1 TiB
- * request reads "1024.00 GiB", as PyTorch would print it). */
+ * like PyTorch's message: bytes up to 1 KiB included, then KiB up to 1 MiB included, MiB up to
+ * 1 GiB included, and GiB for everything larger (1 MiB reads "1024.00 KiB", 1 TiB "1024.00 GiB",
+ * as PyTorch prints them). */
 static const char *torch_size(size_t bytes, char *buf, size_t len) {
-    if (bytes < ((size_t)1 << 10))
+    if (bytes <= ((size_t)1 << 10))
         snprintf(buf, len, "%zu bytes", bytes);
-    else if (bytes < ((size_t)1 << 20))
+    else if (bytes <= ((size_t)1 << 20))
         snprintf(buf, len, "%.2f KiB", (double)bytes / (double)((size_t)1 << 10));
-    else if (bytes < ((size_t)1 << 30))
+    else if (bytes <= ((size_t)1 << 30))
         snprintf(buf, len, "%.2f MiB", (double)bytes / (double)((size_t)1 << 20));
     else
         snprintf(buf, len, "%.2f GiB", (double)bytes / (double)((size_t)1 << 30));

@@ -173,6 +173,17 @@ void test_basic(const lib_t &L) {
                "cualloc_oom_message(SIZE_MAX) before any failure: %s", buf);
         EXPECT(L.oom_message(MiB, DEV, nullptr, 16) == -1 && L.oom_message(MiB, DEV, buf, 0) == -1,
                "cualloc_oom_message without a buffer");
+        /* Sizes as c10's format_size writes them: each unit up to and including the next one's
+         * first value, so an exact power of two reads as PyTorch's own message reads. */
+        const struct { size_t size; const char *want; } sizes[] = {
+            {1023, "Tried to allocate 1023 bytes "},       {1024, "Tried to allocate 1024 bytes "},
+            {1025, "Tried to allocate 1.00 KiB "},         {MiB, "Tried to allocate 1024.00 KiB "},
+            {MiB + 1, "Tried to allocate 1.00 MiB "},      {1024 * MiB, "Tried to allocate 1024.00 MiB "},
+            {1024 * MiB + 1, "Tried to allocate 1.00 GiB "},
+        };
+        for (const auto &c : sizes)
+            EXPECT(L.oom_message(c.size, DEV, buf, sizeof buf) == 0 && contains(buf, c.want),
+                   "cualloc_oom_message(%zu) does not say \"%s\": %s", c.size, c.want, buf);
     }
 
     /* 1 TiB on a 256 MiB sim device: std::runtime_error, PyTorch's wording first, the size, the
