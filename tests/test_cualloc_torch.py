@@ -454,6 +454,12 @@ class Standins(TorchLibCase):
         for k, v in expected.items():
             self.assertEqual(ms[k], v, k)
         self.assertEqual(list(ms), sorted(ms))  # PyTorch returns its keys sorted
+        # The same figures nested, as torch.cuda.memory_stats_as_nested_dict gives them.
+        nested = c.memory_stats_as_nested_dict()
+        self.assertEqual(nested["allocated_bytes"]["all"]["current"], s["allocated_bytes"])
+        self.assertEqual(nested["reserved_bytes"]["all"]["peak"], s["reserved_peak"])
+        self.assertEqual(nested["num_ooms"], s["num_ooms"])
+        self.assertEqual(c.memory.memory_stats_as_nested_dict(0), nested)
         self.assertGreaterEqual(ms["allocated_bytes.all.current"], 5 * MiB)
         self.assertEqual(c.memory_allocated(), s["allocated_bytes"])
         self.assertEqual(c.memory_allocated(0), s["allocated_bytes"])

@@ -38,7 +38,8 @@ from collections import OrderedDict
 
 __all__ = [
     "enable", "is_enabled", "find_library", "load", "library", "stats", "empty_cache", "mark",
-    "watch_optimizer", "install_standins", "disable_standins", "memory_stats", "CuallocStats",
+    "watch_optimizer", "install_standins", "disable_standins", "memory_stats",
+    "memory_stats_as_nested_dict", "CuallocStats",
 ]
 
 TORCH_LIB_NAME = "libcualloc_torch.so"
@@ -535,6 +536,19 @@ def memory_stats(device=None):
     return OrderedDict(sorted(d.items()))
 
 
+def memory_stats_as_nested_dict(device=None):
+    """torch.cuda.memory_stats_as_nested_dict() under cualloc: memory_stats(), nested at its dots
+    ("allocated_bytes.all.current" → d["allocated_bytes"]["all"]["current"])."""
+    nested = {}
+    for key, value in memory_stats(device).items():
+        *path, last = key.split(".")
+        d = nested
+        for part in path:
+            d = d.setdefault(part, {})
+        d[last] = value
+    return nested
+
+
 def _memory_allocated(device=None):
     return stats(device)["allocated_bytes"]
 
@@ -595,6 +609,7 @@ def _memory_summary(device=None, abbreviated=False):
 # torch.accelerator.memory where the name exists.
 _STANDINS = {
     "memory_stats": memory_stats,
+    "memory_stats_as_nested_dict": memory_stats_as_nested_dict,
     "memory_allocated": _memory_allocated,
     "max_memory_allocated": _max_memory_allocated,
     "memory_reserved": _memory_reserved,

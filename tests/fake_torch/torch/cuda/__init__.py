@@ -116,6 +116,6 @@ from . import graphs, memory  # noqa: E402
 from .graphs import CUDAGraph, graph  # noqa: E402,F401
 from .memory import (  # noqa: E402,F401  (PyTorch: `from .memory import *`)
     empty_cache, max_memory_allocated, max_memory_reserved, memory_allocated, memory_reserved,
-    memory_stats, memory_summary, reset_peak_memory_stats, reset_max_memory_allocated,
+    memory_stats, memory_stats_as_nested_dict, memory_summary, reset_peak_memory_stats, reset_max_memory_allocated,
     reset_accumulated_memory_stats,
 )

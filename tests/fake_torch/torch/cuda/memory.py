@@ -53,6 +53,11 @@ def memory_stats(device=None):
             "reserved_bytes.all.current": -1, "reserved_bytes.all.peak": -1}
 
 
+def memory_stats_as_nested_dict(device=None):
+    _pluggable_unsupported("getDeviceStats")
+    return {}
+
+
 def memory_allocated(device=None):
     return memory_stats(device=device).get("allocated_bytes.all.current", 0)
 
