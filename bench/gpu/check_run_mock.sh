@@ -426,5 +426,43 @@ assert "| **NOT met** (runs overlap the default's) |" in tl("cualloc-preload-cac
 assert tl("expandable").startswith("| expandable | 100.0 | 0.476 |"), tl("expandable")
 PY
 
+# summarize.py targets over fetched folders: a later run replaces an earlier one in folder order with
+# numbers compared as numbers (run10 after run9), and only searches made the same way (probe steps,
+# budget) are compared: 40-step probes of two modes get a table of their own, apart from the 8-step
+# searches of all five.
+mkdir -p "$tmp/fetched/run9-a/torch-capacity-varlen" "$tmp/fetched/run10-b/torch-capacity-varlen"
+PYTHONPATH="$src/bench/gpu" python3 - "$tmp/fetched" <<'PY' || bad "summarize.py targets: folder order or probe steps mixed up"
+import json, os, subprocess, sys
+root = sys.argv[1]
+def cap(mode, tokens, steps, fail=None):
+    return {"part": "torch-capacity-varlen", "model": "small", "mode": mode, "phase": "capacity", "op": "capacity",
+            "varlen": True, "seq_min": 128, "probe_steps": steps, "budget_gb": 24.0, "budget_bytes": 24 << 30,
+            "seq": 1024, "seq_step": 8, "complete": True, "non_monotonic": False,
+            "largest_pass_tokens": tokens, "largest_pass": {"tokens": tokens, "batch": tokens // 1000, "seq": 1000},
+            "smallest_fail": {"tokens": tokens + 8, "batch": tokens // 1000, "seq": 1008}}
+def write(folder, recs):
+    with open(os.path.join(root, folder, "torch-capacity-varlen", "results.jsonl"), "w") as f:
+        f.write(json.dumps({"part": "torch-capacity-varlen", "op": "meta", "date": folder, "mock": False}) + "\n")
+        for r in recs:
+            f.write(json.dumps(r) + "\n")
+modes = ["default", "expandable", "cualloc-enable", "cualloc-preload-nocache", "cualloc-preload-cache"]
+# run9: 8-step searches of every mode; run10 (later): 40-step searches of two modes, and a rerun of
+# the 8-step search of cualloc-preload-cache that must replace run9's.
+write("run9-a", [cap(m, 15000, 8) for m in modes])
+write("run10-b", [cap("default", 12000, 40), cap("cualloc-enable", 15000, 40), cap("cualloc-preload-cache", 16000, 8)])
+text = subprocess.run([sys.executable, os.path.join(os.environ["PYTHONPATH"], "summarize.py"), "targets", root],
+                      stdout=subprocess.PIPE, check=True, universal_newlines=True).stdout
+tables = text.split("GPT-2 small, sequence lengths drawn per step")[1:]
+assert len(tables) == 2 and "each probe 8 steps" in tables[0] and "each probe 40 steps" in tables[1], text
+row = lambda t, m: next(l for l in t.splitlines() if l.startswith("| %s |" % m))
+# 8 steps: run10's rerun of cualloc-preload-cache wins over run9's
+assert row(tables[0], "cualloc-preload-cache").startswith("| cualloc-preload-cache | 16000 (16 x 1000)"), tables[0]
+# 40 steps: cualloc-enable against the 40-step default (1.25), with no 40-step expandable to compare
+assert row(tables[1], "cualloc-enable") == ("| cualloc-enable | 15000 (15 x 1000) / 15008 (15 x 1008) | - | "
+                                            "not measured | 1.250 | met |"), row(tables[1], "cualloc-enable")
+assert row(tables[1], "expandable").startswith("| expandable | - |"), tables[1]
+assert text.index("(run9-a)") < text.index("(run10-b)"), text
+PY
+
 [ "$fail" = 0 ] && echo "gpu_run_mock: ok"
 exit "$fail"

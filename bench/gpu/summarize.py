@@ -12,6 +12,7 @@ put together). Standard library only."""
 
 import json
 import os
+import re
 import statistics
 import sys
 
@@ -596,14 +597,43 @@ def tokens_cells(c, bc, ec, cu):
 TOKENS_HEADER = ["tokens/step passed / failed", "vs expandable", ">= 1", "vs default", ">= %.2f" % TOKENS_VS_DEFAULT]
 
 
+def capacity_groups(rows):
+    """The capacity records by search: {(model, varlen, probe_steps, budget_bytes): {mode: record}}.
+    Only searches made the same way are compared: a mode's tokens per step at 40-step probes, or
+    within another budget, say nothing against another mode's at 8 steps. Later files win: a rerun
+    replaces an earlier run of the same search."""
+    groups = {}
+    for r in rows:
+        if r.get("op") == "capacity":
+            key = (model_of(r), bool(r.get("varlen")), r.get("probe_steps"), r.get("budget_bytes"))
+            groups.setdefault(key, {})[r["mode"]] = r
+    return groups
+
+
+def capacity_table(model, caps):
+    """One table of a model's searches made the same way (caps: {mode: record}), every mode against
+    that search's default and expandable."""
+    c0 = next(iter(caps.values()))
+    if c0.get("varlen"):
+        head = ("GPT-2 %s, sequence lengths drawn per step as in training (capacity budget %.1f GiB; each probe "
+                "%d steps%s):" % (model, c0["budget_gb"], c0["probe_steps"], ", " + varlen_text(c0)))
+    else:
+        head = "GPT-2 %s, probes of %d steps at one length (capacity budget %.1f GiB):" % (
+            model, c0["probe_steps"], c0["budget_gb"])
+    out = [head, ""]
+    out += table(["mode"] + TOKENS_HEADER,
+                 [[m] + tokens_cells(caps.get(m), caps.get("default"), caps.get("expandable"), m in CUALLOC_MODES)
+                  for m in MODES])
+    out.append("")
+    return out
+
+
 def targets(rows, sources):
     """Side by side per model: step time vs default, peak vs expandable, tokens/step vs expandable and
     default, each against its target."""
     mock = any(r.get("op") == "meta" and r.get("mock") for r in rows)
-    train, cap = {}, {}
-    for r in rows:  # later files win: a rerun replaces an earlier run
-        if r.get("op") == "capacity":
-            cap[(model_of(r), bool(r.get("varlen")), r["mode"])] = r
+    train = {}
+    groups = capacity_groups(rows)
     # The rounds of one file (--repeat) go together; a later file's runs of a mode replace them.
     files = {}
     for r in rows:
@@ -619,55 +649,63 @@ def targets(rows, sources):
             "device memory in use (NVML) <= expandable's; most tokens per step >= expandable's and >= %.2f x "
             "default's (for every cualloc mode)." % (STEP_TARGET, TOKENS_VS_DEFAULT), ""]
     for model in ("small", "medium"):
-        if not any(k[0] == model for k in list(train) + list(cap)):
+        fixed_groups = [k for k in groups if k[0] == model and not k[1]]
+        if not any(k[0] == model for k in list(train) + list(groups)):
             out += ["GPT-2 %s: not measured." % model, ""]
             continue
+        # The fixed-length searches that share the table with the training runs: those with the most
+        # modes (the latest read on a tie); searches made another way get tables of their own.
+        main = max(fixed_groups, key=lambda k: (len(groups[k]), max(r.get("_file", 0) for r in groups[k].values())),
+                   default=None)
+        cap = groups[main] if main else {}
         bt, et = train.get((model, "default")), train.get((model, "expandable"))
-        bc, ec = cap.get((model, False, "default")), cap.get((model, False, "expandable"))
-        c0 = next((c for (mo, vl, _), c in cap.items() if mo == model and not vl), None)
-        fixed = c0 is not None or any(k[0] == model for k in train)
-        if fixed:
-            out.append("GPT-2 %s%s:" % (model, " (capacity budget %.1f GiB)" % c0["budget_gb"] if c0 else ""))
+        bc, ec = cap.get("default"), cap.get("expandable")
+        c0 = next(iter(cap.values()), None)
+        if c0 is not None or any(k[0] == model for k in train):
+            out.append("GPT-2 %s%s:" % (model, " (capacity budget %.1f GiB%s)" % (
+                c0["budget_gb"], "" if c0.get("probe_steps", 3) == 3 else "; each probe %d steps" % c0["probe_steps"])
+                if c0 else ""))
             out.append("")
-        tab = []
-        for m in MODES if fixed else []:
-            t, c = train.get((model, m)), cap.get((model, False, m))
-            step = t.step if t else None
-            step_r = step / bt.step if t and bt else None
-            peak = t.peak if t else None
-            peak_r = peak / et.peak if peak is not None and et and et.peak else None
-            apart = t.apart_from(bt) if t and bt and t is not bt else None
-            cu = m in CUALLOC_MODES
-            step_v = verdict(step_r, step_r is not None and step_r <= STEP_TARGET) if m in STEP_TARGET_MODES else "-"
-            if m in STEP_TARGET_MODES and apart is False:
-                step_v += " (runs overlap the default's)"
-            tab.append([m, fmt(step, "%.1f") + (" (%d runs)" % len(t.steps) if t and len(t.steps) > 1 else ""),
-                        fmt(step_r, "%.3f"), step_v,
-                        gib(peak), fmt(peak_r, "%.3f"),
-                        verdict(peak_r, peak_r is not None and peak_r <= 1.0) if cu else "-"]
-                       + tokens_cells(c, bc, ec, cu))
-        if fixed:
+            tab = []
+            for m in MODES:
+                t, c = train.get((model, m)), cap.get(m)
+                step = t.step if t else None
+                step_r = step / bt.step if t and bt else None
+                peak = t.peak if t else None
+                peak_r = peak / et.peak if peak is not None and et and et.peak else None
+                apart = t.apart_from(bt) if t and bt and t is not bt else None
+                cu = m in CUALLOC_MODES
+                step_v = (verdict(step_r, step_r is not None and step_r <= STEP_TARGET) if m in STEP_TARGET_MODES
+                          else "-")
+                if m in STEP_TARGET_MODES and apart is False:
+                    step_v += " (runs overlap the default's)"
+                tab.append([m, fmt(step, "%.1f") + (" (%d runs)" % len(t.steps) if t and len(t.steps) > 1 else ""),
+                            fmt(step_r, "%.3f"), step_v,
+                            gib(peak), fmt(peak_r, "%.3f"),
+                            verdict(peak_r, peak_r is not None and peak_r <= 1.0) if cu else "-"]
+                           + tokens_cells(c, bc, ec, cu))
             out += table(["mode", "step ms", "vs default", "<= %.2f" % STEP_TARGET, "peak GiB", "vs expandable",
                           "<= 1"] + TOKENS_HEADER, tab)
             out.append("")
-        vcaps = {m: c for (mo, vl, m), c in cap.items() if mo == model and vl}
-        if vcaps:
-            v0 = next(iter(vcaps.values()))
-            out += ["GPT-2 %s, sequence lengths drawn per step as in training (capacity budget %.1f GiB; each probe "
-                    "%d steps%s):" % (model, v0["budget_gb"], v0["probe_steps"], ", " + varlen_text(v0)), ""]
-            out += table(["mode"] + TOKENS_HEADER,
-                         [[m] + tokens_cells(vcaps.get(m), vcaps.get("default"), vcaps.get("expandable"),
-                                             m in CUALLOC_MODES) for m in MODES])
-            out.append("")
+        others = sorted((k for k in groups if k[0] == model and k != main),
+                        key=lambda k: (k[1], k[2] or 0, k[3] or 0))
+        for k in others:
+            out += capacity_table(model, groups[k])
     return out
+
+
+def natural_key(path):
+    """The order folders are read in: by name, with numbers compared as numbers, so that run10 comes
+    after run9 (results/DATE-DEVICE/runN-COMMIT/) and a later run's results replace an earlier's."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path)]
 
 
 def targets_main(paths):
     files = []
     for p in paths:
         if os.path.isdir(p):
-            for d, _, names in sorted(os.walk(p)):
-                files += [os.path.join(d, n) for n in sorted(names) if n == "results.jsonl"]
+            found = [os.path.join(d, n) for d, _, names in os.walk(p) for n in names if n == "results.jsonl"]
+            files += sorted(found, key=natural_key)
         else:
             files.append(p)
     rows, sources = [], []
