@@ -373,6 +373,17 @@ grep -q "not started" "$tmp/late.log" || bad "run.sh did not say the part was no
 env -u OUT "$src/bench/gpu/run.sh" driver-costs,nonsense --mock --out "$tmp/bad" --build "$build" >/dev/null 2>&1
 [ $? = 2 ] || bad "an unknown part in a list was not refused"
 
+# A part without a budget of its own ends within PART_BUDGET_S (540 s by default) whatever hangs:
+# ld-preload's two builds (150 s each) and six runs (80 s each) could take 13 minutes, more than a
+# command's 10. Here nvcc hangs, and the part must give up within its (small) budget.
+mkdir "$tmp/slownvcc" && printf '#!/bin/sh\nsleep 40\nexit 1\n' >"$tmp/slownvcc/nvcc" && chmod +x "$tmp/slownvcc/nvcc"
+t0=$(date +%s)
+env -u OUT PATH="$tmp/slownvcc:$PATH" PART_BUDGET_S=14 "$src/bench/gpu/run.sh" ld-preload --mock --out "$tmp/slow" \
+    --build "$build" >"$tmp/slow.log" 2>&1
+st=$? took=$(($(date +%s) - t0))
+[ "$st" = 1 ] && [ "$took" -lt 30 ] || bad "ld-preload with a hanging nvcc and PART_BUDGET_S=14: exit $st after $took s"
+[ "$(grep -c '"op":"build".*"ok":false' "$tmp/slow/ld-preload/results.jsonl" 2>/dev/null)" = 2 ] ||
+    bad "ld-preload with a hanging nvcc: the two builds are not recorded as failed"
 # --repeat: every mode's timed training in each round, the rounds through the modes in turn, each
 # round's log kept; a bad count refused.
 env -u OUT "$src/bench/gpu/run.sh" torch-medium --mock --repeat 3 --modes default,cualloc-enable --steps 5 \

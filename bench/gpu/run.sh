@@ -31,6 +31,8 @@
 #                from the next one's of the same mode by more than the modes differ, and rounds
 #                spread the machine's changing load over all modes alike. The forced OOM and the
 #                snapshots run in the first round only.
+#   TORCH_BUDGET_S, PART_BUDGET_S (environment; default 540 each): the seconds a torch part, and
+#                driver-costs, property-cuda, ld-preload or driver-questions, may take in all.
 #
 # Each part writes RESULTS/PART/results.jsonl (one JSON object per line; the first is a "meta"
 # line with date, device and commit), RESULTS/PART/summary.md (human-readable), env.txt and
@@ -97,6 +99,7 @@ case $REPEAT in ''|*[!0-9]*|0) echo "run.sh: --repeat takes a whole number of ro
 case $PROBE_STEPS in ''|*[!0-9]*|0) [ -z "$PROBE_STEPS" ] || { echo "run.sh: --probe-steps takes a whole number of steps, 1 or more" >&2; usage; } ;; esac
 # Checked here, before any part starts: torch_train.py refused a bad --steps or --budget-gb only
 # when each of its jobs started, every mode's job failing in turn; an empty --modes ran all five.
+case ${PART_BUDGET_S:-540} in ''|*[!0-9]*) echo "run.sh: PART_BUDGET_S takes whole seconds (not '$PART_BUDGET_S')" >&2; usage ;; esac
 case $STEPS in ''|*[!0-9]*|0) echo "run.sh: --steps takes a whole number of steps, 1 or more (not '$STEPS')" >&2; usage ;; esac
 if [ -n "$BUDGET_GB" ] && ! { [[ $BUDGET_GB =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ ]] && awk -v g="$BUDGET_GB" 'BEGIN { exit !(g > 0) }'; }; then
     echo "run.sh: --budget-gb takes a number of GB above 0 (not '$BUDGET_GB')" >&2; usage
@@ -232,12 +235,18 @@ starts() {
 # command_left: the seconds left of --deadline-s (set it before calling).
 command_left() { echo $((DEADLINE_S - ($(date +%s) - T_COMMAND))); }
 
-# limit SECONDS: SECONDS, or less when --deadline-s leaves less (10 s kept for the summaries).
+# limit SECONDS: SECONDS, or less when --deadline-s or the part's budget (PART_END, set by run_part
+# for the parts without a budget of their own) leaves less; 10 s are kept for the summaries.
 limit() {
     local want=$1 left
-    [ -n "$DEADLINE_S" ] || { echo "$want"; return; }
-    left=$(($(command_left) - 10))
-    [ "$left" -lt "$want" ] && want=$left
+    if [ -n "$DEADLINE_S" ]; then
+        left=$(($(command_left) - 10))
+        [ "$left" -lt "$want" ] && want=$left
+    fi
+    if [ -n "$PART_END" ]; then
+        left=$((PART_END - $(date +%s) - 10))
+        [ "$left" -lt "$want" ] && want=$left
+    fi
     [ "$want" -lt 1 ] && want=1
     echo "$want"
 }
@@ -311,7 +320,8 @@ cudart_dir_of() {
 }
 
 # One run of a preload_kernels build: appends its JSON line. run_prog KIND MODE PROG [ENV...]
-# At most 80 s each: the part's six runs and two builds must end within one command's 10 minutes.
+# At most 80 s each, and within the part's budget: two builds of up to 150 s and six runs of up to
+# 80 s would be 13 minutes, more than one command's 10.
 run_prog() {
     local kind=$1 mode=$2 prog=$3 dir=$RESULTS/ld-preload
     shift 3
@@ -812,12 +822,20 @@ bundle_logs() {
     done
 }
 
+# PART_BUDGET_S (default 540): the seconds a part without a budget of its own (driver-costs,
+# property-cuda, ld-preload, driver-questions) may take with all its steps, so that it ends within
+# one command's 10 minutes whatever hangs; the torch parts have TORCH_BUDGET_S.
+PART_END=
 run_part() {
     local part=$1 t0 rc
     mkdir -p "$RESULTS/$part"
     rm -f "$RESULTS/$part"/*.log "$RESULTS/$part/logs.txt"  # a rerun into the same folder starts clean
     header "$part"
     t0=$(date +%s)
+    case $part in
+        driver-costs|property-cuda|ld-preload|driver-questions) PART_END=$((t0 + ${PART_BUDGET_S:-540})) ;;
+        *) PART_END= ;;
+    esac
     case $part in
         driver-costs) part_driver_costs ;;
         property-cuda) part_property_cuda ;;
@@ -834,6 +852,7 @@ run_part() {
         viewer) part_viewer ;;
     esac
     rc=$?
+    PART_END=
     bundle_logs "$RESULTS/$part"
     echo "== $part: $([ "$rc" = 0 ] && echo ok || echo FAILED) in $(($(date +%s) - t0)) s; results in $RESULTS/$part =="
     return "$rc"
