@@ -731,8 +731,8 @@ def run_snapshot(a):
     mem = torch.cuda.memory
     try:
         mem._record_memory_history(enabled="all", context="all", stacks="python", max_entries=a.snapshot_entries)
-    except TypeError:  # an older signature
-        mem._record_memory_history(True, max_entries=a.snapshot_entries)
+    except TypeError:  # PyTorch 2.0's signature, kept as _record_memory_history_legacy since: no max_entries
+        mem._record_memory_history(True, trace_alloc_max_entries=a.snapshot_entries, trace_alloc_record_context=True)
     model, opt = build_model(torch, a)
     gen = torch.Generator().manual_seed(a.seed + 1)
     seqs = seq_lengths(a)[:a.snapshot_steps]
