@@ -151,6 +151,15 @@ for n in 0 x -3; do
         >/dev/null 2>&1
     [ $? = 2 ] || bad "run.sh --probe-steps $n: want exit 2 (usage)"
 done
+# driver_costs stopped by run.sh's timeout (a driver call that hangs) keeps the lines it wrote:
+# run.sh appends its JSON file to results.jsonl either way. A program that ended within the second
+# tells nothing (rc not 124).
+LD_LIBRARY_PATH=$build/tests/fakecuda CUALLOC_CONF=sim_memory_mb:4096 timeout 1 "$build/bench/driver_costs" \
+    --calls 2000000 --json "$tmp/dc.jsonl" >"$tmp/dc.log" 2>&1
+if [ $? = 124 ]; then
+    grep -q '"op":"device"' "$tmp/dc.jsonl" && grep -q '^driver_costs: ' "$tmp/dc.log" ||
+        bad "driver_costs stopped by its timeout left no figures (JSON $(wc -c <"$tmp/dc.jsonl") bytes)"
+fi
 grep -q '^date: ' "$tmp/results/driver-costs/env.txt" || bad "env.txt has no date"
 grep -q '^commit (build): ' "$tmp/results/driver-costs/env.txt" || bad "env.txt has no commit"
 # torch_train.py refuses a mode whose environment is wrong.

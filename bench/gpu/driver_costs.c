@@ -274,6 +274,10 @@ int main(int argc, char **argv) {
         }
         human = stdout;
     }
+    /* Every line out as soon as it is written: a run stopped by run.sh's timeout (a driver call
+     * that hangs) keeps the figures measured before it, in the JSON file and in the log. */
+    setvbuf(json, NULL, _IOLBF, 0);
+    setvbuf(human, NULL, _IOLBF, 0);
 
     load();
     cua_result r = cu.cuInit(0);
