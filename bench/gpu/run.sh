@@ -155,8 +155,10 @@ commit_of_tree() {
 }
 commit_of_build() { cat "$BUILD/bench/gpu_commit.txt" 2>/dev/null || echo unknown; }
 
+# nvidia-smi under a bound: a wedged driver can leave it waiting for ever, and the part's results
+# (with --pack, every part's) would then never be written.
 gpu_present() {
-    command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1
+    command -v nvidia-smi >/dev/null 2>&1 && timeout 30 nvidia-smi -L >/dev/null 2>&1
 }
 
 json_str() { "$PY" -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$1"; }
@@ -168,7 +170,8 @@ header() {
     if [ "$MOCK" = 1 ]; then
         device="mock"
     elif command -v nvidia-smi >/dev/null 2>&1; then
-        device=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1)
+        device=$(timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 ||
+                 echo "nvidia-smi: failed or timed out (30 s)")
     else
         device="nvidia-smi: not found"
     fi
