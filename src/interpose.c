@@ -27,7 +27,10 @@
  *  - Device of a request. Runtime entry points: the next cudaGetDevice when there is one, else the
  *    current context's device (driver_ops_t.current_device), else 0. Driver entry points: the
  *    current context's device; with no current context the call passes through (CUDA then returns
- *    CUDA_ERROR_INVALID_CONTEXT, as without cualloc). Neither creates a context.
+ *    CUDA_ERROR_INVALID_CONTEXT, as without cualloc). Neither creates a context. But a runtime
+ *    allocation cualloc serves leaves the thread as CUDA's would: with no current context, the
+ *    runtime is first asked to make its primary context current (cudaFree(NULL)), and its error, if
+ *    it cannot start, is the allocation's (runtime_context).
  *  - cudaFree / cuMemFree_v2 of an owned pointer: heap_free_device_wide. Stream creation is
  *    interposed (flag 0x1 = non-blocking) so each heap knows its device's non-blocking streams.
  *    With none, the free is a free on the legacy stream (reused at once by it, by other streams
@@ -693,12 +696,30 @@ static cudart_error last_error(int next_idx, bool take) {
 cudart_error cudaGetLastError(void) { return last_error(N_cudaGetLastError, true); }
 cudart_error cudaPeekAtLastError(void) { return last_error(N_cudaPeekAtLastError, false); }
 
+/* The runtime's allocation needs an active context: on a thread with no current context, CUDA's
+ * runtime makes the current device's primary context current (and initializes it) before it
+ * allocates, and a program may then use the driver API with it (cuCtxGetCurrent, cuModuleLoadData,
+ * cuLaunchKernel ...). cualloc's heap works in contexts of its own making, pushed and popped around
+ * each call, so a runtime allocation it serves asks the runtime to do that first, with cudaFree(NULL)
+ * (documented as doing nothing else). A runtime that cannot start (a driver older than it, no
+ * device) fails the allocation with its own error, as it would have failed it. One query of the
+ * thread's current context otherwise. */
+static cudart_error runtime_context(void) {
+    const driver_ops_t *drv = api_driver();
+    int dev;
+    if (drv && drv->current_device && drv->current_device(&dev) == CUA_SUCCESS) return CUDART_SUCCESS;
+    cudaFree_fn next = NEXT(N_cudaFree, cudaFree_fn);
+    return next ? next(NULL) : CUDART_SUCCESS;
+}
+
 cudart_error cudaMalloc(void **ptr, size_t size) {
     if (disabled()) {
         cudaMalloc_fn next = NEXT(N_cudaMalloc, cudaMalloc_fn);
         return next ? next(ptr, size) : CUDART_ERROR_INITIALIZATION;
     }
     if (!ptr) return runtime_failed(CUDART_ERROR_INVALID_VALUE);
+    cudart_error init = runtime_context();
+    if (init != CUDART_SUCCESS) return runtime_failed(init);
     if (size == 0) { /* as CUDA: success and NULL */
         *ptr = NULL;
         return CUDART_SUCCESS;
@@ -744,6 +765,8 @@ cudart_error cudaMallocAsync(void **ptr, size_t size, cudart_stream stream) {
         return e;
     }
     if (!ptr) return runtime_failed(CUDART_ERROR_INVALID_VALUE);
+    cudart_error init = runtime_context();
+    if (init != CUDART_SUCCESS) return runtime_failed(init);
     if (size == 0) {
         *ptr = NULL;
         return CUDART_SUCCESS;

@@ -6,7 +6,9 @@
  * Checks that the functions handed out are cualloc's, that they serve memory from cualloc (its
  * statistics move, the fake's cuMemAlloc counter does not), that a pointer from the driver itself
  * is passed to the real cuMemFree, that two threads' per-thread default streams are kept apart, and that
- * without a current context cuMemAlloc answers as CUDA. */
+ * without a current context cuMemAlloc answers as CUDA.
+ *   --stream-device    (two devices) an allocation on a stream comes from the stream's device
+ *   --runtime-context  a thread's first runtime allocation leaves the primary context current */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -16,7 +18,15 @@
 
 #include "softcheck.h"
 
-int cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes); /* libmeminfo_rt.so's, unless preloaded */
+/* libdriver_rt.so's (tests/driver_runtime.c), unless cualloc interposes them. */
+int cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
+int cudaMalloc(void **p, size_t n);
+int cudaMallocAsync(void **p, size_t n, void *stream);
+int cudaFree(void *p);
+int cudaFreeAsync(void *p, void *stream);
+int cudaGetLastError(void);
+void driver_rt_fail_init(int e);
+unsigned long driver_rt_inits(void);
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -65,6 +75,32 @@ static void *pt_thread_b(void *unused) {
     (void)unused;
     pt_setcur(pt_ctx);
     pt_alloc(&pt_b, 1 << 20, NULL);
+    return NULL;
+}
+
+/* --runtime-context: what a thread's first runtime allocation leaves current. */
+typedef struct {
+    int (*get_current)(CUcontext *);
+    CUcontext primary;     /* device 0's primary context */
+    int malloc_rc, async_rc;
+    CUcontext after_malloc, after_async;
+} rt_ctx_t;
+static void *rt_ctx_thread(void *arg) {
+    rt_ctx_t *t = arg;
+    void *p = NULL;
+    CUcontext before = (CUcontext)1;
+    CHECK_MSG(t->get_current(&before) == 0 && before == NULL, "a new thread has no current context");
+    t->malloc_rc = cudaMalloc(&p, 1 << 20);
+    t->get_current(&t->after_malloc);
+    if (t->malloc_rc == 0) CHECK_MSG(cudaFree(p) == 0, "cudaFree");
+    return NULL;
+}
+static void *rt_ctx_async_thread(void *arg) {
+    rt_ctx_t *t = arg;
+    void *p = NULL;
+    t->async_rc = cudaMallocAsync(&p, 1 << 20, NULL);
+    t->get_current(&t->after_async);
+    if (t->async_rc == 0) CHECK_MSG(cudaFreeAsync(p, NULL) == 0, "cudaFreeAsync");
     return NULL;
 }
 
@@ -119,6 +155,61 @@ static int stream_device_main(gpa_fn gpa) {
     return 0;
 }
 
+/* --runtime-context: a runtime allocation cualloc serves leaves the calling thread as CUDA's
+ * runtime leaves it. cudaMalloc needs an active context, so the runtime makes the current device's
+ * primary context current on a thread that has none (CUDA Runtime API, "Interactions with the CUDA
+ * Driver API"): a program that allocates first and then uses the driver API (cuModuleLoadData,
+ * cuLaunchKernel, cuMemsetD8 ...) relies on it. A runtime that cannot initialize (a driver older
+ * than the runtime) fails the allocation with its error, which is also the thread's last error. */
+static int runtime_context_main(gpa_fn gpa) {
+    void *q;
+    rt_ctx_t t;
+    memset(&t, 0, sizeof t);
+    CHECK_MSG(gpa("cuCtxGetCurrent", &q, 4000, 0, NULL) == 0, "cuCtxGetCurrent");
+    AS(t.get_current, q);
+    if (failures) return 1;
+    pthread_t th;
+    uint64_t a0 = allocs_now();
+    CHECK_MSG(pthread_create(&th, NULL, rt_ctx_thread, &t) == 0 && pthread_join(th, NULL) == 0, "thread");
+    CHECK_MSG(t.malloc_rc == 0 && allocs_now() == a0 + 1, "cudaMalloc = %d, served by cualloc: %llu", t.malloc_rc,
+              (unsigned long long)(allocs_now() - a0));
+    retain_fn retain;
+    CHECK_MSG(gpa("cuDevicePrimaryCtxRetain", &q, 7000, 0, NULL) == 0, "cuDevicePrimaryCtxRetain");
+    AS(retain, q);
+    CHECK_MSG(retain(&t.primary, 0) == 0 && t.primary, "device 0's primary context");
+    CHECK_MSG(t.after_malloc == t.primary, "after a thread's first cudaMalloc its current context is %p, want device "
+              "0's primary context %p (the runtime makes it current)", t.after_malloc, t.primary);
+    CHECK_MSG(pthread_create(&th, NULL, rt_ctx_async_thread, &t) == 0 && pthread_join(th, NULL) == 0, "thread");
+    CHECK_MSG(t.async_rc == 0 && t.after_async == t.primary, "after a thread's first cudaMallocAsync: %d, context %p, "
+              "want 0 and %p", t.async_rc, t.after_async, t.primary);
+
+    /* A thread with a current context: the runtime is not asked again. */
+    unsigned long inits = driver_rt_inits();
+    void *p = NULL;
+    setcur_fn setcur;
+    CHECK_MSG(gpa("cuCtxSetCurrent", &q, 4000, 0, NULL) == 0, "cuCtxSetCurrent");
+    AS(setcur, q);
+    CHECK_MSG(setcur(t.primary) == 0 && cudaMalloc(&p, 4096) == 0 && p && cudaFree(p) == 0, "cudaMalloc with a context");
+    CHECK_MSG(driver_rt_inits() == inits, "the runtime was initialized again with a context current");
+
+    /* The runtime cannot initialize: the allocation fails with the runtime's error, serves nothing. */
+    driver_rt_fail_init(35);
+    CHECK_MSG(setcur(NULL) == 0, "no current context");
+    uint64_t a1 = allocs_now();
+    int rc = cudaMalloc(&p, 4096);
+    CHECK_MSG(rc == 35 && allocs_now() == a1, "cudaMalloc when the runtime cannot start = %d (want 35), served %llu",
+              rc, (unsigned long long)(allocs_now() - a1));
+    rc = cudaGetLastError();
+    CHECK_MSG(rc == 35 && cudaGetLastError() == 0, "the last error after it is %d, want 35 once", rc);
+    rc = cudaMallocAsync(&p, 4096, NULL);
+    CHECK_MSG(rc == 35 && allocs_now() == a1, "cudaMallocAsync when the runtime cannot start = %d (want 35)", rc);
+    cudaGetLastError();
+    driver_rt_fail_init(0);
+    if (failures) return 1;
+    printf("interpose_driver_prog --runtime-context: all checks passed\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     CHECK_MSG(lib != NULL, "dlopen libcuda.so.1: %s", dlerror());
@@ -129,6 +220,9 @@ int main(int argc, char **argv) {
     p = dlsym(lib, "cuGetProcAddress_v2");
     gpa_fn gpa;
     AS(gpa, p);
+    /* (cudaMalloc reaches cualloc through the preload alone: this check needs no dlsym interposition,
+     * which the sanitizer builds leave out.) */
+    if (gpa && get_stats && argc > 1 && strcmp(argv[1], "--runtime-context") == 0) return runtime_context_main(gpa);
     CHECK_MSG(gpa && from_cualloc(p), "dlsym(libcuda, cuGetProcAddress_v2) did not give cualloc's wrapper");
     if (!gpa || !get_stats) return 1;
     if (argc > 1 && strcmp(argv[1], "--stream-device") == 0) return stream_device_main(gpa);
@@ -321,7 +415,7 @@ int main(int argc, char **argv) {
                   meminfo(&free1, &total) == 0,
               "cuMemGetInfo around 64 MiB allocated and freed");
     CHECK_MSG(free1 == free0, "free memory %zu before, %zu after 64 MiB were allocated and freed (cached)", free0, free1);
-    /* cudaMemGetInfo of a runtime that asks that same cuMemGetInfo (libmeminfo_rt.so, as libcudart)
+    /* cudaMemGetInfo of a runtime that asks that same cuMemGetInfo (libdriver_rt.so, as libcudart)
      * counts the cached bytes once, not once in each. */
     size_t rt_free = 0, rt_total = 0;
     CHECK_MSG(cudaMemGetInfo(&rt_free, &rt_total) == 0 && rt_total == total, "cudaMemGetInfo");
