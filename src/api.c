@@ -12,9 +12,10 @@
 #include "internal.h"
 
 /* A VMM heap as a free sees it: its pools' address ranges [lo, lo + span), so that a free finds
- * its heap without a call or a lock. */
+ * its heap without a call or a lock. A heap retired by a device reset keeps its entry with span 0,
+ * which no address matches (span is written atomically for that; lo and heap never change). */
 typedef struct api_vmm_s {
-    struct { uintptr_t lo, span; } pool[POOL_COUNT];
+    struct { uintptr_t lo; _Atomic uintptr_t span; } pool[POOL_COUNT];
     heap_t *heap;
 } api_vmm_t;
 
@@ -34,7 +35,8 @@ static struct {
      * also sends allocations to the stack capture. vmm: the VMM heaps in the order they were made; an
      * entry is written whole before nvmm counts it (release) and never changes after, so a free,
      * which scans the first nvmm entries, never reads one being written (heaps of several devices
-     * are made in any order, by any thread). */
+     * are made in any order, by any thread). A heap made when every entry is taken (after device
+     * resets) is not listed; the slow paths find it (api_owner, api_free_slow). */
     _Atomic(heap_t *) fast_heap[CUALLOC_MAX_DEVICES];
     api_vmm_t vmm[CUALLOC_MAX_DEVICES];
     _Atomic int nvmm;
@@ -202,7 +204,7 @@ heap_t *api_heap(int device) {
         /* A device whose heap cannot be set up says so once (heap_create did), not per call. */
         if (!h) g.heap_failed[device] = true;
         bool publish = h && !g.disabled;
-        if (publish && heap_is_vmm(h)) {
+        if (publish && heap_is_vmm(h) && atomic_load_explicit(&g.nvmm, memory_order_relaxed) < CUALLOC_MAX_DEVICES) {
             /* create_lock serializes the writers; each heap is made once. */
             int k = atomic_load_explicit(&g.nvmm, memory_order_relaxed);
             api_vmm_t *v = &g.vmm[k];
@@ -210,7 +212,7 @@ heap_t *api_heap(int device) {
                 uintptr_t lo, hi;
                 heap_pool_range(h, (pool_id_t)pi, &lo, &hi);
                 v->pool[pi].lo = lo;
-                v->pool[pi].span = hi - lo;
+                atomic_store_explicit(&v->pool[pi].span, hi - lo, memory_order_relaxed);
             }
             v->heap = h;
             atomic_store_explicit(&g.nvmm, k + 1, memory_order_release);
@@ -230,7 +232,7 @@ heap_t *api_heap_if_created(int device) { return api_started() ? api_existing_he
 
 /* Does address a lie in v's pool `pool`? */
 static inline bool api_in_pool(const api_vmm_t *v, pool_id_t pool, uintptr_t a) {
-    return a - v->pool[pool].lo < v->pool[pool].span;
+    return a - v->pool[pool].lo < atomic_load_explicit(&v->pool[pool].span, memory_order_relaxed);
 }
 
 /* Does address a lie in one of v's pools? (Two pools: unrolled.) */
@@ -245,12 +247,63 @@ heap_t *api_owner(const void *ptr) {
     int nvmm = atomic_load_explicit(&g.nvmm, memory_order_acquire);
     for (int k = 0; k < nvmm; k++)
         if (api_in_vmm_range(&g.vmm[k], a)) return g.vmm[k].heap;
+    /* Classic heaps, and a VMM heap the table could not list (heap_owns: its ranges). */
     int n = api_ndevices();
     for (int d = 0; d < n; d++) {
         heap_t *h = api_existing_heap(d);
-        if (h && !heap_is_vmm(h) && heap_owns(h, ptr)) return h;
+        if (h && heap_owns(h, ptr)) return h;
     }
     return NULL;
+}
+
+/* The addresses of a heap's allocated blocks (heap_snapshot's callback, which may not call the heap). */
+typedef struct api_live_s {
+    uintptr_t *addr;
+    size_t n, cap;
+} api_live_t;
+
+static void api_collect_live(int dev, const block_t *b, void *arg) {
+    (void)dev;
+    api_live_t *l = arg;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 256;
+        uintptr_t *a = realloc(l->addr, cap * sizeof *a);
+        if (!a) return; /* (the trace then shows those blocks live) */
+        l->addr = a;
+        l->cap = cap;
+    }
+    l->addr[l->n++] = b->addr;
+}
+
+/* Device `device`'s primary context is about to be reset (cudaDeviceReset calls
+ * cuDevicePrimaryCtxReset): everything allocated in it dies, cualloc's memory included, and CUDA
+ * makes a new context at the next call. Its heap is retired first, while the context still lives:
+ * unlisted (the next allocation makes a new heap, in the new context), then destroyed, which gives
+ * its mappings, handles, address ranges and events back to the driver. Pointers into it die, as
+ * CUDA's own do. As CUDA requires, no other thread may use the device meanwhile. */
+void api_device_reset(int device) {
+    if (!api_started() || g.disabled || !api_device_valid(device)) return;
+    pthread_mutex_lock(&g.create_lock);
+    heap_t *h = atomic_load_explicit(&g.heaps[device], memory_order_acquire);
+    atomic_store_explicit(&g.fast_heap[device], NULL, memory_order_release);
+    atomic_store_explicit(&g.heaps[device], NULL, memory_order_release);
+    g.heap_failed[device] = false;
+    int nvmm = atomic_load_explicit(&g.nvmm, memory_order_relaxed);
+    for (int k = 0; h && k < nvmm; k++)
+        if (g.vmm[k].heap == h)
+            for (int pi = 0; pi < POOL_COUNT; pi++)
+                atomic_store_explicit(&g.vmm[k].pool[pi].span, 0, memory_order_relaxed);
+    pthread_mutex_unlock(&g.create_lock);
+    if (!h) return;
+    if (trace_enabled()) {
+        /* The recorder sees the blocks still allocated die with the context, as frees (then
+         * heap_destroy's unmaps), so that the trace does not show them live for ever. */
+        api_live_t live = {NULL, 0, 0};
+        heap_snapshot(h, NULL, api_collect_live, NULL, &live);
+        for (size_t i = 0; i < live.n; i++) heap_free_device_wide(h, (void *)live.addr[i]);
+        free(live.addr);
+    }
+    heap_destroy(h);
 }
 
 /* fast_heap follows the recorder: cleared for every device when it starts, set again by the first
@@ -315,11 +368,11 @@ static __attribute__((noinline)) void api_free_slow(void *ptr, void *stream) {
             if (g.drv->mem_free(d, (cua_devptr)(uintptr_t)ptr) == CUA_SUCCESS) return;
         return;
     }
-    /* Classic heaps: the block lookup says. */
+    /* Classic heaps: the block lookup says; a VMM heap the table could not list: its ranges. */
     int n = api_ndevices();
     for (int d = 0; d < n; d++) {
         heap_t *h = api_existing_heap(d);
-        if (h && !heap_is_vmm(h) && heap_free(h, ptr, (cua_stream)stream)) return;
+        if (h && (!heap_is_vmm(h) || heap_owns(h, ptr)) && heap_free(h, ptr, (cua_stream)stream)) return;
     }
     cua_error("cualloc_free: %p was not allocated by cualloc (or was already freed); ignored", ptr);
 }

@@ -99,6 +99,8 @@ typedef cua_result (*cua_pfn_cuDeviceGetName)(char *name, int len, cua_device de
 typedef cua_result (*cua_pfn_cuDeviceTotalMem_v2)(size_t *bytes, cua_device dev);
 typedef cua_result (*cua_pfn_cuDeviceGetAttribute)(int *value, int attribute, cua_device dev);
 typedef cua_result (*cua_pfn_cuDevicePrimaryCtxRetain)(cua_ctx *ctx, cua_device dev);
+typedef cua_result (*cua_pfn_cuDevicePrimaryCtxRelease_v2)(cua_device dev);
+typedef cua_result (*cua_pfn_cuDevicePrimaryCtxReset_v2)(cua_device dev);
 typedef cua_result (*cua_pfn_cuCtxPushCurrent_v2)(cua_ctx ctx);
 typedef cua_result (*cua_pfn_cuCtxPopCurrent_v2)(cua_ctx *ctx);
 typedef cua_result (*cua_pfn_cuCtxSynchronize)(void);

@@ -89,6 +89,10 @@ typedef struct driver_ops_s {
      * and writable from peer). CUA_ERROR_INVALID_DEVICE / CUA_ERROR_NOT_SUPPORTED when peer
      * cannot access dev. Does not touch existing mappings (heap_peer_enabled re-grants them). */
     cua_result (*peer_enable)(int dev, int peer);
+    /* dev's primary context was reset (cuDevicePrimaryCtxReset, which cudaDeviceReset calls): it
+     * and everything made in it are gone. The backend makes it anew (retains it again) at its next
+     * operation on dev. NULL op: the backend has no contexts. */
+    void (*context_reset)(int dev);
 } driver_ops_t;
 
 /* The backends (driver_cuda.c, driver_sim.c). */

@@ -1,7 +1,8 @@
 /* driver_cuda.c — driver_cuda_ops: the real CUDA driver, dlopened from libcuda.so.1 at init and
  * called through entry points resolved with cuGetProcAddress (dlsym of the versioned names where
  * the driver has none). It owns the loaded library, the primary contexts it retains (one per
- * device, lazily, never released) and the context push/pop around each op; it owns no policy.
+ * device, lazily, released only when a reset destroyed one, to be retained anew) and the context
+ * push/pop around each op; it owns no policy.
  * Also driver_error_name, the names of CUDA error codes for messages.
  */
 #include <dlfcn.h>
@@ -30,6 +31,7 @@ typedef cua_result (*cua_pfn_cuCtxGetDevice)(cua_device *dev);
     X(cuDeviceTotalMem, cuDeviceTotalMem_v2, true) \
     X(cuDeviceGetAttribute, cuDeviceGetAttribute, true) \
     X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, true) \
+    X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, false) \
     X(cuCtxPushCurrent, cuCtxPushCurrent_v2, true) \
     X(cuCtxPopCurrent, cuCtxPopCurrent_v2, true) \
     X(cuCtxSynchronize, cuCtxSynchronize, true) \
@@ -476,6 +478,20 @@ static cua_result cudaop_current_device(int *dev) {
     return CUA_ERROR_INVALID_DEVICE;
 }
 
+/* dev's primary context was reset: the one retained is gone. It is released (a reset does not
+ * release it, and CUDA allows the release after it) and retained anew by the next ctx_enter, which
+ * makes it again. */
+static void cudaop_context_reset(int dev) {
+    if (cuda_check(dev, false) != CUA_SUCCESS) return;
+    cuda_device_t *d = &cu.dev[dev];
+    pthread_mutex_lock(&cuda_lock);
+    if (d->ctx) {
+        if (cu.fn.cuDevicePrimaryCtxRelease) (void)cu.fn.cuDevicePrimaryCtxRelease(d->cudev);
+        __atomic_store_n(&d->ctx, NULL, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&cuda_lock);
+}
+
 /* The device of stream s: its context's (cuStreamGetCtx), entered for cuCtxGetDevice and left. */
 static cua_result cudaop_stream_device(cua_stream s, int *dev) {
     if (!dev) return CUA_ERROR_INVALID_VALUE;
@@ -525,6 +541,7 @@ const driver_ops_t driver_cuda_ops = {
     .stream_device = cudaop_stream_device,
     .stream_is_capturing = cudaop_stream_is_capturing,
     .peer_enable = cudaop_peer_enable,
+    .context_reset = cudaop_context_reset,
 };
 
 const char *driver_error_name(cua_result r) {

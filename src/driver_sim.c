@@ -1141,6 +1141,48 @@ void sim_stream_destroy(cua_stream s) {
     pthread_mutex_unlock(&sim_lock);
 }
 
+/* As CUDA's primary-context reset destroys them: every mapping, physical handle, reservation,
+ * mem_alloc range, event and stream of dev, whoever still holds their names (which then name
+ * nothing). */
+void sim_device_reset(int dev) {
+    pthread_mutex_lock(&sim_lock);
+    if (dev < 0 || dev >= sim.ndev) {
+        pthread_mutex_unlock(&sim_lock);
+        return;
+    }
+    sim_device_t *d = &sim.devs[dev];
+    if (sim.host_backed) {
+        /* Unmapping a reservation also drops the memfd mappings inside it. */
+        for (size_t k = 0; k < d->resv.n; k++)
+            munmap((void *)(uintptr_t)ranges_at(&d->resv, k)->va, ranges_at(&d->resv, k)->size);
+        for (size_t k = 0; k < d->allocs.n; k++)
+            munmap((void *)(uintptr_t)ranges_at(&d->allocs, k)->va, ranges_at(&d->allocs, k)->size);
+    }
+    for (size_t k = 0; k < d->allocs.n; k++) d->used -= ranges_at(&d->allocs, k)->size;
+    ranges_free(&d->maps);
+    ranges_free(&d->resv);
+    ranges_free(&d->allocs);
+    for (size_t i = 0; i < sim.handles.cap; i++) {
+        sim_handle_t *h = sim.handles.obj[i];
+        if (!h || h->dev != dev) continue;
+        if (!h->released) d->live_handles--;
+        handle_destroy(d, h);
+    }
+    for (size_t i = 0; i < sim.events.cap; i++) {
+        sim_event_t *ev = sim.events.obj[i];
+        if (!ev || ev->dev != dev) continue;
+        objtab_remove(&sim.events, i + 1); /* (reads the slot only) */
+        free(ev);
+    }
+    for (size_t i = 0; i < sim.streams.cap; i++) {
+        sim_stream_t *st = sim.streams.obj[i];
+        if (!st || st->dev != dev) continue;
+        objtab_remove(&sim.streams, i + 1);
+        free(st);
+    }
+    pthread_mutex_unlock(&sim_lock);
+}
+
 /* err 0 picks the op's usual failure: CUA_ERROR_OUT_OF_MEMORY for create/alloc ops, else
  * CUA_ERROR_UNKNOWN (as sim_fail_op in the configuration). count 0 cancels. */
 void sim_fail(sim_op_t op, unsigned after, unsigned count, cua_result err) {

@@ -135,6 +135,9 @@ void sim_configure(const conf_t *c);
 cua_stream sim_stream_create(int dev, bool held);
 void sim_stream_complete(cua_stream s);    /* all work recorded on s so far completes */
 void sim_stream_destroy(cua_stream s);
+/* Destroys everything of device dev, as a reset of its primary context does (the fake libcuda's
+ * cuDevicePrimaryCtxReset): mappings, handles, reservations, mem_alloc ranges, events, streams. */
+void sim_device_reset(int dev);
 /* Injected failures: the (after+1)-th next call of op fails `count` times with `err`. */
 void sim_fail(sim_op_t op, unsigned after, unsigned count, cua_result err);
 uint64_t sim_calls(sim_op_t op);           /* calls so far, failed ones included */
@@ -710,6 +713,9 @@ bool api_started(void);
 int api_device_count(void);
 /* The device's heap if it exists already (never creates one, never initializes). */
 heap_t *api_heap_if_created(int device);
+/* Before a reset of device's primary context: its heap is unlisted and destroyed (every pointer into
+ * it dies, as CUDA's do); the next allocation makes a new one. */
+void api_device_reset(int device);
 /* The heap that owns ptr (an allocated block of it, or inside its VMM ranges), NULL when none
  * does or api_init has not run. Lock-free for VMM heaps. */
 heap_t *api_owner(const void *ptr);

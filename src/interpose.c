@@ -10,7 +10,7 @@
  *            cudaDeviceEnablePeerAccess cudaIpcGetMemHandle cudaGetLastError cudaPeekAtLastError
  *   driver   cuMemAlloc_v2 cuMemFree_v2 cuMemAllocAsync cuMemFreeAsync (+ _ptsz) cuStreamDestroy_v2
  *            cuStreamCreate cuStreamCreateWithPriority cuCtxEnablePeerAccess cuMemGetAddressRange_v2
- *            cuMemGetInfo_v2
+ *            cuMemGetInfo_v2 cuDevicePrimaryCtxReset cuDevicePrimaryCtxReset_v2
  *   lookup   dlsym cuGetProcAddress cuGetProcAddress_v2
  *
  * Rules:
@@ -63,6 +63,11 @@
  *  - Stream destruction (cudaStreamDestroy, cuStreamDestroy_v2, and the runtime's cuGetProcAddress
  *    look-up of cuStreamDestroy) first settles every heap's blocks tagged with the stream, since
  *    the handle may be reused.
+ *  - A reset of a device's primary context (cuDevicePrimaryCtxReset / _v2, which cudaDeviceReset
+ *    calls through the runtime's driver table) destroys everything allocated in it: the device's
+ *    heap is retired first, while the context lives (api_device_reset: its memory goes back to the
+ *    driver, its pointers die as CUDA's do), streams remembered for the device are forgotten, and
+ *    after the reset the backend retains the context anew; the next allocation makes a new heap.
  *
  * dlsym. Every dlsym in the process reaches this one. The real one is libc's, found once through
  * dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34"), else "GLIBC_2.2.5" (also tried on libc.so.6 directly
@@ -87,9 +92,10 @@
  *    caller itself).
  * cuGetProcAddress wrappers call the real cuGetProcAddress and, for "cuMemAlloc" and "cuMemFree"
  * (at version >= 3020, the _v2 ABI), "cuMemAllocAsync", "cuMemFreeAsync" (flags
- * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: the _ptsz variants), "cuStreamDestroy" and
- * "cuGetProcAddress" itself, remember the real pointer and return cualloc's function. With env
- * CUALLOC_LOG_INTERPOSE=1 every look-up answered so is logged on stderr:
+ * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: the _ptsz variants), "cuStreamDestroy",
+ * "cuDevicePrimaryCtxReset" (at version >= 11000, the _v2 one), "cuGetProcAddress" itself and the
+ * other names proc_substitute lists, remember the real pointer and return cualloc's function. With
+ * env CUALLOC_LOG_INTERPOSE=1 every look-up answered so is logged on stderr:
  *   cualloc: interpose: cuGetProcAddress("cuMemAlloc", 3020, flags 0) -> cualloc cuMemAlloc_v2
  *
  * Thread-safety: the next pointers are atomics written with the same value by any racer.
@@ -133,6 +139,8 @@ CUALLOC_API cua_result cuStreamCreateWithPriority(cua_stream *stream, unsigned i
 CUALLOC_API cua_result cuCtxEnablePeerAccess(cua_ctx peer_ctx, unsigned int flags);
 CUALLOC_API cua_result cuMemGetAddressRange_v2(cua_devptr *base, size_t *size, cua_devptr dptr);
 CUALLOC_API cua_result cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
+CUALLOC_API cua_result cuDevicePrimaryCtxReset_v2(cua_device dev);
+CUALLOC_API cua_result cuDevicePrimaryCtxReset(cua_device dev);
 CUALLOC_API cua_result cuMemAlloc_v2(cua_devptr *dptr, size_t size);
 CUALLOC_API cua_result cuMemFree_v2(cua_devptr dptr);
 CUALLOC_API cua_result cuMemAllocAsync(cua_devptr *dptr, size_t size, cua_stream stream);
@@ -217,7 +225,7 @@ enum {
     N_cuMemAlloc_v2, N_cuMemFree_v2, N_cuMemAllocAsync, N_cuMemFreeAsync, N_cuMemAllocAsync_ptsz,
     N_cuMemFreeAsync_ptsz, N_cuStreamDestroy_v2, N_cuGetProcAddress_v2, N_cuGetProcAddress,
     N_cuStreamCreate, N_cuStreamCreateWithPriority, N_cuCtxEnablePeerAccess, N_cuMemGetAddressRange_v2,
-    N_cuMemGetInfo_v2,
+    N_cuMemGetInfo_v2, N_cuDevicePrimaryCtxReset_v2, N_cuDevicePrimaryCtxReset,
     /* driver names looked up, never interposed */
     N_cuCtxPushCurrent_v2, N_cuCtxPopCurrent_v2, N_cuCtxGetDevice, N_COUNT
 };
@@ -252,6 +260,8 @@ static next_t nexts[N_COUNT] = {
     [N_cuCtxEnablePeerAccess] = {"cuCtxEnablePeerAccess", true, NULL},
     [N_cuMemGetAddressRange_v2] = {"cuMemGetAddressRange_v2", true, NULL},
     [N_cuMemGetInfo_v2] = {"cuMemGetInfo_v2", true, NULL},
+    [N_cuDevicePrimaryCtxReset_v2] = {"cuDevicePrimaryCtxReset_v2", true, NULL},
+    [N_cuDevicePrimaryCtxReset] = {"cuDevicePrimaryCtxReset", true, NULL},
     [N_cuCtxPushCurrent_v2] = {"cuCtxPushCurrent_v2", true, NULL},
     [N_cuCtxPopCurrent_v2] = {"cuCtxPopCurrent_v2", true, NULL},
     [N_cuCtxGetDevice] = {"cuCtxGetDevice", true, NULL},
@@ -287,6 +297,8 @@ static void *own_fn(int i) {
     case N_cuCtxEnablePeerAccess: return (void *)cuCtxEnablePeerAccess;
     case N_cuMemGetAddressRange_v2: return (void *)cuMemGetAddressRange_v2;
     case N_cuMemGetInfo_v2: return (void *)cuMemGetInfo_v2;
+    case N_cuDevicePrimaryCtxReset_v2: return (void *)cuDevicePrimaryCtxReset_v2;
+    case N_cuDevicePrimaryCtxReset: return (void *)cuDevicePrimaryCtxReset;
     default: return NULL;
     }
 }
@@ -371,6 +383,7 @@ typedef cudart_error (*cudaGetLastError_fn)(void);
 typedef cua_result (*cuCtxPushCurrent_fn)(cua_ctx);
 typedef cua_result (*cuCtxPopCurrent_fn)(cua_ctx *);
 typedef cua_result (*cuCtxGetDevice_fn)(cua_device *);
+typedef cua_result (*cuDevicePrimaryCtxReset_fn)(cua_device);
 
 /* ------------------------------------------------------------------ devices */
 
@@ -512,6 +525,17 @@ static void note_stream(int dev, cua_stream s, bool non_blocking) {
         pending_nb_lost |= (uint64_t)1 << dev;
         atomic_store(&pending_any, 1);
     }
+    pthread_mutex_unlock(&pending_lock);
+}
+
+/* dev's primary context is being reset: its streams are destroyed with it, so those remembered
+ * for its heap (and the mark that some could not be) are dropped. */
+static void pending_forget_device(int dev) {
+    if (!atomic_load_explicit(&pending_any, memory_order_relaxed)) return;
+    pending_lock_take();
+    for (int i = 0; i < pending_nb_n; i++)
+        if (pending_nb[i].dev == dev) pending_nb[i--] = pending_nb[--pending_nb_n];
+    if (dev >= 0 && dev < CUALLOC_MAX_DEVICES) pending_nb_lost &= ~((uint64_t)1 << dev);
     pthread_mutex_unlock(&pending_lock);
 }
 
@@ -1055,6 +1079,30 @@ cua_result cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     return r;
 }
 
+/* ------------------------------------------------------------------ primary context reset */
+
+/* cuDevicePrimaryCtxReset(dev) (cudaDeviceReset reaches it through the runtime's driver table):
+ * CUDA destroys every allocation, event and stream of the context, cached memory of cualloc's
+ * included, and makes a new context at the next call. cualloc gives its heap's memory back first,
+ * while the context lives, and retains the context anew afterwards. Device ordinals are the
+ * CUdevice values. */
+static cua_result primary_ctx_reset(int next_idx, cua_device dev) {
+    if (!disabled()) {
+        api_device_reset(dev);
+        pending_forget_device(dev);
+    }
+    cuDevicePrimaryCtxReset_fn next = NEXT(next_idx, cuDevicePrimaryCtxReset_fn);
+    cua_result r = next ? next(dev) : CUA_ERROR_NOT_INITIALIZED;
+    if (!disabled() && api_started()) {
+        const driver_ops_t *drv = api_driver();
+        if (drv && drv->context_reset) drv->context_reset(dev);
+    }
+    return r;
+}
+
+cua_result cuDevicePrimaryCtxReset_v2(cua_device dev) { return primary_ctx_reset(N_cuDevicePrimaryCtxReset_v2, dev); }
+cua_result cuDevicePrimaryCtxReset(cua_device dev) { return primary_ctx_reset(N_cuDevicePrimaryCtxReset, dev); }
+
 /* ------------------------------------------------------------------ cuGetProcAddress */
 
 /* Which of cualloc's functions answers a cuGetProcAddress look-up (NULL: pass through), and the
@@ -1108,6 +1156,14 @@ static void *proc_substitute(const char *symbol, int version, unsigned long long
     if (strcmp(symbol, "cuMemGetAddressRange") == 0 && version >= 3020) {
         *slot = N_cuMemGetAddressRange_v2, *ours = "cuMemGetAddressRange_v2";
         return (void *)cuMemGetAddressRange_v2;
+    }
+    if (strcmp(symbol, "cuDevicePrimaryCtxReset") == 0) {
+        if (version >= 11000) {
+            *slot = N_cuDevicePrimaryCtxReset_v2, *ours = "cuDevicePrimaryCtxReset_v2";
+            return (void *)cuDevicePrimaryCtxReset_v2;
+        }
+        *slot = N_cuDevicePrimaryCtxReset, *ours = "cuDevicePrimaryCtxReset";
+        return (void *)cuDevicePrimaryCtxReset;
     }
     if (strcmp(symbol, "cuGetProcAddress") == 0) {
         if (version >= 12000) {

@@ -10,6 +10,9 @@
  *   cudaMalloc, cudaMallocAsync, cudaFreeAsync  initialize so too, then cuMemAlloc (3020),
  *                    cuMemAllocAsync, cuMemFreeAsync (11020).
  *   cudaGetLastError the thread's last error (set by a failing call, taken by this one).
+ *   cudaDeviceReset  resets the current device's primary context with cuDevicePrimaryCtxReset (looked
+ *                    up at 7000, as libcudart does); the next call retains it again and makes it
+ *                    current (the reset context stays current but is unusable until then).
  *   driver_rt_fail_init(e)  from now on the runtime cannot initialize: cudaFree(NULL) answers e
  *                    (e.g. cudaErrorInsufficientDriver, 35), as a runtime newer than the driver.
  *   driver_rt_inits()  how many cudaFree(NULL) calls reached the runtime. */
@@ -26,6 +29,7 @@ RT_API int cudaMalloc(void **p, size_t n);
 RT_API int cudaMallocAsync(void **p, size_t n, void *stream);
 RT_API int cudaFreeAsync(void *p, void *stream);
 RT_API int cudaGetLastError(void);
+RT_API int cudaDeviceReset(void);
 RT_API void driver_rt_fail_init(int e);
 RT_API unsigned long driver_rt_inits(void);
 
@@ -34,6 +38,7 @@ typedef int (*gpa_fn)(const char *, void **, int, unsigned long long, int *);
 static __thread int last_error;
 static atomic_int fail_init;
 static atomic_ulong inits;
+static atomic_int was_reset; /* cudaDeviceReset ran: the next call makes the context anew */
 
 static int failed(int e) {
     last_error = e;
@@ -80,8 +85,19 @@ static int rt_init(void) {
     if (!init || !retain || !get_current || !set_current || init(0) != 0) return failed(3);
     void *cur = NULL, *ctx = NULL;
     if (get_current(&cur) != 0) return failed(3);
-    if (cur) return 0;
+    if (cur && !atomic_exchange(&was_reset, 0)) return 0;
     return retain(&ctx, 0) == 0 && set_current(ctx) == 0 ? 0 : failed(3);
+}
+
+int cudaDeviceReset(void) {
+    int e = rt_init();
+    if (e) return e;
+    int (*reset)(int);
+    void *q = driver_fn("cuDevicePrimaryCtxReset", 7000);
+    memcpy(&reset, &q, sizeof q);
+    if (!reset || reset(0) != 0) return failed(1);
+    atomic_store(&was_reset, 1);
+    return 0;
 }
 
 int cudaFree(void *p) {

@@ -8,7 +8,8 @@
  * is passed to the real cuMemFree, that two threads' per-thread default streams are kept apart, and that
  * without a current context cuMemAlloc answers as CUDA.
  *   --stream-device    (two devices) an allocation on a stream comes from the stream's device
- *   --runtime-context  a thread's first runtime allocation leaves the primary context current */
+ *   --runtime-context  a thread's first runtime allocation leaves the primary context current
+ *   --device-reset     allocations after a reset of the primary context are usable memory */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -25,6 +26,7 @@ int cudaMallocAsync(void **p, size_t n, void *stream);
 int cudaFree(void *p);
 int cudaFreeAsync(void *p, void *stream);
 int cudaGetLastError(void);
+int cudaDeviceReset(void);
 void driver_rt_fail_init(int e);
 unsigned long driver_rt_inits(void);
 
@@ -210,6 +212,126 @@ static int runtime_context_main(gpa_fn gpa) {
     return 0;
 }
 
+/* Allocates n bytes with alloc and writes and reads them back through the driver (the fake checks
+ * that the memory is mapped and accessible, so stale memory fails instead of crashing); frees them
+ * unless keep. 0 when all of that succeeded, else a short reason. */
+typedef CUresult (*memset_fn)(CUdeviceptr, unsigned char, size_t);
+typedef CUresult (*dtoh_fn)(void *, CUdeviceptr, size_t);
+static memset_fn rs_memset;
+static dtoh_fn rs_dtoh;
+static const char *use_memory(alloc_fn alloc, free_fn release, size_t n, unsigned char v, CUdeviceptr *keep) {
+    CUdeviceptr d = 0;
+    if (alloc(&d, n) != 0 || !d) return "allocation failed";
+    if (rs_memset(d, v, n) != 0) return "the memory is not accessible (cuMemsetD8 failed)";
+    unsigned char probe[4096];
+    size_t m = n < sizeof probe ? n : sizeof probe;
+    if (rs_dtoh(probe, d + n - m, m) != 0) return "the memory is not accessible (cuMemcpyDtoH failed)";
+    for (size_t i = 0; i < m; i++)
+        if (probe[i] != v) return "the memory does not hold what was written";
+    if (keep) *keep = d;
+    else if (release(d) != 0) return "the free failed";
+    return NULL;
+}
+
+/* --device-reset: cudaDeviceReset (the runtime resets the primary context with
+ * cuDevicePrimaryCtxReset) and cuDevicePrimaryCtxReset itself destroy every allocation of the
+ * device, cached ones included; CUDA's next call on the device makes a new context. cualloc's heap
+ * held memory of the old context: blocks from its cache, or new memory mapped into its old address
+ * range, were no memory at all. Allocations after a reset must be memory the device has. */
+static int device_reset_main(gpa_fn gpa, void *lib) {
+    void *q;
+    init_fn cu_init;
+    retain_fn retain;
+    setcur_fn setcur;
+    alloc_fn mem_alloc;
+    free_fn mem_free;
+    CUresult (*reset)(int);
+    CHECK_MSG(gpa("cuInit", &q, 2000, 0, NULL) == 0, "cuInit");
+    AS(cu_init, q);
+    CHECK_MSG(gpa("cuDevicePrimaryCtxRetain", &q, 7000, 0, NULL) == 0, "cuDevicePrimaryCtxRetain");
+    AS(retain, q);
+    CHECK_MSG(gpa("cuCtxSetCurrent", &q, 4000, 0, NULL) == 0, "cuCtxSetCurrent");
+    AS(setcur, q);
+    CHECK_MSG(gpa("cuMemAlloc", &q, 3020, 0, NULL) == 0, "cuMemAlloc");
+    AS(mem_alloc, q);
+    CHECK_MSG(gpa("cuMemFree", &q, 3020, 0, NULL) == 0, "cuMemFree");
+    AS(mem_free, q);
+    CHECK_MSG(gpa("cuDevicePrimaryCtxReset", &q, 11000, 0, NULL) == 0, "cuDevicePrimaryCtxReset");
+    AS(reset, q);
+    CHECK_MSG(gpa("cuMemsetD8", &q, 3020, 0, NULL) == 0, "cuMemsetD8");
+    AS(rs_memset, q);
+    CHECK_MSG(gpa("cuMemcpyDtoH", &q, 3020, 0, NULL) == 0, "cuMemcpyDtoH");
+    AS(rs_dtoh, q);
+    typedef size_t (*count_fn)(int);
+    count_fn live_handles;
+    void *p = dlsym(lib, "fakecuda_live_handles");
+    AS(live_handles, p);
+    CHECK_MSG(live_handles, "fakecuda_live_handles");
+    if (failures) return 1;
+    CUcontext ctx = NULL;
+    CHECK_MSG(cu_init(0) == 0 && retain(&ctx, 0) == 0 && setcur(ctx) == 0, "device 0's primary context");
+
+    const size_t MiB = (size_t)1 << 20;
+    for (int round = 0; round < 2; round++) {
+        /* Memory live and cached at the reset: one block still held, a larger one freed. */
+        CUdeviceptr held = 0;
+        const char *why = use_memory(mem_alloc, mem_free, MiB, 1, &held);
+        CHECK_MSG(!why, "round %d, before the reset: %s", round, why);
+        why = use_memory(mem_alloc, mem_free, 8 * MiB, 2, NULL);
+        CHECK_MSG(!why, "round %d, before the reset: %s", round, why);
+        uint64_t a0 = allocs_now();
+        if (round == 0) {
+            /* The driver API: the program makes the context anew itself. */
+            CHECK_MSG(reset(0) == 0, "cuDevicePrimaryCtxReset");
+            CHECK_MSG(retain(&ctx, 0) == 0 && setcur(ctx) == 0, "device 0's primary context after the reset");
+        } else {
+            /* The runtime: it makes the context anew at its next call (cualloc asks it to when the
+             * context it finds current is unusable). */
+            CHECK_MSG(cudaDeviceReset() == 0, "cudaDeviceReset");
+        }
+        CHECK_MSG(live_handles(0) == 0, "round %d: %zu physical handles of the reset context are still live", round,
+                  live_handles(0));
+        /* The size cached before the reset, the one held, and a size never mapped before. */
+        static const size_t sizes[] = {(size_t)8 << 20, (size_t)1 << 20, (size_t)96 << 20};
+        for (int i = 0; i < 3; i++) {
+            if (round == 0) why = use_memory(mem_alloc, mem_free, sizes[i], (unsigned char)(10 + i), NULL);
+            else {
+                void *r = NULL;
+                int rc = cudaMalloc(&r, sizes[i]);
+                why = rc != 0 ? "cudaMalloc failed"
+                              : use_memory(mem_alloc, mem_free, 4096, (unsigned char)(20 + i), NULL);
+                if (!why && rs_memset((CUdeviceptr)(uintptr_t)r, 7, sizes[i]) != 0)
+                    why = "cudaMalloc's memory is not accessible (cuMemsetD8 failed)";
+                if (rc == 0 && cudaFree(r) != 0) why = "cudaFree failed";
+            }
+            CHECK_MSG(!why, "round %d, after the reset, %zu MiB: %s", round, sizes[i] >> 20, why);
+        }
+        CHECK_MSG(allocs_now() > a0, "cualloc served nothing after the reset");
+    }
+    /* More resets than cualloc has devices (each makes a new heap): every allocation is still
+     * usable memory served by cualloc, and its free is cualloc's too (the fake's cuMemFree never
+     * sees one). */
+    p = dlsym(lib, "fakecuda_calls");
+    calls_fn fake_calls;
+    AS(fake_calls, p);
+    uint64_t frees0 = fake_calls ? fake_calls(OP_MEM_FREE) : 0;
+    for (int i = 0; i < 70 && !failures; i++) {
+        CUdeviceptr held = 0;
+        uint64_t a0 = allocs_now();
+        const char *why = use_memory(mem_alloc, mem_free, MiB, (unsigned char)i, &held);
+        if (!why) why = use_memory(mem_alloc, mem_free, 3 * MiB, (unsigned char)(i + 1), NULL);
+        if (!why && mem_free(held) != 0) why = "the free of the block held failed";
+        if (!why && allocs_now() != a0 + 2) why = "cualloc did not serve both allocations";
+        CHECK_MSG(!why, "reset %d: %s", i, why);
+        CHECK_MSG(reset(0) == 0 && retain(&ctx, 0) == 0 && setcur(ctx) == 0, "reset %d", i);
+    }
+    CHECK_MSG(fake_calls && fake_calls(OP_MEM_FREE) == frees0, "%llu frees of cualloc's memory reached the driver",
+              fake_calls ? (unsigned long long)(fake_calls(OP_MEM_FREE) - frees0) : 0ull);
+    if (failures) return 1;
+    printf("interpose_driver_prog --device-reset: all checks passed\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     CHECK_MSG(lib != NULL, "dlopen libcuda.so.1: %s", dlerror());
@@ -226,6 +348,7 @@ int main(int argc, char **argv) {
     CHECK_MSG(gpa && from_cualloc(p), "dlsym(libcuda, cuGetProcAddress_v2) did not give cualloc's wrapper");
     if (!gpa || !get_stats) return 1;
     if (argc > 1 && strcmp(argv[1], "--stream-device") == 0) return stream_device_main(gpa);
+    if (argc > 1 && strcmp(argv[1], "--device-reset") == 0) return device_reset_main(gpa, lib);
 
     void *q;
     init_fn cuInit;

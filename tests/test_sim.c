@@ -1,8 +1,8 @@
 /* test_sim.c — the sim device (src/driver_sim.c) against the driver rules it must enforce: every
  * violation answered with the right CUDA error and no effect, capacity, injected failures and
  * latency, call counts, held streams and events, host-backed memory that can be read and written
- * through device pointers, deterministic addresses, several devices, thread safety. It does not
- * test the heap or the fake libcuda (test_driver_cuda.c). */
+ * through device pointers, deterministic addresses, several devices, a device reset, thread safety.
+ * It does not test the heap or the fake libcuda (test_driver_cuda.c). */
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -676,6 +676,59 @@ static void test_devices(void) {
     EXPECT(sim_stream_device(s) == 2 && sim_event_device(e) == 1 && sim_stream_device(NULL) == -1, "devices");
 }
 
+/* sim_device_reset (a reset of the primary context, in the fake libcuda): everything of that
+ * device is gone, host-backed memory unmapped, its names stale; the other device is untouched and
+ * the reset device works afresh. */
+static void test_device_reset(void) {
+    conf_t c = base_conf(16 * MiB, true);
+    c.sim_devices = 2;
+    configure(&c);
+    cua_memhandle h[2][2];
+    cua_devptr va[2], m[2];
+    cua_event e[2];
+    cua_stream s[2];
+    for (int d = 0; d < 2; d++) {
+        EXPECT_R(ops->va_reserve(d, 4 * G, 0, &va[d]), CUA_SUCCESS);
+        for (int i = 0; i < 2; i++) {
+            EXPECT_R(ops->phys_create(d, G, &h[d][i]), CUA_SUCCESS);
+            EXPECT_R(ops->map(d, va[d] + (size_t)i * G, G, h[d][i]), CUA_SUCCESS);
+        }
+        EXPECT_R(ops->phys_release(d, h[d][1]), CUA_SUCCESS); /* released, still mapped */
+        EXPECT_R(ops->set_access(d, va[d], 2 * G), CUA_SUCCESS);
+        EXPECT_R(ops->mem_alloc(d, G, &m[d]), CUA_SUCCESS);
+        EXPECT_R(ops->event_create(d, &e[d]), CUA_SUCCESS);
+        s[d] = sim_stream_create(d, true);
+        memset((void *)(uintptr_t)va[d], 0x11, 2 * G);
+    }
+    sim_device_reset(0);
+    EXPECT(sim_used_bytes(0) == 0 && sim_live_handles(0) == 0 && sim_live_mappings(0) == 0,
+           "device 0 after its reset: %zu B used, %zu handles, %zu mappings", sim_used_bytes(0), sim_live_handles(0),
+           sim_live_mappings(0));
+    EXPECT(!sim_range_accessible(va[0], G) && !sim_range_accessible(m[0], G) && sim_address_device(va[0]) == -1,
+           "device 0's memory is gone");
+    EXPECT(sim_handle_device(h[0][0]) == -1 && sim_event_device(e[0]) == -1 && sim_stream_device(s[0]) == -1,
+           "device 0's names are stale");
+    EXPECT_R(ops->phys_release(0, h[0][0]), CUA_ERROR_INVALID_VALUE);
+    EXPECT_R(ops->unmap(0, va[0], G), CUA_ERROR_INVALID_VALUE);
+    EXPECT_R(ops->mem_free(0, m[0]), CUA_ERROR_INVALID_VALUE);
+    EXPECT(sim_used_bytes(1) == 3 * G && sim_live_handles(1) == 1 && sim_live_mappings(1) == 2, "device 1 untouched");
+    EXPECT(sim_range_accessible(va[1], 2 * G) && *(volatile unsigned char *)(uintptr_t)(va[1] + G) == 0x11,
+           "device 1's memory");
+    EXPECT(sim_event_device(e[1]) == 1 && sim_stream_device(s[1]) == 1, "device 1's names");
+    /* device 0 afresh: all of its memory again */
+    cua_memhandle big;
+    cua_devptr v;
+    EXPECT_R(ops->phys_create(0, 8 * G, &big), CUA_SUCCESS);
+    EXPECT_R(ops->va_reserve(0, 8 * G, 0, &v), CUA_SUCCESS);
+    EXPECT_R(ops->map(0, v, 8 * G, big), CUA_SUCCESS);
+    EXPECT_R(ops->set_access(0, v, 8 * G), CUA_SUCCESS);
+    memset((void *)(uintptr_t)v, 0x22, 8 * G);
+    EXPECT_R(ops->unmap(0, v, 8 * G), CUA_SUCCESS);
+    EXPECT_R(ops->phys_release(0, big), CUA_SUCCESS);
+    EXPECT_R(ops->va_free(0, v, 8 * G), CUA_SUCCESS);
+    EXPECT(sim_used_bytes(0) == 0, "device 0 at the end: %zu B", sim_used_bytes(0));
+}
+
 /* 80 GiB without host backing costs no host memory; many mappings stay fast. */
 static void test_big_device(void) {
     conf_t c = base_conf(80 * GiB, false);
@@ -756,6 +809,7 @@ int main(void) {
     test_host_backed();
     test_deterministic();
     test_devices();
+    test_device_reset();
     test_big_device();
     test_threads();
     conf_t c;

@@ -53,6 +53,8 @@ FAKE_DECLARE(cuEventSynchronize)
 FAKE_DECLARE(cuStreamSynchronize)
 FAKE_API cua_result cuGetProcAddress(const char *symbol, void **pfn, int cuda_version, unsigned long long flags);
 FAKE_API cua_result cuDevicePrimaryCtxRelease_v2(cua_device dev);
+FAKE_DECLARE(cuDevicePrimaryCtxReset_v2)
+FAKE_API cua_result cuDevicePrimaryCtxReset(cua_device dev);
 FAKE_API cua_result cuCtxGetCurrent(cua_ctx *ctx);
 FAKE_API cua_result cuCtxSetCurrent(cua_ctx ctx);
 FAKE_API cua_result cuCtxGetDevice(cua_device *dev);
@@ -99,10 +101,11 @@ static bool fake_inited;        /* cuInit ran (under fake_lock) */
 static bool fake_host_backed;   /* set before fake_ready */
 static int fake_ndev;           /* set before fake_ready */
 
-/* The primary context of device i is &fake_ctx[i]; usable while retained. */
+/* The primary context of device i is &fake_ctx[i]; usable while retained and not reset. */
 typedef struct fake_ctx_s {
     int dev;
     unsigned retains; /* atomic */
+    int reset;        /* atomic: destroyed by cuDevicePrimaryCtxReset, until retained again */
 } fake_ctx_t;
 static fake_ctx_t fake_ctx[CUALLOC_MAX_DEVICES];
 
@@ -129,6 +132,7 @@ static int ctx_device(cua_ctx c) {
     if (p < base || p >= base + sizeof fake_ctx || (p - base) % sizeof(fake_ctx_t) != 0) return -1;
     int dev = (int)((p - base) / sizeof(fake_ctx_t));
     if (!device_valid(dev) || __atomic_load_n(&fake_ctx[dev].retains, __ATOMIC_RELAXED) == 0) return -1;
+    if (__atomic_load_n(&fake_ctx[dev].reset, __ATOMIC_ACQUIRE)) return -1;
     return dev;
 }
 
@@ -189,6 +193,7 @@ static const struct {
     {"cuDeviceGetAttribute", (void *)cuDeviceGetAttribute},
     {"cuDevicePrimaryCtxRetain", (void *)cuDevicePrimaryCtxRetain},
     {"cuDevicePrimaryCtxRelease", (void *)cuDevicePrimaryCtxRelease_v2},
+    {"cuDevicePrimaryCtxReset", (void *)cuDevicePrimaryCtxReset_v2},
     {"cuCtxPushCurrent", (void *)cuCtxPushCurrent_v2},
     {"cuCtxPopCurrent", (void *)cuCtxPopCurrent_v2},
     {"cuCtxGetCurrent", (void *)cuCtxGetCurrent},
@@ -234,6 +239,9 @@ cua_result cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version,
             /* Before CUDA 12.0 the name meant the four-argument cuGetProcAddress. */
             *pfn = strcmp(symbol, "cuGetProcAddress") == 0 && cuda_version < 12000 ? (void *)cuGetProcAddress
                                                                                   : proc_table[i].fn;
+            /* Before CUDA 11.0, the first cuDevicePrimaryCtxReset. */
+            if (strcmp(symbol, "cuDevicePrimaryCtxReset") == 0 && cuda_version < 11000)
+                *pfn = (void *)cuDevicePrimaryCtxReset;
             if (flags == CUA_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
                 if (proc_table[i].fn == (void *)cuMemAllocAsync) *pfn = (void *)cuMemAllocAsync_ptsz;
                 if (proc_table[i].fn == (void *)cuMemFreeAsync) *pfn = (void *)cuMemFreeAsync_ptsz;
@@ -305,9 +313,23 @@ cua_result cuDevicePrimaryCtxRetain(cua_ctx *ctx, cua_device dev) {
     if (!ctx) return CUA_ERROR_INVALID_VALUE;
     if (!device_valid(dev)) return CUA_ERROR_INVALID_DEVICE;
     __atomic_add_fetch(&fake_ctx[dev].retains, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&fake_ctx[dev].reset, 0, __ATOMIC_RELEASE); /* made anew after a reset */
     *ctx = (cua_ctx)&fake_ctx[dev];
     return CUA_SUCCESS;
 }
+
+/* As CUDA: every allocation, event and stream of the device is destroyed; the context stays
+ * retained (and current wherever it was) but is unusable until cuDevicePrimaryCtxRetain makes it
+ * anew, as the runtime does at its next call. */
+cua_result cuDevicePrimaryCtxReset_v2(cua_device dev) {
+    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!device_valid(dev)) return CUA_ERROR_INVALID_DEVICE;
+    sim_device_reset(dev);
+    __atomic_store_n(&fake_ctx[dev].reset, 1, __ATOMIC_RELEASE);
+    return CUA_SUCCESS;
+}
+
+cua_result cuDevicePrimaryCtxReset(cua_device dev) { return cuDevicePrimaryCtxReset_v2(dev); }
 
 cua_result cuDevicePrimaryCtxRelease_v2(cua_device dev) {
     if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
