@@ -233,7 +233,10 @@ uint64_t oom_va_factor_next(uint64_t current);
 /* Fixed-size records from 64 KiB mmap'd slabs, a free list threaded through them. Not
  * thread-safe: each slab belongs to one heap and is used under its lock. Built with
  * -DCUALLOC_SLAB_MALLOC (sanitizer builds), records come from calloc/free instead, so
- * use-after-free is caught. */
+ * use-after-free is caught.
+ * Invariant (slab_check): every record carved from the slabs is either handed out (counted in
+ * `live`) or on the free list, once; the free list holds only carved records (each at a record's
+ * start, below the newest slab's carving point `cur`). */
 typedef struct slab_s {
     size_t rec_size;
     void *free_list;
@@ -246,6 +249,8 @@ void *slab_alloc(slab_t *s);   /* zeroed record, or NULL when mmap fails */
 void *slab_alloc_uninit(slab_t *s); /* the same, its contents unspecified (the caller sets them all) */
 void slab_free(slab_t *s, void *rec);
 void slab_destroy(slab_t *s);  /* returns every slab to the system */
+/* Number of invariant violations, each described on `report` (may be NULL). 0 in malloc builds. */
+int slab_check(const slab_t *s, FILE *report);
 
 /* ======================================================================== block (heap.c) */
 
@@ -303,7 +308,9 @@ struct block_s {
 /* Allocated blocks by address (classic mode): open addressing with linear probing and
  * backward-shift deletion, table memory from mmap, grown at half full. Not thread-safe (used under
  * the heap lock).
- * Invariant (ptrmap_check): every key sits in its probe run, count equals the occupied slots. */
+ * Invariant (ptrmap_check): the capacity is a power of two that the shift matches; every key sits
+ * in its probe run, with no other entry of its key before it; count equals the occupied slots and
+ * is at most half the capacity; an empty slot holds no block, a key the block at that address. */
 typedef struct ptrmap_entry_s { uintptr_t key; block_t *val; } ptrmap_entry_t;
 typedef struct ptrmap_s {
     ptrmap_entry_t *slots;
@@ -369,7 +376,9 @@ int ptrmap_check(const ptrmap_t *m, FILE *report);
 /* A TLSF-style segregated free index: sizes (multiples of 512 B) fall into bins of 32 per power
  * of two, each bin a doubly linked list, two levels of bitmaps saying which bins are non-empty.
  * insert/remove/search are O(1). Invariant (sizeclass_check): a bin's bit is set iff its list is
- * non-empty, every block in a bin maps to that bin, `count` and `bytes` equal the lists' totals. */
+ * non-empty, and a first-level bit iff its second-level word is non-zero; every block in a bin maps
+ * to that bin and records it (block_t.bin); each block's back link names the block before it (the
+ * head's is NULL); `count` and `bytes` equal the lists' totals. */
 #define SC_SL_LOG2 5
 #define SC_SL_COUNT (1u << SC_SL_LOG2)
 #define SC_FL_COUNT 40

@@ -49,7 +49,12 @@ void ptrmap_foreach(const ptrmap_t *m, void (*fn)(block_t *, void *), void *arg)
 
 int ptrmap_check(const ptrmap_t *m, FILE *report) {
     int bad = 0;
-    size_t count = 0;
+    size_t cap = m->mask + 1, count = 0;
+    /* ptrmap_home's slot lies in the table only when the shift matches the capacity. */
+    if (!m->slots || (cap & m->mask) || m->shift != 64 - (unsigned)__builtin_ctzll(cap)) {
+        if (report) fprintf(report, "ptrmap: capacity %zu with shift %u is not a power of two and its shift\n", cap, m->shift);
+        return 1;
+    }
     for (size_t i = 0; i <= m->mask; i++) {
         uintptr_t key = m->slots[i].key;
         if (!key) {
@@ -61,11 +66,14 @@ int ptrmap_check(const ptrmap_t *m, FILE *report) {
             continue;
         }
         count++;
-        /* Every slot from the key's home up to i must be occupied, or lookups would stop early. */
+        /* Every slot from the key's home up to i must be occupied, by other keys, or lookups would
+         * stop early (or find another entry first: removal would leave this one behind). */
         for (size_t j = ptrmap_home(m, key); j != i; j = (j + 1) & m->mask) {
-            if (!m->slots[j].key) {
+            if (!m->slots[j].key || m->slots[j].key == key) {
                 bad++;
-                if (report) fprintf(report, "ptrmap: key %#lx unreachable from its home slot\n", (unsigned long)key);
+                if (report)
+                    fprintf(report, "ptrmap: key %#lx at slot %zu is %s slot %zu\n", (unsigned long)key, i,
+                            m->slots[j].key ? "a duplicate of" : "unreachable from its home past empty", j);
                 break;
             }
         }
@@ -77,6 +85,11 @@ int ptrmap_check(const ptrmap_t *m, FILE *report) {
     if (count != m->count) {
         bad++;
         if (report) fprintf(report, "ptrmap: %zu occupied slots, count says %zu\n", count, m->count);
+    }
+    /* Grown at half full (ptrmap_insert): probe runs stay short and always end at an empty slot. */
+    if (count * 2 > cap) {
+        bad++;
+        if (report) fprintf(report, "ptrmap: %zu keys in %zu slots, more than half full\n", count, cap);
     }
     return bad;
 }

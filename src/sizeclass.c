@@ -58,19 +58,20 @@ int sizeclass_check(const sizeclass_t *sc, FILE *report) {
                 if (report) fprintf(report, "sizeclass: bin (%u,%u) bitmap bit %d but list %s\n", fl, sl, bit, head ? "non-empty" : "empty");
             }
             block_t *prev = NULL;
-            size_t guard = 0;
             for (block_t *b = head; b; prev = b, b = b->link.list.next_free) {
-                if (++guard > ((size_t)1 << 40)) { bad++; break; }
+                /* A list that loops comes back to a block whose back link names another: the walk
+                 * stops there, so that a damaged index is reported, not walked for ever. */
+                if (b->link.list.prev_free != prev) {
+                    bad++;
+                    if (report) fprintf(report, "sizeclass: block %#lx has a broken back link\n", (unsigned long)b->addr);
+                    break;
+                }
                 unsigned bfl, bsl;
                 sizeclass_mapping(b->size, &bfl, &bsl);
                 if (bfl != fl || bsl != sl || b->bin != SC_BIN(fl, sl)) {
                     bad++;
                     if (report) fprintf(report, "sizeclass: block %#lx size %zu in bin (%u,%u), belongs in (%u,%u), records bin %u\n",
                                         (unsigned long)b->addr, b->size, fl, sl, bfl, bsl, (unsigned)b->bin);
-                }
-                if (b->link.list.prev_free != prev) {
-                    bad++;
-                    if (report) fprintf(report, "sizeclass: block %#lx has a broken back link\n", (unsigned long)b->addr);
                 }
                 count++;
                 bytes += b->size;

@@ -119,11 +119,20 @@ size_t tree_collect(const tree_t *t, block_t **out, size_t max) {
     return c.n < max ? c.n : max;
 }
 
-typedef struct { const block_t *prev; size_t count, bytes; int bad; FILE *report; } check_t;
+typedef struct { const block_t *prev; size_t count, bytes, visits, limit; int bad; FILE *report; } check_t;
 
 static void check_node(const block_t *n, check_t *c, int depth) {
     if (!n) return;
     if (depth > 10000) { c->bad++; return; }
+    /* Links that loop back would be walked again and again: a walk that meets more nodes than the
+     * count stops there (the count check below says the rest). */
+    if (++c->visits > c->limit) {
+        if (c->visits == c->limit + 1) {
+            c->bad++;
+            if (c->report) fprintf(c->report, "tree: more nodes than its count of %zu (links loop?)\n", c->limit - 1);
+        }
+        return;
+    }
     const block_t *l = n->link.tree.left, *r = n->link.tree.right;
     if ((l && l->prio > n->prio) || (r && r->prio > n->prio)) {
         c->bad++;
@@ -141,7 +150,7 @@ static void check_node(const block_t *n, check_t *c, int depth) {
 }
 
 int tree_check(const tree_t *t, FILE *report) {
-    check_t c = {NULL, 0, 0, 0, report};
+    check_t c = {NULL, 0, 0, 0, t->count + 1, 0, report};
     check_node(t->root, &c, 0);
     if (c.count != t->count || c.bytes != t->bytes) {
         c.bad++;

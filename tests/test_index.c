@@ -1,10 +1,22 @@
 /* test_index.c — the free indexes (sizeclass TLSF bins, classic treap), the address map and the
  * slab, each driven by random operations against a brute-force model with the checker after every
- * operation. */
+ * operation; then each checker against its structure damaged one way at a time (loops included:
+ * the checker must end). */
 #include "internal.h"
 #include "testutil.h"
 
 #define N 2000
+
+/* Sets lvalue to bad_value: the checker call `check` must report it; restored, it must report
+ * nothing. */
+#define CORRUPT(check, lvalue, bad_value, what)                                    \
+    do {                                                                           \
+        __typeof__(lvalue) saved_ = (lvalue);                                      \
+        (lvalue) = (bad_value);                                                    \
+        EXPECT((check) > 0, "corruption not caught: %s", (what));                  \
+        (lvalue) = saved_;                                                         \
+        EXPECT((check) == 0, "restored structure not clean after: %s", (what));    \
+    } while (0)
 
 static block_t blocks[N];
 static bool in_index[N];
@@ -56,22 +68,32 @@ static void test_sizeclass(rng_t *r) {
         }
         block_t *lg = sizeclass_largest(&sc);
         EXPECT(lg ? lg->size == largest : largest == 0, "largest wrong");
-        if (step % 64 == 0) EXPECT(sizeclass_check(&sc, stderr) == 0, "sizeclass_check failed at step %d", step);
+        EXPECT(sizeclass_check(&sc, stderr) == 0, "sizeclass_check failed at step %d", step);
     }
-    /* The checker catches damage. */
-    block_t *victim = NULL;
-    for (int j = 0; j < N && !victim; j++) if (in_index[j]) victim = &blocks[j];
-    size_t saved = victim->size;
-    victim->size += 512 * 1024 * 64;
-    EXPECT(sizeclass_check(&sc, NULL) > 0, "a block in the wrong bin goes unnoticed");
-    victim->size = saved;
-    sc.bytes++;
-    EXPECT(sizeclass_check(&sc, NULL) > 0, "a wrong byte count goes unnoticed");
-    sc.bytes--;
-    sc.fl_bitmap ^= 1ull << 39;
-    EXPECT(sizeclass_check(&sc, NULL) > 0, "a wrong bitmap goes unnoticed");
-    sc.fl_bitmap ^= 1ull << 39;
-    EXPECT(sizeclass_check(&sc, stderr) == 0, "restored index is clean");
+    /* The checker catches each kind of damage, and nothing once it is undone. A bin with two
+     * blocks or more gives a middle link to break. */
+    block_t *victim = NULL, *second = NULL;
+    for (unsigned bin = 0; bin < SC_FL_COUNT * SC_SL_COUNT && !second; bin++)
+        if (sc.bins[bin] && sc.bins[bin]->link.list.next_free) {
+            victim = sc.bins[bin];
+            second = victim->link.list.next_free;
+        }
+    EXPECT(second, "a bin with two blocks");
+    unsigned vfl = victim->bin / SC_SL_COUNT, vsl = victim->bin % SC_SL_COUNT;
+    unsigned empty_fl = SC_FL_COUNT - 1;
+    while (sc.sl_bitmap[empty_fl]) empty_fl--;
+    CORRUPT(sizeclass_check(&sc, NULL), victim->size, victim->size + 512 * 1024 * 64, "a block in the wrong bin");
+    CORRUPT(sizeclass_check(&sc, NULL), victim->bin, (uint16_t)(victim->bin + 1), "a block recording another bin");
+    CORRUPT(sizeclass_check(&sc, NULL), sc.bytes, sc.bytes + 1, "a wrong byte count");
+    CORRUPT(sizeclass_check(&sc, NULL), sc.count, sc.count - 1, "a wrong block count");
+    CORRUPT(sizeclass_check(&sc, NULL), sc.fl_bitmap, sc.fl_bitmap ^ (1ull << empty_fl), "a first-level bit without bins");
+    CORRUPT(sizeclass_check(&sc, NULL), sc.fl_bitmap, sc.fl_bitmap ^ (1ull << vfl), "a first-level bit cleared");
+    CORRUPT(sizeclass_check(&sc, NULL), sc.sl_bitmap[vfl], sc.sl_bitmap[vfl] ^ (1u << vsl), "a non-empty bin's bit cleared");
+    CORRUPT(sizeclass_check(&sc, NULL), second->link.list.prev_free, NULL, "a broken back link");
+    CORRUPT(sizeclass_check(&sc, NULL), victim->link.list.prev_free, second, "a head with a back link");
+    /* Lists that loop: the checker ends. */
+    CORRUPT(sizeclass_check(&sc, NULL), second->link.list.next_free, victim, "a list looping back to its head");
+    CORRUPT(sizeclass_check(&sc, NULL), second->link.list.next_free, second, "a block linked to itself");
 }
 
 /* The own bin's scan is cut short (more than SC_OWN_BIN_SCAN blocks too small, then the fit) and
@@ -121,69 +143,187 @@ static void test_tree(rng_t *r) {
         else tree_insert(&t, &blocks[i]);
         in_index[i] = !in_index[i];
         size_t want = (rng_below(r, 210) + 1) * 512;
-        const block_t *best = NULL;
+        const block_t *best = NULL, *largest = NULL;
         for (int j = 0; j < N; j++) {
-            if (!in_index[j] || blocks[j].size < want) continue;
+            if (!in_index[j]) continue;
+            if (!largest || blocks[j].size > largest->size || (blocks[j].size == largest->size && blocks[j].addr > largest->addr))
+                largest = &blocks[j];
+            if (blocks[j].size < want) continue;
             if (!best || blocks[j].size < best->size || (blocks[j].size == best->size && blocks[j].addr < best->addr))
                 best = &blocks[j];
         }
         EXPECT(tree_lower_bound(&t, want) == best, "lower bound for %zu is not PyTorch's best fit", want);
-        if (step % 128 == 0) EXPECT(tree_check(&t, stderr) == 0, "tree_check failed at step %d", step);
+        EXPECT(tree_largest(&t) == largest, "largest is not the last in (size, addr) order");
+        EXPECT(tree_check(&t, stderr) == 0, "tree_check failed at step %d", step);
     }
-    block_t *any = tree_largest(&t);
-    size_t saved = any->size;
-    any->size = 0;
-    EXPECT(tree_check(&t, NULL) > 0, "order damage goes unnoticed");
-    any->size = saved;
-    EXPECT(tree_check(&t, stderr) == 0, "restored tree is clean");
+    /* The checker catches each kind of damage, and nothing once it is undone. */
+    block_t *root = t.root, *child = root->link.tree.left ? root->link.tree.left : root->link.tree.right;
+    EXPECT(child, "a root with a child");
+    CORRUPT(tree_check(&t, NULL), tree_largest(&t)->size, 0, "key order broken");
+    CORRUPT(tree_check(&t, NULL), child->prio, root->prio + 1, "a child above its parent's priority");
+    CORRUPT(tree_check(&t, NULL), t.count, t.count + 1, "a wrong block count");
+    CORRUPT(tree_check(&t, NULL), t.bytes, t.bytes - 512, "a wrong byte count");
+    /* Links that loop: the checker ends. */
+    block_t *leaf = tree_largest(&t);
+    CORRUPT(tree_check(&t, NULL), leaf->link.tree.right, leaf, "a node linked to itself");
+    {
+        /* Both links of the largest back to the root: a walk without a bound would branch at every
+         * lap (2^laps paths). */
+        block_t *saved_left = leaf->link.tree.left;
+        leaf->link.tree.left = leaf->link.tree.right = root;
+        EXPECT(tree_check(&t, NULL) > 0, "corruption not caught: both links of a node back to the root");
+        leaf->link.tree.left = saved_left;
+        leaf->link.tree.right = NULL;
+        EXPECT(tree_check(&t, stderr) == 0, "restored tree not clean after: links back to the root");
+    }
 }
 
 static void test_ptrmap(rng_t *r) {
     ptrmap_t m;
     EXPECT(ptrmap_init(&m), "init");
     memset(in_index, 0, sizeof in_index);
-    for (int i = 0; i < N; i++) blocks[i].addr = 0x7f0000000000ull + ((uintptr_t)i * 512 * (rng_below(r, 3) + 1));
-    for (int i = 0; i < N; i++) blocks[i].addr = 0x7f0000000000ull + (uintptr_t)i * 1536;
-    for (int step = 0; step < 50000; step++) {
+    /* Distinct addresses (i in the low bits), at random: sequential ones hash to distinct slots
+     * (Fibonacci hashing spreads them evenly), which would leave probe runs and shifts untried. */
+    for (int i = 0; i < N; i++) blocks[i].addr = 0x7f0000000000ull + ((uintptr_t)rng_below(r, 1u << 20) << 11 | (uintptr_t)i) * 512;
+    size_t displaced = 0;
+    for (int step = 0; step < 30000; step++) {
         int i = (int)rng_below(r, N);
         if (in_index[i]) EXPECT(ptrmap_remove(&m, blocks[i].addr) == &blocks[i], "remove returns the block");
         else EXPECT(ptrmap_insert(&m, blocks[i].addr, &blocks[i]), "insert");
         in_index[i] = !in_index[i];
         int k = (int)rng_below(r, N);
         EXPECT(ptrmap_get(&m, blocks[k].addr) == (in_index[k] ? &blocks[k] : NULL), "get disagrees with the model");
-        if (step % 500 == 0) EXPECT(ptrmap_check(&m, stderr) == 0, "ptrmap_check failed at step %d", step);
+        EXPECT(ptrmap_check(&m, stderr) == 0, "ptrmap_check failed at step %d", step);
+        size_t at = ptrmap_find(&m, blocks[i].addr);
+        displaced += m.slots[at].key && at != ptrmap_home(&m, blocks[i].addr);
     }
+    EXPECT(displaced > 1000, "only %zu operations met a displaced key: probe runs untried", displaced);
     EXPECT(ptrmap_remove(&m, 12345 * 512) == NULL, "removing an absent key");
-    m.count++;
-    EXPECT(ptrmap_check(&m, NULL) > 0, "a wrong count goes unnoticed");
-    m.count--;
-    size_t empty = 0;
+    /* The checker catches each kind of damage, and nothing once it is undone. A displaced key (not
+     * at its home slot) and the slot before it give a probe run to break. */
+    size_t empty = 0, moved = 0;
     while (m.slots[empty].key) empty++;
-    m.slots[empty].val = &blocks[0]; /* a missing key would then be found */
-    EXPECT(ptrmap_check(&m, NULL) > 0, "a block in an empty slot goes unnoticed");
-    m.slots[empty].val = NULL;
-    EXPECT(ptrmap_check(&m, stderr) == 0, "restored map is clean");
+    while (!m.slots[moved].key || ptrmap_home(&m, m.slots[moved].key) == moved) moved++;
+    size_t before = (moved - 1) & m.mask;
+    block_t *other = m.slots[moved].val == &blocks[0] ? &blocks[1] : &blocks[0];
+    CORRUPT(ptrmap_check(&m, NULL), m.count, m.count + 1, "a wrong count");
+    CORRUPT(ptrmap_check(&m, NULL), m.slots[empty].val, &blocks[0], "a block in an empty slot"); /* a missing key found */
+    CORRUPT(ptrmap_check(&m, NULL), m.slots[moved].val, other, "a key mapping to a block at another address");
+    CORRUPT(ptrmap_check(&m, NULL), m.slots[before], m.slots[moved], "a key twice in its probe run");
+    {
+        ptrmap_entry_t saved = m.slots[before];
+        m.slots[before] = (ptrmap_entry_t){0, NULL};
+        m.count--;
+        EXPECT(ptrmap_check(&m, NULL) > 0, "corruption not caught: a key cut off from its home by an empty slot");
+        m.slots[before] = saved;
+        m.count++;
+        EXPECT(ptrmap_check(&m, stderr) == 0, "restored map not clean after: a key cut off from its home");
+    }
+    CORRUPT(ptrmap_check(&m, NULL), m.shift, m.shift - 1, "a shift that does not match the capacity");
+    CORRUPT(ptrmap_check(&m, NULL), m.mask, m.mask - 1, "a capacity not a power of two");
+    {
+        /* More than half full: keys placed where their home is, without growing. */
+        size_t cap = m.mask + 1, added = 0;
+        static block_t extra[4096];
+        for (size_t e = 0; m.count * 2 <= cap && e < sizeof extra / sizeof extra[0]; e++) {
+            extra[e].addr = 0x100000000000ull + e * 512;
+            if (ptrmap_get(&m, extra[e].addr)) continue;
+            ptrmap_place(&m, extra[e].addr, &extra[e]);
+            m.count++;
+            added++;
+        }
+        EXPECT(m.count * 2 > cap && ptrmap_check(&m, NULL) > 0, "corruption not caught: more than half full");
+        for (size_t e = 0; added; e++)
+            if (ptrmap_remove(&m, extra[e].addr)) added--;
+        EXPECT(ptrmap_check(&m, stderr) == 0, "restored map not clean after: more than half full");
+    }
     ptrmap_destroy(&m);
 }
 
-static void test_slab(void) {
+/* Random allocations and frees against the set of records handed out: each record zeroed (or, from
+ * slab_alloc_uninit, any bytes) and apart from every other live one, whose bytes stay as written;
+ * the live count the model's; the checker after every operation. */
+#define SLAB_RECS 3000
+static void test_slab(rng_t *r) {
     slab_t s;
     slab_init(&s, sizeof(block_t));
-    void *recs[5000];
-    for (int i = 0; i < 5000; i++) {
-        recs[i] = slab_alloc(&s);
-        EXPECT(recs[i], "slab_alloc");
-        for (size_t j = 0; j < sizeof(block_t); j++) EXPECT(((unsigned char *)recs[i])[j] == 0, "record not zeroed");
-        memset(recs[i], 0xab, sizeof(block_t));
+    static unsigned char *recs[SLAB_RECS];
+    memset(recs, 0, sizeof recs);
+    size_t live = 0;
+    for (int step = 0; step < 20000; step++) {
+        size_t i = (size_t)rng_below(r, SLAB_RECS);
+        /* Phases that lean toward allocation, then toward freeing, so the free list fills and drains. */
+        bool grow = (step / 4000) % 2 == 0;
+        if (recs[i] && rng_below(r, 100) < (grow ? 30u : 80u)) {
+            for (size_t j = 0; j < sizeof(block_t); j++)
+                EXPECT(recs[i][j] == (unsigned char)i, "record %zu's byte %zu was overwritten", i, j);
+            slab_free(&s, recs[i]);
+            recs[i] = NULL;
+            live--;
+        } else if (!recs[i]) {
+            bool zeroed = rng_below(r, 2);
+            recs[i] = zeroed ? slab_alloc(&s) : slab_alloc_uninit(&s);
+            EXPECT(recs[i], "slab_alloc");
+            EXPECT((uintptr_t)recs[i] % 16 == 0, "record %p not 16-byte aligned", (void *)recs[i]);
+            if (zeroed)
+                for (size_t j = 0; j < sizeof(block_t); j++) EXPECT(recs[i][j] == 0, "record not zeroed");
+            memset(recs[i], (int)(unsigned char)i, sizeof(block_t));
+            live++;
+        }
+        EXPECT(s.live == live, "live count %zu, model %zu", s.live, live);
+        EXPECT(slab_check(&s, stderr) == 0, "slab_check failed at step %d", step);
     }
-    EXPECT(s.live == 5000, "live count");
-    for (int i = 0; i < 5000; i += 2) slab_free(&s, recs[i]);
-    for (int i = 0; i < 5000; i += 2) {
-        recs[i] = slab_alloc(&s);
-        for (size_t j = 0; j < sizeof(block_t); j++) EXPECT(((unsigned char *)recs[i])[j] == 0, "reused record not zeroed");
+#ifndef CUALLOC_SLAB_MALLOC
+    /* The checker catches each kind of damage, and nothing once it is undone. */
+    void *a = NULL, *b = NULL;
+    for (size_t i = 0; i < SLAB_RECS && !b; i++)
+        if (recs[i]) {
+            if (a) b = recs[i];
+            else a = recs[i];
+        }
+    EXPECT(b, "two live records");
+    static block_t outside;
+    for (size_t i = SLAB_RECS; i-- > 0 && !s.free_list;) /* a free record for the cases below */
+        if (recs[i] && recs[i] != a && recs[i] != b) {
+            slab_free(&s, recs[i]);
+            recs[i] = NULL;
+        }
+    EXPECT(s.free_list, "free records");
+    CORRUPT(slab_check(&s, NULL), s.live, s.live + 1, "a wrong live count");
+    {
+        /* A record freed twice: on the free list, and counted free twice. */
+        void *saved_head = s.free_list;
+        slab_free(&s, a);
+        slab_free(&s, a);
+        EXPECT(slab_check(&s, NULL) > 0, "corruption not caught: a record freed twice");
+        s.free_list = saved_head;
+        s.live += 2;
+        EXPECT(slab_check(&s, stderr) == 0, "restored slab not clean after: a record freed twice");
     }
-    for (int i = 0; i < 5000; i++) slab_free(&s, recs[i]);
-    EXPECT(s.live == 0, "live count after frees");
+    {
+        /* A record both handed out and free. */
+        void *saved_head = s.free_list;
+        *(void **)b = s.free_list;
+        s.free_list = b;
+        EXPECT(slab_check(&s, NULL) > 0, "corruption not caught: a live record on the free list");
+        s.free_list = saved_head;
+        EXPECT(slab_check(&s, stderr) == 0, "restored slab not clean after: a live record on the free list");
+    }
+    {
+        /* In the place of the first free record, so that the counts still agree. */
+        void *saved_head = s.free_list;
+        *(void **)(void *)&outside = *(void **)s.free_list;
+        s.free_list = &outside;
+        EXPECT(slab_check(&s, NULL) > 0, "corruption not caught: a foreign record on the free list");
+        s.free_list = saved_head;
+        EXPECT(slab_check(&s, stderr) == 0, "restored slab not clean after: a foreign record on the free list");
+    }
+    CORRUPT(slab_check(&s, NULL), s.free_list, (void *)((char *)s.free_list + 8), "a free record off its start");
+    CORRUPT(slab_check(&s, NULL), s.cur, s.cur + 8, "a carving point off a record boundary");
+#endif
+    for (size_t i = 0; i < SLAB_RECS; i++)
+        if (recs[i]) slab_free(&s, recs[i]);
+    EXPECT(s.live == 0 && slab_check(&s, stderr) == 0, "live count after frees");
     slab_destroy(&s);
 }
 
@@ -194,7 +334,7 @@ int main(void) {
     test_sizeclass_cut_scan();
     test_tree(&r);
     test_ptrmap(&r);
-    test_slab();
+    test_slab(&r);
     printf("test_index: ok\n");
     return 0;
 }
