@@ -47,7 +47,8 @@
  *   quick list of its (size, tag), never with a device-wide or a closed tag; every ALLOCATED and
  *   every CACHED block is found by its address (live_get: VMM, its pool's by_granule slot; classic,
  *   the `classic_live` map), and nothing else is (a parked block keeps its entry, so that taking it
- *   again and freeing it again cost a load, not an insertion and a removal).
+ *   again and freeing it again cost a load, not an insertion and a removal). Every block record
+ *   the slab hands out is a block of a segment (slab_check: and the slab itself is sound).
  *   Accounting: stats.inactive_split_bytes is kept equal to the free bytes that are not releasable
  *   (FREE and CACHED blocks, both pools) at every step; its peak is taken where an operation ends.
  *   stats.active_* equal allocated_* at all times (no block is allocated yet inactive) and are
@@ -2773,6 +2774,7 @@ typedef struct {
     size_t allocated_blocks;
     size_t cached_blocks;
     size_t cached_bytes;
+    size_t records;              /* blocks of every segment */
 } check_ctx_t;
 
 #define CHECK(ctx, cond, ...)                                   \
@@ -2809,20 +2811,25 @@ static size_t check_pool(check_ctx_t *c, pool_t *p) {
     if (h->vmm && p->id == POOL_SMALL)
         CHECK(c, p->chunk > CUALLOC_SMALL_MAX, "small-pool chunks of %zu B: a parked block could hold one", p->chunk);
     size_t free_count[HEAP_MAX_TAGS] = {0}, free_bytes[HEAP_MAX_TAGS] = {0};
-    size_t segments = 0;
-    for (block_t *seg = p->segments; seg; seg = seg->seg_next) {
-        if (++segments > ((size_t)1 << 32)) break;
-        CHECK(c, seg->prev == NULL, "segment head %#lx has a previous block", (unsigned long)seg->addr);
-        CHECK(c, !seg->seg_next || seg->seg_next->seg_prev == seg, "segment list broken after %#lx", (unsigned long)seg->addr);
+    /* Each list's back links name the one walked before (NULL at its head). A list that loops
+     * comes back to a record whose back link names another: the walks stop there, so that damage
+     * is reported, not walked for ever. */
+    block_t *prev_seg = NULL;
+    for (block_t *seg = p->segments; seg; prev_seg = seg, seg = seg->seg_next) {
+        bool seg_linked = seg->seg_prev == prev_seg;
+        CHECK(c, seg_linked, "segment list broken at %#lx", (unsigned long)seg->addr);
         size_t seg_size = 0;
-        for (block_t *b = seg; b; b = b->next) {
+        block_t *prev_b = NULL;
+        for (block_t *b = seg; b; prev_b = b, b = b->next) {
+            bool cut = b->prev != prev_b;
+            CHECK(c, !cut, "block %#lx: %s", (unsigned long)b->addr,
+                  prev_b ? "its prev link is not the block before it" : "a segment head with a previous block");
             CHECK(c, b->size > 0 && b->size % CUALLOC_ALIGN == 0 && b->addr % CUALLOC_ALIGN == 0,
                   "block %#lx size %zu not aligned", (unsigned long)b->addr, b->size);
             CHECK(c, b->pool == p->id, "block %#lx of pool %d found in pool %d", (unsigned long)b->addr, b->pool, p->id);
             CHECK(c, b->quick_hint < QUICK_BUCKETS, "block %#lx: quick-list hint %u is no bucket", (unsigned long)b->addr,
                   b->quick_hint);
             if (b->next) {
-                CHECK(c, b->next->prev == b, "block %#lx: next's prev link is wrong", (unsigned long)b->addr);
                 CHECK(c, b->addr + b->size == b->next->addr, "block %#lx + %zu does not meet next at %#lx",
                       (unsigned long)b->addr, b->size, (unsigned long)b->next->addr);
                 if (b->state == BLOCK_FREE && b->next->state == BLOCK_FREE)
@@ -2832,6 +2839,7 @@ static size_t check_pool(check_ctx_t *c, pool_t *p) {
                       "unmapped blocks %#lx and %#lx should have merged", (unsigned long)b->addr, (unsigned long)b->next->addr);
             }
             seg_size += b->size;
+            c->records++;
             if (b->state == BLOCK_FREE || b->state == BLOCK_UNMAPPED)
                 CHECK(c, live_get(h, b->addr) == NULL, "%s block %#lx is in the live map",
                       b->state == BLOCK_FREE ? "free" : "unmapped", (unsigned long)b->addr);
@@ -2885,11 +2893,13 @@ static size_t check_pool(check_ctx_t *c, pool_t *p) {
                               b->state == BLOCK_ALLOCATED ? "allocated" : "free", (unsigned long)b->addr);
                 }
             }
+            if (cut) break;
         }
         if (h->vmm) {
             CHECK(c, seg->addr == p->va_base && seg_size == p->va_size, "blocks cover %zu B of the %zu B reservation",
                   seg_size, p->va_size);
         }
+        if (!seg_linked) break;
     }
     if (h->vmm) {
         size_t mapped_chunks = 0;
@@ -3046,7 +3056,10 @@ int heap_check(heap_t *h, FILE *report) {
         c.bad += ptrmap_check(&h->classic_live, report);
         ptrmap_foreach(&h->classic_live, check_live_entry, &c);
     }
-    CHECK(&c, h->blocks.live >= live, "slab hands out fewer records than live blocks");
+    /* Between operations every record handed out is a block of a segment. */
+    c.bad += slab_check(&h->blocks, report);
+    CHECK(&c, h->blocks.live == c.records, "the slab hands out %zu block records, the segments hold %zu blocks",
+          h->blocks.live, c.records);
     cua_unlock(&h->lock);
     return c.bad;
 }
@@ -3082,6 +3095,25 @@ void heap_test_tag_fields(heap_t *h, unsigned t, bool **closed, bool **in_flight
     *closed = &h->tags[t].closed;
     *in_flight = &h->tags[t].event_in_flight;
     *partner = &h->tags[t].partner;
+}
+
+void heap_test_fields(heap_t *h, heap_test_fields_t *out) {
+    out->records = &h->blocks;
+    out->classic_live = &h->classic_live;
+    out->last_tag = &h->last_tag;
+    out->dw_open = &h->dw_open;
+}
+
+void heap_test_tag_owner(heap_t *h, unsigned t, bool **used, cua_stream **handle) {
+    *used = &h->tags[t].used;
+    *handle = &h->tags[t].handle;
+}
+
+void heap_test_quick(heap_t *h, unsigned i, uint64_t **key, uint32_t **count, uint64_t **word, unsigned *bit) {
+    *key = &h->quick[i].key;
+    *count = &h->quick[i].count;
+    *word = &h->quick_nonempty[i / 64];
+    *bit = i % 64;
 }
 
 block_t **heap_test_live_slot(heap_t *h, const void *ptr) { return h->vmm ? live_slot(h, (uintptr_t)ptr) : NULL; }

@@ -614,6 +614,19 @@ cua_memhandle *heap_test_chunk(heap_t *h, const void *ptr); /* chunk table entry
 block_t **heap_test_live_slot(heap_t *h, const void *ptr); /* VMM: ptr's entry in its pool's live table */
 /* The fields of stream tag t's record that the stream-generation invariants bind. */
 void heap_test_tag_fields(heap_t *h, unsigned t, bool **closed, bool **in_flight, uint16_t **partner);
+/* The rest of the heap's own fields that heap_check binds, for its corruption tests. */
+typedef struct {
+    slab_t *records;          /* block records */
+    ptrmap_t *classic_live;   /* classic mode: the live blocks by address */
+    unsigned *last_tag;       /* the stream cache (tag_of's one entry) */
+    unsigned *dw_open;        /* the open device-wide generation */
+} heap_test_fields_t;
+void heap_test_fields(heap_t *h, heap_test_fields_t *out);
+/* Tag t's record: whether it is used, and the stream it names. */
+void heap_test_tag_owner(heap_t *h, unsigned t, bool **used, cua_stream **handle);
+/* Quick list i (< 1024): its key, its count and its bit in the non-empty bitmap's word (*word,
+ * bit *bit). The list of a CACHED block b is b->quick_hint. */
+void heap_test_quick(heap_t *h, unsigned i, uint64_t **key, uint32_t **count, uint64_t **word, unsigned *bit);
 bool heap_is_vmm(const heap_t *h);
 int heap_device(const heap_t *h); /* the device ordinal it serves */
 /* The VA range [lo, hi) of a VMM pool (empty in classic mode). Fixed for the heap's life. */

@@ -47,6 +47,8 @@ static void corrupt_blocks(heap_t *h, void **ptrs, int n) {
     CORRUPT(h, f->state, BLOCK_ALLOCATED, "free block marked allocated");
     CORRUPT(h, f->size, f->size - 512, "free block shrunk");
     CORRUPT(h, f->releasable, f->releasable + 2 * MiB, "free block's releasable bytes stale");
+    /* A list that loops: the checker ends. */
+    CORRUPT(h, b->next, b, "a block linked to itself");
 }
 
 /* VMM mode parks freed blocks on quick lists: their fields are bound too. */
@@ -62,6 +64,85 @@ static void corrupt_cached(heap_t *h, void **ptrs, int n) {
     CORRUPT(h, q->tag, (uint16_t)(q->tag + 3), "cached block on the list of another tag");
     CORRUPT(h, q->state, BLOCK_FREE, "cached block marked free but not indexed");
     CORRUPT(h, q->link.list.next_free, q, "quick list looping on itself");
+    CORRUPT(h, *heap_test_live_slot(h, (void *)q->addr), NULL, "cached block missing from the live table");
+    CORRUPT(h, q->tag, TAG_DW_A, "cached block tagged device-wide");
+    CORRUPT(h, q->pool, POOL_LARGE, "a large-pool block on a quick list");
+    bool *closed, *in_flight;
+    uint16_t *partner;
+    heap_test_tag_fields(h, q->tag, &closed, &in_flight, &partner);
+    CORRUPT(h, *closed, true, "cached block of a closed tag");
+    /* Its list: the count, the non-empty bit. */
+    uint64_t *key, *word;
+    uint32_t *count;
+    unsigned bit;
+    heap_test_quick(h, q->quick_hint, &key, &count, &word, &bit);
+    EXPECT(*count > 0 && (*word >> bit & 1), "the cached block's list");
+    CORRUPT(h, *count, *count + 1, "quick list count off by one");
+    CORRUPT(h, *word, *word & ~((uint64_t)1 << bit), "a list with blocks whose non-empty bit is clear");
+    /* An empty, never used list given that key: a key names the bucket it hashes to. */
+    uint64_t *ekey, *eword;
+    uint32_t *ecount;
+    unsigned ebit, e = 0;
+    do heap_test_quick(h, e++, &ekey, &ecount, &eword, &ebit);
+    while (*ekey || *ecount);
+    CORRUPT(h, *ekey, *key, "an empty list keyed for another bucket");
+}
+
+/* VMM: an UNMAPPED block (the end of the large pool's reservation): no chunk mapped under it,
+ * chunk-aligned, never next to another one. */
+static void corrupt_unmapped(heap_t *h, void **ptrs, int n) {
+    block_t *u = NULL;
+    for (int i = 0; i < n && !u; i++) {
+        block_t *x = heap_test_find_block(h, ptrs[i]);
+        for (; x && x->pool == POOL_LARGE && !u; x = x->next)
+            if (x->state == BLOCK_UNMAPPED && x->prev) u = x;
+    }
+    EXPECT(u && u->size > heap_chunk_size(h, POOL_LARGE), "an unmapped block of more than a chunk after another block");
+    CORRUPT(h, *heap_test_chunk(h, (void *)u->addr), (cua_memhandle)1, "a chunk mapped under an unmapped block");
+    CORRUPT(h, u->state, BLOCK_FREE, "unmapped block marked free");
+    /* The boundary moved by 512 B: the unmapped block no longer starts on a chunk. */
+    u->prev->size += CUALLOC_ALIGN;
+    u->addr += CUALLOC_ALIGN;
+    u->size -= CUALLOC_ALIGN;
+    EXPECT(heap_check(h, NULL) > 0, "corruption not caught: unmapped block off its chunk boundary");
+    u->prev->size -= CUALLOC_ALIGN;
+    u->addr -= CUALLOC_ALIGN;
+    u->size += CUALLOC_ALIGN;
+    EXPECT(heap_check(h, stderr) == 0, "restored heap not clean after: unmapped block off its chunk boundary");
+    corruptions++;
+    /* Cut in two unmapped blocks, the second a record of its own. */
+    static block_t half;
+    size_t chunk = heap_chunk_size(h, POOL_LARGE);
+    half = *u;
+    half.addr = u->addr + chunk;
+    half.size = u->size - chunk;
+    half.prev = u;
+    if (half.next) half.next->prev = &half;
+    u->next = &half;
+    u->size = chunk;
+    EXPECT(heap_check(h, NULL) > 0, "corruption not caught: two adjacent unmapped blocks");
+    u->size += half.size;
+    u->next = half.next;
+    if (u->next) u->next->prev = u;
+    EXPECT(heap_check(h, stderr) == 0, "restored heap not clean after: two adjacent unmapped blocks");
+    corruptions++;
+}
+
+/* Records the slab hands out are the segments' blocks: one more is a leak. */
+static void corrupt_records(heap_t *h) {
+    heap_test_fields_t f;
+    heap_test_fields(h, &f);
+    void *leaked = slab_alloc(f.records);
+    EXPECT(leaked, "a record");
+    EXPECT(heap_check(h, NULL) > 0, "corruption not caught: a block record handed out that no segment holds");
+    slab_free(f.records, leaked);
+    EXPECT(heap_check(h, stderr) == 0, "restored heap not clean after: a leaked block record");
+    corruptions++;
+    CORRUPT(h, f.records->live, f.records->live + 1, "the slab's count of records handed out off by one");
+#ifndef CUALLOC_SLAB_MALLOC /* (sanitizer builds: records from calloc, no free list) */
+    EXPECT(f.records->free_list, "merges returned records to the slab");
+    CORRUPT(h, f.records->free_list, (void *)((char *)f.records->free_list + 16), "the slab's free list off a record");
+#endif
 }
 
 /* VMM: the pools' tables of live blocks (by address), which every free looks in. */
@@ -133,12 +214,72 @@ static void corrupt_generations(void) {
     sim_stream_destroy(t);
 }
 
+/* Device-wide generations: device-wide frees while a held non-blocking stream exists. Every
+ * DW_CHECK_EVERY (4) of them the open generation closes, with events that stay in flight (the stream
+ * is held): the closed one holds blocks. (A large live block keeps them under the bound on waiting
+ * device-wide bytes, 1/16 of what is mapped, past which the heap would wait for them.) Also the
+ * stream cache and the tag records. */
+static void corrupt_device_wide(void) {
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:512", &c);
+    cua_stream nb = sim_stream_create(0, true);
+    heap_stream_created(h, nb, true);
+    void *p[11];
+    EXPECT(heap_alloc(h, 256 << 20, NULL, &p[10]) == CUA_SUCCESS, "alloc");
+    for (int i = 0; i < 10; i++) EXPECT(heap_alloc(h, 2 << 20, NULL, &p[i]) == CUA_SUCCESS, "alloc");
+    for (int i = 0; i < 9; i += 2) EXPECT(heap_free_device_wide(h, p[i]), "device-wide free");
+    bool *closed, *in_flight;
+    uint16_t *partner;
+    heap_test_tag_fields(h, TAG_DW_A, &closed, &in_flight, &partner);
+    EXPECT(*in_flight, "the closed device-wide generation's events are in flight");
+    EXPECT(heap_check(h, stderr) == 0, "consistent");
+    CORRUPT(h, *in_flight, false, "the closed device-wide generation holds blocks no event covers");
+    heap_test_fields_t f;
+    heap_test_fields(h, &f);
+    CORRUPT(h, *f.dw_open, 5u, "the open device-wide generation is no device-wide tag");
+    bool *used_b, *used_1;
+    cua_stream *handle_b, *handle_1;
+    heap_test_tag_owner(h, TAG_DW_B, &used_b, &handle_b);
+    heap_test_tag_owner(h, 1, &used_1, &handle_1);
+    EXPECT(*used_1 && *f.last_tag == 1, "the legacy stream has tag 1, in the stream cache");
+    CORRUPT(h, *used_b, false, "a device-wide tag record unused");
+    CORRUPT(h, *handle_1, *handle_b, "a stream tag naming the device-wide pseudo-stream");
+    CORRUPT(h, *f.last_tag, 2u, "the stream cache naming an unused tag");
+    heap_test_tag_fields(h, 30, &closed, &in_flight, &partner);
+    CORRUPT(h, *closed, true, "an unused tag marked closed");
+    CORRUPT(h, *partner, 1, "an unused tag partnered");
+    sim_stream_complete(nb);
+    for (int i = 1; i < 11; i += 2) EXPECT(heap_free(h, p[i], NULL), "free");
+    heap_destroy(h);
+    sim_stream_destroy(nb);
+}
+
+/* Classic mode: the segment list, the live map, and no closed generation. */
+static void corrupt_classic(heap_t *h, void **ptrs) {
+    block_t *b = heap_test_find_block(h, ptrs[1]), *head = b, *last = b;
+    EXPECT(b, "live block");
+    while (head->prev) head = head->prev;
+    while (last->next) last = last->next;
+    CORRUPT(h, head->seg_prev, head, "a segment's back link naming itself");
+    CORRUPT(h, head->seg_next, head, "the segment list looping on itself");
+    CORRUPT(h, last->next, head, "a segment's blocks looping back to its head");
+    heap_test_fields_t f;
+    heap_test_fields(h, &f);
+    CORRUPT(h, f.classic_live->count, f.classic_live->count + 1, "the live map's count off by one");
+    bool *closed, *in_flight;
+    uint16_t *partner;
+    heap_test_tag_fields(h, 1, &closed, &in_flight, &partner);
+    CORRUPT(h, *closed, true, "a closed tag in classic mode");
+}
+
 int main(void) {
     void *ptrs[24];
     heap_t *h = build("sim_memory_mb:512", ptrs, 24);
     corrupt_blocks(h, ptrs, 24);
     corrupt_cached(h, ptrs, 24);
     corrupt_live_tables(h, ptrs, 24);
+    corrupt_unmapped(h, ptrs, 24);
+    corrupt_records(h);
     corrupt_stats(h);
     cua_memhandle *chunk = heap_test_chunk(h, ptrs[1]);
     EXPECT(chunk && *chunk, "chunk under a live block is mapped");
@@ -146,9 +287,12 @@ int main(void) {
     heap_destroy(h);
 
     corrupt_generations();
+    corrupt_device_wide();
 
     h = build("sim_memory_mb:512,expandable_segments:0", ptrs, 24);
     corrupt_blocks(h, ptrs, 24);
+    corrupt_classic(h, ptrs);
+    corrupt_records(h);
     corrupt_stats(h);
     heap_destroy(h);
     printf("test_check: %d corruptions caught\n", corruptions);
