@@ -1,6 +1,7 @@
 /* ranges.c — sorted disjoint address ranges (ranges.h). */
 #include "ranges.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,4 +97,29 @@ void ranges_free(addr_ranges_t *m)
 {
     free(m->v);
     *m = (addr_ranges_t){0};
+}
+
+int ranges_check(const addr_ranges_t *m, FILE *report)
+{
+    if (m->n > m->cap || (m->n && !m->v)) {
+        if (report)
+            fprintf(report, "ranges: %zu ranges in room for %zu\n", m->n, m->cap);
+        return 1;
+    }
+    int bad = 0;
+    for (size_t i = 0; i < m->n; i++) {
+        if (m->v[i].addr >= m->v[i].end) {
+            bad++;
+            if (report)
+                fprintf(report, "ranges: range %zu [0x%" PRIx64 ", 0x%" PRIx64 ") is empty\n", i, m->v[i].addr,
+                        m->v[i].end);
+        }
+        if (i + 1 < m->n && m->v[i].end > m->v[i + 1].addr) {
+            bad++;
+            if (report)
+                fprintf(report, "ranges: range %zu ends at 0x%" PRIx64 ", past the start of the next at 0x%" PRIx64 "\n",
+                        i, m->v[i].end, m->v[i + 1].addr);
+        }
+    }
+    return bad;
 }

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 typedef struct addr_range { uint64_t addr, end; } addr_range_t;
 typedef struct addr_ranges { addr_range_t *v; size_t n, cap; } addr_ranges_t; /* {0}: empty */
@@ -24,5 +25,8 @@ bool ranges_add_missing(addr_ranges_t *m, uint64_t addr, uint64_t end);
 /* Removes [addr, end) from the set, cutting the ranges it overlaps. */
 bool ranges_remove(addr_ranges_t *m, uint64_t addr, uint64_t end);
 void ranges_free(addr_ranges_t *m);
+/* The number of broken invariants, each described on report (when not NULL): every range is
+ * non-empty and ends at or before the next one starts; n <= cap, with an array when n > 0. */
+int ranges_check(const addr_ranges_t *m, FILE *report);
 
 #endif
