@@ -243,6 +243,29 @@ static void check_the_checker(void)
     EXPECT(devaddr_map_check(&m, NULL) == 1, "duplicate key not found");
     eb->key.addr = b;
     EXPECT(devaddr_map_check(&m, stderr) == 0, "restored");
+
+    /* A capacity that is no power of two: homes mean nothing then. */
+    m.mask--;
+    EXPECT(devaddr_map_check(&m, NULL) == 1, "a capacity not a power of two not found");
+    m.mask++;
+
+    /* Half full (8 of 16 slots), then one entry more put at its own home without growing. */
+    for (uint64_t k = 100; m.count < 8; k++)
+        EXPECT(devaddr_map_insert(&m, 7, k), "out of memory");
+    EXPECT(m.mask == 15 && devaddr_map_check(&m, stderr) == 0, "half full, not grown");
+    size_t f = 0;
+    while (((ent_t *)(void *)(m.slots + f * m.elem_size))->key.used)
+        f++;
+    uint64_t x = 1000;
+    while (home_alone(7, x) != f || devaddr_map_find(&m, 7, x))
+        x++;
+    ent_t *ex = (ent_t *)(void *)(m.slots + f * m.elem_size);
+    ex->key = (devaddr_entry_t){x, 7, true};
+    m.count++;
+    EXPECT(devaddr_map_check(&m, NULL) == 1, "more than half full not found");
+    ex->key.used = false;
+    m.count--;
+    EXPECT(devaddr_map_check(&m, stderr) == 0, "restored");
     devaddr_map_free(&m);
 }
 
