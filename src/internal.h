@@ -710,6 +710,20 @@ void trace_mark(const char *label);
 bool trace_after_fork_child(char *tmpl_out, size_t len);
 /* Expands a template; returns its length, 0 when it does not fit in len. */
 size_t trace_expand_path(const char *tmpl, char *out, size_t len);
+/* Number of invariant violations of the open file's blocks, ring and cursors (trace.c states them
+ * next to the recorder's state), each described on `report` (may be NULL); 0 when no file is open.
+ * Reads every block header back from the file: for tests. */
+int trace_check(FILE *report);
+/* Tests: the recorder's fields trace_check binds, for its corruption tests (valid while the file
+ * stays open). */
+typedef struct {
+    uint64_t *ring;             /* the ring's list (max_blocks entries); NULL for a linear file */
+    uint64_t *ring_start, *ring_count, *meta_blocks, *nblocks;
+    size_t *ev_pos;             /* the EVENT cursor's position, its next serial, its last record */
+    uint64_t *ev_serial, *ev_last_seq;
+    uint64_t max_blocks;
+} trace_test_fields_t;
+void trace_test_fields(trace_test_fields_t *out);
 /* Tests: the block size of files opened later (a multiple of the page size; 0 = default), and
  * the number of records written to the current file. */
 void trace_set_block_size(uint32_t bytes);

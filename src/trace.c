@@ -128,6 +128,13 @@ static struct {
     tcur_t meta, ev;
     vec_t ring_list;       /* ring: EVENT block numbers, oldest first (circular) */
     uint64_t ring_start, ring_count;
+    /* Invariants (trace_check), while a file is open: it holds nblocks blocks (at most max_blocks,
+     * when bounded), each with a sound header of kind META or EVENT, meta_blocks of them META. In
+     * a ring the others are exactly the ring's ring_count entries, each once, their serials rising
+     * from the oldest to the newest, which is the one `ev` writes to. Each cursor's block is one of
+     * the file's, of its kind and with the serial before the cursor's next; its position lies
+     * inside the block, an EVENT block's leaving END_RESERVE bytes free; no record is newer than
+     * T.seq. */
     /* tables, reset per file */
     vec_t nodes;           /* node_t by stack id */
     uint32_t nnodes;       /* ids in use: 1 .. nnodes */
@@ -478,6 +485,130 @@ static bool block_next(tcur_t *c, uint64_t now)
         ring_append(index);
     }
     return true;
+}
+
+/* --------------------------------------------------------------------------------- checker */
+
+static uint64_t get_le(const uint8_t *p, unsigned bytes)
+{
+    uint64_t v = 0;
+    for (unsigned i = 0; i < bytes; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+#define TCHECK(cond, ...)                                                                       \
+    do {                                                                                        \
+        if (!(cond)) {                                                                          \
+            bad++;                                                                              \
+            if (report) {                                                                       \
+                fprintf(report, "trace: ");                                                     \
+                fprintf(report, __VA_ARGS__);                                                   \
+                fputc('\n', report);                                                            \
+            }                                                                                   \
+        }                                                                                       \
+    } while (0)
+
+/* Lock held. The cursor's fields against the file's blocks. */
+static int cursor_check(const tcur_t *c, const char *name, FILE *report)
+{
+    int bad = 0;
+    if (!c->map)
+        return 0;
+    TCHECK(c->index < T.nblocks, "the %s cursor writes block %llu of %llu", name, (unsigned long long)c->index,
+           (unsigned long long)T.nblocks);
+    size_t end = T.block_size - (c == &T.ev ? END_RESERVE : 0);
+    TCHECK(c->pos >= CUA_TRACE_BLOCK_HEADER && c->pos <= end, "the %s cursor's position %zu is outside [%u, %zu]", name,
+           c->pos, CUA_TRACE_BLOCK_HEADER, end);
+    TCHECK(c->last_seq <= T.seq, "the %s cursor's last record %llu is newer than the last written, %llu", name,
+           (unsigned long long)c->last_seq, (unsigned long long)T.seq);
+    TCHECK(memcmp(c->map, "CUAB", 4) == 0 && c->map[CUA_TRACE_BOFF_KIND] == c->kind &&
+               get_le(c->map + CUA_TRACE_BOFF_SERIAL, 8) + 1 == c->serial,
+           "the %s cursor's block is not of its kind, or has serial %llu where the next is %llu", name,
+           (unsigned long long)get_le(c->map + CUA_TRACE_BOFF_SERIAL, 8), (unsigned long long)c->serial);
+    return bad;
+}
+
+int trace_check(FILE *report)
+{
+    lock();
+    int bad = 0;
+    if (!T.open) {
+        unlock();
+        return 0;
+    }
+    TCHECK(!T.max_blocks || T.nblocks <= T.max_blocks, "%llu blocks, past the bound of %llu",
+           (unsigned long long)T.nblocks, (unsigned long long)T.max_blocks);
+    TCHECK(T.meta_blocks <= T.nblocks, "%llu META blocks of %llu", (unsigned long long)T.meta_blocks,
+           (unsigned long long)T.nblocks);
+    bad += cursor_check(&T.meta, "META", report);
+    bad += cursor_check(&T.ev, "EVENT", report);
+    /* Every block's header, from the file: kinds and serials. */
+    uint64_t meta = 0;
+    uint64_t *ring = T.ring_list.p;
+    uint8_t h[CUA_TRACE_BLOCK_HEADER];
+    for (uint64_t i = 0; i < T.nblocks; i++) {
+        if (pread(T.fd, h, sizeof h, (off_t)block_offset(i)) != (ssize_t)sizeof h) {
+            TCHECK(false, "block %llu cannot be read back", (unsigned long long)i);
+            continue;
+        }
+        TCHECK(memcmp(h, "CUAB", 4) == 0 && get_le(h + CUA_TRACE_BOFF_CHECK, 2) == cua_trace_block_check(h) &&
+                   (h[CUA_TRACE_BOFF_KIND] == CUA_TRACE_BLOCK_META || h[CUA_TRACE_BOFF_KIND] == CUA_TRACE_BLOCK_EVENTS),
+               "block %llu has no sound header", (unsigned long long)i);
+        meta += h[CUA_TRACE_BOFF_KIND] == CUA_TRACE_BLOCK_META;
+        if (!T.ring)
+            continue;
+        /* In a ring, an EVENT block is in the ring's list, once; a META block is not in it. */
+        uint64_t seen = 0;
+        for (uint64_t k = 0; k < T.ring_count && k < T.max_blocks; k++)
+            seen += ring[(T.ring_start + k) % T.max_blocks] == i;
+        TCHECK(seen == (h[CUA_TRACE_BOFF_KIND] == CUA_TRACE_BLOCK_EVENTS), "block %llu, of kind %u, is %llu times in the ring",
+               (unsigned long long)i, h[CUA_TRACE_BOFF_KIND], (unsigned long long)seen);
+    }
+    TCHECK(meta == T.meta_blocks, "%llu META blocks in the file, %llu counted", (unsigned long long)meta,
+           (unsigned long long)T.meta_blocks);
+    if (T.ring) {
+        TCHECK(T.ring_start < T.max_blocks && T.ring_count <= T.max_blocks &&
+                   T.ring_count + T.meta_blocks == T.nblocks,
+               "the ring lists %llu blocks from %llu, with %llu META blocks of %llu", (unsigned long long)T.ring_count,
+               (unsigned long long)T.ring_start, (unsigned long long)T.meta_blocks, (unsigned long long)T.nblocks);
+        /* Oldest first: serials rise along the list, and the newest is the one being written. */
+        uint64_t prev_serial = 0;
+        for (uint64_t k = 0; k < T.ring_count && k < T.max_blocks; k++) {
+            uint64_t b = ring[(T.ring_start + k) % T.max_blocks];
+            if (b >= T.nblocks || pread(T.fd, h, sizeof h, (off_t)block_offset(b)) != (ssize_t)sizeof h) {
+                TCHECK(false, "ring entry %llu names block %llu of %llu", (unsigned long long)k, (unsigned long long)b,
+                       (unsigned long long)T.nblocks);
+                continue;
+            }
+            uint64_t serial = get_le(h + CUA_TRACE_BOFF_SERIAL, 8);
+            TCHECK(k == 0 || serial > prev_serial, "ring entry %llu (block %llu) has serial %llu, not above %llu",
+                   (unsigned long long)k, (unsigned long long)b, (unsigned long long)serial,
+                   (unsigned long long)prev_serial);
+            prev_serial = serial;
+        }
+        TCHECK(!T.ev.map || (T.ring_count && ring[(T.ring_start + T.ring_count - 1) % T.max_blocks] == T.ev.index),
+               "the EVENT cursor's block %llu is not the ring's newest", (unsigned long long)T.ev.index);
+    } else {
+        TCHECK(T.ring_count == 0, "a linear file with %llu blocks in a ring", (unsigned long long)T.ring_count);
+    }
+    unlock();
+    return bad;
+}
+
+#undef TCHECK
+
+void trace_test_fields(trace_test_fields_t *out)
+{
+    out->ring = T.ring_list.p;
+    out->ring_start = &T.ring_start;
+    out->ring_count = &T.ring_count;
+    out->meta_blocks = &T.meta_blocks;
+    out->nblocks = &T.nblocks;
+    out->ev_pos = &T.ev.pos;
+    out->ev_serial = &T.ev.serial;
+    out->ev_last_seq = &T.ev.last_seq;
+    out->max_blocks = T.max_blocks;
 }
 
 /* --------------------------------------------------------------------------------- records */

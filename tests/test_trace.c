@@ -1085,6 +1085,116 @@ static void ring_meta_order_body(void)
     trace_free(&t);
 }
 
+/* Random operations (allocations from a few call sites and from ever new stacks, frees, marks,
+ * trims) into a small file of 4 KiB blocks, ring and linear, with the recorder's checker after each:
+ * the ring wraps, META blocks take the oldest EVENT blocks' places until the definitions fill half
+ * the file, the linear file stops at its bound. The model is the marks, numbered: a ring keeps a
+ * contiguous run of the newest, ending with the last; a linear file a run from the first. Then, in the
+ * ring, the checker against the recorder's state broken one way at a time. */
+static void ring_random_run(bool ring, rng_t *r)
+{
+    char path[300];
+    path_of(path, sizeof path, ring ? "random-ring.trace" : "random-linear.trace");
+    trace_set_block_size(4096);
+    conf_t c = base_conf();
+    c.trace_max = CUA_TRACE_HEADER_SIZE + 10 * (size_t)4096;
+    c.trace_ring = ring;
+    EXPECT(api_trace_start(path, &c) == 0, "start");
+    EXPECT(trace_check(stderr) == 0, "a new file");
+    void *live[16] = {0};
+    int marks = 0, marks_recorded = 0;
+    char label[32];
+    unsigned bits = 0;
+    for (int op = 0; op < 4000; op++) {
+        unsigned dice = (unsigned)rng_below(r, 100);
+        int k = (int)rng_below(r, 16);
+        if (dice < 45 && !live[k]) {
+            size_t n = rng_tensor_size(r, 4 * MiB);
+            live[k] = dice < 10 ? site_bits(bits++, 10, n) : dice % 2 ? site_alpha(n) : site_beta(n);
+        } else if (dice < 90) {
+            cualloc_free(live[k], (void *)(uintptr_t)(dice % 2)); /* (NULL: nothing) */
+            live[k] = NULL;
+        } else if (dice < 98) {
+            bool active = trace_active();
+            snprintf(label, sizeof label, "m%d", marks++);
+            cualloc_mark(label);
+            marks_recorded += active;
+        } else {
+            cualloc_trim(0);
+        }
+        EXPECT(trace_check(stderr) == 0, "the recorder's checker after operation %d", op);
+    }
+    EXPECT(!ring || trace_active(), "a ring never stops");
+    EXPECT(ring || !trace_active(), "the linear file did not reach its bound");
+    if (ring) {
+        trace_test_fields_t f;
+        trace_test_fields(&f);
+        EXPECT(f.ring && *f.ring_count >= 3, "a ring of %llu blocks", (unsigned long long)*f.ring_count);
+        uint64_t *oldest = &f.ring[*f.ring_start], *second = &f.ring[(*f.ring_start + 1) % f.max_blocks];
+        uint64_t *newest = &f.ring[(*f.ring_start + *f.ring_count - 1) % f.max_blocks];
+#define TRACE_CORRUPT(lvalue, bad_value, what)                                                   \
+    do {                                                                                         \
+        __typeof__(lvalue) saved_ = (lvalue);                                                    \
+        (lvalue) = (bad_value);                                                                  \
+        EXPECT(trace_check(NULL) > 0, "corruption not caught: %s", (what));                      \
+        (lvalue) = saved_;                                                                       \
+        EXPECT(trace_check(stderr) == 0, "restored recorder not clean after: %s", (what));       \
+    } while (0)
+        TRACE_CORRUPT(*f.ring_count, *f.ring_count - 1, "the ring missing its newest block");
+        TRACE_CORRUPT(*f.ring_start, f.max_blocks, "the ring starting past its list");
+        TRACE_CORRUPT(*f.meta_blocks, *f.meta_blocks + 1, "one META block too many counted");
+        TRACE_CORRUPT(*f.nblocks, *f.nblocks - 1, "one block too few counted");
+        TRACE_CORRUPT(*oldest, *second, "a block twice in the ring");
+        TRACE_CORRUPT(*newest, *oldest, "the newest entry not the block being written");
+        {
+            uint64_t a = *oldest;
+            *oldest = *second;
+            *second = a;
+            EXPECT(trace_check(NULL) > 0, "corruption not caught: the two oldest blocks out of order");
+            *second = *oldest;
+            *oldest = a;
+            EXPECT(trace_check(stderr) == 0, "restored recorder not clean after: two blocks out of order");
+        }
+        TRACE_CORRUPT(*f.ev_pos, (size_t)4096, "the EVENT block's position leaving no room for END");
+        TRACE_CORRUPT(*f.ev_pos, (size_t)8, "the EVENT block's position inside its header");
+        TRACE_CORRUPT(*f.ev_serial, *f.ev_serial + 1, "the EVENT cursor's serial ahead of its block's");
+        TRACE_CORRUPT(*f.ev_last_seq, UINT64_MAX, "the EVENT cursor's last record newer than any");
+#undef TRACE_CORRUPT
+    }
+    for (int i = 0; i < 16; i++)
+        cualloc_free(live[i], NULL);
+    cualloc_trace_stop();
+    trace_set_block_size(0);
+    trace_t t;
+    trace_read(path, &t);
+    EXPECT(t.status == 0, "reader: %s", t.error);
+    size_t n = count_type(&t, CUA_TRACE_MARK);
+    EXPECT(n > 0, "no mark read back");
+    int first = atoi(nth_of(&t, CUA_TRACE_MARK, 0)->s1 + 1);
+    for (size_t i = 0; i < n; i++) {
+        const rec_t *m = nth_of(&t, CUA_TRACE_MARK, i);
+        EXPECT(m->s1[0] == 'm' && atoi(m->s1 + 1) == first + (int)i, "mark %zu is %s, want m%d", i, m->s1,
+               first + (int)i);
+    }
+    if (ring) {
+        EXPECT(first > 0 && first + (int)n == marks, "the ring kept marks m%d to m%d of %d", first,
+               first + (int)n - 1, marks);
+    } else {
+        /* The mark that found the file full stopped it, unrecorded. */
+        EXPECT(first == 0 && (int)n <= marks_recorded && (int)n >= marks_recorded - 1,
+               "the linear file kept marks m%d to m%d, %d made while it was open", first, first + (int)n - 1,
+               marks_recorded);
+    }
+    trace_free(&t);
+}
+
+static void ring_random_body(void)
+{
+    rng_t r = {seed};
+    ring_random_run(true, &r);
+    ring_random_run(false, &r);
+}
+
 /* A file size limit below the header, or below the header and the first block: start fails with
  * the reason, the process is not killed by SIGXFSZ, and no file is left behind. */
 static void start_limit_body(void)
@@ -1561,6 +1671,7 @@ int main(int argc, char **argv)
     in_child("full file system (RLIMIT_FSIZE)", sim, full_body);
     in_child("trace_ring: new definitions once the ring is full", sim, ring_definitions_body);
     in_child("trace_ring: META blocks out of file order", sim, ring_meta_order_body);
+    in_child("random operations in a small ring and a small linear file, checked after each", sim, ring_random_body);
     in_child("a file size limit below the first block (RLIMIT_FSIZE)", sim, start_limit_body);
     in_child("signal handlers recording inside the recorder", sim, signal_body);
     in_child("exit() from a signal handler inside an allocation", sim, exit_from_signal_body);
