@@ -315,31 +315,55 @@ static const variant_t variants[] = {
     {"no vmm on device", "sim_memory_mb:512,sim_vmm:0", 32 << 20, true, 4000},
 };
 
-/* One random sequence of 400 operations with `op` failing `count` times after `after` calls (and,
- * when `also` is not SIM_OP_COUNT, the next call of `also` failing): the heap stays consistent. */
-static void fault_run(rng_t *r, const char *conf, bool held, sim_op_t op, sim_op_t also) {
+/* One random sequence of 400 operations from `seed`, with `op` failing `count` times after `after`
+ * calls when `inject` (and, when `also` is not SIM_OP_COUNT, the next call of `also` failing): the
+ * heap stays consistent. Returns the calls of `op` the sequence made. */
+static uint64_t fault_sequence(uint64_t seed, const char *conf, bool held, sim_op_t op, bool inject, unsigned after,
+                               unsigned count, sim_op_t also) {
+    rng_t seq = {seed}, *r = &seq;
     world_t w;
     world_open(&w, conf, held);
-    unsigned after = (unsigned)rng_below(r, 40);
-    unsigned count = 1 + (unsigned)rng_below(r, 3);
+    uint64_t calls = sim_calls(op); /* (counted from sim_configure on) */
     cua_result err = (op == SIM_OP_PHYS_CREATE || op == SIM_OP_MEM_ALLOC) ? CUA_ERROR_OUT_OF_MEMORY : CUA_ERROR_UNKNOWN;
-    sim_fail(op, after, count, err);
-    if (also != SIM_OP_COUNT) sim_fail(also, 0, 1, CUA_ERROR_UNKNOWN); /* the next one: likely the rollback's */
-    w.exact_device = op != SIM_OP_PHYS_RELEASE;
-    for (int i = 0; i < 400; i++) {
-        if (w.nlive < MAX_LIVE && (rng_below(r, 100) < 55 || w.nlive == 0)) {
-            world_alloc(&w, r, rng_tensor_size(r, 24 << 20), (int)rng_below(r, NSTREAMS));
-        } else if (rng_below(r, 30) == 0) {
-            heap_trim(w.h);
-        } else {
-            int k = (int)rng_below(r, (uint64_t)w.nlive);
-            world_free(&w, k, w.live[k].stream);
-        }
-        world_verify(&w, sim_op_name(op));
+    if (inject) {
+        sim_fail(op, after, count, err);
+        if (also != SIM_OP_COUNT) sim_fail(also, 0, 1, CUA_ERROR_UNKNOWN); /* the next one: likely the rollback's */
+        w.exact_device = op != SIM_OP_PHYS_RELEASE;
     }
+    for (int i = 0; i < 400; i++) {
+        uint64_t dice = rng_below(r, 100);
+        if (w.nlive < MAX_LIVE && (dice < 55 || w.nlive == 0)) {
+            world_alloc(&w, r, rng_tensor_size(r, 24 << 20), (int)rng_below(r, NSTREAMS));
+        } else if (dice < 58) {
+            heap_trim(w.h);
+        } else if (dice < 61) {
+            world_complete(&w, 1 + (int)rng_below(r, NSTREAMS - 1));
+        } else {
+            /* Frees on the block's stream, on another, and device-wide: the events, queries and
+             * synchronizations that settle them fail too. */
+            int k = (int)rng_below(r, (uint64_t)w.nlive);
+            int stream = rng_below(r, 8) ? w.live[k].stream : (int)rng_below(r, NSTREAMS);
+            if (rng_below(r, 6) || !world_free_device_wide(&w, k)) world_free(&w, k, stream);
+        }
+        if (inject) world_verify(&w, sim_op_name(op)); /* (the first run is the one without failures) */
+    }
+    calls = sim_calls(op) - calls;
     sim_fail(op, 0, 0, CUA_SUCCESS);
     if (also != SIM_OP_COUNT) sim_fail(also, 0, 0, CUA_SUCCESS);
     world_close(&w, true);
+    return calls;
+}
+
+/* fault_sequence with `op` failing where the sequence calls it: a first run without failures
+ * counts its calls (the heap and the sim are deterministic), and the failure is placed among
+ * them. Returns whether it could be (false: the sequence never calls op). */
+static bool fault_run(rng_t *r, const char *conf, bool held, sim_op_t op, sim_op_t also) {
+    uint64_t seed = rng_next(r);
+    unsigned count = 1 + (unsigned)rng_below(r, 3);
+    uint64_t calls = fault_sequence(seed, conf, held, op, false, 0, 0, SIM_OP_COUNT);
+    unsigned after = (unsigned)rng_below(r, calls);
+    fault_sequence(seed, conf, held, op, true, after, count, also);
+    return calls > 0;
 }
 
 /* Every driver operation fails at some point of a random sequence; the heap stays consistent. Then
@@ -348,17 +372,27 @@ static void fault_run(rng_t *r, const char *conf, bool held, sim_op_t op, sim_op
 static void run_faults(rng_t *r) {
     static const sim_op_t ops[] = {SIM_OP_PHYS_CREATE, SIM_OP_MAP,        SIM_OP_SET_ACCESS,  SIM_OP_UNMAP,
                                    SIM_OP_PHYS_RELEASE, SIM_OP_MEM_ALLOC, SIM_OP_MEM_FREE,    SIM_OP_EVENT_CREATE,
-                                   SIM_OP_EVENT_RECORD, SIM_OP_EVENT_QUERY, SIM_OP_STREAM_SYNC, SIM_OP_EVENT_SYNC};
+                                   SIM_OP_EVENT_RECORD, SIM_OP_EVENT_QUERY, SIM_OP_STREAM_SYNC, SIM_OP_EVENT_SYNC,
+                                   SIM_OP_DEVICE_SYNC};
     static const char *confs[] = {"sim_memory_mb:128", "sim_memory_mb:128,expandable_segments:0"};
-    int runs = 0;
-    for (size_t oi = 0; oi < sizeof ops / sizeof ops[0]; oi++)
+    int runs = 0, failed = 0;
+    char never[256] = "";
+    for (size_t oi = 0; oi < sizeof ops / sizeof ops[0]; oi++) {
+        int op_failed = 0;
         for (int ci = 0; ci < 2; ci++)
-            for (int trial = 0; trial < 3; trial++, runs++) fault_run(r, confs[ci], trial == 2, ops[oi], SIM_OP_COUNT);
+            for (int trial = 0; trial < 3; trial++, runs++)
+                op_failed += fault_run(r, confs[ci], trial == 2, ops[oi], SIM_OP_COUNT);
+        failed += op_failed;
+        if (!op_failed) snprintf(never + strlen(never), sizeof never - strlen(never), " %s", sim_op_name(ops[oi]));
+    }
     static const sim_op_t map_side[] = {SIM_OP_PHYS_CREATE, SIM_OP_MAP, SIM_OP_SET_ACCESS};
     for (size_t oi = 0; oi < sizeof map_side / sizeof map_side[0]; oi++)
-        for (int trial = 0; trial < 4; trial++, runs++) fault_run(r, confs[0], trial == 3, map_side[oi], SIM_OP_UNMAP);
-    printf("  fault injection: %d runs over %zu operations, and map failures with a refused unmap\n", runs,
-           sizeof ops / sizeof ops[0]);
+        for (int trial = 0; trial < 4; trial++, runs++) failed += fault_run(r, confs[0], trial == 3, map_side[oi], SIM_OP_UNMAP);
+    printf("  fault injection: %d runs over %zu operations, %d of them failing one; never called:%s\n", runs,
+           sizeof ops / sizeof ops[0], failed, never[0] ? never : " none");
+    /* Every operation but the event wait (called only when device-wide frees pile up, which these
+     * runs make rare) fails in some run. */
+    EXPECT(!never[0] || strcmp(never, " event_sync") == 0, "operations never called, so never failed:%s", never);
 }
 
 int main(void) {
