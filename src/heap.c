@@ -1613,6 +1613,20 @@ static bool device_free_now(const heap_t *h, size_t *dfree, size_t *dtotal) {
     return false;
 }
 
+/* Classic: the size of the largest large-pool segment holding a live block smaller than itself
+ * (more than one block: after the release that precedes an OOM no segment is wholly free), 0
+ * when none. For oom_max_split_mb. Lock held. */
+static size_t classic_largest_split_segment(const heap_t *h) {
+    size_t best = 0;
+    for (const block_t *seg = h->pools[POOL_LARGE].segments; seg; seg = seg->seg_next) {
+        if (!seg->next) continue;
+        size_t size = 0;
+        for (const block_t *b = seg; b; b = b->next) size += b->size;
+        if (size > best) best = size;
+    }
+    return best;
+}
+
 /* What live memory must do when no allocator setting can help: the training-side fixes of the
  * OOM ladder, in cost order. */
 #define OOM_LIVE_FIXES                                                                              \
@@ -1628,8 +1642,9 @@ static bool device_free_now(const heap_t *h, size_t *dfree, size_t *dtotal) {
  *     cost order, since no allocator setting can help; a full device names what holds the rest;
  *     a shortage against a configured cap that the device has room beyond names the key to raise;
  *   fragmentation: the allocator's own fixes, free of cost — expandable segments, a lower
- *     max_split_size_mb, garbage_collection_threshold (VMM mode: the address space, va_factor),
- *     or, when the device refused memory the cap allows, what holds it.
+ *     max_split_size_mb where it would have kept a carved segment whole (oom_classic_fixes; VMM
+ *     mode: the address space, va_factor), or, when the device refused memory the cap allows,
+ *     what holds it; where none applies, the training-side fixes.
  * dknown: the driver told dfree and dtotal. *vmm (when not NULL): why expandable segments failed
  * a request the rule calls fragmentation (oom_vmm_failure), else 0 — what the trace records. Lock
  * held. */
@@ -1719,28 +1734,21 @@ static oom_kind_t oom_diagnose(heap_t *h, size_t rsize, size_t dfree, size_t dto
                      "free range of the reserved address space is large enough. First fix: %s.",
                      alloc, cap, fix);
         } else {
-            /* Only the settings not in effect already are advised: expandable segments when they were
-             * turned off (asked for, they fell back here because the device has no VMM), a lower
-             * max_split_size_mb when it is above the 128 suggested, and the threshold when it is off. */
-            const char *fix[3];
-            unsigned nfix = 0;
-            if (!h->conf.expandable_segments) fix[nfix++] = "expandable segments (CUALLOC_CONF=expandable_segments:True)";
-            if (h->conf.max_split_size > 128 * MiB) fix[nfix++] = "lower max_split_size_mb (e.g. max_split_size_mb:128)";
-            if (!(h->conf.garbage_collection_threshold > 0)) fix[nfix++] = "set garbage_collection_threshold:0.8";
-            char fixes[320];
-            if (nfix == 0)
-                snprintf(fixes, sizeof fixes, "First fix: " OOM_LIVE_FIXES);
-            else
-                snprintf(fixes, sizeof fixes, "First fix (free): %s%s%s%s%s", fix[0], nfix > 1 ? "; else " : "",
-                         nfix > 1 ? fix[1] : "", nfix > 2 ? " or " : "", nfix > 2 ? fix[2] : "");
+            /* The allocator's own fixes that could change this (oom_classic_fixes): expandable
+             * segments unless asked for already (they fell back here: the device has no VMM), a
+             * max_split_size_mb that would have kept the largest carved segment whole. */
+            char fixes[512];
+            int nfix = oom_classic_fixes(fixes, sizeof fixes, rsize, classic_largest_split_segment(h),
+                                         h->conf.max_split_size, h->conf.expandable_segments, false);
             snprintf(text, len,
                      "fragmentation — live blocks (%s) plus this request fit in %s, but the cached free memory is "
-                     "split into pieces smaller than the request.%s %s.",
+                     "split into pieces smaller than the request.%s %s%s%s%s.",
                      alloc, cap,
                      h->conf.expandable_segments ? " (Expandable segments are asked for, but this device has no "
                                                    "virtual memory management, so its segments are classic.)"
                                                  : "",
-                     fixes);
+                     nfix ? "First fix (free): " : "No setting of this heap can fix that (", fixes,
+                     nfix ? "" : "). First fix: ", nfix ? "" : OOM_LIVE_FIXES);
         }
     }
     return kind;

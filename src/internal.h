@@ -222,6 +222,28 @@ void oom_chunks_fix(char *buf, size_t len, uint64_t large_chunk, uint64_t granul
 /* The first fix for a fragmented address space at va_factor (a clause, as above). */
 void oom_address_space_fix(char *buf, size_t len, uint64_t va_factor);
 
+/* Classic segments (PyTorch's policy): the max_split_size_mb to advise after a fragmentation OOM of
+ * `request` bytes, where `split_segment` is the size of the largest segment holding a live block
+ * smaller than itself (carved by smaller requests; 0: none) and max_split the value in force
+ * (bytes, SIZE_MAX: unlimited). A cached block of max_split_size_mb or more is never handed to a
+ * smaller request, and is not split, so a segment at least that large stays whole for requests
+ * of about its size. The value: the largest power of two MiB within both the request and that
+ * segment (the whole MiB below them when that power is not above 20, the key's least); 0 when
+ * there is none above 20 MiB (the only segments split are at most 20 MiB, like those requests
+ * under 10 MiB share, which no value of the key governs) or it is not below the value in force.
+ * garbage_collection_threshold is never advised for an OOM: it releases only wholly free segments,
+ * which the heap releases anyway before it fails (PyTorch gives it for latency, not for OOMs). */
+uint64_t oom_max_split_mb(uint64_t request, uint64_t split_segment, uint64_t max_split);
+/* The allocator's fixes for a fragmentation OOM of `request` bytes on classic segments, in the
+ * order to try, as a clause for "First fix (free): ...": expandable segments unless they were
+ * asked for (then the device has no virtual memory management and they fell back to classic
+ * ones), then max_split_size_mb at oom_max_split_mb(request, split_segment, max_split). Each key is
+ * given as CUALLOC_CONF=KEY:VALUE, with torch_too also as PYTORCH_CUDA_ALLOC_CONF's. Returns how
+ * many were written; 0 when none applies, and buf then says, as a sentence, why max_split_size_mb
+ * does not. */
+int oom_classic_fixes(char *buf, size_t len, uint64_t request, uint64_t split_segment, uint64_t max_split,
+                      bool expandable_asked, bool torch_too);
+
 /* The va_factor to advise after an OOM by fragmentation of the reserved address space: twice the
  * current one, at most VA_FACTOR_MAX; 0 when it is at the maximum already (no larger one to
  * advise). */

@@ -93,6 +93,56 @@ void oom_chunks_fix(char *buf, size_t len, uint64_t large_chunk, uint64_t granul
         snprintf(buf, len, "reduce the batch size slightly (or keep it with gradient accumulation)");
 }
 
+uint64_t oom_max_split_mb(uint64_t request, uint64_t split_segment, uint64_t max_split) {
+    uint64_t limit_mb = (request < split_segment ? request : split_segment) >> 20;
+    uint64_t mb = 1;
+    while (mb <= limit_mb / 2) mb <<= 1;
+    if (mb <= 20) mb = limit_mb; /* 21..31 MiB: no power of two above 20 fits */
+    if (mb <= 20 || (mb << 20) >= max_split) return 0;
+    return mb;
+}
+
+int oom_classic_fixes(char *buf, size_t len, uint64_t request, uint64_t split_segment, uint64_t max_split,
+                      bool expandable_asked, bool torch_too) {
+    uint64_t mb = oom_max_split_mb(request, split_segment, max_split);
+    char seg[32], req[32];
+    int n = 0;
+    size_t used = 0;
+    buf[0] = '\0';
+    if (!expandable_asked) {
+        used += (size_t)snprintf(buf, len, "expandable segments (CUALLOC_CONF=expandable_segments:True%s)",
+                                 torch_too ? ", or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" : "");
+        n++;
+    }
+    if (mb && used < len) {
+        char torch[80] = "";
+        if (torch_too)
+            snprintf(torch, sizeof torch, ", or PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:%llu", (unsigned long long)mb);
+        snprintf(buf + used, len - used,
+                 "%slower max_split_size_mb (CUALLOC_CONF=max_split_size_mb:%llu%s): smaller requests carved a segment "
+                 "of %s, and under that setting they leave segments of %llu MiB and more whole",
+                 n ? "; else " : "", (unsigned long long)mb, torch, fmt_bytes(split_segment, seg, sizeof seg),
+                 (unsigned long long)mb);
+        n++;
+    }
+    if (n) return n;
+    /* Why not max_split_size_mb: the first condition of oom_max_split_mb's that fails. */
+    if (split_segment <= 20 * MiB)
+        snprintf(buf, len,
+                 "max_split_size_mb, more than 20, cannot help: no segment larger than 20 MiB was carved by smaller "
+                 "requests%s%s",
+                 split_segment ? "; the largest carved is " : "", split_segment ? fmt_bytes(split_segment, seg, sizeof seg) : "");
+    else if (request <= 20 * MiB)
+        snprintf(buf, len,
+                 "max_split_size_mb, more than 20, cannot help: it keeps segments whole for requests larger than 20 MiB, "
+                 "and this one is %s",
+                 fmt_bytes(request, req, sizeof req));
+    else
+        snprintf(buf, len, "max_split_size_mb is %llu already, no more than this request and the segments it carved",
+                 (unsigned long long)(max_split >> 20));
+    return 0;
+}
+
 void oom_address_space_fix(char *buf, size_t len, uint64_t va_factor) {
     uint64_t next = oom_va_factor_next(va_factor);
     if (next)

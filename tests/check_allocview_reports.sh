@@ -31,7 +31,9 @@ while IFS='	' read -r name conf; do
     [ "$name" = devicefull ] || record "$name" "$name" "$conf"
 done <"$tmp/scenarios.tsv"
 record capped shortage sim_memory_mb:512,max_memory_mb:128
-traces="leak shortage frag step2 longest varlen phase optstep twodev latepeak twoleaks evalstep addrspace chunks refused"
+# frag on a device without VMM, where expandable segments (the default) fell back to classic ones.
+record fragnovmm frag sim_memory_mb:128,sim_vmm:False
+traces="leak shortage frag step2 longest varlen phase optstep twodev latepeak twoleaks evalstep addrspace chunks refused split"
 # Marks that start their steps: each names a step as a mark at a step's end does.
 "$allocview" --no-color "$tmp/startmarks.trace" >"$tmp/startmarks.txt" 2>&1
 grep -q "3 marks (3 steps)" "$tmp/startmarks.txt" ||
@@ -159,6 +161,37 @@ grep -q "First fix: use smaller chunks (CUALLOC_CONF=chunk_size_mb:0" "$tmp/chun
 "$allocview" --no-color "$tmp/chunks.trace" 2>/dev/null | grep -q "^     First fix: use smaller chunks (CUALLOC_CONF=chunk_size_mb:0" ||
     bad "chunks: allocview's fix: $("$allocview" --no-color "$tmp/chunks.trace" 2>&1 | sed -n '/^Diagnosis/,$p')"
 "$allocview" dump "$tmp/chunks.trace" | grep -q " oom .* vmm_failure=chunks$" || bad "chunks: the OOM record has no vmm_failure"
+# Every setting an OOM's diagnosis advises (CUALLOC_CONF=KEY:VALUE) serves the job: its requests,
+# replayed under the scenario's configuration with that setting, meet no OOM. (max_split_size_mb
+# and garbage_collection_threshold:0.8 were advised for frag, where neither serves it: its carved
+# segments are 20 MiB ones, and the threshold releases only what the heap releases before failing.)
+for t in frag split chunks addrspace; do
+    conf=$(sed -n "s/^$t	//p" "$tmp/scenarios.tsv")
+    fixes=$("$allocview" --no-color "$tmp/$t.trace" 2>/dev/null | sed -n '/^Diagnosis/,$p' |
+        grep -o 'CUALLOC_CONF=[a-z_]*:[^,;): ]*' | sort -u)
+    [ -n "$fixes" ] || bad "$t: the diagnosis advises no setting"
+    for f in $fixes; do
+        "$allocview" replay --json --conf "$conf,${f#CUALLOC_CONF=}" "$tmp/$t.trace" 2>/dev/null |
+            python3 -c 'import json,sys; sys.exit(json.load(sys.stdin)[0]["num_ooms"] != 0)' ||
+            bad "$t: replayed with the advised ${f#CUALLOC_CONF=}, the job still meets an OOM"
+    done
+done
+grep -q "garbage_collection_threshold" "$tmp/frag.err" "$tmp/split.err" && bad "the heap advises garbage_collection_threshold for an OOM"
+# A 64 MiB segment carved by 6 MiB blocks: max_split_size_mb:64 keeps it whole (128 would not), in
+# allocview's diagnosis and the heap's report alike.
+want split oom-fragmentation
+"$allocview" --no-color "$tmp/split.trace" 2>/dev/null | grep -q "; else lower max_split_size_mb (CUALLOC_CONF=max_split_size_mb:64, or PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64)" ||
+    bad "split: allocview does not advise max_split_size_mb:64: $("$allocview" --no-color "$tmp/split.trace" 2>&1 | grep 'Fix')"
+grep -q "; else lower max_split_size_mb (CUALLOC_CONF=max_split_size_mb:64)" "$tmp/split.err" ||
+    bad "split: the heap's report does not advise max_split_size_mb:64: $(grep diagnosis "$tmp/split.err")"
+# Without VMM (expandable segments asked for, fallen back to classic ones) and with only 20 MiB
+# segments carved, no setting helps: allocview says so, as the heap's report does (it advised
+# expandable segments, which the device cannot have, and the heap max_split_size_mb:128).
+"$allocview" --no-color "$tmp/fragnovmm.trace" 2>/dev/null | sed -n '/^Diagnosis/,$p' >"$tmp/fragnovmm.diag"
+grep -q "No allocator setting can fix that here: expandable segments were asked for, and the device had no virtual memory management" "$tmp/fragnovmm.diag" &&
+    ! grep -q "CUALLOC_CONF=" "$tmp/fragnovmm.diag" || bad "fragnovmm: allocview's fix: $(cat "$tmp/fragnovmm.diag")"
+grep -q "No setting of this heap can fix that (max_split_size_mb, more than 20, cannot help" "$tmp/fragnovmm.err" ||
+    bad "fragnovmm: the heap's report: $(grep diagnosis "$tmp/fragnovmm.err")"
 # The device refused a chunk with memory free (sim_fail): neither fragmentation nor a full device.
 want refused oom-device-refused; wantnot refused oom-fragmentation; wantnot refused oom-device-full
 # A trace of format 1.0 has no vmm_failure: allocview infers it from the figures, and on these two

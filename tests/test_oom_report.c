@@ -155,6 +155,43 @@ int main(int argc, char **argv) {
         heap_destroy(h);
     }
 
+    /* 2c. A carved large segment, classic segments of a 128 MiB device: a 64 MiB buffer's cached
+     *     segment is carved by 6 MiB blocks kept alive, and 64 MiB cannot be had again. The
+     *     advice is expandable segments, else max_split_size_mb:64 (not 128, which leaves a
+     *     64 MiB segment to be carved, nor garbage_collection_threshold, which frees only wholly
+     *     free segments: the heap had freed them before it failed). Each advised setting serves
+     *     the same sequence; 128 and the threshold do not. The 20 MiB segments of case 2 are
+     *     carved too, but no max_split_size_mb (more than 20) governs them: none is advised there. */
+    static const struct { const char *conf; bool fits; } carve_cases[] = {
+        {"sim_memory_mb:128,expandable_segments:False", false},
+        {"sim_memory_mb:128", true},
+        {"sim_memory_mb:128,expandable_segments:False,max_split_size_mb:64", true},
+        {"sim_memory_mb:128,expandable_segments:False,max_split_size_mb:128", false},
+        {"sim_memory_mb:128,expandable_segments:False,garbage_collection_threshold:0.8", false},
+    };
+    for (size_t k = 0; k < sizeof carve_cases / sizeof carve_cases[0]; k++) {
+        h = open_heap(carve_cases[k].conf);
+        void *params[4], *big = NULL, *act[8];
+        for (int i = 0; i < 4; i++) EXPECT(heap_alloc(h, 2 << 20, NULL, &params[i]) == CUA_SUCCESS, "2 MiB #%d", i);
+        EXPECT(heap_alloc(h, 64 << 20, NULL, &big) == CUA_SUCCESS && heap_free(h, big, NULL), "64 MiB");
+        for (int i = 0; i < 8; i++) EXPECT(heap_alloc(h, 6 << 20, NULL, &act[i]) == CUA_SUCCESS, "6 MiB #%d", i);
+        for (int i = 1; i < 8; i += 2) EXPECT(heap_free(h, act[i], NULL), "free #%d", i);
+        reset();
+        cua_result r = heap_alloc(h, 64 << 20, NULL, &big);
+        EXPECT((r == CUA_SUCCESS) == carve_cases[k].fits, "64 MiB again (%s): %d", carve_cases[k].conf, (int)r);
+        if (k == 0)
+            EXPECT(strstr(captured.text, "diagnosis: fragmentation") &&
+                       strstr(captured.text, "First fix (free): expandable segments (CUALLOC_CONF=expandable_segments:True); "
+                                             "else lower max_split_size_mb (CUALLOC_CONF=max_split_size_mb:64)") &&
+                       !strstr(captured.text, "garbage_collection_threshold"),
+                   "carved segment:\n%s", captured.text);
+        if (r == CUA_SUCCESS) EXPECT(heap_free(h, big, NULL), "free 64 MiB");
+        for (int i = 0; i < 8; i += 2) EXPECT(heap_free(h, act[i], NULL), "free #%d", i);
+        for (int i = 0; i < 4; i++) EXPECT(heap_free(h, params[i], NULL), "free param #%d", i);
+        EXPECT(heap_check(h, stderr) == 0, "heap_check (%s)", carve_cases[k].conf);
+        heap_destroy(h);
+    }
+
     /* 3. VMM, shortage at chunk granularity: one 512 B block pins a 2 MiB small-pool chunk of an
      *    8 MiB device; 7 MiB live + 512 B fit in 8 MiB, but 7 MiB needs four whole chunks.
      * 3b. The same under max_memory_mb:8 on a 64 MiB device: the cap, not the device, is what the

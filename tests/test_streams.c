@@ -965,6 +965,11 @@ int main(void) {
     EXPECT(!fragmentation_trap("sim_memory_mb:4096,expandable_segments:False", &usable),
            "classic mode fails the 900 MiB request, as PyTorch's default allocator would");
     EXPECT(usable, "and the heap is still usable after its OOM");
+    /* The second fix its report gives (a segment of 1000 MiB carved by the 100 MiB blocks):
+     * max_split_size_mb:512 keeps that segment whole, and the 900 MiB request is served. */
+    EXPECT(fragmentation_trap("sim_memory_mb:4096,expandable_segments:False,max_split_size_mb:512", &usable),
+           "classic mode with the max_split_size_mb the report advises serves the 900 MiB request");
+    EXPECT(usable, "and the heap goes on");
     printf("test_streams: ok\n");
     return 0;
 }

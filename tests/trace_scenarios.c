@@ -121,6 +121,17 @@ static NOINLINE void fragment(void)
 
 static NOINLINE void *big_buffer(size_t bytes) { return tensor_empty(bytes); }
 
+/* Eight 6 MiB activations, every other one kept: the first two fill the parameters' segment, the
+ * other six are carved out of whatever cached block fits them best. */
+static NOINLINE void carve(void)
+{
+    void *b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = tensor_empty(6 * MIB);
+    for (int i = 1; i < 8; i += 2)
+        tensor_free(b[i]);
+}
+
 /* Every scenario with the configuration it is recorded under (CUALLOC_CONF, after driver:sim, or
  * in place of it for devicefull). `trace_scenarios --list` prints this table, one
  * "NAME<TAB>CONF" line each, so that the scripts that record the scenarios
@@ -147,6 +158,7 @@ static const struct {
     {"addrspace", "sim_memory_mb:64,va_factor:2"},
     {"chunks", "sim_memory_mb:20,chunk_size_mb:8"},
     {"refused", "sim_memory_mb:64,sim_fail:phys_create@1*1000"},
+    {"split", "sim_memory_mb:128,expandable_segments:0"},
 };
 enum { NUM_SCENARIOS = sizeof scenarios / sizeof scenarios[0] };
 
@@ -311,6 +323,15 @@ int main(int argc, char **argv)
         init_params(8 * MIB);
         mark_step(1);
         if (!big_buffer(4 * MIB))
+            _exit(1);
+    } else if (strcmp(s, "split") == 0) {
+        /* Classic segments: 6 MiB activations kept alive carve the cached segment of a 64 MiB
+         * buffer, which then cannot be had again: OOM (max_split_size_mb:64 keeps it whole). */
+        init_params(8 * MIB);
+        tensor_free(big_buffer(64 * MIB));
+        carve();
+        mark_step(1);
+        if (!big_buffer(64 * MIB))
             _exit(1);
     } else if (strcmp(s, "startmarks") == 0) {
         /* "step N" written at the start of each step, before its work (the other convention) */

@@ -253,6 +253,42 @@ static void new_peak(av_t *a, uint64_t time, uint64_t seq)
     }
 }
 
+/* Classic segments: a MAP or INIT_MAP is a segment, an UNMAP releases one (VMM chunks are not
+ * tracked: oom_max_split_mb concerns classic segments only). */
+static void segment_event(av_t *a, const tr_record_t *rec)
+{
+    uint32_t d = rec->dev;
+    if (d >= CUA_TRACE_MAX_DEVICES || !a->have_dev[d] || a->dev_mode[d] == CUA_TRACE_MODE_VMM || !rec->size ||
+        rec->addr > UINT64_MAX - rec->size)
+        return;
+    if (!a->segments[d] && !(a->segments[d] = calloc(1, sizeof *a->segments[d])))
+        out_of_memory();
+    bool ok = rec->type == CUA_TRACE_UNMAP ? ranges_remove(a->segments[d], rec->addr, rec->addr + rec->size)
+                                           : ranges_add_missing(a->segments[d], rec->addr, rec->addr + rec->size);
+    if (!ok)
+        out_of_memory();
+}
+
+/* The largest segment of device d holding a live block smaller than itself (av_oom_t.split_segment). */
+static uint64_t largest_split_segment(const av_t *a, uint32_t d)
+{
+    const addr_ranges_t *m = d < CUA_TRACE_MAX_DEVICES ? a->segments[d] : NULL;
+    uint64_t best = 0;
+    size_t pos = 0;
+    const struct av_live *e;
+    while (m && (e = devaddr_map_next(&a->live, &pos))) {
+        if (e->key.dev != d)
+            continue;
+        size_t i = ranges_after(m, e->key.addr);
+        if (i < m->n && m->v[i].addr <= e->key.addr) {
+            uint64_t size = m->v[i].end - m->v[i].addr;
+            if (e->size < size && size > best)
+                best = size;
+        }
+    }
+    return best;
+}
+
 static void snapshot_oom(av_t *a)
 {
     a->oom_snap = true;
@@ -432,6 +468,10 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
         case CUA_TRACE_INIT_MAP:
             if (a->acct.reserved > seg_cur(a)->peak_reserved)
                 seg_cur(a)->peak_reserved = a->acct.reserved;
+            segment_event(a, &rec);
+            break;
+        case CUA_TRACE_UNMAP:
+            segment_event(a, &rec);
             break;
         case CUA_TRACE_OOM: {
             if (a->nooms == a->capooms) {
@@ -453,8 +493,12 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
             o->largest_free = rec.u.oom.largest_free;
             o->vmm_failure = rec.u.oom.vmm_failure;
             stack_get(a, rec.stack);
-            if (!a->oom_snap)
+            if (!a->oom_snap) {
+                o->split_segment = largest_split_segment(a, rec.dev);
                 snapshot_oom(a);
+            } else {
+                o->split_segment = 0;
+            }
             break;
         }
         case CUA_TRACE_MARK: {
@@ -511,6 +555,11 @@ void av_free(av_t *a)
     free(a->segs);
     free(a->ooms);
     devaddr_map_free(&a->live);
+    for (int d = 0; d < CUA_TRACE_MAX_DEVICES; d++) {
+        if (a->segments[d])
+            ranges_free(a->segments[d]);
+        free(a->segments[d]);
+    }
     tr_close(a->r);
     free(a);
 }

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "devices.h"
+#include "ranges.h"
 #include "reader.h"
 
 /* Leak state of one stack over a series of boundaries (step ends or time windows). */
@@ -69,6 +70,9 @@ typedef struct av_oom {
     uint32_t dev, stack, seg;
     uint64_t requested, rounded, capacity, allocated, reserved, device_free, largest_free;
     uint64_t vmm_failure; /* CUA_TRACE_VMM_*, as recorded (0: none, or a trace before format 1.1) */
+    /* The first OOM on classic segments: the largest segment of its device mapped then that holds
+     * a live block smaller than itself (carved by smaller requests; oom_max_split_mb); 0: none. */
+    uint64_t split_segment;
 } av_oom_t;
 
 typedef struct av_opts {
@@ -129,6 +133,7 @@ typedef struct av {
     uint64_t at_time, at_seq, at_alloc, at_req, at_reserved;
     uint32_t at_seg;
     devaddr_map_t live;        /* live blocks (struct av_live in analysis.c) */
+    addr_ranges_t *segments[CUA_TRACE_MAX_DEVICES]; /* classic devices: the segments mapped now */
     uint64_t last_seq, last_time;
     /* Traces with blocks on several devices: which one this analysis is of (opts.scope), why, and
      * every device's own peak of allocated bytes (0: none) as this analysis saw them. */

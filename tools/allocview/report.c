@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "analysis.h"
@@ -356,6 +357,29 @@ static uint64_t config_number(const av_t *a, const char *key, uint64_t dflt)
     return end != p + kl + 1 && end == p + n && errno == 0 ? v : dflt;
 }
 
+/* The boolean KEY:V of the recorded configuration (V as cualloc's configuration takes it: 1, true,
+ * yes, on or 0, false, no, off, any case), or dflt when it is absent or not one of those. */
+static bool config_bool(const av_t *a, const char *key, bool dflt)
+{
+    static const char *const yes[] = {"1", "true", "yes", "on"}, *const no[] = {"0", "false", "no", "off"};
+    size_t n, kl = strlen(key);
+    const char *p = config_item(a, key, &n);
+    if (!p)
+        return dflt;
+    p += kl + 1;
+    n -= kl + 1;
+    for (size_t i = 0; i < 4; i++) {
+        if (strlen(yes[i]) == n && strncasecmp(p, yes[i], n) == 0)
+            return true;
+        if (strlen(no[i]) == n && strncasecmp(p, no[i], n) == 0)
+            return false;
+    }
+    return dflt;
+}
+
+/* A trace cualloc recorded (not an import): its configuration's defaults are cualloc's. */
+static bool by_cualloc(const av_t *a) { return strncmp(a->recorder, "cualloc", 7) == 0; }
+
 /* An OOM that oom_classify calls fragmentation, on a device of expandable (VMM) segments: why the
  * heap, which releases every whole cached chunk before it fails, still could not serve it
  * (oom_vmm_failure, the rule the heap's own report on stderr follows). cualloc records the reason
@@ -373,8 +397,7 @@ static void oom_vmm_text(const av_t *a, const av_oom_t *o, diag_t *x)
         oom_vmm_large_chunk(gran, chunk_size_mb <= (UINT64_MAX >> 20) ? chunk_size_mb << 20 : UINT64_MAX, o->capacity, NULL);
     uint64_t chunk = o->rounded <= CUALLOC_SMALL_MAX ? oom_vmm_small_chunk(gran) : large_chunk;
     uint64_t need = o->rounded <= UINT64_MAX - (chunk - 1) ? (o->rounded + chunk - 1) / chunk * chunk : UINT64_MAX;
-    bool by_cualloc = strncmp(a->recorder, "cualloc", 7) == 0;
-    bool space_fits = !by_cualloc || oom_missing(need, o->reserved, o->capacity) != 0 || o->device_free < need;
+    bool space_fits = !by_cualloc(a) || oom_missing(need, o->reserved, o->capacity) != 0 || o->device_free < need;
     uint64_t partial = o->reserved - o->allocated;
     x->saving = 0;
     oom_vmm_failure_t why = o->vmm_failure >= OOM_VMM_ADDRESS_SPACE && o->vmm_failure <= OOM_VMM_REFUSED
@@ -430,6 +453,11 @@ static void oom_vmm_text(const av_t *a, const av_oom_t *o, diag_t *x)
     }
 }
 
+/* The training-side fixes of the OOM ladder, in cost order, where no allocator setting helps. */
+#define LIVE_LADDER                                                                                    \
+    "(1) a smaller micro-batch with gradient accumulation, (2) bf16 mixed precision, (3) activation " \
+    "checkpointing, then an 8-bit optimizer, sharding (FSDP/ZeRO) or offload"
+
 static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
 {
     size_t nd = 0;
@@ -456,13 +484,27 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                      "unallocated and its largest free block (%s) is smaller than the request.",
                      H(o->allocated), H(o->rounded), H(o->capacity), H(o->reserved), H(o->device_free),
                      H(o->reserved - o->allocated), H(o->largest_free));
-            snprintf(x->fix, sizeof x->fix,
-                     "Fix (free, ladder rung 4): expandable segments (CUALLOC_CONF=expandable_segments:True, "
-                     "or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); else max_split_size_mb / "
-                     "garbage_collection_threshold:0.8. It makes the %s reserved but unallocated usable; the "
-                     "job then needs %s, under the capacity %s.",
-                     H(o->reserved - o->allocated), H(o->allocated + o->rounded), H(o->capacity));
-            x->saving = o->reserved - o->allocated;
+            /* The heap's own rule (oom_classic_fixes): expandable segments unless the trace asked for
+             * them (its device then had no VMM), a max_split_size_mb that keeps the largest carved
+             * segment whole; where neither applies, what live memory must do. */
+            char fixes[768];
+            bool asked = config_bool(a, "expandable_segments", by_cualloc(a));
+            uint64_t max_split_mb = config_number(a, "max_split_size_mb", 0);
+            uint64_t max_split = max_split_mb && max_split_mb <= (UINT64_MAX >> 20) ? max_split_mb << 20 : UINT64_MAX;
+            if (oom_classic_fixes(fixes, sizeof fixes, o->rounded, o->split_segment, max_split, asked, true)) {
+                int w = snprintf(x->fix, sizeof x->fix, "Fix (free, ladder rung 4): %s.", fixes);
+                if (!asked && w > 0 && (size_t)w < sizeof x->fix)
+                    snprintf(x->fix + w, sizeof x->fix - (size_t)w,
+                             " Expandable segments make the %s reserved but unallocated usable; the job then needs "
+                             "%s, under the capacity %s.",
+                             H(o->reserved - o->allocated), H(o->allocated + o->rounded), H(o->capacity));
+                x->saving = o->reserved - o->allocated;
+            } else {
+                snprintf(x->fix, sizeof x->fix,
+                         "No allocator setting can fix that here: expandable segments were asked for, and the device "
+                         "had no virtual memory management for them; %s. Fix, in cost order: " LIVE_LADDER ".",
+                         fixes);
+            }
         } else {
             uint64_t over;
             const char *lead = "Fix, in cost order";
@@ -506,9 +548,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                          " blocks)", v[0].label, H(v[0].bytes), pct, v[0].count);
             }
             snprintf(x->fix, sizeof x->fix,
-                     "%s: (1) a smaller micro-batch with gradient accumulation, (2) bf16 mixed "
-                     "precision, (3) activation checkpointing, then an 8-bit optimizer, sharding (FSDP/ZeRO) "
-                     "or offload. Live memory must shrink by %s%s.",
+                     "%s: " LIVE_LADDER ". Live memory must shrink by %s%s.",
                      lead, H(over), holder);
             x->saving = over;
         }
