@@ -33,6 +33,8 @@ done <"$tmp/scenarios.tsv"
 record capped shortage sim_memory_mb:512,max_memory_mb:128
 # frag on a device without VMM, where expandable segments (the default) fell back to classic ones.
 record fragnovmm frag sim_memory_mb:128,sim_vmm:False
+# leak on a device too small for it: step 5 runs out of memory (the job goes on, as the scenario does).
+record leakoom leak sim_memory_mb:70
 traces="leak shortage frag step2 longest varlen phase optstep twodev latepeak twoleaks evalstep addrspace chunks refused split"
 # Marks that start their steps: each names a step as a mark at a step's end does.
 "$allocview" --no-color "$tmp/startmarks.trace" >"$tmp/startmarks.txt" 2>&1
@@ -137,6 +139,19 @@ for t in $traces; do
 done
 want twoleaks leak
 want leak leak; wantnot leak oom-shortage; wantnot leak step2-jump; wantnot leak longest-batch
+# The OOM a leak brings about: the leak's blocks at the OOM (8 MiB) are more than the 2 MiB missing,
+# so the OOM's fix is the leak's, and names its call site (it named the parameters' 32 MiB as what
+# to shrink, after a smaller batch).
+"$allocview" report --json "$tmp/leakoom.trace" >"$tmp/leakoom.json" 2>/dev/null
+want leakoom oom-shortage; want leakoom leak
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["diagnosis"][0]
+sys.exit(not (d["fix"].startswith("Fix the leak first") and "record_loss" in d["site"] and "8.00 MiB at the OOM, more than the 2.00 MiB missing" in d["fix"]))' "$tmp/leakoom.json" ||
+    bad "leakoom: the OOM's fix is not the leak's: $(cat "$tmp/leakoom.json")"
+# A request larger than the device (latepeak's 1 GiB buffer on 256 MiB): the tensor asked for must
+# shrink, and the live blocks (32 MiB) cannot make the 800 MiB missing (the fix said they must).
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["diagnosis"][0]
+sys.exit(not ("request alone (1.00 GiB) is larger than the capacity" in d["text"] and "big_buffer" in d["site"] and "Live memory must shrink" not in d["fix"]))' "$tmp/latepeak.json" ||
+    bad "latepeak: the OOM's fix: $(cat "$tmp/latepeak.json")"
 want shortage oom-shortage; wantnot shortage oom-fragmentation; wantnot shortage leak
 # The same job under a cap set below the device's memory, with the device's room to spare: the cap
 # is a setting, as the report on stderr says.

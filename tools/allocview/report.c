@@ -507,7 +507,8 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
             }
         } else {
             uint64_t over;
-            const char *lead = "Fix, in cost order";
+            /* lead: how the fix begins; then: the same after "Then, if still needed, " (below) */
+            const char *lead = "Fix, in cost order", *then = "in cost order";
             uint64_t dev_total = o->dev < CUA_TRACE_MAX_DEVICES ? a->dev_total[o->dev] : 0;
             if (kind == OOM_SHORTAGE &&
                 oom_cap_reached(o->rounded, o->capacity, dev_total, o->allocated, oom_room(o->reserved, o->device_free))) {
@@ -519,8 +520,31 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                          "the heap held plus the %s the device had free).",
                          H(o->allocated), H(o->rounded), H(over), H(o->capacity), H(dev_total), H(o->reserved),
                          H(o->device_free));
-                lead = "Fix (free): raise the cap (CUALLOC_CONF max_memory_mb or per_process_memory_fraction, "
-                       "whichever set it) if this process may use more of the device; else, in cost order";
+#define RAISE_CAP                                                                                        \
+    "raise the cap (CUALLOC_CONF max_memory_mb or per_process_memory_fraction, whichever set it) if this " \
+    "process may use more of the device; else, in cost order"
+                lead = "Fix (free): " RAISE_CAP;
+                then = RAISE_CAP;
+#undef RAISE_CAP
+            } else if (kind == OOM_SHORTAGE && o->rounded > o->capacity) {
+                /* The request alone is larger than the capacity: no live memory given up makes room
+                 * for it (the live blocks hold less than the excess); the tensor itself must shrink. */
+                x->rule = "oom-shortage";
+                over = oom_missing(o->rounded, o->allocated, o->capacity);
+                const char *f[32];
+                size_t nf = sym_stack_label(sym, o->stack, f, 32);
+                sym_label(f, nf, nf, o->stack != 0, x->site, sizeof x->site);
+                snprintf(x->text, sizeof x->text,
+                         "OOM by genuine shortage: the request alone (%s) is larger than the capacity (%s), so no "
+                         "memory given up elsewhere (the live blocks held %s) and no allocator setting can make room "
+                         "for it.",
+                         H(o->rounded), H(o->capacity), H(o->allocated));
+                snprintf(x->fix, sizeof x->fix,
+                         "Fix: that one tensor must shrink by %s at least (%s beside the live blocks): the one asked "
+                         "for at %s. Smaller dimensions (batch, sequence length, resolution), bf16, or computing it "
+                         "in pieces (chunking, or sharding it across GPUs).",
+                         H(o->rounded - o->capacity), H(over), x->site);
+                x->saving = over;
             } else if (kind == OOM_SHORTAGE) {
                 x->rule = "oom-shortage";
                 over = oom_missing(o->rounded, o->allocated, o->capacity);
@@ -538,19 +562,47 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                          "CUDA context and libraries) held the rest, and no allocator setting can fix that.",
                          H(o->allocated), H(o->rounded), H(o->capacity), H(o->reserved), H(o->device_free));
                 lead = "Free what holds the rest of the device; else, in cost order";
+                then = "free what holds the rest of the device; else, in cost order";
             }
-            /* The largest call site at the OOM, where the trace names one: what to shrink first. */
-            char holder[sizeof x->site + 128] = "";
-            if (ns) {
-                snprintf(pct, sizeof pct, "%.1f%%", o->allocated ? 100.0 * (double)v[0].bytes / (double)o->allocated : 0);
-                snprintf(x->site, sizeof x->site, "%s", v[0].label);
-                snprintf(holder, sizeof holder, ": call site %s held %s at the OOM (%s of the live bytes, %" PRIu64
-                         " blocks)", v[0].label, H(v[0].bytes), pct, v[0].count);
+            /* Unless the fix is written above: the ladder, and what to shrink first — the largest call
+             * site at the OOM, where the trace names one; or, where call sites that leak (diagnosis
+             * below) held at least the bytes missing, those: fixing the leak makes the room. */
+            if (!x->fix[0]) {
+                char holder[sizeof x->site + 256] = "";
+                size_t nl;
+                site_t *lv = collect_sites(a, sym, VIEW_OOM, is_leak, &nl);
+                uint64_t leaked = 0;
+                for (size_t i = 0; i < nl; i++)
+                    leaked += lv[i].bytes;
+                if (nl && leaked >= over) {
+                    nl = label_sites(lv, nl, 8);
+                    snprintf(x->site, sizeof x->site, "%s", lv[0].label);
+                    if (nl == 1)
+                        snprintf(holder, sizeof holder,
+                                 "Fix the leak first (free; its diagnosis follows): call site %s, which leaks, held %s "
+                                 "at the OOM, more than the %s missing.",
+                                 lv[0].label, H(leaked), H(over));
+                    else
+                        snprintf(holder, sizeof holder,
+                                 "Fix the leaks first (free; their diagnoses follow): the %zu call sites that leak held "
+                                 "%s at the OOM, more than the %s missing.",
+                                 nl, H(leaked), H(over));
+                    snprintf(x->fix, sizeof x->fix, "%s Then, if still needed, %s: " LIVE_LADDER ".", holder, then);
+                } else {
+                    if (ns) {
+                        snprintf(pct, sizeof pct, "%.1f%%",
+                                 o->allocated ? 100.0 * (double)v[0].bytes / (double)o->allocated : 0);
+                        snprintf(x->site, sizeof x->site, "%s", v[0].label);
+                        snprintf(holder, sizeof holder,
+                                 ": call site %s held %s at the OOM (%s of the live bytes, %" PRIu64 " blocks)",
+                                 v[0].label, H(v[0].bytes), pct, v[0].count);
+                    }
+                    snprintf(x->fix, sizeof x->fix, "%s: " LIVE_LADDER ". Live memory must shrink by %s%s.", lead,
+                             H(over), holder);
+                }
+                free(lv);
+                x->saving = over;
             }
-            snprintf(x->fix, sizeof x->fix,
-                     "%s: " LIVE_LADDER ". Live memory must shrink by %s%s.",
-                     lead, H(over), holder);
-            x->saving = over;
         }
         free(v);
     }
