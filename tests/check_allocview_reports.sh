@@ -35,6 +35,12 @@ record capped shortage sim_memory_mb:512,max_memory_mb:128
 record fragnovmm frag sim_memory_mb:128,sim_vmm:False
 # leak on a device too small for it: step 5 runs out of memory (the job goes on, as the scenario does).
 record leakoom leak sim_memory_mb:70
+# The guides' OOMs at a given step, on devices too small for the job: step 2, after the optimizer's
+# state was made (96 MiB held, 8 MiB more asked); inside the optimizer's first step (its state);
+# the longest batch (step 6's 24 MiB activations, after five steps of 8 MiB).
+record step2oom step2 sim_memory_mb:100
+record optoom optstep sim_memory_mb:80
+record longestoom longest sim_memory_mb:100
 traces="leak shortage frag step2 longest varlen phase optstep twodev latepeak twoleaks evalstep addrspace chunks refused split"
 # Marks that start their steps: each names a step as a mark at a step's end does.
 "$allocview" --no-color "$tmp/startmarks.trace" >"$tmp/startmarks.txt" 2>&1
@@ -304,6 +310,25 @@ for t in shortage frag devicefull; do
     diff -u "$tmp/$t.oom" "$tmp/$t.back.oom" || bad "$t: the OOM's figures changed through export and import"
 done
 want step2 step2-jump; wantnot step2 leak; wantnot step2 longest-batch
+# Each OOM at a given step is named for what it is, not only as a shortage (step 2's OOM came before
+# its peak could pass step 1's, and the optimizer's and the longest batch's before theirs did).
+for t in step2oom optoom longestoom; do
+    "$allocview" report --json "$tmp/$t.trace" >"$tmp/$t.json" 2>/dev/null
+    want $t oom-shortage
+done
+want step2oom step2-jump; wantnot step2oom longest-batch; wantnot step2oom optimizer-step
+grep -q "step 2 ran out of memory needing 104.00 MiB (its live blocks and the request), 8.00 MiB more. .* kept held 64.00 MiB at the OOM" "$tmp/step2oom.json" ||
+    bad "step2oom: $(grep -o '"text": "Step-2[^"]*"' "$tmp/step2oom.json")"
+want optoom optimizer-step; wantnot optoom step2-jump; wantnot optoom longest-batch
+# Inside the optimizer's step the batch's activations are gone: the OOM's fix is not a smaller batch.
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["diagnosis"]
+sys.exit(not ("micro-batch" not in d[0]["fix"] and "8-bit or paged optimizer" in d[0]["fix"] and "adam_init_state" in d[1]["site"]))' "$tmp/optoom.json" ||
+    bad "optoom: $(cat "$tmp/optoom.json")"
+want longestoom longest-batch; wantnot longestoom step2-jump; wantnot longestoom leak
+grep -q "step 6 ran out of memory on a request of 24.00 MiB from .*, 3.0x the largest block that call site had been given in the 5 steps before (8.00 MiB)" "$tmp/longestoom.json" ||
+    bad "longestoom: $(grep -o '"text": "Longest[^"]*"' "$tmp/longestoom.json")"
+# Blocks kept from late in step 1 do not make a fragmentation OOM in step 2 a step-2 jump.
+wantnot split step2-jump
 want longest longest-batch; wantnot longest step2-jump; wantnot longest leak
 want varlen longest-batch; wantnot varlen step2-jump; wantnot varlen leak
 want phase phase; wantnot phase leak

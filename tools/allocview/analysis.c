@@ -295,6 +295,8 @@ static void snapshot_oom(av_t *a)
     for (size_t i = 0; i < a->nst; i++) {
         a->st[i].oom_bytes = a->st[i].cur_bytes;
         a->st[i].oom_count = a->st[i].cur_count;
+        a->st[i].oom_max_block =
+            a->st[i].max_block_seg == (uint32_t)(a->nsegs - 1) ? a->st[i].max_block_before : a->st[i].max_block;
     }
     a->oom_live_count = a->live.count;
 }
@@ -422,6 +424,12 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
             s->cur_count++;
             if (s->cur_bytes > s->max_bytes)
                 s->max_bytes = s->cur_bytes;
+            if (s->max_block_seg != (uint32_t)(a->nsegs - 1)) {
+                s->max_block_before = s->max_block;
+                s->max_block_seg = (uint32_t)(a->nsegs - 1);
+            }
+            if (rec.size > s->max_block)
+                s->max_block = rec.size;
             if (s->first_seq == UINT64_MAX) {
                 s->first_seq = rec.seq;
                 s->first_time = rec.time_ns;
@@ -495,6 +503,10 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
             stack_get(a, rec.stack);
             if (!a->oom_snap) {
                 o->split_segment = largest_split_segment(a, rec.dev);
+                a->oom_in_opt = a->opt_open;
+                a->oom_opt_start_seq = a->opt_start_seq;
+                if (a->opt_open)
+                    snprintf(a->oom_opt_name, sizeof a->oom_opt_name, "%s", a->opt_name);
                 snapshot_oom(a);
             } else {
                 o->split_segment = 0;

@@ -41,6 +41,10 @@ typedef struct av_stack {
     uint64_t oom_bytes;          /* at the first OOM */
     uint32_t oom_count;
     uint64_t max_bytes;          /* its own highest live bytes */
+    uint64_t max_block;          /* the largest block allocated from it */
+    uint64_t max_block_before;   /* the same before segment max_block_seg, the last it allocated in */
+    uint32_t max_block_seg;
+    uint64_t oom_max_block;      /* the largest before the segment of the first OOM */
     uint64_t first_seq, first_time;
     uint32_t first_seg;
     uint64_t num_allocs, alloc_bytes;
@@ -121,6 +125,10 @@ typedef struct av {
     bool opt_open, peak_in_opt;
     uint64_t opt_start_seq, peak_opt_start_seq;
     char opt_name[AV_MARK_MAX], peak_opt_name[AV_MARK_MAX]; /* whole marks: they are compared */
+    /* The same at the first OOM: inside an optimizer step, since which record, its NAME. */
+    bool oom_in_opt;
+    uint64_t oom_opt_start_seq;
+    char oom_opt_name[AV_MARK_MAX];
     uint32_t step_bounds, win_bounds;
     uint64_t win_every, win_allocs;
     /* OOMs */

@@ -294,6 +294,13 @@ static bool is_optimizer_new(const av_t *a, uint32_t id)
     return s->first_seq != UINT64_MAX && s->first_seq > a->peak_opt_start_seq && s->first_seq <= a->peak_seq;
 }
 
+/* First allocated inside the optimizer step the first OOM came in, before the OOM. */
+static bool is_optimizer_new_at_oom(const av_t *a, uint32_t id)
+{
+    const av_stack_t *s = &a->st[id];
+    return s->first_seq != UINT64_MAX && s->first_seq > a->oom_opt_start_seq && s->first_seq < a->ooms[0].seq;
+}
+
 static const av_seg_t *step1_seg;
 /* A class of allocations that first appears once step 1 has begun releasing memory (backward,
  * optimizer step) and stays: live at the end of step 1. */
@@ -453,10 +460,14 @@ static void oom_vmm_text(const av_t *a, const av_oom_t *o, diag_t *x)
     }
 }
 
-/* The training-side fixes of the OOM ladder, in cost order, where no allocator setting helps. */
+/* The training-side fixes of the OOM ladder, in cost order, where no allocator setting helps; inside
+ * the optimizer's step, where the batch's activations are gone, those that shrink what it holds. */
 #define LIVE_LADDER                                                                                    \
     "(1) a smaller micro-batch with gradient accumulation, (2) bf16 mixed precision, (3) activation " \
     "checkpointing, then an 8-bit optimizer, sharding (FSDP/ZeRO) or offload"
+#define OPTIMIZER_LADDER                                                                                 \
+    "fused=True or foreach=False (fewer temporaries), (7) an 8-bit or paged optimizer, (8) ZeRO-1 / FSDP " \
+    "sharding; the batch size does not matter inside the optimizer's step (its diagnosis follows)"
 
 static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
 {
@@ -568,6 +579,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
              * site at the OOM, where the trace names one; or, where call sites that leak (diagnosis
              * below) held at least the bytes missing, those: fixing the leak makes the room. */
             if (!x->fix[0]) {
+                const char *ladder = a->oom_in_opt ? OPTIMIZER_LADDER : LIVE_LADDER;
                 char holder[sizeof x->site + 256] = "";
                 size_t nl;
                 site_t *lv = collect_sites(a, sym, VIEW_OOM, is_leak, &nl);
@@ -587,7 +599,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                                  "Fix the leaks first (free; their diagnoses follow): the %zu call sites that leak held "
                                  "%s at the OOM, more than the %s missing.",
                                  nl, H(leaked), H(over));
-                    snprintf(x->fix, sizeof x->fix, "%s Then, if still needed, %s: " LIVE_LADDER ".", holder, then);
+                    snprintf(x->fix, sizeof x->fix, "%s Then, if still needed, %s: %s.", holder, then, ladder);
                 } else {
                     if (ns) {
                         snprintf(pct, sizeof pct, "%.1f%%",
@@ -597,7 +609,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                                  ": call site %s held %s at the OOM (%s of the live bytes, %" PRIu64 " blocks)",
                                  v[0].label, H(v[0].bytes), pct, v[0].count);
                     }
-                    snprintf(x->fix, sizeof x->fix, "%s: " LIVE_LADDER ". Live memory must shrink by %s%s.", lead,
+                    snprintf(x->fix, sizeof x->fix, "%s: %s. Live memory must shrink by %s%s.", lead, ladder,
                              H(over), holder);
                 }
                 free(lv);
@@ -659,62 +671,109 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
             max_step = g->peak_alloc;
     }
     /* 3. The step-2 jump: a class of allocations first made after step 1's peak, still live at the
-     * (later) peak, accounts for most of the rise over step 1's peak. */
+     * (later) peak, accounts for most of the rise over step 1's peak. Or, where the job ran out of
+     * memory in the step after step 1 for want of room (not by fragmentation: there the room was
+     * there), the same at the OOM: what step 2 needed then, its live blocks and the request, over
+     * step 1's peak (step 2's OOM may come before its own peak could rise above step 1's). */
     step1_seg = first_step(a);
-    if (step1_seg && np >= 2 && nd < maxd && a->peak_seg != (uint32_t)(step1_seg - a->segs) &&
-        a->peak_alloc > step1_seg->peak_alloc + step1_seg->peak_alloc / 10) {
+    uint32_t s1 = step1_seg ? (uint32_t)(step1_seg - a->segs) : 0;
+    const av_oom_t *o1 = a->nooms ? &a->ooms[0] : NULL;
+    bool jump_at_peak = step1_seg && np >= 2 && a->peak_seg != s1 &&
+                        a->peak_alloc > step1_seg->peak_alloc + step1_seg->peak_alloc / 10;
+    bool jump_at_oom = !jump_at_peak && step1_seg && o1 && o1->seg > s1 && a->segs[o1->seg].kind == AV_SEG_STEP &&
+                       a->segs[o1->seg].step == step1_seg->step + 1 && !o1->vmm_failure &&
+                       oom_classify(o1->rounded, o1->capacity, o1->allocated, o1->reserved, o1->device_free) !=
+                           OOM_FRAGMENTATION &&
+                       o1->rounded <= UINT64_MAX - o1->allocated &&
+                       o1->allocated + o1->rounded > step1_seg->peak_alloc;
+    if ((jump_at_peak || jump_at_oom) && nd < maxd) {
         size_t ns;
-        site_t *v = collect_sites(a, sym, VIEW_PEAK, is_late, &ns);
+        site_t *v = collect_sites(a, sym, jump_at_peak ? VIEW_PEAK : VIEW_OOM, is_late, &ns);
         uint64_t late = 0;
         for (size_t i = 0; i < ns; i++)
             late += v[i].bytes;
-        uint64_t rise = a->peak_alloc - step1_seg->peak_alloc;
-        if (ns && late * 2 >= rise && late * 20 >= a->peak_alloc) {
+        uint64_t level = jump_at_peak ? a->peak_alloc : o1->allocated + o1->rounded;
+        uint64_t rise = level - step1_seg->peak_alloc;
+        const char *when = jump_at_peak ? "the peak" : "the OOM";
+        if (ns && late * 2 >= rise && late * 20 >= level) {
             ns = label_sites(v, ns, 8);
             diag_t *x = diag_add(d, &nd, "step2-jump", v[0].label);
+            char head[512];
+            if (jump_at_peak)
+                snprintf(head, sizeof head, "%s peaked at %s, the peak (%s) is %s higher in %s", step1_seg->label,
+                         H(step1_seg->peak_alloc), H(a->peak_alloc), H(rise), a->segs[a->peak_seg].label);
+            else
+                snprintf(head, sizeof head,
+                         "%s peaked at %s and ran; %s ran out of memory needing %s (its live blocks and the "
+                         "request), %s more",
+                         step1_seg->label, H(step1_seg->peak_alloc), a->segs[o1->seg].label, H(level), H(rise));
             snprintf(x->text, sizeof x->text,
-                     "Step-2 jump: %s peaked at %s, the peak (%s) is %s higher in %s. Allocations first made "
-                     "late in %s (once it had begun freeing) and kept held %s at the peak — largest: %s, %s in "
-                     "%" PRIu64 " block%s (state allocated once, like an optimizer's on its first step).",
-                     step1_seg->label, H(step1_seg->peak_alloc), H(a->peak_alloc), H(rise),
-                     a->segs[a->peak_seg].label, step1_seg->label, H(late), v[0].label, H(v[0].bytes), v[0].count,
+                     "Step-2 jump: %s. Allocations first made late in %s (once it had begun freeing) and kept held "
+                     "%s at %s — largest: %s, %s in %" PRIu64 " block%s (state allocated once, like an "
+                     "optimizer's on its first step).",
+                     head, step1_seg->label, H(late), when, v[0].label, H(v[0].bytes), v[0].count,
                      v[0].count == 1 ? "" : "s");
             snprintf(x->fix, sizeof x->fix,
                      "Fix: budget for the peak after the first step, not step 1's. In cost order: (1) a smaller "
                      "micro-batch to make room beside that state; (7) an 8-bit or paged optimizer shrinks the "
-                     "state, which held %s at the peak; (8) ZeRO-1 / FSDP shards it across GPUs.",
-                     H(late));
+                     "state, which held %s at %s; (8) ZeRO-1 / FSDP shards it across GPUs.",
+                     H(late), when);
             x->saving = late;
         }
         free(v);
     }
     /* 3b. The peak inside the optimizer's step (PyTorch's annotations): what the step allocated
-     * for the first time (its state, on the first step, and its temporaries) held at the peak. */
-    if (a->peak_in_opt && nd < maxd) {
+     * for the first time (its state, on the first step, and its temporaries) held at the peak. Or,
+     * where the first OOM came inside the optimizer's step for want of room (not by fragmentation)
+     * before its allocations could make the peak, the same at the OOM, with the request that failed. */
+    bool opt_at_peak = a->peak_in_opt;
+    bool opt_at_oom = !opt_at_peak && o1 && a->oom_in_opt && !o1->vmm_failure &&
+                      oom_classify(o1->rounded, o1->capacity, o1->allocated, o1->reserved, o1->device_free) !=
+                          OOM_FRAGMENTATION &&
+                      o1->rounded <= UINT64_MAX - o1->allocated;
+    if ((opt_at_peak || opt_at_oom) && nd < maxd) {
         size_t ns;
         site_t *v = has_rule(d, nd, "step2-jump") ? NULL
-                                                   : collect_sites(a, sym, VIEW_PEAK, is_optimizer_new, &ns);
+                    : collect_sites(a, sym, opt_at_peak ? VIEW_PEAK : VIEW_OOM,
+                                    opt_at_peak ? is_optimizer_new : is_optimizer_new_at_oom, &ns);
         uint64_t made = 0, blocks = 0;
         for (size_t i = 0; v && i < ns; i++) {
             made += v[i].bytes;
             blocks += v[i].count;
         }
-        if (v && ns && made * 5 >= a->peak_alloc) {
-            ns = label_sites(v, ns, 8);
-            diag_t *x = diag_add(d, &nd, "optimizer-step", v[0].label);
-            snprintf(x->text, sizeof x->text,
-                     "Optimizer step: the peak (%s) lies inside the optimizer's step (%s), whose own first "
-                     "allocations hold %s of it (%" PRIu64 " blocks: its state, created on its first step, and "
-                     "its temporaries) — largest: %s, %s in %" PRIu64 " block%s.",
-                     H(a->peak_alloc), a->peak_opt_name, H(made), blocks, v[0].label, H(v[0].bytes), v[0].count,
-                     v[0].count == 1 ? "" : "s");
+        /* At the OOM the step's own failing request counts with what it had made. */
+        uint64_t level = opt_at_peak ? a->peak_alloc : o1->allocated + o1->rounded;
+        uint64_t stake = opt_at_peak ? made : made + o1->rounded;
+        if (v && (ns || opt_at_oom) && stake * 5 >= level) {
+            if (ns)
+                ns = label_sites(v, ns, 8);
+            const char *f[32];
+            size_t nf = opt_at_peak ? 0 : sym_stack_label(sym, o1->stack, f, 32);
+            char from[sizeof d->site];
+            if (!opt_at_peak)
+                sym_label(f, nf, nf, o1->stack != 0, from, sizeof from);
+            diag_t *x = diag_add(d, &nd, "optimizer-step", opt_at_peak ? v[0].label : from);
+            if (opt_at_peak)
+                snprintf(x->text, sizeof x->text,
+                         "Optimizer step: the peak (%s) lies inside the optimizer's step (%s), whose own first "
+                         "allocations hold %s of it (%" PRIu64 " blocks: its state, created on its first step, and "
+                         "its temporaries) — largest: %s, %s in %" PRIu64 " block%s.",
+                         H(a->peak_alloc), a->peak_opt_name, H(made), blocks, v[0].label, H(v[0].bytes), v[0].count,
+                         v[0].count == 1 ? "" : "s");
+            else
+                snprintf(x->text, sizeof x->text,
+                         "Optimizer step: the OOM came inside the optimizer's step (%s), on its request of %s from "
+                         "%s; the step's own first allocations held %s of the %s live then (%" PRIu64 " block%s: its "
+                         "state, created on its first step, and its temporaries).",
+                         a->oom_opt_name, H(o1->rounded), from, H(made), H(o1->allocated), blocks,
+                         blocks == 1 ? "" : "s");
             snprintf(x->fix, sizeof x->fix,
                      "Fix: the batch size does not matter here (activations are gone by the optimizer's step); "
                      "parameters, gradients and this state do. In cost order: fused=True or foreach=False makes "
                      "fewer temporaries; (7) an 8-bit or paged optimizer shrinks the state; (8) ZeRO-1 / FSDP "
                      "shards it across GPUs. Up to %s is at stake.",
-                     H(made));
-            x->saving = made;
+                     H(stake));
+            x->saving = stake;
         }
         free(v);
     }
@@ -759,6 +818,46 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                      dev_vmm(a, report_device(a)) ? "" : "; expandable_segments:True also helps with the variable shapes",
                      H(over));
             x->saving = over;
+        }
+    }
+    /* 4b. The longest batch at the OOM: after steps that ran, a step runs out of memory for want of
+     * room (not by fragmentation) on a request its call site never made so large before (a fifth
+     * more than the largest block it had been given): that batch is larger than the ones before
+     * it, and its peak, cut short by the OOM, never shows in the step peaks above. */
+    if (o1 && nd < maxd && !has_rule(d, nd, "longest-batch") && !has_rule(d, nd, "step2-jump") &&
+        !has_rule(d, nd, "optimizer-step") && a->segs[o1->seg].kind == AV_SEG_STEP && !o1->vmm_failure &&
+        oom_classify(o1->rounded, o1->capacity, o1->allocated, o1->reserved, o1->device_free) != OOM_FRAGMENTATION) {
+        size_t before = 0;
+        for (uint32_t i = 0; i < o1->seg; i++)
+            before += a->segs[i].kind == AV_SEG_STEP && a->segs[i].num_allocs;
+        /* The call site's stacks: those that name the failing request's frames (the OOM record's
+         * own stack may hold frames of the allocator that naming folds away). */
+        site_t want;
+        memset(&want, 0, sizeof want);
+        want.nframes = sym_stack(sym, o1->stack, want.frames, 32);
+        uint64_t site_max = 0;
+        for (size_t id = 1; o1->stack && id < a->nst; id++) {
+            const char *f[32];
+            if (a->st[id].oom_max_block > site_max && same_frames(&want, f, sym_stack(sym, (uint32_t)id, f, 32)))
+                site_max = a->st[id].oom_max_block;
+        }
+        if (before >= 2 && site_max && o1->rounded > site_max + site_max / 5) {
+            const char *f[32];
+            size_t nf = sym_stack_label(sym, o1->stack, f, 32);
+            char from[sizeof d->site];
+            sym_label(f, nf, nf, o1->stack != 0, from, sizeof from);
+            diag_t *x = diag_add(d, &nd, "longest-batch", from);
+            snprintf(x->text, sizeof x->text,
+                     "Longest batch: %s ran out of memory on a request of %s from %s, %.1fx the largest block that "
+                     "call site had been given in the %zu step%s before (%s). This batch is larger than the ones "
+                     "before it; its own peak, cut short by the OOM, is not among the step peaks.",
+                     a->segs[o1->seg].label, H(o1->rounded), from,
+                     (double)o1->rounded / (double)site_max, before, before == 1 ? "" : "s", H(site_max));
+            snprintf(x->fix, sizeof x->fix,
+                     "Fix (ladder rung 1, for that batch): cap the sequence length or bucket / sort by length so "
+                     "the longest batch is no larger than typical ones, or size the micro-batch for the longest "
+                     "one%s.",
+                     dev_vmm(a, o1->dev) ? "" : "; expandable_segments:True also helps with the variable shapes");
         }
     }
     /* 5. A phase (evaluation, ...) peaking above training. */
