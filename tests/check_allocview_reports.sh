@@ -213,6 +213,12 @@ grep -q "No allocator setting can fix that here: expandable segments were asked 
     ! grep -q "CUALLOC_CONF=" "$tmp/fragnovmm.diag" || bad "fragnovmm: allocview's fix: $(cat "$tmp/fragnovmm.diag")"
 grep -q "No setting of this heap can fix that (max_split_size_mb, more than 20, cannot help" "$tmp/fragnovmm.err" ||
     bad "fragnovmm: the heap's report: $(grep diagnosis "$tmp/fragnovmm.err")"
+# Its replay runs without VMM as the device did: under the recorded configuration the OOM comes again
+# (it was replayed with expandable segments, which served it: 0 OOMs and a -12% prediction error),
+# and no configuration gets expandable segments there.
+"$allocview" replay --json --conf recorded --conf default "$tmp/fragnovmm.trace" 2>/dev/null |
+    python3 -c 'import json,sys; r=json.load(sys.stdin); sys.exit(not all(x["num_ooms"] == 1 and x["peak_reserved_bytes"] == 100 << 20 for x in r))' ||
+    bad "fragnovmm: replayed with VMM: $("$allocview" replay --conf recorded --conf default "$tmp/fragnovmm.trace" 2>&1)"
 # The device refused a chunk with memory free (sim_fail): neither fragmentation nor a full device.
 want refused oom-device-refused; wantnot refused oom-fragmentation; wantnot refused oom-device-full
 # A trace of format 1.0 has no vmm_failure: allocview infers it from the figures, and on these two

@@ -76,6 +76,11 @@ typedef struct trace_reqs {
     uint64_t dev_total[CUA_TRACE_MAX_DEVICES];
     uint64_t dev_gran[CUA_TRACE_MAX_DEVICES];
     bool have_dev[CUA_TRACE_MAX_DEVICES];
+    bool dev_classic[CUA_TRACE_MAX_DEVICES]; /* recorded with classic segments */
+    bool by_cualloc;         /* recorded by cualloc (not imported) */
+    /* Recorded by cualloc with expandable segments asked for, yet on classic segments: the device
+     * had no VMM (the heap fell back), and no replay of its requests may use VMM either. */
+    bool no_vmm;
     uint64_t peak_requested_dev[CUA_TRACE_MAX_DEVICES]; /* the requests' own peak (any allocator) */
     char *config;            /* the recorded configuration, or NULL */
     uint64_t records;
@@ -191,7 +196,11 @@ static int load_trace(const char *path, trace_reqs_t *t)
                 t->dev_capacity[d] = rec.u.device.capacity;
                 t->dev_total[d] = rec.u.device.total;
                 t->dev_gran[d] = rec.u.device.granularity;
+                t->dev_classic[d] = rec.u.device.mode != CUA_TRACE_MODE_VMM;
             }
+            continue;
+        case CUA_TRACE_PROCESS:
+            t->by_cualloc = rec.u.process.recorder.len >= 7 && memcmp(rec.u.process.recorder.p, "cualloc", 7) == 0;
             continue;
         case CUA_TRACE_STREAM:
             if (rec.u.stream.id < (1u << 24)) {
@@ -262,6 +271,12 @@ static int load_trace(const char *path, trace_reqs_t *t)
     } else if (tr_warning(r)[0]) {
         fprintf(stderr, "allocview replay: %s: %s\n", path, tr_warning(r));
     }
+    /* The configuration as the recorder writes it: "expandable_segments:True" is an item of its own. */
+    bool asked = false;
+    for (const char *p = t->config; p && (p = strstr(p, "expandable_segments:True")); p++)
+        asked |= (p == t->config || p[-1] == ',') && (p[24] == ',' || p[24] == '\0');
+    for (int d = 0; d < t->ndev; d++)
+        t->no_vmm |= t->by_cualloc && asked && t->dev_used[d] && t->have_dev[d] && t->dev_classic[d];
     devaddr_map_free(&live);
     tr_close(r);
     return status;
@@ -409,7 +424,7 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
     c.sim_host_backed = false;
     c.sim_memory = (size_t)sim_capacity(t, memory);
     c.sim_granularity = (size_t)gran;
-    c.sim_vmm = true;
+    c.sim_vmm = !t->no_vmm;
     c.sim_devices = t->ndev > 0 ? t->ndev : 1;
     c.sim_latency_us = 0;
     c.sim_fail_op = SIM_OP_COUNT;
@@ -823,6 +838,8 @@ int av_cmd_replay(int argc, char **argv)
                memory ? "" : " (the recorded capacity)");
         if (passes > 1)
             printf("; %u passes (peaks over all of them)", passes);
+        if (t->no_vmm)
+            printf("; without VMM, as the recorded device (expandable segments fall back to classic ones)");
         printf("\n");
         if (cudafree)
             printf("every free replayed as cudaFree (device-wide, one non-blocking stream known); the device completes "
