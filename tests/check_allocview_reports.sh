@@ -302,7 +302,7 @@ if [ -n "$fakecuda" ]; then
 fi
 # An OOM keeps its diagnosis through PyTorch's snapshot format: exported, imported back (the
 # capacity given, as the snapshot has none), the same rule, from the same allocated and reserved bytes.
-for t in shortage frag devicefull; do
+for t in shortage frag devicefull split; do
     [ -s "$tmp/$t.trace" ] || continue
     rule=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["diagnosis"][0]["rule"])' "$tmp/$t.json" 2>/dev/null)
     "$allocview" export "$tmp/$t.trace" --pytorch "$tmp/$t.pickle" >/dev/null 2>&1 || { bad "$t: export failed"; continue; }
@@ -315,6 +315,15 @@ for t in shortage frag devicefull; do
     "$allocview" oom --no-color "$tmp/$t.back" | sed -n '2p; 3s/largest free block [^,]*, //p' >"$tmp/$t.back.oom"
     diff -u "$tmp/$t.oom" "$tmp/$t.back.oom" || bad "$t: the OOM's figures changed through export and import"
 done
+# A PyTorch OOM entry has no largest free block: with memory reserved but unallocated, the report
+# says it was not recorded (it said 0 B, and that a 0 B block was smaller than the request); the
+# max_split_size_mb the heap advised comes back with the snapshot's segments.
+if [ -s "$tmp/split.back" ]; then
+    "$allocview" --no-color "$tmp/split.back" >"$tmp/split.back.txt" 2>&1
+    grep -q "^  reserved but unallocated 52.00 MiB, largest free block not recorded," "$tmp/split.back.txt" &&
+        ! grep -q "largest free block (0 B)" "$tmp/split.back.txt" &&
+        grep -q "max_split_size_mb:64" "$tmp/split.back.txt" || bad "split, imported back: $(sed -n '/^OOM/,$p' "$tmp/split.back.txt")"
+fi
 want step2 step2-jump; wantnot step2 leak; wantnot step2 longest-batch
 # Each OOM at a given step is named for what it is, not only as a shortage (step 2's OOM came before
 # its peak could pass step 1's, and the optimizer's and the longest batch's before theirs did).

@@ -387,6 +387,17 @@ static bool config_bool(const av_t *a, const char *key, bool dflt)
 /* A trace cualloc recorded (not an import): its configuration's defaults are cualloc's. */
 static bool by_cualloc(const av_t *a) { return strncmp(a->recorder, "cualloc", 7) == 0; }
 
+/* An OOM record's largest free block, as text: a PyTorch snapshot's OOM entry has none, and its
+ * import records 0, which is not the figure (reserved but unallocated memory is free somewhere). */
+static bool largest_free_known(const av_t *a, const av_oom_t *o)
+{
+    return by_cualloc(a) || o->largest_free || o->reserved == o->allocated;
+}
+static const char *largest_free_text(const av_t *a, const av_oom_t *o)
+{
+    return largest_free_known(a, o) ? H(o->largest_free) : "not recorded";
+}
+
 /* An OOM that oom_classify calls fragmentation, on a device of expandable (VMM) segments: why the
  * heap, which releases every whole cached chunk before it fails, still could not serve it
  * (oom_vmm_failure, the rule the heap's own report on stderr follows). cualloc records the reason
@@ -494,7 +505,8 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                      "and in the %s the heap held plus the %s the device had free, but %s was reserved and "
                      "unallocated and its largest free block (%s) is smaller than the request.",
                      H(o->allocated), H(o->rounded), H(o->capacity), H(o->reserved), H(o->device_free),
-                     H(o->reserved - o->allocated), H(o->largest_free));
+                     H(o->reserved - o->allocated),
+                     largest_free_known(a, o) ? H(o->largest_free) : "not recorded in the snapshot");
             /* The heap's own rule (oom_classic_fixes): expandable segments unless the trace asked for
              * them (its device then had no VMM), a max_split_size_mb that keeps the largest carved
              * segment whole; where neither applies, what live memory must do. */
@@ -1130,7 +1142,7 @@ static void oom_text(FILE *out, const av_t *a, sym_ctx_t *sym, const ropts_t *o)
     fprintf(out, "  tried to allocate %s (%" PRIu64 " B requested); capacity %s, allocated %s, reserved %s\n",
             H(x->rounded), x->requested, H(x->capacity), H(x->allocated), H(x->reserved));
     fprintf(out, "  reserved but unallocated %s, largest free block %s, device free %s\n",
-            H(x->reserved - x->allocated), H(x->largest_free), H(x->device_free));
+            H(x->reserved - x->allocated), largest_free_text(a, x), H(x->device_free));
     const char *f[32];
     size_t nf = sym_stack_label(sym, x->stack, f, 32);
     static char from[SYM_LABEL_FRAMES * 1024 + 64];
