@@ -471,6 +471,23 @@ static void oom_vmm_text(const av_t *a, const av_oom_t *o, diag_t *x)
     }
 }
 
+/* What the heap's rule (oom.c) made of an OOM: a recorded vmm_failure is the heap's word that it gave
+ * fragmentation (it classifies with the device's free memory unknown where the record can only say
+ * 0). */
+static oom_kind_t oom_kind_of(const av_oom_t *o)
+{
+    return o->vmm_failure ? OOM_FRAGMENTATION
+                          : oom_classify(o->rounded, o->capacity, o->allocated, o->reserved, o->device_free);
+}
+
+/* The failing request's call site, every frame of it, as the OOM section names it. */
+static void failing_site(sym_ctx_t *sym, const av_oom_t *o, char *buf, size_t len)
+{
+    const char *f[32];
+    size_t nf = sym_stack_label(sym, o->stack, f, 32);
+    sym_label(f, nf, nf, o->stack != 0, buf, len);
+}
+
 /* The training-side fixes of the OOM ladder, in cost order, where no allocator setting helps; inside
  * the optimizer's step, where the batch's activations are gone, those that shrink what it holds. */
 #define LIVE_LADDER                                                                                    \
@@ -488,10 +505,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
      *    allocview says what the report on stderr said (the first OOM, the one that ends most jobs). */
     if (a->nooms && nd < maxd) {
         const av_oom_t *o = &a->ooms[0];
-        /* A recorded vmm_failure is the heap's word that the rule gave fragmentation (it classifies
-         * with the device's free memory unknown where the record can only say 0). */
-        oom_kind_t kind = o->vmm_failure ? OOM_FRAGMENTATION
-                                         : oom_classify(o->rounded, o->capacity, o->allocated, o->reserved, o->device_free);
+        oom_kind_t kind = oom_kind_of(o);
         size_t ns;
         site_t *v = collect_sites(a, sym, VIEW_OOM, NULL, &ns);
         ns = label_sites(v, ns, 8);
@@ -554,9 +568,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                  * for it (the live blocks hold less than the excess); the tensor itself must shrink. */
                 x->rule = "oom-shortage";
                 over = oom_missing(o->rounded, o->allocated, o->capacity);
-                const char *f[32];
-                size_t nf = sym_stack_label(sym, o->stack, f, 32);
-                sym_label(f, nf, nf, o->stack != 0, x->site, sizeof x->site);
+                failing_site(sym, o, x->site, sizeof x->site);
                 snprintf(x->text, sizeof x->text,
                          "OOM by genuine shortage: the request alone (%s) is larger than the capacity (%s), so no "
                          "memory given up elsewhere (the live blocks held %s) and no allocator setting can make room "
@@ -693,9 +705,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
     bool jump_at_peak = step1_seg && np >= 2 && a->peak_seg != s1 &&
                         a->peak_alloc > step1_seg->peak_alloc + step1_seg->peak_alloc / 10;
     bool jump_at_oom = !jump_at_peak && step1_seg && o1 && o1->seg > s1 && a->segs[o1->seg].kind == AV_SEG_STEP &&
-                       a->segs[o1->seg].step == step1_seg->step + 1 && !o1->vmm_failure &&
-                       oom_classify(o1->rounded, o1->capacity, o1->allocated, o1->reserved, o1->device_free) !=
-                           OOM_FRAGMENTATION &&
+                       a->segs[o1->seg].step == step1_seg->step + 1 && oom_kind_of(o1) != OOM_FRAGMENTATION &&
                        o1->rounded <= UINT64_MAX - o1->allocated &&
                        o1->allocated + o1->rounded > step1_seg->peak_alloc;
     if ((jump_at_peak || jump_at_oom) && nd < maxd) {
@@ -739,9 +749,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
      * where the first OOM came inside the optimizer's step for want of room (not by fragmentation)
      * before its allocations could make the peak, the same at the OOM, with the request that failed. */
     bool opt_at_peak = a->peak_in_opt;
-    bool opt_at_oom = !opt_at_peak && o1 && a->oom_in_opt && !o1->vmm_failure &&
-                      oom_classify(o1->rounded, o1->capacity, o1->allocated, o1->reserved, o1->device_free) !=
-                          OOM_FRAGMENTATION &&
+    bool opt_at_oom = !opt_at_peak && o1 && a->oom_in_opt && oom_kind_of(o1) != OOM_FRAGMENTATION &&
                       o1->rounded <= UINT64_MAX - o1->allocated;
     if ((opt_at_peak || opt_at_oom) && nd < maxd) {
         size_t ns;
@@ -759,11 +767,9 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
         if (v && (ns || opt_at_oom) && stake * 5 >= level) {
             if (ns)
                 ns = label_sites(v, ns, 8);
-            const char *f[32];
-            size_t nf = opt_at_peak ? 0 : sym_stack_label(sym, o1->stack, f, 32);
-            char from[sizeof d->site];
+            char from[sizeof d->site] = "";
             if (!opt_at_peak)
-                sym_label(f, nf, nf, o1->stack != 0, from, sizeof from);
+                failing_site(sym, o1, from, sizeof from);
             diag_t *x = diag_add(d, &nd, "optimizer-step", opt_at_peak ? v[0].label : from);
             if (opt_at_peak)
                 snprintf(x->text, sizeof x->text,
@@ -837,8 +843,8 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
      * more than the largest block it had been given): that batch is larger than the ones before
      * it, and its peak, cut short by the OOM, never shows in the step peaks above. */
     if (o1 && nd < maxd && !has_rule(d, nd, "longest-batch") && !has_rule(d, nd, "step2-jump") &&
-        !has_rule(d, nd, "optimizer-step") && a->segs[o1->seg].kind == AV_SEG_STEP && !o1->vmm_failure &&
-        oom_classify(o1->rounded, o1->capacity, o1->allocated, o1->reserved, o1->device_free) != OOM_FRAGMENTATION) {
+        !has_rule(d, nd, "optimizer-step") && a->segs[o1->seg].kind == AV_SEG_STEP &&
+        oom_kind_of(o1) != OOM_FRAGMENTATION) {
         size_t before = 0;
         for (uint32_t i = 0; i < o1->seg; i++)
             before += a->segs[i].kind == AV_SEG_STEP && a->segs[i].num_allocs;
@@ -854,10 +860,8 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                 site_max = a->st[id].oom_max_block;
         }
         if (before >= 2 && site_max && o1->rounded > site_max + site_max / 5) {
-            const char *f[32];
-            size_t nf = sym_stack_label(sym, o1->stack, f, 32);
             char from[sizeof d->site];
-            sym_label(f, nf, nf, o1->stack != 0, from, sizeof from);
+            failing_site(sym, o1, from, sizeof from);
             diag_t *x = diag_add(d, &nd, "longest-batch", from);
             snprintf(x->text, sizeof x->text,
                      "Longest batch: %s ran out of memory on a request of %s from %s, %.1fx the largest block that "
@@ -1143,10 +1147,8 @@ static void oom_text(FILE *out, const av_t *a, sym_ctx_t *sym, const ropts_t *o)
             H(x->rounded), x->requested, H(x->capacity), H(x->allocated), H(x->reserved));
     fprintf(out, "  reserved but unallocated %s, largest free block %s, device free %s\n",
             H(x->reserved - x->allocated), largest_free_text(a, x), H(x->device_free));
-    const char *f[32];
-    size_t nf = sym_stack_label(sym, x->stack, f, 32);
     static char from[SYM_LABEL_FRAMES * 1024 + 64];
-    sym_label(f, nf, nf, x->stack != 0, from, sizeof from);
+    failing_site(sym, x, from, sizeof from);
     fprintf(out, "  failing request from: %s\n", from);
     size_t n;
     site_t *v = collect_sites(a, sym, VIEW_OOM, NULL, &n);
