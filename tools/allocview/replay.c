@@ -272,9 +272,10 @@ static int load_trace(const char *path, trace_reqs_t *t)
         fprintf(stderr, "allocview replay: %s: %s\n", path, tr_warning(r));
     }
     /* The configuration as the recorder writes it: "expandable_segments:True" is an item of its own. */
+    static const char item[] = "expandable_segments:True";
     bool asked = false;
-    for (const char *p = t->config; p && (p = strstr(p, "expandable_segments:True")); p++)
-        asked |= (p == t->config || p[-1] == ',') && (p[24] == ',' || p[24] == '\0');
+    for (const char *p = t->config; p && (p = strstr(p, item)); p++)
+        asked |= (p == t->config || p[-1] == ',') && (p[sizeof item - 1] == ',' || p[sizeof item - 1] == '\0');
     for (int d = 0; d < t->ndev; d++)
         t->no_vmm |= t->by_cualloc && asked && t->dev_used[d] && t->have_dev[d] && t->dev_classic[d];
     devaddr_map_free(&live);

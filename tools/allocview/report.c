@@ -493,6 +493,10 @@ static void failing_site(sym_ctx_t *sym, const av_oom_t *o, char *buf, size_t le
 #define LIVE_LADDER                                                                                    \
     "(1) a smaller micro-batch with gradient accumulation, (2) bf16 mixed precision, (3) activation " \
     "checkpointing, then an 8-bit optimizer, sharding (FSDP/ZeRO) or offload"
+/* The first fix of an OOM at a cap set below the device's memory. */
+#define RAISE_CAP                                                                                        \
+    "raise the cap (CUALLOC_CONF max_memory_mb or per_process_memory_fraction, whichever set it) if this " \
+    "process may use more of the device; else, in cost order"
 #define OPTIMIZER_LADDER                                                                                 \
     "fused=True or foreach=False (fewer temporaries), (7) an 8-bit or paged optimizer, (8) ZeRO-1 / FSDP " \
     "sharding; the batch size does not matter inside the optimizer's step (its diagnosis follows)"
@@ -557,12 +561,8 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                          "the heap held plus the %s the device had free).",
                          H(o->allocated), H(o->rounded), H(over), H(o->capacity), H(dev_total), H(o->reserved),
                          H(o->device_free));
-#define RAISE_CAP                                                                                        \
-    "raise the cap (CUALLOC_CONF max_memory_mb or per_process_memory_fraction, whichever set it) if this " \
-    "process may use more of the device; else, in cost order"
                 lead = "Fix (free): " RAISE_CAP;
                 then = RAISE_CAP;
-#undef RAISE_CAP
             } else if (kind == OOM_SHORTAGE && o->rounded > o->capacity) {
                 /* The request alone is larger than the capacity: no live memory given up makes room
                  * for it (the live blocks hold less than the excess); the tensor itself must shrink. */
