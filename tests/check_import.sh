@@ -60,6 +60,15 @@ grep -q '^  step 6 ' "$tmp/made-long.txt" || { echo "FAIL: made-long: want 6 ste
     { echo "FAIL: made-long: --at does not find the long mark: $(cat "$tmp/made-long-at.txt")"; st=1; }
 grep -q '^State at END Optimizer.step#research_lab' "$tmp/made-long-at.txt" ||
     { echo "FAIL: made-long: --at: $(head -5 "$tmp/made-long-at.txt")"; st=1; }
+# A diagnosis that quotes a name of 2000 characters and a call site is written whole (it was cut
+# at 1024 bytes, mid-sentence).
+huge=$long
+for i in 1 2 3 4 5 6; do huge=$huge.$long; done
+python3 "$(dirname "$0")/make_snapshot.py" "$tmp/made-huge.pickle" optstep "$huge" || { echo "FAIL: make_snapshot.py huge"; st=1; }
+"$allocview" import "$tmp/made-huge.pickle" -o "$tmp/made-huge.trace" 2>/dev/null || { echo "FAIL: import of made-huge exited $?"; st=1; }
+"$allocview" report --no-color "$tmp/made-huge.trace" >"$tmp/made-huge.txt" 2>&1
+grep -q "Optimizer step: the peak (320.00 MiB) lies inside the optimizer.s step (Optimizer.step#$huge.step), .* — largest: at::native::empty_like <- step (/home/u/model.py:80), 64.00 MiB in 1 block\.$" "$tmp/made-huge.txt" ||
+    { echo "FAIL: made-huge: the optimizer's diagnosis is not whole: $(grep 'Optimizer step' "$tmp/made-huge.txt" | cut -c1-200)..."; st=1; }
 
 # A pickle with objects in it is refused with the opcode named.
 printf '\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x8c\x06system\x93.' >"$tmp/evil.pickle"

@@ -245,13 +245,28 @@ static size_t label_sites(site_t *v, size_t n, size_t show)
 typedef struct diag {
     const char *rule;      /* "oom-fragmentation", "oom-shortage", "oom-cap", "oom-device-full", "leak", "step2-jump", "optimizer-step",
                               "longest-batch", "phase", "phase-or-step" */
-    char text[1024];
-    char fix[1024];
+    /* Room for the longest figures and names a rule writes: a mark's name (AV_MARK_MAX) and a few
+     * call-site labels of up to 1023 bytes each. */
+    char text[6144];
+    char fix[4096];
     uint64_t saving;       /* bytes the trace implies the fix can save (0: none claimed) */
     char site[1024];
 } diag_t;
 
 /* A new diagnosis for `rule` (site: the call site it names, or NULL), cleared. */
+#define MAX_DIAGS 32
+
+/* Room for MAX_DIAGS diagnoses (11 KiB each: on the heap, not the stack). */
+static diag_t *diags_new(void)
+{
+    diag_t *d = calloc(MAX_DIAGS, sizeof *d);
+    if (!d) {
+        fprintf(stderr, "allocview: out of memory\n");
+        exit(1);
+    }
+    return d;
+}
+
 static diag_t *diag_add(diag_t *d, size_t *nd, const char *rule, const char *site)
 {
     diag_t *x = &d[(*nd)++];
@@ -1324,11 +1339,11 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
     sym_ctx_t *sym = sym_new(a->r);
     /* Labels tell a site apart from every call site of the trace, not only from those listed. */
     ref_sites = collect_sites(a, sym, VIEW_EVER, NULL, &nref_sites);
-    diag_t d[32];
+    diag_t *d = diags_new();
     size_t nd = 0;
     bool dflt = strcmp(cmd, "report") == 0;
     if (dflt || strcmp(cmd, "leaks") == 0)
-        nd = diagnose(a, sym, d, 32);
+        nd = diagnose(a, sym, d, MAX_DIAGS);
     if (o->json) {
         fprintf(out, "{\"report\": \"%s\", ", cmd);
         process_json(out, a, o);
@@ -1369,13 +1384,14 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
         }
         if (dflt || strcmp(cmd, "leaks") == 0) {
             fprintf(out, ", \"diagnosis\": ");
-            diag_t l[32];
+            diag_t *l = diags_new();
             size_t nl = 0;
             /* leaks: the --top largest (by bytes at the end); num_leaks says how many there are */
             for (size_t i = 0; i < nd; i++)
                 if (dflt || (strcmp(d[i].rule, "leak") == 0 && nl < (size_t)o->top))
                     l[nl++] = d[i];
             diag_json(out, l, nl);
+            free(l);
             if (!dflt)
                 fprintf(out, ", \"num_leaks\": %zu", count_leaks(a, sym));
         }
@@ -1384,6 +1400,7 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
         ref_sites = NULL;
         nref_sites = 0;
         sym_free(sym);
+        free(d);
         return;
     }
     if (!dflt)
@@ -1434,6 +1451,7 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
     ref_sites = NULL;
     nref_sites = 0;
     sym_free(sym);
+    free(d);
 }
 
 static void rank_text(int64_t rank, char *buf, size_t len)
