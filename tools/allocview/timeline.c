@@ -592,7 +592,7 @@ static int svg_report(const tl_t *t, const char *file)
         if (n > 48) {
             snprintf(name, sizeof name, "%.*s...", (int)txt_utf8_cut(full, n, 45), full);
         } else {
-            snprintf(name, sizeof name, "%s", full);
+            memcpy(name, full, n + 1); /* (n <= 48 < sizeof name) */
         }
         xml_text(out, name);
         fprintf(out, "</text>\n");
