@@ -323,6 +323,9 @@ if [ -s "$tmp/split.back" ]; then
     grep -q "^  reserved but unallocated 52.00 MiB, largest free block not recorded," "$tmp/split.back.txt" &&
         ! grep -q "largest free block (0 B)" "$tmp/split.back.txt" &&
         grep -q "max_split_size_mb:64" "$tmp/split.back.txt" || bad "split, imported back: $(sed -n '/^OOM/,$p' "$tmp/split.back.txt")"
+    "$allocview" oom --json "$tmp/split.back" >"$tmp/split.back.json" 2>&1
+    python3 -c 'import json,sys; o = json.load(open(sys.argv[1]))["oom"]; assert o["largest_free_block"] is None, o' \
+        "$tmp/split.back.json" || bad "split, imported back: --json's largest_free_block is not null: $(head -c 600 "$tmp/split.back.json")"
 fi
 want step2 step2-jump; wantnot step2 leak; wantnot step2 longest-batch
 # Each OOM at a given step is named for what it is, not only as a shortage (step 2's OOM came before

@@ -1304,10 +1304,14 @@ static void oom_json(FILE *out, const av_t *a, sym_ctx_t *sym, const ropts_t *o)
     txt_json_string(out, a->segs[x->seg].label);
     fprintf(out,
             ", \"requested_bytes\": %" PRIu64 ", \"rounded_bytes\": %" PRIu64 ", \"capacity_bytes\": %" PRIu64
-            ", \"allocated_bytes\": %" PRIu64 ", \"reserved_bytes\": %" PRIu64 ", \"largest_free_block\": %" PRIu64
-            ", \"device_free_bytes\": %" PRIu64 ", \"count\": %zu, \"failing_site\": [",
-            x->requested, x->rounded, x->capacity, x->allocated, x->reserved, x->largest_free, x->device_free,
-            a->nooms);
+            ", \"allocated_bytes\": %" PRIu64 ", \"reserved_bytes\": %" PRIu64 ", \"largest_free_block\": ",
+            x->requested, x->rounded, x->capacity, x->allocated, x->reserved);
+    /* null where the trace does not say (a PyTorch snapshot's OOM entry), as the text's "not recorded" */
+    if (largest_free_known(a, x))
+        fprintf(out, "%" PRIu64, x->largest_free);
+    else
+        fprintf(out, "null");
+    fprintf(out, ", \"device_free_bytes\": %" PRIu64 ", \"count\": %zu, \"failing_site\": [", x->device_free, a->nooms);
     const char *f[32];
     size_t nf = sym_stack(sym, x->stack, f, 32);
     for (size_t i = 0; i < nf; i++) {
