@@ -327,6 +327,15 @@ if [ -s "$tmp/split.back" ]; then
     python3 -c 'import json,sys; o = json.load(open(sys.argv[1]))["oom"]; assert o["largest_free_block"] is None, o' \
         "$tmp/split.back.json" || bad "split, imported back: --json's largest_free_block is not null: $(head -c 600 "$tmp/split.back.json")"
 fi
+# An OOM at a cap names the key that set it, as the heap's own report does (it named both).
+record capmb shortage "sim_memory_mb:512,max_memory_mb:128"
+record capfrac shortage "sim_memory_mb:512,per_process_memory_fraction:0.25"
+for c in "capmb max_memory_mb" "capfrac per_process_memory_fraction"; do
+    set -- $c
+    "$allocview" --no-color "$tmp/$1.trace" >"$tmp/$1.txt" 2>&1
+    grep -q "^     Fix (free): raise the cap (CUALLOC_CONF $2) if this process may use more" "$tmp/$1.txt" ||
+        bad "$1: the cap's fix does not name $2: $(sed -n '/^Diagnosis/,$p' "$tmp/$1.txt")"
+done
 want step2 step2-jump; wantnot step2 leak; wantnot step2 longest-batch
 # Each OOM at a given step is named for what it is, not only as a shortage (step 2's OOM came before
 # its peak could pass step 1's, and the optimizer's and the longest batch's before theirs did).

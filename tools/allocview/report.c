@@ -379,6 +379,26 @@ static uint64_t config_number(const av_t *a, const char *key, uint64_t dflt)
     return end != p + kl + 1 && end == p + n && errno == 0 ? v : dflt;
 }
 
+/* The key that set a cap of `capacity` bytes below the device's memory, as the heap's own report
+ * names it: max_memory_mb where the cap equals it, else per_process_memory_fraction where that is
+ * set; NULL where the recorded configuration does not say (no configuration: a PyTorch snapshot). */
+static const char *cap_key(const av_t *a, uint64_t capacity)
+{
+    uint64_t mb = config_number(a, "max_memory_mb", 0);
+    if (mb && mb <= (UINT64_MAX >> 20) && mb << 20 == capacity)
+        return "max_memory_mb";
+    size_t n;
+    const char *p = config_item(a, "per_process_memory_fraction", &n);
+    if (p) {
+        size_t kl = strlen("per_process_memory_fraction") + 1;
+        char v[32];
+        snprintf(v, sizeof v, "%.*s", (int)(n - kl < sizeof v - 1 ? n - kl : sizeof v - 1), p + kl);
+        if (strtod(v, NULL) > 0)
+            return "per_process_memory_fraction";
+    }
+    return NULL;
+}
+
 /* The boolean KEY:V of the recorded configuration (V as cualloc's configuration takes it: 1, true,
  * yes, on or 0, false, no, off, any case), or dflt when it is absent or not one of those. */
 static bool config_bool(const av_t *a, const char *key, bool dflt)
@@ -509,9 +529,6 @@ static void failing_site(sym_ctx_t *sym, const av_oom_t *o, char *buf, size_t le
     "(1) a smaller micro-batch with gradient accumulation, (2) bf16 mixed precision, (3) activation " \
     "checkpointing, then an 8-bit optimizer, sharding (FSDP/ZeRO) or offload"
 /* The first fix of an OOM at a cap set below the device's memory. */
-#define RAISE_CAP                                                                                        \
-    "raise the cap (CUALLOC_CONF max_memory_mb or per_process_memory_fraction, whichever set it) if this " \
-    "process may use more of the device; else, in cost order"
 #define OPTIMIZER_LADDER                                                                                 \
     "fused=True or foreach=False (fewer temporaries), (7) an 8-bit or paged optimizer, (8) ZeRO-1 / FSDP " \
     "sharding; the batch size does not matter inside the optimizer's step (its diagnosis follows)"
@@ -565,6 +582,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
             uint64_t over;
             /* lead: how the fix begins; then: the same after "Then, if still needed, " (below) */
             const char *lead = "Fix, in cost order", *then = "in cost order";
+            char raise_lead[256], raise_then[256];
             uint64_t dev_total = o->dev < CUA_TRACE_MAX_DEVICES ? a->dev_total[o->dev] : 0;
             if (kind == OOM_SHORTAGE &&
                 oom_cap_reached(o->rounded, o->capacity, dev_total, o->allocated, oom_room(o->reserved, o->device_free))) {
@@ -576,8 +594,14 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                          "the heap held plus the %s the device had free).",
                          H(o->allocated), H(o->rounded), H(over), H(o->capacity), H(dev_total), H(o->reserved),
                          H(o->device_free));
-                lead = "Fix (free): " RAISE_CAP;
-                then = RAISE_CAP;
+                const char *key = cap_key(a, o->capacity);
+                snprintf(raise_then, sizeof raise_then,
+                         "raise the cap (CUALLOC_CONF %s) if this process may use more of the device; else, in cost "
+                         "order",
+                         key ? key : "max_memory_mb or per_process_memory_fraction, whichever set it");
+                snprintf(raise_lead, sizeof raise_lead, "Fix (free): %s", raise_then);
+                lead = raise_lead;
+                then = raise_then;
             } else if (kind == OOM_SHORTAGE && o->rounded > o->capacity) {
                 /* The request alone is larger than the capacity: no live memory given up makes room
                  * for it (the live blocks hold less than the excess); the tensor itself must shrink. */
