@@ -60,6 +60,12 @@ typedef int (*get_stats_fn)(int, stats_mirror *);
 
 
 #define AS(fnptr, p) memcpy(&(fnptr), &(p), sizeof(p))
+/* fnptr = the entry point cuGetProcAddress (gpa) gives for name at CUDA version `version` */
+#define LOOKUP(fnptr, name, version)                                                      \
+    do {                                                                                  \
+        CHECK_MSG(gpa(name, &q, version, 0, NULL) == 0, name);                            \
+        AS(fnptr, q);                                                                     \
+    } while (0)
 
 /* Threads A and B, each on its per-thread default stream (the _ptsz entry points, stream NULL). */
 static CUcontext pt_ctx;
@@ -129,14 +135,10 @@ static int stream_device_main(gpa_fn gpa) {
     alloc_async_fn alloc_async;
     free_async_fn free_async;
     CUresult (*stream_create)(CUstream *, unsigned);
-    CHECK_MSG(gpa("cuInit", &q, 12000, 0, NULL) == 0, "cuInit");
-    AS(cu_init, q);
-    CHECK_MSG(gpa("cuDevicePrimaryCtxRetain", &q, 12000, 0, NULL) == 0, "cuDevicePrimaryCtxRetain");
-    AS(retain, q);
-    CHECK_MSG(gpa("cuCtxSetCurrent", &q, 12000, 0, NULL) == 0, "cuCtxSetCurrent");
-    AS(setcur, q);
-    CHECK_MSG(gpa("cuStreamCreate", &q, 12000, 0, NULL) == 0, "cuStreamCreate");
-    AS(stream_create, q);
+    LOOKUP(cu_init, "cuInit", 12000);
+    LOOKUP(retain, "cuDevicePrimaryCtxRetain", 12000);
+    LOOKUP(setcur, "cuCtxSetCurrent", 12000);
+    LOOKUP(stream_create, "cuStreamCreate", 12000);
     CHECK_MSG(gpa("cuMemAllocAsync", &q, 11020, 0, NULL) == 0 && from_cualloc(q), "cuMemAllocAsync");
     AS(alloc_async, q);
     CHECK_MSG(gpa("cuMemFreeAsync", &q, 11020, 0, NULL) == 0 && from_cualloc(q), "cuMemFreeAsync");
@@ -176,8 +178,7 @@ static int runtime_context_main(gpa_fn gpa) {
     CHECK_MSG(t.malloc_rc == 0 && allocs_now() == a0 + 1, "cudaMalloc = %d, served by cualloc: %llu", t.malloc_rc,
               (unsigned long long)(allocs_now() - a0));
     retain_fn retain;
-    CHECK_MSG(gpa("cuDevicePrimaryCtxRetain", &q, 7000, 0, NULL) == 0, "cuDevicePrimaryCtxRetain");
-    AS(retain, q);
+    LOOKUP(retain, "cuDevicePrimaryCtxRetain", 7000);
     CHECK_MSG(retain(&t.primary, 0) == 0 && t.primary, "device 0's primary context");
     CHECK_MSG(t.after_malloc == t.primary, "after a thread's first cudaMalloc its current context is %p, want device "
               "0's primary context %p (the runtime makes it current)", t.after_malloc, t.primary);
@@ -189,8 +190,7 @@ static int runtime_context_main(gpa_fn gpa) {
     unsigned long inits = driver_rt_inits();
     void *p = NULL;
     setcur_fn setcur;
-    CHECK_MSG(gpa("cuCtxSetCurrent", &q, 4000, 0, NULL) == 0, "cuCtxSetCurrent");
-    AS(setcur, q);
+    LOOKUP(setcur, "cuCtxSetCurrent", 4000);
     CHECK_MSG(setcur(t.primary) == 0 && cudaMalloc(&p, 4096) == 0 && p && cudaFree(p) == 0, "cudaMalloc with a context");
     CHECK_MSG(driver_rt_inits() == inits, "the runtime was initialized again with a context current");
 
@@ -246,22 +246,14 @@ static int device_reset_main(gpa_fn gpa, void *lib) {
     alloc_fn mem_alloc;
     free_fn mem_free;
     CUresult (*reset)(int);
-    CHECK_MSG(gpa("cuInit", &q, 2000, 0, NULL) == 0, "cuInit");
-    AS(cu_init, q);
-    CHECK_MSG(gpa("cuDevicePrimaryCtxRetain", &q, 7000, 0, NULL) == 0, "cuDevicePrimaryCtxRetain");
-    AS(retain, q);
-    CHECK_MSG(gpa("cuCtxSetCurrent", &q, 4000, 0, NULL) == 0, "cuCtxSetCurrent");
-    AS(setcur, q);
-    CHECK_MSG(gpa("cuMemAlloc", &q, 3020, 0, NULL) == 0, "cuMemAlloc");
-    AS(mem_alloc, q);
-    CHECK_MSG(gpa("cuMemFree", &q, 3020, 0, NULL) == 0, "cuMemFree");
-    AS(mem_free, q);
-    CHECK_MSG(gpa("cuDevicePrimaryCtxReset", &q, 11000, 0, NULL) == 0, "cuDevicePrimaryCtxReset");
-    AS(reset, q);
-    CHECK_MSG(gpa("cuMemsetD8", &q, 3020, 0, NULL) == 0, "cuMemsetD8");
-    AS(rs_memset, q);
-    CHECK_MSG(gpa("cuMemcpyDtoH", &q, 3020, 0, NULL) == 0, "cuMemcpyDtoH");
-    AS(rs_dtoh, q);
+    LOOKUP(cu_init, "cuInit", 2000);
+    LOOKUP(retain, "cuDevicePrimaryCtxRetain", 7000);
+    LOOKUP(setcur, "cuCtxSetCurrent", 4000);
+    LOOKUP(mem_alloc, "cuMemAlloc", 3020);
+    LOOKUP(mem_free, "cuMemFree", 3020);
+    LOOKUP(reset, "cuDevicePrimaryCtxReset", 11000);
+    LOOKUP(rs_memset, "cuMemsetD8", 3020);
+    LOOKUP(rs_dtoh, "cuMemcpyDtoH", 3020);
     typedef size_t (*count_fn)(int);
     count_fn live_handles;
     void *p = dlsym(lib, "fakecuda_live_handles");
@@ -356,10 +348,8 @@ int main(int argc, char **argv) {
     setcur_fn setcur;
     CHECK_MSG(gpa("cuInit", &q, 12000, 0, NULL) == 0 && !from_cualloc(q), "cuInit passes through");
     AS(cuInit, q);
-    CHECK_MSG(gpa("cuDevicePrimaryCtxRetain", &q, 12000, 0, NULL) == 0, "cuDevicePrimaryCtxRetain");
-    AS(retain, q);
-    CHECK_MSG(gpa("cuCtxSetCurrent", &q, 12000, 0, NULL) == 0, "cuCtxSetCurrent");
-    AS(setcur, q);
+    LOOKUP(retain, "cuDevicePrimaryCtxRetain", 12000);
+    LOOKUP(setcur, "cuCtxSetCurrent", 12000);
     p = dlsym(lib, "fakecuda_calls");
     calls_fn fake_calls;
     AS(fake_calls, p);
@@ -401,10 +391,8 @@ int main(int argc, char **argv) {
     typedef CUresult (*stream_destroy_fn)(CUstream);
     stream_create_fn stream_create;
     stream_destroy_fn stream_destroy;
-    CHECK_MSG(gpa("cuStreamCreate", &q, 12000, 0, NULL) == 0, "cuStreamCreate");
-    AS(stream_create, q);
-    CHECK_MSG(gpa("cuStreamDestroy", &q, 12000, 0, NULL) == 0, "cuStreamDestroy");
-    AS(stream_destroy, q);
+    LOOKUP(stream_create, "cuStreamCreate", 12000);
+    LOOKUP(stream_destroy, "cuStreamDestroy", 12000);
     CUstream dead = NULL;
     CHECK_MSG(stream_create(&dead, 1 /* CU_STREAM_NON_BLOCKING */) == 0 && stream_destroy(dead) == 0,
               "create and destroy a non-blocking stream");
