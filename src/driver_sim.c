@@ -384,17 +384,20 @@ static void granules_give_back(sim_device_t *d, const sim_handle_t *h) {
 
 /* ------------------------------------------------------------------ configuration */
 
+/* Host-backed: gives back the host mappings of device d's reservations and mem_alloc ranges
+ * (unmapping a reservation also drops the memfd mappings inside it). */
+static void host_device_unmap(sim_device_t *d) {
+    for (size_t k = 0; k < d->resv.n; k++)
+        munmap((void *)(uintptr_t)ranges_at(&d->resv, k)->va, ranges_at(&d->resv, k)->size);
+    for (size_t k = 0; k < d->allocs.n; k++)
+        munmap((void *)(uintptr_t)ranges_at(&d->allocs, k)->va, ranges_at(&d->allocs, k)->size);
+}
+
 /* Drops every device, handle, mapping, stream and event. */
 static void sim_teardown(void) {
     for (int i = 0; i < sim.ndev; i++) {
         sim_device_t *d = &sim.devs[i];
-        if (sim.host_backed) {
-            /* Unmapping a reservation also drops the memfd mappings inside it. */
-            for (size_t k = 0; k < d->resv.n; k++)
-                munmap((void *)(uintptr_t)ranges_at(&d->resv, k)->va, ranges_at(&d->resv, k)->size);
-            for (size_t k = 0; k < d->allocs.n; k++)
-                munmap((void *)(uintptr_t)ranges_at(&d->allocs, k)->va, ranges_at(&d->allocs, k)->size);
-        }
+        if (sim.host_backed) host_device_unmap(d);
         if (d->memfd >= 0) close(d->memfd);
         free(d->bitmap);
         ranges_free(&d->resv);
@@ -1151,13 +1154,7 @@ void sim_device_reset(int dev) {
         return;
     }
     sim_device_t *d = &sim.devs[dev];
-    if (sim.host_backed) {
-        /* Unmapping a reservation also drops the memfd mappings inside it. */
-        for (size_t k = 0; k < d->resv.n; k++)
-            munmap((void *)(uintptr_t)ranges_at(&d->resv, k)->va, ranges_at(&d->resv, k)->size);
-        for (size_t k = 0; k < d->allocs.n; k++)
-            munmap((void *)(uintptr_t)ranges_at(&d->allocs, k)->va, ranges_at(&d->allocs, k)->size);
-    }
+    if (sim.host_backed) host_device_unmap(d);
     for (size_t k = 0; k < d->allocs.n; k++) d->used -= ranges_at(&d->allocs, k)->size;
     ranges_free(&d->maps);
     ranges_free(&d->resv);
