@@ -2763,11 +2763,22 @@ void heap_stream_destroyed(heap_t *h, cua_stream stream) {
         if (!r->used || r->closed || r->handle != stream) continue;
         if (open_tag_waiting(h, t)) {
             /* The handle may come back for a new stream: its blocks must not stay tied to it. They
-             * settle once the stream, or else the whole device, is seen idle; when neither can be
-             * (a capture in progress, a failing device) they stay tagged, unusable by others. */
-            if (stream_sync(h, stream) == CUA_SUCCESS || device_sync(h) == CUA_SUCCESS) stream_settle_synced(h, t);
+             * settle once the stream, or else the whole device, is seen idle. When neither can be
+             * (a capture in progress, a failing device), the stream's work runs on after the
+             * destroy, so both its generations are renamed to a key of their own, which no stream
+             * passes: a new stream given the same handle does not find them (it would reuse the
+             * blocks at once), and only a device synchronize (settle_all) or the closed
+             * generation's event settles them. */
+            if (stream_sync(h, stream) == CUA_SUCCESS || device_sync(h) == CUA_SUCCESS) {
+                stream_settle_synced(h, t);
+            } else {
+                r->handle = stream_key_make(r);
+                if (r->partner) h->tags[r->partner].handle = r->handle;
+            }
         }
-        if (!tag_free_bytes(h, t)) r->used = false;
+        /* A tag that keeps blocks or a closed generation stays (a closed tag needs its open
+         * partner: settle_completed and settle_all reach it only through that one). */
+        if (!open_tag_waiting(h, t)) r->used = false;
         if (h->last_tag == t) last_set(h, NO_STREAM, 0);
     }
     cua_unlock(&h->lock);

@@ -802,6 +802,53 @@ static void test_stream_destroyed_sync_refused(void) {
     sim_stream_destroy(t);
 }
 
+/* A stream destroyed while its freed blocks wait for its work, with its synchronize refused and a
+ * capture in progress on another stream (so no device synchronize either): its work runs on after
+ * the destroy. Its handle, given again to a new stream, must not find the old blocks (the new
+ * stream's work is not ordered after the old one's), and its generations stay consistent: the
+ * closed one keeps its open partner, even with no blocks of its own (!open_blocks). They settle
+ * once the device is seen idle. */
+static void stream_destroyed_unprovable(const char *conf_text, bool open_blocks) {
+    conf_t c;
+    heap_t *h = test_sim_heap(conf_text, &c);
+    cua_stream s = sim_stream_create(0, true), t = sim_stream_create(0, true), cap = sim_stream_create(0, true);
+    heap_stream_created(h, cap, true);
+    void *a = must_alloc(h, 4 << 20, s), *keep = must_alloc(h, 2 << 20, s), *newer = must_alloc(h, 8 << 20, s);
+    must_free(h, a, s);
+    void *b1 = must_alloc(h, 16 << 20, t); /* VMM: closes s's tag, `a` in its closed generation */
+    if (open_blocks) must_free(h, newer, s); /* in s's open one; s's work on both is in flight (held) */
+    sim_stream_set_capturing(cap, true);
+    sim_fail(SIM_OP_STREAM_SYNC, 0, 1, CUA_ERROR_INVALID_VALUE);
+    heap_stream_destroyed(h, s);
+    sim_fail(SIM_OP_STREAM_SYNC, 0, 0, CUA_SUCCESS);
+    EXPECT(heap_check(h, stderr) == 0, "heap_check after destroying a stream that could not be synchronized");
+    heap_stream_created(h, s, true); /* the handle comes back for a new stream */
+    void *b2 = must_alloc(h, 4 << 20, s), *b3 = must_alloc(h, 8 << 20, s);
+    /* [a, a + 4 MiB) and, when freed, [newer, newer + 8 MiB) are the old stream's */
+    for (int i = 0; i < 2; i++) {
+        uintptr_t lo = (uintptr_t)(i ? b3 : b2), hi = lo + ((size_t)(i ? 8 : 4) << 20);
+        bool on_a = lo < (uintptr_t)a + (4 << 20) && (uintptr_t)a < hi;
+        bool on_newer = open_blocks && lo < (uintptr_t)newer + (8 << 20) && (uintptr_t)newer < hi;
+        EXPECT(!on_a && !on_newer, "the new stream with the old handle got %#lx, on the old stream's blocks (%p, %p), "
+               "while that stream's work was in flight", (unsigned long)lo, a, newer);
+    }
+    EXPECT(sim_captures_broken() == 0, "the capture was left alone");
+    sim_stream_set_capturing(cap, false);
+    must_free(h, b2, s);
+    must_free(h, b3, s);
+    if (!open_blocks) must_free(h, newer, s);
+    must_free(h, keep, s);
+    must_free(h, b1, t);
+    heap_trim(h); /* synchronizes the device: every block settles and is released */
+    EXPECT(heap_check(h, stderr) == 0, "heap_check after the trim");
+    EXPECT(stats(h).reserved_bytes == 0 || !heap_is_vmm(h), "%zu B still reserved after the trim",
+           stats(h).reserved_bytes);
+    heap_destroy(h);
+    sim_stream_destroy(s);
+    sim_stream_destroy(t);
+    sim_stream_destroy(cap);
+}
+
 /* Classic mode: a block allocated on s and freed on t goes back to s once t is synchronized; when
  * t's synchronize is refused, s may not reuse it before t's work is seen done. */
 static void test_classic_cross_free_sync_refused(void) {
@@ -956,6 +1003,9 @@ int main(void) {
     test_capture_no_device_sync(true);
     test_capture_no_device_sync(false);
     test_stream_destroyed_sync_refused();
+    stream_destroyed_unprovable("sim_memory_mb:64", true);
+    stream_destroyed_unprovable("sim_memory_mb:64", false);
+    stream_destroyed_unprovable("sim_memory_mb:64,expandable_segments:False", true);
     test_classic_cross_free_sync_refused();
     test_tag_table_full();
     test_peer_enabled();
