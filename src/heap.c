@@ -73,7 +73,6 @@
 
 #define HEAP_PENDING_RELEASES 64
 #define HEAP_MAX_REQUEST ((size_t)1 << 48) /* larger requests fail (and sizes fit quick_key) */
-#define HEAP_MAX_NB_STREAMS 64
 #define DW_CHECK_EVERY 4 /* device-wide frees between looks at the group's events */
 /* A pool's device-wide frees that may wait for the device: at most 1/DW_PENDING_DIV of its mapped
  * bytes (dw_bound_pending). */
@@ -182,6 +181,9 @@ typedef struct pool_s {
 /* The host tables an allocation may need more of (heap_t.host_refused). */
 typedef enum { HOST_NONE, HOST_RECORDS, HOST_LIVE_MAP, HOST_INDEX } host_table_t;
 
+/* A non-blocking stream the front door saw created, and its event for device-wide frees. */
+typedef struct { cua_stream handle; cua_event event; bool in_flight; } nb_stream_t;
+
 struct heap_s {
     cua_lock_t lock;             /* guards everything below */
     int dev;
@@ -223,11 +225,14 @@ struct heap_s {
     size_t npending;
     /* Device-wide frees (cudaFree): the non-blocking streams the front door saw created (the
      * legacy stream does not order them), and their events, which with the legacy stream's
-     * (tags[TAG_DW_A].event) are recorded together and cover the closed generation. nb_overflow:
-     * more non-blocking streams than the table holds; device-wide blocks then settle only through
-     * a device synchronize. dw_open: the generation (TAG_DW_A or TAG_DW_B) frees go to. */
-    struct { cua_stream handle; cua_event event; bool in_flight; } nb[HEAP_MAX_NB_STREAMS];
-    unsigned n_nb;
+     * (tags[TAG_DW_A].event) are recorded together and cover the closed generation. The table
+     * (n_nb of cap_nb entries, mmap'd) grows as streams come, so that every non-blocking stream's
+     * capture is seen before a device synchronize, which would invalidate it. nb_overflow: streams
+     * the heap does not know of (the front door lost them, or the table could not grow); device-wide
+     * blocks then settle only through a device synchronize. dw_open: the generation (TAG_DW_A or
+     * TAG_DW_B) frees go to. */
+    nb_stream_t *nb;
+    unsigned n_nb, cap_nb;
     bool nb_overflow;
     unsigned dw_open;
     unsigned dw_frees_unchecked; /* device-wide frees since one last looked at the events */
@@ -930,7 +935,7 @@ static bool dw_query(heap_t *h) { return dw_events_complete(h, h->drv->event_que
 
 /* Waits for the closed generation's events (the group's, recorded when it closed), not for the work
  * queued since, and settles it. One device synchronize instead where the driver has no event wait,
- * or where events cannot cover the group (more non-blocking streams than the table holds: then no
+ * or where events cannot cover the group (non-blocking streams the heap does not know of: then no
  * generation is ever closed). False when nothing could be waited for (no events in flight, a
  * capture, or a driver error). */
 static bool dw_wait_closed(heap_t *h) {
@@ -949,7 +954,7 @@ static bool dw_wait_closed(heap_t *h) {
 
 /* Without waiting: settles the closed generation when its events have completed, then closes the
  * open one (recording a new set of events) when it holds blocks. True when something settled.
- * With more non-blocking streams than the table holds, only dw_sync can settle. */
+ * With non-blocking streams the heap does not know of (nb_overflow), only dw_sync can settle. */
 static bool dw_settle_completed(heap_t *h) {
     stream_rec_t *r = dw_rec(h);
     if (h->nb_overflow || dw_free_bytes(h) == 0) return false;
@@ -2486,6 +2491,7 @@ void heap_destroy(heap_t *h) {
         if (h->tags[t].event) h->drv->event_destroy(h->dev, h->tags[t].event);
     for (unsigned i = 0; i < h->n_nb; i++)
         if (h->nb[i].event) h->drv->event_destroy(h->dev, h->nb[i].event);
+    if (h->nb) munmap(h->nb, (size_t)h->cap_nb * sizeof(nb_stream_t));
     ptrmap_destroy(&h->classic_live);
     slab_destroy(&h->blocks);
     heap_mem_free(h);
@@ -2732,11 +2738,27 @@ static void nb_forget(heap_t *h, cua_stream stream) {
     }
 }
 
+/* Room for one more non-blocking stream: the table doubles (mmap'd, a page at least). False when
+ * the memory is refused. */
+static bool nb_reserve(heap_t *h) {
+    if (h->n_nb < h->cap_nb) return true;
+    size_t bytes = h->cap_nb ? 2 * (size_t)h->cap_nb * sizeof(nb_stream_t) : (size_t)4096;
+    void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) return false;
+    if (h->nb) {
+        memcpy(mem, h->nb, (size_t)h->n_nb * sizeof(nb_stream_t));
+        munmap(h->nb, (size_t)h->cap_nb * sizeof(nb_stream_t));
+    }
+    h->nb = mem;
+    h->cap_nb = (unsigned)(bytes / sizeof(nb_stream_t));
+    return true;
+}
+
 void heap_stream_created(heap_t *h, cua_stream stream, bool non_blocking) {
     cua_lock(&h->lock);
     nb_forget(h, stream); /* a reused handle: whatever it was before is gone */
     if (non_blocking) {
-        if (h->n_nb < HEAP_MAX_NB_STREAMS) {
+        if (nb_reserve(h)) {
             h->nb[h->n_nb].handle = stream;
             h->nb[h->n_nb].event = NULL;
             h->nb[h->n_nb].in_flight = false;
@@ -3032,7 +3054,8 @@ int heap_check(heap_t *h, FILE *report) {
             CHECK(&c, !h->tags[u].used || h->tags[u].closed || r->closed || h->tags[u].handle != r->handle,
                   "tags %u and %u are both open for stream %p", t, u, (void *)r->handle);
     }
-    CHECK(&c, h->n_nb <= HEAP_MAX_NB_STREAMS, "%u non-blocking streams recorded", h->n_nb);
+    CHECK(&c, h->n_nb <= h->cap_nb && (h->nb || !h->cap_nb), "%u non-blocking streams recorded in a table of %u",
+          h->n_nb, h->cap_nb);
     CHECK(&c, h->recording || !trace_enabled() || !trace_device_begun(h->dev),
           "the recorder is on and has begun device %d, but its fast paths still serve", h->dev);
     CHECK(&c, !h->last_tag || (h->last_tag < TAG_STREAMS_END && h->tags[h->last_tag].used &&
@@ -3042,8 +3065,8 @@ int heap_check(heap_t *h, FILE *report) {
                   h->fast_alloc_stream == (h->last_tag && h->fast_alloc && !h->recording ? h->last_stream : NO_STREAM) &&
                   h->last_tag_key == quick_key_tag(h->last_tag) && h->last_tag_hash == quick_hash_tag(h->last_tag),
           "the fast paths' stream cache disagrees with the stream cache");
-    for (unsigned i = 0; i < h->n_nb && i < HEAP_MAX_NB_STREAMS; i++)
-        for (unsigned j = i + 1; j < h->n_nb && j < HEAP_MAX_NB_STREAMS; j++)
+    for (unsigned i = 0; i < h->n_nb && i < h->cap_nb; i++)
+        for (unsigned j = i + 1; j < h->n_nb && j < h->cap_nb; j++)
             CHECK(&c, h->nb[i].handle != h->nb[j].handle, "non-blocking stream %p recorded twice", (void *)h->nb[i].handle);
     CHECK(&c, listed == c.cached_blocks && listed_bytes == c.cached_bytes,
           "quick lists hold %zu blocks / %zu B; segments have %zu cached blocks / %zu B", listed, listed_bytes,
