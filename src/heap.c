@@ -1667,9 +1667,7 @@ static oom_kind_t oom_diagnose(heap_t *h, size_t rsize, size_t dfree, size_t dto
      * or the whole device when the driver does not say), raising the cap fixes the shortage. */
     uint64_t device_room = dknown ? oom_room(reserved, dfree) : h->total;
     bool cap_only = oom_cap_reached(rsize, h->cap, h->total, allocated, device_room);
-    /* The key that set a cap below the device's memory: max_memory_mb when the cap equals it,
-     * otherwise per_process_memory_fraction. */
-    const char *cap_key = h->conf.max_memory == h->cap ? "max_memory_mb" : "per_process_memory_fraction";
+    const char *cap_key = oom_cap_key(h->conf.max_memory, h->cap); /* (when the cap is below the device's memory) */
     if (cap_only) {
         snprintf(text, len,
                  "the configured cap is reached — live blocks (%s) plus this request need %s more than the cap of "

@@ -219,6 +219,9 @@ oom_vmm_failure_t oom_vmm_failure(uint64_t need, uint64_t reserved, uint64_t cap
  * smaller batch. devfree: the device's free memory as text. */
 void oom_chunks_fix(char *buf, size_t len, uint64_t large_chunk, uint64_t granularity, const char *cap_key,
                     bool device_has_room, const char *devfree);
+/* The key that set a cap of `cap` bytes below the device's memory: max_memory_mb where the cap
+ * equals it (max_memory: its bytes, 0 when unset), else per_process_memory_fraction. */
+const char *oom_cap_key(uint64_t max_memory, uint64_t cap);
 /* The first fix for a fragmented address space at va_factor (a clause, as above). */
 void oom_address_space_fix(char *buf, size_t len, uint64_t va_factor);
 

@@ -75,6 +75,10 @@ oom_vmm_failure_t oom_vmm_failure(uint64_t need, uint64_t reserved, uint64_t cap
     return address_space_fits ? OOM_VMM_REFUSED : OOM_VMM_ADDRESS_SPACE;
 }
 
+const char *oom_cap_key(uint64_t max_memory, uint64_t cap) {
+    return max_memory && max_memory == cap ? "max_memory_mb" : "per_process_memory_fraction";
+}
+
 void oom_chunks_fix(char *buf, size_t len, uint64_t large_chunk, uint64_t granularity, const char *cap_key,
                     bool device_has_room, const char *devfree) {
     char gran[32];

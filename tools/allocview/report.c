@@ -379,14 +379,22 @@ static uint64_t config_number(const av_t *a, const char *key, uint64_t dflt)
     return end != p + kl + 1 && end == p + n && errno == 0 ? v : dflt;
 }
 
-/* The key that set a cap of `capacity` bytes below the device's memory, as the heap's own report
- * names it: max_memory_mb where the cap equals it, else per_process_memory_fraction where that is
- * set; NULL where the recorded configuration does not say (no configuration: a PyTorch snapshot). */
-static const char *cap_key(const av_t *a, uint64_t capacity)
+/* The recorded max_memory_mb, in bytes (0: unset, or too large to be a cap). */
+static uint64_t config_max_memory(const av_t *a)
 {
     uint64_t mb = config_number(a, "max_memory_mb", 0);
-    if (mb && mb <= (UINT64_MAX >> 20) && mb << 20 == capacity)
-        return "max_memory_mb";
+    return mb <= (UINT64_MAX >> 20) ? mb << 20 : 0;
+}
+
+/* The key that set a cap of `capacity` bytes below the device's memory, as the heap's own report
+ * names it (oom_cap_key), where the recorded configuration says so: max_memory_mb where the cap
+ * equals it, per_process_memory_fraction where that is set; NULL otherwise (no configuration: a
+ * PyTorch snapshot). */
+static const char *cap_key(const av_t *a, uint64_t capacity)
+{
+    const char *key = oom_cap_key(config_max_memory(a), capacity);
+    if (strcmp(key, "max_memory_mb") == 0)
+        return key;
     size_t n;
     const char *p = config_item(a, "per_process_memory_fraction", &n);
     if (p) {
@@ -394,7 +402,7 @@ static const char *cap_key(const av_t *a, uint64_t capacity)
         char v[32];
         snprintf(v, sizeof v, "%.*s", (int)(n - kl < sizeof v - 1 ? n - kl : sizeof v - 1), p + kl);
         if (strtod(v, NULL) > 0)
-            return "per_process_memory_fraction";
+            return key;
     }
     return NULL;
 }
@@ -459,11 +467,7 @@ static void oom_vmm_text(const av_t *a, const av_oom_t *o, diag_t *x)
     switch (why) {
     case OOM_VMM_CHUNKS: {
         uint64_t dev_total = a->dev_total[dev];
-        uint64_t max_memory_mb = config_number(a, "max_memory_mb", 0);
-        const char *cap_key = o->capacity >= dev_total ? NULL
-                              : max_memory_mb && max_memory_mb <= (UINT64_MAX >> 20) && max_memory_mb << 20 == o->capacity
-                                  ? "max_memory_mb"
-                                  : "per_process_memory_fraction";
+        const char *cap_key = o->capacity >= dev_total ? NULL : oom_cap_key(config_max_memory(a), o->capacity);
         char fix[256];
         oom_chunks_fix(fix, sizeof fix, large_chunk, gran, cap_key,
                        oom_missing(need, o->reserved, oom_room(o->reserved, o->device_free)) == 0, H(o->device_free));
