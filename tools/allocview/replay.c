@@ -681,15 +681,28 @@ static bool make_conf(const char *spec, const trace_reqs_t *t, conf_t *c)
     return true;
 }
 
-/* A whole-number option, `--name V` or `--name=V` (argv[*i] is one of the two; *i moves past V):
- * its value, from lo to hi, in *out; false after saying what was wrong (`what`: the range in words).
- * Digits only: no sign and no spaces. */
-static bool replay_number_option(int argc, char **argv, int *i, const char *name, unsigned long long lo,
-                                 unsigned long long hi, const char *what, unsigned long long *out)
+/* Is the word a option `name`, as `--name` or `--name=V`? */
+static bool is_option(const char *a, const char *name)
+{
+    size_t len = strlen(name);
+    return strncmp(a, name, len) == 0 && (a[len] == '\0' || a[len] == '=');
+}
+
+/* The value of option `name` at argv[*i] (is_option): V of `--name=V`, or of `--name V` (*i then
+ * moves past V); NULL when `--name` is the last word. */
+static const char *option_value(int argc, char **argv, int *i, const char *name)
 {
     const char *a = argv[*i];
     size_t len = strlen(name);
-    const char *v = a[len] == '=' ? a + len + 1 : *i + 1 < argc ? argv[++*i] : NULL;
+    return a[len] == '=' ? a + len + 1 : *i + 1 < argc ? argv[++*i] : NULL;
+}
+
+/* A whole-number option (is_option): its value, from lo to hi, in *out; false after saying what
+ * was wrong (`what`: the range in words). Digits only: no sign and no spaces. */
+static bool replay_number_option(int argc, char **argv, int *i, const char *name, unsigned long long lo,
+                                 unsigned long long hi, const char *what, unsigned long long *out)
+{
+    const char *v = option_value(argc, argv, i, name);
     if (!v || !txt_parse_count(v, lo, hi, out)) {
         fprintf(stderr, "allocview replay: bad %s '%s' (%s)\n", name, v ? v : "", what);
         return false;
@@ -709,15 +722,13 @@ int av_cmd_replay(int argc, char **argv)
     bool lag_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        bool is_conf = strcmp(a, "--conf") == 0 || strncmp(a, "--conf=", 7) == 0;
-        if (is_conf || strcmp(a, "--memory") == 0 || strncmp(a, "--memory=", 9) == 0) {
-            /* `--name V` or `--name=V` */
-            const char *eq = strchr(a, '=');
-            if (!eq && i + 1 >= argc) {
+        bool is_conf = is_option(a, "--conf");
+        if (is_conf || is_option(a, "--memory")) {
+            const char *v = option_value(argc, argv, &i, is_conf ? "--conf" : "--memory");
+            if (!v) {
                 fprintf(stderr, "allocview replay: %s needs a value\n", a);
                 return RP_EXIT_USAGE;
             }
-            const char *v = eq ? eq + 1 : argv[++i];
             if (is_conf) {
                 if (nconfs == MAX_CONFS) {
                     fprintf(stderr, "allocview replay: at most %d --conf\n", MAX_CONFS);
@@ -728,12 +739,12 @@ int av_cmd_replay(int argc, char **argv)
                 fprintf(stderr, "allocview replay: bad --memory '%s' (bytes, or e.g. 16GiB, 40G, 512MiB)\n", v);
                 return RP_EXIT_USAGE;
             }
-        } else if (strcmp(a, "--passes") == 0 || strncmp(a, "--passes=", 9) == 0) {
+        } else if (is_option(a, "--passes")) {
             unsigned long long n;
             if (!replay_number_option(argc, argv, &i, "--passes", 1, 1000, "a number from 1 to 1000", &n))
                 return RP_EXIT_USAGE;
             passes = (unsigned)n;
-        } else if (strcmp(a, "--device-lag") == 0 || strncmp(a, "--device-lag=", 13) == 0) {
+        } else if (is_option(a, "--device-lag")) {
             unsigned long long n;
             if (!replay_number_option(argc, argv, &i, "--device-lag", 0, 1000000, "requests, from 0 to 1000000", &n))
                 return RP_EXIT_USAGE;
