@@ -375,14 +375,19 @@ def _not_a_device(dev):
     return ValueError("cualloc_torch: device %d is not a device cualloc can use" % dev)
 
 
+def _device_stats(dev):
+    """cualloc_get_stats of ordinal dev; ValueError for a device cualloc does not have."""
+    s = CuallocStats()
+    if library().cualloc_get_stats(dev, ctypes.byref(s)) != 0:
+        raise _not_a_device(dev)
+    return s
+
+
 def stats(device=None):
     """cualloc's statistics for `device` (default: the current device) as a dict of every field
     of struct cualloc_stats (include/cualloc.h): bytes for the gauges and their peaks since start,
     counts for the counters. Raises ValueError for a device cualloc does not have."""
-    dev = _device_index(device)
-    s = CuallocStats()
-    if library().cualloc_get_stats(dev, ctypes.byref(s)) != 0:
-        raise _not_a_device(dev)
+    s = _device_stats(_device_index(device))
     return {name: int(getattr(s, name)) for name in STATS_FIELDS}
 
 
@@ -396,8 +401,7 @@ def empty_cache(device=None):
             lib.cualloc_trim(d)
         return
     dev = _device_index(device)
-    if lib.cualloc_get_stats(dev, ctypes.byref(CuallocStats())) != 0:
-        raise _not_a_device(dev)
+    _device_stats(dev)  # (raises for a device cualloc does not have)
     lib.cualloc_trim(dev)
 
 
