@@ -14,10 +14,11 @@
  *   lookup   dlsym cuGetProcAddress cuGetProcAddress_v2
  *
  * Rules:
- *  - Nothing starts at load time (no constructor, no dlopen, no cuInit, no file). The heap starts
- *    at the first intercepted allocation (a driver-API one only with a current context: before the
- *    program's cuInit it reaches the driver untouched); frees, cudaMemGetInfo and stream
- *    destruction before that pass through without starting anything.
+ *  - Nothing starts at load time (no dlopen, no cuInit, no file; the one constructor registers a
+ *    fork handler, pending_fork_register). The heap starts at the first intercepted allocation (a
+ *    driver-API one only with a current context: before the program's cuInit it reaches the driver
+ *    untouched); frees, cudaMemGetInfo and stream destruction before that pass through without
+ *    starting anything.
  *  - CUALLOC_DISABLE=1 (a boolean as CUALLOC_CONF reads one: 1/true/yes/on; unset, empty, 0, false,
  *    no and off leave cualloc on): every entry point is a pure pass-through.
  *  - A pointer cualloc does not own goes to the next definition (runtime names: dlsym(RTLD_NEXT),
@@ -448,8 +449,11 @@ static _Atomic int pending_any;
 
 /* fork: the child must not inherit pending_lock held by a parent thread that was creating a
  * stream at that moment (its first stream would wait forever), nor the parent's pending streams,
- * which are not its own. Registered at the first use of the pending state, so that a fork before
- * cualloc starts is covered too (api.c's handlers come only with the heaps). */
+ * which are not its own. Registered when the library is loaded, so that a fork before cualloc
+ * starts is covered too (api.c's handlers come only with the heaps), and so that no thread is ever
+ * inside the registration when another forks: registering at first use, under pthread_once, left
+ * a child forked meanwhile waiting forever on a once whose initializer it does not run where the
+ * once is not fork-aware (ThreadSanitizer's; glibc's starts it again). */
 static void pending_after_fork_child(void) {
     pending_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     pending_nb_n = 0;
@@ -458,13 +462,11 @@ static void pending_after_fork_child(void) {
     atomic_store_explicit(&pending_any, 0, memory_order_relaxed);
 }
 
-static void pending_fork_register(void) { pthread_atfork(NULL, NULL, pending_after_fork_child); }
-
-static void pending_lock_take(void) {
-    static pthread_once_t registered = PTHREAD_ONCE_INIT;
-    pthread_once(&registered, pending_fork_register);
-    pthread_mutex_lock(&pending_lock);
+__attribute__((constructor)) static void pending_fork_register(void) {
+    pthread_atfork(NULL, NULL, pending_after_fork_child);
 }
+
+static void pending_lock_take(void) { pthread_mutex_lock(&pending_lock); }
 
 /* owner's heap grants `accessor` access (driver mask, then existing mappings). */
 static void peer_apply(int owner, int accessor) {

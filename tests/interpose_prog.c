@@ -14,6 +14,7 @@
  *   interpose_prog --fork-race  forks while another thread makes and destroys streams */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -272,10 +273,11 @@ static int dlsym_scope_main(const char *plugin) {
  * starts (each takes the front door's lock on the streams it must remember). A child that
  * inherited that lock held would hang at its own first stream; every child must create one and
  * exit within 10 s. */
-static atomic_int fork_race_stop;
+static atomic_int fork_race_stop, churn_started;
 
 static void *stream_churn(void *arg) {
     (void)arg;
+    atomic_store(&churn_started, 1);
     while (!atomic_load(&fork_race_stop)) {
         void *s = NULL;
         if (cudaStreamCreateWithFlags(&s, 1) == 0) cudaStreamDestroy(s);
@@ -286,6 +288,12 @@ static void *stream_churn(void *arg) {
 static int fork_race_main(void) {
     pthread_t t;
     CHECK_MSG(pthread_create(&t, NULL, stream_churn, NULL) == 0, "pthread_create");
+    /* The first fork comes as the thread makes its first stream; under the test
+     * interpose_runtime_fork_register, once cualloc has begun registering its fork handler (which
+     * that test makes slow), so that a registration made at the first stream has the fork inside. */
+    while (!atomic_load(&churn_started)) sched_yield();
+    const int *registering = (const int *)dlsym(RTLD_DEFAULT, "slow_fork_register_started");
+    while (registering && !__atomic_load_n(registering, __ATOMIC_ACQUIRE)) sched_yield();
     int hung = 0, forks = 300;
     for (int i = 0; i < forks; i++) {
         pid_t pid = fork();
