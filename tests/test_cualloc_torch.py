@@ -650,6 +650,32 @@ class Marks(TorchLibCase):
         self.assertEqual(marks, [start, "step 1", start, "step 2 (optimizer 1)"])
         self.ct._global_hook_handle.remove()
 
+    def test_step_marks_once_after_a_reload(self):
+        """The module reloaded (importlib.reload, a notebook's autoreload) and enable(step_marks=True)
+        called again: every step is marked once, its count going on from before the reload."""
+        self.ct.enable(ARGS.torch_lib, step_marks=True)
+        opt = self.torch.optim.Optimizer()
+        opt.step()
+        self.ct = importlib.reload(self.ct)
+        marks = self._record_marks()
+        self.ct.enable(ARGS.torch_lib, step_marks=True)
+        opt.step()
+        start = "START Optimizer.step#Optimizer.step"
+        self.assertEqual(marks, [start, "step 2"])
+        marks.clear()
+        handle = self.ct.watch_optimizer(opt)  # watched by the reloaded module: still once a step
+        opt.step()
+        self.assertEqual(marks, [start, "step 3"])
+        handle.remove()
+        self.ct._global_hook_handle.remove()
+        marks.clear()
+        opt.step()  # no hooks left: neither marked nor counted
+        self.assertEqual(marks, [])
+        self.ct.enable(ARGS.torch_lib, step_marks=True)  # registered anew
+        opt.step()
+        self.assertEqual(marks, [start, "step 4"])
+        self.ct._global_hook_handle.remove()
+
 
 class SelfTest(unittest.TestCase):
     def test_selftest_passes(self):

@@ -433,6 +433,28 @@ _watched = weakref.WeakSet()
 _global_hook_handle = None
 
 
+# The step-mark state, recorded on torch.optim.optimizer: like enable()'s swap it outlives this
+# module (importlib.reload, a notebook's autoreload, a second copy of the module). Global hooks an
+# earlier copy registered stay registered, so a copy that registered its own would mark every step
+# twice, and counts that started again would write "step 1" a second time.
+_STEP_RECORD = "_cualloc_torch_step_marks"
+
+
+def _adopt_step_marks(optimizer_mod):
+    """Takes over the step counts, optimizer numbers, watched optimizers and global hooks an earlier
+    copy of this module recorded; records this copy's when none did. Returns the record."""
+    global _step_counts, _optimizer_ids, _watched, _global_hook_handle
+    with _state_lock:
+        record = getattr(optimizer_mod, _STEP_RECORD, None)
+        if record is None:
+            record = {"step_counts": _step_counts, "optimizer_ids": _optimizer_ids, "watched": _watched,
+                      "hooks": _global_hook_handle}
+            setattr(optimizer_mod, _STEP_RECORD, record)
+        _step_counts, _optimizer_ids, _watched = record["step_counts"], record["optimizer_ids"], record["watched"]
+        _global_hook_handle = record["hooks"]
+        return record
+
+
 def _step_label(opt):
     with _state_lock:
         n = _step_counts.get(opt, 0) + 1
@@ -488,6 +510,8 @@ def watch_optimizer(opt):
     if not hasattr(opt, "register_step_post_hook"):
         raise RuntimeError("cualloc_torch.watch_optimizer(): this optimizer has no register_step_post_hook "
                            "(PyTorch >= 2.0 needed); call cualloc_torch.mark('step N') yourself")
+    import torch.optim.optimizer as optimizer_mod  # noqa: E402 (lazy: torch may be absent)
+    _adopt_step_marks(optimizer_mod)
     _watched.add(opt)
     pre = opt.register_step_pre_hook(_on_step_start) if hasattr(opt, "register_step_pre_hook") else None
     ref = weakref.ref(opt)
@@ -502,17 +526,25 @@ def watch_optimizer(opt):
 
 def _watch_all_optimizers():
     global _global_hook_handle
+    import torch.optim.optimizer as optimizer_mod  # noqa: E402 (lazy: torch may be absent)
+    record = _adopt_step_marks(optimizer_mod)
     if _global_hook_handle is not None:
         return True
-    import torch.optim.optimizer as optimizer_mod  # noqa: E402 (lazy: torch may be absent)
     register = getattr(optimizer_mod, "register_optimizer_step_post_hook", None)
     if register is None:
         _warn_once("step-marks", "cualloc_torch: this PyTorch has no torch.optim.optimizer."
                    "register_optimizer_step_post_hook; use cualloc_torch.watch_optimizer(opt) for step marks")
         return False
     register_pre = getattr(optimizer_mod, "register_optimizer_step_pre_hook", None)
+
+    def forget():  # removed: a later enable(step_marks=True), from any copy, registers anew
+        global _global_hook_handle
+        record["hooks"] = None
+        _global_hook_handle = None
+
     _global_hook_handle = _Handles(register_pre(_on_step_start_global) if register_pre else None,
-                                   register(_on_step_global))
+                                   register(_on_step_global), on_remove=forget)
+    record["hooks"] = _global_hook_handle
     return True
 
 
