@@ -91,6 +91,9 @@ FAKE_API int fakecuda_mem_alloc_direct(int dev, size_t size, cua_devptr *out);
 /* How many calls named a stream that is not one (neither NULL, CU_STREAM_LEGACY,
  * CU_STREAM_PER_THREAD nor a live stream): the real driver would read it as a CUstream_st. */
 FAKE_API uint64_t fakecuda_bad_stream_handles(void);
+/* Calls so far of the driver entry point `name` (its exported name: "cuCtxGetCurrent",
+ * "cuMemAlloc_v2"); with NULL, of all of them together. */
+FAKE_API uint64_t fakecuda_entry_calls(const char *name);
 
 static const driver_ops_t *const sim_ops = &driver_sim_ops;
 
@@ -124,6 +127,39 @@ static bool stream_known(cua_stream s) {
 
 static bool ready(void) { return __atomic_load_n(&fake_ready, __ATOMIC_ACQUIRE) != 0; }
 
+/* Calls of each driver entry point, by the function's own name (its __func__, whose address is
+ * the key: one string per function), so that a test can count what the front door asks of the
+ * driver (fakecuda_entry_calls). Open addressing, filled lock-free: a slot's name is set once
+ * (compare-and-swap from NULL) and never changes. FAKE_ENTRY_SLOTS exceeds the number of entry
+ * points, so a search always ends. A call that only forwards to another entry point (the _ptsz
+ * variants, cuDevicePrimaryCtxReset, cuGetProcAddress) counts as the one it forwards to;
+ * cuGetErrorName and cuGetErrorString, which only name codes, are not counted. */
+#define FAKE_ENTRY_SLOTS 128
+static struct {
+    const char *name;
+    uint64_t calls; /* atomic */
+} entry_calls[FAKE_ENTRY_SLOTS];
+
+static void entry_count(const char *fn) {
+    size_t i = ((uintptr_t)fn >> 3) % FAKE_ENTRY_SLOTS;
+    for (;; i = (i + 1) % FAKE_ENTRY_SLOTS) {
+        const char *k = __atomic_load_n(&entry_calls[i].name, __ATOMIC_ACQUIRE);
+        if (!k && __atomic_compare_exchange_n(&entry_calls[i].name, &k, fn, false, __ATOMIC_ACQ_REL,
+                                              __ATOMIC_ACQUIRE))
+            k = fn;
+        if (k == fn) {
+            __atomic_add_fetch(&entry_calls[i].calls, 1, __ATOMIC_RELAXED);
+            return;
+        }
+    }
+}
+
+/* The start of an entry point that needs cuInit: counted, then "is the driver initialized?". */
+static bool entry_ready(const char *fn) {
+    entry_count(fn);
+    return ready();
+}
+
 static bool device_valid(int dev) { return dev >= 0 && dev < fake_ndev; }
 
 /* The device of a context value, -1 when it is none of ours or not retained. */
@@ -150,6 +186,7 @@ static int device_or_current(int dev) {
 /* ------------------------------------------------------------------ init, version, lookup */
 
 cua_result cuInit(unsigned int flags) {
+    entry_count(__func__);
     if (flags != 0) return CUA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&fake_lock);
     if (!fake_inited) {
@@ -173,6 +210,7 @@ cua_result cuInit(unsigned int flags) {
 }
 
 cua_result cuDriverGetVersion(int *version) {
+    entry_count(__func__);
     if (!version) return CUA_ERROR_INVALID_VALUE;
     *version = FAKE_DRIVER_VERSION;
     return CUA_SUCCESS;
@@ -232,6 +270,7 @@ static const struct {
 
 cua_result cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version, unsigned long long flags,
                                int *symbol_status) {
+    entry_count(__func__);
     if (!symbol || !pfn) return CUA_ERROR_INVALID_VALUE;
     if (flags > CUA_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) return CUA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < sizeof proc_table / sizeof proc_table[0]; i++) {
@@ -262,7 +301,7 @@ cua_result cuGetProcAddress(const char *symbol, void **pfn, int cuda_version, un
 /* ------------------------------------------------------------------ devices and contexts */
 
 cua_result cuDeviceGet(cua_device *dev, int ordinal) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (!dev) return CUA_ERROR_INVALID_VALUE;
     if (!device_valid(ordinal)) return CUA_ERROR_INVALID_DEVICE;
     *dev = ordinal;
@@ -270,14 +309,14 @@ cua_result cuDeviceGet(cua_device *dev, int ordinal) {
 }
 
 cua_result cuDeviceGetCount(int *count) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (!count) return CUA_ERROR_INVALID_VALUE;
     *count = fake_ndev;
     return CUA_SUCCESS;
 }
 
 cua_result cuDeviceGetName(char *name, int len, cua_device dev) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (!name || len <= 0) return CUA_ERROR_INVALID_VALUE;
     driver_device_info_t info;
     cua_result r = sim_ops->device_info(dev, &info);
@@ -286,7 +325,7 @@ cua_result cuDeviceGetName(char *name, int len, cua_device dev) {
 }
 
 cua_result cuDeviceTotalMem_v2(size_t *bytes, cua_device dev) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (!bytes) return CUA_ERROR_INVALID_VALUE;
     driver_device_info_t info;
     cua_result r = sim_ops->device_info(dev, &info);
@@ -295,7 +334,7 @@ cua_result cuDeviceTotalMem_v2(size_t *bytes, cua_device dev) {
 }
 
 cua_result cuDeviceGetAttribute(int *value, int attribute, cua_device dev) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (!value) return CUA_ERROR_INVALID_VALUE;
     driver_device_info_t info;
     cua_result r = sim_ops->device_info(dev, &info);
@@ -309,7 +348,7 @@ cua_result cuDeviceGetAttribute(int *value, int attribute, cua_device dev) {
 }
 
 cua_result cuDevicePrimaryCtxRetain(cua_ctx *ctx, cua_device dev) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (!ctx) return CUA_ERROR_INVALID_VALUE;
     if (!device_valid(dev)) return CUA_ERROR_INVALID_DEVICE;
     __atomic_add_fetch(&fake_ctx[dev].retains, 1, __ATOMIC_RELAXED);
@@ -322,7 +361,7 @@ cua_result cuDevicePrimaryCtxRetain(cua_ctx *ctx, cua_device dev) {
  * retained (and current wherever it was) but is unusable until cuDevicePrimaryCtxRetain makes it
  * anew, as the runtime does at its next call. */
 cua_result cuDevicePrimaryCtxReset_v2(cua_device dev) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (!device_valid(dev)) return CUA_ERROR_INVALID_DEVICE;
     sim_device_reset(dev);
     __atomic_store_n(&fake_ctx[dev].reset, 1, __ATOMIC_RELEASE);
@@ -332,7 +371,7 @@ cua_result cuDevicePrimaryCtxReset_v2(cua_device dev) {
 cua_result cuDevicePrimaryCtxReset(cua_device dev) { return cuDevicePrimaryCtxReset_v2(dev); }
 
 cua_result cuDevicePrimaryCtxRelease_v2(cua_device dev) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (!device_valid(dev)) return CUA_ERROR_INVALID_DEVICE;
     unsigned n = __atomic_load_n(&fake_ctx[dev].retains, __ATOMIC_RELAXED);
     do {
@@ -343,7 +382,7 @@ cua_result cuDevicePrimaryCtxRelease_v2(cua_device dev) {
 }
 
 cua_result cuCtxPushCurrent_v2(cua_ctx ctx) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (ctx_device(ctx) < 0) return CUA_ERROR_INVALID_CONTEXT;
     if (ctx_depth == FAKE_CTX_DEPTH) return CUA_ERROR_OUT_OF_MEMORY;
     ctx_stack[ctx_depth++] = ctx;
@@ -351,7 +390,7 @@ cua_result cuCtxPushCurrent_v2(cua_ctx ctx) {
 }
 
 cua_result cuCtxPopCurrent_v2(cua_ctx *ctx) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (ctx_depth == 0) return CUA_ERROR_INVALID_CONTEXT;
     cua_ctx top = ctx_stack[--ctx_depth];
     if (ctx) *ctx = top;
@@ -359,7 +398,7 @@ cua_result cuCtxPopCurrent_v2(cua_ctx *ctx) {
 }
 
 cua_result cuCtxGetCurrent(cua_ctx *ctx) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (!ctx) return CUA_ERROR_INVALID_VALUE;
     *ctx = ctx_depth > 0 ? ctx_stack[ctx_depth - 1] : NULL;
     return CUA_SUCCESS;
@@ -367,7 +406,7 @@ cua_result cuCtxGetCurrent(cua_ctx *ctx) {
 
 /* As CUDA: replaces the top of the stack (pushes onto an empty one); NULL pops. */
 cua_result cuCtxSetCurrent(cua_ctx ctx) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (!ctx) {
         if (ctx_depth > 0) ctx_depth--;
         return CUA_SUCCESS;
@@ -379,7 +418,7 @@ cua_result cuCtxSetCurrent(cua_ctx ctx) {
 }
 
 cua_result cuCtxGetDevice(cua_device *dev) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (!dev) return CUA_ERROR_INVALID_VALUE;
     int d = current_device();
     if (d < 0) return CUA_ERROR_INVALID_CONTEXT;
@@ -388,7 +427,7 @@ cua_result cuCtxGetDevice(cua_device *dev) {
 }
 
 cua_result cuCtxSynchronize(void) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     int dev = current_device();
     if (dev < 0) return CUA_ERROR_INVALID_CONTEXT;
     return sim_ops->device_synchronize(dev);
@@ -397,26 +436,30 @@ cua_result cuCtxSynchronize(void) {
 /* ------------------------------------------------------------------ memory */
 
 cua_result cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     int dev = current_device();
     if (dev < 0) return CUA_ERROR_INVALID_CONTEXT;
     return sim_ops->mem_get_info(dev, free_bytes, total_bytes);
 }
 
 cua_result cuMemAlloc_v2(cua_devptr *dptr, size_t bytes) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     int dev = current_device();
     if (dev < 0) return CUA_ERROR_INVALID_CONTEXT;
     return sim_ops->mem_alloc(dev, bytes, dptr);
 }
 
-cua_result cuMemFree_v2(cua_devptr dptr) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+static cua_result mem_free(cua_devptr dptr) {
     return sim_ops->mem_free(device_or_current(sim_address_device(dptr)), dptr);
 }
 
+cua_result cuMemFree_v2(cua_devptr dptr) {
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
+    return mem_free(dptr);
+}
+
 cua_result cuMemAllocAsync(cua_devptr *dptr, size_t bytes, cua_stream stream) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     int dev = current_device();
     if (dev < 0) return CUA_ERROR_INVALID_CONTEXT;
     if (stream && (uintptr_t)stream > 2 && sim_stream_device(stream) < 0) return CUA_ERROR_INVALID_VALUE;
@@ -424,9 +467,9 @@ cua_result cuMemAllocAsync(cua_devptr *dptr, size_t bytes, cua_stream stream) {
 }
 
 cua_result cuMemFreeAsync(cua_devptr dptr, cua_stream stream) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (stream && (uintptr_t)stream > 2 && sim_stream_device(stream) < 0) return CUA_ERROR_INVALID_VALUE;
-    return cuMemFree_v2(dptr);
+    return mem_free(dptr);
 }
 
 cua_result cuMemAllocAsync_ptsz(cua_devptr *dptr, size_t bytes, cua_stream stream) {
@@ -443,7 +486,7 @@ static int prop_device(const cua_mem_alloc_prop *prop) {
 }
 
 cua_result cuMemGetAllocationGranularity(size_t *granularity, const cua_mem_alloc_prop *prop, int option) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     int dev = prop_device(prop);
     if (!granularity || dev < 0) return CUA_ERROR_INVALID_VALUE;
     if (option != CUA_MEM_ALLOC_GRANULARITY_MINIMUM && option != FAKE_MEM_ALLOC_GRANULARITY_RECOMMENDED)
@@ -459,19 +502,19 @@ cua_result cuMemGetAllocationGranularity(size_t *granularity, const cua_mem_allo
  * address hint is ignored, as CUDA may. */
 cua_result cuMemAddressReserve(cua_devptr *ptr, size_t size, size_t alignment, cua_devptr addr,
                                unsigned long long flags) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (flags != 0) return CUA_ERROR_INVALID_VALUE;
     return sim_ops->va_reserve(device_or_current(-1), size, alignment, ptr);
 }
 
 cua_result cuMemAddressFree(cua_devptr ptr, size_t size) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     return sim_ops->va_free(device_or_current(sim_address_device(ptr)), ptr, size);
 }
 
 cua_result cuMemCreate(cua_memhandle *handle, size_t size, const cua_mem_alloc_prop *prop,
                        unsigned long long flags) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     int dev = prop_device(prop);
     if (!handle || dev < 0 || flags != 0) return CUA_ERROR_INVALID_VALUE;
     if (prop->requested_handle_types != CUA_MEM_HANDLE_TYPE_NONE) return CUA_ERROR_NOT_SUPPORTED;
@@ -479,12 +522,12 @@ cua_result cuMemCreate(cua_memhandle *handle, size_t size, const cua_mem_alloc_p
 }
 
 cua_result cuMemRelease(cua_memhandle handle) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     return sim_ops->phys_release(device_or_current(sim_handle_device(handle)), handle);
 }
 
 cua_result cuMemMap(cua_devptr ptr, size_t size, size_t offset, cua_memhandle handle, unsigned long long flags) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (offset != 0 || flags != 0) return CUA_ERROR_INVALID_VALUE; /* the sim maps whole handles */
     int dev = sim_handle_device(handle);
     if (dev < 0) dev = sim_address_device(ptr);
@@ -492,12 +535,12 @@ cua_result cuMemMap(cua_devptr ptr, size_t size, size_t offset, cua_memhandle ha
 }
 
 cua_result cuMemUnmap(cua_devptr ptr, size_t size) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     return sim_ops->unmap(device_or_current(sim_address_device(ptr)), ptr, size);
 }
 
 cua_result cuMemSetAccess(cua_devptr ptr, size_t size, const cua_mem_access_desc *desc, size_t count) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (!desc || count == 0) return CUA_ERROR_INVALID_VALUE;
     int dev = device_or_current(sim_address_device(ptr));
     for (size_t i = 0; i < count; i++) {
@@ -513,7 +556,7 @@ cua_result cuMemSetAccess(cua_devptr ptr, size_t size, const cua_mem_access_desc
 /* Host-backed: a real memset over memory the host may touch. Otherwise there is no memory, and
  * only the address is checked. */
 cua_result cuMemsetD8_v2(cua_devptr dptr, unsigned char value, size_t n) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (n == 0) return CUA_SUCCESS;
     if (!fake_host_backed) return sim_address_device(dptr) >= 0 ? CUA_SUCCESS : CUA_ERROR_INVALID_VALUE;
     if (!sim_range_accessible(dptr, n)) return CUA_ERROR_INVALID_VALUE;
@@ -524,7 +567,7 @@ cua_result cuMemsetD8_v2(cua_devptr dptr, unsigned char value, size_t n) {
 /* Host-backed: a real copy out of memory the host may touch. Otherwise there is no memory: the
  * address is checked and the destination zero-filled. */
 cua_result cuMemcpyDtoH_v2(void *dst, cua_devptr src, size_t n) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (n == 0) return CUA_SUCCESS;
     if (!dst) return CUA_ERROR_INVALID_VALUE;
     if (!fake_host_backed) {
@@ -540,41 +583,41 @@ cua_result cuMemcpyDtoH_v2(void *dst, cua_devptr src, size_t n) {
 /* ------------------------------------------------------------------ streams and events */
 
 cua_result cuEventCreate(cua_event *event, unsigned int flags) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     int dev = current_device();
     if (dev < 0) return CUA_ERROR_INVALID_CONTEXT;
     return sim_ops->event_create(dev, event);
 }
 
 cua_result cuEventDestroy_v2(cua_event event) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     return sim_ops->event_destroy(device_or_current(sim_event_device(event)), event);
 }
 
 cua_result cuEventRecord(cua_event event, cua_stream stream) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (!stream_known(stream)) return CUA_ERROR_INVALID_HANDLE;
     return sim_ops->event_record(device_or_current(sim_event_device(event)), event, stream);
 }
 
 cua_result cuEventQuery(cua_event event) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     return sim_ops->event_query(device_or_current(sim_event_device(event)), event);
 }
 
 cua_result cuEventSynchronize(cua_event event) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     return sim_ops->event_synchronize(device_or_current(sim_event_device(event)), event);
 }
 
 cua_result cuStreamSynchronize(cua_stream stream) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (!stream_known(stream)) return CUA_ERROR_INVALID_HANDLE;
     return sim_ops->stream_synchronize(device_or_current(sim_stream_device(stream)), stream);
 }
 
 cua_result cuStreamCreate(cua_stream *stream, unsigned int flags) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (!stream) return CUA_ERROR_INVALID_VALUE;
     int dev = current_device();
     if (dev < 0) return CUA_ERROR_INVALID_CONTEXT;
@@ -590,7 +633,7 @@ static __thread bool per_thread_capturing;
 
 /* Capture status from the sim's per-stream flag (fakecuda_stream_set_capturing). */
 cua_result cuStreamIsCapturing(cua_stream stream, int *status) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (!status) return CUA_ERROR_INVALID_VALUE;
     if (!stream_known(stream)) return CUA_ERROR_INVALID_HANDLE;
     if ((uintptr_t)stream == 2) {
@@ -606,7 +649,7 @@ cua_result cuStreamIsCapturing(cua_stream stream, int *status) {
 
 /* Sim devices can always reach each other. */
 cua_result cuDeviceCanAccessPeer(int *can_access, cua_device dev, cua_device peer) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (!can_access || !device_valid(dev) || !device_valid(peer)) return CUA_ERROR_INVALID_DEVICE;
     *can_access = dev != peer;
     return CUA_SUCCESS;
@@ -619,7 +662,7 @@ void fakecuda_stream_set_capturing(cua_stream s, int capturing) {
 
 /* The primary context of the stream's device (the only contexts the fake has). */
 cua_result cuStreamGetCtx(cua_stream stream, cua_ctx *ctx) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (!ctx) return CUA_ERROR_INVALID_VALUE;
     int dev = sim_stream_device(stream);
     if (dev < 0) return CUA_ERROR_INVALID_HANDLE;
@@ -628,7 +671,7 @@ cua_result cuStreamGetCtx(cua_stream stream, cua_ctx *ctx) {
 }
 
 cua_result cuStreamDestroy_v2(cua_stream stream) {
-    if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (sim_stream_device(stream) < 0) return CUA_ERROR_INVALID_VALUE;
     sim_stream_destroy(stream);
     return CUA_SUCCESS;
@@ -679,6 +722,14 @@ unsigned fakecuda_ctx_retains(int dev) {
     return dev >= 0 && dev < CUALLOC_MAX_DEVICES ? __atomic_load_n(&fake_ctx[dev].retains, __ATOMIC_RELAXED) : 0;
 }
 uint64_t fakecuda_bad_stream_handles(void) { return __atomic_load_n(&fake_bad_streams, __ATOMIC_RELAXED); }
+uint64_t fakecuda_entry_calls(const char *name) {
+    uint64_t n = 0;
+    for (size_t i = 0; i < FAKE_ENTRY_SLOTS; i++) {
+        const char *k = __atomic_load_n(&entry_calls[i].name, __ATOMIC_ACQUIRE);
+        if (k && (!name || strcmp(k, name) == 0)) n += __atomic_load_n(&entry_calls[i].calls, __ATOMIC_RELAXED);
+    }
+    return n;
+}
 int fakecuda_mem_alloc_direct(int dev, size_t size, cua_devptr *out) {
     if (!ready()) return CUA_ERROR_NOT_INITIALIZED;
     return sim_ops->mem_alloc(dev, size, out);
