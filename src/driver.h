@@ -76,6 +76,14 @@ typedef struct driver_ops_s {
      * from cuCtxGetCurrent + cuCtxGetDevice (CUA_ERROR_INVALID_CONTEXT when none is current); the
      * sim answers the thread's device set with sim_set_current_device (default 0). */
     cua_result (*current_device)(int *dev);
+    /* Is a usable context current on the calling thread? CUA_SUCCESS when one is,
+     * CUA_ERROR_INVALID_CONTEXT (or the driver's error) when none is, or when the one current
+     * cannot be used: its device's primary context was reset (context_reset) and not made anew.
+     * Never creates or changes a context. For callers that need no device: cheaper than
+     * current_device on every call but a thread's first with a given context after a reset. CUDA
+     * answers from cuCtxGetCurrent, with cuCtxGetDevice to prove a context usable the first time
+     * the thread finds it current (and again after any reset); the sim always has one. */
+    cua_result (*context_current)(void);
 
     /* Is `s` capturing (CUDA graphs)? *capturing true while a capture is active or invalidated.
      * An error (e.g. the legacy stream while another stream captures, CUDA's

@@ -14,7 +14,7 @@
 #define CUDA_LIBRARY "libcuda.so.1"
 #define CUDA_API_VERSION 12000 /* the ABI version asked of cuGetProcAddress */
 
-/* Context queries for the front doors' current_device (not in cuda_decls.h; same signatures as
+/* Context queries for the front doors' current_device and context_current (not in cuda_decls.h; same signatures as
  * cuda.h's cuCtxGetCurrent / cuCtxGetDevice). */
 typedef cua_result (*cua_pfn_cuCtxGetCurrent)(cua_ctx *ctx);
 typedef cua_result (*cua_pfn_cuCtxGetDevice)(cua_device *dev);
@@ -478,10 +478,39 @@ static cua_result cudaop_current_device(int *dev) {
     return CUA_ERROR_INVALID_DEVICE;
 }
 
+/* Context usability for context_current. A context stays usable until a reset of its device's
+ * primary context (cuDevicePrimaryCtxReset), after which it stays current but every call in it
+ * fails until it is made anew; cualloc hears of each reset (context_reset), which bumps the
+ * generation. A thread remembers the last context it proved usable (cuCtxGetDevice succeeded in
+ * it) and the generation read before the proof: the same context at the same generation needs no
+ * proof again. A reset in between leaves the generations unequal, so the next query proves again. */
+static uint64_t ctx_reset_generation; /* atomic; only grows */
+static __thread struct {
+    cua_ctx ctx;         /* NULL: none proved yet */
+    uint64_t generation; /* ctx_reset_generation read before the proof */
+} ctx_proved;
+
+static cua_result cudaop_context_current(void) {
+    if (!__atomic_load_n(&cu.ready, __ATOMIC_ACQUIRE)) return CUA_ERROR_NOT_INITIALIZED;
+    if (!cu.fn.cuCtxGetCurrent || !cu.fn.cuCtxGetDevice) return CUA_ERROR_NOT_SUPPORTED;
+    cua_ctx ctx = NULL;
+    cua_result r = cu.fn.cuCtxGetCurrent(&ctx);
+    if (r != CUA_SUCCESS) return r;
+    if (!ctx) return CUA_ERROR_INVALID_CONTEXT;
+    uint64_t generation = __atomic_load_n(&ctx_reset_generation, __ATOMIC_ACQUIRE);
+    if (ctx == ctx_proved.ctx && generation == ctx_proved.generation) return CUA_SUCCESS;
+    cua_device cudev;
+    if ((r = cu.fn.cuCtxGetDevice(&cudev)) != CUA_SUCCESS) return r;
+    ctx_proved.ctx = ctx;
+    ctx_proved.generation = generation;
+    return CUA_SUCCESS;
+}
+
 /* dev's primary context was reset: the one retained is gone. It is released (a reset does not
  * release it, and CUDA allows the release after it) and retained anew by the next ctx_enter, which
- * makes it again. */
+ * makes it again. Every thread's proved context (context_current) must be proved again. */
 static void cudaop_context_reset(int dev) {
+    __atomic_add_fetch(&ctx_reset_generation, 1, __ATOMIC_ACQ_REL);
     if (cuda_check(dev, false) != CUA_SUCCESS) return;
     cuda_device_t *d = &cu.dev[dev];
     pthread_mutex_lock(&cuda_lock);
@@ -538,6 +567,7 @@ const driver_ops_t driver_cuda_ops = {
     .stream_synchronize = cudaop_stream_synchronize,
     .device_synchronize = cudaop_device_synchronize,
     .current_device = cudaop_current_device,
+    .context_current = cudaop_context_current,
     .stream_device = cudaop_stream_device,
     .stream_is_capturing = cudaop_stream_is_capturing,
     .peer_enable = cudaop_peer_enable,

@@ -1051,6 +1051,9 @@ static cua_result simop_current_device(int *dev) {
     return CUA_SUCCESS;
 }
 
+/* Every sim thread has a device current (sim_current_dev), as if its context were. */
+static cua_result simop_context_current(void) { return CUA_SUCCESS; }
+
 const driver_ops_t driver_sim_ops = {
     .name = "sim",
     .init = simop_init,
@@ -1074,6 +1077,7 @@ const driver_ops_t driver_sim_ops = {
     .stream_synchronize = simop_stream_synchronize,
     .device_synchronize = simop_device_synchronize,
     .current_device = simop_current_device,
+    .context_current = simop_context_current,
     .stream_device = simop_stream_device,
     .stream_is_capturing = simop_stream_is_capturing,
     .peer_enable = simop_peer_enable,

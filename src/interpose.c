@@ -729,11 +729,11 @@ cudart_error cudaPeekAtLastError(void) { return last_error(N_cudaPeekAtLastError
  * each call, so a runtime allocation it serves asks the runtime to do that first, with cudaFree(NULL)
  * (documented as doing nothing else). A runtime that cannot start (a driver older than it, no
  * device) fails the allocation with its own error, as it would have failed it. One query of the
- * thread's current context otherwise. */
+ * thread's current context otherwise: whether one is current and usable (context_current, one
+ * driver call where current_device makes two), not its device, which runtime_device asks. */
 static cudart_error runtime_context(void) {
     const driver_ops_t *drv = api_driver();
-    int dev;
-    if (drv && drv->current_device && drv->current_device(&dev) == CUA_SUCCESS) return CUDART_SUCCESS;
+    if (drv && drv->context_current() == CUA_SUCCESS) return CUDART_SUCCESS;
     cudaFree_fn next = NEXT(N_cudaFree, cudaFree_fn);
     return next ? next(NULL) : CUDART_SUCCESS;
 }

@@ -9,7 +9,8 @@
  * without a current context cuMemAlloc answers as CUDA.
  *   --stream-device    (two devices) an allocation on a stream comes from the stream's device
  *   --runtime-context  a thread's first runtime allocation leaves the primary context current
- *   --device-reset     allocations after a reset of the primary context are usable memory */
+ *   --device-reset     allocations after a reset of the primary context are usable memory
+ *   --runtime-calls    the driver calls a runtime allocation cualloc serves makes, counted */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -212,6 +213,63 @@ static int runtime_context_main(gpa_fn gpa) {
     return 0;
 }
 
+/* --runtime-calls: what a runtime allocation cualloc serves from its cache asks of the driver, on a
+ * thread whose context is current (every allocation of a program after its first): the fake counts
+ * every entry point called. The front door asks whether a context is current (cuCtxGetCurrent; the
+ * device need not be known for that) and, with this runtime, which has no cudaGetDevice, the
+ * current context's device (cuCtxGetCurrent + cuCtxGetDevice); the heap asks nothing of a block it
+ * hands back from its cache on the legacy stream. More is a cost on every allocation. */
+#define RUNTIME_CALLS_MAX 3
+static int runtime_calls_main(gpa_fn gpa, void *lib) {
+    void *q;
+    init_fn cu_init;
+    retain_fn retain;
+    setcur_fn setcur;
+    LOOKUP(cu_init, "cuInit", 2000);
+    LOOKUP(retain, "cuDevicePrimaryCtxRetain", 7000);
+    LOOKUP(setcur, "cuCtxSetCurrent", 4000);
+    uint64_t (*entry_calls)(const char *);
+    void *p = dlsym(lib, "fakecuda_entry_calls");
+    AS(entry_calls, p);
+    CHECK_MSG(entry_calls != NULL, "fakecuda_entry_calls");
+    if (failures) return 1;
+    CUcontext ctx = NULL;
+    CHECK_MSG(cu_init(0) == 0 && retain(&ctx, 0) == 0 && setcur(ctx) == 0, "device 0's primary context");
+    /* The first allocations start cualloc and map memory; the ones counted come from its cache. */
+    for (int i = 0; i < 4; i++) {
+        void *w = NULL;
+        CHECK_MSG(cudaMalloc(&w, 1 << 20) == 0 && w && cudaFree(w) == 0, "warm-up cudaMalloc %d", i);
+        CHECK_MSG(cudaMallocAsync(&w, 1 << 20, NULL) == 0 && w && cudaFreeAsync(w, NULL) == 0,
+                  "warm-up cudaMallocAsync %d", i);
+    }
+    if (failures) return 1;
+    enum { ROUNDS = 100 };
+    static const char *const kinds[2] = {"cudaMalloc", "cudaMallocAsync"};
+    for (int k = 0; k < 2; k++) {
+        uint64_t total = 0, get_current = 0, get_device = 0, a0 = allocs_now();
+        for (int i = 0; i < ROUNDS; i++) {
+            void *m = NULL;
+            uint64_t c0 = entry_calls(NULL), g0 = entry_calls("cuCtxGetCurrent"), d0 = entry_calls("cuCtxGetDevice");
+            int rc = k == 0 ? cudaMalloc(&m, 1 << 20) : cudaMallocAsync(&m, 1 << 20, NULL);
+            total += entry_calls(NULL) - c0;
+            get_current += entry_calls("cuCtxGetCurrent") - g0;
+            get_device += entry_calls("cuCtxGetDevice") - d0;
+            CHECK_MSG(rc == 0 && m, "%s %d", kinds[k], i);
+            if (m) CHECK_MSG((k == 0 ? cudaFree(m) : cudaFreeAsync(m, NULL)) == 0, "free %d", i);
+        }
+        CHECK_MSG(allocs_now() == a0 + ROUNDS, "cualloc served %llu of %d", (unsigned long long)(allocs_now() - a0),
+                  ROUNDS);
+        printf("%s served from the cache: %.2f driver calls each (cuCtxGetCurrent %.2f, cuCtxGetDevice %.2f)\n",
+               kinds[k], (double)total / ROUNDS, (double)get_current / ROUNDS, (double)get_device / ROUNDS);
+        CHECK_MSG(total <= (uint64_t)RUNTIME_CALLS_MAX * ROUNDS,
+                  "%s: %llu driver calls in %d allocations, want at most %d each", kinds[k],
+                  (unsigned long long)total, ROUNDS, RUNTIME_CALLS_MAX);
+    }
+    if (failures) return 1;
+    printf("interpose_driver_prog --runtime-calls: all checks passed\n");
+    return 0;
+}
+
 /* Allocates n bytes with alloc and writes and reads them back through the driver (the fake checks
  * that the memory is mapped and accessible, so stale memory fails instead of crashing); frees them
  * unless keep. 0 when all of that succeeded, else a short reason. */
@@ -337,6 +395,7 @@ int main(int argc, char **argv) {
     /* (cudaMalloc reaches cualloc through the preload alone: this check needs no dlsym interposition,
      * which the sanitizer builds leave out.) */
     if (gpa && get_stats && argc > 1 && strcmp(argv[1], "--runtime-context") == 0) return runtime_context_main(gpa);
+    if (gpa && get_stats && argc > 1 && strcmp(argv[1], "--runtime-calls") == 0) return runtime_calls_main(gpa, lib);
     CHECK_MSG(gpa && from_cualloc(p), "dlsym(libcuda, cuGetProcAddress_v2) did not give cualloc's wrapper");
     if (!gpa || !get_stats) return 1;
     if (argc > 1 && strcmp(argv[1], "--stream-device") == 0) return stream_device_main(gpa);

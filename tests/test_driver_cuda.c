@@ -35,6 +35,8 @@ static struct {
     cua_pfn_cuCtxPopCurrent_v2 ctx_pop;
     cua_pfn_cuDevicePrimaryCtxRetain ctx_retain;
     cua_pfn_cuGetProcAddress_v2 get_proc;
+    cua_pfn_cuDevicePrimaryCtxReset_v2 ctx_reset;
+    uint64_t (*entry_calls)(const char *name);
 } fake;
 
 static void *fake_sym(void *lib, const char *name) {
@@ -61,6 +63,8 @@ static void fake_bind(void) {
     BIND(ctx_pop, "cuCtxPopCurrent_v2")
     BIND(ctx_retain, "cuDevicePrimaryCtxRetain")
     BIND(get_proc, "cuGetProcAddress_v2")
+    BIND(ctx_reset, "cuDevicePrimaryCtxReset_v2")
+    BIND(entry_calls, "fakecuda_entry_calls")
 #undef BIND
     dlclose(lib); /* drops only the reference taken here */
 }
@@ -200,6 +204,33 @@ static void test_get_proc(void) {
     EXPECT_R(fake.get_proc(NULL, &p, 12000, 0, &status), CUA_ERROR_INVALID_VALUE);
 }
 
+/* context_current: none current, one current (proved usable once with cuCtxGetDevice, then
+ * answered from cuCtxGetCurrent alone), and one current whose primary context was reset, which
+ * is unusable until retained anew. Resets the device: runs last. */
+static void test_context_current(void) {
+    EXPECT_R(ops->context_current(), CUA_ERROR_INVALID_CONTEXT);
+    cua_ctx primary, cur;
+    EXPECT_R(fake.ctx_retain(&primary, 0), CUA_SUCCESS);
+    EXPECT_R(fake.ctx_push(primary), CUA_SUCCESS);
+    uint64_t get_device0 = fake.entry_calls("cuCtxGetDevice");
+    EXPECT_R(ops->context_current(), CUA_SUCCESS);
+    EXPECT(fake.entry_calls("cuCtxGetDevice") == get_device0 + 1, "the first query proves the context usable");
+    uint64_t all0 = fake.entry_calls(NULL);
+    for (int i = 0; i < 10; i++) EXPECT_R(ops->context_current(), CUA_SUCCESS);
+    EXPECT(fake.entry_calls(NULL) == all0 + 10, "%llu driver calls for 10 queries of a proved context, want 10",
+           (unsigned long long)(fake.entry_calls(NULL) - all0));
+    /* The reset context stays current and cannot be used until it is retained anew. */
+    EXPECT_R(fake.ctx_reset(0), CUA_SUCCESS);
+    ops->context_reset(0);
+    EXPECT_R(ops->context_current(), CUA_ERROR_INVALID_CONTEXT);
+    EXPECT_R(ops->context_current(), CUA_ERROR_INVALID_CONTEXT);
+    EXPECT_R(fake.ctx_retain(&primary, 0), CUA_SUCCESS);
+    EXPECT_R(ops->context_current(), CUA_SUCCESS);
+    EXPECT_R(fake.ctx_pop(&cur), CUA_SUCCESS);
+    EXPECT_R(ops->context_current(), CUA_ERROR_INVALID_CONTEXT);
+    expect_no_ctx();
+}
+
 static char captured[1024];
 static void capture(const char *line, void *arg) {
     (void)arg;
@@ -240,6 +271,7 @@ int main(int argc, char **argv) {
     test_events();
     test_caller_context();
     test_get_proc();
+    test_context_current();
     printf("test_driver_cuda: ok\n");
     return 0;
 }
