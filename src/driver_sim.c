@@ -1257,6 +1257,21 @@ int sim_address_device(cua_devptr va) {
     return dev;
 }
 
+bool sim_address_range(cua_devptr va, cua_devptr *base, size_t *size) {
+    const sim_range_t *r = NULL;
+    pthread_mutex_lock(&sim_lock);
+    for (int i = 0; i < sim.ndev && !r; i++) {
+        r = ranges_containing(&sim.devs[i].allocs, va);
+        if (!r) r = ranges_containing(&sim.devs[i].maps, va);
+    }
+    if (r) {
+        *base = r->va;
+        *size = r->size;
+    }
+    pthread_mutex_unlock(&sim_lock);
+    return r != NULL;
+}
+
 /* Lock held: [va, va + size) inside one mem_alloc range, or tiled by adjacent mappings with
  * access granted. */
 static bool range_accessible_locked(const sim_device_t *d, cua_devptr va, size_t size) {

@@ -151,6 +151,10 @@ int sim_handle_device(cua_memhandle handle);
 int sim_event_device(cua_event e);
 int sim_stream_device(cua_stream s);
 int sim_address_device(cua_devptr va);
+/* The mem_alloc range or the mapping that holds `va` (what cuMemGetAddressRange answers for
+ * cuMemAlloc'd and for mapped VMM memory); false when none does (a reserved address with nothing
+ * mapped there included). */
+bool sim_address_range(cua_devptr va, cua_devptr *base, size_t *size);
 /* Host-backed only: is [va, va+size) inside one mem_alloc range, or mapped with access granted
  * throughout (so the host may touch it)? */
 bool sim_range_accessible(cua_devptr va, size_t size);

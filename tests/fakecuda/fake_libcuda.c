@@ -66,6 +66,7 @@ FAKE_API cua_result cuMemAllocAsync_ptsz(cua_devptr *dptr, size_t bytes, cua_str
 FAKE_API cua_result cuMemFreeAsync_ptsz(cua_devptr dptr, cua_stream stream);
 FAKE_API cua_result cuGetErrorName(cua_result r, const char **str);
 FAKE_API cua_result cuGetErrorString(cua_result r, const char **str);
+FAKE_DECLARE(cuMemGetAddressRange_v2)
 FAKE_API cua_result cuMemsetD8_v2(cua_devptr dptr, unsigned char value, size_t n);
 FAKE_API cua_result cuMemcpyDtoH_v2(void *dst, cua_devptr src, size_t n);
 FAKE_API cua_result cuStreamCreate(cua_stream *stream, unsigned int flags);
@@ -251,6 +252,7 @@ static const struct {
     {"cuMemMap", (void *)cuMemMap},
     {"cuMemUnmap", (void *)cuMemUnmap},
     {"cuMemSetAccess", (void *)cuMemSetAccess},
+    {"cuMemGetAddressRange", (void *)cuMemGetAddressRange_v2},
     {"cuMemsetD8", (void *)cuMemsetD8_v2},
     {"cuMemcpyDtoH", (void *)cuMemcpyDtoH_v2},
     {"cuEventCreate", (void *)cuEventCreate},
@@ -551,6 +553,20 @@ cua_result cuMemSetAccess(cua_devptr ptr, size_t size, const cua_mem_access_desc
             return CUA_ERROR_NOT_SUPPORTED;
     }
     return sim_ops->set_access(dev, ptr, size);
+}
+
+/* The cuMemAlloc'd range or the VMM mapping holding dptr, as CUDA answers (for mapped VMM memory:
+ * the one physical allocation mapped there, not the reservation); CUDA_ERROR_NOT_FOUND for any
+ * other address, a reserved one with nothing mapped included. */
+cua_result cuMemGetAddressRange_v2(cua_devptr *base, size_t *size, cua_devptr dptr) {
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
+    if (current_device() < 0) return CUA_ERROR_INVALID_CONTEXT;
+    cua_devptr b;
+    size_t n;
+    if (!sim_address_range(dptr, &b, &n)) return CUA_ERROR_NOT_FOUND;
+    if (base) *base = b;
+    if (size) *size = n;
+    return CUA_SUCCESS;
 }
 
 /* Host-backed: a real memset over memory the host may touch. Otherwise there is no memory, and
