@@ -241,20 +241,25 @@ static inline bool api_in_vmm_range(const api_vmm_t *v, uintptr_t a) {
     return api_in_pool(v, POOL_SMALL, a) || api_in_pool(v, POOL_LARGE, a);
 }
 
-heap_t *api_owner(const void *ptr) {
+/* The heap whose VMM ranges hold ptr (the range table, lock-free), else the first heap `claims`
+ * says holds it (classic heaps, and a VMM heap the table could not list). */
+static heap_t *api_find(const void *ptr, bool (*claims)(heap_t *, const void *)) {
     if (!ptr || !api_started() || g.disabled) return NULL;
     uintptr_t a = (uintptr_t)ptr;
     int nvmm = atomic_load_explicit(&g.nvmm, memory_order_acquire);
     for (int k = 0; k < nvmm; k++)
         if (api_in_vmm_range(&g.vmm[k], a)) return g.vmm[k].heap;
-    /* Classic heaps, and a VMM heap the table could not list (heap_owns: its ranges). */
     int n = api_ndevices();
     for (int d = 0; d < n; d++) {
         heap_t *h = api_existing_heap(d);
-        if (h && heap_owns(h, ptr)) return h;
+        if (h && claims(h, ptr)) return h;
     }
     return NULL;
 }
+
+heap_t *api_owner(const void *ptr) { return api_find(ptr, heap_owns); }
+
+heap_t *api_holder(const void *ptr) { return api_find(ptr, heap_holds); }
 
 /* The addresses of a heap's allocated blocks (heap_snapshot's callback, which may not call the heap). */
 typedef struct api_live_s {

@@ -2524,6 +2524,27 @@ bool heap_owns(heap_t *h, const void *ptr) {
     return owned;
 }
 
+/* Classic mode: is a inside one of h's segments? Lock held. A segment's blocks tile it in address
+ * order from its first block, so the walk of one segment stops at the first block past a. */
+static bool segment_holding(const heap_t *h, uintptr_t a) {
+    for (int pi = 0; pi < POOL_COUNT; pi++) {
+        for (const block_t *seg = h->pools[pi].segments; seg; seg = seg->seg_next) {
+            if (a < seg->addr) continue;
+            for (const block_t *b = seg; b && a >= b->addr; b = b->next)
+                if (a - b->addr < b->size) return true;
+        }
+    }
+    return false;
+}
+
+bool heap_holds(heap_t *h, const void *ptr) {
+    if (h->vmm) return heap_owns(h, ptr);
+    cua_lock(&h->lock);
+    bool held = segment_holding(h, (uintptr_t)ptr);
+    cua_unlock(&h->lock);
+    return held;
+}
+
 bool heap_starts_segment(heap_t *h, const void *ptr) {
     if (h->vmm) return false;
     cua_lock(&h->lock);

@@ -581,6 +581,9 @@ void heap_free_in_large_pool(heap_t *h, void *ptr, cua_stream stream);
 /* Does ptr fall in memory this heap manages? (Exact for VMM; for classic, an allocated block or a
  * segment's base: freed again, the driver would take that for the segment.) */
 bool heap_owns(heap_t *h, const void *ptr);
+/* Does ptr fall anywhere in memory this heap holds from the driver, allocated to the program or
+ * not: a VMM pool's reservation, any byte of a classic segment? O(blocks) in classic mode. */
+bool heap_holds(heap_t *h, const void *ptr);
 /* Classic mode: does one of h's segments (one cuMemAlloc) start at ptr? False in VMM mode. */
 bool heap_starts_segment(heap_t *h, const void *ptr);
 /* The requested size of an allocated block, or SIZE_MAX when ptr is not one of h's. */
@@ -630,7 +633,8 @@ bool heap_free_device_wide(heap_t *h, void *ptr);
  * mapped chunk range, so the enabled peers can reach existing memory. VMM only; no-op in classic. */
 void heap_peer_enabled(heap_t *h);
 /* The allocated block containing ptr (interior pointers too): its base and size (the block's
- * bytes, as cuMemGetAddressRange reports for cudaMalloc memory). False when none does. */
+ * bytes, as cuMemGetAddressRange reports for cudaMalloc memory). False when none does: a freed
+ * block (cached, still mapped) holds no allocation, as for CUDA's freed memory. */
 bool heap_block_range(heap_t *h, const void *ptr, uintptr_t *base, size_t *size);
 /* Number of invariant violations, each described on `report` (may be NULL). */
 int heap_check(heap_t *h, FILE *report);
@@ -784,6 +788,10 @@ void api_device_reset(int device);
 /* The heap that owns ptr (an allocated block of it, or inside its VMM ranges), NULL when none
  * does or api_init has not run. Lock-free for VMM heaps. */
 heap_t *api_owner(const void *ptr);
+/* The heap whose memory holds ptr, allocated or not (heap_holds: a classic segment's interior
+ * too), NULL when none does or api_init has not run. Lock-free for VMM heaps; for classic ones a
+ * walk of their segments. */
+heap_t *api_holder(const void *ptr);
 
 /* ======================================================================== interpose.c */
 

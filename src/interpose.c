@@ -47,8 +47,10 @@
  *  - cudaIpcGetMemHandle of VMM memory fails with cudaErrorInvalidValue after one message saying
  *    how to avoid it (exclude:, or expandable_segments:False); in classic mode a block at the start
  *    of its segment passes through, one inside a segment fails the same way.
- *  - cuMemGetAddressRange_v2 of an owned address (interior too) answers the allocated block's base
- *    and size, as for cudaMalloc memory; anything else passes through.
+ *  - cuMemGetAddressRange_v2 of an address in a live block (interior too) answers the block's base
+ *    and size, as for cudaMalloc memory; of one in cualloc's memory that no live block holds (freed
+ *    and cached, or never handed out), CUDA_ERROR_NOT_FOUND, as for memory CUDA freed; anything
+ *    else passes through.
  *  - CUALLOC_CONF exclude:GLOBS: allocations whose caller module (dladdr of the return address,
  *    cached) matches go to CUDA unchanged, including the runtime's own driver calls inside them
  *    (thread-local pass-through flag); their frees pass through as foreign pointers.
@@ -1057,12 +1059,17 @@ cudart_error cudaIpcGetMemHandle(void *handle, void *dev_ptr) {
 }
 
 /* cuMemGetAddressRange: for cualloc's memory, the allocated block containing the address (what
- * CUDA reports for cudaMalloc memory), not the chunk or the reservation. */
+ * CUDA reports for cudaMalloc memory), not the chunk, segment or reservation, which the driver
+ * would answer. An address in cualloc's memory that no allocated block holds (a block the program
+ * freed, cached and still mapped; free space between blocks) is no allocation, as memory CUDA
+ * freed: CUDA_ERROR_NOT_FOUND, what the driver answers for an address no allocation holds. */
 cua_result cuMemGetAddressRange_v2(cua_devptr *base, size_t *size, cua_devptr dptr) {
-    heap_t *h = disabled() ? NULL : api_owner((const void *)(uintptr_t)dptr);
-    uintptr_t b = 0;
-    size_t n = 0;
-    if (h && heap_block_range(h, (const void *)(uintptr_t)dptr, &b, &n)) {
+    const void *ptr = (const void *)(uintptr_t)dptr;
+    heap_t *h = disabled() ? NULL : api_holder(ptr);
+    if (h) {
+        uintptr_t b = 0;
+        size_t n = 0;
+        if (!heap_block_range(h, ptr, &b, &n)) return CUA_ERROR_NOT_FOUND;
         if (base) *base = (cua_devptr)b;
         if (size) *size = n;
         return CUA_SUCCESS;

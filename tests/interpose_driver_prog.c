@@ -10,7 +10,8 @@
  *   --stream-device    (two devices) an allocation on a stream comes from the stream's device
  *   --runtime-context  a thread's first runtime allocation leaves the primary context current
  *   --device-reset     allocations after a reset of the primary context are usable memory
- *   --runtime-calls    the driver calls a runtime allocation cualloc serves makes, counted */
+ *   --runtime-calls    the driver calls a runtime allocation cualloc serves makes, counted
+ *   --address-range    cuMemGetAddressRange of live, freed and foreign memory */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -270,6 +271,95 @@ static int runtime_calls_main(gpa_fn gpa, void *lib) {
     return 0;
 }
 
+/* --address-range (VMM and classic mode): cuMemGetAddressRange of cualloc's memory answers as CUDA
+ * does for cudaMalloc memory. An address inside a live block, at its start or not: the block's own
+ * base and size. An address no live block holds: CUDA_ERROR_NOT_FOUND (500), as for memory CUDA
+ * freed, though cualloc keeps it mapped (a block the program freed, cached; the free space beside
+ * and after the blocks), never the range of the chunk or segment around it. A pointer from the
+ * driver itself: the driver's answer. */
+#define CUDA_ERROR_NOT_FOUND 500
+typedef CUresult (*range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
+static void expect_range(range_fn get_range, const char *what, CUdeviceptr at, CUdeviceptr base, size_t size) {
+    CUdeviceptr b = 0;
+    size_t n = 0;
+    CUresult r = get_range(&b, &n, at);
+    CHECK_MSG(r == 0 && b == base && n == size, "%s: cuMemGetAddressRange(%#llx) = %d, %#llx + %zu; want 0, %#llx + %zu",
+              what, at, r, b, n, base, size);
+}
+static void expect_not_found(range_fn get_range, const char *what, CUdeviceptr at) {
+    CUdeviceptr b = 0;
+    size_t n = 0;
+    CUresult r = get_range(&b, &n, at);
+    CHECK_MSG(r == CUDA_ERROR_NOT_FOUND, "%s: cuMemGetAddressRange(%#llx) = %d, %#llx + %zu; want %d (not found)", what,
+              at, r, b, n, CUDA_ERROR_NOT_FOUND);
+}
+static int address_range_main(gpa_fn gpa, void *lib) {
+    void *q;
+    init_fn cu_init;
+    retain_fn retain;
+    setcur_fn setcur;
+    alloc_fn mem_alloc;
+    free_fn mem_free;
+    range_fn get_range;
+    LOOKUP(cu_init, "cuInit", 2000);
+    LOOKUP(retain, "cuDevicePrimaryCtxRetain", 7000);
+    LOOKUP(setcur, "cuCtxSetCurrent", 4000);
+    LOOKUP(mem_alloc, "cuMemAlloc", 3020);
+    LOOKUP(mem_free, "cuMemFree", 3020);
+    LOOKUP(get_range, "cuMemGetAddressRange", 3020);
+    CHECK_MSG(from_cualloc((void *)mem_alloc) && from_cualloc((void *)get_range), "cualloc's entry points");
+    direct_fn direct;
+    void *p = dlsym(lib, "fakecuda_mem_alloc_direct");
+    AS(direct, p);
+    CHECK_MSG(direct != NULL, "fakecuda_mem_alloc_direct");
+    if (failures) return 1;
+    CUcontext ctx = NULL;
+    CHECK_MSG(cu_init(0) == 0 && retain(&ctx, 0) == 0 && setcur(ctx) == 0, "device 0's primary context");
+
+    const size_t small = 5000, small_block = 5120, big = (size_t)8 << 20;
+    CUdeviceptr a = 0, b = 0, c = 0, live_big = 0, freed_big = 0;
+    CHECK_MSG(mem_alloc(&a, small) == 0 && mem_alloc(&b, small) == 0 && mem_alloc(&c, small) == 0, "three small blocks");
+    CHECK_MSG(mem_alloc(&live_big, big) == 0 && mem_alloc(&freed_big, big) == 0, "two large blocks");
+    CHECK_MSG(mem_free(b) == 0 && mem_free(freed_big) == 0, "free the middle small block and a large one");
+    if (failures) return 1;
+
+    expect_range(get_range, "a live block's start", a, a, small_block);
+    expect_range(get_range, "inside a live block", a + 1234, a, small_block);
+    expect_range(get_range, "a live block's last byte", c + small_block - 1, c, small_block);
+    expect_range(get_range, "inside a live large block", live_big + (3 << 20), live_big, big);
+    expect_not_found(get_range, "a freed block's start", b);
+    expect_not_found(get_range, "inside a freed block", b + 100);
+    expect_not_found(get_range, "inside a freed large block", freed_big + 4096);
+    CUdeviceptr last = a > c ? a : c;
+    if (b > last) last = b;
+    expect_not_found(get_range, "the free space after the small blocks", last + small_block);
+    CUdeviceptr base_only = 0;
+    size_t size_only = 0;
+    CHECK_MSG(get_range(&base_only, NULL, c + 1) == 0 && base_only == c && get_range(NULL, &size_only, c + 1) == 0 &&
+                  size_only == small_block,
+              "either output may be NULL");
+
+    /* The freed block handed out again is live again. */
+    CUdeviceptr again = 0;
+    CHECK_MSG(mem_alloc(&again, small) == 0 && again, "a small block again");
+    expect_range(get_range, "a block reallocated", again + 10, again, small_block);
+
+    /* Memory cualloc does not own: the driver answers. */
+    CUdeviceptr foreign = 0;
+    CHECK_MSG(direct(0, 1 << 20, &foreign) == 0 && foreign, "direct allocation");
+    CUdeviceptr fb = 0;
+    size_t fn = 0;
+    CHECK_MSG(get_range(&fb, &fn, foreign + 10) == 0 && fb == foreign && fn >= (1 << 20),
+              "a foreign pointer: %#llx + %zu, want %#llx + at least 1 MiB", fb, fn, foreign);
+    CHECK_MSG(mem_free(foreign) == 0 && mem_free(again) == 0 && mem_free(a) == 0 && mem_free(c) == 0 &&
+                  mem_free(live_big) == 0,
+              "frees");
+    expect_not_found(get_range, "a block freed last", live_big);
+    if (failures) return 1;
+    printf("interpose_driver_prog --address-range: all checks passed\n");
+    return 0;
+}
+
 /* Allocates n bytes with alloc and writes and reads them back through the driver (the fake checks
  * that the memory is mapped and accessible, so stale memory fails instead of crashing); frees them
  * unless keep. 0 when all of that succeeded, else a short reason. */
@@ -400,6 +490,7 @@ int main(int argc, char **argv) {
     if (!gpa || !get_stats) return 1;
     if (argc > 1 && strcmp(argv[1], "--stream-device") == 0) return stream_device_main(gpa);
     if (argc > 1 && strcmp(argv[1], "--device-reset") == 0) return device_reset_main(gpa, lib);
+    if (argc > 1 && strcmp(argv[1], "--address-range") == 0) return address_range_main(gpa, lib);
 
     void *q;
     init_fn cuInit;

@@ -916,6 +916,7 @@ static void test_parked_block_is_free(void) {
     uintptr_t base;
     size_t size;
     EXPECT(!heap_block_range(h, p, &base, &size), "nor an allocated range");
+    EXPECT(heap_holds(h, p) && heap_holds(h, (char *)p + 1000), "though the heap still holds its memory");
     EXPECT(heap_test_find_block(h, p) == NULL, "nor an allocated block");
     cualloc_stats st2 = stats(h);
     EXPECT(st2.num_frees == st.num_frees && st2.allocated_bytes == 0 && st2.requested_bytes == 0 &&
