@@ -92,6 +92,9 @@ FAKE_API int fakecuda_mem_alloc_direct(int dev, size_t size, cua_devptr *out);
 /* How many calls named a stream that is not one (neither NULL, CU_STREAM_LEGACY,
  * CU_STREAM_PER_THREAD nor a live stream): the real driver would read it as a CUstream_st. */
 FAKE_API uint64_t fakecuda_bad_stream_handles(void);
+/* Captures invalidated so far (the sim's count): an event recorded on a capturing stream, a
+ * synchronize of one, a device synchronize while one of the device's streams captures. */
+FAKE_API uint64_t fakecuda_captures_broken(void);
 /* Calls so far of the driver entry point `name` (its exported name: "cuCtxGetCurrent",
  * "cuMemAlloc_v2"); with NULL, of all of them together. */
 FAKE_API uint64_t fakecuda_entry_calls(const char *name);
@@ -738,6 +741,7 @@ unsigned fakecuda_ctx_retains(int dev) {
     return dev >= 0 && dev < CUALLOC_MAX_DEVICES ? __atomic_load_n(&fake_ctx[dev].retains, __ATOMIC_RELAXED) : 0;
 }
 uint64_t fakecuda_bad_stream_handles(void) { return __atomic_load_n(&fake_bad_streams, __ATOMIC_RELAXED); }
+uint64_t fakecuda_captures_broken(void) { return sim_captures_broken(); }
 uint64_t fakecuda_entry_calls(const char *name) {
     uint64_t n = 0;
     for (size_t i = 0; i < FAKE_ENTRY_SLOTS; i++) {
