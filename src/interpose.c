@@ -110,6 +110,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "internal.h"
 
@@ -438,14 +439,21 @@ static int context_device_unstarted(void) {
 /* ------------------------------------------------------------------ before the heaps exist */
 
 /* Non-blocking streams created, and peer access enabled, before cualloc started (the front door
- * starts nothing for them): remembered here, handed to the heaps at the first served allocation. */
-#define PENDING_MAX 64
+ * starts nothing for them): remembered here, handed to the heaps at the first served allocation.
+ * The streams' table grows as they come, as the heap's own does (nb_reserve in heap.c): PyTorch
+ * alone makes 64 and more per device (its stream pools), and a heap told of only some must settle
+ * device-wide frees with a device synchronize, which invalidates a graph capture on a stream it was
+ * not told of. Everything here is guarded by pending_lock. */
+typedef struct pending_stream_s {
+    cua_stream s;
+    int dev;
+} pending_stream_t;
 static pthread_mutex_t pending_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct { cua_stream s; int dev; } pending_nb[PENDING_MAX];
-static int pending_nb_n;
+static pending_stream_t *pending_nb; /* pending_nb_cap entries (mmap'd), the first pending_nb_n used */
+static size_t pending_nb_n, pending_nb_cap;
 static uint64_t pending_peer[CUALLOC_MAX_DEVICES]; /* bit a of [d]: device a may access d's memory */
-/* Bit d: more non-blocking streams were created on device d than pending_nb could hold. Its heap
- * must then not rely on the streams it knows (their events would not cover the others). */
+/* Bit d: a non-blocking stream of device d could not be remembered (no memory for the table). Its
+ * heap must then not rely on the streams it knows (their events would not cover the others). */
 static uint64_t pending_nb_lost;
 static _Atomic int pending_any;
 
@@ -458,6 +466,11 @@ static _Atomic int pending_any;
  * once is not fork-aware (ThreadSanitizer's; glibc's starts it again). */
 static void pending_after_fork_child(void) {
     pending_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    /* The table is forgotten, not unmapped or reused: a parent thread may have been moving it to a
+     * larger one (pending_reserve) at the fork, so neither the pointer nor the capacity the child
+     * sees need describe one mapping. At most the table's pages stay mapped in the child. */
+    pending_nb = NULL;
+    pending_nb_cap = 0;
     pending_nb_n = 0;
     pending_nb_lost = 0;
     memset(pending_peer, 0, sizeof pending_peer);
@@ -470,6 +483,23 @@ __attribute__((constructor)) static void pending_fork_register(void) {
 
 static void pending_lock_take(void) { pthread_mutex_lock(&pending_lock); }
 
+/* pending_lock held. Room for one more pending stream: the table doubles (mmap'd, a page at least,
+ * as nb_reserve in heap.c: no malloc, which the program may replace). False when the memory is
+ * refused; the table is then unchanged. */
+static bool pending_reserve(void) {
+    if (pending_nb_n < pending_nb_cap) return true;
+    size_t bytes = pending_nb_cap ? 2 * pending_nb_cap * sizeof *pending_nb : (size_t)4096;
+    void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) return false;
+    if (pending_nb) {
+        memcpy(mem, pending_nb, pending_nb_n * sizeof *pending_nb);
+        munmap(pending_nb, pending_nb_cap * sizeof *pending_nb);
+    }
+    pending_nb = mem;
+    pending_nb_cap = bytes / sizeof *pending_nb;
+    return true;
+}
+
 /* owner's heap grants `accessor` access (driver mask, then existing mappings). */
 static void peer_apply(int owner, int accessor) {
     const driver_ops_t *drv = api_driver();
@@ -481,7 +511,7 @@ static void peer_apply(int owner, int accessor) {
 
 static void pending_flush(void) {
     pending_lock_take();
-    for (int i = 0; i < pending_nb_n; i++) {
+    for (size_t i = 0; i < pending_nb_n; i++) {
         heap_t *h = api_heap(pending_nb[i].dev);
         if (h) heap_stream_created(h, pending_nb[i].s, true);
     }
@@ -514,13 +544,13 @@ static void note_stream(int dev, cua_stream s, bool non_blocking) {
         }
     }
     pending_lock_take();
-    for (int i = 0; i < pending_nb_n; i++) {
+    for (size_t i = 0; i < pending_nb_n; i++) {
         if (pending_nb[i].s == s) {
             pending_nb[i] = pending_nb[--pending_nb_n];
             break;
         }
     }
-    if (non_blocking && pending_nb_n < PENDING_MAX) {
+    if (non_blocking && pending_reserve()) {
         pending_nb[pending_nb_n].s = s;
         pending_nb[pending_nb_n].dev = dev;
         pending_nb_n++;
@@ -537,8 +567,10 @@ static void note_stream(int dev, cua_stream s, bool non_blocking) {
 static void pending_forget_device(int dev) {
     if (!atomic_load_explicit(&pending_any, memory_order_relaxed)) return;
     pending_lock_take();
-    for (int i = 0; i < pending_nb_n; i++)
-        if (pending_nb[i].dev == dev) pending_nb[i--] = pending_nb[--pending_nb_n];
+    for (size_t i = 0; i < pending_nb_n;) {
+        if (pending_nb[i].dev == dev) pending_nb[i] = pending_nb[--pending_nb_n];
+        else i++;
+    }
     if (dev >= 0 && dev < CUALLOC_MAX_DEVICES) pending_nb_lost &= ~((uint64_t)1 << dev);
     pthread_mutex_unlock(&pending_lock);
 }
@@ -686,8 +718,10 @@ static release_t release_device_wide(const void *ptr) {
 static void streams_destroyed(cua_stream stream) {
     if (atomic_load_explicit(&pending_any, memory_order_relaxed)) {
         pending_lock_take();
-        for (int i = 0; i < pending_nb_n; i++)
-            if (pending_nb[i].s == stream) pending_nb[i--] = pending_nb[--pending_nb_n];
+        for (size_t i = 0; i < pending_nb_n;) {
+            if (pending_nb[i].s == stream) pending_nb[i] = pending_nb[--pending_nb_n];
+            else i++;
+        }
         pthread_mutex_unlock(&pending_lock);
     }
     if (!api_started()) return; /* no heap yet: the pending list was all there was to forget */

@@ -11,7 +11,8 @@
  *   --runtime-context  a thread's first runtime allocation leaves the primary context current
  *   --device-reset     allocations after a reset of the primary context are usable memory
  *   --runtime-calls    the driver calls a runtime allocation cualloc serves makes, counted
- *   --address-range    cuMemGetAddressRange of live, freed and foreign memory */
+ *   --address-range    cuMemGetAddressRange of live, freed and foreign memory
+ *   --streams-first    100 non-blocking streams created before cualloc starts, one capturing */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -360,6 +361,67 @@ static int address_range_main(gpa_fn gpa, void *lib) {
     return 0;
 }
 
+/* --streams-first: 100 non-blocking streams created with cuStreamCreate before cualloc starts (its
+ * first allocation), as PyTorch's stream pools make 64 and more per device: the front door must
+ * hand every one to the heap. A heap told of only some settles device-wide frees with a device
+ * synchronize, which invalidates a graph capture on a stream it was not told of; told of all, it
+ * sees the capture and synchronizes nothing. The stream created last captures while cuMemFree'd
+ * blocks are asked for again. */
+static int streams_first_main(gpa_fn gpa, void *lib) {
+    void *q;
+    init_fn cu_init;
+    retain_fn retain;
+    setcur_fn setcur;
+    alloc_fn mem_alloc;
+    free_fn mem_free;
+    CUresult (*stream_create)(CUstream *, unsigned);
+    CUresult (*stream_destroy)(CUstream);
+    LOOKUP(cu_init, "cuInit", 2000);
+    LOOKUP(retain, "cuDevicePrimaryCtxRetain", 7000);
+    LOOKUP(setcur, "cuCtxSetCurrent", 4000);
+    LOOKUP(mem_alloc, "cuMemAlloc", 3020);
+    LOOKUP(mem_free, "cuMemFree", 3020);
+    LOOKUP(stream_create, "cuStreamCreate", 12000);
+    LOOKUP(stream_destroy, "cuStreamDestroy", 12000);
+    CHECK_MSG(from_cualloc((void *)stream_create) && from_cualloc((void *)mem_alloc), "cualloc's entry points");
+    void (*set_capturing)(CUstream, int);
+    uint64_t (*captures_broken)(void);
+    calls_fn fake_calls;
+    void *p = dlsym(lib, "fakecuda_stream_set_capturing");
+    AS(set_capturing, p);
+    p = dlsym(lib, "fakecuda_captures_broken");
+    AS(captures_broken, p);
+    p = dlsym(lib, "fakecuda_calls");
+    AS(fake_calls, p);
+    CHECK_MSG(set_capturing && captures_broken && fake_calls, "fake helpers");
+    if (failures) return 1;
+    CUcontext ctx = NULL;
+    CHECK_MSG(cu_init(0) == 0 && retain(&ctx, 0) == 0 && setcur(ctx) == 0, "device 0's primary context");
+
+    enum { NB = 100 };
+    CUstream nbs[NB];
+    for (int i = 0; i < NB; i++)
+        CHECK_MSG(stream_create(&nbs[i], 1 /* CU_STREAM_NON_BLOCKING */) == 0 && nbs[i], "stream %d", i);
+    if (failures) return 1;
+    set_capturing(nbs[NB - 1], 1);
+    uint64_t broken0 = captures_broken(), syncs0 = fake_calls(OP_DEVICE_SYNC);
+    for (int i = 0; i < 8; i++) {
+        CUdeviceptr x = 0;
+        CHECK_MSG(mem_alloc(&x, 4 << 20) == 0 && x && mem_free(x) == 0, "cuMemAlloc and cuMemFree %d", i);
+    }
+    CHECK_MSG(allocs_now() == 8, "cualloc served %llu of 8", (unsigned long long)allocs_now());
+    CHECK_MSG(captures_broken() == broken0 && fake_calls(OP_DEVICE_SYNC) == syncs0,
+              "%llu captures invalidated, %llu device synchronizes while stream %d of %d captured: the heap was not "
+              "told of every stream created before cualloc started",
+              (unsigned long long)(captures_broken() - broken0), (unsigned long long)(fake_calls(OP_DEVICE_SYNC) - syncs0),
+              NB - 1, NB);
+    set_capturing(nbs[NB - 1], 0);
+    for (int i = 0; i < NB; i++) CHECK_MSG(stream_destroy(nbs[i]) == 0, "cuStreamDestroy %d", i);
+    if (failures) return 1;
+    printf("interpose_driver_prog --streams-first: all checks passed\n");
+    return 0;
+}
+
 /* Allocates n bytes with alloc and writes and reads them back through the driver (the fake checks
  * that the memory is mapped and accessible, so stale memory fails instead of crashing); frees them
  * unless keep. 0 when all of that succeeded, else a short reason. */
@@ -491,6 +553,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--stream-device") == 0) return stream_device_main(gpa);
     if (argc > 1 && strcmp(argv[1], "--device-reset") == 0) return device_reset_main(gpa, lib);
     if (argc > 1 && strcmp(argv[1], "--address-range") == 0) return address_range_main(gpa, lib);
+    if (argc > 1 && strcmp(argv[1], "--streams-first") == 0) return streams_first_main(gpa, lib);
 
     void *q;
     init_fn cuInit;
