@@ -14,8 +14,8 @@
 #define CUDA_LIBRARY "libcuda.so.1"
 #define CUDA_API_VERSION 12000 /* the ABI version asked of cuGetProcAddress */
 
-/* Context queries for the front doors' current_device and context_current (not in cuda_decls.h; same signatures as
- * cuda.h's cuCtxGetCurrent / cuCtxGetDevice). */
+/* Context queries for the front doors' current_device and context_current (not in cuda_decls.h;
+ * same signatures as cuda.h's cuCtxGetCurrent / cuCtxGetDevice). */
 typedef cua_result (*cua_pfn_cuCtxGetCurrent)(cua_ctx *ctx);
 typedef cua_result (*cua_pfn_cuCtxGetDevice)(cua_device *dev);
 

@@ -5,7 +5,9 @@
  * that forks while another of its threads registers a handler does so inside the registration.
  * A library that registered its handler lazily, at the first stream, under pthread_once, had a
  * child forked then wait forever on the once where it is not fork-aware (ThreadSanitizer's). */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <dlfcn.h>
 #include <stdint.h>
 #include <string.h>
