@@ -541,18 +541,11 @@ static block_t *coalesce_unmapped(heap_t *h, pool_t *p, block_t *b) {
     return b;
 }
 
-/* A new record for [addr, addr + size), linked into the address list between prev and next
- * (either may be NULL), in state `state`, tag `tag`, pool `pool`, in no index. NULL when no record
- * could be had (nothing is changed then). */
-static inline __attribute__((always_inline)) block_t *block_new(heap_t *h, uintptr_t addr, size_t size, block_t *prev,
-                                                               block_t *next, uint8_t state, unsigned tag, uint8_t pool) {
-    /* Every field set here, the unused ones to zero as slab_alloc would: one store each instead of
-     * a memset call and the stores. */
-    block_t *r = slab_alloc_uninit(&h->blocks);
-    if (__builtin_expect(!r, 0)) {
-        h->host_refused = HOST_RECORDS;
-        return NULL;
-    }
+/* Sets every field of record r for [addr, addr + size), in state `state`, tag `tag`, pool `pool`,
+ * in no index, between prev and next (not linked to them: the caller does that). The unused fields
+ * are zero, as slab_alloc would leave them: one store each instead of a memset call and the stores. */
+static inline __attribute__((always_inline)) void block_init(block_t *r, uintptr_t addr, size_t size, block_t *prev,
+                                                            block_t *next, uint8_t state, unsigned tag, uint8_t pool) {
     r->addr = addr;
     r->size = size;
     r->prev = prev;
@@ -567,6 +560,19 @@ static inline __attribute__((always_inline)) block_t *block_new(heap_t *h, uintp
     r->state = state;
     r->pool = pool;
     r->quick_hint = 0;
+}
+
+/* A new record for [addr, addr + size), linked into the address list between prev and next
+ * (either may be NULL), in state `state`, tag `tag`, pool `pool`, in no index. NULL when no record
+ * could be had (nothing is changed then). */
+static inline __attribute__((always_inline)) block_t *block_new(heap_t *h, uintptr_t addr, size_t size, block_t *prev,
+                                                               block_t *next, uint8_t state, unsigned tag, uint8_t pool) {
+    block_t *r = slab_alloc_uninit(&h->blocks);
+    if (__builtin_expect(!r, 0)) {
+        h->host_refused = HOST_RECORDS;
+        return NULL;
+    }
+    block_init(r, addr, size, prev, next, state, tag, pool);
     if (prev) prev->next = r;
     if (next) next->prev = r;
     return r;
@@ -1523,6 +1529,17 @@ static inline __attribute__((always_inline)) block_t *find_free_vmm(pool_t *p, u
     return (b && b->size < a->size) ? b : a;
 }
 
+/* find_free_vmm for the fast paths, for a tag that names a stream (so its index exists: slot_claim
+ * made it), without the out-of-line part of the search: SC_FIND_CUT where it would be needed. */
+static inline __attribute__((always_inline)) block_t *find_free_vmm_uncut(pool_t *p, unsigned tag, size_t rsize) {
+    const findex_t *own = p->index[tag], *any = p->index[TAG_ANY];
+    block_t *a = sizeclass_find_uncut(&own->sc, rsize);
+    block_t *b = any->sc.count ? sizeclass_find_uncut(&any->sc, rsize) : NULL;
+    if (__builtin_expect(a == SC_FIND_CUT || b == SC_FIND_CUT, 0)) return SC_FIND_CUT;
+    if (!a) return b;
+    return (b && b->size < a->size) ? b : a;
+}
+
 static block_t *find_free(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
     if (h->vmm) return find_free_vmm(p, tag, rsize);
     /* PyTorch's get_free_block, including its refusals under max_split_size. */
@@ -2027,22 +2044,36 @@ static __attribute__((noinline, cold)) void *unlock_wake_ptr(heap_t *h, void *re
 /* heap_malloc's fast path past the quick lists: every large allocation (large blocks are never
  * parked) and the small pool's misses. What alloc_after_miss does when the free indexes hold a
  * fitting block, for the fast path's case (VMM, 512 B rounding, the previous call's stream, not
- * recording), without its general checks and calls; no fit (flush, grow, release) goes there. One
- * body, compiled per pool (`pool` a constant). Lock held; released on return. */
+ * recording), without its general checks and calls: a search cut short (sizeclass_find_cut), a
+ * block that heads its segment (block_take splits it from the back), no record at hand
+ * (slab_alloc_at_hand) and no fit at all (flush, grow, release) go there, which searches again
+ * (nothing has changed meanwhile, so it finds the same block). Its only calls are tail calls, so it
+ * saves no registers. One body, compiled per pool (`pool` a constant). Lock held; released on
+ * return. */
 static inline __attribute__((always_inline)) void *alloc_indexed_fast(heap_t *h, pool_id_t pool, size_t size, size_t rsize,
                                                                      cua_stream stream) {
     pool_t *p = &h->pools[pool];
-    block_t *b = find_free_vmm(p, h->last_tag, rsize);
-    if (__builtin_expect(!b, 0)) return alloc_after_miss(h, p, stream, h->last_tag, size, rsize);
-    b = block_take(h, p, b, rsize, true);
-    if (__builtin_expect(!b, 0)) {
-        alloc_fail(h, stream, size, rsize);
-        return NULL;
+    unsigned tag = h->last_tag;
+    block_t *b = find_free_vmm_uncut(p, tag, rsize), *a;
+    if (__builtin_expect(!b || b == SC_FIND_CUT, 0)) return alloc_after_miss(h, p, stream, tag, size, rsize);
+    if (__builtin_expect(b->size == rsize, 0)) {
+        free_remove_in(h, p, b, true); /* an exact fit: block_take takes b whole */
+        a = b;
+    } else {
+        /* block_take's split: the front becomes a new record, b keeps the rest. */
+        block_t *prev = b->prev;
+        if (__builtin_expect(!prev, 0) || __builtin_expect(!(a = slab_alloc_at_hand(&h->blocks)), 0))
+            return alloc_after_miss(h, p, stream, tag, size, rsize);
+        uintptr_t addr = b->addr;
+        free_resize(h, p, b, addr + rsize, b->size - rsize);
+        block_init(a, addr, rsize, prev, b, BLOCK_FREE, b->tag, (uint8_t)pool);
+        prev->next = a;
+        b->prev = a;
     }
-    *granule_slot(h, pool, b->addr) = b;
-    account_alloc(h, b, b->size, size, stream);
+    *granule_slot(h, pool, a->addr) = a;
+    account_alloc(h, a, rsize, size, stream);
     update_inactive_split(h);
-    void *ptr = (void *)b->addr;
+    void *ptr = (void *)a->addr;
     if (__builtin_expect(cua_unlock_nowake(&h->lock), 0)) return unlock_wake_ptr(h, ptr);
     return ptr;
 }

@@ -277,6 +277,21 @@ typedef struct slab_s {
 void slab_init(slab_t *s, size_t rec_size);
 void *slab_alloc(slab_t *s);   /* zeroed record, or NULL when mmap fails */
 void *slab_alloc_uninit(slab_t *s); /* the same, its contents unspecified (the caller sets them all) */
+/* slab_alloc_uninit where that needs no call: a record from the free list, NULL when it is empty
+ * (slab_alloc_uninit would then carve one, or map a slab). Inline, for the heap's fast paths, which
+ * take the general path when it gives none. Malloc builds: slab_alloc_uninit itself. */
+static inline void *slab_alloc_at_hand(slab_t *s) {
+#ifdef CUALLOC_SLAB_MALLOC
+    return slab_alloc_uninit(s);
+#else
+    void *r = s->free_list;
+    if (r) {
+        s->free_list = *(void **)r;
+        s->live++;
+    }
+    return r;
+#endif
+}
 void slab_free(slab_t *s, void *rec);
 void slab_destroy(slab_t *s);  /* returns every slab to the system */
 /* Number of invariant violations, each described on `report` (may be NULL). 0 in malloc builds. */
@@ -504,10 +519,11 @@ static inline unsigned sizeclass_above(const sizeclass_t *sc, unsigned fl, unsig
  * the first block of the next non-empty bin if that bin is the adjacent one; otherwise a fit in
  * the rest of the own bin is closer than anything above, so the rest is scanned first. */
 block_t *sizeclass_find_cut(const sizeclass_t *sc, unsigned fl, unsigned sl, size_t size);
-/* A block of size >= size: the best fit among a few of the request's own bin, else the first of
- * the next non-empty bin (every block there is larger), so at most one bin above the best fit's
- * (sizeclass_find_cut). NULL when none. Does not remove it. */
-static inline __attribute__((always_inline)) block_t *sizeclass_find(const sizeclass_t *sc, size_t size) {
+/* sizeclass_find without its out-of-line part, for the heap's fast paths, which make no calls that
+ * return to them: SC_FIND_CUT where the scan of the own bin was cut short (sizeclass_find then
+ * calls sizeclass_find_cut), else sizeclass_find's answer. */
+#define SC_FIND_CUT ((block_t *)(uintptr_t)1)
+static inline __attribute__((always_inline)) block_t *sizeclass_find_uncut(const sizeclass_t *sc, size_t size) {
     unsigned fl, sl;
     sizeclass_mapping(size, &fl, &sl);
     if (!sc->fl_bitmap) return NULL;
@@ -519,9 +535,21 @@ static inline __attribute__((always_inline)) block_t *sizeclass_find(const sizec
         if (b->size > size && (!best || b->size < best->size)) best = b;
     }
     if (best) return best;
-    if (__builtin_expect(scanned == SC_OWN_BIN_SCAN, 0)) return sizeclass_find_cut(sc, fl, sl, size);
+    if (__builtin_expect(scanned == SC_OWN_BIN_SCAN, 0)) return SC_FIND_CUT;
     unsigned above = sizeclass_above(sc, fl, sl);
     return above ? sc->bins[above] : NULL;
+}
+/* A block of size >= size: the best fit among a few of the request's own bin, else the first of
+ * the next non-empty bin (every block there is larger), so at most one bin above the best fit's
+ * (sizeclass_find_cut). NULL when none. Does not remove it. */
+static inline __attribute__((always_inline)) block_t *sizeclass_find(const sizeclass_t *sc, size_t size) {
+    block_t *b = sizeclass_find_uncut(sc, size);
+    if (__builtin_expect(b == SC_FIND_CUT, 0)) {
+        unsigned fl, sl;
+        sizeclass_mapping(size, &fl, &sl);
+        return sizeclass_find_cut(sc, fl, sl, size);
+    }
+    return b;
 }
 /* The largest block (scans the top non-empty bin). NULL when empty. */
 block_t *sizeclass_largest(const sizeclass_t *sc);
