@@ -475,13 +475,19 @@ static block_t *coalesce_free(heap_t *h, pool_t *p, block_t *b) { return coalesc
  * again (sizeclass_find's choice among equals depends on that order); when the size stays in its
  * bin and b heads it already, no list or bitmap is touched. Carving an allocation off a free block
  * and merging a freed block into a free neighbour both come down to this. */
-static inline __attribute__((always_inline)) void free_resize(heap_t *h, pool_t *p, block_t *b, uintptr_t addr, size_t size) {
+static inline __attribute__((always_inline)) void free_resize_in(heap_t *h, pool_t *p, block_t *b, uintptr_t addr,
+                                                                 size_t size, bool only /* b is its index's only block */) {
     size_t old_rel = b->releasable, rel = vmm_releasable(p, addr, size);
     p->releasable += rel - old_rel;
     h->stats.inactive_split_bytes += (size - rel) - (b->size - old_rel);
     b->releasable = rel;
     b->addr = addr;
-    sizeclass_resize(&p->index[b->tag]->sc, b, size);
+    if (only) sizeclass_resize_only(&p->index[b->tag]->sc, b, size);
+    else sizeclass_resize(&p->index[b->tag]->sc, b, size);
+}
+
+static inline __attribute__((always_inline)) void free_resize(heap_t *h, pool_t *p, block_t *b, uintptr_t addr, size_t size) {
+    free_resize_in(h, p, b, addr, size, false);
 }
 
 /* VMM: what coalesce_free and free_insert do together for a just-freed block b (FREE, in no index),
@@ -515,7 +521,8 @@ static inline __attribute__((always_inline)) block_t *coalesce_insert_vmm(heap_t
         if (next_free && n->tag == tag && pr && !(pr->state == BLOCK_FREE && tags_compatible(pr->tag, tag))) {
             pr->next = n;
             n->prev = pr;
-            free_resize(h, p, n, b->addr, b->size + n->size);
+            if (p->index[tag]->sc.count == 1) free_resize_in(h, p, n, b->addr, b->size + n->size, true);
+            else free_resize(h, p, n, b->addr, b->size + n->size);
             slab_free(&h->blocks, b);
             return n;
         }
@@ -2054,7 +2061,24 @@ static inline __attribute__((always_inline)) void *alloc_indexed_fast(heap_t *h,
                                                                      cua_stream stream) {
     pool_t *p = &h->pools[pool];
     unsigned tag = h->last_tag;
-    block_t *b = find_free_vmm_uncut(p, tag, rsize), *a;
+    const findex_t *own = p->index[tag];
+    block_t *b, *a;
+    if (pool == POOL_LARGE && own->sc.count == 1 && !p->index[TAG_ANY]->sc.count) {
+        /* The tag's index holds one block and the settled one none: a training step's large
+         * remainder. That block is what find_free_vmm would find if it fits, and it has the
+         * index to itself (sizeclass_resize_only). */
+        b = sizeclass_only(&own->sc);
+        if (__builtin_expect(b->size > rsize && b->prev != NULL, 1) && (a = slab_alloc_at_hand(&h->blocks))) {
+            uintptr_t addr = b->addr;
+            block_t *prev = b->prev;
+            free_resize_in(h, p, b, addr + rsize, b->size - rsize, true);
+            block_init(a, addr, rsize, prev, b, BLOCK_FREE, b->tag, (uint8_t)pool);
+            prev->next = a;
+            b->prev = a;
+            goto taken;
+        }
+    }
+    b = find_free_vmm_uncut(p, tag, rsize);
     if (__builtin_expect(!b || b == SC_FIND_CUT, 0)) return alloc_after_miss(h, p, stream, tag, size, rsize);
     if (__builtin_expect(b->size == rsize, 0)) {
         free_remove_in(h, p, b, true); /* an exact fit: block_take takes b whole */
@@ -2070,6 +2094,7 @@ static inline __attribute__((always_inline)) void *alloc_indexed_fast(heap_t *h,
         prev->next = a;
         b->prev = a;
     }
+taken:
     *granule_slot(h, pool, a->addr) = a;
     account_alloc(h, a, rsize, size, stream);
     update_inactive_split(h);

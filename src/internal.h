@@ -501,6 +501,29 @@ static inline void sizeclass_resize(sizeclass_t *sc, block_t *b, size_t size) {
     sizeclass_unlink(sc, b);
     sizeclass_link(sc, b, fl, sl);
 }
+/* sizeclass_resize where b is the index's only block (count == 1), so that its bin's bits are the
+ * bitmaps' only ones and nothing else is in its lists: the bitmaps and bins are written, not read.
+ * The large pool's free remainder in a training step, carved and merged back, is such a block,
+ * and crosses bins on most of those changes. */
+static inline __attribute__((always_inline)) void sizeclass_resize_only(sizeclass_t *sc, block_t *b, size_t size) {
+    unsigned fl, sl;
+    sizeclass_mapping(size, &fl, &sl);
+    sc->bytes = size;
+    b->size = size;
+    unsigned bin = SC_BIN(fl, sl), old = b->bin;
+    if (old == bin) return;
+    sc->bins[old] = NULL;
+    sc->sl_bitmap[old / SC_SL_COUNT] = 0; /* before the new level's bit: the level may be the same */
+    sc->sl_bitmap[fl] = 1u << sl;
+    sc->fl_bitmap = 1ull << fl;
+    sc->bins[bin] = b;
+    b->bin = (uint16_t)bin;
+}
+/* The index's only block, when it has exactly one (count == 1): the bitmaps' only bits name its bin. */
+static inline block_t *sizeclass_only(const sizeclass_t *sc) {
+    unsigned fl = (unsigned)__builtin_ctzll(sc->fl_bitmap);
+    return sc->bins[SC_BIN(fl, (unsigned)__builtin_ctz(sc->sl_bitmap[fl]))];
+}
 /* How many blocks of the request's own bin are examined for a closer fit before moving on to the
  * next non-empty bin, whose every block is large enough. Bounds search at O(1) but in the case
  * below. */

@@ -96,6 +96,73 @@ static void test_sizeclass(rng_t *r) {
     CORRUPT(sizeclass_check(&sc, NULL), second->link.list.next_free, second, "a block linked to itself");
 }
 
+/* Resizing a block in place (sizeclass_resize, and sizeclass_resize_only while it is the index's
+ * only block) leaves the index exactly as removing it and inserting it at the new size would: the
+ * same blocks in the same order in every bin, the same bitmaps and totals. Two indexes over twin
+ * blocks, one resized in place, the other removed and inserted, compared after every step; sizes
+ * cross bins and first levels, and the index often holds a single block. */
+static block_t twins[N];
+
+static void expect_same_index(const sizeclass_t *a, const sizeclass_t *b, int step) {
+    EXPECT(a->fl_bitmap == b->fl_bitmap && a->count == b->count && a->bytes == b->bytes,
+           "step %d: bitmap, count or bytes differ from remove and insert", step);
+    for (unsigned fl = 0; fl < SC_FL_COUNT; fl++) {
+        EXPECT(a->sl_bitmap[fl] == b->sl_bitmap[fl], "step %d: level %u's bitmap differs", step, fl);
+        for (unsigned sl = 0; sl < SC_SL_COUNT; sl++) {
+            const block_t *x = a->bins[SC_BIN(fl, sl)], *y = b->bins[SC_BIN(fl, sl)];
+            for (; x && y; x = x->link.list.next_free, y = y->link.list.next_free)
+                EXPECT(x - blocks == y - twins, "step %d: bin (%u, %u) holds another block or order", step, fl, sl);
+            EXPECT(!x && !y, "step %d: bin (%u, %u) has another length", step, fl, sl);
+        }
+    }
+}
+
+static void test_sizeclass_resize(rng_t *r) {
+    enum { LIVE = 3 }; /* few blocks, so that one alone in the index is common */
+    sizeclass_t a, b;
+    sizeclass_init(&a);
+    sizeclass_init(&b);
+    memset(in_index, 0, sizeof in_index);
+    memset(blocks, 0, sizeof blocks);
+    memset(twins, 0, sizeof twins);
+    int only_resizes = 0;
+    for (int step = 0; step < 20000; step++) {
+        int i = (int)rng_below(r, LIVE);
+        /* Large and small sizes, and steps of a few MiB around a large remainder's size. */
+        size_t size = rng_below(r, 4) == 0 ? (rng_below(r, 64) + 1) * 512
+                      : rng_below(r, 2)    ? (rng_below(r, 1u << 20) + 1) * 512
+                                           : ((size_t)64 << 20) + (rng_below(r, 48) + 1) * ((size_t)1 << 20);
+        if (!in_index[i] && rng_below(r, 4) != 0) {
+            /* nothing: blocks enter a quarter as often as they leave, so one is often alone */
+        } else if (!in_index[i] || rng_below(r, 3) == 0) {
+            if (in_index[i]) {
+                sizeclass_remove(&a, &blocks[i]);
+                sizeclass_remove(&b, &twins[i]);
+            } else {
+                blocks[i].addr = twins[i].addr = (uintptr_t)(i + 1) << 30;
+                blocks[i].size = twins[i].size = size;
+                sizeclass_insert(&a, &blocks[i]);
+                sizeclass_insert(&b, &twins[i]);
+            }
+            in_index[i] = !in_index[i];
+        } else {
+            if (a.count == 1) {
+                EXPECT(sizeclass_only(&a) == &blocks[i], "step %d: sizeclass_only is not the one block", step);
+                sizeclass_resize_only(&a, &blocks[i], size);
+                only_resizes++;
+            } else {
+                sizeclass_resize(&a, &blocks[i], size);
+            }
+            sizeclass_remove(&b, &twins[i]);
+            twins[i].size = size;
+            sizeclass_insert(&b, &twins[i]);
+        }
+        EXPECT(sizeclass_check(&a, stderr) == 0, "sizeclass_check after step %d", step);
+        expect_same_index(&a, &b, step);
+    }
+    EXPECT(only_resizes > 1000, "the single-block case came up %d times", only_resizes);
+}
+
 /* The own bin's scan is cut short (more than SC_OWN_BIN_SCAN blocks too small, then the fit) and
  * the next non-empty bin is far above: the fit further down the own bin is found, not a block two
  * bins up. With the adjacent bin non-empty instead, its first block is good enough (one bin). */
@@ -331,6 +398,7 @@ int main(void) {
     rng_t r = {test_seed("test_index")};
     test_mapping();
     test_sizeclass(&r);
+    test_sizeclass_resize(&r);
     test_sizeclass_cut_scan();
     test_tree(&r);
     test_ptrmap(&r);

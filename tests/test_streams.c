@@ -42,6 +42,46 @@ static void test_same_stream_reuse(void) {
     sim_stream_destroy(s);
 }
 
+/* Training steps on one stream: the same large sizes allocated in order and freed in reverse, step
+ * after step. The large pool's free remainder is then its index's only block, carved and merged back
+ * across bins (the fast paths' sizeclass_resize_only). Every step places the blocks where the first
+ * did, the heap checks after every call, and the statistics are exact at each step's peak and end. */
+static void test_training_steps(void) {
+    enum { SIZES = 24, STEPS = 30 };
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:1024", &c);
+    cua_stream s = sim_stream_create(0, true);
+    size_t size[SIZES], rounded = 0, requested = 0;
+    void *first[SIZES], *p[SIZES];
+    for (int i = 0; i < SIZES; i++) {
+        size[i] = ((size_t)1 << 20) + 1 + (size_t)i * 467 * 1024; /* 1 MiB + 1 B .. about 11.5 MiB */
+        requested += size[i];
+        rounded += (size[i] + 511) & ~(size_t)511;
+    }
+    cualloc_stats before = stats(h);
+    for (int step = 0; step < STEPS; step++) {
+        for (int i = 0; i < SIZES; i++) {
+            p[i] = must_alloc(h, size[i], s);
+            if (step == 0) first[i] = p[i];
+            EXPECT(p[i] == first[i], "step %d: block %d moved from %p to %p", step, i, first[i], p[i]);
+        }
+        cualloc_stats peak = stats(h);
+        EXPECT(peak.allocated_bytes == before.allocated_bytes + rounded &&
+                   peak.requested_bytes == before.requested_bytes + requested,
+               "step %d: allocated %zu, requested %zu at the peak", step, peak.allocated_bytes, peak.requested_bytes);
+        for (int i = SIZES; i-- > 0;) must_free(h, p[i], s);
+        cualloc_stats end = stats(h);
+        EXPECT(end.allocated_bytes == before.allocated_bytes && end.requested_bytes == before.requested_bytes &&
+                   end.num_allocs == before.num_allocs + (uint64_t)(step + 1) * SIZES &&
+                   end.num_frees == before.num_frees + (uint64_t)(step + 1) * SIZES &&
+                   end.allocated_peak == before.allocated_bytes + rounded &&
+                   end.requested_peak == before.requested_bytes + requested,
+               "step %d: the statistics after the frees", step);
+    }
+    heap_destroy(h);
+    sim_stream_destroy(s);
+}
+
 static void test_cross_stream_waits_for_event(void) {
     conf_t c;
     heap_t *h = test_sim_heap("sim_memory_mb:64", &c);
@@ -991,6 +1031,7 @@ int main(void) {
     test_split_coalesce("sim_memory_mb:64,expandable_segments:0");
     test_max_split_bounded();
     test_same_stream_reuse();
+    test_training_steps();
     test_cross_stream_waits_for_event();
     test_event_covers_only_earlier_frees();
     test_stream_generations();
