@@ -2061,20 +2061,41 @@ static inline __attribute__((always_inline)) void *alloc_indexed_fast(heap_t *h,
                                                                      cua_stream stream) {
     pool_t *p = &h->pools[pool];
     unsigned tag = h->last_tag;
-    const findex_t *own = p->index[tag];
+    findex_t *own = p->index[tag];
     block_t *b, *a;
     if (pool == POOL_LARGE && own->sc.count == 1 && !p->index[TAG_ANY]->sc.count) {
         /* The tag's index holds one block and the settled one none: a training step's large
          * remainder. That block is what find_free_vmm would find if it fits, and it has the
          * index to itself (sizeclass_resize_only). */
         b = sizeclass_only(&own->sc);
-        if (__builtin_expect(b->size > rsize && b->prev != NULL, 1) && (a = slab_alloc_at_hand(&h->blocks))) {
+        block_t *r;
+        if (__builtin_expect(b->size > rsize, 1) && __builtin_expect((r = slab_alloc_at_hand(&h->blocks)) != NULL, 1)) {
             uintptr_t addr = b->addr;
+            size_t rest = b->size - rsize;
             block_t *prev = b->prev;
-            free_resize_in(h, p, b, addr + rsize, b->size - rsize, true);
-            block_init(a, addr, rsize, prev, b, BLOCK_FREE, b->tag, (uint8_t)pool);
-            prev->next = a;
-            b->prev = a;
+            if (__builtin_expect(prev != NULL, 1)) {
+                /* block_take's split: the front becomes the new record, b keeps the rest. */
+                a = r;
+                prev->next = a;
+                b->prev = a;
+                free_resize_in(h, p, b, addr + rsize, rest, true);
+                block_init(a, addr, rsize, prev, b, BLOCK_FREE, b->tag, (uint8_t)pool);
+            } else {
+                /* b heads its segment, whose first record stays with it (block_t): block_take
+                 * splits the rest off into the new record, which takes b's place as the index's
+                 * only block (as b's size and releasable bytes, then resized: the accounting of
+                 * removing b and inserting the rest). */
+                a = b;
+                block_init(r, addr + rsize, b->size, b, b->next, BLOCK_FREE, b->tag, (uint8_t)pool);
+                r->releasable = b->releasable;
+                r->bin = b->bin;
+                r->gc_base = p->free_block_searches;
+                own->sc.bins[b->bin] = r;
+                if (b->next) b->next->prev = r;
+                b->next = r;
+                b->size = rsize;
+                free_resize_in(h, p, r, addr + rsize, rest, true);
+            }
             goto taken;
         }
     }
