@@ -2057,49 +2057,21 @@ static __attribute__((noinline, cold)) void *unlock_wake_ptr(heap_t *h, void *re
  * (nothing has changed meanwhile, so it finds the same block). Its only calls are tail calls, so it
  * saves no registers. One body, compiled per pool (`pool` a constant). Lock held; released on
  * return. */
+/* The end of the fast paths' allocations, block a accounted (account_alloc): its live entry, the
+ * peak, unlock. */
+static inline __attribute__((always_inline)) void *alloc_fast_finish(heap_t *h, pool_id_t pool, block_t *a) {
+    *granule_slot(h, pool, a->addr) = a;
+    update_inactive_split(h);
+    void *ptr = (void *)a->addr;
+    if (__builtin_expect(cua_unlock_nowake(&h->lock), 0)) return unlock_wake_ptr(h, ptr);
+    return ptr;
+}
+
 static inline __attribute__((always_inline)) void *alloc_indexed_fast(heap_t *h, pool_id_t pool, size_t size, size_t rsize,
                                                                      cua_stream stream) {
     pool_t *p = &h->pools[pool];
     unsigned tag = h->last_tag;
-    findex_t *own = p->index[tag];
-    block_t *b, *a;
-    if (pool == POOL_LARGE && own->sc.count == 1 && !p->index[TAG_ANY]->sc.count) {
-        /* The tag's index holds one block and the settled one none: a training step's large
-         * remainder. That block is what find_free_vmm would find if it fits, and it has the
-         * index to itself (sizeclass_resize_only). */
-        b = sizeclass_only(&own->sc);
-        block_t *r;
-        if (__builtin_expect(b->size > rsize, 1) && __builtin_expect((r = slab_alloc_at_hand(&h->blocks)) != NULL, 1)) {
-            uintptr_t addr = b->addr;
-            size_t rest = b->size - rsize;
-            block_t *prev = b->prev;
-            if (__builtin_expect(prev != NULL, 1)) {
-                /* block_take's split: the front becomes the new record, b keeps the rest. */
-                a = r;
-                prev->next = a;
-                b->prev = a;
-                free_resize_in(h, p, b, addr + rsize, rest, true);
-                block_init(a, addr, rsize, prev, b, BLOCK_FREE, b->tag, (uint8_t)pool);
-            } else {
-                /* b heads its segment, whose first record stays with it (block_t): block_take
-                 * splits the rest off into the new record, which takes b's place as the index's
-                 * only block (as b's size and releasable bytes, then resized: the accounting of
-                 * removing b and inserting the rest). */
-                a = b;
-                block_init(r, addr + rsize, b->size, b, b->next, BLOCK_FREE, b->tag, (uint8_t)pool);
-                r->releasable = b->releasable;
-                r->bin = b->bin;
-                r->gc_base = p->free_block_searches;
-                own->sc.bins[b->bin] = r;
-                if (b->next) b->next->prev = r;
-                b->next = r;
-                b->size = rsize;
-                free_resize_in(h, p, r, addr + rsize, rest, true);
-            }
-            goto taken;
-        }
-    }
-    b = find_free_vmm_uncut(p, tag, rsize);
+    block_t *b = find_free_vmm_uncut(p, tag, rsize), *a;
     if (__builtin_expect(!b || b == SC_FIND_CUT, 0)) return alloc_after_miss(h, p, stream, tag, size, rsize);
     if (__builtin_expect(b->size == rsize, 0)) {
         free_remove_in(h, p, b, true); /* an exact fit: block_take takes b whole */
@@ -2115,17 +2087,56 @@ static inline __attribute__((always_inline)) void *alloc_indexed_fast(heap_t *h,
         prev->next = a;
         b->prev = a;
     }
-taken:
-    *granule_slot(h, pool, a->addr) = a;
     account_alloc(h, a, rsize, size, stream);
-    update_inactive_split(h);
-    void *ptr = (void *)a->addr;
-    if (__builtin_expect(cua_unlock_nowake(&h->lock), 0)) return unlock_wake_ptr(h, ptr);
-    return ptr;
+    return alloc_fast_finish(h, pool, a);
 }
 
-static __attribute__((noinline)) void *alloc_large_fast(heap_t *h, size_t size, size_t rsize, cua_stream stream) {
+static __attribute__((noinline)) void *alloc_large_indexed(heap_t *h, size_t size, size_t rsize, cua_stream stream) {
     return alloc_indexed_fast(h, POOL_LARGE, size, rsize, stream);
+}
+
+/* heap_malloc's large allocations. When the tag's index holds one block and the settled one none
+ * (a training step's large remainder), that block is what find_free_vmm would find if it fits,
+ * and it has the index to itself (sizeclass_resize_only): it is carved here, without a search;
+ * everything else is alloc_indexed_fast's (a tail call: this path keeps few values, so that it
+ * saves few registers). */
+static __attribute__((noinline)) void *alloc_large_fast(heap_t *h, size_t size, size_t rsize, cua_stream stream) {
+    pool_t *p = &h->pools[POOL_LARGE];
+    findex_t *own = p->index[h->last_tag];
+    if (own->sc.count != 1 || p->index[TAG_ANY]->sc.count) return alloc_large_indexed(h, size, rsize, stream);
+    block_t *b = sizeclass_only(&own->sc), *r, *a;
+    if (__builtin_expect(b->size <= rsize, 0) || __builtin_expect(!(r = slab_alloc_at_hand(&h->blocks)), 0))
+        return alloc_large_indexed(h, size, rsize, stream);
+    uintptr_t addr = b->addr;
+    size_t rest = b->size - rsize;
+    block_t *prev = b->prev;
+    if (__builtin_expect(prev != NULL, 1)) {
+        /* block_take's split: the front becomes the new record, b keeps the rest. */
+        /* (The new record is accounted first: the request's size and stream are then done with.) */
+        a = r;
+        block_init(a, addr, rsize, prev, b, BLOCK_FREE, b->tag, POOL_LARGE);
+        account_alloc(h, a, rsize, size, stream);
+        prev->next = a;
+        b->prev = a;
+        free_resize_in(h, p, b, addr + rsize, rest, true);
+    } else {
+        /* b heads its segment, whose first record stays with it (block_t): block_take splits the
+         * rest off into the new record, which takes b's place as the index's only block (as b's
+         * size and releasable bytes, then resized: the accounting of removing b and inserting the
+         * rest). */
+        a = b;
+        block_init(r, addr + rsize, b->size, b, b->next, BLOCK_FREE, b->tag, POOL_LARGE);
+        r->releasable = b->releasable;
+        r->bin = b->bin;
+        r->gc_base = p->free_block_searches;
+        own->sc.bins[b->bin] = r;
+        if (b->next) b->next->prev = r;
+        b->next = r;
+        b->size = rsize;
+        free_resize_in(h, p, r, addr + rsize, rest, true);
+        account_alloc(h, a, rsize, size, stream);
+    }
+    return alloc_fast_finish(h, POOL_LARGE, a);
 }
 
 static __attribute__((noinline)) void *alloc_small_fast_miss(heap_t *h, size_t size, size_t rsize, cua_stream stream) {
