@@ -521,8 +521,7 @@ static inline __attribute__((always_inline)) block_t *coalesce_insert_vmm(heap_t
         if (next_free && n->tag == tag && pr && !(pr->state == BLOCK_FREE && tags_compatible(pr->tag, tag))) {
             pr->next = n;
             n->prev = pr;
-            if (p->index[tag]->sc.count == 1) free_resize_in(h, p, n, b->addr, b->size + n->size, true);
-            else free_resize(h, p, n, b->addr, b->size + n->size);
+            free_resize(h, p, n, b->addr, b->size + n->size);
             slab_free(&h->blocks, b);
             return n;
         }
@@ -2309,10 +2308,21 @@ static __attribute__((noinline)) bool free_locked(heap_t *h, block_t *b, cua_str
  * without its general checks and calls. `slot`: b's in by_granule. Lock held; released on return. */
 static __attribute__((noinline)) bool free_large_fast(heap_t *h, block_t *b, block_t **slot) {
     pool_t *p = &h->pools[POOL_LARGE];
+    unsigned tag = h->last_tag;
     account_free(h, b, b->size);
-    free_tag(b, h->last_tag);
     *slot = NULL;
-    free_into_index(h, p, b, true); /* (the fast stream is VMM's) */
+    block_t *pr = b->prev, *n = b->next;
+    if (n && n->state == BLOCK_FREE && n->tag == tag && pr && pr->state != BLOCK_FREE && p->index[tag]->sc.count == 1) {
+        /* coalesce_insert_vmm's merge into the upper neighbour, which is its index's only block (a
+         * training step's large remainder, merged back): resized by sizeclass_resize_only. */
+        pr->next = n;
+        n->prev = pr;
+        free_resize_in(h, p, n, b->addr, b->size + n->size, true);
+        slab_free(&h->blocks, b);
+    } else {
+        free_tag(b, tag);
+        free_into_index(h, p, b, true); /* (the fast stream is VMM's) */
+    }
     update_inactive_split(h);
     if (__builtin_expect(cua_unlock_nowake(&h->lock), 0)) return unlock_wake_true(h);
     return true;
