@@ -623,11 +623,12 @@ static inline bool quick_room(const quick_t *q, uint64_t key) {
     return !q->head || (q->key == key && q->count < QUICK_DEPTH);
 }
 
-/* Parks b (size bytes, tag final) on list i, which has room and whose key is b's already (kept
- * when it empties), and b->quick_hint == i: the free path's case when the hint names the list. */
-static inline __attribute__((always_inline)) void quick_link(heap_t *h, block_t *b, size_t size, unsigned i) {
-    quick_t *q = &h->quick[i];
+/* Parks b (size bytes, tag final) on list q, which has room and whose key is b's already (kept
+ * when it empties), and b->quick_hint is q's index: the free path's case when the hint names the
+ * list. */
+static inline __attribute__((always_inline)) void quick_link(heap_t *h, block_t *b, size_t size, quick_t *q) {
     if (!q->head) {
+        unsigned i = (unsigned)(q - h->quick); /* (only here: the free path keeps q, not i) */
         q->ref = false;
         h->quick_nonempty[i / 64] |= (uint64_t)1 << (i % 64);
     }
@@ -642,7 +643,7 @@ static inline __attribute__((always_inline)) void quick_link(heap_t *h, block_t 
 static inline void quick_park(heap_t *h, block_t *b, size_t size, unsigned i, uint64_t key) {
     if (!h->quick[i].head) h->quick[i].key = key;
     b->quick_hint = (uint16_t)i;
-    quick_link(h, b, size, i);
+    quick_link(h, b, size, &h->quick[i]);
 }
 
 /* Parks a just-freed block (tag and size final) on its quick list; false when the bucket is taken
@@ -2363,9 +2364,10 @@ static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, vo
          * the right bucket (keys are set only on their own bucket, and stay when it empties), so
          * no hash is needed, and the list is empty or holds that key: its count decides. */
         unsigned i = b->quick_hint;
-        bool hinted = h->quick[i].key == key, room;
+        quick_t *q = &h->quick[i];
+        bool hinted = q->key == key, room;
         if (__builtin_expect(hinted, 1)) {
-            room = h->quick[i].count < QUICK_DEPTH;
+            room = q->count < QUICK_DEPTH;
         } else {
             i = quick_index_hashed(size, h->last_tag_hash);
             room = quick_room(&h->quick[i], key);
@@ -2374,7 +2376,7 @@ static inline __attribute__((always_inline)) bool heap_free_locked(heap_t *h, vo
             /* (b is the small pool's: the fast stream is VMM's, and b is not large) */
             account_free(h, b, size);
             free_tag(b, tag);
-            if (__builtin_expect(hinted, 1)) quick_link(h, b, size, i); /* keeps its slot */
+            if (__builtin_expect(hinted, 1)) quick_link(h, b, size, q); /* keeps its slot */
             else quick_park(h, b, size, i, key);
             update_inactive_split(h);
             if (__builtin_expect(cua_unlock_nowake(&h->lock), 0)) return unlock_wake_true(h);
