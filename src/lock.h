@@ -1,7 +1,10 @@
 /* lock.h — the heap lock: a three-state futex mutex (0 free, 1 held, 2 held with waiters), so the
  * uncontended lock and unlock are one atomic instruction each (glibc's mutex costs several times
  * that on the allocation fast path). Contended waiters spin briefly, then sleep in the kernel.
- * Acquire/release atomics make it visible to ThreadSanitizer. Not recursive. */
+ * Acquire/release atomics make it visible to ThreadSanitizer. Not recursive. It is the mutex of
+ * Drepper's "Futexes Are Tricky" (mutex3): unlock decrements, and only a result other than 0
+ * (there were waiters: the state was 2, now 1) stores 0 and wakes one; a locker never leaves the
+ * state at 1 while it sleeps (it sets 2 before waiting), so none sleeps through that store. */
 #ifndef CUALLOC_LOCK_H
 #define CUALLOC_LOCK_H
 
@@ -57,16 +60,18 @@ static inline bool cua_trylock(cua_lock_t *l) {
 }
 
 /* Releases the lock without waking a waiter: true when one sleeps, and the caller must then call
- * cua_wake (out of line, for the reason above). */
+ * cua_wake (out of line, for the reason above). The uncontended case is one decrement whose result
+ * the branch reads (lock sub, jne), where an exchange needed its result compared. */
 static inline bool cua_unlock_nowake(cua_lock_t *l) {
-    return atomic_exchange_explicit(&l->state, 0, memory_order_release) == 2;
+    if (__builtin_expect(atomic_fetch_sub_explicit(&l->state, 1, memory_order_release) == 1, 1)) return false;
+    atomic_store_explicit(&l->state, 0, memory_order_release);
+    return true;
 }
 
 static inline void cua_wake(cua_lock_t *l) { syscall(SYS_futex, &l->state, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0); }
 
 static inline void cua_unlock(cua_lock_t *l) {
-    if (__builtin_expect(atomic_exchange_explicit(&l->state, 0, memory_order_release) == 2, 0))
-        syscall(SYS_futex, &l->state, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    if (__builtin_expect(cua_unlock_nowake(l), 0)) cua_wake(l);
 }
 
 #endif
