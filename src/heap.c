@@ -2048,15 +2048,6 @@ static inline void *alloc_finish(heap_t *h, pool_t *p, block_t *b, cua_stream st
 
 static __attribute__((noinline, cold)) void *unlock_wake_ptr(heap_t *h, void *ret);
 
-/* heap_malloc's fast path past the quick lists: every large allocation (large blocks are never
- * parked) and the small pool's misses. What alloc_after_miss does when the free indexes hold a
- * fitting block, for the fast path's case (VMM, 512 B rounding, the previous call's stream, not
- * recording), without its general checks and calls: a search cut short (sizeclass_find_cut), a
- * block that heads its segment (block_take splits it from the back), no record at hand
- * (slab_alloc_at_hand) and no fit at all (flush, grow, release) go there, which searches again
- * (nothing has changed meanwhile, so it finds the same block). Its only calls are tail calls, so it
- * saves no registers. One body, compiled per pool (`pool` a constant). Lock held; released on
- * return. */
 /* The end of the fast paths' allocations, block a accounted (account_alloc): its live entry, the
  * peak, unlock. */
 static inline __attribute__((always_inline)) void *alloc_fast_finish(heap_t *h, pool_id_t pool, block_t *a) {
@@ -2067,6 +2058,15 @@ static inline __attribute__((always_inline)) void *alloc_fast_finish(heap_t *h, 
     return ptr;
 }
 
+/* heap_malloc's fast path past the quick lists: the small pool's misses, and the large allocations
+ * alloc_large_fast does not serve itself (large blocks are never parked). What alloc_after_miss
+ * does when the free indexes hold a fitting block, for the fast path's case (VMM, 512 B rounding,
+ * the previous call's stream, not recording), without its general checks and calls: a search cut
+ * short (sizeclass_find_cut), a block that heads its segment (block_take splits it from the back),
+ * no record at hand (slab_alloc_at_hand) and no fit at all (flush, grow, release) go there, which
+ * searches again (nothing has changed meanwhile, so it finds the same block). Its only calls are
+ * tail calls: no call returns to it. One body, compiled per pool (`pool` a constant). Lock held;
+ * released on return. */
 static inline __attribute__((always_inline)) void *alloc_indexed_fast(heap_t *h, pool_id_t pool, size_t size, size_t rsize,
                                                                      cua_stream stream) {
     pool_t *p = &h->pools[pool];
