@@ -457,15 +457,23 @@ static cua_result cudaop_device_synchronize(int dev) {
     return r;
 }
 
+/* The calling thread's current context (cuCtxGetCurrent), for current_device and context_current:
+ * CUA_ERROR_INVALID_CONTEXT when none is current; never creates or changes a context. */
+static cua_result current_ctx(cua_ctx *ctx) {
+    if (!__atomic_load_n(&cu.ready, __ATOMIC_ACQUIRE)) return CUA_ERROR_NOT_INITIALIZED;
+    if (!cu.fn.cuCtxGetCurrent || !cu.fn.cuCtxGetDevice) return CUA_ERROR_NOT_SUPPORTED;
+    *ctx = NULL;
+    cua_result r = cu.fn.cuCtxGetCurrent(ctx);
+    if (r != CUA_SUCCESS) return r;
+    return *ctx ? CUA_SUCCESS : CUA_ERROR_INVALID_CONTEXT;
+}
+
 /* The calling thread's current context's device; never creates or changes a context. */
 static cua_result cudaop_current_device(int *dev) {
     if (!dev) return CUA_ERROR_INVALID_VALUE;
-    if (!__atomic_load_n(&cu.ready, __ATOMIC_ACQUIRE)) return CUA_ERROR_NOT_INITIALIZED;
-    if (!cu.fn.cuCtxGetCurrent || !cu.fn.cuCtxGetDevice) return CUA_ERROR_NOT_SUPPORTED;
-    cua_ctx ctx = NULL;
-    cua_result r = cu.fn.cuCtxGetCurrent(&ctx);
+    cua_ctx ctx;
+    cua_result r = current_ctx(&ctx);
     if (r != CUA_SUCCESS) return r;
-    if (!ctx) return CUA_ERROR_INVALID_CONTEXT;
     cua_device cudev = 0;
     r = cu.fn.cuCtxGetDevice(&cudev);
     if (r != CUA_SUCCESS) return r;
@@ -491,12 +499,9 @@ static __thread struct {
 } ctx_proved;
 
 static cua_result cudaop_context_current(void) {
-    if (!__atomic_load_n(&cu.ready, __ATOMIC_ACQUIRE)) return CUA_ERROR_NOT_INITIALIZED;
-    if (!cu.fn.cuCtxGetCurrent || !cu.fn.cuCtxGetDevice) return CUA_ERROR_NOT_SUPPORTED;
-    cua_ctx ctx = NULL;
-    cua_result r = cu.fn.cuCtxGetCurrent(&ctx);
+    cua_ctx ctx;
+    cua_result r = current_ctx(&ctx);
     if (r != CUA_SUCCESS) return r;
-    if (!ctx) return CUA_ERROR_INVALID_CONTEXT;
     uint64_t generation = __atomic_load_n(&ctx_reset_generation, __ATOMIC_ACQUIRE);
     if (ctx == ctx_proved.ctx && generation == ctx_proved.generation) return CUA_SUCCESS;
     cua_device cudev;

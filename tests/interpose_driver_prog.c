@@ -15,6 +15,7 @@
  *   --streams-first    100 non-blocking streams created before cualloc starts, one capturing */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -222,21 +223,39 @@ static int runtime_context_main(gpa_fn gpa) {
  * current context's device (cuCtxGetCurrent + cuCtxGetDevice); the heap asks nothing of a block it
  * hands back from its cache on the legacy stream. More is a cost on every allocation. */
 #define RUNTIME_CALLS_MAX 3
-static int runtime_calls_main(gpa_fn gpa, void *lib) {
-    void *q;
+/* The entry points the single-device checks start from, as cuGetProcAddress gives them. */
+typedef struct {
     init_fn cu_init;
     retain_fn retain;
     setcur_fn setcur;
-    LOOKUP(cu_init, "cuInit", 2000);
-    LOOKUP(retain, "cuDevicePrimaryCtxRetain", 7000);
-    LOOKUP(setcur, "cuCtxSetCurrent", 4000);
+    alloc_fn mem_alloc;
+    free_fn mem_free;
+} basics_t;
+
+/* Looks the basics up, then cuInit and device 0's primary context made current: *ctx. False when a
+ * check failed. */
+static bool basics_on_device0(gpa_fn gpa, basics_t *b, CUcontext *ctx) {
+    void *q;
+    LOOKUP(b->cu_init, "cuInit", 2000);
+    LOOKUP(b->retain, "cuDevicePrimaryCtxRetain", 7000);
+    LOOKUP(b->setcur, "cuCtxSetCurrent", 4000);
+    LOOKUP(b->mem_alloc, "cuMemAlloc", 3020);
+    LOOKUP(b->mem_free, "cuMemFree", 3020);
+    if (failures) return false;
+    *ctx = NULL;
+    CHECK_MSG(b->cu_init(0) == 0 && b->retain(ctx, 0) == 0 && b->setcur(*ctx) == 0, "device 0's primary context");
+    return !failures;
+}
+
+static int runtime_calls_main(gpa_fn gpa, void *lib) {
+    basics_t api;
+    CUcontext ctx;
+    if (!basics_on_device0(gpa, &api, &ctx)) return 1;
     uint64_t (*entry_calls)(const char *);
     void *p = dlsym(lib, "fakecuda_entry_calls");
     AS(entry_calls, p);
     CHECK_MSG(entry_calls != NULL, "fakecuda_entry_calls");
     if (failures) return 1;
-    CUcontext ctx = NULL;
-    CHECK_MSG(cu_init(0) == 0 && retain(&ctx, 0) == 0 && setcur(ctx) == 0, "device 0's primary context");
     /* The first allocations start cualloc and map memory; the ones counted come from its cache. */
     for (int i = 0; i < 4; i++) {
         void *w = NULL;
@@ -295,33 +314,24 @@ static void expect_not_found(range_fn get_range, const char *what, CUdeviceptr a
               at, r, b, n, CUDA_ERROR_NOT_FOUND);
 }
 static int address_range_main(gpa_fn gpa, void *lib) {
+    basics_t api;
+    CUcontext ctx;
+    if (!basics_on_device0(gpa, &api, &ctx)) return 1;
     void *q;
-    init_fn cu_init;
-    retain_fn retain;
-    setcur_fn setcur;
-    alloc_fn mem_alloc;
-    free_fn mem_free;
     range_fn get_range;
-    LOOKUP(cu_init, "cuInit", 2000);
-    LOOKUP(retain, "cuDevicePrimaryCtxRetain", 7000);
-    LOOKUP(setcur, "cuCtxSetCurrent", 4000);
-    LOOKUP(mem_alloc, "cuMemAlloc", 3020);
-    LOOKUP(mem_free, "cuMemFree", 3020);
     LOOKUP(get_range, "cuMemGetAddressRange", 3020);
-    CHECK_MSG(from_cualloc((void *)mem_alloc) && from_cualloc((void *)get_range), "cualloc's entry points");
+    CHECK_MSG(from_cualloc((void *)api.mem_alloc) && from_cualloc((void *)get_range), "cualloc's entry points");
     direct_fn direct;
     void *p = dlsym(lib, "fakecuda_mem_alloc_direct");
     AS(direct, p);
     CHECK_MSG(direct != NULL, "fakecuda_mem_alloc_direct");
     if (failures) return 1;
-    CUcontext ctx = NULL;
-    CHECK_MSG(cu_init(0) == 0 && retain(&ctx, 0) == 0 && setcur(ctx) == 0, "device 0's primary context");
 
     const size_t small = 5000, small_block = 5120, big = (size_t)8 << 20;
     CUdeviceptr a = 0, b = 0, c = 0, live_big = 0, freed_big = 0;
-    CHECK_MSG(mem_alloc(&a, small) == 0 && mem_alloc(&b, small) == 0 && mem_alloc(&c, small) == 0, "three small blocks");
-    CHECK_MSG(mem_alloc(&live_big, big) == 0 && mem_alloc(&freed_big, big) == 0, "two large blocks");
-    CHECK_MSG(mem_free(b) == 0 && mem_free(freed_big) == 0, "free the middle small block and a large one");
+    CHECK_MSG(api.mem_alloc(&a, small) == 0 && api.mem_alloc(&b, small) == 0 && api.mem_alloc(&c, small) == 0, "three small blocks");
+    CHECK_MSG(api.mem_alloc(&live_big, big) == 0 && api.mem_alloc(&freed_big, big) == 0, "two large blocks");
+    CHECK_MSG(api.mem_free(b) == 0 && api.mem_free(freed_big) == 0, "free the middle small block and a large one");
     if (failures) return 1;
 
     expect_range(get_range, "a live block's start", a, a, small_block);
@@ -342,7 +352,7 @@ static int address_range_main(gpa_fn gpa, void *lib) {
 
     /* The freed block handed out again is live again. */
     CUdeviceptr again = 0;
-    CHECK_MSG(mem_alloc(&again, small) == 0 && again, "a small block again");
+    CHECK_MSG(api.mem_alloc(&again, small) == 0 && again, "a small block again");
     expect_range(get_range, "a block reallocated", again + 10, again, small_block);
 
     /* Memory cualloc does not own: the driver answers. */
@@ -352,8 +362,8 @@ static int address_range_main(gpa_fn gpa, void *lib) {
     size_t fn = 0;
     CHECK_MSG(get_range(&fb, &fn, foreign + 10) == 0 && fb == foreign && fn >= (1 << 20),
               "a foreign pointer: %#llx + %zu, want %#llx + at least 1 MiB", fb, fn, foreign);
-    CHECK_MSG(mem_free(foreign) == 0 && mem_free(again) == 0 && mem_free(a) == 0 && mem_free(c) == 0 &&
-                  mem_free(live_big) == 0,
+    CHECK_MSG(api.mem_free(foreign) == 0 && api.mem_free(again) == 0 && api.mem_free(a) == 0 && api.mem_free(c) == 0 &&
+                  api.mem_free(live_big) == 0,
               "frees");
     expect_not_found(get_range, "a block freed last", live_big);
     if (failures) return 1;
@@ -368,22 +378,15 @@ static int address_range_main(gpa_fn gpa, void *lib) {
  * sees the capture and synchronizes nothing. The stream created last captures while cuMemFree'd
  * blocks are asked for again. */
 static int streams_first_main(gpa_fn gpa, void *lib) {
+    basics_t api;
+    CUcontext ctx;
+    if (!basics_on_device0(gpa, &api, &ctx)) return 1;
     void *q;
-    init_fn cu_init;
-    retain_fn retain;
-    setcur_fn setcur;
-    alloc_fn mem_alloc;
-    free_fn mem_free;
     CUresult (*stream_create)(CUstream *, unsigned);
     CUresult (*stream_destroy)(CUstream);
-    LOOKUP(cu_init, "cuInit", 2000);
-    LOOKUP(retain, "cuDevicePrimaryCtxRetain", 7000);
-    LOOKUP(setcur, "cuCtxSetCurrent", 4000);
-    LOOKUP(mem_alloc, "cuMemAlloc", 3020);
-    LOOKUP(mem_free, "cuMemFree", 3020);
     LOOKUP(stream_create, "cuStreamCreate", 12000);
     LOOKUP(stream_destroy, "cuStreamDestroy", 12000);
-    CHECK_MSG(from_cualloc((void *)stream_create) && from_cualloc((void *)mem_alloc), "cualloc's entry points");
+    CHECK_MSG(from_cualloc((void *)stream_create) && from_cualloc((void *)api.mem_alloc), "cualloc's entry points");
     void (*set_capturing)(CUstream, int);
     uint64_t (*captures_broken)(void);
     calls_fn fake_calls;
@@ -395,8 +398,6 @@ static int streams_first_main(gpa_fn gpa, void *lib) {
     AS(fake_calls, p);
     CHECK_MSG(set_capturing && captures_broken && fake_calls, "fake helpers");
     if (failures) return 1;
-    CUcontext ctx = NULL;
-    CHECK_MSG(cu_init(0) == 0 && retain(&ctx, 0) == 0 && setcur(ctx) == 0, "device 0's primary context");
 
     enum { NB = 100 };
     CUstream nbs[NB];
@@ -407,7 +408,7 @@ static int streams_first_main(gpa_fn gpa, void *lib) {
     uint64_t broken0 = captures_broken(), syncs0 = fake_calls(OP_DEVICE_SYNC);
     for (int i = 0; i < 8; i++) {
         CUdeviceptr x = 0;
-        CHECK_MSG(mem_alloc(&x, 4 << 20) == 0 && x && mem_free(x) == 0, "cuMemAlloc and cuMemFree %d", i);
+        CHECK_MSG(api.mem_alloc(&x, 4 << 20) == 0 && x && api.mem_free(x) == 0, "cuMemAlloc and cuMemFree %d", i);
     }
     CHECK_MSG(allocs_now() == 8, "cualloc served %llu of 8", (unsigned long long)allocs_now());
     CHECK_MSG(captures_broken() == broken0 && fake_calls(OP_DEVICE_SYNC) == syncs0,
@@ -449,18 +450,11 @@ static const char *use_memory(alloc_fn alloc, free_fn release, size_t n, unsigne
  * held memory of the old context: blocks from its cache, or new memory mapped into its old address
  * range, were no memory at all. Allocations after a reset must be memory the device has. */
 static int device_reset_main(gpa_fn gpa, void *lib) {
+    basics_t api;
+    CUcontext ctx;
+    if (!basics_on_device0(gpa, &api, &ctx)) return 1;
     void *q;
-    init_fn cu_init;
-    retain_fn retain;
-    setcur_fn setcur;
-    alloc_fn mem_alloc;
-    free_fn mem_free;
     CUresult (*reset)(int);
-    LOOKUP(cu_init, "cuInit", 2000);
-    LOOKUP(retain, "cuDevicePrimaryCtxRetain", 7000);
-    LOOKUP(setcur, "cuCtxSetCurrent", 4000);
-    LOOKUP(mem_alloc, "cuMemAlloc", 3020);
-    LOOKUP(mem_free, "cuMemFree", 3020);
     LOOKUP(reset, "cuDevicePrimaryCtxReset", 11000);
     LOOKUP(rs_memset, "cuMemsetD8", 3020);
     LOOKUP(rs_dtoh, "cuMemcpyDtoH", 3020);
@@ -470,22 +464,20 @@ static int device_reset_main(gpa_fn gpa, void *lib) {
     AS(live_handles, p);
     CHECK_MSG(live_handles, "fakecuda_live_handles");
     if (failures) return 1;
-    CUcontext ctx = NULL;
-    CHECK_MSG(cu_init(0) == 0 && retain(&ctx, 0) == 0 && setcur(ctx) == 0, "device 0's primary context");
 
     const size_t MiB = (size_t)1 << 20;
     for (int round = 0; round < 2; round++) {
         /* Memory live and cached at the reset: one block still held, a larger one freed. */
         CUdeviceptr held = 0;
-        const char *why = use_memory(mem_alloc, mem_free, MiB, 1, &held);
+        const char *why = use_memory(api.mem_alloc, api.mem_free, MiB, 1, &held);
         CHECK_MSG(!why, "round %d, before the reset: %s", round, why);
-        why = use_memory(mem_alloc, mem_free, 8 * MiB, 2, NULL);
+        why = use_memory(api.mem_alloc, api.mem_free, 8 * MiB, 2, NULL);
         CHECK_MSG(!why, "round %d, before the reset: %s", round, why);
         uint64_t a0 = allocs_now();
         if (round == 0) {
             /* The driver API: the program makes the context anew itself. */
             CHECK_MSG(reset(0) == 0, "cuDevicePrimaryCtxReset");
-            CHECK_MSG(retain(&ctx, 0) == 0 && setcur(ctx) == 0, "device 0's primary context after the reset");
+            CHECK_MSG(api.retain(&ctx, 0) == 0 && api.setcur(ctx) == 0, "device 0's primary context after the reset");
         } else {
             /* The runtime: it makes the context anew at its next call (cualloc asks it to when the
              * context it finds current is unusable). */
@@ -496,12 +488,12 @@ static int device_reset_main(gpa_fn gpa, void *lib) {
         /* The size cached before the reset, the one held, and a size never mapped before. */
         static const size_t sizes[] = {(size_t)8 << 20, (size_t)1 << 20, (size_t)96 << 20};
         for (int i = 0; i < 3; i++) {
-            if (round == 0) why = use_memory(mem_alloc, mem_free, sizes[i], (unsigned char)(10 + i), NULL);
+            if (round == 0) why = use_memory(api.mem_alloc, api.mem_free, sizes[i], (unsigned char)(10 + i), NULL);
             else {
                 void *r = NULL;
                 int rc = cudaMalloc(&r, sizes[i]);
                 why = rc != 0 ? "cudaMalloc failed"
-                              : use_memory(mem_alloc, mem_free, 4096, (unsigned char)(20 + i), NULL);
+                              : use_memory(api.mem_alloc, api.mem_free, 4096, (unsigned char)(20 + i), NULL);
                 if (!why && rs_memset((CUdeviceptr)(uintptr_t)r, 7, sizes[i]) != 0)
                     why = "cudaMalloc's memory is not accessible (cuMemsetD8 failed)";
                 if (rc == 0 && cudaFree(r) != 0) why = "cudaFree failed";
@@ -520,12 +512,12 @@ static int device_reset_main(gpa_fn gpa, void *lib) {
     for (int i = 0; i < 70 && !failures; i++) {
         CUdeviceptr held = 0;
         uint64_t a0 = allocs_now();
-        const char *why = use_memory(mem_alloc, mem_free, MiB, (unsigned char)i, &held);
-        if (!why) why = use_memory(mem_alloc, mem_free, 3 * MiB, (unsigned char)(i + 1), NULL);
-        if (!why && mem_free(held) != 0) why = "the free of the block held failed";
+        const char *why = use_memory(api.mem_alloc, api.mem_free, MiB, (unsigned char)i, &held);
+        if (!why) why = use_memory(api.mem_alloc, api.mem_free, 3 * MiB, (unsigned char)(i + 1), NULL);
+        if (!why && api.mem_free(held) != 0) why = "the free of the block held failed";
         if (!why && allocs_now() != a0 + 2) why = "cualloc did not serve both allocations";
         CHECK_MSG(!why, "reset %d: %s", i, why);
-        CHECK_MSG(reset(0) == 0 && retain(&ctx, 0) == 0 && setcur(ctx) == 0, "reset %d", i);
+        CHECK_MSG(reset(0) == 0 && api.retain(&ctx, 0) == 0 && api.setcur(ctx) == 0, "reset %d", i);
     }
     CHECK_MSG(fake_calls && fake_calls(OP_MEM_FREE) == frees0, "%llu frees of cualloc's memory reached the driver",
               fake_calls ? (unsigned long long)(fake_calls(OP_MEM_FREE) - frees0) : 0ull);
