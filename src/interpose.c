@@ -769,7 +769,7 @@ cudart_error cudaPeekAtLastError(void) { return last_error(N_cudaPeekAtLastError
  * driver call where current_device makes two), not its device, which runtime_device asks. */
 static cudart_error runtime_context(void) {
     const driver_ops_t *drv = api_driver();
-    if (drv && drv->context_current() == CUA_SUCCESS) return CUDART_SUCCESS;
+    if (drv && drv->context_current && drv->context_current() == CUA_SUCCESS) return CUDART_SUCCESS;
     cudaFree_fn next = NEXT(N_cudaFree, cudaFree_fn);
     return next ? next(NULL) : CUDART_SUCCESS;
 }
