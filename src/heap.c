@@ -226,13 +226,14 @@ struct heap_s {
     /* Device-wide frees (cudaFree): the non-blocking streams the front door saw created (the
      * legacy stream does not order them), and their events, which with the legacy stream's
      * (tags[TAG_DW_A].event) are recorded together and cover the closed generation. The table
-     * (n_nb of cap_nb entries, mmap'd) grows as streams come, so that every non-blocking stream's
+     * (n_nb of cap_nb entries, grow_table_reserve) grows as streams come, so that every non-blocking stream's
      * capture is seen before a device synchronize, which would invalidate it. nb_overflow: streams
      * the heap does not know of (the front door lost them, or the table could not grow); device-wide
      * blocks then settle only through a device synchronize. dw_open: the generation (TAG_DW_A or
      * TAG_DW_B) frees go to. */
     nb_stream_t *nb;
-    unsigned n_nb, cap_nb;
+    unsigned n_nb;
+    size_t cap_nb;
     bool nb_overflow;
     unsigned dw_open;
     unsigned dw_frees_unchecked; /* device-wide frees since one last looked at the events */
@@ -2589,7 +2590,7 @@ void heap_destroy(heap_t *h) {
         if (h->tags[t].event) h->drv->event_destroy(h->dev, h->tags[t].event);
     for (unsigned i = 0; i < h->n_nb; i++)
         if (h->nb[i].event) h->drv->event_destroy(h->dev, h->nb[i].event);
-    if (h->nb) munmap(h->nb, (size_t)h->cap_nb * sizeof(nb_stream_t));
+    grow_table_free(h->nb, h->cap_nb, sizeof *h->nb);
     ptrmap_destroy(&h->classic_live);
     slab_destroy(&h->blocks);
     heap_mem_free(h);
@@ -2857,27 +2858,13 @@ static void nb_forget(heap_t *h, cua_stream stream) {
     }
 }
 
-/* Room for one more non-blocking stream: the table doubles (mmap'd, a page at least). False when
- * the memory is refused. */
-static bool nb_reserve(heap_t *h) {
-    if (h->n_nb < h->cap_nb) return true;
-    size_t bytes = h->cap_nb ? 2 * (size_t)h->cap_nb * sizeof(nb_stream_t) : (size_t)4096;
-    void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (mem == MAP_FAILED) return false;
-    if (h->nb) {
-        memcpy(mem, h->nb, (size_t)h->n_nb * sizeof(nb_stream_t));
-        munmap(h->nb, (size_t)h->cap_nb * sizeof(nb_stream_t));
-    }
-    h->nb = mem;
-    h->cap_nb = (unsigned)(bytes / sizeof(nb_stream_t));
-    return true;
-}
-
 void heap_stream_created(heap_t *h, cua_stream stream, bool non_blocking) {
     cua_lock(&h->lock);
     nb_forget(h, stream); /* a reused handle: whatever it was before is gone */
     if (non_blocking) {
-        if (nb_reserve(h)) {
+        nb_stream_t *table = grow_table_reserve(h->nb, h->n_nb, &h->cap_nb, sizeof *h->nb);
+        if (table) {
+            h->nb = table;
             h->nb[h->n_nb].handle = stream;
             h->nb[h->n_nb].event = NULL;
             h->nb[h->n_nb].in_flight = false;
@@ -3173,7 +3160,7 @@ int heap_check(heap_t *h, FILE *report) {
             CHECK(&c, !h->tags[u].used || h->tags[u].closed || r->closed || h->tags[u].handle != r->handle,
                   "tags %u and %u are both open for stream %p", t, u, (void *)r->handle);
     }
-    CHECK(&c, h->n_nb <= h->cap_nb && (h->nb || !h->cap_nb), "%u non-blocking streams recorded in a table of %u",
+    CHECK(&c, h->n_nb <= h->cap_nb && (h->nb || !h->cap_nb), "%u non-blocking streams recorded in a table of %zu",
           h->n_nb, h->cap_nb);
     CHECK(&c, h->recording || !trace_enabled() || !trace_device_begun(h->dev),
           "the recorder is on and has begun device %d, but its fast paths still serve", h->dev);

@@ -297,6 +297,17 @@ void slab_destroy(slab_t *s);  /* returns every slab to the system */
 /* Number of invariant violations, each described on `report` (may be NULL). 0 in malloc builds. */
 int slab_check(const slab_t *s, FILE *report);
 
+/* ------------------------------------------------------------------ grow_table.c */
+
+/* Room for one more entry in `table` (*cap entries of entry_size bytes, the first `used` in use;
+ * NULL with *cap 0 before the first): the table itself where it has room; else, the entries moved
+ * to an anonymous mapping twice its size (a page at least), which is returned (the old one is
+ * unmapped; *cap updated). NULL when the memory is refused; the table and *cap are then unchanged.
+ * Not thread-safe: the caller's lock guards the table. */
+void *grow_table_reserve(void *table, size_t used, size_t *cap, size_t entry_size);
+/* Unmaps a table grow_table_reserve made (nothing for NULL). */
+void grow_table_free(void *table, size_t cap, size_t entry_size);
+
 /* ======================================================================== block (heap.c) */
 
 /* CACHED: free, parked unmerged on an exact-size quick list for its (size, tag) — the fast path

@@ -110,7 +110,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "internal.h"
 
@@ -440,7 +439,7 @@ static int context_device_unstarted(void) {
 
 /* Non-blocking streams created, and peer access enabled, before cualloc started (the front door
  * starts nothing for them): remembered here, handed to the heaps at the first served allocation.
- * The streams' table grows as they come, as the heap's own does (nb_reserve in heap.c): PyTorch
+ * The streams' table grows as they come, as the heap's own does (grow_table_reserve): PyTorch
  * alone makes 64 and more per device (its stream pools), and a heap told of only some must settle
  * device-wide frees with a device synchronize, which invalidates a graph capture on a stream it was
  * not told of. Everything here is guarded by pending_lock. */
@@ -449,7 +448,7 @@ typedef struct pending_stream_s {
     int dev;
 } pending_stream_t;
 static pthread_mutex_t pending_lock = PTHREAD_MUTEX_INITIALIZER;
-static pending_stream_t *pending_nb; /* pending_nb_cap entries (mmap'd), the first pending_nb_n used */
+static pending_stream_t *pending_nb; /* pending_nb_cap entries (grow_table_reserve), the first pending_nb_n used */
 static size_t pending_nb_n, pending_nb_cap;
 static uint64_t pending_peer[CUALLOC_MAX_DEVICES]; /* bit a of [d]: device a may access d's memory */
 /* Bit d: a non-blocking stream of device d could not be remembered (no memory for the table). Its
@@ -467,7 +466,7 @@ static _Atomic int pending_any;
 static void pending_after_fork_child(void) {
     pending_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     /* The table is forgotten, not unmapped or reused: a parent thread may have been moving it to a
-     * larger one (pending_reserve) at the fork, so neither the pointer nor the capacity the child
+     * larger one (grow_table_reserve) at the fork, so neither the pointer nor the capacity the child
      * sees need describe one mapping. At most the table's pages stay mapped in the child. */
     pending_nb = NULL;
     pending_nb_cap = 0;
@@ -483,22 +482,6 @@ __attribute__((constructor)) static void pending_fork_register(void) {
 
 static void pending_lock_take(void) { pthread_mutex_lock(&pending_lock); }
 
-/* pending_lock held. Room for one more pending stream: the table doubles (mmap'd, a page at least,
- * as nb_reserve in heap.c: no malloc, which the program may replace). False when the memory is
- * refused; the table is then unchanged. */
-static bool pending_reserve(void) {
-    if (pending_nb_n < pending_nb_cap) return true;
-    size_t bytes = pending_nb_cap ? 2 * pending_nb_cap * sizeof *pending_nb : (size_t)4096;
-    void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (mem == MAP_FAILED) return false;
-    if (pending_nb) {
-        memcpy(mem, pending_nb, pending_nb_n * sizeof *pending_nb);
-        munmap(pending_nb, pending_nb_cap * sizeof *pending_nb);
-    }
-    pending_nb = mem;
-    pending_nb_cap = bytes / sizeof *pending_nb;
-    return true;
-}
 
 /* owner's heap grants `accessor` access (driver mask, then existing mappings). */
 static void peer_apply(int owner, int accessor) {
@@ -550,14 +533,16 @@ static void note_stream(int dev, cua_stream s, bool non_blocking) {
             break;
         }
     }
-    if (non_blocking && pending_reserve()) {
-        pending_nb[pending_nb_n].s = s;
-        pending_nb[pending_nb_n].dev = dev;
-        pending_nb_n++;
-        atomic_store(&pending_any, 1);
-    } else if (non_blocking && dev < CUALLOC_MAX_DEVICES) {
-        pending_nb_lost |= (uint64_t)1 << dev;
-        atomic_store(&pending_any, 1);
+    if (non_blocking) {
+        pending_stream_t *table = grow_table_reserve(pending_nb, pending_nb_n, &pending_nb_cap, sizeof *pending_nb);
+        if (table) {
+            pending_nb = table;
+            pending_nb[pending_nb_n++] = (pending_stream_t){.s = s, .dev = dev};
+            atomic_store(&pending_any, 1);
+        } else if (dev < CUALLOC_MAX_DEVICES) {
+            pending_nb_lost |= (uint64_t)1 << dev;
+            atomic_store(&pending_any, 1);
+        }
     }
     pthread_mutex_unlock(&pending_lock);
 }
