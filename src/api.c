@@ -270,13 +270,9 @@ typedef struct api_live_s {
 static void api_collect_live(int dev, const block_t *b, void *arg) {
     (void)dev;
     api_live_t *l = arg;
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? 2 * l->cap : 256;
-        uintptr_t *a = realloc(l->addr, cap * sizeof *a);
-        if (!a) return; /* (the trace then shows those blocks live) */
-        l->addr = a;
-        l->cap = cap;
-    }
+    uintptr_t *a = grow_table_reserve(l->addr, l->n, &l->cap, sizeof *l->addr);
+    if (!a) return; /* (the trace then shows those blocks live) */
+    l->addr = a;
     l->addr[l->n++] = b->addr;
 }
 
@@ -306,7 +302,7 @@ void api_device_reset(int device) {
         api_live_t live = {NULL, 0, 0};
         heap_snapshot(h, NULL, api_collect_live, NULL, &live);
         for (size_t i = 0; i < live.n; i++) heap_free_device_wide(h, (void *)live.addr[i]);
-        free(live.addr);
+        grow_table_free(live.addr, live.cap, sizeof *live.addr);
     }
     heap_destroy(h);
 }

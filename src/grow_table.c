@@ -2,7 +2,7 @@
  * mapping: never malloc, which the program under LD_PRELOAD may replace (and whose own hooks may
  * be what is being recorded). Used for the tables of non-blocking streams, the heap's and the
  * front door's (streams created before cualloc starts), which PyTorch's stream pools alone fill
- * past any fixed size. */
+ * past any fixed size, and for the list of blocks a device reset kills (api_device_reset). */
 #include <string.h>
 #include <sys/mman.h>
 
