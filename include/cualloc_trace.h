@@ -274,6 +274,21 @@ enum cua_trace_stat {
     CUA_TRACE_STAT_COUNT
 };
 
+/* The format's integers are little-endian: the `bytes` low bytes of v at p, and back. */
+static inline void cua_trace_put_le(unsigned char *p, uint64_t v, unsigned bytes)
+{
+    for (unsigned i = 0; i < bytes; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static inline uint64_t cua_trace_get_le(const unsigned char *p, unsigned bytes)
+{
+    uint64_t v = 0;
+    for (unsigned i = 0; i < bytes; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
 /* The block header check: a 16-bit Fletcher sum over header bytes 4..31 with bytes 6 and 7 taken
  * as 0. `h` points at the block's first byte. */
 static inline uint16_t cua_trace_block_check(const unsigned char *h)

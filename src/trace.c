@@ -251,12 +251,6 @@ static size_t put_string(uint8_t *p, const char *s, size_t max)
     return k + n;
 }
 
-static void put_le(uint8_t *p, uint64_t v, unsigned bytes)
-{
-    for (unsigned i = 0; i < bytes; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
 static uint64_t hash_bytes(uint64_t h, const char *s)
 {
     /* FNV-1a then mixed: strings are short and hashed only under Python. */
@@ -389,10 +383,10 @@ static bool block_start(tcur_t *c, uint64_t index, bool recycled, uint64_t now)
     }
     b[CUA_TRACE_BOFF_KIND] = c->kind;
     b[5] = 0;
-    put_le(b + CUA_TRACE_BOFF_SERIAL, c->serial, 8);
-    put_le(b + CUA_TRACE_BOFF_SEQ_BASE, T.seq, 8);
-    put_le(b + CUA_TRACE_BOFF_BASE_TIME, now, 8);
-    put_le(b + CUA_TRACE_BOFF_CHECK, cua_trace_block_check(b), 2);
+    cua_trace_put_le(b + CUA_TRACE_BOFF_SERIAL, c->serial, 8);
+    cua_trace_put_le(b + CUA_TRACE_BOFF_SEQ_BASE, T.seq, 8);
+    cua_trace_put_le(b + CUA_TRACE_BOFF_BASE_TIME, now, 8);
+    cua_trace_put_le(b + CUA_TRACE_BOFF_CHECK, cua_trace_block_check(b), 2);
     uint32_t magic;
     memcpy(&magic, "CUAB", 4);
     __atomic_store_n((uint32_t *)(void *)b, magic, __ATOMIC_RELEASE);
@@ -489,14 +483,6 @@ static bool block_next(tcur_t *c, uint64_t now)
 
 /* --------------------------------------------------------------------------------- checker */
 
-static uint64_t get_le(const uint8_t *p, unsigned bytes)
-{
-    uint64_t v = 0;
-    for (unsigned i = 0; i < bytes; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 #define TCHECK(cond, ...)                                                                       \
     do {                                                                                        \
         if (!(cond)) {                                                                          \
@@ -523,9 +509,9 @@ static int cursor_check(const tcur_t *c, const char *name, FILE *report)
     TCHECK(c->last_seq <= T.seq, "the %s cursor's last record %llu is newer than the last written, %llu", name,
            (unsigned long long)c->last_seq, (unsigned long long)T.seq);
     TCHECK(memcmp(c->map, "CUAB", 4) == 0 && c->map[CUA_TRACE_BOFF_KIND] == c->kind &&
-               get_le(c->map + CUA_TRACE_BOFF_SERIAL, 8) + 1 == c->serial,
+               cua_trace_get_le(c->map + CUA_TRACE_BOFF_SERIAL, 8) + 1 == c->serial,
            "the %s cursor's block is not of its kind, or has serial %llu where the next is %llu", name,
-           (unsigned long long)get_le(c->map + CUA_TRACE_BOFF_SERIAL, 8), (unsigned long long)c->serial);
+           (unsigned long long)cua_trace_get_le(c->map + CUA_TRACE_BOFF_SERIAL, 8), (unsigned long long)c->serial);
     return bad;
 }
 
@@ -552,7 +538,7 @@ int trace_check(FILE *report)
             TCHECK(false, "block %llu cannot be read back", (unsigned long long)i);
             continue;
         }
-        TCHECK(memcmp(h, "CUAB", 4) == 0 && get_le(h + CUA_TRACE_BOFF_CHECK, 2) == cua_trace_block_check(h) &&
+        TCHECK(memcmp(h, "CUAB", 4) == 0 && cua_trace_get_le(h + CUA_TRACE_BOFF_CHECK, 2) == cua_trace_block_check(h) &&
                    (h[CUA_TRACE_BOFF_KIND] == CUA_TRACE_BLOCK_META || h[CUA_TRACE_BOFF_KIND] == CUA_TRACE_BLOCK_EVENTS),
                "block %llu has no sound header", (unsigned long long)i);
         meta += h[CUA_TRACE_BOFF_KIND] == CUA_TRACE_BLOCK_META;
@@ -581,7 +567,7 @@ int trace_check(FILE *report)
                        (unsigned long long)T.nblocks);
                 continue;
             }
-            uint64_t serial = get_le(h + CUA_TRACE_BOFF_SERIAL, 8);
+            uint64_t serial = cua_trace_get_le(h + CUA_TRACE_BOFF_SERIAL, 8);
             TCHECK(k == 0 || serial > prev_serial, "ring entry %llu (block %llu) has serial %llu, not above %llu",
                    (unsigned long long)k, (unsigned long long)b, (unsigned long long)serial,
                    (unsigned long long)prev_serial);
@@ -1737,12 +1723,12 @@ int trace_start(const char *tmpl, const conf_t *conf)
         }
     }
     memcpy(hdr, CUA_TRACE_MAGIC, CUA_TRACE_MAGIC_LEN);
-    put_le(hdr + CUA_TRACE_OFF_MAJOR, CUA_TRACE_MAJOR, 2);
-    put_le(hdr + CUA_TRACE_OFF_MINOR, CUA_TRACE_MINOR, 2);
-    put_le(hdr + CUA_TRACE_OFF_HEADER_SIZE, CUA_TRACE_HEADER_SIZE, 4);
-    put_le(hdr + CUA_TRACE_OFF_BLOCK_SIZE, bs, 4);
-    put_le(hdr + CUA_TRACE_OFF_FLAGS, (conf->trace_ring && max_blocks) ? CUA_TRACE_FILE_RING : 0, 4);
-    put_le(hdr + CUA_TRACE_OFF_MAX_BLOCKS, max_blocks, 8);
+    cua_trace_put_le(hdr + CUA_TRACE_OFF_MAJOR, CUA_TRACE_MAJOR, 2);
+    cua_trace_put_le(hdr + CUA_TRACE_OFF_MINOR, CUA_TRACE_MINOR, 2);
+    cua_trace_put_le(hdr + CUA_TRACE_OFF_HEADER_SIZE, CUA_TRACE_HEADER_SIZE, 4);
+    cua_trace_put_le(hdr + CUA_TRACE_OFF_BLOCK_SIZE, bs, 4);
+    cua_trace_put_le(hdr + CUA_TRACE_OFF_FLAGS, (conf->trace_ring && max_blocks) ? CUA_TRACE_FILE_RING : 0, 4);
+    cua_trace_put_le(hdr + CUA_TRACE_OFF_MAX_BLOCKS, max_blocks, 8);
     int werr = header_write(fd, hdr, sizeof hdr);
     if (werr) {
         cua_error("trace %s: cannot write the header (%s); tracing is off", chosen, strerror(werr));

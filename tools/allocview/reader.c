@@ -93,14 +93,6 @@ static size_t read_at(tr_reader_t *r, uint64_t off, void *buf, size_t n)
     return done;
 }
 
-static uint64_t get_le(const uint8_t *p, unsigned bytes)
-{
-    uint64_t v = 0;
-    for (unsigned i = 0; i < bytes; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 __attribute__((format(printf, 2, 3))) static int fail(tr_reader_t *r, const char *fmt, ...)
 {
     if (!r->failed) {
@@ -283,7 +275,7 @@ static bh_t block_header(tr_reader_t *r, uint64_t b, uint8_t h[CUA_TRACE_BLOCK_H
     size_t n = read_at(r, block_off(r, b), h, CUA_TRACE_BLOCK_HEADER);
     if (n < 4)
         return BH_EOF; /* the file ends before the block's magic */
-    if (get_le(h, 4) == 0)
+    if (cua_trace_get_le(h, 4) == 0)
         return BH_UNWRITTEN;
     if (memcmp(h, "CUAB", 4) != 0) {
         *why = "bad block magic";
@@ -291,7 +283,7 @@ static bh_t block_header(tr_reader_t *r, uint64_t b, uint8_t h[CUA_TRACE_BLOCK_H
     }
     if (n < CUA_TRACE_BLOCK_HEADER)
         return BH_EOF; /* the file ends inside the header: nothing of the block is there */
-    if (get_le(h + CUA_TRACE_BOFF_CHECK, 2) != cua_trace_block_check(h)) {
+    if (cua_trace_get_le(h + CUA_TRACE_BOFF_CHECK, 2) != cua_trace_block_check(h)) {
         *why = "block header check mismatch";
         return BH_BAD;
     }
@@ -305,7 +297,7 @@ static bh_t block_header(tr_reader_t *r, uint64_t b, uint8_t h[CUA_TRACE_BLOCK_H
 /* Loads block b into cursor c (its header already checked). */
 static int cursor_load(tr_reader_t *r, cursor_t *c, uint64_t b, const uint8_t *h)
 {
-    uint64_t serial = get_le(h + CUA_TRACE_BOFF_SERIAL, 8), seq_base = get_le(h + CUA_TRACE_BOFF_SEQ_BASE, 8);
+    uint64_t serial = cua_trace_get_le(h + CUA_TRACE_BOFF_SERIAL, 8), seq_base = cua_trace_get_le(h + CUA_TRACE_BOFF_SEQ_BASE, 8);
     if (c->started && serial != c->serial + 1)
         return fail(r, "block %" PRIu64 " at offset %" PRIu64 ": %s block serial %" PRIu64 " follows %" PRIu64
                     " (blocks missing or reordered)",
@@ -323,7 +315,7 @@ static int cursor_load(tr_reader_t *r, cursor_t *c, uint64_t b, const uint8_t *h
     c->block = b;
     c->pos = CUA_TRACE_BLOCK_HEADER;
     c->last_seq = seq_base;
-    c->time = get_le(h + CUA_TRACE_BOFF_BASE_TIME, 8);
+    c->time = cua_trace_get_le(h + CUA_TRACE_BOFF_BASE_TIME, 8);
     c->dev = c->thread = c->stream = c->stack = 0;
     memset(c->addr, 0, sizeof c->addr);
     if (c->avail < r->info.block_size)
@@ -660,18 +652,18 @@ static tr_reader_t *open_common(tr_reader_t *r, char *err, size_t errlen)
         snprintf(err, errlen, "not a cualloc trace (%s)", n == 0 ? "the file is empty" : "no CUATRACE magic");
         goto bad;
     }
-    r->info.major = (unsigned)get_le(h + CUA_TRACE_OFF_MAJOR, 2);
-    r->info.minor = (unsigned)get_le(h + CUA_TRACE_OFF_MINOR, 2);
+    r->info.major = (unsigned)cua_trace_get_le(h + CUA_TRACE_OFF_MAJOR, 2);
+    r->info.minor = (unsigned)cua_trace_get_le(h + CUA_TRACE_OFF_MINOR, 2);
     if (r->info.major > CUA_TRACE_MAJOR || r->info.major == 0) {
         snprintf(err, errlen, "trace format version %u.%u is %s this reader's %d.%d; %s", r->info.major, r->info.minor,
                  r->info.major ? "newer than" : "not supported by", CUA_TRACE_MAJOR, CUA_TRACE_MINOR,
                  r->info.major ? "update allocview" : "the file is corrupt");
         goto bad;
     }
-    r->info.header_size = (uint32_t)get_le(h + CUA_TRACE_OFF_HEADER_SIZE, 4);
-    r->info.block_size = (uint32_t)get_le(h + CUA_TRACE_OFF_BLOCK_SIZE, 4);
-    r->info.flags = (uint32_t)get_le(h + CUA_TRACE_OFF_FLAGS, 4);
-    r->info.max_blocks = get_le(h + CUA_TRACE_OFF_MAX_BLOCKS, 8);
+    r->info.header_size = (uint32_t)cua_trace_get_le(h + CUA_TRACE_OFF_HEADER_SIZE, 4);
+    r->info.block_size = (uint32_t)cua_trace_get_le(h + CUA_TRACE_OFF_BLOCK_SIZE, 4);
+    r->info.flags = (uint32_t)cua_trace_get_le(h + CUA_TRACE_OFF_FLAGS, 4);
+    r->info.max_blocks = cua_trace_get_le(h + CUA_TRACE_OFF_MAX_BLOCKS, 8);
     r->info.file_size = r->size;
     uint32_t bs = r->info.block_size;
     if (r->info.header_size < 64 || r->info.header_size > 65536 || bs < MIN_BLOCK_SIZE || bs > MAX_BLOCK_SIZE ||
@@ -722,9 +714,9 @@ static tr_reader_t *open_common(tr_reader_t *r, char *err, size_t errlen)
                 goto bad;
             }
             if (st == BH_OK && bh[CUA_TRACE_BOFF_KIND] == CUA_TRACE_BLOCK_EVENTS)
-                list[k++] = (ser_t){get_le(bh + CUA_TRACE_BOFF_SERIAL, 8), b};
+                list[k++] = (ser_t){cua_trace_get_le(bh + CUA_TRACE_BOFF_SERIAL, 8), b};
             else if (st == BH_OK)
-                mlist[mk++] = (ser_t){get_le(bh + CUA_TRACE_BOFF_SERIAL, 8), b};
+                mlist[mk++] = (ser_t){cua_trace_get_le(bh + CUA_TRACE_BOFF_SERIAL, 8), b};
         }
         qsort(list, k, sizeof *list, ser_cmp);
         qsort(mlist, mk, sizeof *mlist, ser_cmp);

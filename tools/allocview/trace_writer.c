@@ -28,12 +28,6 @@ struct tw {
     char msg[256];
 };
 
-static void put_le(uint8_t *p, uint64_t v, unsigned n)
-{
-    for (unsigned i = 0; i < n; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
 static size_t varint(uint8_t *p, uint64_t v)
 {
     size_t n = 0;
@@ -65,10 +59,10 @@ static bool flush_block(tw_t *w, wblock_t *b, uint8_t kind)
     if (!b->used)
         return true;
     uint8_t *h = b->buf;
-    put_le(h + CUA_TRACE_BOFF_KIND, kind, 1);
-    put_le(h + CUA_TRACE_BOFF_SERIAL, b->serial, 8);
-    put_le(h + CUA_TRACE_BOFF_CHECK, cua_trace_block_check(h), 2);
-    put_le(h, CUA_TRACE_BLOCK_MAGIC, 4);
+    cua_trace_put_le(h + CUA_TRACE_BOFF_KIND, kind, 1);
+    cua_trace_put_le(h + CUA_TRACE_BOFF_SERIAL, b->serial, 8);
+    cua_trace_put_le(h + CUA_TRACE_BOFF_CHECK, cua_trace_block_check(h), 2);
+    cua_trace_put_le(h, CUA_TRACE_BLOCK_MAGIC, 4);
     memset(b->buf + b->used, 0, CUA_TRACE_BLOCK_SIZE - b->used);
     long off = (long)(CUA_TRACE_HEADER_SIZE + w->next_index * (uint64_t)CUA_TRACE_BLOCK_SIZE);
     if (fseek(w->f, off, SEEK_SET) != 0 || fwrite(b->buf, CUA_TRACE_BLOCK_SIZE, 1, w->f) != 1) {
@@ -85,8 +79,8 @@ static bool flush_block(tw_t *w, wblock_t *b, uint8_t kind)
 static void start_block(wblock_t *b, uint64_t seq_base, uint64_t base_time)
 {
     memset(b->buf, 0, CUA_TRACE_BLOCK_HEADER);
-    put_le(b->buf + CUA_TRACE_BOFF_SEQ_BASE, seq_base, 8);
-    put_le(b->buf + CUA_TRACE_BOFF_BASE_TIME, base_time, 8);
+    cua_trace_put_le(b->buf + CUA_TRACE_BOFF_SEQ_BASE, seq_base, 8);
+    cua_trace_put_le(b->buf + CUA_TRACE_BOFF_BASE_TIME, base_time, 8);
     b->used = CUA_TRACE_BLOCK_HEADER;
     b->last_seq = seq_base;
     b->time = base_time;
@@ -150,10 +144,10 @@ tw_t *tw_open(const char *path, char *err, size_t errlen)
     }
     uint8_t hdr[CUA_TRACE_HEADER_SIZE] = {0};
     memcpy(hdr, CUA_TRACE_MAGIC, CUA_TRACE_MAGIC_LEN);
-    put_le(hdr + CUA_TRACE_OFF_MAJOR, CUA_TRACE_MAJOR, 2);
-    put_le(hdr + CUA_TRACE_OFF_MINOR, CUA_TRACE_MINOR, 2);
-    put_le(hdr + CUA_TRACE_OFF_HEADER_SIZE, CUA_TRACE_HEADER_SIZE, 4);
-    put_le(hdr + CUA_TRACE_OFF_BLOCK_SIZE, CUA_TRACE_BLOCK_SIZE, 4);
+    cua_trace_put_le(hdr + CUA_TRACE_OFF_MAJOR, CUA_TRACE_MAJOR, 2);
+    cua_trace_put_le(hdr + CUA_TRACE_OFF_MINOR, CUA_TRACE_MINOR, 2);
+    cua_trace_put_le(hdr + CUA_TRACE_OFF_HEADER_SIZE, CUA_TRACE_HEADER_SIZE, 4);
+    cua_trace_put_le(hdr + CUA_TRACE_OFF_BLOCK_SIZE, CUA_TRACE_BLOCK_SIZE, 4);
     if (fwrite(hdr, sizeof hdr, 1, w->f) != 1) {
         snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
         fclose(w->f);
