@@ -356,7 +356,7 @@ static void format_double(double v, char *buf, size_t len)
     uselocale(old);
 }
 
-static const char *parse_bool(const char *s, size_t len, bool *out)
+const char *conf_parse_bool(const char *s, size_t len, bool *out)
 {
     static const char *const yes[] = {"1", "true", "yes", "on"};
     static const char *const no[] = {"0", "false", "no", "off"};
@@ -379,7 +379,7 @@ bool conf_env_flag(const char *name)
     if (!v || !v[0])
         return false;
     bool b;
-    if (parse_bool(v, strlen(v), &b) == NULL)
+    if (conf_parse_bool(v, strlen(v), &b) == NULL)
         return b;
     cua_error("%s='%s' is not a boolean (1/0, true/false, yes/no, on/off); taken as 1", name, v);
     return true;
@@ -498,7 +498,7 @@ static const char *opt_parse(const opt_t *o, const char *val, size_t len, conf_t
     switch (o->type) {
     case OPT_BOOL: {
         bool b;
-        if ((err = parse_bool(val, len, &b)) != NULL)
+        if ((err = conf_parse_bool(val, len, &b)) != NULL)
             return err;
         *(bool *)field = b;
         return NULL;

@@ -117,6 +117,9 @@ void conf_load(conf_t *out);
  * CUALLOC_CONF reads one (1/0, true/false, yes/no, on/off, any case); anything else is reported
  * and taken as on. */
 bool conf_env_flag(const char *name);
+/* A boolean as the configuration takes one, the len bytes at s: 1/true/yes/on or 0/false/no/off,
+ * any case. NULL with *out set, else what is wrong (for a message). */
+const char *conf_parse_bool(const char *s, size_t len, bool *out);
 /* CUALLOC_DISABLE, read once per process: the interposer and the API decide on the same answer
  * even when the environment changes while the program runs. */
 bool conf_disabled(void);

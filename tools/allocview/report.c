@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <unistd.h>
 
 #include "analysis.h"
@@ -411,20 +410,10 @@ static const char *cap_key(const av_t *a, uint64_t capacity)
  * yes, on or 0, false, no, off, any case), or dflt when it is absent or not one of those. */
 static bool config_bool(const av_t *a, const char *key, bool dflt)
 {
-    static const char *const yes[] = {"1", "true", "yes", "on"}, *const no[] = {"0", "false", "no", "off"};
     size_t n, kl = strlen(key);
     const char *p = config_item(a, key, &n);
-    if (!p)
-        return dflt;
-    p += kl + 1;
-    n -= kl + 1;
-    for (size_t i = 0; i < 4; i++) {
-        if (strlen(yes[i]) == n && strncasecmp(p, yes[i], n) == 0)
-            return true;
-        if (strlen(no[i]) == n && strncasecmp(p, no[i], n) == 0)
-            return false;
-    }
-    return dflt;
+    bool b;
+    return p && conf_parse_bool(p + kl + 1, n - kl - 1, &b) == NULL ? b : dflt;
 }
 
 /* A trace cualloc recorded (not an import): its configuration's defaults are cualloc's. */
