@@ -440,10 +440,12 @@ _global_hook_handle = None
 _STEP_RECORD = "_cualloc_torch_step_marks"
 
 
-def _adopt_step_marks(optimizer_mod):
+def _adopt_step_marks():
     """Takes over the step counts, optimizer numbers, watched optimizers and global hooks an earlier
-    copy of this module recorded; records this copy's when none did. Returns the record."""
+    copy of this module recorded; records this copy's when none did. Returns torch.optim.optimizer
+    and the record."""
     global _step_counts, _optimizer_ids, _watched, _global_hook_handle
+    import torch.optim.optimizer as optimizer_mod  # noqa: E402 (lazy: torch may be absent)
     with _state_lock:
         record = getattr(optimizer_mod, _STEP_RECORD, None)
         if record is None:
@@ -452,7 +454,7 @@ def _adopt_step_marks(optimizer_mod):
             setattr(optimizer_mod, _STEP_RECORD, record)
         _step_counts, _optimizer_ids, _watched = record["step_counts"], record["optimizer_ids"], record["watched"]
         _global_hook_handle = record["hooks"]
-        return record
+        return optimizer_mod, record
 
 
 def _step_label(opt):
@@ -510,8 +512,7 @@ def watch_optimizer(opt):
     if not hasattr(opt, "register_step_post_hook"):
         raise RuntimeError("cualloc_torch.watch_optimizer(): this optimizer has no register_step_post_hook "
                            "(PyTorch >= 2.0 needed); call cualloc_torch.mark('step N') yourself")
-    import torch.optim.optimizer as optimizer_mod  # noqa: E402 (lazy: torch may be absent)
-    _adopt_step_marks(optimizer_mod)
+    _adopt_step_marks()
     _watched.add(opt)
     pre = opt.register_step_pre_hook(_on_step_start) if hasattr(opt, "register_step_pre_hook") else None
     ref = weakref.ref(opt)
@@ -526,8 +527,7 @@ def watch_optimizer(opt):
 
 def _watch_all_optimizers():
     global _global_hook_handle
-    import torch.optim.optimizer as optimizer_mod  # noqa: E402 (lazy: torch may be absent)
-    record = _adopt_step_marks(optimizer_mod)
+    optimizer_mod, record = _adopt_step_marks()
     if _global_hook_handle is not None:
         return True
     register = getattr(optimizer_mod, "register_optimizer_step_post_hook", None)
