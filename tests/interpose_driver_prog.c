@@ -12,7 +12,10 @@
  *   --device-reset     allocations after a reset of the primary context are usable memory
  *   --runtime-calls    the driver calls a runtime allocation cualloc serves makes, counted
  *   --address-range    cuMemGetAddressRange of live, freed and foreign memory
- *   --streams-first    100 non-blocking streams created before cualloc starts, one capturing */
+ *   --streams-first    100 non-blocking streams created before cualloc starts, one capturing
+ *   --streams-lost before|after
+ *                      the same, with the first stream's table entry refused (tests/failing_mmap.c
+ *                      preloaded): before cualloc starts (the front door's table) or after (the heap's) */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -376,8 +379,13 @@ static int address_range_main(gpa_fn gpa, void *lib) {
  * hand every one to the heap. A heap told of only some settles device-wide frees with a device
  * synchronize, which invalidates a graph capture on a stream it was not told of; told of all, it
  * sees the capture and synchronizes nothing. The stream created last captures while cuMemFree'd
- * blocks are asked for again. */
-static int streams_first_main(gpa_fn gpa, void *lib) {
+ * blocks are asked for again.
+ * --streams-lost WHEN: the first stream's creation finds no memory for the table that remembers it
+ * (every anonymous mmap refused meanwhile), the front door's before cualloc starts, the heap's
+ * after. The heap must then know that a stream escaped it: a cuMemFree'd block is reused only after
+ * a device synchronize (events on the streams it knows do not order the lost one), and never by a
+ * synchronize while a stream it knows captures (which the synchronize would invalidate). */
+static int streams_first_main(gpa_fn gpa, void *lib, const char *lost) {
     basics_t api;
     CUcontext ctx;
     if (!basics_on_device0(gpa, &api, &ctx)) return 1;
@@ -397,20 +405,45 @@ static int streams_first_main(gpa_fn gpa, void *lib) {
     p = dlsym(lib, "fakecuda_calls");
     AS(fake_calls, p);
     CHECK_MSG(set_capturing && captures_broken && fake_calls, "fake helpers");
+    int *mmap_armed = lost ? dlsym(RTLD_DEFAULT, "failing_mmap_armed") : NULL;
+    unsigned long *mmap_refused = lost ? dlsym(RTLD_DEFAULT, "failing_mmap_refused") : NULL;
+    CHECK_MSG(!lost || (mmap_armed && mmap_refused), "tests/failing_mmap.c is not preloaded");
     if (failures) return 1;
 
     enum { NB = 100 };
     CUstream nbs[NB];
-    for (int i = 0; i < NB; i++)
+    if (lost && strcmp(lost, "after") == 0) {
+        CUdeviceptr x = 0; /* cualloc starts */
+        CHECK_MSG(api.mem_alloc(&x, 4 << 20) == 0 && x && api.mem_free(x) == 0, "first cuMemAlloc and cuMemFree");
+    }
+    for (int i = 0; i < NB; i++) {
+        if (lost && i == 0) __atomic_store_n(mmap_armed, 1, __ATOMIC_RELEASE);
         CHECK_MSG(stream_create(&nbs[i], 1 /* CU_STREAM_NON_BLOCKING */) == 0 && nbs[i], "stream %d", i);
+        if (lost && i == 0) {
+            __atomic_store_n(mmap_armed, 0, __ATOMIC_RELEASE);
+            CHECK_MSG(*mmap_refused > 0, "creating stream 0 asked for no mapping: the test cannot lose it");
+        }
+    }
     if (failures) return 1;
-    set_capturing(nbs[NB - 1], 1);
     uint64_t broken0 = captures_broken(), syncs0 = fake_calls(OP_DEVICE_SYNC);
+    if (lost) {
+        /* With no stream capturing, the freed blocks are reused after device synchronizes. */
+        for (int i = 0; i < 8; i++) {
+            CUdeviceptr x = 0;
+            CHECK_MSG(api.mem_alloc(&x, 4 << 20) == 0 && x && api.mem_free(x) == 0, "cuMemAlloc and cuMemFree %d", i);
+        }
+        CHECK_MSG(fake_calls(OP_DEVICE_SYNC) > syncs0,
+                  "no device synchronize while a stream the heap was not told of ran: its frees were settled by "
+                  "the known streams' events alone");
+        syncs0 = fake_calls(OP_DEVICE_SYNC);
+    }
+    set_capturing(nbs[NB - 1], 1);
+    uint64_t a0 = allocs_now();
     for (int i = 0; i < 8; i++) {
         CUdeviceptr x = 0;
         CHECK_MSG(api.mem_alloc(&x, 4 << 20) == 0 && x && api.mem_free(x) == 0, "cuMemAlloc and cuMemFree %d", i);
     }
-    CHECK_MSG(allocs_now() == 8, "cualloc served %llu of 8", (unsigned long long)allocs_now());
+    CHECK_MSG(allocs_now() - a0 == 8, "cualloc served %llu of 8", (unsigned long long)(allocs_now() - a0));
     CHECK_MSG(captures_broken() == broken0 && fake_calls(OP_DEVICE_SYNC) == syncs0,
               "%llu captures invalidated, %llu device synchronizes while stream %d of %d captured: the heap was not "
               "told of every stream created before cualloc started",
@@ -419,7 +452,7 @@ static int streams_first_main(gpa_fn gpa, void *lib) {
     set_capturing(nbs[NB - 1], 0);
     for (int i = 0; i < NB; i++) CHECK_MSG(stream_destroy(nbs[i]) == 0, "cuStreamDestroy %d", i);
     if (failures) return 1;
-    printf("interpose_driver_prog --streams-first: all checks passed\n");
+    printf("interpose_driver_prog --streams-%s: all checks passed\n", lost ? "lost" : "first");
     return 0;
 }
 
@@ -545,7 +578,8 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--stream-device") == 0) return stream_device_main(gpa);
     if (argc > 1 && strcmp(argv[1], "--device-reset") == 0) return device_reset_main(gpa, lib);
     if (argc > 1 && strcmp(argv[1], "--address-range") == 0) return address_range_main(gpa, lib);
-    if (argc > 1 && strcmp(argv[1], "--streams-first") == 0) return streams_first_main(gpa, lib);
+    if (argc > 1 && strcmp(argv[1], "--streams-first") == 0) return streams_first_main(gpa, lib, NULL);
+    if (argc > 2 && strcmp(argv[1], "--streams-lost") == 0) return streams_first_main(gpa, lib, argv[2]);
 
     void *q;
     init_fn cuInit;
