@@ -129,8 +129,11 @@ grep -q "^Ranks (257 traces)$" "$tmp/ranks.txt" && [ "$(grep -c '^allocview repo
     bad "257 traces: not every one reported: $(head -1 "$tmp/ranks.txt"), $(grep -c '^allocview report: ' "$tmp/ranks.txt") reports"
 
 # The diagnosis names what each scenario is, and nothing it is not.
+# Each rule a scenario yields is also one `report --help` lists among the rules --json may carry.
+"$allocview" report --help | tr -s ' \n' ' ' >"$tmp/report-help.txt"
 want() { # TRACE RULE
     grep -q "\"rule\": \"$2\"" "$tmp/$1.json" || bad "$1: no $2 diagnosis in $(cat "$tmp/$1.json")"
+    grep -q "\"rule\" is one of \(.*, \)\?$2[,.]" "$tmp/report-help.txt" || bad "report --help does not list the rule $2"
 }
 wantnot() { grep -q "\"rule\": \"$2\"" "$tmp/$1.json" && bad "$1: unexpected $2 diagnosis"; }
 for t in $traces; do

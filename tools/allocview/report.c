@@ -242,8 +242,9 @@ static size_t label_sites(site_t *v, size_t n, size_t show)
 /* ----------------------------------------------------------------------- the facts, by rule */
 
 typedef struct diag {
-    const char *rule;      /* "oom-fragmentation", "oom-shortage", "oom-cap", "oom-device-full", "leak", "step2-jump", "optimizer-step",
-                              "longest-batch", "phase", "phase-or-step" */
+    const char *rule;      /* "oom-fragmentation", "oom-shortage", "oom-cap", "oom-device-full", "oom-chunk-granularity",
+                              "oom-device-refused", "leak", "step2-jump", "optimizer-step", "longest-batch", "phase",
+                              "phase-or-step" */
     /* Room for the longest figures and names a rule writes: a mark's name (AV_MARK_MAX) and a few
      * call-site labels of up to 1023 bytes each. */
     char text[6144];
@@ -1566,7 +1567,8 @@ static void help(const char *cmd, FILE *out)
                 "  jump, the optimizer's step, the longest batch, a phase above training) with the fix to try\n"
                 "  first and what the trace says it saves. Several traces (one per rank): a table of ranks\n"
                 "  first. --json: \"diagnosis\" entries' \"rule\" is one of oom-fragmentation, oom-shortage, oom-cap,\n"
-                "  oom-device-full, leak, step2-jump, optimizer-step, longest-batch, phase, phase-or-step.\n");
+                "  oom-device-full, oom-chunk-granularity, oom-device-refused, leak, step2-jump, optimizer-step,\n"
+                "  longest-batch, phase, phase-or-step.\n");
     else if (strcmp(cmd, "peak") == 0)
         fprintf(out, "usage: allocview peak [--at TIME|MARK] [--json] [--no-color] [--redact] [--top N] TRACE\n"
                      "  The peak of allocated bytes: when, in which step or phase, requested / allocated /\n"
