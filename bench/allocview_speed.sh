@@ -29,7 +29,8 @@ for run in 1 2 3; do
     sys=$(sed -n 's/.*System time (seconds): //p' "$tmp/time.txt")
     rss=$(sed -n 's/.*Maximum resident set size (kbytes): //p' "$tmp/time.txt")
     secs=$(python3 -c "import sys; p=sys.argv[1].split(':'); print(sum(float(x)*60**i for i,x in enumerate(reversed(p))))" "$wall")
-    python3 -c "import sys; n,s=int(sys.argv[1]),float(sys.argv[2]); print('run %s: %.2f s wall (user %s, sys %s), %.1f M events/s, %.1f M records/s, peak RSS %s KiB' % (sys.argv[3], s, sys.argv[4], sys.argv[5], n/s/1e6, int(sys.argv[7])/s/1e6, sys.argv[6]))" \
+    # A run shorter than /usr/bin/time's resolution (0.01 s) reads 0 s: no rate can be given for it.
+    python3 -c "import sys; n,s,r=int(sys.argv[1]),float(sys.argv[2]),int(sys.argv[7]); rate='%.1f M events/s, %.1f M records/s' % (n/s/1e6, r/s/1e6) if s > 0 else 'too short to time (under 0.01 s), no rate'; print('run %s: %.2f s wall (user %s, sys %s), %s, peak RSS %s KiB' % (sys.argv[3], s, sys.argv[4], sys.argv[5], rate, sys.argv[6]))" \
         "$n" "$secs" "$run" "$user" "$sys" "$rss" "$recs"
 done
 [ "${REPLAY:-1}" = 0 ] && exit 0

@@ -1,7 +1,8 @@
 #!/bin/sh
 # check_bench_scripts.sh — the benchmark scripts still run and print their tables: bench/fastpath.sh
 # and bench/trace_overhead.sh on a short run (few pairs, callgrind included), each row of their
-# instruction tables present with numbers; the benchmark programs refuse a bad argument, naming it.
+# instruction tables present with numbers; bench/allocview_speed.sh on a tiny trace; the benchmark
+# programs refuse a bad argument, naming it.
 # The figures themselves are not judged here (a timed test on a shared machine would be noise);
 # bench/RESULTS.md records them.
 #
@@ -106,6 +107,16 @@ done
 [ -z "$(ls -A "$synth")" ] || { echo "FAIL: a refused trace_synth wrote $(ls -A "$synth")"; fail=1; }
 rm -rf "$synth"
 rm -f "$out.toerr"
+
+# allocview_speed.sh on a trace small enough that /usr/bin/time reads 0 s wall for it (its
+# resolution is 0.01 s): each run's line is still printed, without a rate. It stopped at the first
+# such run with a Python ZeroDivisionError traceback.
+if [ -x /usr/bin/time ]; then
+    if ! REPLAY=0 "$src/bench/allocview_speed.sh" "$build" 1000 >"$out" 2>&1 ||
+        [ "$(grep -c '^run [123]: [0-9.]* s wall' "$out")" != 3 ] || grep -q Traceback "$out"; then
+        echo "FAIL: bench/allocview_speed.sh on 1000 events:"; cat "$out"; fail=1
+    fi
+fi
 
 # The loop baseline costs what the loop costs: the timed loop's own instructions (self cost of
 # bench_loop_*, per pair) under the do-nothing allocator are those under cualloc and jemalloc, less
