@@ -186,6 +186,30 @@ class Discovery(unittest.TestCase):
         del os.environ["CUALLOC_TORCH_LIB"]
         self.assertEqual(ct.find_library(os.path.dirname(ARGS.torch_lib)), os.path.abspath(ARGS.torch_lib))
 
+    def test_env_naming_nothing_is_said(self):
+        """CUALLOC_TORCH_LIB naming no file (a typo, a removed build) while the search finds another
+        copy: that copy is used, with a warning naming the variable's value and the copy. It was
+        passed over in silence, so a job ran on a library other than the one asked for."""
+        if not ARGS.torch_lib:
+            self.skipTest("libcualloc_torch.so not built (no C++ compiler)")
+        _, ct = fresh_modules()
+        os.environ["CUALLOC_TORCH_LIB"] = "/nonexistent/env/libcualloc_torch.so"
+        ct._candidate_dirs = lambda: ["/nonexistent/a", os.path.dirname(os.path.abspath(ARGS.torch_lib))]
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            found = ct.find_library()
+        self.assertEqual(found, os.path.join(os.path.dirname(os.path.abspath(ARGS.torch_lib)), "libcualloc_torch.so"))
+        said = [str(x.message) for x in w]
+        self.assertTrue(any("CUALLOC_TORCH_LIB=/nonexistent/env/libcualloc_torch.so" in m and found in m
+                            for m in said), said)
+        # --find says so on stderr, and still prints the copy it found.
+        code = ("import sys; sys.path.insert(0, %r); import cualloc_torch; "
+                "sys.exit(cualloc_torch.main(['--find']))" % TOOLS)
+        env = dict(os.environ, CUALLOC_TORCH_LIB="/nonexistent/env/libcualloc_torch.so")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+        if r.returncode == 0:  # a copy was found (the build tree beside tools/, or an installed one)
+            self.assertIn("CUALLOC_TORCH_LIB=/nonexistent/env/libcualloc_torch.so", r.stderr)
+
     def test_imports_without_torch(self):
         """The module itself must not import torch."""
         code = ("import sys; sys.path.insert(0, %r); import cualloc_torch; "

@@ -178,8 +178,9 @@ def _candidate_dirs():
 def find_library(path=None):
     """Returns the path of libcualloc_torch.so: `path` if given (a file, or a directory holding
     it), else $CUALLOC_TORCH_LIB, else the first of the build tree and installed library
-    directories that has it, else what the dynamic loader's cache knows. Raises FileNotFoundError
-    naming every place looked in."""
+    directories that has it, else what the dynamic loader's cache knows (with a RuntimeWarning
+    when $CUALLOC_TORCH_LIB is set but names no library). Raises FileNotFoundError naming every
+    place looked in."""
     looked = []
     if path is not None:
         p = os.fspath(path)
@@ -199,18 +200,28 @@ def find_library(path=None):
         looked.append("%s (from CUALLOC_TORCH_LIB)" % p)
     else:
         looked.append("$CUALLOC_TORCH_LIB (not set)")
+
+    def searched(found):
+        # The variable names the library the user wants: a copy found instead is said, never
+        # taken silently (a typo there would otherwise run the job on another build).
+        if env:
+            _warn_once(("CUALLOC_TORCH_LIB", env, found),
+                       "cualloc_torch: CUALLOC_TORCH_LIB=%s names no %s (nor a directory holding it); "
+                       "using %s, found by the default search" % (env, TORCH_LIB_NAME, found))
+        return found
+
     for d in _candidate_dirs():
         p = os.path.join(d, TORCH_LIB_NAME)
         if os.path.isfile(p):
             runtime = _sanitizer_runtime(p)
             if runtime is None:
-                return p
+                return searched(p)
             looked.append("%s (skipped: built with a sanitizer, needs %s preloaded)" % (p, runtime))
             continue
         looked.append(p)
     found = ctypes.util.find_library("cualloc_torch")
     if found:
-        return found  # a name the loader resolves (ldconfig cache)
+        return searched(found)  # a name the loader resolves (ldconfig cache)
     looked.append("the dynamic loader's cache (ldconfig -p)")
     raise FileNotFoundError(
         "cualloc_torch: cannot find %s. Looked in:\n  %s\nBuild it with `meson setup build && "
