@@ -121,7 +121,8 @@ static void usage(FILE *out) {
             "  --min-fit        find by bisection the smallest sim_memory_mb the run completes in,\n"
             "                   once per --conf configuration; prints min-fit / peak requested\n"
             "  --conf KEYS      (with --min-fit, repeatable) extra CUALLOC_CONF keys of one\n"
-            "                   configuration; default: \"\" and \"expandable_segments:0\"\n"
+            "                   configuration; default: \"\" and \"expandable_segments:0\". One with a\n"
+            "                   key cualloc does not take as written is refused (status 2)\n"
             "  --scan K         (with --min-fit) also try the K sizes just above the minimum, to\n"
             "                   show whether completion is monotone there (default 8)\n"
             "  --verbose        (with --min-fit) show the trials and the children's stderr\n"
@@ -773,6 +774,7 @@ typedef struct trial_s {
     size_t peak_requested, peak_allocated, peak_reserved;
     long failed_step;
     char failed_tensor[96];
+    char conf_said[1024];  /* the library's "cualloc: CUALLOC_CONF: ..." lines, if it complained */
 } trial_t;
 
 /* Finds "key": in a JSON text and parses the number after it (false when absent or null). */
@@ -834,21 +836,24 @@ static void run_trial(const opts_t *o, const char *keys, size_t mb, trial_t *t) 
         perror("cualloc-demo: pipe");
         return;
     }
+    /* The child's stderr is kept (not shown unless --verbose: trials that fail print OOM reports)
+     * and read after it ends, for the library's complaints about the configuration. */
+    FILE *err = tmpfile();
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();
     if (pid < 0) {
         perror("cualloc-demo: fork");
         close(pfd[0]), close(pfd[1]);
+        if (err) fclose(err);
         return;
     }
     if (pid == 0) {
         dup2(pfd[1], 1);
         close(pfd[0]), close(pfd[1]);
-        if (!o->verbose) {
-            int dn = open("/dev/null", O_WRONLY);
-            if (dn >= 0) dup2(dn, 2), close(dn);
-        }
+        int dn = err ? fileno(err) : open("/dev/null", O_WRONLY);
+        if (dn >= 0) dup2(dn, 2);
+        if (dn > 2) close(dn);
         setenv("CUALLOC_CONF", conf, 1);
         execv("/proc/self/exe", args);
         perror("cualloc-demo: exec /proc/self/exe");
@@ -872,6 +877,19 @@ static void run_trial(const opts_t *o, const char *keys, size_t mb, trial_t *t) 
     close(pfd[0]);
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    if (err) {
+        static const char said[] = "cualloc: CUALLOC_CONF:";
+        char line[1024];
+        size_t kept = 0;
+        rewind(err);
+        while (fgets(line, sizeof line, err)) {
+            if (o->verbose) fputs(line, stderr);
+            /* snprintf cuts what does not fit; kept then passes the end and the loop adds no more */
+            if (strncmp(line, said, sizeof said - 1) == 0 && kept + 1 < sizeof t->conf_said)
+                kept += (size_t)snprintf(t->conf_said + kept, sizeof t->conf_said - kept, "%s", line);
+        }
+        fclose(err);
+    }
     if (!buf) return;
     buf[len] = '\0';
     bool parsed = strstr(buf, "\"completed\":") != NULL;
@@ -915,12 +933,17 @@ typedef struct fit_s {
 
 #define MAX_TRIALS 256
 
+/* The keys of a configuration's trials: the user's CUALLOC_CONF keys (minus driver/sim_memory_mb),
+ * then --conf's. The caller frees sb->buf. */
+static const char *fit_keys(const char *extra, strbuf_t *sb) {
+    conf_foreach(getenv("CUALLOC_CONF"), copy_user_item, sb);
+    conf_foreach(extra, copy_user_item, sb);
+    return sb->buf ? sb->buf : "";
+}
+
 static void min_fit_one(const opts_t *o, const char *extra, fit_t *f) {
-    /* The configuration: the user's CUALLOC_CONF keys (minus driver/sim_memory_mb), then --conf's. */
     strbuf_t sb = {0};
-    conf_foreach(getenv("CUALLOC_CONF"), copy_user_item, &sb);
-    conf_foreach(extra, copy_user_item, &sb);
-    const char *keys = sb.buf ? sb.buf : "";
+    const char *keys = fit_keys(extra, &sb);
     memset(f, 0, sizeof *f);
     f->keys = extra;
     static trial_t trials[MAX_TRIALS];
@@ -993,6 +1016,24 @@ static int run_min_fit(opts_t *o) {
         o->nconfs = 2;
     }
     const char *user = getenv("CUALLOC_CONF");
+    /* Every configuration is tried once before any is measured: a key the library does not take as
+     * written (unknown, or a bad value) keeps its default in the trials, so the table would name a
+     * configuration it did not measure. A usage error (cualloc-conf names the same complaints). */
+    bool refused = false;
+    for (int c = 0; c < o->nconfs; c++) {
+        strbuf_t sb = {0};
+        trial_t t;
+        run_trial(o, fit_keys(o->confs[c], &sb), o->memory_mb, &t);
+        free(sb.buf);
+        for (char *line = t.conf_said, *end; *line; line = end) {
+            end = line + strcspn(line, "\n");
+            fprintf(stderr, "cualloc-demo: configuration \"%s\" is not taken as written: %.*s\n", o->confs[c],
+                    (int)(end - line), line);
+            if (*end) end++;
+            refused = true;
+        }
+    }
+    if (refused) return 2;
     if (!o->json) {
         printf("cualloc-demo --min-fit: smallest sim_memory_mb at which all %d steps complete (batch %d, seed %" PRIu64
                ")\n",
