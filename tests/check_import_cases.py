@@ -13,8 +13,10 @@ records it writes (`allocview dump`) and on the snapshot the export makes of the
   pending         a free completed at once (the adjacent free_requested/free_completed pair) is one
                   completed FREE; a stream-ordered one is FREE then FREE_DONE; one still waiting at
                   the end (active_pending_free) is a FREE without FREE_DONE, and the export gives
-                  back the same events and the block as active_pending_free; an OOM's allocated
-                  bytes leave a pending block out, as PyTorch's allocated_bytes does
+                  back the same events and the block as active_pending_free, in a snapshot that
+                  passes check_snapshot.py (its segment's requested_size counts the pending block,
+                  as PyTorch's does); an OOM's allocated bytes leave a pending block out, as
+                  PyTorch's allocated_bytes does
   malformed       bad events and annotations (negative size, no addr, not a dict, unknown action, a
                   size that is a str, a time_us that is a str) are skipped, each named by index and
                   key, with a count at the end; the rest imports. Past 20 warnings only the count
@@ -125,6 +127,13 @@ def export(name, trace):
 
 def num(v):
     return int(v, 0)
+
+
+def viewer_check(case):
+    """The export of `case` read as PyTorch's viewer reads it (check_snapshot.py)."""
+    p = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "check_snapshot.py"),
+                        os.path.join(tmp, case + ".out.pickle")], capture_output=True, text=True)
+    check(case, p.returncode == 0, "the export fails the viewer's checks: %s" % (p.stdout + p.stderr).strip())
 
 
 def ranges(recs, kinds, dev="0"):
@@ -269,6 +278,7 @@ def pending():
         check(c, back == [(e["action"], e.get("addr"), e["time_us"]) for e in tr], "events came back as %r" % back)
         states = [(b["address"] - B, b["state"]) for g in out["segments"] for b in g["blocks"] if b["state"] != "inactive"]
         check(c, states == [(2 * M, "active_pending_free"), (3 * M, "active_allocated")], "final blocks %r" % states)
+        viewer_check(c)
 
 
 @case

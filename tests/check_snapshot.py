@@ -8,7 +8,9 @@ viewer would read it, without PyTorch:
 2. it loads with Python's pickle refusing every class (plain data only);
 3. structure: the keys _dump_snapshot writes, segment blocks tiling each segment exactly (the
    viewer recomputes block addresses from the segment start), _memory_viz.segsum's identity
-   free + allocated == total_size per segment and overall;
+   free + allocated == total_size per segment and overall, and each segment's totals summed as
+   CUDACachingAllocator's snapshot sums them (allocated_size over active_allocated blocks,
+   active_size and requested_size over active_allocated and active_pending_free ones);
 4. the viewer's two replays, re-implemented from torch/utils/viz/MemoryViz.js: annotate_snapshot
    (stream numbering, free_requested/free_completed folded into "free") and, for the "Allocator
    State History" view, simulate_memory walking every event backwards from the final segments:
@@ -106,6 +108,15 @@ def check_structure(snap):
         need(allocated + internal + external == seg["total_size"], "segsum identity fails")
         need(seg["allocated_size"] == sum(b["size"] for b in seg["blocks"] if b["state"] == "active_allocated"),
              "segment 0x%x: allocated_size is not the sum of its active blocks" % seg["address"])
+        # CUDACachingAllocator's snapshot sums active_size and requested_size over the active
+        # blocks: allocated ones and those whose free waits for a stream (active_pending_free).
+        active = [b for b in seg["blocks"] if b["state"] != "inactive"]
+        need(seg["active_size"] == sum(b["size"] for b in active),
+             "segment 0x%x: active_size %d is not the sum of its active blocks' sizes (%d)"
+             % (seg["address"], seg["active_size"], sum(b["size"] for b in active)))
+        need(seg["requested_size"] == sum(b["requested_size"] for b in active),
+             "segment 0x%x: requested_size %d is not the sum of its active blocks' requested sizes (%d), "
+             "pending ones included" % (seg["address"], seg["requested_size"], sum(b["requested_size"] for b in active)))
         tot_reserved += seg["total_size"]
         tot_alloc += allocated
         tot_free += internal + external

@@ -543,11 +543,12 @@ static bool write_segments(exporter_t *ex, uint32_t dv, uint64_t *nsegs, uint64_
                 break;
             }
             cur = bl[bi].key.addr + bl[bi].size;
+            /* As CUDACachingAllocator's snapshot sums them: allocated_size over the allocated
+             * blocks, active_size and requested_size over the active ones (pending frees too). */
             active += bl[bi].size;
-            if (!bl[bi].pending) {
+            requested += bl[bi].requested;
+            if (!bl[bi].pending)
                 allocated += bl[bi].size;
-                requested += bl[bi].requested;
-            }
         }
         if (!ok)
             break;
