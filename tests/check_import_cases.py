@@ -17,6 +17,13 @@ records it writes (`allocview dump`) and on the snapshot the export makes of the
                   passes check_snapshot.py (its segment's requested_size counts the pending block,
                   as PyTorch's does); an OOM's allocated bytes leave a pending block out, as
                   PyTorch's allocated_bytes does
+  pending_start   frees already waiting for a stream when the window starts: a block pending
+                  throughout (active_pending_free, no event) starts allocated and freed at once
+                  (FREE without FREE_DONE) and exports as active_pending_free; one whose lone
+                  free_completed is in the window is no starting block but a FREE_DONE; one whose
+                  free_requested is in the window is freed with its block's size. Allocated bytes
+                  (summary, OOM) leave them all out, as PyTorch's do. Without free_requested events
+                  at all (not recorded), a lone free_completed frees a block allocated from the start
   malformed       bad events and annotations (negative size, no addr, not a dict, unknown action, a
                   size that is a str, a time_us that is a str) are skipped, each named by index and
                   key, with a count at the end; the rest imports. Past 20 warnings only the count
@@ -130,9 +137,11 @@ def num(v):
 
 
 def viewer_check(case):
-    """The export of `case` read as PyTorch's viewer reads it (check_snapshot.py)."""
+    """The export of `case` read as PyTorch's viewer reads it, with the events of the snapshot it was
+    imported from (check_snapshot.py --like)."""
     p = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "check_snapshot.py"),
-                        os.path.join(tmp, case + ".out.pickle")], capture_output=True, text=True)
+                        os.path.join(tmp, case + ".out.pickle"), "--like", os.path.join(tmp, case + ".pickle")],
+                       capture_output=True, text=True)
     check(case, p.returncode == 0, "the export fails the viewer's checks: %s" % (p.stdout + p.stderr).strip())
 
 
@@ -279,6 +288,58 @@ def pending():
         states = [(b["address"] - B, b["state"]) for g in out["segments"] for b in g["blocks"] if b["state"] != "inactive"]
         check(c, states == [(2 * M, "active_pending_free"), (3 * M, "active_allocated")], "final blocks %r" % states)
         viewer_check(c)
+
+
+@case
+def pending_start():
+    """Frees waiting for a stream when the window starts (their free_requested is older than the
+    ring buffer): X pending throughout (active_pending_free at the end, no event), Y whose
+    free_completed is the window's only event for it, Z whose free_requested is in the window and
+    which is still pending at the end, W allocated in the window; an OOM after them."""
+    c = "pending_start"
+    S = 0x55550000
+    X, Y, Z, W = B, B + 2 * M, B + 4 * M, B + 6 * M
+    tr = [ev("alloc", W, 2 * M, 100, stream=S), ev("free_completed", Y, 2 * M, 110, stream=S),
+          ev("free_requested", Z, 3 * M // 2, 120, stream=S),
+          {"action": "oom", "device_free": 0, "size": 80 << 30, "stream": S, "time_us": 130, "frames": []}]
+    blocks = [blk(X, 2 * M, "active_pending_free", req=3 * M // 2), blk(Y, 2 * M, "inactive", 0),
+              blk(Z, 2 * M, "active_pending_free", req=3 * M // 2), blk(W, 2 * M)]
+    rc, err, trace = import_(c, snap([seg(B, 8 * M, blocks, stream=S)], [tr]))
+    if not check(c, rc == 0, "import exited %d: %s" % (rc, err)):
+        return
+    recs = records(trace)
+    init = sorted(num(kv["addr"]) for k, kv, _ in recs if k == "init_block")
+    check(c, init == [X, Z], "starting blocks %r, want X and Z only (Y's free was requested before the window: it "
+          "was not allocated)" % [hex(a - B) for a in init])
+    frees = [(k, num(kv["addr"]), num(kv["t"]) // 1000, num(kv["size"]), bool(kv.get("completed"))) for k, kv, _ in recs
+             if k in ("free", "free_done")]
+    want = [("free", X, 100, 2 * M, False), ("free_done", Y, 110, 2 * M, False), ("free", Z, 120, 2 * M, False)]
+    check(c, frees == want, "frees (kind, addr, time_us, size, completed) %r, want %r" % (frees, want))
+    oom = [kv for k, kv, _ in recs if k == "oom"]
+    check(c, len(oom) == 1 and num(oom[0]["allocated"]) == 2 * M,
+          "the OOM's allocated bytes %r, want W's 2 MiB (X, Y and Z wait for their streams)" % oom)
+    sj = summary_json(trace)
+    got = {k: sj.get(k) for k in ("live_blocks_at_end", "allocated_bytes_at_end", "peak_allocated_bytes")}
+    check(c, got == {"live_blocks_at_end": 1, "allocated_bytes_at_end": 2 * M, "peak_allocated_bytes": 4 * M},
+          "summary %r, want W alone live at the end (the snapshot's allocated_size) and a peak of Z + W" % got)
+    rc, err, out = export(c, trace)
+    if check(c, rc == 0, "export exited %d: %s" % (rc, err)):
+        states = [(b["address"], b["state"]) for g in out["segments"] for b in g["blocks"] if b["state"] != "inactive"]
+        check(c, states == [(X, "active_pending_free"), (Z, "active_pending_free"), (W, "active_allocated")],
+              "final blocks %r" % [(hex(a - B), st) for a, st in states])
+        ys = [e["action"] for e in out["device_traces"][0] if e.get("addr") == Y]
+        check(c, ys == ["free_completed"], "Y's events came back as %r, want its free_completed alone" % ys)
+        viewer_check(c)
+    # Recorded without free_requested events (every free a lone free_completed): a block freed in
+    # the window that it never saw allocated was allocated at its start, as before.
+    tr = [ev("alloc", W, 2 * M, 100), ev("free_completed", Y, 2 * M, 110)]
+    rc, err, trace = import_(c + "-noreq", snap([seg(B, 8 * M, [blk(B, 6 * M, "inactive", 0), blk(W, 2 * M)])], [tr]))
+    if check(c, rc == 0, "import exited %d: %s" % (rc, err)):
+        recs = records(trace)
+        got = ([num(kv["addr"]) for k, kv, _ in recs if k == "init_block"],
+               [(k, num(kv["addr"]), bool(kv.get("completed"))) for k, kv, _ in recs if k in ("free", "free_done")])
+        check(c, got == ([Y], [("free", Y, True)]), "without free_requested events: %r, want Y allocated from the start "
+              "and freed at once" % (got,))
 
 
 @case

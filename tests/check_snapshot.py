@@ -21,9 +21,9 @@ viewer would read it, without PyTorch:
    as memory allocated before the trace.)
 
 --like ORIGINAL: the snapshot came from `allocview export` of `allocview import ORIGINAL`; its
-alloc, free_completed, segment and oom events must equal ORIGINAL's, in order (free_requested may
-move: the import keeps only completions, so the export puts each request beside its completion),
-and it must have as many free_requested events.
+alloc, free_completed, segment and oom events must equal ORIGINAL's, in order, and it must have as
+many free_requested events, plus one at its start for each block ORIGINAL has waiting for its
+streams throughout (active_pending_free at the end, named by no event).
 
 --counts: print one JSON line with the event counts per action (summed over devices), the
 number of segments and of live blocks, for the calling test to compare with the trace.
@@ -273,6 +273,15 @@ def event_key(e):
     return (e["action"], e["addr"], e["size"])
 
 
+def annotate_blocks(seg):
+    """seg's blocks with the address the viewer gives them (the sizes before them added up)."""
+    addr, out = seg["address"], []
+    for b in seg["blocks"]:
+        out.append(dict(b, addr=addr))
+        addr += b["size"]
+    return out
+
+
 def compare_like(snap, orig):
     kept = ("alloc", "free_completed", "segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom")
     need(len(snap["device_traces"]) >= len([t for t in orig["device_traces"] if t]), "devices lost")
@@ -283,9 +292,15 @@ def compare_like(snap, orig):
         for i, (x, y) in enumerate(zip(a, b)):
             need(x == y, "device %d: event %d differs: original %r, exported %r" % (dev, i, x, y))
         need(len(a) == len(b), "device %d: %d events kept, original has %d" % (dev, len(b), len(a)))
+        # plus one for each block the original has waiting for its streams throughout (pending at
+        # the end, no event names it): the import frees it at the start, the export says when
+        named = {e.get("addr") for e in otrace}
+        waiting = sum(1 for seg in orig["segments"] if seg["device"] == dev for b in annotate_blocks(seg)
+                      if b["state"] == "active_pending_free" and b["addr"] not in named)
         nreq = sum(1 for e in otrace if e["action"] == "free_requested")
         mreq = sum(1 for e in ntrace if e["action"] == "free_requested")
-        need(nreq == mreq, "device %d: %d free_requested, original has %d" % (dev, mreq, nreq))
+        need(nreq + waiting == mreq, "device %d: %d free_requested, original has %d (and %d blocks waiting throughout)"
+             % (dev, mreq, nreq, waiting))
         # frames of allocations travel too
         fa = [[(f["name"], f["filename"], f["line"]) for f in e["frames"]] for e in otrace if e["action"] == "alloc"]
         fb = [[(f["name"], f["filename"], f["line"]) for f in e["frames"]] for e in ntrace if e["action"] == "alloc"]

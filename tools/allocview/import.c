@@ -5,14 +5,19 @@
  * The snapshot's event list is a ring buffer that starts mid-run, so the state at its start is
  * reconstructed and written as INIT_BLOCK / INIT_MAP records:
  *   blocks: blocks freed (free_completed) in the trace that it never saw allocated, plus blocks of
- *           the final segments (active_allocated / active_pending_free) it never saw allocated;
+ *           the final segments (active_allocated / active_pending_free) it never saw allocated.
+ *           A free already waiting for its streams at the start is no allocated block, as PyTorch
+ *           counts it (its allocated bytes dropped at the free_requested): one the trace completes
+ *           without its request is only a FREE_DONE, one still waiting at the end that no event
+ *           names is a starting block freed at once (FREE, no FREE_DONE: active_pending_free);
  *   memory: the final segments' ranges with the trace's segment events undone from the last back
  *           (minus what the trace mapped, plus what it unmapped): an expandable segment that grew
  *           or was remapped in the window starts with only what was mapped before it.
  * Then the events of every device and the annotations, merged by time (each device's own order
  * kept), per event: alloc -> ALLOC, free_requested -> FREE and free_completed -> FREE_DONE (a block
  * whose free waits for its streams is pending in between; a free_requested that the next event
- * completes, and a free_completed with no request in the trace, are one completed FREE), segment_alloc / segment_map -> MAP,
+ * completes is one completed FREE, and so is a free_completed of a block the trace never saw
+ * allocated in a trace recorded without free_requested events), segment_alloc / segment_map -> MAP,
  * segment_free / segment_unmap -> UNMAP with a TRIM before each run of segment_free (PyTorch
  * frees segments when releasing its cache), oom -> OOM, external_annotations -> MARK ("STAGE
  * name" whole up to TW_LABEL_MAX bytes, cut there with a warning; the name alone for marks
@@ -338,6 +343,40 @@ static const py_t *block_frames(const py_t *blk)
     return f ? f : py_dict_get(py_item(py_dict_get(blk, "history"), 0), "frames");
 }
 
+/* The final segments' blocks of one device, in order. A segment's blocks tile it: a block
+ * without 'address' (PyTorch 2.0 writes none) lies at the segment's address plus the sizes before
+ * it, where PyTorch's viewer puts every block. check_segment keeps that sum below 2^63. */
+typedef struct final_blocks {
+    const py_t *segments;
+    int64_t dev;
+    size_t s, b;   /* the next segment, the next block of segment s - 1 */
+    uint64_t next; /* where a block without 'address' lies */
+} final_blocks_t;
+
+/* The next block: true with *seg, *blk and its address. */
+static bool final_block_next(final_blocks_t *it, const py_t **seg, const py_t **blk, uint64_t *addr)
+{
+    for (;;) {
+        const py_t *g = it->s ? py_item(it->segments, it->s - 1) : NULL;
+        const py_t *blocks = py_dict_get(g, "blocks");
+        if (g && it->b < py_len(blocks)) {
+            const py_t *b = py_item(blocks, it->b++);
+            *seg = g;
+            *blk = b;
+            *addr = py_dict_get(b, "address") ? (uint64_t)geti(b, "address") : it->next;
+            it->next += (uint64_t)geti(b, "size");
+            return true;
+        }
+        do {
+            if (it->s == py_len(it->segments))
+                return false;
+            g = py_item(it->segments, it->s++);
+        } while (geti(g, "device") != it->dev);
+        it->b = 0;
+        it->next = (uint64_t)geti(g, "address");
+    }
+}
+
 static void import_usage(FILE *out)
 {
     fprintf(out, "usage: allocview import SNAPSHOT.pickle -o TRACE [--device-memory SIZE]\n"
@@ -441,8 +480,9 @@ static bool import_event(imp_t *im, devpass_t *p, uint32_t d, size_t i, uint64_t
          * block whose free waits for its streams (record_stream) stays pending in between, and
          * one pending at the end exports as active_pending_free. The pair PyTorch writes for a
          * free that completes at once is one completed FREE (what `allocview export` writes as
-         * that pair), and a free_completed with no request in the trace (made before the window
-         * began) is a completed FREE too. The allocated bytes for OOM records drop at the request,
+         * that pair). A free_completed whose request came before the window began is a FREE_DONE
+         * (pass 1 marked it pending: the block was no allocated one at the start), unless the
+         * trace was recorded without requests: then a completed FREE. The allocated bytes for OOM records drop at the request,
          * as PyTorch counts them (its free() takes the block's size off allocated_bytes before it
          * waits for the streams; a pending block is active, not allocated) and as the trace's
          * reader does at FREE. */
@@ -721,11 +761,40 @@ int av_cmd_import(int argc, char **argv)
             nmaps++;
         }
         ranges_free(&mapped);
-        /* Pass 1: what the trace saw allocated first, and what it freed without seeing it. */
-        u64map_t seen_alloc, init_blocks;
+        /* Frees waiting for their streams (record_stream) when the window starts: PyTorch's
+         * allocated bytes dropped at their free_requested, before the window, so they are not
+         * allocated then, only active. A block still waiting at the end that the window names
+         * nowhere (active_pending_free, no event at its address) is written as a starting block
+         * freed at once (FREE without FREE_DONE): the trace has no other way to hold it, and the
+         * export gives it back as active_pending_free. Written first, so that the allocated
+         * bytes at the start never count two of them at once. */
+        u64map_t seen_alloc, init_blocks, touched, requested;
         u64map_init(&seen_alloc);
         u64map_init(&init_blocks);
-        bool seen;
+        u64map_init(&touched);
+        u64map_init(&requested);
+        bool seen, records_requests = false;
+        for (size_t i = 0; i < p->n; i++) {
+            const py_t *a = py_dict_get(p->ev[i], "action");
+            if (py_str_eq(a, "alloc") || py_str_eq(a, "free_requested") || py_str_eq(a, "free_completed"))
+                set_add(&im, &touched, (uint64_t)geti(p->ev[i], "addr"));
+            records_requests |= py_str_eq(a, "free_requested");
+        }
+        final_blocks_t fb = {.segments = segments, .dev = d};
+        const py_t *seg, *blk;
+        uint64_t baddr;
+        while (final_block_next(&fb, &seg, &blk, &baddr)) {
+            if (!py_str_eq(py_dict_get(blk, "state"), "active_pending_free") || u64map_has(&touched, baddr))
+                continue;
+            uint64_t size = (uint64_t)geti(blk, "size"), req = (uint64_t)geti(blk, "requested_size");
+            uint32_t sid = stream_id(&im, (uint64_t)geti(seg, "stream"));
+            im.ok &= tw_alloc(im.w, t0, (uint32_t)d, sid, baddr, size, req ? req : size,
+                              stack_of(&im, block_frames(blk)), true);
+            im.ok &= tw_free(im.w, t0, (uint32_t)d, sid, baddr, size, false);
+            set_add(&im, &seen_alloc, baddr); /* written: the final blocks below leave it */
+            nblocks++;
+        }
+        /* Pass 1: what the trace saw allocated first, and what it freed without seeing it. */
         for (size_t i = 0; i < p->n; i++) {
             const py_t *e = p->ev[i];
             const py_t *a = py_dict_get(e, "action");
@@ -737,8 +806,20 @@ int av_cmd_import(int argc, char **argv)
                     *last = i + 1;
                 else
                     im.ok = false;
+            } else if (py_str_eq(a, "free_requested") && !u64map_has(&seen_alloc, addr)) {
+                set_add(&im, &requested, addr);
             } else if (py_str_eq(a, "free_completed") && !u64map_has(&seen_alloc, addr)) {
-                if (!set_add(&im, &init_blocks, addr)) {
+                if (records_requests && !u64map_has(&requested, addr)) {
+                    /* Its free was requested before the window: waiting at the start, not
+                     * allocated; its completion is a FREE_DONE, as cualloc's recorder writes one
+                     * whose request came before recording started. (A window without any
+                     * free_requested was recorded without them: the free is all there is.) */
+                    uint64_t *pend = u64map_slot(&dp[d].pending, addr, &seen);
+                    if (pend)
+                        *pend = 1;
+                    else
+                        im.ok = false;
+                } else if (!set_add(&im, &init_blocks, addr)) {
                     tw_alloc(im.w, t0, (uint32_t)d, stream_id(&im, (uint64_t)geti(e, "stream")), addr,
                              round_size(size), size, stack_of(&im, py_dict_get(e, "frames")), true);
                     base_alloc[d] += round_size(size);
@@ -747,37 +828,33 @@ int av_cmd_import(int argc, char **argv)
                 set_add(&im, &seen_alloc, addr); /* a later alloc at that address is a new block */
             }
         }
-        /* The final segments' live blocks the trace never saw allocated. */
-        for (size_t s = 0; s < py_len(segments); s++) {
-            const py_t *seg = py_item(segments, s);
-            if (geti(seg, "device") != d)
+        /* The final segments' live blocks the trace never saw allocated. Their size is the one to
+         * free them with: a block still waiting at the end whose free_requested is in the window. */
+        fb = (final_blocks_t){.segments = segments, .dev = d};
+        while (final_block_next(&fb, &seg, &blk, &baddr)) {
+            const py_t *state = py_dict_get(blk, "state");
+            uint64_t size = (uint64_t)geti(blk, "size"), req = (uint64_t)geti(blk, "requested_size");
+            if (!py_str_eq(state, "active_allocated") && !py_str_eq(state, "active_pending_free"))
                 continue;
-            const py_t *blocks = py_dict_get(seg, "blocks");
-            /* A segment's blocks tile it in order: a block without 'address' (PyTorch 2.0 writes
-             * none) lies at the segment's address plus the sizes before it, where PyTorch's viewer
-             * puts every block. check_segment keeps that sum below 2^63. */
-            uint64_t next = (uint64_t)geti(seg, "address");
-            for (size_t b = 0; b < py_len(blocks); b++) {
-                const py_t *blk = py_item(blocks, b);
-                const py_t *state = py_dict_get(blk, "state");
-                uint64_t addr = py_dict_get(blk, "address") ? (uint64_t)geti(blk, "address") : next;
-                uint64_t size = (uint64_t)geti(blk, "size"), req = (uint64_t)geti(blk, "requested_size");
-                next += size;
-                if (!py_str_eq(state, "active_allocated") && !py_str_eq(state, "active_pending_free"))
-                    continue;
-                uint64_t *fs = u64map_slot(&dp[d].final_size, addr, &seen);
-                if (fs)
-                    *fs = size;
-                else
-                    im.ok = false;
-                if (u64map_has(&seen_alloc, addr))
-                    continue;
-                tw_alloc(im.w, t0, (uint32_t)d, stream_id(&im, (uint64_t)geti(seg, "stream")), addr, size,
-                         req ? req : size, stack_of(&im, block_frames(blk)), true);
-                base_alloc[d] += size;
-                nblocks++;
-            }
+            uint64_t *fs = u64map_slot(&dp[d].final_size, baddr, &seen);
+            if (fs)
+                *fs = size;
+            else
+                im.ok = false;
+            if (u64map_has(&seen_alloc, baddr))
+                continue;
+            uint64_t *sz = u64map_slot(&dp[d].sizes, baddr, &seen);
+            if (sz)
+                *sz = size;
+            else
+                im.ok = false;
+            tw_alloc(im.w, t0, (uint32_t)d, stream_id(&im, (uint64_t)geti(seg, "stream")), baddr, size,
+                     req ? req : size, stack_of(&im, block_frames(blk)), true);
+            base_alloc[d] += size;
+            nblocks++;
         }
+        u64map_free(&touched);
+        u64map_free(&requested);
         u64map_free(&seen_alloc);
         u64map_free(&init_blocks);
     }
