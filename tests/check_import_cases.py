@@ -24,6 +24,10 @@ records it writes (`allocview dump`) and on the snapshot the export makes of the
                   free_requested is in the window is freed with its block's size. Allocated bytes
                   (summary, OOM) leave them all out, as PyTorch's do. Without free_requested events
                   at all (not recorded), a lone free_completed frees a block allocated from the start
+  free_stacks     a block freed in the window that it never saw allocated has the frames of its
+                  free as its call site only when the snapshot's frees carry their allocation's
+                  stack (context='state'); with context='all' (a free that the window sees differ
+                  from its allocation's stack) it has none, never the line that freed it
   malformed       bad events and annotations (negative size, no addr, not a dict, unknown action, a
                   size that is a str, a time_us that is a str) are skipped, each named by index and
                   key, with a count at the end; the rest imports. Past 20 warnings only the count
@@ -340,6 +344,43 @@ def pending_start():
                [(k, num(kv["addr"]), bool(kv.get("completed"))) for k, kv, _ in recs if k in ("free", "free_done")])
         check(c, got == ([Y], [("free", Y, True)]), "without free_requested events: %r, want Y allocated from the start "
               "and freed at once" % (got,))
+
+
+@case
+def free_stacks():
+    """A block freed in the window that it never saw allocated: its call site is the stack its
+    free carries only when frees carry their allocation's stack (history recorded with
+    context='state' or 'alloc'); with context='all', PyTorch's default, a free carries the line
+    that freed, which allocated nothing, and the block has no call site. Told apart on a block the
+    window sees allocated and freed."""
+    c = "free_stacks"
+
+    def fr(name, line):
+        return [{"name": name, "filename": "/home/u/model.py", "line": line}]
+
+    for mode, want_site in (("all", None), ("state", "forward (/home/u/model.py:20)")):
+        # X (allocated in forward, line 20, before the window) is freed first; then a block the
+        # window sees allocated (line 30) and freed.
+        x_free = fr("backward", 50) if mode == "all" else fr("forward", 20)
+        y_free = fr("backward", 51) if mode == "all" else fr("step", 30)
+        tr = [ev("free_requested", B, 4 * M, 100, frames=x_free), ev("free_completed", B, 4 * M, 100, frames=x_free),
+              ev("alloc", B + 4 * M, M, 110, frames=fr("step", 30)),
+              ev("free_requested", B + 4 * M, M, 120, frames=y_free),
+              ev("free_completed", B + 4 * M, M, 120, frames=y_free)]
+        rc, err, trace = import_(c + "-" + mode, snap([seg(B, 8 * M, [blk(B, 8 * M, "inactive", 0)])], [tr]))
+        if not check(c, rc == 0, "%s: import exited %d: %s" % (mode, rc, err)):
+            continue
+        init = [kv.get("stack", "0") for k, kv, _ in records(trace) if k == "init_block"]
+        rc, out, _ = run("sites", "--no-color", trace)  # the peak: X alone, at the start
+        named = [l for l in out.splitlines() if "4.00 MiB 100.0%" in l]
+        if want_site is None:
+            check(c, init == ["0"] and named and "stack not recorded" in named[0] and "backward" not in out,
+                  "context='all': X's call site must be unknown, not the line that freed it: init stacks %r, %r"
+                  % (init, named))
+        else:
+            check(c, len(init) == 1 and init[0] != "0" and named and want_site in named[0],
+                  "context='state': X's call site must be its free's (its allocation's) stack: init stacks %r, %r"
+                  % (init, named))
 
 
 @case

@@ -21,7 +21,9 @@
  * segment_free / segment_unmap -> UNMAP with a TRIM before each run of segment_free (PyTorch
  * frees segments when releasing its cache), oom -> OOM, external_annotations -> MARK ("STAGE
  * name" whole up to TW_LABEL_MAX bytes, cut there with a warning; the name alone for marks
- * `allocview export` wrote), frames -> stacks of PYFRAME nodes (C++ frames too: the snapshot has their names only).
+ * `allocview export` wrote), frames -> stacks of PYFRAME nodes (C++ frames too: the snapshot has their names only);
+ * a block freed in the trace that it never saw allocated has its free's frames as its call site
+ * only where the snapshot's frees carry their allocation's stack (frees_carry_alloc_stacks).
  * Sizes: an event's size is the caller's requested size; ALLOC records it as `requested`, with
  * the allocated size of the block when the snapshot has it (the last alloc at an address whose
  * block is live in the final segments: that block's `size`), else the size PyTorch's round_size
@@ -434,6 +436,73 @@ typedef struct devpass {
     bool in_free_run;  /* the previous event was a segment_free (one TRIM heads a run of them) */
 } devpass_t;
 
+static bool py_same_str(const py_t *a, const py_t *b)
+{
+    bool sa = a && (a->kind == PY_STR || a->kind == PY_BYTES), sb = b && (b->kind == PY_STR || b->kind == PY_BYTES);
+    if (!sa || !sb)
+        return sa == sb;
+    return a->u.s.len == b->u.s.len && memcmp(a->u.s.p, b->u.s.p, a->u.s.len) == 0;
+}
+
+/* Whether two frame lists name the same frames (name, filename, line), whatever dicts hold them. */
+static bool same_frames(const py_t *a, const py_t *b)
+{
+    if (a == b)
+        return true;
+    if (py_len(a) != py_len(b))
+        return false;
+    for (size_t i = 0; i < py_len(a); i++) {
+        const py_t *x = py_item(a, i), *y = py_item(b, i);
+        int64_t lx = 0, ly = 0;
+        py_as_int(py_dict_get(x, "line"), &lx);
+        py_as_int(py_dict_get(y, "line"), &ly);
+        if (lx != ly || !py_same_str(py_dict_get(x, "name"), py_dict_get(y, "name")) ||
+            !py_same_str(py_dict_get(x, "filename"), py_dict_get(y, "filename")))
+            return false;
+    }
+    return true;
+}
+
+/* Whether the snapshot's frees carry the stack of their allocation, which is what a block freed in
+ * the window but allocated before it can be given as its call site. PyTorch's frees carry the
+ * allocation's stack when history was recorded with context='state' or 'alloc', and their own —
+ * the line that freed, no allocation site — with context='all', its default. Told apart on the
+ * blocks the window sees allocated and then freed: one free whose frames differ from its
+ * allocation's is proof of the free's own; no such block at all, no proof of either (false). The
+ * look stops at the first difference or after enough agreement, so a hostile snapshot's long
+ * shared frame lists cost little. */
+static bool frees_carry_alloc_stacks(imp_t *im, const devpass_t *dp, int ndev)
+{
+    enum { ENOUGH = 256 };
+    size_t agree = 0;
+    for (int d = 0; d < ndev; d++) {
+        u64map_t last; /* addr -> the frames (py_t *) of its last alloc */
+        u64map_init(&last);
+        bool f;
+        for (size_t i = 0; i < dp[d].n && agree < ENOUGH; i++) {
+            const py_t *e = dp[d].ev[i], *a = py_dict_get(e, "action");
+            uint64_t addr = (uint64_t)geti(e, "addr");
+            if (py_str_eq(a, "alloc")) {
+                uint64_t *v = u64map_slot(&last, addr, &f);
+                if (!v) {
+                    im->ok = false;
+                    break;
+                }
+                *v = (uint64_t)(uintptr_t)py_dict_get(e, "frames");
+            } else if ((py_str_eq(a, "free_requested") || py_str_eq(a, "free_completed")) && u64map_has(&last, addr)) {
+                const py_t *af = (const py_t *)(uintptr_t)*u64map_slot(&last, addr, &f);
+                if (!same_frames(af, py_dict_get(e, "frames"))) {
+                    u64map_free(&last);
+                    return false;
+                }
+                agree++;
+            }
+        }
+        u64map_free(&last);
+    }
+    return agree > 0;
+}
+
 /* true when event i of p is a free_requested that the next event completes (free_completed at
  * the same address): PyTorch writes that pair for every free whose memory is reusable at once. */
 static bool free_pair_at(const devpass_t *p, size_t i)
@@ -706,6 +775,9 @@ int av_cmd_import(int argc, char **argv)
         tw_device(im.w, (uint32_t)d, devmem, devmem, 2u << 20, expandable, name);
     }
 
+    /* A block freed in the window that it never saw allocated has the free's stack as its call
+     * site only where that stack is its allocation's (frees_carry_alloc_stacks); else none. */
+    bool free_stacks = frees_carry_alloc_stacks(&im, dp, ndev);
     uint64_t t0 = UINT64_MAX; /* the first event's time: initial records get it */
     for (int d = 0; d < ndev; d++) {
         for (size_t i = 0; i < dp[d].n; i++) {
@@ -821,7 +893,8 @@ int av_cmd_import(int argc, char **argv)
                         im.ok = false;
                 } else if (!set_add(&im, &init_blocks, addr)) {
                     tw_alloc(im.w, t0, (uint32_t)d, stream_id(&im, (uint64_t)geti(e, "stream")), addr,
-                             round_size(size), size, stack_of(&im, py_dict_get(e, "frames")), true);
+                             round_size(size), size, free_stacks ? stack_of(&im, py_dict_get(e, "frames")) : 0,
+                             true);
                     base_alloc[d] += round_size(size);
                     nblocks++;
                 }
