@@ -13,8 +13,9 @@
  *    as PyTorch records them); FREE -> free_requested, and free_completed right after it when the
  *    memory was reusable at once (the viewer folds the pair into one "free"), else at FREE_DONE;
  *    MAP/UNMAP -> segment_map/segment_unmap (VMM) or segment_alloc/segment_free (classic); OOM ->
- *    oom with device_free. Frees carry the stack of the allocation, as PyTorch's do. INIT_BLOCK and
- *    INIT_MAP are state, not events: they appear only through the final segments.
+ *    oom with device_free. Frees carry the stack of the allocation (a trace records none for a
+ *    free), as PyTorch's do under context='state' (under context='all' they carry their own).
+ *    INIT_BLOCK and INIT_MAP are state, not events: they appear only through the final segments.
  *  - the viewer replays events backwards from the final state, so every block alive at any moment
  *    must lie in memory mapped at that moment, and every unmap must meet mapped memory. The export
  *    checks this by simulating the trace forwards before writing. A trace that starts mid-run
