@@ -562,24 +562,47 @@ def _watch_all_optimizers():
 # ----------------------------------------------------------------------------------------------
 # Stand-ins for torch.cuda's statistics, which raise under a pluggable allocator.
 
+# PyTorch's accumulated figures, as the counters of struct cualloc_stats they are read from.
+# cualloc's counters only grow (its exit summary and trace count since start), so
+# reset_accumulated_memory_stats() keeps, per device, the counters' values at the reset, and the
+# stand-ins report the counts since then: what PyTorch's resetAccumulatedStats does to the
+# .allocated/.freed of each stat and to its event counters. The current figures and peaks are not
+# counters and are never offset.
+_ACCUMULATED = (
+    ("allocation.all.allocated", "num_allocs"),
+    ("allocation.all.freed", "num_frees"),
+    ("num_alloc_retries", "num_alloc_retries"),
+    ("num_ooms", "num_ooms"),
+    ("num_device_alloc", "num_maps"),
+    ("num_device_free", "num_unmaps"),
+    ("num_sync_all_streams", "num_syncs"),
+)
+# (process id, device ordinal) -> {counter: its value at the last reset}. A forked child starts with
+# fresh heaps, whose counts all come after any reset of its parent's, so it finds none of these.
+_accumulated_base = {}
+
+
 def memory_stats(device=None):
     """torch.cuda.memory_stats() under cualloc: an OrderedDict with PyTorch's key names ("all" pool
     only) and cualloc's values. num_device_alloc/free count chunk maps/unmaps (VMM) or segment
-    allocations/frees (classic); num_sync_all_streams counts the allocator's synchronizations."""
-    s = stats(device)
+    allocations/frees (classic); num_sync_all_streams counts the allocator's synchronizations.
+    The accumulated figures (allocation.all.allocated/freed and the num_* counters) count from the
+    device's last reset_accumulated_memory_stats(), as PyTorch's do."""
+    dev = _device_index(device)
+    s = stats(dev)
+    base = _accumulated_base.get((os.getpid(), dev), {})
+    if any(s[counter] < value for counter, value in base.items()):
+        # A counter below its value at the reset: the device's heap started again since (a device
+        # reset), so all it has counted came after the reset.
+        base = {}
     d = {}
     for cur, peak in _GAUGES:
         key = cur[: -len("_bytes")] if cur.endswith("_bytes") else cur
         d["%s_bytes.all.current" % key] = s[cur]
         d["%s_bytes.all.peak" % key] = s[peak]
     d["allocation.all.current"] = s["num_allocs"] - s["num_frees"]
-    d["allocation.all.allocated"] = s["num_allocs"]
-    d["allocation.all.freed"] = s["num_frees"]
-    d["num_alloc_retries"] = s["num_alloc_retries"]
-    d["num_ooms"] = s["num_ooms"]
-    d["num_device_alloc"] = s["num_maps"]
-    d["num_device_free"] = s["num_unmaps"]
-    d["num_sync_all_streams"] = s["num_syncs"]
+    for key, counter in _ACCUMULATED:
+        d[key] = s[counter] - base.get(counter, 0)
     return OrderedDict(sorted(d.items()))
 
 
@@ -628,10 +651,13 @@ def _reset_peaks(device=None):
 
 
 def _reset_accumulated(device=None):
-    """torch.cuda.reset_accumulated_memory_stats: cualloc's counters only grow; a no-op, with a
-    one-time warning."""
-    _warn_once("reset-accumulated", "cualloc_torch: cualloc's counters (allocations, frees, retries, "
-               "OOMs) only grow; torch.cuda.reset_accumulated_memory_stats() is a no-op under cualloc")
+    """torch.cuda.reset_accumulated_memory_stats: the stand-ins' accumulated figures of the device
+    count from here (see _ACCUMULATED); cualloc's own counters (stats()) stay since start. Raises
+    ValueError for a device cualloc does not have."""
+    dev = _device_index(device)
+    s = stats(dev)
+    with _state_lock:
+        _accumulated_base[(os.getpid(), dev)] = {counter: s[counter] for _, counter in _ACCUMULATED}
 
 
 def _empty_cache():
@@ -780,7 +806,8 @@ def enable(path=None, peer_access=True, step_marks=False, standins=True):
             raise RuntimeError("%s (PyTorch said: %s)" % (_too_late_message(), e)) from e
         _allocator = allocator
         _load_found(lib_path)  # the library PyTorch just loaded, by the same name
-        setattr(memory, _SWAP_RECORD, {"lib_path": lib_path, "allocator": allocator, "originals": _originals})
+        setattr(memory, _SWAP_RECORD, {"lib_path": lib_path, "allocator": allocator, "originals": _originals,
+                                       "accumulated_base": _accumulated_base})
         if peer_access:
             try:
                 if torch.cuda.device_count() > 1:  # does not initialize CUDA
@@ -806,13 +833,19 @@ _SWAP_RECORD = "_cualloc_torch_swap"
 
 
 def _adopt_earlier_swap(torch):
-    """Takes over the swap an earlier copy of this module made, if any: its library, allocator and
-    the PyTorch functions its stand-ins replaced (so that disable_standins() puts PyTorch's back)."""
-    global _allocator, _originals
+    """Takes over the swap an earlier copy of this module made, if any: its library, allocator,
+    the PyTorch functions its stand-ins replaced (so that disable_standins() puts PyTorch's back)
+    and the counters' values at its reset_accumulated_memory_stats() calls."""
+    global _allocator, _originals, _accumulated_base
     record = getattr(getattr(torch.cuda, "memory", None), _SWAP_RECORD, None)
     if record is None:
         return
     _load_found(record["lib_path"])
+    # Resets this copy made itself (stand-ins installed before enable()) are the latest for their
+    # devices; the record's dict stays the one shared with the earlier copy's stand-ins.
+    shared = record.setdefault("accumulated_base", {})
+    shared.update(_accumulated_base)
+    _accumulated_base = shared
     # Functions this copy replaced itself already (install_standins() before enable()) are
     # PyTorch's only where the earlier copy had not replaced them: its record wins.
     for key, fn in _originals.items():
