@@ -474,10 +474,15 @@ class Standins(TorchLibCase):
             "inactive_split_bytes.all.peak": s["inactive_split_peak"],
             "num_alloc_retries": s["num_alloc_retries"], "num_ooms": s["num_ooms"],
             "num_device_alloc": s["num_maps"], "num_device_free": s["num_unmaps"],
+            "num_sync_all_streams": s["num_syncs"],
             "allocation.all.current": s["num_allocs"] - s["num_frees"],
+            "allocation.all.allocated": s["num_allocs"], "allocation.all.freed": s["num_frees"],
         }
         for k, v in expected.items():
             self.assertEqual(ms[k], v, k)
+        # Only these (README.md lists them): a key of PyTorch's that cualloc cannot give (per pool,
+        # block and segment counts, oversize figures) is a KeyError, never a made-up figure.
+        self.assertEqual(set(ms), set(expected))
         self.assertEqual(list(ms), sorted(ms))  # PyTorch returns its keys sorted
         # The same figures nested, as torch.cuda.memory_stats_as_nested_dict gives them.
         nested = c.memory_stats_as_nested_dict()
