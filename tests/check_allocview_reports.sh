@@ -115,6 +115,13 @@ check peak_at_step2 peak --at "step 1" step2.trace
 at_alloc() { "$allocview" peak --no-color --at "$1" "$tmp/step2.trace" 2>&1 | sed -n 's/^  allocated \([^,]*\),.*/\1/p'; }
 [ "$(at_alloc 0.000002)" = "8.00 MiB" ] || bad "peak --at 0.000002: allocated $(at_alloc 0.000002), want 8.00 MiB"
 [ "$(at_alloc 0.000003)" = "16.00 MiB" ] || bad "peak --at 0.000003: allocated $(at_alloc 0.000003), want 16.00 MiB"
+# TIME is read as the decimal it is: latepeak allocates 8 MiB at +0.000129 s and +0.000130 s (32 MiB
+# live before), times whose nanoseconds a double times 1e9 puts just below (128999.99...).
+at_late() { "$allocview" peak --no-color --at "$1" "$tmp/latepeak.trace" 2>&1 | sed -n 's/^  allocated \([^,]*\),.*/\1/p'; }
+for v in "0.000128 32.00" "0.000129 40.00" "0.000130 48.00" "1.3e-4 48.00" "0.000130s 48.00"; do
+    set -- $v
+    [ "$(at_late "$1")" = "$2 MiB" ] || bad "latepeak: peak --at $1: allocated $(at_late "$1"), want $2 MiB"
+done
 span=$("$allocview" peak --at 1e6 "$tmp/step2.trace" 2>&1 | sed -n "s/.*its events span \([0-9.]*\) s.*/\1/p")
 [ -n "$span" ] && "$allocview" peak --no-color --at "$span" "$tmp/step2.trace" >/dev/null 2>&1 ||
     bad "peak --at the last event's time ($span s) is refused"

@@ -1599,17 +1599,62 @@ bool report_is_command(const char *cmd)
            strcmp(cmd, "leaks") == 0 || strcmp(cmd, "oom") == 0;
 }
 
-/* peak --at's time: decimal seconds, optionally followed by "s" ("12.5", "3s", "1e3"); no sign,
- * blank, hex, infinity or NaN (strtod takes all of those). Anything else names a mark. */
-static bool parse_seconds(const char *v, double *out)
+/* peak --at's time: decimal seconds, optionally followed by "s" ("12.5", "3s", "1e3", ".5"); no
+ * sign, blank, hex, infinity or NaN. Anything else names a mark. *ns is the decimal's own value in
+ * nanoseconds, rounded down, not a double's: 0.000065 s is 65000 ns, where 0.000065 * 1e9 in
+ * doubles is 64999.99..., which would leave out the event the report prints at +0.000065 s. Past
+ * INT64_MAX ns (292 years) *ns is INT64_MAX, past any trace's end. */
+static bool parse_seconds_ns(const char *v, int64_t *ns)
 {
-    if (!((*v >= '0' && *v <= '9') || *v == '.') || strpbrk(v, "xX"))
+    /* The value is m * 10^exp ns, m the first 19 significant digits (below 10^19: no overflow).
+     * A fraction digit past them changes the value by less than one unit of m's last digit, so
+     * leaving it out keeps the nanoseconds rounded down; an integer digit past them is a power of
+     * ten more (and the value is past INT64_MAX ns by then). */
+    const char *p = v;
+    uint64_t m = 0;
+    long exp = 9;
+    int digits = 0, kept = 0;
+    bool point = false;
+    for (;; p++) {
+        if (*p == '.' && !point) {
+            point = true;
+            continue;
+        }
+        if (*p < '0' || *p > '9')
+            break;
+        digits++;
+        if (kept < 19 && (m || *p != '0')) {
+            m = m * 10 + (uint64_t)(*p - '0');
+            kept++;
+            exp -= point;
+        } else if (!m) {
+            exp -= point; /* a leading zero: of the fraction, one place more */
+        } else if (!point && exp < 1000000) {
+            exp++;
+        }
+    }
+    if (!digits)
         return false;
-    char *end;
-    double sec = strtod(v, &end);
-    if (end == v || !(*end == '\0' || strcmp(end, "s") == 0) || !isfinite(sec))
+    if (*p == 'e' || *p == 'E') {
+        p++;
+        bool neg = *p == '-';
+        if (*p == '+' || *p == '-')
+            p++;
+        if (*p < '0' || *p > '9')
+            return false;
+        long e = 0;
+        for (; *p >= '0' && *p <= '9'; p++)
+            if (e < 1000000)
+                e = e * 10 + (*p - '0');
+        exp += neg ? -e : e;
+    }
+    if (!(*p == '\0' || strcmp(p, "s") == 0))
         return false;
-    *out = sec;
+    for (; exp < 0 && m; exp++)
+        m /= 10;
+    for (; exp > 0 && m && m <= (uint64_t)INT64_MAX; exp--)
+        m = m > (uint64_t)INT64_MAX / 10 ? (uint64_t)INT64_MAX + 1 : m * 10;
+    *ns = m > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)m;
     return true;
 }
 
@@ -1672,11 +1717,7 @@ static int report_traces(const char *cmd, int argc, char **argv, const char **pa
                 return EXIT_USAGE;
             }
             const char *v = at_arg = argv[++i];
-            double sec;
-            if (parse_seconds(v, &sec))
-                /* past INT64_MAX ns (292 years) is past any trace's end, and is reported as such */
-                o.av.at_time_ns = sec < 9.2e9 ? (int64_t)(sec * 1e9) : INT64_MAX;
-            else
+            if (!parse_seconds_ns(v, &o.av.at_time_ns))
                 o.av.at_mark = v;
         } else if (s[0] == '-' && s[1]) {
             fprintf(stderr, "allocview %s: unknown option %s (see allocview %s --help)\n", cmd, s, cmd);
