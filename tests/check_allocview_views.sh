@@ -181,6 +181,32 @@ assert found, "no gelu site in the JSON"
 ' || bad "peak --json (G): the gelu site is not one entry of 6 blocks"
 fi
 
+# 4d. Stacks that differ only in the allocator's frames (variant W: the activations enter libcualloc.so
+# through two of its functions) are one call site in the timeline, as in folded and peak: one row of
+# top sites holding the site's own largest live bytes (39 MiB, the six blocks of a step; each stack
+# alone held 18 or 21 MiB), one area of the SVG, one entry of --json's sites.
+"$sites" W "$tmp/w.trace" || bad "trace_sites_fixture W did not run"
+"$allocview" timeline --ascii --no-color "$tmp/w.trace" >"$tmp/w_tl.txt" || bad "timeline (W) exited $?"
+rows=$(grep -c 'libtorch_cuda.so+0x2000' "$tmp/w_tl.txt")
+[ "$rows" = 1 ] || bad "timeline (W): the activations' site is on $rows rows, want 1: $(sed -n '/top sites/,$p' "$tmp/w_tl.txt")"
+grep -q '^ *39.00 MiB  libtorch_cuda.so+0x2000$' "$tmp/w_tl.txt" ||
+    bad "timeline (W): the activations' site does not hold both stacks' 39 MiB: $(grep 0x2000 "$tmp/w_tl.txt")"
+"$allocview" timeline --no-color --svg "$tmp/w.svg" "$tmp/w.trace" >/dev/null || bad "timeline --svg (W) exited $?"
+areas=$(grep -c '<path class="area"' "$tmp/w.svg")
+[ "$areas" = 5 ] || bad "svg (W): $areas area paths, want the 5 sites of A"
+[ "$(grep -c '<title>libtorch_cuda.so+0x2000</title>' "$tmp/w.svg")" = 1 ] || bad "svg (W): the activations' site is not one area"
+if command -v python3 >/dev/null 2>&1; then
+    "$allocview" timeline --json "$tmp/w.trace" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+s = [x for x in d["sites"] if "0x2000" in x["name"]]
+assert len(d["sites"]) == 5 and len(s) == 1 and s[0]["max_live_bytes"] == 39 << 20, d["sites"]
+for c in d["columns"]:
+    assert sum(c["sites"]) == c["live_bytes"], c
+' || bad "timeline --json (W): the activations are not one site of 39 MiB"
+fi
+[ "$("$allocview" folded "$tmp/w.trace" | grep -c 'libtorch_cuda.so+0x2000')" = 1 ] || bad "folded (W): not one line for the activations"
+
 # 5. Cut-short and corrupt traces: exit 0 or 3, never a crash.
 for t in fx a; do
     size=$(wc -c <"$tmp/$t.trace")

@@ -11,6 +11,9 @@
  *                                 gelu) through two operators that allocate through one shared
  *                                 innermost frame, as PyTorch's operators do through create_out:
  *                                 two stacks that a call-site label cannot tell apart
+ *   trace_sites_fixture W TRACE   A, but the activations enter the allocator through two of its
+ *                                 functions (libcualloc.so+0x4321 and +0x4400): two stacks with
+ *                                 the same frames once the allocator's are folded away, one site
  *   trace_sites_fixture U TRACE   A, with two more marks before "done": one in Latin-1 ("caf\xe9",
  *                                 not UTF-8), and one of 94 'x' then "\xc3\xa9\xc3\xa9 end" (UTF-8
  *                                 e-acute twice), whose first character straddles byte 95, and
@@ -39,12 +42,18 @@ static uint64_t torch_base = 0x7f1000000000ull, cualloc_base = 0x7f0000000000ull
 
 static uint64_t tick(void) { return now += 1000; }
 
-/* A call site: python frames (outermost first), then libtorch_cuda.so+off, then libcualloc.so. */
-static uint32_t site(uint32_t parent_py, uint32_t pyf, uint64_t torch_off)
+/* A call site: python frames (outermost first), then libtorch_cuda.so+off, then libcualloc.so at
+ * cualloc_off. */
+static uint32_t site_via(uint32_t parent_py, uint32_t pyf, uint64_t torch_off, uint64_t cualloc_off)
 {
     uint32_t py = tw_stack(&w, parent_py, CUA_TRACE_FRAME_PYTHON, pyf);
     uint32_t nat = tw_stack(&w, py, CUA_TRACE_FRAME_NATIVE, torch_base + torch_off);
-    return tw_stack(&w, nat, CUA_TRACE_FRAME_NATIVE, cualloc_base + 0x4321);
+    return tw_stack(&w, nat, CUA_TRACE_FRAME_NATIVE, cualloc_base + cualloc_off);
+}
+
+static uint32_t site(uint32_t parent_py, uint32_t pyf, uint64_t torch_off)
+{
+    return site_via(parent_py, pyf, torch_off, 0x4321);
 }
 
 /* A call site of Python frame py through the operator at torch_off, which allocates through a
@@ -107,13 +116,13 @@ static int junk_sites(const char *trace)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3 || strlen(argv[1]) != 1 || !strchr("ABGUJ", argv[1][0])) {
-        fprintf(stderr, "usage: trace_sites_fixture A|B|G|U|J TRACE\n");
+    if (argc != 3 || strlen(argv[1]) != 1 || !strchr("ABGUJW", argv[1][0])) {
+        fprintf(stderr, "usage: trace_sites_fixture A|B|G|U|J|W TRACE\n");
         return 1;
     }
     if (argv[1][0] == 'J')
         return junk_sites(argv[2]);
-    bool b = argv[1][0] == 'B', g = argv[1][0] == 'G', u = argv[1][0] == 'U';
+    bool b = argv[1][0] == 'B', g = argv[1][0] == 'G', u = argv[1][0] == 'U', twins = argv[1][0] == 'W';
     if (tw_open(&w, argv[2]) != 0) {
         perror(argv[2]);
         return 2;
@@ -135,7 +144,10 @@ int main(int argc, char **argv)
     if (b) /* an unrelated stack first: B's stack ids are all shifted */
         tw_stack(&w, main_st, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, 3, "warmup", "train.py"));
     uint32_t s_param = site(main_st, tw_pyframe(&w, 21, "__init__", "model.py"), 0x1000);
-    uint32_t s_act = site(main_st, tw_pyframe(&w, 42, "forward", "model.py"), 0x2000), s_act2 = s_act;
+    uint32_t f_forward = tw_pyframe(&w, 42, "forward", "model.py");
+    uint32_t s_act = site(main_st, f_forward, 0x2000), s_act2 = s_act;
+    if (twins)
+        s_act2 = site_via(main_st, f_forward, 0x2000, 0x4400);
     if (g) {
         uint32_t gelu = tw_stack(&w, main_st, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, 66, "gelu", "act.py"));
         s_act = op_site(gelu, 0x2100);  /* mul */

@@ -3,7 +3,9 @@
  * Two streaming passes over the trace. The first finds the time range, every call site's largest
  * live bytes (to pick the top K), the marks and the OOMs (the first MAX_MARKS / MAX_OOMS kept),
  * and runs again for one device when the trace has blocks on several (devices.h: the other
- * devices' records then move the clock only, and the OOMs are the device's);
+ * devices' records then move the clock only, and the OOMs are the device's), and again when
+ * several stacks turn out to be one call site (the same frames: they differ only in the frames a
+ * site leaves out), whose largest live bytes are those of its stacks together;
  * the second replays the events into a fixed number of time buckets, each holding the largest
  * live and reserved bytes seen in it and, at the moment of its largest live bytes, the share of
  * each top site. Memory: live blocks, one counter per stack, and the buckets.
@@ -42,6 +44,11 @@ typedef struct tl {
     bool ascii, color, json;
     const char *svg;
     dv_scope_t scope;          /* which device (devices.h); pass 1 may pick one */
+    /* Call sites: stacks with the same frames (vw_site_folded's text, as folded and diff match
+     * them) are one site, named by its smallest stack id; site_of[id] is stack id's site. NULL
+     * while every stack is a site of its own. site_max and top_id are indexed by site. */
+    uint32_t *site_of;
+    size_t site_of_cap;
     /* pass 1 */
     bool any_event, truncated;
     bool overwritten;          /* a ring that lost its oldest events: the figures are of the window */
@@ -89,6 +96,44 @@ static unsigned bucket_of(const tl_t *t, uint64_t time)
 
 /* ---------------------------------------------------------------------------------- passes */
 
+/* A pass's live bytes per call site where sites group several stacks (t->site_of): each site's
+ * sum, kept up to date from the change of its stacks' own bytes (what each was when last seen). */
+typedef struct tl_sites {
+    uint64_t *bytes, *stack_bytes; /* per site, per stack id */
+    size_t cap, stack_cap;
+} tl_sites_t;
+
+/* After vw_replay_add changed stack id's live bytes: its site in *site, and the site's live bytes
+ * in *bytes. False when out of memory. */
+static bool site_changed(const tl_t *t, tl_sites_t *g, const vw_replay_t *s, uint32_t id, uint32_t *site,
+                         uint64_t *bytes)
+{
+    uint64_t now = s->site_bytes[id];
+    *site = t->site_of && id < t->site_of_cap ? t->site_of[id] : id;
+    if (!t->site_of) {
+        *bytes = now;
+        return true;
+    }
+    uint64_t *sb = av_grow_zeroed(g->stack_bytes, &g->stack_cap, id, sizeof *sb);
+    if (!sb)
+        return false;
+    g->stack_bytes = sb;
+    uint64_t *b = av_grow_zeroed(g->bytes, &g->cap, *site, sizeof *b);
+    if (!b)
+        return false;
+    g->bytes = b;
+    b[*site] = b[*site] - sb[id] + now; /* (the site's sum holds the stack's old bytes) */
+    sb[id] = now;
+    *bytes = b[*site];
+    return true;
+}
+
+static void sites_free(tl_sites_t *g)
+{
+    free(g->bytes);
+    free(g->stack_bytes);
+}
+
 /* Pass 1. *again: it picked a device of several (dv_pick), and must run again for it alone. */
 static int pass1(tl_t *t, tr_reader_t **rp, bool *again)
 {
@@ -106,6 +151,7 @@ static int pass1(tl_t *t, tr_reader_t **rp, bool *again)
     t->nmarks = t->marks_total = t->nooms = t->ooms_total = 0;
     vw_replay_t s;
     vw_replay_init(&s);
+    tl_sites_t g = {0};
     tr_record_t rec;
     int k;
     bool end = false;
@@ -120,17 +166,18 @@ static int pass1(tl_t *t, tr_reader_t **rp, bool *again)
             continue;
         int64_t st = vw_replay_add(&s, &rec);
         if (st >= 0) {
-            uint32_t id = (uint32_t)st;
-            if (id >= t->site_max_cap) {
-                uint64_t *n = av_grow_zeroed(t->site_max, &t->site_max_cap, id, sizeof *n);
-                if (!n) {
-                    fprintf(stderr, "allocview timeline: out of memory\n");
-                    break;
-                }
-                t->site_max = n;
+            uint32_t id;
+            uint64_t bytes;
+            uint64_t *n = site_changed(t, &g, &s, (uint32_t)st, &id, &bytes)
+                              ? av_grow_zeroed(t->site_max, &t->site_max_cap, id, sizeof *n)
+                              : NULL;
+            if (!n) {
+                fprintf(stderr, "allocview timeline: out of memory\n");
+                break;
             }
-            if (s.site_bytes[id] > t->site_max[id])
-                t->site_max[id] = s.site_bytes[id];
+            t->site_max = n;
+            if (bytes > t->site_max[id])
+                t->site_max[id] = bytes;
         }
         if (rec.type == CUA_TRACE_MARK) {
             if (t->nmarks < MAX_MARKS) {
@@ -156,8 +203,69 @@ static int pass1(tl_t *t, tr_reader_t **rp, bool *again)
     t->reserved_peak_time = s.reserved_peak_time;
     *again = dv_pick(&t->scope, s.dev_peak, s.have_oom ? &s.oom_dev : NULL);
     vw_replay_free(&s);
+    sites_free(&g);
     *rp = r;
     return k < 0 ? VW_EXIT_CORRUPT : VW_EXIT_OK;
+}
+
+typedef struct tl_key { char *text; uint32_t id; } tl_key_t;
+
+static int key_cmp(const void *a, const void *b)
+{
+    const tl_key_t *x = a, *y = b;
+    int c = strcmp(x->text, y->text);
+    return c ? c : x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Finds the stacks of pass 1 (r: the trace read whole, for naming) that are one call site, and
+ * sets t->site_of when some are. Returns true when it did: pass 1 must run again, as a site's
+ * largest live bytes are its stacks' together, not the largest of any one of them. */
+static bool group_sites(tl_t *t, const tr_reader_t *r)
+{
+    size_t n = 0;
+    for (size_t id = 0; id < t->site_max_cap; id++)
+        n += t->site_max[id] != 0;
+    if (n < 2)
+        return false;
+    tl_key_t *keys = calloc(n, sizeof *keys);
+    sym_ctx_t *sym = sym_new(r);
+    bool ok = keys && sym, merged = false;
+    size_t m = 0;
+    static char buf[65536];
+    static vw_site_frames_t f;
+    for (size_t id = 0; ok && id < t->site_max_cap; id++) {
+        if (!t->site_max[id])
+            continue;
+        vw_site_frames(sym, (uint32_t)id, &f);
+        vw_site_folded(&f, buf, sizeof buf);
+        keys[m] = (tl_key_t){strdup(buf), (uint32_t)id};
+        ok = keys[m++].text != NULL;
+    }
+    if (ok) {
+        qsort(keys, m, sizeof *keys, key_cmp);
+        for (size_t i = 1; i < m; i++)
+            merged |= strcmp(keys[i - 1].text, keys[i].text) == 0;
+    }
+    if (ok && merged) {
+        t->site_of = calloc(t->site_max_cap, sizeof *t->site_of);
+        t->site_of_cap = t->site_of ? t->site_max_cap : 0;
+        ok = t->site_of != NULL;
+        for (size_t id = 0; ok && id < t->site_of_cap; id++)
+            t->site_of[id] = (uint32_t)id;
+        /* sorted by text, then id: a run of one text starts with its smallest id */
+        for (size_t i = 0, first = 0; ok && i < m; i++) {
+            if (strcmp(keys[first].text, keys[i].text) != 0)
+                first = i;
+            t->site_of[keys[i].id] = keys[first].id;
+        }
+    }
+    if (!ok) /* the stacks stay sites of their own */
+        fprintf(stderr, "allocview timeline: out of memory\n");
+    for (size_t i = 0; i < m; i++)
+        free(keys[i].text);
+    free(keys);
+    sym_free(sym);
+    return ok && merged;
 }
 
 static void pick_top(tl_t *t, const tr_reader_t *r)
@@ -195,12 +303,15 @@ static void pick_top(tl_t *t, const tr_reader_t *r)
     sym_free(sym);
 }
 
-static void snapshot(const tl_t *t, const vw_replay_t *s, bucket_t *b)
+static void snapshot(const tl_t *t, const vw_replay_t *s, const tl_sites_t *g, bucket_t *b)
 {
     uint64_t sum = 0;
     for (unsigned i = 0; i < t->ntop; i++) {
         uint32_t id = t->top_id[i];
-        b->site[i] = id < s->site_cap ? s->site_bytes[id] : 0;
+        if (t->site_of)
+            b->site[i] = id < g->cap ? g->bytes[id] : 0;
+        else
+            b->site[i] = id < s->site_cap ? s->site_bytes[id] : 0;
         sum += b->site[i];
     }
     b->site[t->ntop] = s->live > sum ? s->live - sum : 0;
@@ -213,6 +324,7 @@ static int pass2(tl_t *t)
         return VW_EXIT_UNREADABLE;
     vw_replay_t s;
     vw_replay_init(&s);
+    tl_sites_t g = {0};
     tr_record_t rec;
     unsigned cur = 0;
     bool started = false;
@@ -226,16 +338,22 @@ static int pass2(tl_t *t)
             for (unsigned i = started ? cur + 1 : 0; i <= bi && i < t->width; i++) {
                 t->b[i].live = s.live;
                 t->b[i].reserved = s.reserved;
-                snapshot(t, &s, &t->b[i]);
+                snapshot(t, &s, &g, &t->b[i]);
             }
             started = true;
             cur = bi;
         }
-        vw_replay_add(&s, &rec);
+        int64_t st = vw_replay_add(&s, &rec);
+        uint32_t site;
+        uint64_t bytes;
+        if (st >= 0 && !site_changed(t, &g, &s, (uint32_t)st, &site, &bytes)) {
+            fprintf(stderr, "allocview timeline: out of memory\n");
+            break;
+        }
         bucket_t *b = &t->b[cur];
         if (s.live > b->live) {
             b->live = s.live;
-            snapshot(t, &s, b);
+            snapshot(t, &s, &g, b);
         }
         if (s.reserved > b->reserved)
             b->reserved = s.reserved;
@@ -243,9 +361,10 @@ static int pass2(tl_t *t)
     for (unsigned i = started ? cur + 1 : 0; i < t->width; i++) {
         t->b[i].live = s.live;
         t->b[i].reserved = s.reserved;
-        snapshot(t, &s, &t->b[i]);
+        snapshot(t, &s, &g, &t->b[i]);
     }
     vw_replay_free(&s);
+    sites_free(&g);
     tr_close(r);
     return k < 0 ? VW_EXIT_CORRUPT : VW_EXIT_OK;
 }
@@ -713,7 +832,13 @@ int av_cmd_timeline(int argc, char **argv)
         r = NULL;
         status = pass1(t, &r, &again);
     }
+    if (r && group_sites(t, r)) {
+        tr_close(r);
+        r = NULL;
+        status = pass1(t, &r, &again);
+    }
     if (!r) {
+        free(t->site_of);
         free(t->site_max);
         free(t);
         return status;
@@ -749,6 +874,7 @@ int av_cmd_timeline(int argc, char **argv)
         status = vw_finish("timeline", t->path, r, k);
     tr_close(r);
     free(t->b);
+    free(t->site_of);
     free(t->site_max);
     free(t);
     return status;

@@ -13,7 +13,9 @@
  *    folded away; a native frame reads "function (file.c:12)" where the module file has debug
  *    information and matches the recorded build id, "module+0xOFFSET" otherwise; a Python frame
  *    "function (file:line)". Names and keys use only what is the same from run to run (no
- *    addresses where a module is known), so `diff` can match sites of two traces.
+ *    addresses where a module is known), so `diff` can match sites of two traces. Stacks with the
+ *    same frames (they differ only in frames folded away) are one site: folded and diff merge
+ *    their lines by that text, timeline groups their stacks (timeline.c).
  *  - vw_peak_sites: each stack's live bytes at the moment of the allocated peak (two passes).
  */
 #ifndef CUALLOC_VIEWS_H
