@@ -206,6 +206,12 @@ for c in d["columns"]:
 ' || bad "timeline --json (W): the activations are not one site of 39 MiB"
 fi
 [ "$("$allocview" folded "$tmp/w.trace" | grep -c 'libtorch_cuda.so+0x2000')" = 1 ] || bad "folded (W): not one line for the activations"
+# Variant G's two operators under one Python line have different frames but one label: one row of
+# the timeline too (39 MiB), as in peak (4c), not two rows of the same text.
+"$allocview" timeline --ascii --no-color "$tmp/g.trace" >"$tmp/g_tl.txt" || bad "timeline (G) exited $?"
+rows=$(grep -c 'libtorch_cuda.so+0x7000' "$tmp/g_tl.txt")
+[ "$rows" = 1 ] && grep -q '^ *39.00 MiB  libtorch_cuda.so+0x7000' "$tmp/g_tl.txt" ||
+    bad "timeline (G): the gelu line is not one site of 39 MiB: $(sed -n '/top sites/,$p' "$tmp/g_tl.txt")"
 
 # 5. Cut-short and corrupt traces: exit 0 or 3, never a crash.
 for t in fx a; do

@@ -4,8 +4,8 @@
  * live bytes (to pick the top K), the marks and the OOMs (the first MAX_MARKS / MAX_OOMS kept),
  * and runs again for one device when the trace has blocks on several (devices.h: the other
  * devices' records then move the clock only, and the OOMs are the device's), and again when
- * several stacks turn out to be one call site (the same frames: they differ only in the frames a
- * site leaves out), whose largest live bytes are those of its stacks together;
+ * several stacks turn out to be one call site (the same label: they differ only where a label
+ * does not look), whose largest live bytes are those of its stacks together;
  * the second replays the events into a fixed number of time buckets, each holding the largest
  * live and reserved bytes seen in it and, at the moment of its largest live bytes, the share of
  * each top site. Memory: live blocks, one counter per stack, and the buckets.
@@ -44,9 +44,11 @@ typedef struct tl {
     bool ascii, color, json;
     const char *svg;
     dv_scope_t scope;          /* which device (devices.h); pass 1 may pick one */
-    /* Call sites: stacks with the same frames (vw_site_folded's text, as folded and diff match
-     * them) are one site, named by its smallest stack id; site_of[id] is stack id's site. NULL
-     * while every stack is a site of its own. site_max and top_id are indexed by site. */
+    /* Call sites: stacks whose labels come out the same at any depth (sym_label of all their label
+     * frames: they differ only where a label does not look, such as the allocator's frames or the
+     * operators of one Python line) are one site, as the report makes them one row; named by its
+     * smallest stack id. site_of[id] is stack id's site; NULL while every stack is a site of its
+     * own. site_max and top_id are indexed by site. */
     uint32_t *site_of;
     size_t site_of_cap;
     /* pass 1 */
@@ -237,7 +239,7 @@ static bool group_sites(tl_t *t, const tr_reader_t *r)
         if (!t->site_max[id])
             continue;
         vw_site_frames(sym, (uint32_t)id, &f);
-        vw_site_folded(&f, buf, sizeof buf);
+        sym_label(f.label, f.nlabel, SIZE_MAX, id != 0, buf, sizeof buf);
         keys[m] = (tl_key_t){strdup(buf), (uint32_t)id};
         ok = keys[m++].text != NULL;
     }
