@@ -116,6 +116,15 @@ grep -q '^peak allocated  297.00 MiB -> 321.00 MiB' "$tmp/diff.txt" || bad "diff
 "$allocview" diff --json "$tmp/a.trace" "$tmp/b.trace" >"$tmp/diff.json" || bad "diff --json exited $?"
 grep -q '"stack": "main (train.py:10);remember (cache.py:9);' "$tmp/diff.json" || bad "diff --json: $(cat "$tmp/diff.json")"
 "$allocview" diff "$tmp/a.trace" "$tmp/a.trace" | grep -q 'no call site changed' || bad "diff A A: changes"
+# Stacks with one label are one site in diff too (variant G, made in 4c below: its two operators
+# under act.py:66 are one row of 39 MiB, as in peak), the JSON's stack the frames of the larger.
+"$sites" G "$tmp/g.trace" || bad "trace_sites_fixture G did not run"
+"$allocview" diff "$tmp/a.trace" "$tmp/g.trace" >"$tmp/diff_g.txt" || bad "diff A G exited $?"
+[ "$(grep -c 'libtorch_cuda.so+0x7000' "$tmp/diff_g.txt")" = 1 ] &&
+    grep -q '^ *+39.00 MiB  *0 B  *39.00 MiB  libtorch_cuda.so+0x7000  (new in B)$' "$tmp/diff_g.txt" ||
+    bad "diff A G: the gelu line is not one site of 39 MiB: $(cat "$tmp/diff_g.txt")"
+"$allocview" diff --json "$tmp/a.trace" "$tmp/g.trace" | grep -q '"stack": "main (train.py:10);gelu (act.py:66);libtorch_cuda.so+0x2200;libtorch_cuda.so+0x7000", "a_bytes": 0, "b_bytes": 40894464' ||
+    bad "diff --json A G: $("$allocview" diff --json "$tmp/a.trace" "$tmp/g.trace")"
 
 # 4. folded: root first, bytes last, the allocator's frame folded away.
 "$allocview" folded "$tmp/a.trace" >"$tmp/a.folded" || bad "folded exited $?"

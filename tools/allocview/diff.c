@@ -1,8 +1,10 @@
 /* diff.c — `allocview diff A B`: what grew between two traces. Each trace's live bytes at its own
  * allocated peak are taken per call site (vw_peak_sites); sites are matched between the traces by
- * their symbolic frames (vw_site_folded: function and file:line, or module+offset without debug
- * information, and Python function/file/line, root first), never by stack id or address, which
- * differ from run to run. Largest growth first; each site labelled as the report labels it. A
+ * their label at full depth (sym_label of the frames labels show: function and file:line, or
+ * module+offset without debug information, and Python function/file/line), never by stack id or
+ * address, which differ from run to run; stacks whose labels are the same (they differ only where
+ * a label does not look) are one site, as the report makes them one row. Largest growth first;
+ * each site labelled as the report labels it. A
  * trace with blocks on several devices is taken for one device, as the reports take it
  * (devices.h): each trace for its own unless --device names one for both.
  */
@@ -12,9 +14,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A site: its key, its bytes at each trace's peak, and where its frames come from (the side and
- * stack of the first stack that gave the key). */
-typedef struct dsite { char *key; uint64_t a, b; int side; uint32_t stack; } dsite_t;
+/* A site: its key (the label at full depth), its bytes at each trace's peak, and where its frames
+ * come from: the side and stack of its largest stack (part: that stack's bytes), whose frames, root
+ * first and separated by ';' (vw_site_folded), are `folded`. */
+typedef struct dsite {
+    char *key, *folded;
+    uint64_t a, b, part;
+    int side;
+    uint32_t stack;
+} dsite_t;
 
 typedef struct side {
     tr_reader_t *r;
@@ -45,6 +53,7 @@ static int growth_cmp(const void *x, const void *y)
 static bool collect(side_t *s, int which, dsite_t **v, size_t *n, size_t *cap)
 {
     static char buf[65536];
+    static vw_site_frames_t f;
     for (size_t id = 0; id < s->p.nstacks; id++) {
         if (!s->p.bytes[id])
             continue;
@@ -57,16 +66,21 @@ static bool collect(side_t *s, int which, dsite_t **v, size_t *n, size_t *cap)
             *cap = nc;
         }
         dsite_t *d = &(*v)[*n];
-        vw_site_frames_t f;
         vw_site_frames(s->sym, id, &f);
         vw_site_folded(&f, buf, sizeof buf);
+        d->folded = strdup(buf);
+        sym_label(f.label, f.nlabel, SIZE_MAX, id != 0, buf, sizeof buf);
         d->key = strdup(buf);
-        if (!d->key)
+        if (!d->key || !d->folded) {
+            free(d->key);
+            free(d->folded);
             return false;
+        }
         d->side = which;
         d->stack = id;
         d->a = which == 0 ? s->p.bytes[id] : 0;
         d->b = which == 1 ? s->p.bytes[id] : 0;
+        d->part = s->p.bytes[id];
         (*n)++;
     }
     return true;
@@ -84,8 +98,8 @@ static void diff_usage(FILE *out)
     fprintf(out, "usage: allocview diff [--json] [--all] [--device N|all] A B\n"
                  "  what grew from trace A to trace B: each call site's live bytes at its trace's peak of\n"
                  "  allocated memory, A against B, largest growth first; and the two peaks. Sites are\n"
-                 "  matched by their frames (function and file:line, or module+offset; Python function and\n"
-                 "  line), not by address.\n"
+                 "  matched by their labels (function and file:line, or module+offset; Python function and\n"
+                 "  line), not by address; stacks whose labels are the same are one site, as in the report.\n"
                  "  Sites that did not change are left out unless --all.\n"
                  "  --device N|all  one device of traces with blocks on several (default: each trace's first\n"
                  "                  OOM's device, else its device with the highest peak of its own), or all\n"
@@ -146,16 +160,26 @@ int av_cmd_diff(int argc, char **argv)
         fprintf(stderr, "allocview diff: out of memory\n");
         status = VW_EXIT_UNREADABLE;
     }
-    /* Merge equal keys (the same site in both traces, or stacks folding to one key). No site at
-     * all (a --device without blocks) leaves v NULL, which qsort must not be given. */
+    /* Merge equal keys (the same site in both traces, or stacks with one label). No site at all
+     * (a --device without blocks) leaves v NULL, which qsort must not be given. */
     if (n)
         qsort(v, n, sizeof *v, key_cmp);
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         if (m && strcmp(v[m - 1].key, v[i].key) == 0) {
-            v[m - 1].a += v[i].a;
-            v[m - 1].b += v[i].b;
+            dsite_t *d = &v[m - 1];
+            if (v[i].part > d->part) { /* the largest stack gives the frames */
+                char *t = d->folded;
+                d->folded = v[i].folded;
+                v[i].folded = t;
+                d->part = v[i].part;
+                d->side = v[i].side;
+                d->stack = v[i].stack;
+            }
+            d->a += v[i].a;
+            d->b += v[i].b;
             free(v[i].key);
+            free(v[i].folded);
         } else {
             v[m++] = v[i];
         }
@@ -166,10 +190,12 @@ int av_cmd_diff(int argc, char **argv)
     /* The sites listed (changed ones, or all), labelled among themselves. */
     size_t nshown = 0;
     for (size_t i = 0; i < n; i++) {
-        if (all || v[i].a != v[i].b)
+        if (all || v[i].a != v[i].b) {
             v[nshown++] = v[i];
-        else
+        } else {
             free(v[i].key);
+            free(v[i].folded);
+        }
     }
     size_t same = n - nshown;
     n = nshown;
@@ -207,7 +233,7 @@ int av_cmd_diff(int argc, char **argv)
             printf("%s{\"name\": ", sep);
             txt_json_string(stdout, names[i]);
             printf(", \"stack\": ");
-            txt_json_string(stdout, v[i].key);
+            txt_json_string(stdout, v[i].folded);
             printf(", \"a_bytes\": %" PRIu64 ", \"b_bytes\": %" PRIu64 ", \"diff_bytes\": %" PRId64 "}", v[i].a,
                    v[i].b, (int64_t)(v[i].b - v[i].a));
             sep = ", ";
@@ -245,8 +271,10 @@ int av_cmd_diff(int argc, char **argv)
                    s[0].p.truncated && s[1].p.truncated ? "each trace" : s[0].p.truncated ? "A" : "B");
     }
     fflush(stdout);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         free(v[i].key);
+        free(v[i].folded);
+    }
     free(v);
     free(frames);
     free(names);

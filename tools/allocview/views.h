@@ -14,9 +14,8 @@
  *    information and matches the recorded build id, "module+0xOFFSET" otherwise; a Python frame
  *    "function (file:line)". Names and keys use only what is the same from run to run (no
  *    addresses where a module is known), so `diff` can match sites of two traces. Stacks with the
- *    same frames (they differ only in frames folded away) are one site: folded and diff merge
- *    their lines by that text; timeline groups the stacks whose labels are the same (timeline.c),
- *    as the report makes them one row.
+ *    same frames (they differ only in frames folded away) are one line of folded; timeline and
+ *    diff make the stacks whose labels are the same one site, as the report makes them one row.
  *  - vw_peak_sites: each stack's live bytes at the moment of the allocated peak (two passes).
  */
 #ifndef CUALLOC_VIEWS_H
