@@ -62,6 +62,15 @@ else
     echo "python3 not found: skipping the XML and JSON parse checks"
 fi
 
+# The legend's names, cut to fit, lose their middle, not their end, where labels that begin alike
+# differ (variant L: two sites "libtorch_cuda.so+0x7000 <- forward (model.py:42) <- block
+# (model.py:100)" and "...:200)").
+"$sites" L "$tmp/l.trace" || bad "trace_sites_fixture L did not run"
+"$allocview" timeline --no-color --svg "$tmp/l.svg" "$tmp/l.trace" >/dev/null || bad "timeline --svg (L) exited $?"
+legend=$(sed -n '/<g class="legend">/,/<\/g>/s/.*<text[^>]*>\(.*\)<\/text>.*/\1/p' "$tmp/l.svg")
+[ "$(echo "$legend" | grep -c 'model.py:[12]00)$')" = 2 ] && [ -z "$(echo "$legend" | sort | uniq -d)" ] ||
+    bad "svg (L): legend entries that cannot be told apart: $legend"
+
 # 2a. --svg naming the trace itself (or a link to it) is refused, status 1, and the trace is
 #     left as it was; an unwritable chart names why.
 cp "$tmp/a.trace" "$tmp/keep.trace"

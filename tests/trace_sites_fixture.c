@@ -14,6 +14,9 @@
  *   trace_sites_fixture W TRACE   A, but the activations enter the allocator through two of its
  *                                 functions (libcualloc.so+0x4321 and +0x4400): two stacks with
  *                                 the same frames once the allocator's are folded away, one site
+ *   trace_sites_fixture L TRACE   A, but the activations come from model.py:42 called from two places
+ *                                 (block, model.py:100 and model.py:200): two sites whose labels
+ *                                 begin alike for 48 characters and differ at their end
  *   trace_sites_fixture U TRACE   A, with two more marks before "done": one in Latin-1 ("caf\xe9",
  *                                 not UTF-8), and one of 94 'x' then "\xc3\xa9\xc3\xa9 end" (UTF-8
  *                                 e-acute twice), whose first character straddles byte 95, and
@@ -116,13 +119,14 @@ static int junk_sites(const char *trace)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3 || strlen(argv[1]) != 1 || !strchr("ABGUJW", argv[1][0])) {
-        fprintf(stderr, "usage: trace_sites_fixture A|B|G|U|J|W TRACE\n");
+    if (argc != 3 || strlen(argv[1]) != 1 || !strchr("ABGUJWL", argv[1][0])) {
+        fprintf(stderr, "usage: trace_sites_fixture A|B|G|U|J|W|L TRACE\n");
         return 1;
     }
     if (argv[1][0] == 'J')
         return junk_sites(argv[2]);
     bool b = argv[1][0] == 'B', g = argv[1][0] == 'G', u = argv[1][0] == 'U', twins = argv[1][0] == 'W';
+    bool callers = argv[1][0] == 'L';
     if (tw_open(&w, argv[2]) != 0) {
         perror(argv[2]);
         return 2;
@@ -148,6 +152,12 @@ int main(int argc, char **argv)
     uint32_t s_act = site(main_st, f_forward, 0x2000), s_act2 = s_act;
     if (twins)
         s_act2 = site_via(main_st, f_forward, 0x2000, 0x4400);
+    if (callers) {
+        uint32_t block1 = tw_stack(&w, main_st, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, 100, "block", "model.py"));
+        uint32_t block2 = tw_stack(&w, main_st, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, 200, "block", "model.py"));
+        s_act = site(block1, f_forward, 0x7000);
+        s_act2 = site(block2, f_forward, 0x7000);
+    }
     if (g) {
         uint32_t gelu = tw_stack(&w, main_st, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, 66, "gelu", "act.py"));
         s_act = op_site(gelu, 0x2100);  /* mul */

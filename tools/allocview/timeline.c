@@ -708,10 +708,15 @@ static int svg_report(const tl_t *t, const char *file)
                 lx, y, color, lx + 20, y + 9);
         char name[72];
         const char *full = l < t->ntop ? t->top_name[l] : "other";
-        /* cut long names on a character boundary */
+        /* Long names lose their middle, on character boundaries: a label names frames down to the
+         * one that tells the site from the others shown, so labels that begin alike differ at
+         * their end. (The area's title holds the whole name.) */
         size_t n = strlen(full);
         if (n > 48) {
-            snprintf(name, sizeof name, "%.*s...", (int)txt_utf8_cut(full, n, 45), full);
+            const char *tail = full + n - 26;
+            while ((*tail & 0xc0) == 0x80) /* a continuation byte: start at the next character */
+                tail++;
+            snprintf(name, sizeof name, "%.*s...%s", (int)txt_utf8_cut(full, n, 19), full, tail);
         } else {
             memcpy(name, full, n + 1); /* (n <= 48 < sizeof name) */
         }
