@@ -4,6 +4,7 @@
  * allocate anything itself (heap.c does) or interpose CUDA.
  */
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -88,7 +89,7 @@ static void api_atfork_parent(void) { pthread_mutex_unlock(&g.create_lock); }
  * opens its own at its next initialization (its heaps start empty, so nothing needs a snapshot);
  * otherwise it does not trace. */
 static bool api_forked_child;
-static char api_child_trace[CONF_PATH_MAX];
+static char api_child_trace[PATH_MAX]; /* a template given to cualloc_trace_start may be that long */
 /* The parent's heaps, kept reachable in the child (never used again), so that leak checkers do not
  * report their records as lost. */
 static heap_t *api_abandoned_heaps[CUALLOC_MAX_DEVICES];

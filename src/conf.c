@@ -115,7 +115,8 @@ static const opt_t opts[] = {
      "is replaced by the pid, `%r` by the rank (RANK or LOCAL_RANK; 0 when unset), `%h` by the "
      "host name, `%%` by `%`. An existing file is never overwritten (`.1`, `.2` ... is appended) "
      "and a symlink, a directory or a device at the path is refused. After fork a child writes its "
-     "own file when the path has `%p`, else stops tracing. Empty: off.",
+     "own file when the path has `%p` (an escaped `%%p` is not the pid), else stops tracing. "
+     "Empty: off.",
      OFF(trace), 0, CONF_PATH_MAX - 1, 0},
     {"trace_stack_depth", OPT_UINT, "16",
      "Native frames recorded per allocation call stack (0 to 64), plus the Python frames of a "

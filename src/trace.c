@@ -112,7 +112,7 @@ static struct {
     bool open;
     int fd;
     char path[PATH_MAX];
-    char tmpl[CONF_PATH_MAX];
+    char tmpl[PATH_MAX];   /* as given: a forked child expands it again (cualloc_trace_start takes any length) */
     uint32_t block_size;
     uint32_t header_size;
     uint64_t max_blocks;   /* 0 = unbounded */
@@ -1530,6 +1530,21 @@ bool trace_device_begun(int dev)
 
 /* ------------------------------------------------------------------------------- open, stop */
 
+/* Whether the template's expansion holds the pid: a %p that trace_expand_path replaces, not the
+ * "p" after an escaped "%%". */
+static bool tmpl_has_pid(const char *tmpl)
+{
+    for (const char *s = tmpl; *s; s++) {
+        if (*s != '%' || !s[1])
+            continue;
+        if (s[1] == 'p')
+            return true;
+        if (s[1] == '%')
+            s++; /* "%%" is one literal '%': the next character starts afresh */
+    }
+    return false;
+}
+
 size_t trace_expand_path(const char *tmpl, char *out, size_t len)
 {
     size_t n = 0;
@@ -1696,7 +1711,7 @@ int trace_start(const char *tmpl, const conf_t *conf)
         return -1;
     }
     char path[PATH_MAX];
-    if (trace_expand_path(tmpl, path, sizeof path) == 0) {
+    if (strlen(tmpl) >= sizeof T.tmpl || trace_expand_path(tmpl, path, sizeof path) == 0) {
         cua_error("trace: path '%.200s' is empty or too long once expanded; tracing is off", tmpl);
         return -1;
     }
@@ -1920,9 +1935,9 @@ bool trace_after_fork_child(char *tmpl_out, size_t len)
         close(T.fd);
     T.open = false;
     atomic_store_explicit(&trace_enabled_flag, false, memory_order_release);
-    if (!was_open || !strstr(T.tmpl, "%p"))
+    if (!was_open || !tmpl_has_pid(T.tmpl) || strlen(T.tmpl) >= len)
         return false;
-    snprintf(tmpl_out, len, "%s", T.tmpl);
+    memcpy(tmpl_out, T.tmpl, strlen(T.tmpl) + 1);
     return true;
 }
 

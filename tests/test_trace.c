@@ -1304,11 +1304,30 @@ static void exit_from_signal_body(void)
 
 /* ---- fork */
 
-static void fork_body(bool with_pid)
+/* Files in directory d (its own entries only). */
+static int files_in(const char *d)
 {
-    char tmpl[300], path[300];
-    path_of(tmpl, sizeof tmpl, with_pid ? "fork-%p.trace" : "fork-nopid.trace");
-    EXPECT(cualloc_trace_start(tmpl) == 0, "start");
+    DIR *dp = opendir(d);
+    EXPECT(dp, "opendir %s: %s", d, strerror(errno));
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dp)))
+        n += e->d_type == DT_REG;
+    closedir(dp);
+    return n;
+}
+
+/* The parent traces to sub/name (sub, under the scratch directory, made here) and forks; the
+ * child writes sub/<name with %p as its pid> when with_pid, else nothing, and the parent's file
+ * holds the parent's events only. */
+static void fork_case(const char *sub, const char *name, bool with_pid)
+{
+    char subdir[1024], tmpl[1400], path[1400];
+    path_of(subdir, sizeof subdir, sub);
+    EXPECT(mkdir(subdir, 0700) == 0 || errno == EEXIST, "mkdir %s: %s", subdir, strerror(errno));
+    EXPECT(files_in(subdir) == 0, "%s is not empty", subdir);
+    snprintf(tmpl, sizeof tmpl, "%s/%s", subdir, name);
+    EXPECT(cualloc_trace_start(tmpl) == 0, "start %s", tmpl);
     trace_path(path, sizeof path);
     cualloc_free(cualloc_malloc(100, 0, NULL), NULL);
     fflush(stdout);
@@ -1331,10 +1350,13 @@ static void fork_body(bool with_pid)
     EXPECT(t.acct.num_allocs == 6, "the parent's file has the parent's 6 allocs, got %llu",
            (unsigned long long)t.acct.num_allocs);
     trace_free(&t);
-    char child[300], name[64];
-    snprintf(name, sizeof name, "fork-%d.trace", (int)pid);
-    path_of(child, sizeof child, name);
     if (with_pid) {
+        /* The name with its one %p replaced by the child's pid. */
+        char child[1400], pidstr[32];
+        const char *at = strstr(tmpl, "%p");
+        snprintf(pidstr, sizeof pidstr, "%d", (int)pid);
+        snprintf(child, sizeof child, "%.*s%s%s", (int)(at - tmpl), tmpl, pidstr, at + 2);
+        EXPECT(access(child, F_OK) == 0, "the child wrote no %s", child);
         trace_read(child, &t);
         check_consistent(&t, "child");
         EXPECT(t.acct.num_allocs == 50, "the child's own file has its 50 allocs, got %llu",
@@ -1344,15 +1366,25 @@ static void fork_body(bool with_pid)
         EXPECT(count_type(&t, CUA_TRACE_DEVICE) == 1, "the child's file describes device 0 %zu times",
                count_type(&t, CUA_TRACE_DEVICE));
         trace_free(&t);
-    } else {
-        char alt[320];
-        snprintf(alt, sizeof alt, "%s.1", path);
-        EXPECT(access(alt, F_OK) != 0 && access(child, F_OK) != 0, "the child wrote no file");
     }
+    /* The parent's file and, with %p, the child's: nothing else (no PATH.1 beside the parent's). */
+    EXPECT(files_in(subdir) == 1 + with_pid, "%s holds %d files, not %d", subdir, files_in(subdir), 1 + with_pid);
 }
 
-static void fork_pid_body(void) { fork_body(true); }
-static void fork_nopid_body(void) { fork_body(false); }
+static void fork_pid_body(void) { fork_case("fork-pid", "fork-%p.trace", true); }
+static void fork_nopid_body(void) { fork_case("fork-nopid", "fork-nopid.trace", false); }
+/* "%%p" is a literal "%p" in the name, not the pid: the child stops. */
+static void fork_escaped_body(void) { fork_case("fork-escaped", "fork-%%p.trace", false); }
+/* A template longer than a CUALLOC_CONF path (cualloc_trace_start takes any that fits PATH_MAX):
+ * the child expands all of it. */
+static void fork_long_body(void)
+{
+    char sub[600];
+    int n = snprintf(sub, sizeof sub, "fork-long-");
+    memset(sub + n, 'd', 200);
+    sub[n + 200] = '\0';
+    fork_case(sub, "run-%p-with-a-long-name.trace", true);
+}
 
 /* ---- a file system that fills up: the file size limit, without SIGXFSZ or SIGBUS */
 
@@ -1668,6 +1700,8 @@ int main(int argc, char **argv)
     in_child("trace_max_mb with trace_ring keeps the newest", sim, ring_body);
     in_child("fork: the child writes its own file (%p)", sim, fork_pid_body);
     in_child("fork: the child stops (no %p)", sim, fork_nopid_body);
+    in_child("fork: the child stops (%%p is not the pid)", sim, fork_escaped_body);
+    in_child("fork: the child expands a template longer than 255 bytes", sim, fork_long_body);
     in_child("full file system (RLIMIT_FSIZE)", sim, full_body);
     in_child("trace_ring: new definitions once the ring is full", sim, ring_definitions_body);
     in_child("trace_ring: META blocks out of file order", sim, ring_meta_order_body);
