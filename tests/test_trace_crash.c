@@ -5,8 +5,9 @@
  * that had returned, at most every call that had begun (the kill may land inside a call; runs
  * where it did not must match exactly), that every record read is intact, and that the trace says
  * it is truncated (no END record). Several runs with random kill times, single- and
- * multi-threaded, started by CUALLOC_CONF and by cualloc_trace_start; then a clean exit, whose
- * trace must be complete.
+ * multi-threaded, started by CUALLOC_CONF and by cualloc_trace_start; runs killed at a block
+ * boundary, just before or just after the recorder reserves its next block (posix_fallocate,
+ * intercepted below); then a clean exit, whose trace must be complete.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -20,6 +21,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <dlfcn.h>
 
 #include "cualloc.h"
 #include "reader.h"
@@ -38,6 +41,32 @@ typedef struct progress {
 
 static progress_t *prog;
 static int nthreads;
+
+/* Block boundaries. The recorder in libcualloc.so reserves each new block of the file with
+ * posix_fallocate; this definition, exported by the executable, comes before the C library's, so
+ * a child can be killed exactly at the boundary, the kill_at-th time: before the reservation
+ * (kill_before) or after it, before the block is mapped and started (!kill_before). It runs with
+ * the recorder's lock held, other threads waiting for it. */
+static long kill_at;
+static bool kill_before;
+static long reserve_calls;
+
+typedef int (*fallocate_fn)(int, off_t, off_t);
+
+__attribute__((visibility("default"))) int posix_fallocate64(int fd, off_t offset, off_t len);
+__attribute__((visibility("default"))) int posix_fallocate64(int fd, off_t offset, off_t len)
+{
+    long n = __atomic_add_fetch(&reserve_calls, 1, __ATOMIC_RELAXED);
+    if (n == kill_at && kill_before)
+        kill(getpid(), SIGKILL);
+    void *f = dlsym(RTLD_NEXT, "posix_fallocate64");
+    fallocate_fn next;
+    memcpy(&next, &f, sizeof next);
+    int err = next ? next(fd, offset, len) : ENOSYS;
+    if (n == kill_at && !kill_before)
+        kill(getpid(), SIGKILL);
+    return err;
+}
 
 static void *worker(void *arg)
 {
@@ -199,6 +228,56 @@ static void run(const char *dir, int run_no, int threads, bool by_api, unsigned 
                kill_after_us, c.events, done, begun, begun == done ? " (exact)" : "");
 }
 
+/* Killed inside the recorder at a block boundary (see posix_fallocate64): the trace reads without
+ * error, has no END, and holds every call that returned and at most those begun. The child runs
+ * until the kill_at-th reservation kills it. */
+static void run_boundary(const char *dir, int run_no, int threads, long at, bool before)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/crash-%d.trace", dir, run_no);
+    memset(prog, 0, sizeof *prog);
+    nthreads = threads;
+    kill_at = at;
+    kill_before = before;
+    reserve_calls = 0;
+    fflush(stdout);
+    pid_t pid = fork();
+    EXPECT(pid >= 0, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        child_main(path, run_no % 2);
+        _exit(0);
+    }
+    kill_at = 0;
+    /* A child that outlives a minute never reached the reservation: the recorder no longer calls
+     * posix_fallocate64, and this test needs another way in. */
+    int st = 0;
+    pid_t w = 0;
+    for (int i = 0; i < 60000 && (w = waitpid(pid, &st, WNOHANG)) == 0; i++)
+        usleep(1000);
+    if (w == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+        EXPECT(false, "run %d: the child never reached reservation %ld", run_no, at);
+    }
+    EXPECT(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "run %d: the child was not killed at reservation %ld (status %d)",
+           run_no, at, st);
+    uint64_t begun = 0, done = 0;
+    for (int i = 0; i < threads; i++) {
+        begun += atomic_load(&prog->begun[i]);
+        done += atomic_load(&prog->done[i]);
+    }
+    counted_t c = count_events(path);
+    EXPECT(c.status == 0, "run %d: the trace of a process killed at a block boundary is not readable: %s", run_no,
+           c.error);
+    EXPECT(!c.end, "run %d: a killed process has no END record", run_no);
+    EXPECT(c.events >= done && c.events <= begun,
+           "run %d: the trace has %" PRIu64 " alloc+free events; the child had completed %" PRIu64 " and begun %" PRIu64,
+           run_no, c.events, done, begun);
+    printf("ok   run %d: %d thread%s, killed %s reserving block %ld: %" PRIu64 " events in the trace, %" PRIu64
+           " calls returned, %" PRIu64 " begun\n",
+           run_no, threads, threads > 1 ? "s" : "", before ? "before" : "after", at, c.events, done, begun);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -217,6 +296,10 @@ int main(void)
     /* Killed at a random call count, between two calls: the count must be exact. */
     for (int i = 0; i < 4; i++)
         run(dir, n++, 1, i % 2, 0, true, 1002 + rng_below(&r, 300000));
+    /* Killed at a block boundary: the first two reservations are the file's first META and EVENT
+     * blocks, the later ones new blocks as the trace grows. */
+    for (int i = 0; i < 4; i++)
+        run_boundary(dir, n++, 1 + (int)rng_below(&r, MAX_THREADS), 3 + (long)rng_below(&r, 4), i % 2 == 0);
     run(dir, n++, 1, false, 0, false, 0);
     printf("test_trace_crash: %d runs, %d with the kill between calls (exact counts)\n", n - 1, exact_runs);
     char cmd[600];
