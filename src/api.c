@@ -75,15 +75,24 @@ static void api_print_summary(void) {
 
 /* fork: the child must not inherit a heap whose locks another parent thread may hold, nor
  * device memory it cannot use. prepare takes the create lock (no heap is being made while the
- * process is copied); the parent releases it; the child forgets every heap (abandoned, not
- * freed: their memory belongs to the parent's device context) and resets the state, so its next
- * call initializes afresh. A heap or sim lock held by another parent thread at the fork stays
- * held in the child's copy of that abandoned heap, which is never touched again. */
+ * process is copied), then the sim device's lock, which the child takes again when it configures
+ * the sim afresh (no parent thread is inside a sim call at the copy; no sim call takes the create
+ * lock, so the order cannot deadlock); the parent releases both; the child releases the sim's,
+ * forgets every heap (abandoned, not freed: their memory belongs to the parent's device context)
+ * and resets the state, so its next call initializes afresh. A heap lock held by another parent
+ * thread at the fork stays held in the child's copy of that abandoned heap, which is never touched
+ * again. */
 static bool api_atfork_registered; /* survives the child's reset: register once per process */
 
-static void api_atfork_prepare(void) { pthread_mutex_lock(&g.create_lock); }
+static void api_atfork_prepare(void) {
+    pthread_mutex_lock(&g.create_lock);
+    sim_fork_prepare();
+}
 
-static void api_atfork_parent(void) { pthread_mutex_unlock(&g.create_lock); }
+static void api_atfork_parent(void) {
+    sim_fork_release();
+    pthread_mutex_unlock(&g.create_lock);
+}
 
 /* Tracing across fork: the child never writes the parent's file. When the template has %p it
  * opens its own at its next initialization (its heaps start empty, so nothing needs a snapshot);
@@ -95,6 +104,7 @@ static char api_child_trace[PATH_MAX]; /* a template given to cualloc_trace_star
 static heap_t *api_abandoned_heaps[CUALLOC_MAX_DEVICES];
 
 static void api_atfork_child(void) {
+    sim_fork_release();
     api_forked_child = true;
     if (!trace_after_fork_child(api_child_trace, sizeof api_child_trace)) api_child_trace[0] = '\0';
     for (int d = 0; d < CUALLOC_MAX_DEVICES; d++) {

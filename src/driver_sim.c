@@ -501,6 +501,10 @@ void sim_configure(const conf_t *c) {
     pthread_mutex_unlock(&sim_lock);
 }
 
+void sim_fork_prepare(void) { pthread_mutex_lock(&sim_lock); }
+
+void sim_fork_release(void) { pthread_mutex_unlock(&sim_lock); }
+
 /* Configures from the defaults unless sim_configure came first. Lock held. */
 static void sim_ensure_configured(void) {
     if (sim.configured) return;

@@ -134,6 +134,11 @@ const char *sim_op_name(sim_op_t op);
 /* The sim device is configured from conf_t's sim_* fields. sim_configure drops every sim device,
  * handle, mapping, stream and event and builds new ones; nothing may be using the old ones. */
 void sim_configure(const conf_t *c);
+/* fork: sim_fork_prepare takes the sim device's lock, so that no other thread is inside a sim call
+ * while the process is copied; sim_fork_release gives it back, in the parent and in the child
+ * (which configures the sim afresh when it starts cualloc again). api.c's fork handlers call them. */
+void sim_fork_prepare(void);
+void sim_fork_release(void);
 /* A stream whose work completes only when sim_stream_complete says (held), or at once (!held).
  * Unknown stream handles (including NULL, the legacy stream) behave as !held streams. */
 cua_stream sim_stream_create(int dev, bool held);

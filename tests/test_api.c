@@ -3,18 +3,23 @@
  * so patterns can be written and read back through the returned pointers.
  *
  *   test_api            the caching allocator: round trips, alignment, size 0, stats, trim,
- *                       check, OOM and recovery, free(NULL), foreign pointers, invalid devices.
+ *                       check, OOM and recovery, free(NULL), foreign pointers, invalid devices,
+ *                       and a fork while other threads map and unmap.
  *   test_api --disable  run with CUALLOC_DISABLE=1: allocations pass straight to the driver, so
  *                       they still work but no statistics move.
  *   test_api --peers    two sim devices (sim_devices:2): cualloc_enable_peer_access_all.
  *
  * Only cualloc.h and libc are used; cualloc_check runs after every step.
  */
+#include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cualloc.h"
@@ -460,6 +465,58 @@ static void test_invalid_device(void) {
 }
 
 /* One device: no pair to enable. */
+/* fork while other threads allocate: the child starts cualloc afresh (new heaps, a new device
+ * configuration), so no lock a parent thread held at the fork may stay held in its copy. Two
+ * threads map and unmap without pause (a 64 MiB allocation after a trim maps 32 chunks), so the
+ * device's own lock (the sim's) is held most of the time; each child allocates once and exits.
+ * A child that has not exited 10 s after the fork is taken as hung on an inherited lock. */
+static int churn_stop; /* atomic */
+
+static void *churn(void *arg) {
+    (void)arg;
+    while (!__atomic_load_n(&churn_stop, __ATOMIC_RELAXED)) {
+        void *p = cualloc_malloc(64 * MIB, DEV, NULL);
+        if (p) cualloc_free(p, NULL);
+        cualloc_trim(DEV);
+    }
+    return NULL;
+}
+
+static void test_fork_while_mapping(void) {
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++) EXPECT(pthread_create(&t[i], NULL, churn, NULL) == 0, "pthread_create");
+    int hung = 0, failed = 0;
+    for (int k = 0; k < 40 && hung == 0; k++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            void *p = cualloc_malloc(MIB, DEV, NULL);
+            if (p) cualloc_free(p, NULL);
+            _exit(p ? 0 : 1);
+        }
+        EXPECT(pid > 0, "fork");
+        if (pid <= 0) break;
+        int status = 0;
+        pid_t got = 0;
+        for (int ms = 0; ms < 10000 && (got = waitpid(pid, &status, WNOHANG)) == 0; ms++) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+        if (got == 0) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            hung++;
+        } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            failed++;
+        }
+    }
+    __atomic_store_n(&churn_stop, 1, __ATOMIC_RELAXED);
+    for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+    EXPECT(hung == 0, "a child forked while other threads mapped memory did not exit within 10 s (a lock held "
+           "at the fork stayed held in it)");
+    EXPECT(failed == 0, "%d forked children could not allocate", failed);
+    CHECK_HEAP("after the forks");
+}
+
 static void test_peer_access_one_device(void) {
     EXPECT(cualloc_enable_peer_access_all() == 0, "cualloc_enable_peer_access_all with one device");
     CHECK_HEAP("peer access, one device");
@@ -565,6 +622,7 @@ int main(int argc, char **argv) {
         {"free NULL and foreign pointers", test_free_null_and_foreign},
         {"invalid device", test_invalid_device},
         {"peer access, one device", test_peer_access_one_device},
+        {"fork while other threads map", test_fork_while_mapping},
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
         int before = failures;
