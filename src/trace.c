@@ -241,8 +241,10 @@ static size_t put_string(uint8_t *p, const char *s, size_t max)
 {
     size_t n = s ? strlen(s) : 0;
     if (n > max) {
+        /* Cut at a character boundary: back over the continuation bytes of the character at the
+         * cut, which has at most three (past them the text is not UTF-8, and is cut where it is). */
         n = max;
-        while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
+        for (size_t back = 0; back < 3 && n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80; back++)
             n--;
     }
     size_t k = put_varint(p, n);

@@ -367,6 +367,10 @@ static void roundtrip_body(void)
     memset(long_label, 'x', sizeof long_label - 1);
     long_label[sizeof long_label - 1] = '\0';
     trace_mark(long_label);
+    /* Not UTF-8 (every byte a continuation byte): the cut steps back over at most the three bytes
+     * that may end a character, not over the whole label. */
+    memset(long_label, 0x80, sizeof long_label - 1);
+    trace_mark(long_label);
     trace_on_initial_map(5, base + 64 * MiB, 2 * MiB);
     trace_on_initial_block(5, s1, base + 64 * MiB, 1024, 1000);
     /* Unknown record types, one of each kind: skipped, nothing after them disturbed. */
@@ -465,6 +469,9 @@ static void roundtrip_body(void)
     EXPECT(x && strcmp(x->s1, "step 1") == 0, "mark");
     x = nth_of(&t, CUA_TRACE_MARK, 1);
     EXPECT(x && strlen(x->s1) == 1024, "long mark cut to 1024, got %zu", strlen(x->s1));
+    x = nth_of(&t, CUA_TRACE_MARK, 2);
+    EXPECT(x && strlen(x->s1) >= 1021 && strlen(x->s1) <= 1024, "long non-UTF-8 mark cut to 1021-1024 bytes, got %zu",
+           x ? strlen(x->s1) : 0);
     x = nth_of(&t, CUA_TRACE_INIT_MAP, 0);
     EXPECT(x && x->r.addr == base + 64 * MiB && x->r.size == 2 * MiB, "init map");
     x = nth_of(&t, CUA_TRACE_INIT_BLOCK, 0);
