@@ -380,7 +380,14 @@ static bool block_start(tcur_t *c, uint64_t index, bool recycled, uint64_t now)
     }
     uint8_t *b = m;
     if (recycled) {
+        /* The old magic is cleared before any byte of the old block is: a process killed while
+         * the block is zeroed leaves an empty block, not an old one the reader finds damaged. A
+         * release store keeps the writes before it in place but not those after it; the fence
+         * keeps the compiler from starting the memset before the store. (A kill stops the process
+         * between instructions, and the stores already made reach the file: only the compiler's
+         * order matters.) */
         __atomic_store_n((uint32_t *)(void *)b, 0u, __ATOMIC_RELEASE);
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
         memset(b + 4, 0, T.block_size - 4);
     }
     b[CUA_TRACE_BOFF_KIND] = c->kind;
