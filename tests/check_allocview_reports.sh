@@ -122,6 +122,31 @@ for v in "0.000128 32.00" "0.000129 40.00" "0.000130 48.00" "1.3e-4 48.00" "0.00
     set -- $v
     [ "$(at_late "$1")" = "$2 MiB" ] || bad "latepeak: peak --at $1: allocated $(at_late "$1"), want $2 MiB"
 done
+# A mark label written several times (PyTorch's optimizer annotations, one per step) names its first
+# occurrence, and peak says so: 1 MiB is live at the first "START fwd", 3 MiB at the second.
+python3 - "$tmp/twomarks.pickle" <<'PY'
+import pickle, sys
+B, M = 0x7F0000000000, 1 << 20
+ev = lambda a, addr, size, t: {"action": a, "addr": addr, "size": size, "stream": 0, "time_us": t, "frames": []}
+snap = {"segments": [{"device": 0, "address": B, "total_size": 4 * M, "stream": 0, "segment_type": "large",
+                      "allocated_size": 3 * M, "active_size": 3 * M, "requested_size": 3 * M,
+                      "blocks": [{"address": B, "size": M, "requested_size": M, "state": "active_allocated", "frames": []},
+                                 {"address": B + M, "size": 2 * M, "requested_size": 2 * M, "state": "active_allocated",
+                                  "frames": []},
+                                 {"address": B + 3 * M, "size": M, "requested_size": 0, "state": "inactive",
+                                  "frames": []}]}],
+        "device_traces": [[ev("segment_alloc", B, 4 * M, 90), ev("alloc", B, M, 100), ev("alloc", B + M, 2 * M, 200)]],
+        "external_annotations": [{"stage": "START", "name": "fwd", "time_us": 150},
+                                 {"stage": "START", "name": "fwd", "time_us": 250}]}
+pickle.dump(snap, open(sys.argv[1], "wb"), protocol=4)
+PY
+if "$allocview" import "$tmp/twomarks.pickle" -o "$tmp/twomarks.trace" >/dev/null 2>&1; then
+    "$allocview" peak --no-color --at "START fwd" "$tmp/twomarks.trace" >"$tmp/twomarks.out" 2>"$tmp/twomarks.err"
+    grep -q "^  allocated 1.00 MiB," "$tmp/twomarks.out" && grep -q "has 2 marks 'START fwd'; this is the state at the first" "$tmp/twomarks.err" ||
+        bad "peak --at a mark written twice: $(cat "$tmp/twomarks.out" "$tmp/twomarks.err")"
+else
+    bad "import of the two-marks snapshot failed"
+fi
 span=$("$allocview" peak --at 1e6 "$tmp/step2.trace" 2>&1 | sed -n "s/.*its events span \([0-9.]*\) s.*/\1/p")
 [ -n "$span" ] && "$allocview" peak --no-color --at "$span" "$tmp/step2.trace" >/dev/null 2>&1 ||
     bad "peak --at the last event's time ($span s) is refused"

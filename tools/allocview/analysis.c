@@ -516,7 +516,7 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
         case CUA_TRACE_MARK: {
             char label[AV_MARK_MAX];
             copy_str(label, sizeof label, rec.u.text);
-            if (opts && opts->at_mark && !a->at_hit && strcmp(label, opts->at_mark) == 0) {
+            if (opts && opts->at_mark && strcmp(label, opts->at_mark) == 0 && a->at_mark_count++ == 0) {
                 a->at_hit = true;
                 a->at_seg = (uint32_t)(a->nsegs - 1);
             }

@@ -140,6 +140,7 @@ typedef struct av {
     bool at_hit;
     uint64_t at_time, at_seq, at_alloc, at_req, at_reserved;
     uint32_t at_seg;
+    uint32_t at_mark_count;    /* marks with --at MARK's label: the state is the first's */
     devaddr_map_t live;        /* live blocks (struct av_live in analysis.c) */
     addr_ranges_t *segments[CUA_TRACE_MAX_DEVICES]; /* classic devices: the segments mapped now */
     uint64_t last_seq, last_time;

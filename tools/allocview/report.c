@@ -1573,7 +1573,8 @@ static void help(const char *cmd, FILE *out)
         fprintf(out, "usage: allocview peak [--at TIME|MARK] [--json] [--no-color] [--redact] [--top N] TRACE\n"
                      "  The peak of allocated bytes: when, in which step or phase, requested / allocated /\n"
                      "  reserved, and the call sites holding memory then. --at TIME (seconds after the first\n"
-                     "  event, e.g. 1.5 or 1.5s) or --at MARK (a mark's label): the same at that moment.\n");
+                     "  event, e.g. 1.5 or 1.5s) or --at MARK (a mark's label; its first, where several\n"
+                     "  have it): the same at that moment.\n");
     else if (strcmp(cmd, "sites") == 0)
         fprintf(out, "usage: allocview sites [--json] [--no-color] [--redact] [--top N] TRACE\n"
                      "  Call sites (whole stacks, allocator and CUDA runtime frames folded) holding memory at\n"
@@ -1770,6 +1771,13 @@ static int report_traces(const char *cmd, int argc, char **argv, const char **pa
             status = EXIT_USAGE;
             continue;
         }
+        if (strcmp(cmd, "peak") == 0 && o.av.at_mark && a->at_mark_count > 1)
+            /* A label written at every step (PyTorch's optimizer annotations, a "train" mark after
+             * each evaluation) names several moments: the first is shown, and said to be. */
+            fprintf(stderr,
+                    "allocview peak: %s: the trace has %u marks '%s'; this is the state at the first (another is "
+                    "reached by its time: --at SECONDS after the first event)\n",
+                    paths[i], a->at_mark_count, o.av.at_mark);
         as[na++] = a;
     }
     if (na > 1)
