@@ -1,6 +1,6 @@
 /* diff.c — `allocview diff A B`: what grew between two traces. Each trace's live bytes at its own
  * allocated peak are taken per call site (vw_peak_sites); sites are matched between the traces by
- * their label at full depth (sym_label of the frames labels show: function and file:line, or
+ * their label at full depth (vw_site_key, of the frames labels show: function and file:line, or
  * module+offset without debug information, and Python function/file/line), never by stack id or
  * address, which differ from run to run; stacks whose labels are the same (they differ only where
  * a label does not look) are one site, as the report makes them one row. Largest growth first;
@@ -69,7 +69,7 @@ static bool collect(side_t *s, int which, dsite_t **v, size_t *n, size_t *cap)
         vw_site_frames(s->sym, id, &f);
         vw_site_folded(&f, buf, sizeof buf);
         d->folded = strdup(buf);
-        sym_label(f.label, f.nlabel, SIZE_MAX, id != 0, buf, sizeof buf);
+        vw_site_key(&f, buf, sizeof buf);
         d->key = strdup(buf);
         if (!d->key || !d->folded) {
             free(d->key);

@@ -163,6 +163,11 @@ void vw_site_label(const vw_site_frames_t *v, size_t n, size_t i, char *buf, siz
         snprintf(buf + k, len - k, " [stack %" PRIu32 "]", v[i].stack);
 }
 
+void vw_site_key(const vw_site_frames_t *s, char *buf, size_t len)
+{
+    sym_label(s->label, s->nlabel, SIZE_MAX, s->stack != 0, buf, len);
+}
+
 size_t vw_site_folded(const vw_site_frames_t *s, char *buf, size_t len)
 {
     if (len == 0)

@@ -44,10 +44,9 @@ typedef struct tl {
     bool ascii, color, json;
     const char *svg;
     dv_scope_t scope;          /* which device (devices.h); pass 1 may pick one */
-    /* Call sites: stacks whose labels come out the same at any depth (sym_label of all their label
-     * frames: they differ only where a label does not look, such as the allocator's frames or the
-     * operators of one Python line) are one site, as the report makes them one row; named by its
-     * smallest stack id. site_of[id] is stack id's site; NULL while every stack is a site of its
+    /* Call sites: stacks with the same key (vw_site_key: they differ only where a label does not
+     * look, such as the allocator's frames or the operators of one Python line) are one site, as
+     * the report makes them one row; named by its smallest stack id. site_of[id] is stack id's site; NULL while every stack is a site of its
      * own. site_max and top_id are indexed by site. */
     uint32_t *site_of;
     size_t site_of_cap;
@@ -239,7 +238,7 @@ static bool group_sites(tl_t *t, const tr_reader_t *r)
         if (!t->site_max[id])
             continue;
         vw_site_frames(sym, (uint32_t)id, &f);
-        sym_label(f.label, f.nlabel, SIZE_MAX, id != 0, buf, sizeof buf);
+        vw_site_key(&f, buf, sizeof buf);
         keys[m] = (tl_key_t){strdup(buf), (uint32_t)id};
         ok = keys[m++].text != NULL;
     }

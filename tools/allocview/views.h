@@ -83,9 +83,14 @@ void vw_site_frames(sym_ctx_t *sym, uint32_t stack, vw_site_frames_t *out);
 /* The label of v[i] among the n sites listed with it (sym_label: frames down to the one that
  * tells it apart; " [stack N]" when another site has the same frames). */
 void vw_site_label(const vw_site_frames_t *v, size_t n, size_t i, char *buf, size_t len);
-/* The site's frames, root first, separated by ';': the folded-stack line of flamegraph tools,
- * and diff's key. Returns the length written (the text is cut at len-1). */
+/* The site's frames, root first, separated by ';': the folded-stack line of flamegraph tools.
+ * Returns the length written (the text is cut at len-1). */
 size_t vw_site_folded(const vw_site_frames_t *s, char *buf, size_t len);
+/* What stacks are matched by as call sites: the label at full depth (sym_label of all its label
+ * frames). Stacks with the same key differ only where a label does not look (the allocator's
+ * frames, the operators of one Python line) and are one site: the report's row, timeline's site,
+ * diff's site between two traces. */
+void vw_site_key(const vw_site_frames_t *s, char *buf, size_t len);
 
 /* ------------------------------------------------------------------------- peak sites */
 
