@@ -17,7 +17,7 @@ rc=$?
 cat "$tmp/log"
 [ "$rc" = 0 ] || bad "run.sh all --mock exited $rc"
 [ -s "$tmp/results/summary.md" ] || bad "no combined summary.md"
-parts="driver-costs property-cuda ld-preload driver-questions torch torch-medium torch-alloc-cost torch-capacity
+parts="driver-costs property-cuda ld-preload driver-questions torch-api torch torch-medium torch-alloc-cost torch-capacity
 torch-capacity-medium torch-capacity-varlen torch-capacity-medium-varlen viewer"
 # Every part `all` ran is one of these: a part left off the list would go unchecked.
 for d in "$tmp/results"/*/; do
@@ -96,6 +96,12 @@ need = {
                                 and (not any(b["op"] == "build" for b in body)
                                      or sorted(r["mode"] for r in body if r["op"] == "probe" and r["pass"])
                                      == ["plain", "preload"]),
+    # every check of torch_api.py listed, none run
+    "torch-api": lambda: [r["check"] for r in body if r["op"] == "check" and r["status"] == "not-run"]
+                         == ["served", "stats_match", "standin_keys", "accelerator", "reset_peak",
+                             "reset_accumulated", "empty_cache", "memory_summary", "train_marks", "oom",
+                             "graph_guard", "cudnn_benchmark", "record_stream", "caching_allocator_alloc",
+                             "mempool"],
     "torch": lambda: dry(body) == sorted([(m, p) for m in MODES for p in ["train", "oom"]]
                                          + [("default", "snapshot"), ("expandable", "snapshot")])
                      and all(r["shrink_check"]["ok"] for r in body if r.get("phase") == "snapshot")

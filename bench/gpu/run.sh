@@ -3,7 +3,7 @@
 #                  [--budget-gb G] [--probe-steps N] [--deadline-s S] [--pack FILE] [--repeat N]
 # — the runs made on a GPU machine, one command each (see bench/gpu/README.md).
 #
-#   PART  driver-costs | property-cuda | ld-preload | driver-questions | torch | torch-medium |
+#   PART  driver-costs | property-cuda | ld-preload | driver-questions | torch-api | torch | torch-medium |
 #         torch-alloc-cost | torch-capacity | torch-capacity-medium | torch-capacity-varlen |
 #         torch-capacity-medium-varlen | viewer | all; several, comma-separated, run in the order
 #         given within one command. The -varlen capacity parts search the same way with probes
@@ -12,7 +12,7 @@
 #                (BUILD/tests/fakecuda), ld-preload and driver-questions only build (when nvcc
 #                exists), probe the fake driver and print what they would run, the torch parts
 #                run torch_train.py --dry-run per mode (the capacity parts run their whole search
-#                with dry-run probes). Tests the script.
+#                with dry-run probes), torch-api lists its checks. Tests the script.
 #   --out DIR    where results go when $OUT is not set (default ./gpu-results); $OUT wins.
 #   --build DIR  the meson build folder (default: $CUALLOC_BUILD, else REPO/build).
 #   --steps N    training steps per torch mode (default 30).
@@ -32,7 +32,7 @@
 #                spread the machine's changing load over all modes alike. The forced OOM and the
 #                snapshots run in the first round only.
 #   TORCH_BUDGET_S, PART_BUDGET_S (environment; default 540 each): the seconds a torch part, and
-#                driver-costs, property-cuda, ld-preload or driver-questions, may take in all.
+#                driver-costs, property-cuda, ld-preload, driver-questions or torch-api, may take in all.
 #
 # Each part writes RESULTS/PART/results.jsonl (one JSON object per line; the first is a "meta"
 # line with date, device and commit), RESULTS/PART/summary.md (human-readable), env.txt and
@@ -81,7 +81,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-PARTS="driver-costs property-cuda ld-preload driver-questions torch torch-medium torch-alloc-cost torch-capacity torch-capacity-medium \
+PARTS="driver-costs property-cuda ld-preload driver-questions torch-api torch torch-medium torch-alloc-cost torch-capacity torch-capacity-medium \
 torch-capacity-varlen torch-capacity-medium-varlen viewer"
 ALL_TORCH_MODES="default expandable cualloc-enable cualloc-preload-nocache cualloc-preload-cache"
 if [ "$PART" = all ]; then
@@ -131,6 +131,7 @@ estimate() {
         property-cuda) echo "about 1-3 minutes" ;;
         ld-preload) echo "about 1-2 minutes (two nvcc builds, six runs)" ;;
         driver-questions) echo "about 1 minute (one small nvcc build, ten processes of a few seconds each, at most 30 s each)" ;;
+        torch-api) echo "about 1 minute (one PyTorch process under cualloc_torch.enable(), then allocview on its trace)" ;;
         torch) echo "about 4-7 minutes (5 modes x (training run + forced-OOM run) + 2 snapshot runs, each a fresh process; capped at 9 minutes)" ;;
         torch-medium) echo "about 2-4 minutes (5 GPT-2 medium training runs; capped at 9 minutes)" ;;
         torch-alloc-cost) echo "about 1 minute (5 short processes)" ;;
@@ -562,6 +563,66 @@ part_driver_questions() {
     [ "$fail" = 0 ]
 }
 
+# What real PyTorch does under cualloc_torch.enable(): torch_api.py's checks (the stand-ins, the graph
+# guard, the OOM, cuDNN's benchmark mode, ...) in one process whose job is recorded (trace:); then
+# allocview must read the trace and find the optimizer's step marks in it ("step 1" .. "step 5").
+part_torch_api() {
+    local dir=$RESULTS/torch-api av=$BUILD/tools/allocview/allocview rc marks fail=0
+    local trace=$dir/api.trace log=$dir/run-torch-api.log
+    need "$BUILD/src/libcualloc_torch.so" || return 1
+    if [ "$MOCK" = 1 ] || ! gpu_present; then
+        local why="mock"
+        [ "$MOCK" = 1 ] || why="no GPU"
+        echo "would run ($why): CUALLOC_CONF=summary:1,trace:$trace $PY torch_api.py --build $BUILD"
+        "$PY" "$HERE/torch_api.py" --build "$BUILD" --dry-run | tee "$log"
+        rc=${PIPESTATUS[0]}
+        sed -n 's/^torch_api: PLAN //p' "$log" | "$PY" -c 'import json,sys
+for line in sys.stdin:
+    r = json.loads(line); r.update(part="torch-api", op="check", status="not-run", reason=sys.argv[1]); print(json.dumps(r))' \
+            "$why" >>"$dir/results.jsonl"
+        if [ "$rc" = 0 ] && [ "$MOCK" = 1 ]; then
+            status_line torch-api mock 0 "checks listed, not run"
+        else
+            status_line torch-api "$([ "$rc" = 0 ] && echo skipped || echo fail)" "$([ "$rc" = 0 ] && echo 77 || echo "$rc")" \
+                "not run ($why); torch_api.py --dry-run exited $rc"
+            fail=1
+        fi
+        summarize torch-api
+        [ "$fail" = 0 ]
+        return
+    fi
+    rm -f "$trace"
+    # shellcheck disable=SC2046
+    env $(mode_env torch-api cualloc-enable train) CUALLOC_CONF="summary:1,trace:$trace" PYTHONUNBUFFERED=1 \
+        timeout "$(limit 240)" "$PY" "$HERE/torch_api.py" --build "$BUILD" >"$log" 2>&1
+    rc=$?
+    cat "$log"
+    sed -n 's/^torch_api: RESULT //p' "$log" |
+        "$PY" -c 'import json,sys
+for line in sys.stdin:
+    r = json.loads(line); r.update(part="torch-api", op="check"); print(json.dumps(r))' >>"$dir/results.jsonl"
+    if [ -s "$trace" ] && starts "$av"; then
+        build_prog "$av" report --no-color "$trace" >"$dir/report.log" 2>&1 || fail=1
+        marks=$(build_prog "$av" dump "$trace" 2>>"$dir/report.log" | grep -c ' mark .*"step [0-9]*"')
+    else
+        echo "run.sh: torch-api: no trace at $trace, or allocview cannot start" | tee -a "$log"
+        marks=0
+        fail=1
+    fi
+    printf '{"part":"torch-api","op":"trace","step_marks":%d,"trace_bytes":%d}\n' "$marks" \
+        "$(stat -c %s "$trace" 2>/dev/null || echo 0)" >>"$dir/results.jsonl"
+    rm -f "$trace"
+    [ "$marks" -ge 5 ] || { echo "run.sh: torch-api: $marks step marks in the trace, wanting 5 or more"; fail=1; }
+    if [ "$rc" = 0 ] && [ "$fail" = 0 ]; then
+        status_line torch-api pass 0 "every check passed; $marks step marks in the trace"
+    else
+        status_line torch-api fail "$rc" "torch_api.py exited $rc; $marks step marks in the trace (see logs.txt)"
+        fail=1
+    fi
+    summarize torch-api
+    [ "$fail" = 0 ]
+}
+
 TORCH_MODES=${MODES_ARG:-$ALL_TORCH_MODES}
 TORCH_CAP_GB=16
 # oom_trace PART MODE: the trace cualloc records of MODE's forced OOM (oom_report reads it).
@@ -836,7 +897,7 @@ run_part() {
     header "$part"
     t0=$(date +%s)
     case $part in
-        driver-costs|property-cuda|ld-preload|driver-questions) PART_END=$((t0 + ${PART_BUDGET_S:-540})) ;;
+        driver-costs|property-cuda|ld-preload|driver-questions|torch-api) PART_END=$((t0 + ${PART_BUDGET_S:-540})) ;;
         *) PART_END= ;;
     esac
     case $part in
@@ -844,6 +905,7 @@ run_part() {
         property-cuda) part_property_cuda ;;
         ld-preload) part_ld_preload ;;
         driver-questions) part_driver_questions ;;
+        torch-api) part_torch_api ;;
         torch) part_torch ;;
         torch-medium) part_torch_medium ;;
         torch-alloc-cost) part_torch_alloc_cost ;;

@@ -738,8 +738,32 @@ def viewer(rows):
     return out
 
 
+def torch_api(rows):
+    """torch_api.py's checks: the verdict and the rest of each check's record as facts."""
+    out = []
+    tab = []
+    for r in rows:
+        if r.get("op") != "check":
+            continue
+        if r.get("status") == "not-run":
+            tab.append([r["check"], "not run (%s)" % r.get("reason"), r.get("what", "").replace("|", "/")])
+            continue
+        facts = "; ".join("%s=%s" % (k, json.dumps(v)) for k, v in sorted(r.items())
+                          if k not in ("part", "op", "check", "pass"))
+        tab.append([r["check"], {True: "pass", False: "**FAIL**", None: "question (recorded)"}[r.get("pass")],
+                    facts.replace("|", "/")])
+    if tab:
+        out += table(["check", "result", "what was seen"], tab)
+        out.append("")
+    for r in rows:
+        if r.get("op") == "trace":
+            out.append("- the job's trace (%d bytes): %d step marks found by allocview dump" % (
+                r.get("trace_bytes", 0), r.get("step_marks", 0)))
+    return out
+
+
 PARTS = {"driver-costs": driver_costs, "property-cuda": property_cuda, "ld-preload": ld_preload,
-         "driver-questions": driver_questions, "torch": torch,
+         "driver-questions": driver_questions, "torch-api": torch_api, "torch": torch,
          "torch-medium": torch, "torch-alloc-cost": alloc_cost, "torch-capacity": capacity,
          "torch-capacity-medium": capacity, "torch-capacity-varlen": capacity,
          "torch-capacity-medium-varlen": capacity, "viewer": viewer}
