@@ -59,6 +59,9 @@ typedef struct cua_event_s *cua_event;  /* CUevent */
 #define CUA_STREAM_CAPTURE_STATUS_NONE 0
 #define CUA_STREAM_CAPTURE_STATUS_ACTIVE 1
 #define CUA_STREAM_CAPTURE_STATUS_INVALIDATED 2
+/* CUstreamCaptureMode */
+#define CUA_STREAM_CAPTURE_MODE_GLOBAL 0
+#define CUA_STREAM_CAPTURE_MODE_RELAXED 2
 #define CUA_STREAM_NON_BLOCKING 1
 #define CUA_ERROR_PEER_ACCESS_ALREADY_ENABLED 704
 
@@ -127,6 +130,7 @@ typedef cua_result (*cua_pfn_cuEventQuery)(cua_event event);
 typedef cua_result (*cua_pfn_cuEventSynchronize)(cua_event event);
 typedef cua_result (*cua_pfn_cuStreamSynchronize)(cua_stream stream);
 typedef cua_result (*cua_pfn_cuStreamIsCapturing)(cua_stream stream, int *status /* CUstreamCaptureStatus */);
+typedef cua_result (*cua_pfn_cuThreadExchangeStreamCaptureMode)(int *mode /* CUstreamCaptureMode */);
 typedef cua_result (*cua_pfn_cuDeviceCanAccessPeer)(int *can_access, cua_device dev, cua_device peer);
 typedef cua_result (*cua_pfn_cuMemGetAddressRange_v2)(cua_devptr *base, size_t *size, cua_devptr dptr);
 typedef cua_result (*cua_pfn_cuStreamGetCtx)(cua_stream stream, cua_ctx *ctx);

@@ -55,6 +55,7 @@ typedef cua_result (*cua_pfn_cuCtxGetDevice)(cua_device *dev);
     X(cuMemUnmap, cuMemUnmap, false) \
     X(cuMemSetAccess, cuMemSetAccess, false) \
     X(cuStreamIsCapturing, cuStreamIsCapturing, false) \
+    X(cuThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode, false) \
     X(cuDeviceCanAccessPeer, cuDeviceCanAccessPeer, false) \
     X(cuStreamGetCtx, cuStreamGetCtx, false)
 
@@ -424,10 +425,33 @@ static cua_result cudaop_event_record(int dev, cua_event e, cua_stream s) {
     return r;
 }
 
+/* While any thread captures a CUDA graph in global mode (the default), CUDA refuses the calls it
+ * deems unsafe for a capture, event queries and waits and stream synchronizes among them, to every
+ * thread in global mode, and invalidates that capture, even where the call names an idle stream of
+ * its own. The heap never queries, waits for or synchronizes a capturing stream or an event
+ * recorded on one (heap.c asks first), so its calls cannot touch a capture: they are made in relaxed
+ * mode, the calling thread's own mode put back afterwards, as PyTorch's allocator makes its
+ * cudaMalloc during a capture. On an H100, before this, cualloc_trim(0) with frees pending on an
+ * idle stream invalidated another thread's capture (bench/RESULTS.md, "Questions about the real
+ * driver"). A driver without the mode exchange runs the call as it is. Returns the mode to put back,
+ * -1 when none was changed. */
+static int capture_mode_relax(void) {
+    int mode = CUA_STREAM_CAPTURE_MODE_RELAXED;
+    if (!cu.fn.cuThreadExchangeStreamCaptureMode || cu.fn.cuThreadExchangeStreamCaptureMode(&mode) != CUA_SUCCESS)
+        return -1;
+    return mode;
+}
+
+static void capture_mode_restore(int mode) {
+    if (mode >= 0) cu.fn.cuThreadExchangeStreamCaptureMode(&mode);
+}
+
 static cua_result cudaop_event_query(int dev, cua_event e) {
     cua_result r = ctx_enter(dev, false);
     if (r != CUA_SUCCESS) return r;
+    int mode = capture_mode_relax();
     r = cu.fn.cuEventQuery(e);
+    capture_mode_restore(mode);
     ctx_leave();
     return r;
 }
@@ -436,7 +460,9 @@ static cua_result cudaop_event_synchronize(int dev, cua_event e) {
     if (!cu.fn.cuEventSynchronize) return CUA_ERROR_NOT_FOUND;
     cua_result r = ctx_enter(dev, false);
     if (r != CUA_SUCCESS) return r;
+    int mode = capture_mode_relax();
     r = cu.fn.cuEventSynchronize(e);
+    capture_mode_restore(mode);
     ctx_leave();
     return r;
 }
@@ -444,7 +470,9 @@ static cua_result cudaop_event_synchronize(int dev, cua_event e) {
 static cua_result cudaop_stream_synchronize(int dev, cua_stream s) {
     cua_result r = ctx_enter(dev, false);
     if (r != CUA_SUCCESS) return r;
+    int mode = capture_mode_relax();
     r = cu.fn.cuStreamSynchronize(s);
+    capture_mode_restore(mode);
     ctx_leave();
     return r;
 }

@@ -1128,6 +1128,20 @@ void sim_stream_set_blocking(cua_stream s, bool blocking) {
     pthread_mutex_unlock(&sim_lock);
 }
 
+uint64_t sim_break_all_captures(void) {
+    pthread_mutex_lock(&sim_lock);
+    uint64_t n = 0;
+    for (size_t i = 0; i < sim.streams.cap; i++) {
+        sim_stream_t *st = sim.streams.obj[i];
+        if (st && st->capturing) {
+            (void)capture_broken_locked(st);
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&sim_lock);
+    return n;
+}
+
 uint64_t sim_captures_broken(void) {
     pthread_mutex_lock(&sim_lock);
     uint64_t n = sim.captures_broken;

@@ -15,7 +15,10 @@
  *   --streams-first    100 non-blocking streams created before cualloc starts, one capturing
  *   --streams-lost before|after
  *                      the same, with the first stream's table entry refused (tests/failing_mmap.c
- *                      preloaded): before cualloc starts (the front door's table) or after (the heap's) */
+ *                      preloaded): before cualloc starts (the front door's table) or after (the heap's)
+ *   --capture-elsewhere  one stream captures (in global mode, as the fake takes every capture) while
+ *                      the program frees on two other streams, trims and misses the cache: cualloc's
+ *                      event queries and synchronizes must not invalidate the capture */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -456,6 +459,76 @@ static int streams_first_main(gpa_fn gpa, void *lib, const char *lost) {
     return 0;
 }
 
+/* --capture-elsewhere: what the driver-questions run found on an H100 (bench/RESULTS.md): while one
+ * stream captures in global mode, CUDA refuses an event query or a stream synchronize made by any
+ * thread in global mode and invalidates the capture, even where the call names an idle stream of
+ * its own. cualloc's heap queries and synchronizes only streams that do not capture, so it makes
+ * those calls in relaxed mode and the capture survives frees pending on other streams, a trim that
+ * settles them and an allocation that misses the cache. The fake models the rule: the program's own
+ * synchronize of an idle stream, in global mode, must invalidate the capture (the control). */
+static int capture_elsewhere_main(gpa_fn gpa, void *lib) {
+    basics_t api;
+    CUcontext ctx;
+    if (!basics_on_device0(gpa, &api, &ctx)) return 1;
+    void *q;
+    CUresult (*stream_create)(CUstream *, unsigned);
+    CUresult (*stream_destroy)(CUstream);
+    CUresult (*stream_sync)(CUstream);
+    CUresult (*alloc_async)(CUdeviceptr *, size_t, CUstream);
+    CUresult (*free_async)(CUdeviceptr, CUstream);
+    LOOKUP(stream_create, "cuStreamCreate", 12000);
+    LOOKUP(stream_destroy, "cuStreamDestroy", 12000);
+    LOOKUP(stream_sync, "cuStreamSynchronize", 12000);
+    LOOKUP(alloc_async, "cuMemAllocAsync", 11020);
+    LOOKUP(free_async, "cuMemFreeAsync", 11020);
+    void (*set_capturing)(CUstream, int);
+    uint64_t (*captures_broken)(void);
+    void (*trim)(size_t);
+    void *p = dlsym(lib, "fakecuda_stream_set_capturing");
+    AS(set_capturing, p);
+    p = dlsym(lib, "fakecuda_captures_broken");
+    AS(captures_broken, p);
+    p = dlsym(RTLD_DEFAULT, "cualloc_trim");
+    AS(trim, p);
+    CHECK_MSG(set_capturing && captures_broken && trim, "fake helpers and cualloc_trim");
+    if (failures) return 1;
+    CUstream capturing = NULL, b1 = NULL, b2 = NULL;
+    CHECK_MSG(stream_create(&capturing, 1) == 0 && stream_create(&b1, 1) == 0 && stream_create(&b2, 1) == 0,
+              "three non-blocking streams");
+    CUdeviceptr warm = 0; /* cualloc starts and maps its first chunk before the capture */
+    CHECK_MSG(api.mem_alloc(&warm, 4 << 20) == 0 && api.mem_free(warm) == 0, "warm-up cuMemAlloc");
+    if (failures) return 1;
+
+    uint64_t broken0 = captures_broken();
+    set_capturing(capturing, 1);
+    for (int round = 0; round < 3; round++) {
+        CUstream s = round % 2 ? b2 : b1;
+        CUdeviceptr x = 0, y = 0;
+        CHECK_MSG(alloc_async(&x, 8 << 20, s) == 0 && free_async(x, s) == 0, "round %d: cuMemAllocAsync+cuMemFreeAsync 8 MiB", round);
+        /* A miss: the heap looks at the other streams' events before mapping more. (Device-wide
+         * frees, cuMemFree's, settle only by a device synchronize, which waits for the capture to
+         * end: they stay cached meanwhile, so the misses are stream-ordered, within the sim's
+         * 256 MiB.) */
+        CUstream other = s == b1 ? b2 : b1;
+        CHECK_MSG(alloc_async(&y, (size_t)(32 + 16 * round) << 20, other) == 0 && free_async(y, other) == 0,
+                  "round %d: cuMemAllocAsync+cuMemFreeAsync of a new size", round);
+        CHECK_MSG(api.mem_alloc(&y, 2 << 20) == 0 && api.mem_free(y) == 0, "round %d: cuMemAlloc+cuMemFree 2 MiB", round);
+        trim(0); /* settles the frees pending on b1 and b2: their streams are synchronized */
+        CHECK_MSG(captures_broken() == broken0, "round %d: cualloc invalidated the capture on another stream "
+                  "(%llu invalidations): an event query or synchronize made in global mode", round,
+                  (unsigned long long)(captures_broken() - broken0));
+    }
+    /* The control: the same synchronize made by the program, in global mode. */
+    CHECK_MSG(stream_sync(b1) != 0 && captures_broken() == broken0 + 1,
+              "the fake let a global-mode synchronize of an idle stream pass during a capture: this test "
+              "cannot tell a relaxed call from a global one");
+    set_capturing(capturing, 0);
+    CHECK_MSG(stream_destroy(capturing) == 0 && stream_destroy(b1) == 0 && stream_destroy(b2) == 0, "cuStreamDestroy");
+    if (failures) return 1;
+    printf("interpose_driver_prog --capture-elsewhere: all checks passed\n");
+    return 0;
+}
+
 /* Allocates n bytes with alloc and writes and reads them back through the driver (the fake checks
  * that the memory is mapped and accessible, so stale memory fails instead of crashing); frees them
  * unless keep. 0 when all of that succeeded, else a short reason. */
@@ -580,6 +653,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--address-range") == 0) return address_range_main(gpa, lib);
     if (argc > 1 && strcmp(argv[1], "--streams-first") == 0) return streams_first_main(gpa, lib, NULL);
     if (argc > 2 && strcmp(argv[1], "--streams-lost") == 0) return streams_first_main(gpa, lib, argv[2]);
+    if (argc > 1 && strcmp(argv[1], "--capture-elsewhere") == 0) return capture_elsewhere_main(gpa, lib);
 
     void *q;
     init_fn cuInit;

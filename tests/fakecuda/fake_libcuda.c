@@ -73,6 +73,7 @@ FAKE_API cua_result cuStreamCreate(cua_stream *stream, unsigned int flags);
 FAKE_API cua_result cuStreamDestroy_v2(cua_stream stream);
 FAKE_API cua_result cuStreamGetCtx(cua_stream stream, cua_ctx *ctx);
 FAKE_DECLARE(cuStreamIsCapturing)
+FAKE_DECLARE(cuThreadExchangeStreamCaptureMode)
 FAKE_DECLARE(cuDeviceCanAccessPeer)
 FAKE_API void fakecuda_stream_set_capturing(cua_stream s, int capturing);
 
@@ -268,6 +269,7 @@ static const struct {
     {"cuStreamGetCtx", (void *)cuStreamGetCtx},
     {"cuStreamSynchronize", (void *)cuStreamSynchronize},
     {"cuStreamIsCapturing", (void *)cuStreamIsCapturing},
+    {"cuThreadExchangeStreamCaptureMode", (void *)cuThreadExchangeStreamCaptureMode},
     {"cuDeviceCanAccessPeer", (void *)cuDeviceCanAccessPeer},
     {"cuGetErrorName", (void *)cuGetErrorName},
     {"cuGetErrorString", (void *)cuGetErrorString},
@@ -619,19 +621,43 @@ cua_result cuEventRecord(cua_event event, cua_stream stream) {
     return sim_ops->event_record(device_or_current(sim_event_device(event)), event, stream);
 }
 
+/* The calling thread's capture mode (cuThreadExchangeStreamCaptureMode): global, every thread's at
+ * start, or relaxed (thread-local counts as relaxed here: the fake does not know which thread
+ * began a capture). */
+static __thread int thread_capture_mode = CUA_STREAM_CAPTURE_MODE_GLOBAL;
+
+cua_result cuThreadExchangeStreamCaptureMode(int *mode) {
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
+    if (!mode || *mode < 0 || *mode > CUA_STREAM_CAPTURE_MODE_RELAXED) return CUA_ERROR_INVALID_VALUE;
+    int old = thread_capture_mode;
+    thread_capture_mode = *mode;
+    *mode = old;
+    return CUA_SUCCESS;
+}
+
+/* As on an H100 (bench/RESULTS.md): an event query or wait, or a stream synchronize, made by a
+ * thread in global mode while a capture is in progress fails and invalidates the capture, whichever
+ * stream it names. The fake takes every capture for a global-mode one. */
+static bool unsafe_for_captures(void) {
+    return thread_capture_mode == CUA_STREAM_CAPTURE_MODE_GLOBAL && sim_break_all_captures() > 0;
+}
+
 cua_result cuEventQuery(cua_event event) {
     if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
+    if (unsafe_for_captures()) return CUA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return sim_ops->event_query(device_or_current(sim_event_device(event)), event);
 }
 
 cua_result cuEventSynchronize(cua_event event) {
     if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
+    if (unsafe_for_captures()) return CUA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return sim_ops->event_synchronize(device_or_current(sim_event_device(event)), event);
 }
 
 cua_result cuStreamSynchronize(cua_stream stream) {
     if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (!stream_known(stream)) return CUA_ERROR_INVALID_HANDLE;
+    if (unsafe_for_captures()) return CUA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return sim_ops->stream_synchronize(device_or_current(sim_stream_device(stream)), stream);
 }
 
