@@ -354,6 +354,34 @@ class Enable(TorchLibCase):
             torch.cuda.graphs.CUDAGraph().capture_begin(capture_error_mode="thread_local")
         self.assertEqual(torch.cuda._state["captures"], 1)
 
+    def test_cudnn_benchmark_warns(self):
+        """cuDNN's benchmark mode fails every convolution under a pluggable allocator (cacheInfo):
+        turning it on after enable() warns once and is still done as asked; on before enable(), the
+        warning comes from enable()."""
+        torch, ct = fresh_modules()
+        ct.enable(ARGS.torch_lib)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            torch.backends.cudnn.benchmark = False
+            self.assertEqual(w, [])
+            torch.backends.cudnn.benchmark = True
+            torch.backends.cudnn.benchmark = True
+        self.assertIs(torch.backends.cudnn.benchmark, True)
+        self.assertEqual(len(w), 1, [str(x.message) for x in w])
+        self.assertIs(w[0].category, RuntimeWarning)
+        self.assertIn("cacheInfo", str(w[0].message))
+        self.assertIn("LD_PRELOAD", str(w[0].message))
+        self.assertEqual(w[0].filename, __file__)  # the line that set it, not the helper's
+        ct.enable(ARGS.torch_lib)  # again: wrapped once
+        self.assertIs(type(type(torch.backends.cudnn).__dict__["benchmark"].prop).__name__, "ContextProp")
+
+        torch, ct = fresh_modules()
+        torch.backends.cudnn.benchmark = True
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            ct.enable(ARGS.torch_lib)
+        self.assertEqual([str(x.message)[:60] for x in w], [ct.CUDNN_BENCHMARK_MESSAGE[:60]])
+
     def test_cpu_only_build_is_a_clear_error(self):
         """A PyTorch built without CUDA has the CUDAPluggableAllocator class but not its binding:
         enable() says what is wrong instead of letting an AttributeError about torch._C out."""

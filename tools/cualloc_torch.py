@@ -856,6 +856,7 @@ def _adopt_earlier_swap(torch):
 
 def _finish_enable(torch, step_marks, standins):
     _refuse_graph_capture(torch)
+    _warn_cudnn_benchmark(torch)
     if standins:
         install_standins()
     if step_marks:
@@ -891,6 +892,53 @@ def _refuse_graph_capture(torch):
 
         refuse._cualloc_refuses = True
         setattr(cls, name, refuse)
+
+
+CUDNN_BENCHMARK_MESSAGE = (
+    "cualloc_torch: torch.backends.cudnn.benchmark is True under cualloc_torch.enable(). cuDNN's benchmark mode "
+    "asks the allocator for its largest cached block (cacheInfo), which PyTorch's pluggable allocator refuses, so "
+    "every convolution will raise RuntimeError('CUDAPluggableAllocator does not yet support cacheInfo ...'). Leave "
+    "torch.backends.cudnn.benchmark False under enable(), or run the job with LD_PRELOAD=libcualloc.so beneath "
+    "PyTorch's own cache (without PYTORCH_NO_CUDA_MEMORY_CACHING), which answers it")
+
+
+class _BenchmarkWarns:
+    """torch.backends.cudnn's `benchmark` setting (a descriptor on its module's class, as PyTorch
+    makes it), wrapped: setting it True warns (CUDNN_BENCHMARK_MESSAGE), then sets it as asked."""
+    _cualloc_warns = True
+
+    def __init__(self, prop):
+        self.prop = prop
+
+    def __get__(self, obj, objtype=None):
+        return self.prop.__get__(obj, objtype)
+
+    def __set__(self, obj, value):
+        if value:
+            _warn_once("cudnn-benchmark", CUDNN_BENCHMARK_MESSAGE)
+        self.prop.__set__(obj, value)
+
+
+def _warn_cudnn_benchmark(torch):
+    """cuDNN's benchmark mode fails every convolution under a pluggable allocator (seen with PyTorch
+    2.11 on an H100: bench/RESULTS.md): a warning where it is on at enable(), or when it is turned on
+    later through torch.backends.cudnn.benchmark. The setting itself is left as the job asks.
+    Idempotent."""
+    try:
+        import importlib
+        cudnn = importlib.import_module("torch.backends.cudnn")
+    except Exception:
+        return
+    cls = type(cudnn)
+    prop = cls.__dict__.get("benchmark")
+    if prop is not None and hasattr(prop, "__set__") and not getattr(prop, "_cualloc_warns", False):
+        setattr(cls, "benchmark", _BenchmarkWarns(prop))
+    try:
+        on = bool(cudnn.benchmark)
+    except Exception:
+        on = False
+    if on:
+        _warn_once("cudnn-benchmark", CUDNN_BENCHMARK_MESSAGE)
 
 
 def _cuda_in_use(torch):

@@ -1,2 +1,2 @@
 """FAKE torch.backends — a test double (see tests/fake_torch/README.md)."""
-from . import cuda  # noqa: F401
+from . import cuda, cudnn  # noqa: F401
