@@ -244,12 +244,16 @@ enum cua_trace_mode { CUA_TRACE_MODE_CLASSIC = 0, CUA_TRACE_MODE_VMM = 1 };
 /* OOM vmm_failure: 0 none (classic segments, or not a failure of that kind) or not recorded; the
  * new chunks fit under the cap, but no free range of the reserved address space took them; the new
  * chunks would pass the cap (live blocks keep the rest of what is reserved in partly used chunks),
- * whatever the address space; the device refused them. */
+ * whatever the address space; the device refused them. WAITING (also in classic mode, from format
+ * 1.1 writers after 1.1's first): memory freed on streams the heap could not synchronize (a CUDA
+ * graph capture in progress, or a stream the driver would not synchronize) would have served the
+ * request; readers that do not know a value treat it as not recorded. */
 enum cua_trace_vmm_failure {
     CUA_TRACE_VMM_NONE = 0,
     CUA_TRACE_VMM_ADDRESS_SPACE = 1,
     CUA_TRACE_VMM_CHUNKS = 2,
     CUA_TRACE_VMM_REFUSED = 3,
+    CUA_TRACE_VMM_WAITING = 4,
 };
 
 enum cua_trace_frame_kind { CUA_TRACE_FRAME_NATIVE = 0, CUA_TRACE_FRAME_PYTHON = 1 };

@@ -1664,6 +1664,47 @@ static size_t classic_largest_split_segment(const heap_t *h) {
     "mixed precision if not already used; then activation checkpointing; then offloading or sharding " \
     "(FSDP / ZeRO)"
 
+/* Free blocks that wait for their streams after the settling that precedes an OOM: device-wide
+ * frees, and with expandable segments the stream tags' blocks (classic segments keep a stream's free
+ * blocks in its tag by design, as PyTorch's do). settle_all synchronized every stream it could, so
+ * these belong to streams it could not, a capturing one (or device-wide frees, with a capture in
+ * progress anywhere the heap knows), or one the driver refused. When the request would have fit with them and does not without them
+ * (in what the heap holds beyond the live blocks plus the device's free memory), that is the cause:
+ * writes the diagnosis and returns true. Lock held. */
+static bool oom_frees_waiting_text(heap_t *h, size_t rsize, size_t allocated, size_t reserved, size_t dfree, char *text,
+                                   size_t len) {
+    size_t waiting = dw_free_bytes(h);
+    for (unsigned t = 1; h->vmm && t < TAG_STREAMS_END; t++) waiting += tag_free_bytes(h, t);
+    size_t unused = reserved - allocated;
+    if (!waiting || waiting > unused || unused - waiting + (uint64_t)dfree >= rsize) return false;
+    bool capture = dw_any_capturing(h);
+    for (unsigned t = 1; !capture && t < TAG_STREAMS_END; t++)
+        capture = open_tag_waiting(h, t) && is_capturing(h, h->tags[t].handle);
+    char alloc[32], cap[32], wait[32];
+    fmt_bytes(allocated, alloc, sizeof alloc);
+    fmt_bytes(h->cap, cap, sizeof cap);
+    fmt_bytes(waiting, wait, sizeof wait);
+    if (capture) {
+        snprintf(text, len,
+                 "freed memory waiting for a CUDA graph capture — live blocks (%s) plus this request fit in %s and in "
+                 "what this heap holds plus the device's free memory, but %s of what it holds was freed on streams it "
+                 "cannot synchronize while a capture is in progress on this device (device-wide frees, cudaFree's, "
+                 "wait for a device synchronize, which would invalidate the capture; frees on a capturing stream "
+                 "wait for its capture to end); that memory is reused once the capture ends. First fix: free (or "
+                 "allocate) that memory before the capture begins, or free it with cudaFreeAsync on a stream that is "
+                 "not captured, whose own events let it be reused.",
+                 alloc, cap, wait);
+    } else {
+        snprintf(text, len,
+                 "freed memory not yet reusable — live blocks (%s) plus this request fit in %s and in what this heap "
+                 "holds plus the device's free memory, but %s of what it holds was freed on streams the driver would "
+                 "not synchronize (a stream in an error state, or destroyed with work pending); that memory is reused "
+                 "once the device is seen past it. First fix: check the CUDA errors of the streams that freed it.",
+                 alloc, cap, wait);
+    }
+    return true;
+}
+
 /* The diagnosis of a request of rsize bytes that found no memory, by oom.c's rule, written to
  * `text` as the sentence that follows "diagnosis: " in the report, with the first fix of the OOM
  * ladder that applies:
@@ -1720,6 +1761,8 @@ static oom_kind_t oom_diagnose(heap_t *h, size_t rsize, size_t dfree, size_t dto
                  alloc, cap, fmt_bytes(reserved, held, sizeof held), devfree,
                  fmt_bytes(elsewhere, outside, sizeof outside), fmt_bytes(dtotal, total, sizeof total),
                  fmt_bytes(oom_missing(rsize, allocated, room), excess, sizeof excess));
+    } else if (oom_frees_waiting_text(h, rsize, allocated, reserved, dknown ? dfree : 0, text, len)) {
+        if (vmm) *vmm = OOM_VMM_WAITING;
     } else {
         const pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
         size_t need = h->vmm ? align_up(rsize, p->chunk) : 0;

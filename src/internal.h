@@ -228,6 +228,7 @@ typedef enum {
     OOM_VMM_ADDRESS_SPACE = CUA_TRACE_VMM_ADDRESS_SPACE,
     OOM_VMM_CHUNKS = CUA_TRACE_VMM_CHUNKS,
     OOM_VMM_REFUSED = CUA_TRACE_VMM_REFUSED,
+    OOM_VMM_WAITING = CUA_TRACE_VMM_WAITING, /* not oom_vmm_failure's: heap.c's oom_diagnose sees it */
 } oom_vmm_failure_t; /* the trace records it as it is */
 oom_vmm_failure_t oom_vmm_failure(uint64_t need, uint64_t reserved, uint64_t cap, bool address_space_fits);
 /* The first fix for a shortage at chunk granularity, a clause for "First fix: ...": smaller chunks

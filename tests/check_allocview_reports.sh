@@ -24,11 +24,11 @@ record() { # NAME SCENARIO CONF
     CUALLOC_CONF="driver:sim,$3" "$scen" "$2" "$tmp/$1.trace" 2>"$tmp/$1.err"
     [ -s "$tmp/$1.trace" ] || { cat "$tmp/$1.err"; bad "scenario $2 wrote no trace"; }
 }
-# Every scenario under the configuration trace_scenarios gives it (devicefull, on the fake driver,
-# below); bench/fragmentation.sh records them from the same list.
+# Every scenario under the configuration trace_scenarios gives it (those of driver:cuda, devicefull and
+# waiting, on the fake driver, below); bench/fragmentation.sh records them from the same list.
 "$scen" --list >"$tmp/scenarios.tsv" || bad "trace_scenarios --list failed"
 while IFS='	' read -r name conf; do
-    [ "$name" = devicefull ] || record "$name" "$name" "$conf"
+    case $conf in driver:cuda,*) ;; *) record "$name" "$name" "$conf" ;; esac
 done <"$tmp/scenarios.tsv"
 record capped shortage sim_memory_mb:512,max_memory_mb:128
 # frag on a device without VMM, where expandable segments (the default) fell back to classic ones.
@@ -47,12 +47,17 @@ traces="leak shortage frag step2 longest varlen phase optstep twodev latepeak tw
 grep -q "3 marks (3 steps)" "$tmp/startmarks.txt" ||
     bad "three start-of-step marks: $(grep duration "$tmp/startmarks.txt")"
 if [ -n "$fakecuda" ]; then
-    # The CUDA backend on the fake driver, whose memory the scenario's other library shares.
-    LD_LIBRARY_PATH=$fakecuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
-        CUALLOC_CONF=$(sed -n 's/^devicefull	//p' "$tmp/scenarios.tsv") \
-        "$scen" devicefull "$tmp/devicefull.trace" 2>"$tmp/devicefull.err"
-    [ -s "$tmp/devicefull.trace" ] || { cat "$tmp/devicefull.err"; bad "scenario devicefull wrote no trace"; }
-    traces="$traces devicefull"
+    # The CUDA backend on the fake driver, whose memory (and, for waiting, streams and capture
+    # flags) the scenario's own calls of libcuda.so.1 share.
+    for name in devicefull waiting; do
+        LD_LIBRARY_PATH=$fakecuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+            CUALLOC_CONF=$(sed -n "s/^$name	//p" "$tmp/scenarios.tsv") \
+            "$scen" "$name" "$tmp/$name.trace" 2>"$tmp/$name.err"
+        [ -s "$tmp/$name.trace" ] || { cat "$tmp/$name.err"; bad "scenario $name wrote no trace"; }
+        traces="$traces $name"
+    done
+    # Only these two need the fake driver: a new one must be recorded here too.
+    [ "$(grep -c '	driver:cuda,' "$tmp/scenarios.tsv")" = 2 ] || bad "a driver:cuda scenario this script does not record"
 fi
 
 # Call sites are named through libdw; an allocview built without it names module+offset, which
@@ -334,6 +339,12 @@ ratio=$("$allocview" replay --min-fit "$tmp/twodev.trace" 2>/dev/null | sed -n '
 awk -v r="$ratio" 'BEGIN { exit !(r + 0 >= 1) }' || bad "twodev: replay min-fit is $ratio x peak requested"
 if [ -n "$fakecuda" ]; then
     want devicefull oom-device-full; wantnot devicefull oom-fragmentation; wantnot devicefull oom-shortage
+    # Memory freed on a side stream that then captures a graph: the heap's report and allocview's
+    # name the capture, not the chunks (the live blocks hold 16 MiB of the 160 reserved).
+    want waiting oom-frees-waiting; wantnot waiting oom-chunk-granularity
+    grep -q "diagnosis: freed memory waiting for a CUDA graph capture" "$tmp/waiting.err" ||
+        bad "waiting: the heap's report on stderr does not name the capture: $(grep diagnosis "$tmp/waiting.err")"
+    "$allocview" dump "$tmp/waiting.trace" | grep -q " oom .*vmm_failure=waiting" || bad "waiting: the OOM record's vmm_failure is not waiting"
 fi
 # An OOM keeps its diagnosis through PyTorch's snapshot format: exported, imported back (the
 # capacity given, as the snapshot has none), the same rule, from the same allocated and reserved bytes.

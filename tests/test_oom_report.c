@@ -320,6 +320,31 @@ int main(int argc, char **argv) {
     for (int i = 0; i < ADDRSPACE_BLOCKS; i++)
         if (blk[i]) EXPECT(heap_free(h, blk[i], NULL), "free %d", i);
     heap_destroy(h);
+
+    /* 10. Frees the heap cannot yet reuse: while a stream the heap knows captures a CUDA graph, a
+     *     device-wide free (cudaFree) settles only by a device synchronize, which the capture
+     *     forbids, so its memory stays reserved and unusable until the capture ends. 3 x 64 MiB
+     *     freed so on a 256 MiB device, then 128 MiB asked: no live block holds anything, and the
+     *     report must say what does. */
+    reset();
+    h = open_heap("sim_memory_mb:256");
+    {
+        cua_stream cap = sim_stream_create(0, true);
+        heap_stream_created(h, cap, true);
+        void *big[3] = {0}, *more = NULL;
+        for (int i = 0; i < 3; i++) EXPECT(heap_alloc(h, 64 << 20, NULL, &big[i]) == CUA_SUCCESS, "64 MiB #%d", i);
+        uint64_t broken = sim_captures_broken();
+        sim_stream_set_capturing(cap, true);
+        for (int i = 0; i < 3; i++) EXPECT(heap_free_device_wide(h, big[i]), "device-wide free #%d", i);
+        EXPECT(heap_alloc(h, 128 << 20, NULL, &more) == CUA_ERROR_OUT_OF_MEMORY, "128 MiB during the capture");
+        EXPECT(sim_captures_broken() == broken, "the capture was left alone");
+        compare(argv[1], "oom_waiting_frees.txt");
+        sim_stream_set_capturing(cap, false);
+        EXPECT(heap_alloc(h, 128 << 20, NULL, &more) == CUA_SUCCESS && heap_free(h, more, NULL),
+               "128 MiB once the capture ended");
+        heap_stream_destroyed(h, cap);
+    }
+    heap_destroy(h);
     /* The advice: twice the factor, up to the key's maximum; none past it. */
     EXPECT(oom_va_factor_next(2) == 4 && oom_va_factor_next(4) == 8 && oom_va_factor_next(300) == 600,
            "va_factor doubles");

@@ -132,6 +132,14 @@ static NOINLINE void carve(void)
         tensor_free(b[i]);
 }
 
+/* The same on a side stream (torch.cuda.stream(side)). */
+static NOINLINE void *tensor_empty_on(size_t bytes, void *stream)
+{
+    void *p = cualloc_malloc(bytes, cur_dev, stream);
+    __asm__ volatile("" ::: "memory");
+    return p;
+}
+
 /* Every scenario with the configuration it is recorded under (CUALLOC_CONF, after driver:sim, or
  * in place of it for devicefull). `trace_scenarios --list` prints this table, one
  * "NAME<TAB>CONF" line each, so that the scripts that record the scenarios
@@ -159,6 +167,7 @@ static const struct {
     {"chunks", "sim_memory_mb:20,chunk_size_mb:8"},
     {"refused", "sim_memory_mb:64,sim_fail:phys_create@1*1000"},
     {"split", "sim_memory_mb:128,expandable_segments:0"},
+    {"waiting", "driver:cuda,sim_memory_mb:256"},
 };
 enum { NUM_SCENARIOS = sizeof scenarios / sizeof scenarios[0] };
 
@@ -333,6 +342,36 @@ int main(int argc, char **argv)
         mark_step(1);
         if (!big_buffer(64 * MIB))
             _exit(1);
+    } else if (strcmp(s, "waiting") == 0) {
+        /* A side stream frees 144 MiB of activations, then captures a CUDA graph (the fake
+         * libcuda.so.1's capture flag: tests/fakecuda, the device the heap runs on); the main
+         * stream's 160 MiB buffer finds that memory still the side stream's, which the heap cannot
+         * synchronize during the capture: OOM. After the capture the buffer is served. */
+        void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        int (*stream_create)(void **, unsigned) = cuda ? (int (*)(void **, unsigned))dlsym(cuda, "cuStreamCreate") : NULL;
+        void (*set_capturing)(void *, int) = cuda ? (void (*)(void *, int))dlsym(cuda, "fakecuda_stream_set_capturing") : NULL;
+        int (*cu_init)(unsigned) = cuda ? (int (*)(unsigned))dlsym(cuda, "cuInit") : NULL;
+        int (*retain)(void **, int) = cuda ? (int (*)(void **, int))dlsym(cuda, "cuDevicePrimaryCtxRetain") : NULL;
+        int (*set_current)(void *) = cuda ? (int (*)(void *))dlsym(cuda, "cuCtxSetCurrent") : NULL;
+        void *side = NULL, *ctx = NULL;
+        if (!set_capturing || !stream_create || !cu_init || !retain || !set_current)
+            return 3;
+        init_params(16 * MIB);
+        mark_step(1);
+        if (cu_init(0) != 0 || retain(&ctx, 0) != 0 || set_current(ctx) != 0 || stream_create(&side, 1 /* non-blocking */) != 0)
+            return 3;
+        void *acts[3];
+        for (int i = 0; i < 3; i++)
+            acts[i] = tensor_empty_on(48 * MIB, side);
+        for (int i = 2; i >= 0; i--)
+            cualloc_free(acts[i], side);
+        set_capturing(side, 1);
+        void *buf = big_buffer(160 * MIB); /* OOM: the side stream's memory waits for its capture */
+        set_capturing(side, 0);
+        if (buf || !(buf = big_buffer(160 * MIB)))
+            return 4;
+        tensor_free(buf);
+        mark_step(2);
     } else if (strcmp(s, "startmarks") == 0) {
         /* "step N" written at the start of each step, before its work (the other convention) */
         for (int step = 1; step <= 3; step++) {

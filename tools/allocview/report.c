@@ -486,6 +486,7 @@ static void oom_vmm_text(const av_t *a, const av_oom_t *o, diag_t *x)
         snprintf(x->fix, sizeof x->fix, "Fix (free): %s; no model change is needed.", fix);
         break;
     }
+    case OOM_VMM_WAITING: /* diagnose() handles it first, on either kind of segments */
     case OOM_VMM_REFUSED:
         x->rule = "oom-device-refused";
         snprintf(x->text, sizeof x->text,
@@ -540,7 +541,25 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
         site_t *v = collect_sites(a, sym, VIEW_OOM, NULL, &ns);
         ns = label_sites(v, ns, 8);
         diag_t *x = diag_add(d, &nd, NULL, NULL);
-        if (kind == OOM_FRAGMENTATION && dev_vmm(a, o->dev)) {
+        if (o->vmm_failure == CUA_TRACE_VMM_WAITING) {
+            /* The heap's word (heap.c, oom_frees_waiting_text): memory freed on streams it could
+             * not synchronize, a capture in progress or a stream the driver refused, would have
+             * served the request. The trace holds no stream's capture state: both causes named. */
+            x->rule = "oom-frees-waiting";
+            snprintf(x->text, sizeof x->text,
+                     "OOM with freed memory not yet reusable: the live blocks (%s) plus the request (%s) fit in the "
+                     "capacity (%s) and in the %s the heap held plus the %s the device had free, but the %s it held "
+                     "beyond the live blocks had been freed on streams it could not synchronize: a CUDA graph "
+                     "capture in progress (device-wide frees, cudaFree's, wait for a device synchronize, which "
+                     "would invalidate it; frees on a capturing stream wait for its capture to end), or a stream "
+                     "the driver would not synchronize.",
+                     H(o->allocated), H(o->rounded), H(o->capacity), H(o->reserved), H(o->device_free),
+                     H(o->reserved - o->allocated));
+            snprintf(x->fix, sizeof x->fix,
+                     "First fix: free (or allocate) that memory before the capture begins, or free it with "
+                     "cudaFreeAsync on a stream that is not captured, whose own events let it be reused; without a "
+                     "capture, check the CUDA errors of the streams that freed it.");
+        } else if (kind == OOM_FRAGMENTATION && dev_vmm(a, o->dev)) {
             oom_vmm_text(a, o, x);
         } else if (kind == OOM_FRAGMENTATION) {
             x->rule = "oom-fragmentation";
@@ -1567,8 +1586,8 @@ static void help(const char *cmd, FILE *out)
                 "  jump, the optimizer's step, the longest batch, a phase above training) with the fix to try\n"
                 "  first and what the trace says it saves. Several traces (one per rank): a table of ranks\n"
                 "  first. --json: \"diagnosis\" entries' \"rule\" is one of oom-fragmentation, oom-shortage, oom-cap,\n"
-                "  oom-device-full, oom-chunk-granularity, oom-device-refused, leak, step2-jump, optimizer-step,\n"
-                "  longest-batch, phase, phase-or-step.\n");
+                "  oom-device-full, oom-chunk-granularity, oom-device-refused, oom-frees-waiting, leak,\n"
+                "  step2-jump, optimizer-step, longest-batch, phase, phase-or-step.\n");
     else if (strcmp(cmd, "peak") == 0)
         fprintf(out, "usage: allocview peak [--at TIME|MARK] [--json] [--no-color] [--redact] [--top N] TRACE\n"
                      "  The peak of allocated bytes: when, in which step or phase, requested / allocated /\n"
