@@ -153,7 +153,8 @@
  *               free-memory reading at the failure (0 where it could not tell): with reserved it
  *               separates a full device from fragmentation. vmm_failure (CUA_TRACE_VMM_*) says why
  *               expandable segments failed a request that fit in what the heap held plus the
- *               device's free memory, which the figures cannot tell; a record without it (format
+ *               device's free memory, or that freed memory was still waiting (either kind of
+ *               segments), which the figures cannot tell; a record without it (format
  *               1.0, or a writer with nothing to say, such as an imported snapshot) reads as 0.
  *   MARK        string label   cualloc_mark(): names a step or phase (dev is meaningless).
  *   INIT_BLOCK  as ALLOC: a block that was already allocated when recording started (traces
@@ -244,10 +245,10 @@ enum cua_trace_mode { CUA_TRACE_MODE_CLASSIC = 0, CUA_TRACE_MODE_VMM = 1 };
 /* OOM vmm_failure: 0 none (classic segments, or not a failure of that kind) or not recorded; the
  * new chunks fit under the cap, but no free range of the reserved address space took them; the new
  * chunks would pass the cap (live blocks keep the rest of what is reserved in partly used chunks),
- * whatever the address space; the device refused them. WAITING (also in classic mode, from format
- * 1.1 writers after 1.1's first): memory freed on streams the heap could not synchronize (a CUDA
+ * whatever the address space; the device refused them. WAITING, with either kind of segments (a
+ * value added within format 1.1): memory freed on streams the heap could not synchronize (a CUDA
  * graph capture in progress, or a stream the driver would not synchronize) would have served the
- * request; readers that do not know a value treat it as not recorded. */
+ * request. A reader takes a value it does not know for "not recorded". */
 enum cua_trace_vmm_failure {
     CUA_TRACE_VMM_NONE = 0,
     CUA_TRACE_VMM_ADDRESS_SPACE = 1,

@@ -243,7 +243,7 @@ static size_t label_sites(site_t *v, size_t n, size_t show)
 
 typedef struct diag {
     const char *rule;      /* "oom-fragmentation", "oom-shortage", "oom-cap", "oom-device-full", "oom-chunk-granularity",
-                              "oom-device-refused", "leak", "step2-jump", "optimizer-step", "longest-batch", "phase",
+                              "oom-device-refused", "oom-frees-waiting", "leak", "step2-jump", "optimizer-step", "longest-batch", "phase",
                               "phase-or-step" */
     /* Room for the longest figures and names a rule writes: a mark's name (AV_MARK_MAX) and a few
      * call-site labels of up to 1023 bytes each. */
