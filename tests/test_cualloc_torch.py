@@ -203,6 +203,16 @@ class Discovery(unittest.TestCase):
         said = [str(x.message) for x in w]
         self.assertTrue(any("CUALLOC_TORCH_LIB=/nonexistent/env/libcualloc_torch.so" in m and found in m
                             for m in said), said)
+        # attributed to the line that called find_library, not to the helper's own code
+        self.assertEqual([x.filename for x in w], [__file__])
+        # and through enable(), which calls find_library: still the caller's line
+        _, ct = fresh_modules()
+        ct._candidate_dirs = lambda: ["/nonexistent/a", os.path.dirname(os.path.abspath(ARGS.torch_lib))]
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            ct.enable()
+        self.assertEqual([(x.filename, x.lineno) for x in w if "CUALLOC_TORCH_LIB" in str(x.message)],
+                         [(__file__, sys._getframe().f_lineno - 2)])
         # --find says so on stderr, and still prints the copy it found.
         code = ("import sys; sys.path.insert(0, %r); import cualloc_torch; "
                 "sys.exit(cualloc_torch.main(['--find']))" % TOOLS)

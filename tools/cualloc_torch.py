@@ -253,9 +253,16 @@ _warned = set()
 
 
 def _warn_once(key, message, category=RuntimeWarning):
+    """Warns once per key, attributed to the first caller outside this module (the user's line that
+    called enable(), find_library(), set torch.backends.cudnn.benchmark, ...), however deep inside
+    the module the warning was found."""
     if key not in _warned:
         _warned.add(key)
-        warnings.warn(message, category, stacklevel=3)
+        level, f = 2, sys._getframe(1)  # stacklevel 2: _warn_once's caller
+        while f is not None and f.f_code.co_filename == __file__:
+            f = f.f_back
+            level += 1
+        warnings.warn(message, category, stacklevel=level)
 
 
 def load(path=None):
