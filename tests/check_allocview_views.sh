@@ -81,7 +81,8 @@ for svg in "$tmp/a.trace" "$tmp/a-link.trace"; do
     grep -q "is the trace itself" "$tmp/svg.err" || bad "timeline --svg onto its trace: $(cat "$tmp/svg.err")"
     cmp -s "$tmp/a.trace" "$tmp/keep.trace" || { bad "timeline --svg $svg overwrote the trace"; cp "$tmp/keep.trace" "$tmp/a.trace"; }
 done
-"$allocview" timeline --svg "$tmp" "$tmp/a.trace" >/dev/null 2>"$tmp/svg.err" && bad "timeline --svg onto a directory exited 0"
+"$allocview" timeline --svg "$tmp" "$tmp/a.trace" >/dev/null 2>"$tmp/svg.err"; rc=$?
+[ "$rc" = 2 ] || bad "timeline --svg onto a directory exited $rc, want 2 (an output that cannot be written, as import and export)"
 grep -q "cannot write $tmp: Is a directory" "$tmp/svg.err" || bad "timeline --svg onto a directory: $(cat "$tmp/svg.err")"
 rm -f "$tmp/a-link.trace"
 

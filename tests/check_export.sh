@@ -221,6 +221,14 @@ for cmd in "export --pytorch $tmp/outdir $tmp/fixture.trace" "import $tmp/fixtur
     [ $st = 2 ] && grep -q "Is a directory" "$tmp/e1" || bad "$cmd: exit $st, $(cat "$tmp/e1")"
 done
 [ -z "$(ls "$tmp/outdir")" ] && ! ls "$tmp"/outdir.partial.* >/dev/null 2>&1 || bad "an output onto a directory left files"
+# An output in a folder that does not exist: exit 2, the message naming the path asked for, not the
+# temporary file beside it that the command writes first.
+for cmd in "export --pytorch $tmp/nodir/x.pickle $tmp/fixture.trace" "import $tmp/fixture.pickle -o $tmp/nodir/x.trace" \
+        "timeline --svg $tmp/nodir/x.svg $tmp/fixture.trace"; do
+    "$allocview" $cmd >/dev/null 2>"$tmp/e1"; st=$?
+    [ $st = 2 ] && grep -q "$tmp/nodir/x\.[a-z]*: \(cannot create: \)\?No such file" "$tmp/e1" && ! grep -q partial "$tmp/e1" ||
+        bad "$cmd: exit $st, $(cat "$tmp/e1")"
+done
 # A snapshot mapping the same segment twice imports (the import keeps what it reads) but cannot
 # be exported consistently: refused, nothing written, an existing file left alone.
 python3 - "$tmp/bad.pickle" <<'PY'

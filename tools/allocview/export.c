@@ -816,7 +816,8 @@ int av_cmd_export(int argc, char **argv)
     bool direct = tmp && strcmp(tmp, out) == 0;
     FILE *f = tmp ? fopen(tmp, direct ? "wb" : "wbx") : NULL;
     if (!f) {
-        fprintf(stderr, "allocview export: %s: cannot create: %s\n", tmp ? tmp : out, strerror(errno));
+        /* the destination's name: the temporary one beside it fails for the same reason */
+        fprintf(stderr, "allocview export: %s: cannot create: %s\n", out, strerror(errno));
         free(tmp);
         exporter_free(&ex);
         return VW_EXIT_UNREADABLE;

@@ -755,6 +755,9 @@ int av_cmd_import(int argc, char **argv)
     if (!tmp)
         snprintf(err, sizeof err, "cannot create %s: %s", out, strerror(errno));
     im.w = tmp ? tw_open(tmp, err, sizeof err) : NULL;
+    if (!im.w && tmp && !direct)
+        /* the destination's name: the temporary one beside it fails for the same reason */
+        txt_replace_first(err, sizeof err, tmp, out);
     if (!im.w) {
         fprintf(stderr, "allocview import: %s\n", err);
         free(tmp);

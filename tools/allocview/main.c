@@ -79,8 +79,8 @@ static void usage(FILE *out)
             "  --help, --version\n"
             "\n"
             "exit status: 0 success (a trace cut short by a crash is normal), 1 usage error, 2 the file\n"
-            "cannot be read as a trace, 3 the trace is corrupt after a readable prefix (the output\n"
-            "covers the prefix).\n");
+            "cannot be read as a trace (or an output file cannot be written), 3 the trace is corrupt\n"
+            "after a readable prefix (the output covers the prefix).\n");
 }
 
 static tr_reader_t *open_trace(const char *path)

@@ -569,7 +569,7 @@ static int svg_report(const tl_t *t, const char *file)
     FILE *out = fopen(file, "w");
     if (!out) {
         fprintf(stderr, "allocview timeline: cannot write %s: %s\n", file, strerror(errno));
-        return VW_EXIT_USAGE;
+        return VW_EXIT_UNREADABLE; /* a file that cannot be written, as import and export say */
     }
     const double W = 1000, H = 520, L = 80, R = 300, T = 50, B = 60;
     const double pw = W - L - R, ph = H - T - B;
