@@ -6,6 +6,11 @@
 # default and classic mode; REPLAY=0 skips it): requests/s and peak RSS (a replay holds the
 # request sequence in memory, 24 bytes per request). Not a test; results go to bench/RESULTS.md by
 # hand.
+# --help prints the comment above; any other option is refused (it would be taken for a folder).
+case ${1:-} in
+-h | --help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0" | sed '$d'; exit 0 ;;
+-*) echo "$(basename "$0"): unknown option '$1' (--help prints the usage)" >&2; exit 1 ;;
+esac
 set -eu
 build=${1:?usage: allocview_speed.sh BUILD_DIR [EVENTS] [TRACE]}
 events=${2:-50000000}

@@ -15,7 +15,9 @@
  * Prints the reserved peak, the live peak, the synchronizations, the events recorded and the
  * chunks mapped, over the whole run and over its second half.
  */
+#include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,18 +55,43 @@ static void must_free(void *p, cua_stream s) {
     }
 }
 
+#define CROSS_STREAM_USAGE "usage: cross_stream [--steps N] [--seed S] [--device-mb M]\n"
+
+/* An option's value: decimal digits only, at most max. False for anything else ("7x", "-1", ""),
+ * which atoi and strtoul took as a number or as 0. */
+static bool parse_number(const char *s, unsigned long long max, unsigned long long *out) {
+    if (!s || *s < '0' || *s > '9') return false;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (*end || errno || v > max) return false;
+    *out = v;
+    return true;
+}
+
 int main(int argc, char **argv) {
     int steps = 200;
     uint64_t seed = 20261123;
     unsigned device_mb = 8192;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 0);
-        else if (!strcmp(argv[i], "--device-mb") && i + 1 < argc) device_mb = (unsigned)strtoul(argv[++i], NULL, 0);
-        else {
-            fprintf(stderr, "usage: cross_stream [--steps N] [--seed S] [--device-mb M]\n");
+        unsigned long long v = 0;
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            printf(CROSS_STREAM_USAGE);
+            return 0;
+        }
+        bool known = !strcmp(a, "--steps") || !strcmp(a, "--seed") || !strcmp(a, "--device-mb");
+        if (!known || i + 1 >= argc || !parse_number(argv[i + 1], !strcmp(a, "--seed") ? UINT64_MAX : 1u << 30, &v)) {
+            if (known && i + 1 >= argc) fprintf(stderr, "cross_stream: %s needs a value\n", a);
+            else if (known) fprintf(stderr, "cross_stream: bad %s '%s' (a whole number)\n", a, argv[i + 1]);
+            else fprintf(stderr, "cross_stream: unknown argument '%s'\n", a);
+            fprintf(stderr, CROSS_STREAM_USAGE);
             return 2;
         }
+        i++;
+        if (!strcmp(a, "--steps")) steps = (int)v;
+        else if (!strcmp(a, "--seed")) seed = v;
+        else device_mb = (unsigned)v;
     }
     if (steps < 2 || device_mb < 1024) {
         fprintf(stderr, "cross_stream: --steps must be at least 2 and --device-mb at least 1024\n");

@@ -22,6 +22,11 @@
 # The callgrind profiles stay in <builddir>/fastpath-callgrind/ for callgrind_annotate.
 # Exit status: 0; 3 when the native run's cualloc loop mapped memory (not all cached); 1 when a
 # callgrind run failed or counted nothing (its cells, and the nets and ratio that need them, read -).
+# --help prints the comment above; any other option is refused (it would be taken for a folder).
+case ${1:-} in
+-h | --help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0" | sed '$d'; exit 0 ;;
+-*) echo "$(basename "$0"): unknown option '$1' (--help prints the usage)" >&2; exit 1 ;;
+esac
 set -eu
 
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -48,6 +48,11 @@
 # (a cell says "N OOM" when requests failed at that capacity). The min-fit ratio divides min-fit by
 # the peak requested of a second replay at the min-fit capacity, where every request is served: a
 # run with OOMs has a peak requested that lacks the failed requests, which would inflate the ratio.
+# --help prints the comment above; any other option is refused (it would be taken for a folder).
+case ${1:-} in
+-h | --help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0" | sed '$d'; exit 0 ;;
+-*) echo "$(basename "$0"): unknown option '$1' (--help prints the usage)" >&2; exit 1 ;;
+esac
 set -eu
 
 root=$(cd "$(dirname "$0")/.." && pwd)

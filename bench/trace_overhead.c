@@ -189,7 +189,10 @@ int main(int argc, char **argv)
             dir = argv[++i];
         else if (strcmp(argv[i], "--json") == 0)
             json = true;
-        else {
+        else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            printf("usage: trace_overhead [--pairs N] [--runs R] [--depth D] [--dir DIR] [--json]\n");
+            return 0;
+        } else {
             fprintf(stderr, "trace_overhead: unknown argument '%s'\n"
                             "usage: trace_overhead [--pairs N] [--runs R] [--depth D] [--dir DIR] [--json]\n", argv[i]);
             return 1;

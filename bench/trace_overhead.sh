@@ -12,6 +12,11 @@
 #   TRACE_OVERHEAD_PAIRS  pairs per native run (default 200000, at least 16384)
 #   TRACE_OVERHEAD_BUILD=0   do not run ninja (the smoke test sets it: meson has built the program)
 # The callgrind profiles stay in <builddir>/trace-overhead-callgrind/ for callgrind_annotate.
+# --help prints the comment above; any other option is refused (it would be taken for a folder).
+case ${1:-} in
+-h | --help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0" | sed '$d'; exit 0 ;;
+-*) echo "$(basename "$0"): unknown option '$1' (--help prints the usage)" >&2; exit 1 ;;
+esac
 set -eu
 
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -208,5 +208,27 @@ if [ "$rc" != 1 ] || ! grep -q "callgrind run on/depth 16 counted no instruction
     echo "FAIL: bench/trace_overhead.sh exited $rc after a callgrind run without a count (expected 1, naming it)"
     cat "$out"; fail=1
 fi
-[ "$fail" = 0 ] && echo "bench scripts: fastpath.sh and trace_overhead.sh ran and printed every row"
+# --help: each script prints its header (the line naming it first) and exits 0; an option it does
+# not know is refused with status 1 (it was taken for a build folder: "ninja: chdir to '--help'").
+for s in fastpath.sh trace_overhead.sh allocview_speed.sh fragmentation.sh; do
+    rc=0
+    "$src/bench/$s" --help >"$out" 2>&1 || rc=$?
+    [ "$rc" = 0 ] && head -1 "$out" | grep -q "^$s " ||
+        { echo "FAIL: bench/$s --help: exit $rc, first line: $(head -1 "$out")"; fail=1; }
+    rc=0
+    "$src/bench/$s" --bogus >"$out" 2>&1 || rc=$?
+    [ "$rc" = 1 ] && grep -q "unknown option '--bogus'" "$out" ||
+        { echo "FAIL: bench/$s --bogus: exit $rc, $(cat "$out")"; fail=1; }
+done
+for p in cross_stream trace_overhead; do
+    rc=0
+    "$build/bench/$p" --help >"$out" 2>&1 || rc=$?
+    [ "$rc" = 0 ] && grep -q "^usage: $p " "$out" || { echo "FAIL: bench/$p --help: exit $rc, $(cat "$out")"; fail=1; }
+done
+for bad in "--steps 7x" "--seed -1" "--steps"; do
+    rc=0
+    "$build/bench/cross_stream" $bad >/dev/null 2>"$out" || rc=$?
+    [ "$rc" = 2 ] && grep -q "^cross_stream: .*--s" "$out" || { echo "FAIL: cross_stream $bad: exit $rc, $(cat "$out")"; fail=1; }
+done
+[ "$fail" = 0 ] && echo "bench scripts: fastpath.sh and trace_overhead.sh ran and printed every row; every script's --help"
 exit "$fail"
