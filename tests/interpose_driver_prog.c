@@ -377,6 +377,35 @@ static int address_range_main(gpa_fn gpa, void *lib) {
     return 0;
 }
 
+/* cuStreamCreate and cuStreamDestroy as cuGetProcAddress gives them (cualloc's). False when a
+ * look-up failed. */
+typedef struct {
+    CUresult (*create)(CUstream *, unsigned);
+    CUresult (*destroy)(CUstream);
+} stream_fns_t;
+
+static bool stream_fns(gpa_fn gpa, stream_fns_t *sf) {
+    void *q;
+    LOOKUP(sf->create, "cuStreamCreate", 12000);
+    LOOKUP(sf->destroy, "cuStreamDestroy", 12000);
+    return !failures;
+}
+
+/* The fake driver's capture controls (tests/fakecuda): a stream's capture flag, and the captures
+ * invalidated so far. False when lib lacks them. */
+typedef struct {
+    void (*set_capturing)(CUstream, int);
+    uint64_t (*captures_broken)(void);
+} capture_fns_t;
+
+static bool capture_fns(void *lib, capture_fns_t *c) {
+    void *p = dlsym(lib, "fakecuda_stream_set_capturing");
+    AS(c->set_capturing, p);
+    p = dlsym(lib, "fakecuda_captures_broken");
+    AS(c->captures_broken, p);
+    return c->set_capturing && c->captures_broken;
+}
+
 /* --streams-first: 100 non-blocking streams created with cuStreamCreate before cualloc starts (its
  * first allocation), as PyTorch's stream pools make 64 and more per device: the front door must
  * hand every one to the heap. A heap told of only some settles device-wide frees with a device
@@ -391,23 +420,16 @@ static int address_range_main(gpa_fn gpa, void *lib) {
 static int streams_first_main(gpa_fn gpa, void *lib, const char *lost) {
     basics_t api;
     CUcontext ctx;
-    if (!basics_on_device0(gpa, &api, &ctx)) return 1;
-    void *q;
-    CUresult (*stream_create)(CUstream *, unsigned);
-    CUresult (*stream_destroy)(CUstream);
-    LOOKUP(stream_create, "cuStreamCreate", 12000);
-    LOOKUP(stream_destroy, "cuStreamDestroy", 12000);
-    CHECK_MSG(from_cualloc((void *)stream_create) && from_cualloc((void *)api.mem_alloc), "cualloc's entry points");
-    void (*set_capturing)(CUstream, int);
-    uint64_t (*captures_broken)(void);
+    stream_fns_t sf;
+    if (!basics_on_device0(gpa, &api, &ctx) || !stream_fns(gpa, &sf)) return 1;
+    CHECK_MSG(from_cualloc((void *)sf.create) && from_cualloc((void *)api.mem_alloc), "cualloc's entry points");
+    capture_fns_t cap;
     calls_fn fake_calls;
-    void *p = dlsym(lib, "fakecuda_stream_set_capturing");
-    AS(set_capturing, p);
-    p = dlsym(lib, "fakecuda_captures_broken");
-    AS(captures_broken, p);
-    p = dlsym(lib, "fakecuda_calls");
+    void *p = dlsym(lib, "fakecuda_calls");
     AS(fake_calls, p);
-    CHECK_MSG(set_capturing && captures_broken && fake_calls, "fake helpers");
+    CHECK_MSG(capture_fns(lib, &cap) && fake_calls, "fake helpers");
+    void (*set_capturing)(CUstream, int) = cap.set_capturing;
+    uint64_t (*captures_broken)(void) = cap.captures_broken;
     int *mmap_armed = lost ? dlsym(RTLD_DEFAULT, "failing_mmap_armed") : NULL;
     unsigned long *mmap_refused = lost ? dlsym(RTLD_DEFAULT, "failing_mmap_refused") : NULL;
     CHECK_MSG(!lost || (mmap_armed && mmap_refused), "tests/failing_mmap.c is not preloaded");
@@ -421,7 +443,7 @@ static int streams_first_main(gpa_fn gpa, void *lib, const char *lost) {
     }
     for (int i = 0; i < NB; i++) {
         if (lost && i == 0) __atomic_store_n(mmap_armed, 1, __ATOMIC_RELEASE);
-        CHECK_MSG(stream_create(&nbs[i], 1 /* CU_STREAM_NON_BLOCKING */) == 0 && nbs[i], "stream %d", i);
+        CHECK_MSG(sf.create(&nbs[i], 1 /* CU_STREAM_NON_BLOCKING */) == 0 && nbs[i], "stream %d", i);
         if (lost && i == 0) {
             __atomic_store_n(mmap_armed, 0, __ATOMIC_RELEASE);
             CHECK_MSG(*mmap_refused > 0, "creating stream 0 asked for no mapping: the test cannot lose it");
@@ -453,7 +475,7 @@ static int streams_first_main(gpa_fn gpa, void *lib, const char *lost) {
               (unsigned long long)(captures_broken() - broken0), (unsigned long long)(fake_calls(OP_DEVICE_SYNC) - syncs0),
               NB - 1, NB);
     set_capturing(nbs[NB - 1], 0);
-    for (int i = 0; i < NB; i++) CHECK_MSG(stream_destroy(nbs[i]) == 0, "cuStreamDestroy %d", i);
+    for (int i = 0; i < NB; i++) CHECK_MSG(sf.destroy(nbs[i]) == 0, "cuStreamDestroy %d", i);
     if (failures) return 1;
     printf("interpose_driver_prog --streams-%s: all checks passed\n", lost ? "lost" : "first");
     return 0;
@@ -469,31 +491,25 @@ static int streams_first_main(gpa_fn gpa, void *lib, const char *lost) {
 static int capture_elsewhere_main(gpa_fn gpa, void *lib) {
     basics_t api;
     CUcontext ctx;
-    if (!basics_on_device0(gpa, &api, &ctx)) return 1;
+    stream_fns_t sf;
+    if (!basics_on_device0(gpa, &api, &ctx) || !stream_fns(gpa, &sf)) return 1;
     void *q;
-    CUresult (*stream_create)(CUstream *, unsigned);
-    CUresult (*stream_destroy)(CUstream);
     CUresult (*stream_sync)(CUstream);
     CUresult (*alloc_async)(CUdeviceptr *, size_t, CUstream);
     CUresult (*free_async)(CUdeviceptr, CUstream);
-    LOOKUP(stream_create, "cuStreamCreate", 12000);
-    LOOKUP(stream_destroy, "cuStreamDestroy", 12000);
     LOOKUP(stream_sync, "cuStreamSynchronize", 12000);
     LOOKUP(alloc_async, "cuMemAllocAsync", 11020);
     LOOKUP(free_async, "cuMemFreeAsync", 11020);
-    void (*set_capturing)(CUstream, int);
-    uint64_t (*captures_broken)(void);
+    capture_fns_t cap;
     void (*trim)(size_t);
-    void *p = dlsym(lib, "fakecuda_stream_set_capturing");
-    AS(set_capturing, p);
-    p = dlsym(lib, "fakecuda_captures_broken");
-    AS(captures_broken, p);
-    p = dlsym(RTLD_DEFAULT, "cualloc_trim");
+    void *p = dlsym(RTLD_DEFAULT, "cualloc_trim");
     AS(trim, p);
-    CHECK_MSG(set_capturing && captures_broken && trim, "fake helpers and cualloc_trim");
+    CHECK_MSG(capture_fns(lib, &cap) && trim, "fake helpers and cualloc_trim");
+    void (*set_capturing)(CUstream, int) = cap.set_capturing;
+    uint64_t (*captures_broken)(void) = cap.captures_broken;
     if (failures) return 1;
     CUstream capturing = NULL, b1 = NULL, b2 = NULL;
-    CHECK_MSG(stream_create(&capturing, 1) == 0 && stream_create(&b1, 1) == 0 && stream_create(&b2, 1) == 0,
+    CHECK_MSG(sf.create(&capturing, 1) == 0 && sf.create(&b1, 1) == 0 && sf.create(&b2, 1) == 0,
               "three non-blocking streams");
     CUdeviceptr warm = 0; /* cualloc starts and maps its first chunk before the capture */
     CHECK_MSG(api.mem_alloc(&warm, 4 << 20) == 0 && api.mem_free(warm) == 0, "warm-up cuMemAlloc");
@@ -523,7 +539,7 @@ static int capture_elsewhere_main(gpa_fn gpa, void *lib) {
               "the fake let a global-mode synchronize of an idle stream pass during a capture: this test "
               "cannot tell a relaxed call from a global one");
     set_capturing(capturing, 0);
-    CHECK_MSG(stream_destroy(capturing) == 0 && stream_destroy(b1) == 0 && stream_destroy(b2) == 0, "cuStreamDestroy");
+    CHECK_MSG(sf.destroy(capturing) == 0 && sf.destroy(b1) == 0 && sf.destroy(b2) == 0, "cuStreamDestroy");
     if (failures) return 1;
     printf("interpose_driver_prog --capture-elsewhere: all checks passed\n");
     return 0;
