@@ -383,11 +383,39 @@ static cua_result cudaop_peer_enable(int dev, int peer) {
     return CUA_SUCCESS;
 }
 
+/* While any thread captures a CUDA graph in global mode (the default), CUDA refuses the calls it
+ * deems unsafe for a capture, event queries and waits and stream synchronizes among them, to every
+ * thread in global mode, and invalidates that capture, even where the call names an idle stream of
+ * its own. The heap never queries, waits for or synchronizes a capturing stream or an event
+ * recorded on one (heap.c asks first), so its calls cannot touch a capture: they are made in relaxed
+ * mode, the calling thread's own mode put back afterwards, as PyTorch's allocator makes its
+ * cudaMalloc during a capture. On an H100, before this, cualloc_trim(0) with frees pending on an
+ * idle stream invalidated another thread's capture (bench/RESULTS.md, "Questions about the real
+ * driver"). A driver without the mode exchange runs the call as it is. Returns the mode to put back,
+ * -1 when none was changed. */
+static int capture_mode_relax(void) {
+    int mode = CUA_STREAM_CAPTURE_MODE_RELAXED;
+    if (!cu.fn.cuThreadExchangeStreamCaptureMode || cu.fn.cuThreadExchangeStreamCaptureMode(&mode) != CUA_SUCCESS)
+        return -1;
+    return mode;
+}
+
+static void capture_mode_restore(int mode) {
+    if (mode >= 0) cu.fn.cuThreadExchangeStreamCaptureMode(&mode);
+}
+
+/* Classic segments. cuMemAlloc is made in relaxed capture mode (capture_mode_relax), as PyTorch's
+ * allocator makes its cudaMalloc during a capture: in global mode, another thread's capture would
+ * be invalidated by it (an H100's answer to cuMemAlloc + cuMemFree). cuMemFree waits for the
+ * device, so the heap does not call it while a capture it knows of is in progress
+ * (classic_release_segment). */
 static cua_result cudaop_mem_alloc(int dev, size_t size, cua_devptr *out) {
     if (!out) return CUA_ERROR_INVALID_VALUE;
     cua_result r = ctx_enter(dev, false);
     if (r != CUA_SUCCESS) return r;
+    int mode = capture_mode_relax();
     r = cu.fn.cuMemAlloc(out, size);
+    capture_mode_restore(mode);
     ctx_leave();
     return r;
 }
@@ -423,27 +451,6 @@ static cua_result cudaop_event_record(int dev, cua_event e, cua_stream s) {
     r = cu.fn.cuEventRecord(e, s);
     ctx_leave();
     return r;
-}
-
-/* While any thread captures a CUDA graph in global mode (the default), CUDA refuses the calls it
- * deems unsafe for a capture, event queries and waits and stream synchronizes among them, to every
- * thread in global mode, and invalidates that capture, even where the call names an idle stream of
- * its own. The heap never queries, waits for or synchronizes a capturing stream or an event
- * recorded on one (heap.c asks first), so its calls cannot touch a capture: they are made in relaxed
- * mode, the calling thread's own mode put back afterwards, as PyTorch's allocator makes its
- * cudaMalloc during a capture. On an H100, before this, cualloc_trim(0) with frees pending on an
- * idle stream invalidated another thread's capture (bench/RESULTS.md, "Questions about the real
- * driver"). A driver without the mode exchange runs the call as it is. Returns the mode to put back,
- * -1 when none was changed. */
-static int capture_mode_relax(void) {
-    int mode = CUA_STREAM_CAPTURE_MODE_RELAXED;
-    if (!cu.fn.cuThreadExchangeStreamCaptureMode || cu.fn.cuThreadExchangeStreamCaptureMode(&mode) != CUA_SUCCESS)
-        return -1;
-    return mode;
-}
-
-static void capture_mode_restore(int mode) {
-    if (mode >= 0) cu.fn.cuThreadExchangeStreamCaptureMode(&mode);
 }
 
 static cua_result cudaop_event_query(int dev, cua_event e) {

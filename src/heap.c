@@ -906,6 +906,15 @@ static bool dw_any_capturing(heap_t *h) {
     return false;
 }
 
+/* Any stream the heap knows of captures: the device-wide group's, or one it holds free blocks for
+ * (dw_any_capturing covers the blocking ones through the legacy stream's query). */
+static bool capture_in_progress(heap_t *h) {
+    if (dw_any_capturing(h)) return true;
+    for (unsigned t = 1; t < TAG_STREAMS_END; t++)
+        if (h->tags[t].used && is_capturing(h, h->tags[t].handle)) return true;
+    return false;
+}
+
 /* A device synchronize joins every capture in progress on the device, and CUDA then invalidates
  * the capture: it is made only when no stream the heap knows of captures (the legacy stream's
  * query also fails while any blocking stream captures, known or not). An error when it is not
@@ -1430,8 +1439,12 @@ static block_t *classic_alloc_segment(heap_t *h, pool_t *p, unsigned tag, size_t
 }
 
 /* PyTorch's release_block: frees a whole-segment FREE block. When the driver refuses, the segment
- * stays cached (and counted) and false is returned. */
+ * stays cached (and counted) and false is returned. Not while a capture the heap knows of is in
+ * progress: cuMemFree waits for the device, and CUDA invalidates a global-mode capture on it (as
+ * on cuMemAlloc, which the CUDA backend makes in relaxed mode); the segment stays cached until the
+ * capture ends. */
 static bool classic_release_segment(heap_t *h, pool_t *p, block_t *b) {
+    if (capture_in_progress(h)) return false;
     cua_result r = h->drv->mem_free(h->dev, (cua_devptr)b->addr);
     if (r != CUA_SUCCESS) {
         cua_error("device %d: freeing segment at %#lx failed (%s); it stays cached", h->dev, (unsigned long)b->addr,
@@ -1677,9 +1690,7 @@ static bool oom_frees_waiting_text(heap_t *h, size_t rsize, size_t allocated, si
     for (unsigned t = 1; h->vmm && t < TAG_STREAMS_END; t++) waiting += tag_free_bytes(h, t);
     size_t unused = reserved - allocated;
     if (!waiting || waiting > unused || unused - waiting + (uint64_t)dfree >= rsize) return false;
-    bool capture = dw_any_capturing(h);
-    for (unsigned t = 1; !capture && t < TAG_STREAMS_END; t++)
-        capture = open_tag_waiting(h, t) && is_capturing(h, h->tags[t].handle);
+    bool capture = capture_in_progress(h);
     char alloc[32], cap[32], wait[32];
     fmt_bytes(allocated, alloc, sizeof alloc);
     fmt_bytes(h->cap, cap, sizeof cap);

@@ -484,10 +484,12 @@ static int streams_first_main(gpa_fn gpa, void *lib, const char *lost) {
 /* --capture-elsewhere: what the driver-questions run found on an H100 (bench/RESULTS.md): while one
  * stream captures in global mode, CUDA refuses an event query or a stream synchronize made by any
  * thread in global mode and invalidates the capture, even where the call names an idle stream of
- * its own. cualloc's heap queries and synchronizes only streams that do not capture, so it makes
- * those calls in relaxed mode and the capture survives frees pending on other streams, a trim that
- * settles them and an allocation that misses the cache. The fake models the rule: the program's own
- * synchronize of an idle stream, in global mode, must invalidate the capture (the control). */
+ * its own, and so it does on cuMemAlloc and cuMemFree. cualloc's heap queries and synchronizes only
+ * streams that do not capture, so it makes those calls in relaxed mode, as its cuMemAlloc (classic
+ * segments), and defers cuMemFree until the capture ends: the capture survives frees pending on
+ * other streams, a trim that settles them and an allocation that misses the cache, with either kind
+ * of segments. The fake models the rule: the program's own synchronize of an idle stream, in global
+ * mode, must invalidate the capture (the control). */
 static int capture_elsewhere_main(gpa_fn gpa, void *lib) {
     basics_t api;
     CUcontext ctx;
@@ -531,7 +533,7 @@ static int capture_elsewhere_main(gpa_fn gpa, void *lib) {
         CHECK_MSG(api.mem_alloc(&y, 2 << 20) == 0 && api.mem_free(y) == 0, "round %d: cuMemAlloc+cuMemFree 2 MiB", round);
         trim(0); /* settles the frees pending on b1 and b2: their streams are synchronized */
         CHECK_MSG(captures_broken() == broken0, "round %d: cualloc invalidated the capture on another stream "
-                  "(%llu invalidations): an event query or synchronize made in global mode", round,
+                  "(%llu invalidations): an event query, synchronize, cuMemAlloc or cuMemFree made in global mode", round,
                   (unsigned long long)(captures_broken() - broken0));
     }
     /* The control: the same synchronize made by the program, in global mode. */

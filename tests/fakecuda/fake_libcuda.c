@@ -449,8 +449,30 @@ cua_result cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     return sim_ops->mem_get_info(dev, free_bytes, total_bytes);
 }
 
+/* The calling thread's capture mode (cuThreadExchangeStreamCaptureMode): global, every thread's at
+ * start, or relaxed (thread-local counts as relaxed here: the fake does not know which thread
+ * began a capture). */
+static __thread int thread_capture_mode = CUA_STREAM_CAPTURE_MODE_GLOBAL;
+
+cua_result cuThreadExchangeStreamCaptureMode(int *mode) {
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
+    if (!mode || *mode < 0 || *mode > CUA_STREAM_CAPTURE_MODE_RELAXED) return CUA_ERROR_INVALID_VALUE;
+    int old = thread_capture_mode;
+    thread_capture_mode = *mode;
+    *mode = old;
+    return CUA_SUCCESS;
+}
+
+/* As on an H100 (bench/RESULTS.md): an event query or wait, a stream synchronize, cuMemAlloc or
+ * cuMemFree, made by a thread in global mode while a capture is in progress, fails and invalidates
+ * the capture, whichever stream it names. The fake takes every capture for a global-mode one. */
+static bool unsafe_for_captures(void) {
+    return thread_capture_mode == CUA_STREAM_CAPTURE_MODE_GLOBAL && sim_break_all_captures() > 0;
+}
+
 cua_result cuMemAlloc_v2(cua_devptr *dptr, size_t bytes) {
     if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
+    if (unsafe_for_captures()) return CUA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     int dev = current_device();
     if (dev < 0) return CUA_ERROR_INVALID_CONTEXT;
     return sim_ops->mem_alloc(dev, bytes, dptr);
@@ -462,6 +484,7 @@ static cua_result mem_free(cua_devptr dptr) {
 
 cua_result cuMemFree_v2(cua_devptr dptr) {
     if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
+    if (unsafe_for_captures()) return CUA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return mem_free(dptr);
 }
 
@@ -619,27 +642,6 @@ cua_result cuEventRecord(cua_event event, cua_stream stream) {
     if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
     if (!stream_known(stream)) return CUA_ERROR_INVALID_HANDLE;
     return sim_ops->event_record(device_or_current(sim_event_device(event)), event, stream);
-}
-
-/* The calling thread's capture mode (cuThreadExchangeStreamCaptureMode): global, every thread's at
- * start, or relaxed (thread-local counts as relaxed here: the fake does not know which thread
- * began a capture). */
-static __thread int thread_capture_mode = CUA_STREAM_CAPTURE_MODE_GLOBAL;
-
-cua_result cuThreadExchangeStreamCaptureMode(int *mode) {
-    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
-    if (!mode || *mode < 0 || *mode > CUA_STREAM_CAPTURE_MODE_RELAXED) return CUA_ERROR_INVALID_VALUE;
-    int old = thread_capture_mode;
-    thread_capture_mode = *mode;
-    *mode = old;
-    return CUA_SUCCESS;
-}
-
-/* As on an H100 (bench/RESULTS.md): an event query or wait, or a stream synchronize, made by a
- * thread in global mode while a capture is in progress fails and invalidates the capture, whichever
- * stream it names. The fake takes every capture for a global-mode one. */
-static bool unsafe_for_captures(void) {
-    return thread_capture_mode == CUA_STREAM_CAPTURE_MODE_GLOBAL && sim_break_all_captures() > 0;
 }
 
 cua_result cuEventQuery(cua_event event) {
