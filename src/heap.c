@@ -238,7 +238,7 @@ struct heap_s {
     unsigned dw_open;
     unsigned dw_frees_unchecked; /* device-wide frees since one last looked at the events */
     /* OOM reports printed, by (power-of-two bucket of the request, diagnosis kind). */
-    struct { uint8_t bucket, kind; } oom_seen[HEAP_OOM_KINDS];
+    struct { uint8_t bucket, kind, vmm; } oom_seen[HEAP_OOM_KINDS]; /* vmm: oom_diagnose's reason */
     unsigned n_oom_seen;
     bool oom_suppressed_said;
     /* The diagnosis of the last request that failed (empty before the first): oom_diagnose's
@@ -1681,15 +1681,19 @@ static size_t classic_largest_split_segment(const heap_t *h) {
  * frees, and with expandable segments the stream tags' blocks (classic segments keep a stream's free
  * blocks in its tag by design, as PyTorch's do). settle_all synchronized every stream it could, so
  * these belong to streams it could not, a capturing one (or device-wide frees, with a capture in
- * progress anywhere the heap knows), or one the driver refused. When the request would have fit with them and does not without them
- * (in what the heap holds beyond the live blocks plus the device's free memory), that is the cause:
- * writes the diagnosis and returns true. Lock held. */
+ * progress anywhere the heap knows), or one the driver refused. Only those of the request's pool
+ * count: the other pool's, in chunks or segments that live blocks share, may never serve it. When
+ * the request fits in them plus the device's free memory, and not in what the heap holds beyond
+ * the live blocks without them plus the device's free memory, that is the cause: writes the
+ * diagnosis and returns true. Lock held. */
 static bool oom_frees_waiting_text(heap_t *h, size_t rsize, size_t allocated, size_t reserved, size_t dfree, char *text,
                                    size_t len) {
-    size_t waiting = dw_free_bytes(h);
-    for (unsigned t = 1; h->vmm && t < TAG_STREAMS_END; t++) waiting += tag_free_bytes(h, t);
+    const pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
+    size_t waiting = pool_dw_free_bytes(h, p);
+    for (unsigned t = 1; h->vmm && t < TAG_STREAMS_END; t++) waiting += pool_tag_free_bytes(h, p, t);
     size_t unused = reserved - allocated;
-    if (!waiting || waiting > unused || unused - waiting + (uint64_t)dfree >= rsize) return false;
+    if (!waiting || waiting > unused || (uint64_t)waiting + dfree < rsize || unused - waiting + (uint64_t)dfree >= rsize)
+        return false;
     bool capture = capture_in_progress(h);
     char alloc[32], cap[32], wait[32];
     fmt_bytes(allocated, alloc, sizeof alloc);
@@ -1838,7 +1842,7 @@ static oom_kind_t oom_diagnose(heap_t *h, size_t rsize, size_t dfree, size_t dto
 
 /* The OOM report (DESIGN.md decision 10), in the spirit of PyTorch's message: the figures, then
  * the diagnosis (oom_diagnose), which stays in h->oom_text for cualloc_oom_message. One report per
- * distinct situation (power-of-two bucket of the request, diagnosis kind) per heap; the first
+ * distinct situation (power-of-two bucket of the request, diagnosis kind and reason) per heap; the first
  * repeat says once that further ones are only counted (num_ooms). Returns the diagnosis's
  * vmm_failure (oom_diagnose), reported or not. Lock held. */
 static unsigned report_oom(heap_t *h, size_t size, size_t rsize, size_t dfree, size_t dtotal, bool dknown) {
@@ -1846,7 +1850,7 @@ static unsigned report_oom(heap_t *h, size_t size, size_t rsize, size_t dfree, s
     uint8_t kind = (uint8_t)oom_diagnose(h, rsize, dfree, dtotal, dknown, h->oom_text, sizeof h->oom_text, &vmm);
     uint8_t bucket = (uint8_t)(rsize ? floor_log2(rsize) : 0);
     for (unsigned i = 0; i < h->n_oom_seen; i++) {
-        if (h->oom_seen[i].bucket == bucket && h->oom_seen[i].kind == kind) {
+        if (h->oom_seen[i].bucket == bucket && h->oom_seen[i].kind == kind && h->oom_seen[i].vmm == vmm) {
             if (!h->oom_suppressed_said) {
                 h->oom_suppressed_said = true;
                 cua_error("device %d: out of memory again in a situation already reported; further ones are not "
@@ -1859,6 +1863,7 @@ static unsigned report_oom(heap_t *h, size_t size, size_t rsize, size_t dfree, s
     if (h->n_oom_seen < HEAP_OOM_KINDS) {
         h->oom_seen[h->n_oom_seen].bucket = bucket;
         h->oom_seen[h->n_oom_seen].kind = kind;
+        h->oom_seen[h->n_oom_seen].vmm = (uint8_t)vmm;
         h->n_oom_seen++;
     } else {
         return vmm; /* that many distinct reports already: enough */

@@ -229,6 +229,12 @@ for cmd in "export --pytorch $tmp/nodir/x.pickle $tmp/fixture.trace" "import $tm
     [ $st = 2 ] && grep -q "$tmp/nodir/x\.[a-z]*: \(cannot create: \)\?No such file" "$tmp/e1" && ! grep -q partial "$tmp/e1" ||
         bad "$cmd: exit $st, $(cat "$tmp/e1")"
 done
+# A destination with a long name (two 250-byte folders that do not exist): the message still ends
+# with the reason (a 512-byte message lost it).
+long=$tmp/nodir/$(printf 'd%.0s' $(seq 250))/$(printf 'e%.0s' $(seq 250))
+"$allocview" import "$tmp/fixture.pickle" -o "$long/x.trace" >/dev/null 2>"$tmp/e1"; st=$?
+[ $st = 2 ] && grep -q "cannot create $long/x\.trace: No such file or directory$" "$tmp/e1" ||
+    bad "import -o a long path: exit $st, $(cat "$tmp/e1")"
 # A snapshot mapping the same segment twice imports (the import keeps what it reads) but cannot
 # be exported consistently: refused, nothing written, an existing file left alone.
 python3 - "$tmp/bad.pickle" <<'PY'

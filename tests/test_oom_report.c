@@ -345,6 +345,30 @@ int main(int argc, char **argv) {
         heap_stream_destroyed(h, cap);
     }
     heap_destroy(h);
+
+    /* 10b. Waiting frees that could not serve the request even once the capture ends: small-pool
+     *      blocks in a segment a live block shares, and a large request. The report must not blame
+     *      the capture (it did, saying the memory would be reused once the capture ends). */
+    for (int vmm = 0; vmm < 2; vmm++) {
+        reset();
+        h = open_heap(vmm ? "sim_memory_mb:64" : "sim_memory_mb:64,expandable_segments:0");
+        cua_stream cap = sim_stream_create(0, true);
+        heap_stream_created(h, cap, true);
+        void *big = NULL, *small[3] = {0}, *more = NULL;
+        EXPECT(heap_alloc(h, 50 << 20, NULL, &big) == CUA_SUCCESS, "50 MiB live");
+        for (int i = 0; i < 3; i++) EXPECT(heap_alloc(h, 512 << 10, NULL, &small[i]) == CUA_SUCCESS, "512 KiB #%d", i);
+        sim_stream_set_capturing(cap, true);
+        for (int i = 0; i < 2; i++) EXPECT(heap_free_device_wide(h, small[i]), "device-wide free #%d", i);
+        EXPECT(heap_alloc(h, 13 << 20, NULL, &more) == CUA_ERROR_OUT_OF_MEMORY, "13 MiB during the capture");
+        EXPECT(strstr(captured.text, "diagnosis: ") && !strstr(captured.text, "waiting for a CUDA graph capture"),
+               "%s: small-pool frees blamed for a large request: %s", vmm ? "vmm" : "classic", captured.text);
+        sim_stream_set_capturing(cap, false);
+        EXPECT(heap_alloc(h, 13 << 20, NULL, &more) == CUA_ERROR_OUT_OF_MEMORY, "13 MiB after the capture too");
+        heap_free(h, small[2], NULL);
+        heap_free(h, big, NULL);
+        heap_stream_destroyed(h, cap);
+        heap_destroy(h);
+    }
     /* The advice: twice the factor, up to the key's maximum; none past it. */
     EXPECT(oom_va_factor_next(2) == 4 && oom_va_factor_next(4) == 8 && oom_va_factor_next(300) == 600,
            "va_factor doubles");

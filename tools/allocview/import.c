@@ -660,7 +660,7 @@ int av_cmd_import(int argc, char **argv)
         return IM_EXIT_UNREADABLE;
     }
     fclose(f);
-    char err[512];
+    char err[4608]; /* room for a PATH_MAX-long name in a message */
     pk_limits_t lim = {.max_bytes = len * 64 + ((size_t)256 << 20)};
     pk_doc_t *doc = pk_load(data, len, &lim, err, sizeof err);
     free(data);
@@ -754,10 +754,8 @@ int av_cmd_import(int argc, char **argv)
     bool direct = tmp && strcmp(tmp, out) == 0;
     if (!tmp)
         snprintf(err, sizeof err, "cannot create %s: %s", out, strerror(errno));
-    im.w = tmp ? tw_open(tmp, err, sizeof err) : NULL;
-    if (!im.w && tmp && !direct)
-        /* the destination's name: the temporary one beside it fails for the same reason */
-        txt_replace_first(err, sizeof err, tmp, out);
+    /* messages name the destination: the temporary file beside it fails for the same reason */
+    im.w = tmp ? tw_open(tmp, out, err, sizeof err) : NULL;
     if (!im.w) {
         fprintf(stderr, "allocview import: %s\n", err);
         free(tmp);

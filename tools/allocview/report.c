@@ -548,11 +548,11 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
             x->rule = "oom-frees-waiting";
             snprintf(x->text, sizeof x->text,
                      "OOM with freed memory not yet reusable: the live blocks (%s) plus the request (%s) fit in the "
-                     "capacity (%s) and in the %s the heap held plus the %s the device had free, but the %s it held "
-                     "beyond the live blocks had been freed on streams it could not synchronize: a CUDA graph "
-                     "capture in progress (device-wide frees, cudaFree's, wait for a device synchronize, which "
-                     "would invalidate it; frees on a capturing stream wait for its capture to end), or a stream "
-                     "the driver would not synchronize.",
+                     "capacity (%s) and in the %s the heap held plus the %s the device had free, but of the %s it "
+                     "held beyond the live blocks, what would have served the request had been freed on streams "
+                     "it could not synchronize: a CUDA graph capture in progress (device-wide frees, cudaFree's, "
+                     "wait for a device synchronize, which would invalidate it; frees on a capturing stream wait "
+                     "for its capture to end), or a stream the driver would not synchronize.",
                      H(o->allocated), H(o->rounded), H(o->capacity), H(o->reserved), H(o->device_free),
                      H(o->reserved - o->allocated));
             snprintf(x->fix, sizeof x->fix,

@@ -90,17 +90,6 @@ char *txt_output_path(const char *out)
     return p;
 }
 
-void txt_replace_first(char *buf, size_t len, const char *from, const char *to)
-{
-    char *at = *from ? strstr(buf, from) : NULL;
-    if (!at)
-        return;
-    char rest[1024];
-    snprintf(rest, sizeof rest, "%s", at + strlen(from));
-    size_t head = (size_t)(at - buf);
-    snprintf(at, len - head, "%s%s", to, rest);
-}
-
 const char *txt_base_name(const char *path)
 {
     const char *s = strrchr(path, '/');

@@ -34,9 +34,6 @@ bool txt_same_file(const char *a, const char *b);
  * /dev/null), which the rename would replace by a regular file. NULL with errno EISDIR where OUT is
  * a directory (the rename would fail only after all the work), or ENOMEM. */
 char *txt_output_path(const char *out);
-/* Replaces the first `from` in the string buf (of size len) with `to`, as far as buf has room: a
- * message about txt_output_path's temporary file made to name the destination. */
-void txt_replace_first(char *buf, size_t len, const char *from, const char *to);
 /* An option's whole-number value: s is all decimal digits (no sign, no blanks), from lo to hi.
  * False, *out untouched, for anything else ("", "-1", "+1", " 1", "12x", "1e3", overflow). */
 bool txt_parse_count(const char *s, unsigned long long lo, unsigned long long hi, unsigned long long *out);

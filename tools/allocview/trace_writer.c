@@ -129,7 +129,7 @@ static bool put_record(tw_t *w, bool event, uint8_t type, build_fn build, const 
 
 /* ------------------------------------------------------------------------------ open/close */
 
-tw_t *tw_open(const char *path, char *err, size_t errlen)
+tw_t *tw_open(const char *path, const char *shown, char *err, size_t errlen)
 {
     tw_t *w = calloc(1, sizeof *w);
     if (!w) {
@@ -138,7 +138,7 @@ tw_t *tw_open(const char *path, char *err, size_t errlen)
     }
     w->f = fopen(path, "wb");
     if (!w->f) {
-        snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno));
+        snprintf(err, errlen, "cannot create %s: %s", shown, strerror(errno));
         free(w);
         return NULL;
     }
@@ -149,7 +149,7 @@ tw_t *tw_open(const char *path, char *err, size_t errlen)
     cua_trace_put_le(hdr + CUA_TRACE_OFF_HEADER_SIZE, CUA_TRACE_HEADER_SIZE, 4);
     cua_trace_put_le(hdr + CUA_TRACE_OFF_BLOCK_SIZE, CUA_TRACE_BLOCK_SIZE, 4);
     if (fwrite(hdr, sizeof hdr, 1, w->f) != 1) {
-        snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+        snprintf(err, errlen, "cannot write %s: %s", shown, strerror(errno));
         fclose(w->f);
         free(w);
         return NULL;

@@ -15,7 +15,9 @@
 
 typedef struct tw tw_t;
 
-tw_t *tw_open(const char *path, char *err, size_t errlen);
+/* Creates the trace file `path` and writes its header; NULL with the reason in err otherwise, which
+ * names the file `shown` (the destination, where path is a temporary file beside it). */
+tw_t *tw_open(const char *path, const char *shown, char *err, size_t errlen);
 /* Closes the file, writing an END record (reason stop, no statistics) first when end is true.
  * Returns false when any write failed (the message in err). */
 bool tw_close(tw_t *w, bool end, char *err, size_t errlen);
