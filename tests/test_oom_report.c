@@ -346,6 +346,29 @@ int main(int argc, char **argv) {
     }
     heap_destroy(h);
 
+    /* 10c. A report is a repeat only of the same reason: after the waiting OOM of case 10, an OOM of
+     *      the same size bucket that the device's refusal causes (every chunk created after the
+     *      first 96, the three 64 MiB blocks', is refused) is reported too, not taken for a repeat. */
+    reset();
+    h = open_heap("sim_memory_mb:256,sim_fail:phys_create@96*1000");
+    {
+        cua_stream cap = sim_stream_create(0, true);
+        heap_stream_created(h, cap, true);
+        void *big[3] = {0}, *more = NULL;
+        for (int i = 0; i < 3; i++) EXPECT(heap_alloc(h, 64 << 20, NULL, &big[i]) == CUA_SUCCESS, "64 MiB #%d", i);
+        sim_stream_set_capturing(cap, true);
+        for (int i = 0; i < 3; i++) EXPECT(heap_free_device_wide(h, big[i]), "device-wide free #%d", i);
+        EXPECT(heap_alloc(h, 128 << 20, NULL, &more) == CUA_ERROR_OUT_OF_MEMORY, "128 MiB during the capture");
+        sim_stream_set_capturing(cap, false);
+        EXPECT(strstr(captured.text, "waiting for a CUDA graph capture"), "10c: first the waiting OOM: %s", captured.text);
+        reset();
+        EXPECT(heap_alloc(h, 200 << 20, NULL, &more) == CUA_ERROR_OUT_OF_MEMORY, "200 MiB, refused by the device");
+        EXPECT(strstr(captured.text, "diagnosis: the device refused more memory") && !strstr(captured.text, "again"),
+               "10c: the refusal was taken for a repeat of the waiting OOM: %s", captured.text);
+        heap_stream_destroyed(h, cap);
+    }
+    heap_destroy(h);
+
     /* 10b. Waiting frees that could not serve the request even once the capture ends: small-pool
      *      blocks in a segment a live block shares, and a large request. The report must not blame
      *      the capture (it did, saying the memory would be reused once the capture ends). */
