@@ -53,6 +53,21 @@ static void reset(void) {
     captured.text[0] = '\0';
 }
 
+/* Cases 10 and 10c: a known non-blocking stream captures while three 64 MiB blocks are freed
+ * device-wide (they settle only by a device synchronize, which the capture forbids), and 128 MiB
+ * is asked meanwhile: an OOM. The capture has ended on return; returns its stream. */
+static cua_stream waiting_oom(heap_t *h) {
+    cua_stream cap = sim_stream_create(0, true);
+    heap_stream_created(h, cap, true);
+    void *big[3] = {0}, *more = NULL;
+    for (int i = 0; i < 3; i++) EXPECT(heap_alloc(h, 64 << 20, NULL, &big[i]) == CUA_SUCCESS, "64 MiB #%d", i);
+    sim_stream_set_capturing(cap, true);
+    for (int i = 0; i < 3; i++) EXPECT(heap_free_device_wide(h, big[i]), "device-wide free #%d", i);
+    EXPECT(heap_alloc(h, 128 << 20, NULL, &more) == CUA_ERROR_OUT_OF_MEMORY, "128 MiB during the capture");
+    sim_stream_set_capturing(cap, false);
+    return cap;
+}
+
 /* A value for the rule's property test: small, near a power of two, or near UINT64_MAX, where the
  * sums of the rule would wrap. */
 static uint64_t edgy(rng_t *r) {
@@ -329,17 +344,11 @@ int main(int argc, char **argv) {
     reset();
     h = open_heap("sim_memory_mb:256");
     {
-        cua_stream cap = sim_stream_create(0, true);
-        heap_stream_created(h, cap, true);
-        void *big[3] = {0}, *more = NULL;
-        for (int i = 0; i < 3; i++) EXPECT(heap_alloc(h, 64 << 20, NULL, &big[i]) == CUA_SUCCESS, "64 MiB #%d", i);
         uint64_t broken = sim_captures_broken();
-        sim_stream_set_capturing(cap, true);
-        for (int i = 0; i < 3; i++) EXPECT(heap_free_device_wide(h, big[i]), "device-wide free #%d", i);
-        EXPECT(heap_alloc(h, 128 << 20, NULL, &more) == CUA_ERROR_OUT_OF_MEMORY, "128 MiB during the capture");
+        cua_stream cap = waiting_oom(h);
         EXPECT(sim_captures_broken() == broken, "the capture was left alone");
         compare(argv[1], "oom_waiting_frees.txt");
-        sim_stream_set_capturing(cap, false);
+        void *more = NULL;
         EXPECT(heap_alloc(h, 128 << 20, NULL, &more) == CUA_SUCCESS && heap_free(h, more, NULL),
                "128 MiB once the capture ended");
         heap_stream_destroyed(h, cap);
@@ -352,14 +361,8 @@ int main(int argc, char **argv) {
     reset();
     h = open_heap("sim_memory_mb:256,sim_fail:phys_create@96*1000");
     {
-        cua_stream cap = sim_stream_create(0, true);
-        heap_stream_created(h, cap, true);
-        void *big[3] = {0}, *more = NULL;
-        for (int i = 0; i < 3; i++) EXPECT(heap_alloc(h, 64 << 20, NULL, &big[i]) == CUA_SUCCESS, "64 MiB #%d", i);
-        sim_stream_set_capturing(cap, true);
-        for (int i = 0; i < 3; i++) EXPECT(heap_free_device_wide(h, big[i]), "device-wide free #%d", i);
-        EXPECT(heap_alloc(h, 128 << 20, NULL, &more) == CUA_ERROR_OUT_OF_MEMORY, "128 MiB during the capture");
-        sim_stream_set_capturing(cap, false);
+        cua_stream cap = waiting_oom(h);
+        void *more = NULL;
         EXPECT(strstr(captured.text, "waiting for a CUDA graph capture"), "10c: first the waiting OOM: %s", captured.text);
         reset();
         EXPECT(heap_alloc(h, 200 << 20, NULL, &more) == CUA_ERROR_OUT_OF_MEMORY, "200 MiB, refused by the device");
