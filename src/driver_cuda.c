@@ -390,8 +390,8 @@ static cua_result cudaop_peer_enable(int dev, int peer) {
  * recorded on one (heap.c asks first), so its calls cannot touch a capture: they are made in relaxed
  * mode, the calling thread's own mode put back afterwards, as PyTorch's allocator makes its
  * cudaMalloc during a capture. On an H100, before this, cualloc_trim(0) with frees pending on an
- * idle stream invalidated another thread's capture (bench/RESULTS.md, "Questions about the real
- * driver"). A driver without the mode exchange runs the call as it is. Returns the mode to put back,
+ * idle stream invalidated another thread's capture (bench/RESULTS.md, "What the real driver says
+ * about captures, and the fix"). A driver without the mode exchange runs the call as it is. Returns the mode to put back,
  * -1 when none was changed. */
 static int capture_mode_relax(void) {
     int mode = CUA_STREAM_CAPTURE_MODE_RELAXED;

@@ -237,8 +237,9 @@ struct heap_s {
     bool nb_overflow;
     unsigned dw_open;
     unsigned dw_frees_unchecked; /* device-wide frees since one last looked at the events */
-    /* OOM reports printed, by (power-of-two bucket of the request, diagnosis kind). */
-    struct { uint8_t bucket, kind, vmm; } oom_seen[HEAP_OOM_KINDS]; /* vmm: oom_diagnose's reason */
+    /* OOM reports printed, by (power-of-two bucket of the request, diagnosis kind, oom_diagnose's
+     * reason). */
+    struct { uint8_t bucket, kind, vmm; } oom_seen[HEAP_OOM_KINDS];
     unsigned n_oom_seen;
     bool oom_suppressed_said;
     /* The diagnosis of the last request that failed (empty before the first): oom_diagnose's

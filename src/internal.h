@@ -184,8 +184,8 @@ void sim_stream_set_blocking(cua_stream s, bool blocking);
  * event recorded on one, a device synchronize while any stream of the device captures. */
 uint64_t sim_captures_broken(void);
 /* Invalidates every capture in progress, as CUDA does to captures in global mode when any thread in
- * global mode makes a call it deems unsafe for them (tests/fakecuda's event queries and
- * synchronizes). Returns how many. */
+ * global mode makes a call it deems unsafe for them (tests/fakecuda's event queries, synchronizes,
+ * cuMemAlloc and cuMemFree). Returns how many. */
 uint64_t sim_break_all_captures(void);
 /* The device driver_sim_ops.current_device reports for the calling thread (default 0). */
 void sim_set_current_device(int dev);
