@@ -817,8 +817,9 @@ void trace_mark(const char *label);
 /* In a forked child: drops the parent's file (never writes to it). True, with the template in
  * tmpl_out, when the child should open its own (the template has %p). */
 bool trace_after_fork_child(char *tmpl_out, size_t len);
-/* Expands a template; returns its length, 0 when it does not fit in len. */
-size_t trace_expand_path(const char *tmpl, char *out, size_t len);
+/* Expands a template; returns its length, 0 when it does not fit in len. *has_pid (may be NULL):
+ * whether it held a %p. */
+size_t trace_expand_path(const char *tmpl, char *out, size_t len, bool *has_pid);
 /* Number of invariant violations of the open file's blocks, ring and cursors (trace.c states them
  * next to the recorder's state), each described on `report` (may be NULL); 0 when no file is open.
  * Reads every block header back from the file: for tests. */

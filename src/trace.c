@@ -113,6 +113,7 @@ static struct {
     int fd;
     char path[PATH_MAX];
     char tmpl[PATH_MAX];   /* as given: a forked child expands it again (cualloc_trace_start takes any length) */
+    bool tmpl_has_pid;     /* its expansion holds the pid (a %p, not the "p" of an escaped "%%p") */
     uint32_t block_size;
     uint32_t header_size;
     uint64_t max_blocks;   /* 0 = unbounded */
@@ -1539,24 +1540,11 @@ bool trace_device_begun(int dev)
 
 /* ------------------------------------------------------------------------------- open, stop */
 
-/* Whether the template's expansion holds the pid: a %p that trace_expand_path replaces, not the
- * "p" after an escaped "%%". */
-static bool tmpl_has_pid(const char *tmpl)
-{
-    for (const char *s = tmpl; *s; s++) {
-        if (*s != '%' || !s[1])
-            continue;
-        if (s[1] == 'p')
-            return true;
-        if (s[1] == '%')
-            s++; /* "%%" is one literal '%': the next character starts afresh */
-    }
-    return false;
-}
-
-size_t trace_expand_path(const char *tmpl, char *out, size_t len)
+size_t trace_expand_path(const char *tmpl, char *out, size_t len, bool *has_pid)
 {
     size_t n = 0;
+    if (has_pid)
+        *has_pid = false;
     char tmp[256];
     if (len == 0)
         return 0;
@@ -1567,6 +1555,8 @@ size_t trace_expand_path(const char *tmpl, char *out, size_t len)
             s++;
             switch (*s) {
             case 'p':
+                if (has_pid)
+                    *has_pid = true;
                 snprintf(tmp, sizeof tmp, "%d", (int)getpid());
                 piece = tmp;
                 break;
@@ -1720,7 +1710,8 @@ int trace_start(const char *tmpl, const conf_t *conf)
         return -1;
     }
     char path[PATH_MAX];
-    if (strlen(tmpl) >= sizeof T.tmpl || trace_expand_path(tmpl, path, sizeof path) == 0) {
+    bool has_pid;
+    if (strlen(tmpl) >= sizeof T.tmpl || trace_expand_path(tmpl, path, sizeof path, &has_pid) == 0) {
         cua_error("trace: path '%.200s' is empty or too long once expanded; tracing is off", tmpl);
         return -1;
     }
@@ -1773,6 +1764,7 @@ int trace_start(const char *tmpl, const conf_t *conf)
     T.fd = fd;
     snprintf(T.path, sizeof T.path, "%s", chosen);
     snprintf(T.tmpl, sizeof T.tmpl, "%s", tmpl);
+    T.tmpl_has_pid = has_pid;
     T.block_size = bs;
     T.header_size = CUA_TRACE_HEADER_SIZE;
     T.max_blocks = max_blocks;
@@ -1944,7 +1936,7 @@ bool trace_after_fork_child(char *tmpl_out, size_t len)
         close(T.fd);
     T.open = false;
     atomic_store_explicit(&trace_enabled_flag, false, memory_order_release);
-    if (!was_open || !tmpl_has_pid(T.tmpl) || strlen(T.tmpl) >= len)
+    if (!was_open || !T.tmpl_has_pid || strlen(T.tmpl) >= len)
         return false;
     memcpy(tmpl_out, T.tmpl, strlen(T.tmpl) + 1);
     return true;

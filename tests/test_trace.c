@@ -322,17 +322,17 @@ static void test_expand_path(void)
     char out[512], want[512], host[256] = "";
     gethostname(host, sizeof host - 1);
     setenv("RANK", "3", 1);
-    EXPECT(trace_expand_path("/t/%p-%r-%h-%%-%x%", out, sizeof out) > 0, "expand");
+    EXPECT(trace_expand_path("/t/%p-%r-%h-%%-%x%", out, sizeof out, NULL) > 0, "expand");
     snprintf(want, sizeof want, "/t/%d-3-%s-%%-%%x%%", (int)getpid(), host);
     EXPECT(strcmp(out, want) == 0, "got %s want %s", out, want);
     unsetenv("RANK");
     setenv("LOCAL_RANK", "7", 1);
-    trace_expand_path("r%r", out, sizeof out);
+    trace_expand_path("r%r", out, sizeof out, NULL);
     EXPECT(strcmp(out, "r7") == 0, "got %s", out);
     unsetenv("LOCAL_RANK");
-    trace_expand_path("r%r", out, sizeof out);
+    trace_expand_path("r%r", out, sizeof out, NULL);
     EXPECT(strcmp(out, "r0") == 0, "got %s", out);
-    EXPECT(trace_expand_path("%p%p%p", out, 4) == 0, "overflow must fail");
+    EXPECT(trace_expand_path("%p%p%p", out, 4, NULL) == 0, "overflow must fail");
     printf("ok   path expansion\n");
 }
 
