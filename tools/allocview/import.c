@@ -84,6 +84,17 @@ static bool set_add(imp_t *im, u64map_t *m, uint64_t key)
     return found;
 }
 
+/* m[key] = value; out of memory clears im->ok. */
+static void map_put(imp_t *im, u64map_t *m, uint64_t key, uint64_t value)
+{
+    bool found;
+    uint64_t *v = u64map_slot(m, key, &found);
+    if (v)
+        *v = value;
+    else
+        im->ok = false;
+}
+
 static uint32_t stream_id(imp_t *im, uint64_t handle)
 {
     bool f;
@@ -533,15 +544,11 @@ static bool import_event(imp_t *im, devpass_t *p, uint32_t d, size_t i, uint64_t
          * the address and a block is live there at the end: then that block is this allocation,
          * and its size is the real one (a block of a split segment can be larger than the rounded
          * request: PyTorch leaves a remainder too small to split inside it). */
-        uint64_t r = round_size(size), *slot;
+        uint64_t r = round_size(size);
         if (u64map_has(&p->last_alloc, addr) && *u64map_slot(&p->last_alloc, addr, &seen_it) == i + 1 &&
             u64map_has(&p->final_size, addr) && *u64map_slot(&p->final_size, addr, &seen_it) >= size)
             r = *u64map_slot(&p->final_size, addr, &seen_it);
-        slot = u64map_slot(&p->sizes, addr, &seen_it);
-        if (slot)
-            *slot = r;
-        else
-            im->ok = false;
+        map_put(im, &p->sizes, addr, r);
         im->ok &= tw_alloc(im->w, t, d, sid, addr, r, size, stack_of(im, py_dict_get(e, "frames")), false);
         p->alloc_now += r;
     } else if (py_str_eq(a, "free_requested") || py_str_eq(a, "free_completed")) {
@@ -846,7 +853,7 @@ int av_cmd_import(int argc, char **argv)
         u64map_init(&init_blocks);
         u64map_init(&touched);
         u64map_init(&requested);
-        bool seen, records_requests = false;
+        bool records_requests = false;
         for (size_t i = 0; i < p->n; i++) {
             const py_t *a = py_dict_get(p->ev[i], "action");
             if (py_str_eq(a, "alloc") || py_str_eq(a, "free_requested") || py_str_eq(a, "free_completed"))
@@ -874,11 +881,7 @@ int av_cmd_import(int argc, char **argv)
             uint64_t addr = (uint64_t)geti(e, "addr"), size = (uint64_t)geti(e, "size");
             if (py_str_eq(a, "alloc")) {
                 set_add(&im, &seen_alloc, addr);
-                uint64_t *last = u64map_slot(&dp[d].last_alloc, addr, &seen);
-                if (last)
-                    *last = i + 1;
-                else
-                    im.ok = false;
+                map_put(&im, &dp[d].last_alloc, addr, i + 1);
             } else if (py_str_eq(a, "free_requested") && !u64map_has(&seen_alloc, addr)) {
                 set_add(&im, &requested, addr);
             } else if (py_str_eq(a, "free_completed") && !u64map_has(&seen_alloc, addr)) {
@@ -887,11 +890,7 @@ int av_cmd_import(int argc, char **argv)
                      * allocated; its completion is a FREE_DONE, as cualloc's recorder writes one
                      * whose request came before recording started. (A window without any
                      * free_requested was recorded without them: the free is all there is.) */
-                    uint64_t *pend = u64map_slot(&dp[d].pending, addr, &seen);
-                    if (pend)
-                        *pend = 1;
-                    else
-                        im.ok = false;
+                    map_put(&im, &dp[d].pending, addr, 1);
                 } else if (!set_add(&im, &init_blocks, addr)) {
                     tw_alloc(im.w, t0, (uint32_t)d, stream_id(&im, (uint64_t)geti(e, "stream")), addr,
                              round_size(size), size, free_stacks ? stack_of(&im, py_dict_get(e, "frames")) : 0,
@@ -910,18 +909,10 @@ int av_cmd_import(int argc, char **argv)
             uint64_t size = (uint64_t)geti(blk, "size"), req = (uint64_t)geti(blk, "requested_size");
             if (!py_str_eq(state, "active_allocated") && !py_str_eq(state, "active_pending_free"))
                 continue;
-            uint64_t *fs = u64map_slot(&dp[d].final_size, baddr, &seen);
-            if (fs)
-                *fs = size;
-            else
-                im.ok = false;
+            map_put(&im, &dp[d].final_size, baddr, size);
             if (u64map_has(&seen_alloc, baddr))
                 continue;
-            uint64_t *sz = u64map_slot(&dp[d].sizes, baddr, &seen);
-            if (sz)
-                *sz = size;
-            else
-                im.ok = false;
+            map_put(&im, &dp[d].sizes, baddr, size);
             tw_alloc(im.w, t0, (uint32_t)d, stream_id(&im, (uint64_t)geti(seg, "stream")), baddr, size,
                      req ? req : size, stack_of(&im, block_frames(blk)), true);
             base_alloc[d] += size;
