@@ -15,7 +15,6 @@
  * Prints the reserved peak, the live peak, the synchronizations, the events recorded and the
  * chunks mapped, over the whole run and over its second half.
  */
-#include <errno.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -23,6 +22,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "text.h"
 
 #define ACTS 24
 #define MIB ((size_t)1 << 20)
@@ -57,18 +57,6 @@ static void must_free(void *p, cua_stream s) {
 
 #define CROSS_STREAM_USAGE "usage: cross_stream [--steps N] [--seed S] [--device-mb M]\n"
 
-/* An option's value: decimal digits only, at most max. False for anything else ("7x", "-1", ""),
- * which atoi and strtoul took as a number or as 0. */
-static bool parse_number(const char *s, unsigned long long max, unsigned long long *out) {
-    if (!s || *s < '0' || *s > '9') return false;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (*end || errno || v > max) return false;
-    *out = v;
-    return true;
-}
-
 int main(int argc, char **argv) {
     int steps = 200;
     uint64_t seed = 20261123;
@@ -81,7 +69,7 @@ int main(int argc, char **argv) {
             return 0;
         }
         bool known = !strcmp(a, "--steps") || !strcmp(a, "--seed") || !strcmp(a, "--device-mb");
-        if (!known || i + 1 >= argc || !parse_number(argv[i + 1], !strcmp(a, "--seed") ? UINT64_MAX : 1u << 30, &v)) {
+        if (!known || i + 1 >= argc || !txt_parse_count(argv[i + 1], 0, !strcmp(a, "--seed") ? UINT64_MAX : 1u << 30, &v)) {
             if (known && i + 1 >= argc) fprintf(stderr, "cross_stream: %s needs a value\n", a);
             else if (known) fprintf(stderr, "cross_stream: bad %s '%s' (a whole number)\n", a, argv[i + 1]);
             else fprintf(stderr, "cross_stream: unknown argument '%s'\n", a);
