@@ -1440,12 +1440,11 @@ static block_t *classic_alloc_segment(heap_t *h, pool_t *p, unsigned tag, size_t
 }
 
 /* PyTorch's release_block: frees a whole-segment FREE block. When the driver refuses, the segment
- * stays cached (and counted) and false is returned. Not while a capture the heap knows of is in
- * progress: cuMemFree waits for the device, and CUDA invalidates a global-mode capture on it (as
- * on cuMemAlloc, which the CUDA backend makes in relaxed mode); the segment stays cached until the
- * capture ends. */
+ * stays cached (and counted) and false is returned. Its callers release nothing while a capture
+ * the heap knows of is in progress (asked once per release, not per segment): cuMemFree waits for
+ * the device, and CUDA invalidates a global-mode capture on it (as on cuMemAlloc, which the CUDA
+ * backend makes in relaxed mode); the segments stay cached until the capture ends. */
 static bool classic_release_segment(heap_t *h, pool_t *p, block_t *b) {
-    if (capture_in_progress(h)) return false;
     cua_result r = h->drv->mem_free(h->dev, (cua_devptr)b->addr);
     if (r != CUA_SUCCESS) {
         cua_error("device %d: freeing segment at %#lx failed (%s); it stays cached", h->dev, (unsigned long)b->addr,
@@ -1468,6 +1467,7 @@ static size_t classic_release_all(heap_t *h) {
     /* Device-wide frees go back to their segments' streams first, so that a segment they share
      * with that stream's free blocks is whole again. */
     dw_sync(h);
+    if (capture_in_progress(h)) return 0; /* (classic_release_segment) */
     size_t before = h->stats.reserved_bytes;
     for (int pi = 0; pi < POOL_COUNT; pi++) {
         pool_t *p = &h->pools[pi];
@@ -1484,7 +1484,7 @@ static size_t classic_release_all(heap_t *h) {
  * block of the stream large enough for the request, or else the largest ones until enough. */
 static bool classic_release_available(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
     size_t max_split = h->conf.max_split_size;
-    if (max_split == SIZE_MAX || !p->index[tag]) return false;
+    if (max_split == SIZE_MAX || !p->index[tag] || capture_in_progress(h)) return false; /* (classic_release_segment) */
     tree_t *t = &p->index[tag]->tree;
     size_t key = rsize < max_split ? max_split : rsize;
     block_t *b = tree_lower_bound(t, key);
@@ -1508,7 +1508,7 @@ static bool classic_release_available(heap_t *h, pool_t *p, unsigned tag, size_t
  * the average), round after round, until under the threshold. */
 static void classic_garbage_collect(heap_t *h) {
     size_t threshold = (size_t)(h->conf.garbage_collection_threshold * (double)h->cap);
-    if (h->stats.reserved_bytes <= threshold) return;
+    if (h->stats.reserved_bytes <= threshold || capture_in_progress(h)) return; /* (classic_release_segment) */
     size_t target = h->stats.reserved_bytes - threshold, reclaimed = 0;
     pool_t *p = &h->pools[POOL_LARGE];
     double total_age = 0;
