@@ -89,9 +89,13 @@ need = {
     # look-up probed against the fake driver, plain and under the preload (dq_verdict judged them)
     "driver-questions": lambda: sorted((r["check"], r["mode"]) for r in body if r["op"] == "check"
                                        and r["status"] == "not-run")
-                                == sorted((c, m) for c in ["capture_vs_misses", "stream_get_ctx_under_capture",
-                                                           "legacy_lookup_flags", "meminfo_counted_once",
-                                                           "device_reset"] for m in ["plain", "preload"])
+                                == sorted([(c, m) for c in ["capture_vs_misses", "capture_vs_misses_thread_local",
+                                                            "capture_vs_misses_relaxed", "capture_vs_misses_own_thread",
+                                                            "stream_get_ctx_under_capture", "legacy_lookup_flags",
+                                                            "meminfo_counted_once", "device_reset"]
+                                           for m in ["plain", "preload"]]
+                                          + [(c, "preload-classic") for c in ["capture_vs_misses",
+                                                                              "capture_vs_misses_own_thread"]])
                                 and all(b["ok"] for b in body if b["op"] == "build")
                                 and (not any(b["op"] == "build" for b in body)
                                      or sorted(r["mode"] for r in body if r["op"] == "probe" and r["pass"])
@@ -282,9 +286,9 @@ def step(op, phase, error, capture):
     return {"op": op, "phase": phase, "error": error, "capture_after": capture}
 
 
-def capture(mode, passed, steps):
-    return {"op": "check", "check": "capture_vs_misses", "mode": mode, "rc": 0, "pass": passed,
-            "result": {"check": "capture_vs_misses", "pass": passed, "steps": steps}}
+def capture(mode, passed, steps, check="capture_vs_misses"):
+    return {"op": "check", "check": check, "mode": mode, "rc": 0, "pass": passed,
+            "result": {"check": check, "pass": passed, "steps": steps}}
 
 
 def other(check, mode, passed, rc=0):
@@ -334,6 +338,27 @@ assert status == "pass" and "undecided: device_reset (preload)" in detail, detai
 # the summary shows the comparison
 text = "\n".join(s.driver_questions(ok + same + s.dq_verdict(ok + same, False, "")[2]))
 assert "| 1 | cualloc_trim(0) | not loaded | active | cudaSuccess | active |" in text, text
+# every variant and every cualloc process is compared with CUDA's run of the same variant: classic
+# segments invalidating where CUDA did not fail, named by variant and process; the expandable
+# process of the same variant, and another variant, are judged on their own.
+def variant(check, mode, capture_after_trim):
+    return capture(mode, capture_after_trim == "active", [step("cualloc_trim(0)", 1, "cudaSuccess", capture_after_trim)],
+                   check)
+own = [variant("capture_vs_misses_own_thread", "plain", "active"),
+       variant("capture_vs_misses_own_thread", "preload", "active"),
+       variant("capture_vs_misses_own_thread", "preload-classic", "invalidated"),
+       variant("capture_vs_misses_relaxed", "plain", "active"), variant("capture_vs_misses_relaxed", "preload", "active")]
+status, detail, extra = s.dq_verdict(ok + same + own, False, "")
+assert status == "fail" and detail == "failed: capture_vs_misses_own_thread (preload-classic compared)", detail
+assert sorted((c["check"], c["mode"], c["pass"]) for c in extra) == [
+    ("capture_vs_misses", "preload", True), ("capture_vs_misses_own_thread", "preload", True),
+    ("capture_vs_misses_own_thread", "preload-classic", False), ("capture_vs_misses_relaxed", "preload", True)], extra
+text = "\n".join(s.driver_questions(ok + same + own + extra))
+assert ("capture_vs_misses_own_thread, LD_PRELOAD cualloc, classic segments against CUDA alone, step by step "
+        in text and "**FAIL**" in text), text
+# CUDA's own run of a variant with no cualloc run beside it: named undecided, not failed
+status, detail = s.dq_verdict(ok + same + own[3:4], False, "")[:2]
+assert status == "pass" and "undecided: capture_vs_misses_relaxed (plain, nothing compared)" in detail, detail
 PY
 
 # carry-libs.sh into a folder of its own: every library the build's programs load that is not the

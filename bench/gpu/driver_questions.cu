@@ -3,8 +3,10 @@
 // that includes no cualloc header: run.sh runs each check in a process of its own, without cualloc
 // (the baseline: what CUDA itself does) and with LD_PRELOAD=build/src/libcualloc.so.
 //
-//   driver_questions --check NAME     NAME: capture_vs_misses | stream_get_ctx_under_capture |
-//                                     legacy_lookup_flags | meminfo_counted_once | device_reset
+//   driver_questions --check NAME     NAME: capture_vs_misses | capture_vs_misses_thread_local |
+//                                     capture_vs_misses_relaxed | capture_vs_misses_own_thread |
+//                                     stream_get_ctx_under_capture | legacy_lookup_flags |
+//                                     meminfo_counted_once | device_reset
 //
 // Prints one line `driver_questions: RESULT {"check": NAME, "pass": true|false|null, ...}` (null:
 // the question could not be decided here) and exits 0 once that line is printed, whatever the
@@ -259,6 +261,12 @@ static const char *status_name(cudaStreamCaptureStatus s) {
 // pass: no phase-1 step invalidated the capture and it ended, instantiated, launched and wrote its
 // value. Without cualloc this is CUDA's own answer for an application's calls; run.sh compares the
 // two processes step by step. null when cualloc is loaded but no step reached the driver (no map).
+//
+// Variants (capture_variant): the capture in thread-local or relaxed mode, B's steps unchanged (by
+// CUDA's rules no other thread's call can invalidate those; the variants ask whether anything
+// cualloc does can); and "own_thread", where the capturing thread makes the steps itself with its
+// mode exchanged to relaxed around each, as PyTorch's allocator makes its cudaMalloc during a
+// capture (B then makes none).
 
 enum { N_PHASE1 = 9, N_PHASE2 = 12, N_STEPS = N_PHASE1 + N_PHASE2 };
 static const char *const STEP_NAMES[N_STEPS] = {
@@ -285,7 +293,26 @@ static const char *const STEP_NAMES[N_STEPS] = {
     "cuCtxSynchronize (control)",
 };
 
+struct capture_variant {
+    const char *name;
+    cudaStreamCaptureMode mode; // A's capture
+    bool own_thread;            // A makes the steps (in relaxed mode), not B
+};
+static const capture_variant CAPTURE_VARIANTS[] = {
+    {"capture_vs_misses", cudaStreamCaptureModeGlobal, false},
+    {"capture_vs_misses_thread_local", cudaStreamCaptureModeThreadLocal, false},
+    {"capture_vs_misses_relaxed", cudaStreamCaptureModeRelaxed, false},
+    {"capture_vs_misses_own_thread", cudaStreamCaptureModeGlobal, true},
+};
+enum { N_CAPTURE_VARIANTS = sizeof CAPTURE_VARIANTS / sizeof CAPTURE_VARIANTS[0] };
+
+static const char *capture_mode_name(cudaStreamCaptureMode m) {
+    return m == cudaStreamCaptureModeGlobal ? "global" : m == cudaStreamCaptureModeThreadLocal ? "thread_local"
+         : m == cudaStreamCaptureModeRelaxed ? "relaxed" : "?";
+}
+
 struct capture_state {
+    const capture_variant *variant;
     pthread_barrier_t barrier;
     cudaStream_t a, b1, b2;
     int *out;                         // the captured kernel's target
@@ -385,7 +412,7 @@ static void b_step(capture_state *st, int k) {
 
 // A: begins a capture on stream a and captures the kernel into it.
 static void a_begin(capture_state *st, char *err, size_t n) {
-    cudaError_t r = cudaStreamBeginCapture(st->a, cudaStreamCaptureModeGlobal);
+    cudaError_t r = cudaStreamBeginCapture(st->a, st->variant->mode);
     if (r == cudaSuccess) {
         set_value<<<1, 1, 0, st->a>>>(st->out, 1234);
         r = cudaGetLastError();
@@ -423,7 +450,13 @@ static void *thread_a(void *arg) {
     a_begin(st, st->begin, sizeof st->begin);
     pthread_barrier_wait(&st->barrier); // the capture is under way
     for (int k = 0; k < N_STEPS; k++) {
-        pthread_barrier_wait(&st->barrier); // B made step k
+        pthread_barrier_wait(&st->barrier); // B made step k (or, own_thread, made none)
+        if (st->variant->own_thread) {
+            cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
+            cudaThreadExchangeStreamCaptureMode(&m);
+            b_step(st, k);
+            cudaThreadExchangeStreamCaptureMode(&m);
+        }
         a_after(st, k);
         if (k == N_PHASE1 - 1) { // the end of phase 1: the capture must end, instantiate and run
             cudaGraph_t g = NULL;
@@ -462,15 +495,16 @@ static void *thread_b(void *arg) {
     pthread_barrier_wait(&st->barrier);
     pthread_barrier_wait(&st->barrier);
     for (int k = 0; k < N_STEPS; k++) {
-        b_step(st, k);
+        if (!st->variant->own_thread) b_step(st, k);
         pthread_barrier_wait(&st->barrier);
         pthread_barrier_wait(&st->barrier);
     }
     return NULL;
 }
 
-static int check_capture_vs_misses(void) {
+static int check_capture_vs_misses(const capture_variant *variant) {
     static capture_state st; // large; zeroed
+    st.variant = variant;
     char failed[160] = "";
     if (SETUP(failed, cudaSetDevice(0)) && SETUP(failed, cudaFree(0)) &&
         SETUP(failed, cudaStreamCreateWithFlags(&st.a, cudaStreamNonBlocking)) &&
@@ -481,10 +515,12 @@ static int check_capture_vs_misses(void) {
         (!drv.cuEventCreate || drv.cuEventCreate(&st.ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS))
         snprintf(failed, sizeof failed, "cuEventCreate failed");
     common_facts();
+    jadd(",\"capture_mode\":\"%s\",\"steps_by\":\"%s\"", capture_mode_name(variant->mode),
+         variant->own_thread ? "the capturing thread, in relaxed mode" : "another thread, in global mode");
     if (*failed) {
         jadd(",\"error\":");
         jstr(failed);
-        result_print("capture_vs_misses", -1);
+        result_print(variant->name, -1);
         return 0;
     }
     stats_mirror s0, s1;
@@ -527,7 +563,7 @@ static int check_capture_vs_misses(void) {
         jadd(",\"cualloc_maps\":%llu,\"cualloc_unmaps\":%llu,\"cualloc_syncs\":%llu,\"cualloc_allocs\":%llu",
              (unsigned long long)(s1.num_maps - s0.num_maps), (unsigned long long)(s1.num_unmaps - s0.num_unmaps),
              (unsigned long long)(s1.num_syncs - s0.num_syncs), (unsigned long long)(s1.num_allocs - s0.num_allocs));
-    result_print("capture_vs_misses", pass);
+    result_print(variant->name, pass);
     return 0;
 }
 
@@ -735,17 +771,25 @@ static int check_device_reset(void) {
 // ------------------------------------------------------------------ main
 
 int main(int argc, char **argv) {
-    static const char *const names[] = {"capture_vs_misses", "stream_get_ctx_under_capture", "legacy_lookup_flags",
-                                        "meminfo_counted_once", "device_reset"};
-    int (*const fns[])(void) = {check_capture_vs_misses, check_stream_get_ctx_under_capture, check_legacy_lookup_flags,
+    static const char *const names[] = {"stream_get_ctx_under_capture", "legacy_lookup_flags", "meminfo_counted_once",
+                                        "device_reset"};
+    int (*const fns[])(void) = {check_stream_get_ctx_under_capture, check_legacy_lookup_flags,
                                 check_meminfo_counted_once, check_device_reset};
+    const int n_names = (int)(sizeof names / sizeof names[0]);
+    const char *name = NULL;
     int which = -1;
-    if (argc == 3 && strcmp(argv[1], "--check") == 0)
-        for (int i = 0; i < 5; i++)
-            if (strcmp(argv[2], names[i]) == 0) which = i;
-    if (which < 0) {
-        fprintf(stderr, "usage: driver_questions --check capture_vs_misses|stream_get_ctx_under_capture|"
-                        "legacy_lookup_flags|meminfo_counted_once|device_reset\n");
+    const capture_variant *variant = NULL;
+    if (argc == 3 && strcmp(argv[1], "--check") == 0) {
+        for (int i = 0; i < n_names; i++)
+            if (strcmp(argv[2], names[i]) == 0) which = i, name = names[i];
+        for (int i = 0; i < N_CAPTURE_VARIANTS; i++)
+            if (strcmp(argv[2], CAPTURE_VARIANTS[i].name) == 0) variant = &CAPTURE_VARIANTS[i], name = variant->name;
+    }
+    if (!name) {
+        fprintf(stderr, "usage: driver_questions --check NAME\nNAME:");
+        for (int i = 0; i < N_CAPTURE_VARIANTS; i++) fprintf(stderr, " %s", CAPTURE_VARIANTS[i].name);
+        for (int i = 0; i < n_names; i++) fprintf(stderr, " %s", names[i]);
+        fprintf(stderr, "\n");
         return 2;
     }
     char why[256];
@@ -753,8 +797,8 @@ int main(int argc, char **argv) {
         common_facts();
         jadd(",\"error\":");
         jstr(why);
-        result_print(names[which], -1);
+        result_print(name, -1);
         return 0;
     }
-    return fns[which]();
+    return variant ? check_capture_vs_misses(variant) : fns[which]();
 }

@@ -130,7 +130,7 @@ estimate() {
         driver-costs) echo "about 1 minute" ;;
         property-cuda) echo "about 1-3 minutes" ;;
         ld-preload) echo "about 1-2 minutes (two nvcc builds, six runs)" ;;
-        driver-questions) echo "about 1 minute (one small nvcc build, ten processes of a few seconds each, at most 30 s each)" ;;
+        driver-questions) echo "about 1 minute (one small nvcc build, nineteen processes of about a second each, at most 30 s each)" ;;
         torch-api) echo "about 1 minute (one PyTorch process under cualloc_torch.enable(), then allocview on its trace)" ;;
         torch) echo "about 4-7 minutes (5 modes x (training run + forced-OOM run) + 2 snapshot runs, each a fresh process; capped at 9 minutes)" ;;
         torch-medium) echo "about 2-4 minutes (5 GPT-2 medium training runs; capped at 9 minutes)" ;;
@@ -443,15 +443,27 @@ part_ld_preload() {
 # driver_questions.cu asks the real driver what the fake driver and the sim cannot answer (see
 # that file and the README). Each check runs in a process of its own, once without cualloc (CUDA's
 # own answer: the reference) and once under LD_PRELOAD; device_reset last, since a reset could
-# leave the device unusable for whatever came after it. A process is bounded by 30 s: the ten take
-# a few seconds each.
-DQ_CHECKS="legacy_lookup_flags stream_get_ctx_under_capture meminfo_counted_once capture_vs_misses device_reset"
+# leave the device unusable for whatever came after it. A process is bounded by 30 s: the
+# nineteen take under a second each on an H100. The capture checks run a third time under the
+# preload with classic segments (cuMemAlloc'd, released with cuMemFree), whose driver calls differ.
+DQ_CHECKS="legacy_lookup_flags stream_get_ctx_under_capture meminfo_counted_once capture_vs_misses
+capture_vs_misses_thread_local capture_vs_misses_relaxed capture_vs_misses_own_thread device_reset"
+DQ_CLASSIC_CHECKS="capture_vs_misses capture_vs_misses_own_thread"
+
+# dq_modes CHECK: the processes a check runs in.
+dq_modes() {
+    case " $DQ_CLASSIC_CHECKS " in
+        *" $1 "*) echo "plain preload preload-classic" ;;
+        *) echo "plain preload" ;;
+    esac
+}
 
 # dq_env MODE: the environment of a driver-questions process, as arguments of env(1).
 dq_env() {
     case $1 in
         plain) echo "-u LD_PRELOAD -u CUALLOC_CONF" ;;
         preload) echo "LD_PRELOAD=$LIBCUALLOC CUALLOC_CONF=summary:1" ;;
+        preload-classic) echo "LD_PRELOAD=$LIBCUALLOC CUALLOC_CONF=summary:1,expandable_segments:False" ;;
     esac
 }
 
@@ -524,14 +536,14 @@ part_driver_questions() {
     local can_run=1
     if [ "$MOCK" = 1 ] || ! gpu_present || [ ! -x "$prog" ]; then can_run=0; fi
     for check in $DQ_CHECKS; do
-        for mode in plain preload; do
+        for mode in $(dq_modes "$check"); do
             if [ "$can_run" = 1 ]; then
                 # shellcheck disable=SC2046
                 dq_run "$check" "$mode" "$prog" $(dq_env "$mode")
             else
                 local why="mock" envs=""
                 [ "$MOCK" = 1 ] || why="no GPU or no nvcc"
-                [ "$mode" = preload ] && envs="LD_PRELOAD=$LIBCUALLOC CUALLOC_CONF=summary:1 "
+                [ "$mode" = plain ] || envs="$(dq_env "$mode") "
                 echo "would run ($why): ${envs}driver_questions --check $check"
                 printf '{"part":"driver-questions","op":"check","check":"%s","mode":"%s","status":"not-run","reason":"%s","command":%s}\n' \
                     "$check" "$mode" "$why" "$(json_str "${envs}driver_questions --check $check")" >>"$dir/results.jsonl"

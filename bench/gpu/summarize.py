@@ -171,9 +171,10 @@ def dq_facts(check, res):
         return ("cudaMemGetInfo free %s, the driver's %s, cualloc's cached %s: off by %s bytes (counted twice "
                 "would be %s)" % (mib(res.get("runtime_free")), mib(res.get("driver_free")), mib(res.get("cached")),
                                   res.get("diff"), res.get("counted_twice_diff")))
-    if check == "capture_vs_misses":
-        text = ("phase 1: %s invalidation(s)%s; end %s, instantiate %s, graph launch %s, value %s"
-                % (res.get("phase1_invalidations"), " (first: %s)" % res["first_invalidating_step"]
+    if dq_is_capture(check):
+        text = ("%s capture, steps by %s; phase 1: %s invalidation(s)%s; end %s, instantiate %s, graph launch %s, value %s"
+                % (res.get("capture_mode", "global"), res.get("steps_by", "another thread"),
+                   res.get("phase1_invalidations"), " (first: %s)" % res["first_invalidating_step"]
                    if res.get("first_invalidating_step") else "", res.get("end"), res.get("instantiate"),
                    res.get("graph_launch"), res.get("value")))
         if "cualloc_maps" in res:
@@ -187,8 +188,18 @@ def dq_facts(check, res):
     return json.dumps(res)[:300]
 
 
-def dq_compare(plain, pre):
-    """capture_vs_misses without cualloc (plain) and under it (pre), step by step: op "compare". CUDA
+def dq_is_capture(check):
+    """capture_vs_misses and its variants (driver_questions.cu's CAPTURE_VARIANTS), which are judged
+    against CUDA's own answer rather than alone."""
+    return check == "capture_vs_misses" or check.startswith("capture_vs_misses_")
+
+
+DQ_WHO = {"plain": "without cualloc", "preload": "LD_PRELOAD cualloc",
+          "preload-classic": "LD_PRELOAD cualloc, classic segments"}
+
+
+def dq_compare(plain, pre, check="capture_vs_misses", mode="preload"):
+    """A capture check without cualloc (plain) and under it (pre), step by step: op "compare". CUDA
     itself may refuse an application's cudaMalloc during another thread's global-mode capture, so
     the verdict is relative: fail when cualloc refused a phase-1 call CUDA allowed or invalidated
     the capture at a phase-1 step where CUDA left it intact, whatever cualloc's own verdict (a
@@ -196,7 +207,7 @@ def dq_compare(plain, pre):
     refusal); else pass when the capture survived under cualloc, or when it did not but only where
     CUDA's did not either. Phase 2 (the driver called directly, the same calls in both) is facts
     only."""
-    cmp = {"part": "driver-questions", "op": "compare", "check": "capture_vs_misses", "pass": None}
+    cmp = {"part": "driver-questions", "op": "compare", "check": check, "mode": mode, "pass": None}
     pr, cr = (plain or {}).get("result") or {}, (pre or {}).get("result") or {}
     if not (pr.get("steps") and cr.get("steps")):
         return cmp
@@ -245,14 +256,17 @@ def dq_verdict(rows, mock, fake):
     if not runs:
         return "skipped", "nothing ran", []
     verdicts, extra = [], []
-    plain, pre = runs.get(("capture_vs_misses", "plain")), runs.get(("capture_vs_misses", "preload"))
-    if plain or pre:
-        cmp = dq_compare(plain, pre)
-        extra.append(cmp)
-        verdicts.append(("capture_vs_misses", "compared", cmp["pass"], max((plain or {}).get("rc", 0), (pre or {}).get("rc", 0))))
-    for (check, mode), r in runs.items():
-        if check != "capture_vs_misses":
-            verdicts.append((check, mode, r.get("pass"), r.get("rc", 0)))
+    for (check, mode), pre in sorted(runs.items()):
+        if not dq_is_capture(check):
+            verdicts.append((check, mode, pre.get("pass"), pre.get("rc", 0)))
+        elif mode != "plain":
+            plain = runs.get((check, "plain"))
+            cmp = dq_compare(plain, pre, check, mode)
+            extra.append(cmp)
+            verdicts.append((check, "%s compared" % mode, cmp["pass"], max((plain or {}).get("rc", 0), pre.get("rc", 0))))
+    for (check, mode), plain in sorted(runs.items()):  # CUDA's own run, with nothing to compare it to
+        if dq_is_capture(check) and mode == "plain" and not any(c == check and m != "plain" for c, m in runs):
+            verdicts.append((check, "plain, nothing compared", None, plain.get("rc", 0)))
     failed = ["%s (%s)%s" % (c, m, "" if rc == 0 else " exited %d" % rc) for c, m, p, rc in verdicts
               if p is False or rc != 0]
     undecided = ["%s (%s)" % (c, m) for c, m, p, rc in verdicts if p is None and rc == 0]
@@ -279,7 +293,7 @@ def driver_questions(rows):
     for r in rows:
         if r.get("op") not in ("check", "probe"):
             continue
-        who = "without cualloc" if r["mode"] == "plain" else "LD_PRELOAD cualloc"
+        who = DQ_WHO.get(r["mode"], r["mode"])
         if r["op"] == "probe":
             who += " (fake driver)"
         if r.get("status") == "not-run":
@@ -298,9 +312,10 @@ def driver_questions(rows):
         out += table(["check", "process", "result", "facts", "rc", "wall s"], tab)
         out.append("")
     for c in (r for r in rows if r.get("op") == "compare"):
-        out.append("capture_vs_misses, step by step (thread B's call and the capture's status after it; phase 2 "
-                   "calls the driver directly in both processes): %s" % {True: "pass", False: "**FAIL**",
-                                                                         None: "undecided"}[c.get("pass")])
+        out.append("%s, %s against CUDA alone, step by step (the step's call and the capture's status after it; "
+                   "phase 2 calls the driver directly in both processes): %s"
+                   % (c.get("check", "capture_vs_misses"), DQ_WHO.get(c.get("mode", "preload"), c.get("mode")),
+                      {True: "pass", False: "**FAIL**", None: "undecided"}[c.get("pass")]))
         out.append("")
         if c.get("cualloc_extra_invalidations") or c.get("cualloc_extra_errors"):
             out.append("- only under cualloc: invalidations %s; errors %s" % (
