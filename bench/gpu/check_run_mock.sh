@@ -105,7 +105,7 @@ need = {
                          == ["served", "stats_match", "standin_keys", "accelerator", "reset_peak",
                              "reset_accumulated", "empty_cache", "memory_summary", "train_marks", "oom",
                              "graph_guard", "cudnn_benchmark", "record_stream", "caching_allocator_alloc",
-                             "mempool"],
+                             "mempool", "compile_cudagraphs"],
     "torch": lambda: dry(body) == sorted([(m, p) for m in MODES for p in ["train", "oom"]]
                                          + [("default", "snapshot"), ("expandable", "snapshot")])
                      and all(r["shrink_check"]["ok"] for r in body if r.get("phase") == "snapshot")

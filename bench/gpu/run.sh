@@ -131,7 +131,7 @@ estimate() {
         property-cuda) echo "about 1-3 minutes" ;;
         ld-preload) echo "about 1-2 minutes (two nvcc builds, six runs)" ;;
         driver-questions) echo "about 1 minute (one small nvcc build, nineteen processes of about a second each, at most 30 s each)" ;;
-        torch-api) echo "about 1 minute (one PyTorch process under cualloc_torch.enable(), then allocview on its trace)" ;;
+        torch-api) echo "1-2 minutes (one PyTorch process under cualloc_torch.enable(), torch.compile's first compile included, then allocview on its trace)" ;;
         torch) echo "about 4-7 minutes (5 modes x (training run + forced-OOM run) + 2 snapshot runs, each a fresh process; capped at 9 minutes)" ;;
         torch-medium) echo "about 2-4 minutes (5 GPT-2 medium training runs; capped at 9 minutes)" ;;
         torch-alloc-cost) echo "about 1 minute (5 short processes)" ;;

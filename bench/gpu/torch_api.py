@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -53,6 +54,8 @@ CHECKS = [
     ("record_stream", "Tensor.record_stream on a side stream, then free: no error"),
     ("caching_allocator_alloc", "torch.cuda.caching_allocator_alloc/_delete go through cualloc"),
     ("mempool", "question: torch.cuda.MemPool + use_mem_pool under the pluggable allocator"),
+    ("compile_cudagraphs", "torch.compile(mode='reduce-overhead') meets the graph guard's RuntimeError, or runs "
+                           "correctly without capturing; eager work goes on afterwards"),
 ]
 
 
@@ -295,6 +298,67 @@ class Job:
             return emit("mempool", None, ran=ok, cualloc_allocs_counted=counted)
         except Exception as e:
             return emit("mempool", None, ran=False, detail=first_line(e)[:400])
+
+
+    def compile_cudagraphs(self):
+        """torch.compile's reduce-overhead mode records CUDA graphs (CUDA graph trees) through
+        torch.cuda.graph, so under enable() its first recording must meet the graph guard's
+        RuntimeError, raised to the caller; or, where the compiler decides not to use graphs (it
+        counts a skip), the function runs and gives eager's result. Fail: a wrong result, capturing
+        left on, or another current stream. Not judged (null) when it fails otherwise (e.g. no Triton
+        or no C compiler on the machine), or runs with no refusal and no skip counted. Last
+        in the list: a refused recording may leave the compiler's graph trees unusable."""
+        t = self.torch
+        guard = "not supported under cualloc_torch.enable()"
+
+        def f(x):
+            return (x * 2).sin() + 1
+
+        x = t.randn(4096, device="cuda")
+        want = f(x)
+        s0 = t.cuda.current_stream()
+        calls, right, raised = 0, [], None
+        t0 = time.monotonic()
+        try:
+            cf = t.compile(f, mode="reduce-overhead")
+            for _ in range(3):  # CUDA graph trees warm up on the first call and record on a later one
+                y = cf(x)
+                calls += 1
+                right.append(bool(t.allclose(y, want)))
+        except Exception as e:
+            raised = e
+        seconds = round(time.monotonic() - t0, 1)
+        chain, e = [], raised
+        while e is not None and len(chain) < 5:
+            chain.append(first_line(e)[:300])
+            e = e.__cause__ or e.__context__
+        met_guard = any(guard in c for c in chain)
+        capturing = t.cuda.is_current_stream_capturing()
+        same_stream = t.cuda.current_stream() == s0
+        eager = bool(t.allclose(f(x), want))
+        self.sync()
+        skips = None
+        try:
+            from torch._dynamo.utils import counters
+            skips = dict(counters.get("inductor", {})).get("cudagraph_skips")
+        except Exception:
+            pass
+        facts = dict(calls_completed=calls, results_right=right, exception_chain=chain, met_graph_guard=met_guard,
+                     still_capturing=capturing, stream_unchanged=same_stream, eager_after_right=eager,
+                     cudagraph_skips=skips, seconds=seconds)
+        try:
+            t._dynamo.reset()
+        except Exception:
+            pass
+        if capturing or not same_stream or not eager or (right and not all(right)):
+            return emit("compile_cudagraphs", False, **facts)
+        if met_guard:
+            return emit("compile_cudagraphs", True, outcome="the graph guard refused the recording", **facts)
+        if raised is None and skips:
+            return emit("compile_cudagraphs", True, outcome="the compiler skipped CUDA graphs; results right", **facts)
+        if raised is None:  # no refusal and no skip counted: whether anything was captured is not known
+            return emit("compile_cudagraphs", None, outcome="ran, results right, no skip counted (not judged)", **facts)
+        return emit("compile_cudagraphs", None, outcome="failed before any recording (not judged)", **facts)
 
 
 def main(argv=None):
