@@ -18,7 +18,7 @@ cat "$tmp/log"
 [ "$rc" = 0 ] || bad "run.sh all --mock exited $rc"
 [ -s "$tmp/results/summary.md" ] || bad "no combined summary.md"
 parts="driver-costs property-cuda ld-preload driver-questions torch-api torch torch-medium torch-alloc-cost torch-capacity
-torch-capacity-medium torch-capacity-varlen torch-capacity-medium-varlen viewer"
+torch-capacity-medium torch-capacity-varlen torch-capacity-medium-varlen torch-step-controls viewer"
 # Every part `all` ran is one of these: a part left off the list would go unchecked.
 for d in "$tmp/results"/*/; do
     [ -d "$d" ] || continue
@@ -121,6 +121,13 @@ need = {
     "torch-capacity-medium": lambda: capacity_ok(body, "medium"),
     "torch-capacity-varlen": lambda: capacity_ok(body, "small") and varlen_ok(body),
     "torch-capacity-medium-varlen": lambda: capacity_ok(body, "medium") and varlen_ok(body),
+    # the default mode's training planned in each configuration, with its sampler and determinism
+    "torch-step-controls": lambda: sorted((r["label"], r["plan"]["memory"].split(":")[0], r["plan"]["deterministic"])
+                                          for r in body if r.get("dry_run") and r.get("valid")
+                                          and (r["mode"], r["phase"]) == ("default", "train"))
+                                   == [("no-sampler", "read after each step", True),
+                                       ("no-sampler-nondeterministic", "read after each step", False),
+                                       ("sampler-2ms", "sampler every 2.0 ms", True)],
     # exports of the sim traces (frag, leak, demo) and of the shared snapshots when present
     "viewer": lambda: len([r for r in body if r.get("op") == "viewer" and r.get("python_checks") == "pass"]) >= 3
                       and all(r.get("pass") for r in body if r.get("op") == "viewer"),
@@ -361,6 +368,36 @@ status, detail = s.dq_verdict(ok + same + own[3:4], False, "")[:2]
 assert status == "pass" and "undecided: capture_vs_misses_relaxed (plain, nothing compared)" in detail, detail
 PY
 
+# torch-step-controls' summary of made-up GPU records: each configuration's runs, their spread and
+# where the steps' time went; and the targets leave the controls' default-mode runs out.
+PYTHONPATH="$src/bench/gpu" python3 - "$tmp" <<'PY' || bad "summarize.py summarizes torch-step-controls wrongly"
+import json, os, sys
+import summarize as s
+
+
+def run(label, step, issue, cpu, sample_ms, det, rnd):
+    return {"part": "torch-step-controls", "model": "small", "mode": "default", "phase": "train", "round": rnd,
+            "label": label, "batch": 8, "steps": 30, "median_step_ms": step, "median_issue_ms": issue,
+            "median_issue_cpu_ms": cpu, "sample_ms": sample_ms, "deterministic": det, "peak_bytes": 16 << 30}
+
+
+rows = [run("sampler-2ms", 200.0, 195.0, 60.0, 2.0, True, 1), run("no-sampler", 40.0, 30.0, 29.0, 0.0, True, 1),
+        run("sampler-2ms", 230.0, 225.0, 61.0, 2.0, True, 2), run("no-sampler", 41.0, 30.5, 29.5, 0.0, True, 2)]
+text = "\n".join(s.step_controls(rows))
+assert "| sampler-2ms | default | 200.0 / 230.0 | 215.0 | 15% | 210.0 | 60.5 | 2.0 | True | 16.00 |" in text, text
+assert "| no-sampler | default | 40.0 / 41.0 | 40.5 | 2% | 30.2 | 29.2 | 0.0 | True | 16.00 |" in text, text
+d = os.path.join(sys.argv[1], "controls-only")
+os.makedirs(d)
+with open(os.path.join(d, "results.jsonl"), "w") as f:
+    f.write(json.dumps({"op": "meta", "part": "torch-step-controls"}) + "\n")
+    f.writelines(json.dumps(r) + "\n" for r in rows)
+import contextlib, io
+buf = io.StringIO()
+with contextlib.redirect_stdout(buf):
+    s.targets_main([d])
+assert "No results found." in buf.getvalue() and "215.0" not in buf.getvalue(), buf.getvalue()
+PY
+
 # carry-libs.sh into a folder of its own: every library the build's programs load that is not the
 # C library's or libstdc++/libgcc_s must then come from there.
 libs=$tmp/gpu-libs
@@ -439,16 +476,17 @@ for n in 0 x; do
     env -u OUT "$src/bench/gpu/run.sh" torch-medium --mock --repeat "$n" --out "$tmp/rep0" --build "$build" >/dev/null 2>&1
     [ $? = 2 ] || bad "--repeat $n was not refused"
 done
-# A bad --steps or --budget-gb, an empty --modes or a list of no part: refused at once (status 2,
+# A bad --steps, --budget-gb or --sample-ms, an empty --modes or a list of no part: refused at once (status 2,
 # named), nothing run; torch_train.py refused the first two in every mode's job in turn, and the
 # last two ran all five modes or no part with status 0.
 for args in "torch --steps x" "torch --steps -3" "torch --steps 0" "torch-capacity --budget-gb lots" \
-    "torch-capacity --budget-gb 0" "torch-capacity --budget-gb -5" "torch --modes ," ","; do
+    "torch-capacity --budget-gb 0" "torch-capacity --budget-gb -5" "torch --modes ," "," "torch --sample-ms fast" \
+    "torch --sample-ms -1"; do
     set -f
     env -u OUT "$src/bench/gpu/run.sh" $args --mock --out "$tmp/badarg" --build "$build" >/dev/null 2>"$tmp/badarg.err"
     st=$?
     set +f
-    [ $st = 2 ] && grep -q "^run.sh: \(--steps\|--budget-gb\|--modes\|no part\)" "$tmp/badarg.err" ||
+    [ $st = 2 ] && grep -q "^run.sh: \(--steps\|--budget-gb\|--modes\|--sample-ms\|no part\)" "$tmp/badarg.err" ||
         bad "run.sh $args: exit $st, want 2 naming it: $(head -1 "$tmp/badarg.err")"
     [ -z "$(ls "$tmp/badarg" 2>/dev/null)" ] || bad "run.sh $args ran a part: $(ls "$tmp/badarg")"
     rm -rf "$tmp/badarg"
@@ -459,7 +497,8 @@ PYTHONPATH="$src/bench/gpu" python3 - <<'PY' || bad "summarize.py: repeated runs
 import summarize as s
 def run(mode, ms, f=0, peak=10 << 30):
     return {"part": "torch-medium", "model": "medium", "mode": mode, "phase": "train", "op": "train",
-            "median_step_ms": ms, "peak_bytes": peak, "losses": [1.0], "_file": f}
+            "median_step_ms": ms, "peak_bytes": peak, "losses": [1.0], "_file": f,
+            "median_issue_ms": ms * 0.9, "median_issue_cpu_ms": ms / 2}
 rows = [run("default", x) for x in (200.0, 220.0, 210.0)]
 rows += [run("cualloc-enable", x) for x in (150.0, 170.0, 160.0)]
 rows += [run("cualloc-preload-cache", x, peak=p) for x, p in ((205.0, 11 << 30), (300.0, 12 << 30), (215.0, 11 << 30))]
@@ -468,7 +507,7 @@ text = "\n".join(s.torch([r for r in rows if r["_file"] == 0]))
 line = lambda m: next(l for l in text.splitlines() if l.startswith("| %s |" % m))
 assert "| 210.0 | 200.0-220.0 (3 runs) | 1.000 | - |" in line("default"), line("default")
 assert "| 160.0 | 150.0-170.0 (3 runs) | 0.762 | yes |" in line("cualloc-enable"), line("cualloc-enable")
-assert "| 215.0 | 205.0-300.0 (3 runs) | 1.024 | no: the runs overlap | 12.00 |" in line("cualloc-preload-cache"), \
+assert "| 215.0 | 205.0-300.0 (3 runs) | 1.024 | no: the runs overlap | 193.5 | 107.5 | 12.00 |" in line("cualloc-preload-cache"), \
     line("cualloc-preload-cache")
 t = "\n".join(s.targets(rows, ["made up"]))
 tl = lambda m: next(l for l in t.splitlines() if l.startswith("| %s |" % m))

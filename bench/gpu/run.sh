@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # bench/gpu/run.sh PART[,PART...] [--mock] [--out DIR] [--build DIR] [--steps N] [--modes LIST]
 #                  [--budget-gb G] [--probe-steps N] [--deadline-s S] [--pack FILE] [--repeat N]
+#                  [--sample-ms MS]
 # — the runs made on a GPU machine, one command each (see bench/gpu/README.md).
 #
 #   PART  driver-costs | property-cuda | ld-preload | driver-questions | torch-api | torch | torch-medium |
 #         torch-alloc-cost | torch-capacity | torch-capacity-medium | torch-capacity-varlen |
-#         torch-capacity-medium-varlen | viewer | all; several, comma-separated, run in the order
-#         given within one command. The -varlen capacity parts search the same way with probes
-#         whose 8 steps have sequence lengths drawn as training's are (the longest first and last)
+#         torch-capacity-medium-varlen | torch-step-controls | viewer | all; several,
+#         comma-separated, run in the order given within one command. The -varlen capacity parts
+#         search the same way with probes whose 8 steps have sequence lengths drawn as training's
+#         are (the longest first and last). torch-step-controls times GPT-2 small's training in
+#         the default mode (--modes to change) as the torch part does, without the memory sampler
+#         thread, and without it and deterministic algorithms, in --repeat rounds: what makes its
+#         steps host-bound and their times spread between runs
 #   --mock       no GPU: driver-costs and property-cuda run against the fake libcuda.so.1
 #                (BUILD/tests/fakecuda), ld-preload and driver-questions only build (when nvcc
 #                exists), probe the fake driver and print what they would run, the torch parts
@@ -31,6 +36,9 @@
 #                from the next one's of the same mode by more than the modes differ, and rounds
 #                spread the machine's changing load over all modes alike. The forced OOM and the
 #                snapshots run in the first round only.
+#   --sample-ms MS the memory sampler's period in the torch and torch-medium parts' timed training
+#                (default 2); 0: no sampler thread, the device's used memory read after each step,
+#                outside its timing.
 #   TORCH_BUDGET_S, PART_BUDGET_S (environment; default 540 each): the seconds a torch part, and
 #                driver-costs, property-cuda, ld-preload, driver-questions or torch-api, may take in all.
 #
@@ -64,6 +72,7 @@ PROBE_STEPS=
 DEADLINE_S=
 PACK=
 REPEAT=1
+SAMPLE_MS=2
 while [ $# -gt 0 ]; do
     case $1 in
         --mock) MOCK=1 ;;
@@ -76,13 +85,14 @@ while [ $# -gt 0 ]; do
         --deadline-s) [ $# -ge 2 ] || usage; DEADLINE_S=$2; shift ;;
         --pack) [ $# -ge 2 ] || usage; PACK=$2; shift ;;
         --repeat) [ $# -ge 2 ] || usage; REPEAT=$2; shift ;;
+        --sample-ms) [ $# -ge 2 ] || usage; SAMPLE_MS=$2; shift ;;
         -h|--help) usage ;;
         *) echo "run.sh: unknown argument '$1'" >&2; usage ;;
     esac
     shift
 done
 PARTS="driver-costs property-cuda ld-preload driver-questions torch-api torch torch-medium torch-alloc-cost torch-capacity torch-capacity-medium \
-torch-capacity-varlen torch-capacity-medium-varlen viewer"
+torch-capacity-varlen torch-capacity-medium-varlen torch-step-controls viewer"
 ALL_TORCH_MODES="default expandable cualloc-enable cualloc-preload-nocache cualloc-preload-cache"
 if [ "$PART" = all ]; then
     RUN_PARTS=$PARTS
@@ -96,6 +106,7 @@ else
 fi
 case $DEADLINE_S in ''|*[!0-9]*) [ -z "$DEADLINE_S" ] || { echo "run.sh: --deadline-s takes whole seconds" >&2; usage; } ;; esac
 case $REPEAT in ''|*[!0-9]*|0) echo "run.sh: --repeat takes a whole number of rounds, 1 or more" >&2; usage ;; esac
+[[ $SAMPLE_MS =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ ]] || { echo "run.sh: --sample-ms takes milliseconds, 0 or more (not '$SAMPLE_MS')" >&2; usage; }
 case $PROBE_STEPS in ''|*[!0-9]*|0) [ -z "$PROBE_STEPS" ] || { echo "run.sh: --probe-steps takes a whole number of steps, 1 or more" >&2; usage; } ;; esac
 # Checked here, before any part starts: torch_train.py refused a bad --steps or --budget-gb only
 # when each of its jobs started, every mode's job failing in turn; an empty --modes ran all five.
@@ -139,6 +150,7 @@ estimate() {
         torch-capacity-medium) echo "about 5-9 minutes (5 modes x about 5-10 probes of ~15 s; capped at 9 minutes)" ;;
         torch-capacity-varlen) echo "about 5-9 minutes (5 modes x about 5-10 probes of ~12-20 s; capped at 9 minutes)" ;;
         torch-capacity-medium-varlen) echo "about 6-9 minutes (5 modes x about 5-10 probes of ~15-25 s; capped at 9 minutes)" ;;
+        torch-step-controls) echo "about 1.5 minutes a round (3 GPT-2 small training runs of ~25 s; capped at 9 minutes)" ;;
         viewer) echo "under a minute (CPU only: traces on the sim device, exports, PyTorch's viewer code)" ;;
     esac
 }
@@ -673,8 +685,8 @@ torch_left() { echo $((PART_BUDGET - ($(date +%s) - T_PART))); }
 torch_job() {
     local part=$1 mode=$2 phase=$3 limit=$4 dir=$RESULTS/$1 rc left round=${ROUND:-1}
     shift 4
-    local log=$dir/$mode-$phase.log dry=()
-    [ "$round" -gt 1 ] && log=$dir/$mode-$phase-round$round.log
+    local log=$dir/$mode-$phase${JOB_TAG:+-$JOB_TAG}.log dry=()
+    [ "$round" -gt 1 ] && log=$dir/$mode-$phase${JOB_TAG:+-$JOB_TAG}-round$round.log
     [ "$MOCK" = 1 ] && dry=(--dry-run)
     left=$(torch_left)
     [ "$left" -lt "$limit" ] && limit=$left
@@ -743,8 +755,9 @@ PY
     rm -f "$json" "$trace"
 }
 
-# torch_end PART: the status line and the part's summary; also the side-by-side comparison with the
-# targets (RESULTS/torch-targets.md) from every torch part present under RESULTS.
+# torch_end PART [no-targets]: the status line and the part's summary; also, unless no-targets, the
+# side-by-side comparison with the targets (RESULTS/torch-targets.md) from every torch part present
+# under RESULTS.
 torch_end() {
     local part=$1
     if [ "$TORCH_FAIL" = 0 ]; then
@@ -753,6 +766,7 @@ torch_end() {
         status_line "$part" fail 1 "a mode failed"
     fi
     summarize "$part" || TORCH_FAIL=1
+    [ "${2:-}" = no-targets ] && { [ "$TORCH_FAIL" = 0 ]; return; }
     if "$PY" "$HERE/summarize.py" targets "$RESULTS" >"$RESULTS/torch-targets.md"; then
         cat "$RESULTS/torch-targets.md"
     else
@@ -781,7 +795,7 @@ part_torch() {
     local mode
     torch_start
     for mode in $TORCH_MODES; do
-        torch_job torch "$mode" train 200 --model small --steps "$STEPS"
+        torch_job torch "$mode" train 200 --model small --steps "$STEPS" --sample-ms "$SAMPLE_MS"
         torch_job torch "$mode" oom 120 --model small --steps "$STEPS" --oom-cap-gb "$TORCH_CAP_GB"
         case $mode in cualloc-*) oom_report torch "$mode" ;; esac
     done
@@ -790,7 +804,7 @@ part_torch() {
             torch_job torch "$mode" snapshot 120 --model small --steps "$STEPS" ;;
         esac
     done
-    more_rounds torch 200 --model small --steps "$STEPS"
+    more_rounds torch 200 --model small --steps "$STEPS" --sample-ms "$SAMPLE_MS"
     torch_end torch
 }
 
@@ -799,10 +813,42 @@ part_torch_medium() {
     local mode
     torch_start
     for mode in $TORCH_MODES; do
-        torch_job torch-medium "$mode" train 240 --model medium --steps "$STEPS"
+        torch_job torch-medium "$mode" train 240 --model medium --steps "$STEPS" --sample-ms "$SAMPLE_MS"
     done
-    more_rounds torch-medium 240 --model medium --steps "$STEPS"
+    more_rounds torch-medium 240 --model medium --steps "$STEPS" --sample-ms "$SAMPLE_MS"
     torch_end torch-medium
+}
+
+# What sets GPT-2 small's step time: the torch part's timed training (default mode unless --modes)
+# in three configurations, in --repeat rounds that go through them in turn. As the torch part runs
+# it (a memory sampler thread every 2 ms, deterministic algorithms); without the sampler thread (the
+# memory read after each step, outside its timing); without it and without deterministic
+# algorithms. The steps of earlier runs took about 200 ms whatever their length and spread by up to
+# 34% between runs of one mode; each step's issue time and the main thread's CPU time in it (in
+# every train record) say whether the host sets the time and whether the thread waits.
+STEP_CONTROLS="sampler-2ms no-sampler no-sampler-nondeterministic"
+step_control_args() {
+    case $1 in
+        sampler-2ms) echo "--sample-ms 2" ;;
+        no-sampler) echo "--sample-ms 0" ;;
+        no-sampler-nondeterministic) echo "--sample-ms 0 --no-deterministic" ;;
+    esac
+}
+part_torch_step_controls() {
+    local mode JOB_TAG
+    torch_start
+    for ROUND in $(seq 1 "$REPEAT"); do
+        for mode in ${MODES_ARG:-default}; do
+            for JOB_TAG in $STEP_CONTROLS; do
+                # shellcheck disable=SC2046
+                torch_job torch-step-controls "$mode" train 150 --model small --steps "$STEPS" --label "$JOB_TAG" \
+                    $(step_control_args "$JOB_TAG")
+            done
+        done
+    done
+    ROUND=1
+    JOB_TAG=
+    torch_end torch-step-controls no-targets
 }
 
 # PyTorch's host cost per cached alloc+free pair, per mode.
@@ -926,6 +972,7 @@ run_part() {
         torch-capacity-varlen) part_torch_capacity torch-capacity-varlen small --varlen --probe-steps "${PROBE_STEPS:-8}" ;;
         torch-capacity-medium-varlen)
             part_torch_capacity torch-capacity-medium-varlen medium --varlen --probe-steps "${PROBE_STEPS:-8}" ;;
+        torch-step-controls) part_torch_step_controls ;;
         viewer) part_viewer ;;
     esac
     rc=$?

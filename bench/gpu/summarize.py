@@ -377,6 +377,12 @@ class Timed:
         self.step = statistics.median(self.steps)
         peaks = [r["peak_bytes"] for r in recs if isinstance(r.get("peak_bytes"), (int, float))]
         self.peak = max(peaks) if peaks else None
+        # Where a step's time goes (records made before these were kept have neither): the host's
+        # time to issue it and the main thread's CPU time in that, medians of the runs' medians.
+        issue = [r["median_issue_ms"] for r in recs if r.get("median_issue_ms") is not None]
+        cpu = [r["median_issue_cpu_ms"] for r in recs if r.get("median_issue_cpu_ms") is not None]
+        self.issue = statistics.median(issue) if issue else None
+        self.issue_cpu = statistics.median(cpu) if cpu else None
 
     def range_text(self):
         return "%.1f-%.1f (%d runs)" % (self.steps[0], self.steps[-1], len(self.steps))
@@ -426,7 +432,7 @@ def torch(rows):
             row += [fmt(ratio, "%.3f")]
             if repeated:
                 row += [apart_text(t, base)]
-            row += [gib(t.peak), r.get("peak_source"), gib(r.get("peak_bytes_mem_get_info")),
+            row += [fmt(t.issue, "%.1f"), fmt(t.issue_cpu, "%.1f"), gib(t.peak), r.get("peak_source"), gib(r.get("peak_bytes_mem_get_info")),
                     gib(r.get("torch_max_memory_allocated")), gib(r.get("torch_max_memory_reserved")),
                     gib(cu.get("reserved_peak")) if cu else "-",
                     cu.get("num_maps", "-") if cu else "-",
@@ -444,7 +450,7 @@ def torch(rows):
         header += ["vs default"]
         if repeated:
             header += ["apart from default"]
-        header += ["peak GiB", "source", "peak GiB (mem_get_info)",
+        header += ["issue ms", "issue CPU ms", "peak GiB", "source", "peak GiB (mem_get_info)",
                    "torch max alloc GiB", "torch max reserved GiB", "cualloc reserved peak GiB", "cualloc maps",
                    "max abs loss diff vs default", "within 1e-3", "last loss"]
         out += table(header, tab)
@@ -480,6 +486,39 @@ def torch(rows):
                      [[r["mode"], r["file"], fmt(r["bytes"] / 1e6, "%.2f"), fmt(r["bytes_as_dumped"] / 1e6, "%.2f"),
                        r["shrunk"], r["trace_entries"], r["segments"], r["steps"]] for r in snaps])
         out.append("")
+    return out + errors(rows)
+
+
+def step_controls(rows):
+    """torch-step-controls: each configuration's runs (one a round) side by side: step time, its
+    spread between runs, and where a step's time goes (issued by the host, the main thread's CPU)."""
+    out = dry_runs(rows)
+    runs = {}
+    for r in rows:
+        if measured(r, "train"):
+            runs.setdefault((r["mode"], r.get("label") or "-"), []).append(r)
+    if runs:
+        first = next(iter(runs.values()))[0]
+        out += ["GPT-2 %s, batch %s, %s steps (medians after the warm-up), %s, torch %s; one run per configuration "
+                "a round, the rounds in turn:" % (model_of(first), first.get("batch"), first.get("steps"),
+                                                   first.get("device_name", "?"), first.get("torch_version", "?")), ""]
+        tab = []
+        for (mode, label), recs in runs.items():
+            steps = [r["median_step_ms"] for r in recs]
+            issue = [r.get("median_issue_ms") for r in recs if r.get("median_issue_ms") is not None]
+            cpu = [r.get("median_issue_cpu_ms") for r in recs if r.get("median_issue_cpu_ms") is not None]
+            peaks = [r["peak_bytes"] for r in recs if isinstance(r.get("peak_bytes"), (int, float))]
+            tab.append([label, mode, " / ".join("%.1f" % x for x in steps), fmt(statistics.median(steps), "%.1f"),
+                        fmt(100.0 * (max(steps) / min(steps) - 1), "%.0f%%") if len(steps) > 1 else "-",
+                        fmt(statistics.median(issue) if issue else None, "%.1f"),
+                        fmt(statistics.median(cpu) if cpu else None, "%.1f"),
+                        recs[0].get("sample_ms", "-"), recs[0].get("deterministic", "-"),
+                        gib(max(peaks)) if peaks else "-"])
+        out += table(["configuration", "mode", "run medians, ms", "median ms", "spread", "issue ms", "issue CPU ms",
+                      "sampler ms", "deterministic", "peak GiB"], tab)
+        out += ["", "issue ms: the host's time to launch a step (before its loss is read); issue CPU ms: the main "
+                "thread's CPU time in it. Issue time near the step time: the host sets the pace; issue time well "
+                "above its CPU time: the main thread waits (the GIL, a full launch queue, a lock).", ""]
     return out + errors(rows)
 
 
@@ -729,7 +768,8 @@ def targets_main(paths):
         for r in part_rows:
             r["_file"] = i
         meta = next((r for r in part_rows if r.get("op") == "meta"), {})
-        if not str(meta.get("part", "torch")).startswith("torch"):
+        # the controls' runs time one mode several ways: not a mode's figures against the targets
+        if not str(meta.get("part", "torch")).startswith("torch") or meta.get("part") == "torch-step-controls":
             continue
         rows += part_rows
         sources.append("%s (%s)" % (meta.get("part", f), (meta.get("date") or "?")))
@@ -781,7 +821,7 @@ PARTS = {"driver-costs": driver_costs, "property-cuda": property_cuda, "ld-prelo
          "driver-questions": driver_questions, "torch-api": torch_api, "torch": torch,
          "torch-medium": torch, "torch-alloc-cost": alloc_cost, "torch-capacity": capacity,
          "torch-capacity-medium": capacity, "torch-capacity-varlen": capacity,
-         "torch-capacity-medium-varlen": capacity, "viewer": viewer}
+         "torch-capacity-medium-varlen": capacity, "torch-step-controls": step_controls, "viewer": viewer}
 
 
 def main(argv):

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """torch_train.py — GPT-2 training under one allocator mode (bench/gpu/run.sh torch, torch-medium,
-torch-alloc-cost, torch-capacity, torch-capacity-medium).
+torch-alloc-cost, torch-capacity, torch-capacity-medium, torch-step-controls).
 
 One mode per process (run.sh starts a fresh process for each, with the mode's environment):
 
@@ -21,6 +21,12 @@ step's loss (to compare modes), the median step time after the warm-up steps, an
 memory in use, measured the same way in every mode: a sampler thread reads the device's used
 memory every few ms — from NVML (libnvidia-ml.so.1 through ctypes) where it loads, else from
 torch.cuda.mem_get_info() — and peak = max(used) - used before the job (after the context exists).
+With --sample-ms 0 there is no sampler thread: the used memory is read after each step, outside
+its timing (every mode's allocator caches, so what it holds after a step is its high-water mark).
+Each step's time is split where its work has been issued (the loss not yet read): `issue_ms`, the
+host's time to launch the step, and `issue_cpu_ms`, the main thread's CPU time in that part. A step
+whose issue time is its step time and its CPU time is host-bound; issue time well above its CPU time
+is the main thread waiting (for the GIL, a full launch queue, a lock).
 NVML is preferred because under LD_PRELOAD cualloc answers cudaMemGetInfo (and so mem_get_info)
 with the driver's free memory plus its own cached free memory; both figures are recorded.
 
@@ -127,7 +133,9 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--round", type=int, default=1,
                    help="which of run.sh's --repeat rounds this process is (recorded, nothing else)")
-    p.add_argument("--sample-ms", type=float, default=2.0, help="memory sampler period")
+    p.add_argument("--sample-ms", type=float, default=2.0,
+                   help="memory sampler period; 0: no sampler thread, the memory read after each step instead")
+    p.add_argument("--label", default=None, help="a name for this run's configuration, recorded (run.sh's controls)")
     p.add_argument("--oom-cap-gb", type=float, default=16.0)
     p.add_argument("--oom-batch", type=int, default=48, help="batch that must not fit under the cap")
     p.add_argument("--oom-seq", type=int, default=1024)
@@ -197,6 +205,8 @@ def validate(a):
         bad.append("need 1 <= --seq-min <= --seq-max <= %d (GPT-2's n_positions)" % N_POSITIONS)
     if a.oom_cap_gb <= 0:
         bad.append("--oom-cap-gb must be positive")
+    if a.sample_ms < 0 or (a.sample_ms == 0 and a.phase != "train"):
+        bad.append("--sample-ms must be positive (0, no sampler thread, in phase train only)")
     if a.phase == "snapshot":
         if a.mode not in SNAPSHOT_MODES:
             bad.append("phase snapshot records PyTorch's own allocator: mode default or expandable only")
@@ -256,6 +266,8 @@ def validate(a):
 
 def emit(a, record):
     record = dict({"part": a.part, "model": a.model, "mode": a.mode, "phase": a.phase, "round": a.round}, **record)
+    if a.label:
+        record["label"] = a.label
     line = json.dumps(record, sort_keys=False)
     print("torch_train: RESULT " + (line if len(line) < 600 else line[:600] + "..."))
     sys.stdout.flush()
@@ -280,7 +292,10 @@ def plan(a):
     }
     if a.phase in ("train", "oom"):
         p.update(batch=a.batch, steps=a.steps, warmup=a.warmup, seq_lengths=seq_lengths(a),
-                 memory="sampler every %.1f ms: NVML used (else mem_get_info); peak - baseline" % a.sample_ms)
+                 memory=("sampler every %.1f ms" % a.sample_ms if a.sample_ms else "read after each step")
+                 + ": NVML used (else mem_get_info); peak - baseline")
+    if a.label:
+        p["label"] = a.label
     if a.phase == "oom":
         p["oom"] = ("cap %.1f GiB (%s), 2 steps at batch %d seq 512, then batch %d seq %d must raise; then batch 2 "
                     "seq 256 must train" % (a.oom_cap_gb, "CUALLOC_CONF max_memory_mb" if a.mode in CUALLOC_MODES
@@ -376,7 +391,8 @@ class Sampler(threading.Thread):
 
     def finish(self):
         self.stop_flag.set()
-        self.join()
+        if self.is_alive():
+            self.join()
         self.sample(mgi=True)
         out = {"peak_bytes_mem_get_info": self.max_mgi - self.base_mgi, "baseline_used_bytes": self.base_mgi,
                "samples": self.samples, "device_total_bytes": self.total}
@@ -537,13 +553,18 @@ def build_model(torch, a, on_device=False):
     return model, opt
 
 
-def step(torch, model, opt, tokens):
+def step_issue(torch, model, opt, tokens):
+    """Launches one training step; returns its loss, not yet read (no synchronization)."""
     with torch.autocast("cuda", dtype=torch.bfloat16):
         out = model(input_ids=tokens, labels=tokens)
     out.loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return float(out.loss.item())
+    return out.loss
+
+
+def step(torch, model, opt, tokens):
+    return float(step_issue(torch, model, opt, tokens).item())
 
 
 def alloc_stats(torch, ct):
@@ -577,21 +598,31 @@ def run_train(a):
     torch, ct = setup(a)
     torch.cuda.set_device(0)
     sampler = Sampler(torch, a.sample_ms / 1000.0)  # baseline: context made, nothing allocated
-    sampler.start()
+    if a.sample_ms:
+        sampler.start()
     model, opt = build_model(torch, a)
     gen = torch.Generator().manual_seed(a.seed + 1)
     seqs = seq_lengths(a)
-    losses, times = [], []
+    losses, times, issue, issue_cpu = [], [], [], []
     for L in seqs:
         tokens = torch.randint(0, VOCAB, (a.batch, L), generator=gen).cuda()
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        losses.append(step(torch, model, opt, tokens))
+        t0, c0 = time.perf_counter(), time.thread_time()
+        loss = step_issue(torch, model, opt, tokens)
+        t1, c1 = time.perf_counter(), time.thread_time()
+        losses.append(float(loss.item()))
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
+        issue.append((t1 - t0) * 1e3)
+        issue_cpu.append((c1 - c0) * 1e3)
+        if not a.sample_ms:
+            sampler.sample(mgi=True)
     mem = sampler.finish()
     rec = {"steps": a.steps, "batch": a.batch, "seed": a.seed, "seq_lengths": seqs, "losses": losses,
            "step_ms": [round(t, 3) for t in times], "median_step_ms": statistics.median(times[a.warmup:]),
+           "issue_ms": [round(t, 3) for t in issue], "median_issue_ms": statistics.median(issue[a.warmup:]),
+           "issue_cpu_ms": [round(t, 3) for t in issue_cpu],
+           "median_issue_cpu_ms": statistics.median(issue_cpu[a.warmup:]), "sample_ms": a.sample_ms,
            "deterministic": not a.no_deterministic, "wall_s": round(time.time() - t_start, 2)}
     rec.update(versions(torch, model))
     rec.update(mem)
