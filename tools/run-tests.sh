@@ -8,9 +8,17 @@
 #   tools/run-tests.sh --quick    the normal build only
 #   FUZZ_SECONDS=N                seconds per fuzz target (default 60)
 set -u
-cd "$(dirname "$0")/.."
 quick=0
-[ "${1:-}" = "--quick" ] && quick=1
+case $# in
+    0) ;;
+    1) case $1 in
+           --quick) quick=1 ;;
+           -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+           *) echo "run-tests.sh: unknown argument '$1' (--quick, or none)" >&2; exit 2 ;;
+       esac ;;
+    *) echo "run-tests.sh: one argument at most (--quick)" >&2; exit 2 ;;
+esac
+cd "$(dirname "$0")/.."
 fuzz_seconds=${FUZZ_SECONDS:-60}
 passed=0 failed=0 skipped=0
 failures=()

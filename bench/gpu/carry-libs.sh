@@ -12,6 +12,10 @@
 # machine's programs load (ldd), so a build made against other versions picks up the right ones.
 # Exit status 0 when every library was found and copied; 1 otherwise (the missing ones named).
 set -eu
+case ${1:-} in
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
+[ $# -le 2 ] || { echo "carry-libs.sh: at most two arguments, BUILD and DEST" >&2; exit 2; }
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build}

@@ -19,6 +19,7 @@
  * Exit status: 0 done, 77 no driver or no device (nothing measured), 1 a driver call failed.
  */
 #include <dlfcn.h>
+#include <errno.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -237,9 +238,27 @@ static void build_total(size_t total, size_t chunk, int reps, bool one_access) {
     free(teardown);
 }
 
-static void usage(void) {
-    fprintf(stderr, "usage: driver_costs [--calls N] [--sizes-mb A,B,...] [--total-mb N] [--reps N] [--json FILE]\n");
+#define USAGE "usage: driver_costs [--calls N] [--sizes-mb A,B,...] [--total-mb N] [--reps N] [--json FILE]\n"
+
+// A bad command line: what was wrong, then the usage; exit 2.
+__attribute__((format(printf, 1, 2), noreturn)) static void bad_usage(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "driver_costs: ");
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n" USAGE);
     exit(2);
+}
+
+// A whole number from 1 to max, else bad_usage naming the option and the text.
+static unsigned long long positive_arg(const char *opt, const char *text, unsigned long long max) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (end == text || *end || errno || v == 0 || v > max || text[0] == '-')
+        bad_usage("%s takes a whole number from 1 to %llu, not '%s'", opt, max, text);
+    return v;
 }
 
 int main(int argc, char **argv) {
@@ -249,21 +268,32 @@ int main(int argc, char **argv) {
     int nsizes = 3;
     const char *json_path = NULL;
     for (int i = 1; i < argc; i++) {
-        if (i + 1 >= argc) usage();
-        if (!strcmp(argv[i], "--calls")) calls = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--total-mb")) total_mb = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--json")) json_path = argv[++i];
-        else if (!strcmp(argv[i], "--sizes-mb")) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf(USAGE "What the CUDA driver charges for the calls cualloc makes (see the top of driver_costs.c).\n");
+            return 0;
+        }
+        if (strcmp(argv[i], "--calls") && strcmp(argv[i], "--reps") && strcmp(argv[i], "--total-mb") &&
+            strcmp(argv[i], "--json") && strcmp(argv[i], "--sizes-mb"))
+            bad_usage("unknown argument '%s'", argv[i]);
+        if (i + 1 >= argc) bad_usage("%s needs a value", argv[i]);
+        const char *opt = argv[i], *val = argv[++i];
+        if (!strcmp(opt, "--calls")) calls = (int)positive_arg(opt, val, 1000000);
+        else if (!strcmp(opt, "--reps")) reps = (int)positive_arg(opt, val, 1000);
+        else if (!strcmp(opt, "--total-mb")) total_mb = positive_arg(opt, val, 1 << 24);
+        else if (!strcmp(opt, "--json")) json_path = val;
+        else {
             nsizes = 0;
-            for (char *s = argv[++i], *end; *s && nsizes < MAX_SIZES; s = *end ? end + 1 : end) {
-                sizes_mb[nsizes] = strtoull(s, &end, 10);
-                if (end == s || sizes_mb[nsizes] == 0) usage();
-                nsizes++;
+            char item[32];
+            for (const char *s = val; *s;) {
+                size_t n = strcspn(s, ",");
+                if (nsizes == MAX_SIZES) bad_usage("--sizes-mb takes at most %d sizes, not '%s'", MAX_SIZES, val);
+                snprintf(item, sizeof item, "%.*s", (int)(n < sizeof item - 1 ? n : sizeof item - 1), s);
+                sizes_mb[nsizes++] = positive_arg("--sizes-mb", item, 1 << 20);
+                s += n + (s[n] == ',');
             }
-        } else usage();
+            if (nsizes == 0) bad_usage("--sizes-mb names no size ('%s')", val);
+        }
     }
-    if (calls < 1 || reps < 1 || total_mb == 0 || nsizes == 0) usage();
     json = stdout;
     human = stderr;
     if (json_path) {

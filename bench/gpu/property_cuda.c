@@ -264,14 +264,33 @@ static void run_variant(const variant_t *v, int ops, rng_t *r, FILE *json, uint6
 int main(int argc, char **argv) {
     int ops = 0;
     const char *json_path = NULL, *only = NULL;
+    static const char usage[] = "usage: property_cuda [--ops N] [--json FILE] [--variant SUBSTRING]\n";
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--ops") && i + 1 < argc) ops = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
-        else if (!strcmp(argv[i], "--variant") && i + 1 < argc) only = argv[++i];
-        else {
-            fprintf(stderr, "usage: property_cuda [--ops N] [--json FILE] [--variant SUBSTRING]\n");
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("%sThe heap's property test on the real CUDA driver (see the top of property_cuda.c).\n", usage);
+            return 0;
+        }
+        const char *opt = argv[i];
+        if (strcmp(opt, "--ops") && strcmp(opt, "--json") && strcmp(opt, "--variant")) {
+            fprintf(stderr, "property_cuda: unknown argument '%s'\n%s", opt, usage);
             return 2;
         }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "property_cuda: %s needs a value\n%s", opt, usage);
+            return 2;
+        }
+        const char *val = argv[++i];
+        if (!strcmp(opt, "--ops")) {
+            char *end;
+            long v = strtol(val, &end, 10);
+            if (end == val || *end || v < 1 || v > 100000000) {
+                fprintf(stderr, "property_cuda: --ops takes a whole number from 1 to 100000000, not '%s'\n%s", val,
+                        usage);
+                return 2;
+            }
+            ops = (int)v;
+        } else if (!strcmp(opt, "--json")) json_path = val;
+        else only = val;
     }
     cua_result r = driver_cuda_ops.init();
     if (r != CUA_SUCCESS) {

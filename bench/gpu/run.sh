@@ -52,13 +52,18 @@
 set -u
 set -o pipefail
 
+# usage: the header above on stderr, exit 2 (a bad command line); help: the same on stdout, exit 0.
 usage() {
     sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
+help() {
+    sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+    exit 0
+}
 
 [ $# -ge 1 ] || usage
-case $1 in -h|--help) usage ;; esac
+case $1 in -h|--help) help ;; esac
 PART=$1
 shift
 MOCK=0
@@ -86,7 +91,7 @@ while [ $# -gt 0 ]; do
         --pack) [ $# -ge 2 ] || usage; PACK=$2; shift ;;
         --repeat) [ $# -ge 2 ] || usage; REPEAT=$2; shift ;;
         --sample-ms) [ $# -ge 2 ] || usage; SAMPLE_MS=$2; shift ;;
-        -h|--help) usage ;;
+        -h|--help) help ;;
         *) echo "run.sh: unknown argument '$1'" >&2; usage ;;
     esac
     shift

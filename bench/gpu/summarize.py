@@ -829,9 +829,14 @@ def main(argv):
         return targets_main(argv[2:])
     if len(argv) == 5 and argv[1] == "driver-questions-verdict":
         return dq_verdict_main(*argv[2:])
+    text = ("usage: summarize.py %s RESULTS.jsonl\n       summarize.py targets RESULTS_DIR_OR_JSONL...\n"
+            "A part's results.jsonl as markdown, or the comparison with the targets of every torch part found."
+            % "|".join(PARTS))
+    if len(argv) == 2 and argv[1] in ("-h", "--help"):
+        print(text)
+        return 0
     if len(argv) != 3 or argv[1] not in PARTS:
-        print("usage: summarize.py %s RESULTS.jsonl\n       summarize.py targets RESULTS_DIR_OR_JSONL..."
-              % "|".join(PARTS), file=sys.stderr)
+        print(text, file=sys.stderr)
         return 2
     rows = load(argv[2])
     print("\n".join(head(argv[1], rows) + PARTS[argv[1]](rows)))

@@ -67,8 +67,11 @@ def check_one(path, html_dir, write_html):
 
 
 def main(argv):
-    if len(argv) < 4:
+    if len(argv) == 2 and argv[1] in ("-h", "--help"):
         print(__doc__)
+        return 0
+    if len(argv) < 4:
+        print(__doc__, file=sys.stderr)
         return 2
     out, html_dir, paths = argv[1], argv[2], argv[3:]
     ok = True
