@@ -77,12 +77,12 @@ static void run(rng_t *g, uint64_t base, int ops)
         /* Phases that lean toward adding, then toward removing, so the set fills and empties. */
         unsigned add_pct = (op / 500) % 2 ? 35 : 70;
         if (what < add_pct && !model_any(&md, a, e, true)) {
-            EXPECT(ranges_add(&m, base + a, base + e), "add: out of memory");
+            ranges_add(&m, base + a, base + e);
             for (size_t u = a; u < e; u++)
                 md.owner[u] = md.next_id;
             md.next_id++;
         } else if (what < add_pct) {
-            EXPECT(ranges_add_missing(&m, base + a, base + e), "add_missing: out of memory");
+            ranges_add_missing(&m, base + a, base + e);
             for (size_t u = a; u < e; u++)
                 if (!md.owner[u]) {
                     md.owner[u] = md.next_id;
@@ -90,7 +90,7 @@ static void run(rng_t *g, uint64_t base, int ops)
                         md.next_id++;
                 }
         } else {
-            EXPECT(ranges_remove(&m, base + a, base + e), "remove: out of memory");
+            ranges_remove(&m, base + a, base + e);
             unsigned cut = a > 0 && e < SPAN && md.owner[a - 1] && md.owner[a - 1] == md.owner[e] ? md.owner[e] : 0;
             for (size_t u = a; u < e; u++)
                 md.owner[u] = 0;
@@ -109,7 +109,9 @@ static void run(rng_t *g, uint64_t base, int ops)
 static void check_the_checker(void)
 {
     addr_ranges_t m = {0};
-    EXPECT(ranges_add(&m, 100, 200) && ranges_add(&m, 300, 400) && ranges_add(&m, 400, 500), "add");
+    ranges_add(&m, 100, 200);
+    ranges_add(&m, 300, 400);
+    ranges_add(&m, 400, 500);
     EXPECT(ranges_check(&m, NULL) == 0, "a sound set (adjacent ranges are two)");
 #define BREAK(lvalue, bad_value, what)                                                         \
     do {                                                                                       \

@@ -5,7 +5,7 @@
  * (blocks in mapped memory, maps and unmaps that agree, inferred starting state) are what the
  * mutations reach. Seeds: the trace reader's corpus (real traces with 4 KiB blocks).
  */
-// sources: tools/allocview/export.c tools/allocview/analysis.c tools/allocview/devices.c tools/allocview/symbolize.c tools/allocview/reader.c tools/allocview/devaddr_map.c tools/allocview/pickle_writer.c tools/allocview/pickle.c tools/allocview/text.c src/error.c tools/allocview/ranges.c
+// sources: tools/allocview/export.c tools/allocview/analysis.c tools/allocview/devices.c tools/allocview/symbolize.c tools/allocview/reader.c tools/allocview/devaddr_map.c tools/allocview/lib_oom.c tools/allocview/pickle_writer.c tools/allocview/pickle.c tools/allocview/text.c src/error.c tools/allocview/ranges.c tools/allocview/xalloc.c
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -5,7 +5,7 @@
  * mutations reach the conversion: segments, blocks, device traces, frames and annotations of any
  * shape. Seeds: the pickle corpus (real snapshots cut short, and crafted documents).
  */
-// sources: tools/allocview/import.c tools/allocview/trace_writer.c tools/allocview/pickle.c tools/allocview/reader.c tools/allocview/devaddr_map.c tools/allocview/u64map.c tools/allocview/text.c src/error.c tools/allocview/ranges.c
+// sources: tools/allocview/import.c tools/allocview/trace_writer.c tools/allocview/pickle.c tools/allocview/reader.c tools/allocview/devaddr_map.c tools/allocview/lib_oom.c tools/allocview/u64map.c tools/allocview/text.c src/error.c tools/allocview/ranges.c tools/allocview/xalloc.c
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -3,7 +3,7 @@
  * unbounded memory (small limits here) — and a parsed document's values must be walkable.
  * Build: see tools/run-tests.sh (the sources line below).
  */
-// sources: tools/allocview/pickle.c
+// sources: tools/allocview/pickle.c tools/allocview/xalloc.c
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>

@@ -6,7 +6,7 @@
  * reader's corpus (real traces with 4 KiB blocks), an optimizer-step scenario and the import of a
  * PyTorch-shaped snapshot (tests/make_snapshot.py varlen).
  */
-// sources: tools/allocview/report.c tools/allocview/analysis.c tools/allocview/devices.c tools/allocview/symbolize.c tools/allocview/folded.c tools/allocview/reader.c tools/allocview/devaddr_map.c tools/allocview/text.c tools/allocview/ranges.c src/oom.c src/conf.c src/error.c
+// sources: tools/allocview/report.c tools/allocview/analysis.c tools/allocview/devices.c tools/allocview/symbolize.c tools/allocview/folded.c tools/allocview/reader.c tools/allocview/devaddr_map.c tools/allocview/lib_oom.c tools/allocview/text.c tools/allocview/ranges.c src/oom.c src/conf.c src/error.c tools/allocview/xalloc.c
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

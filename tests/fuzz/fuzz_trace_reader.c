@@ -4,9 +4,9 @@
  * formatter, the stack walk and the accounting take whatever it returns. Seeds: real traces with
  * 4 KiB blocks (tests/fuzz/corpus_trace_reader, written by `test_trace --corpus DIR`).
  * Build: clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Iinclude -Isrc
- *        tests/fuzz/fuzz_trace_reader.c tools/allocview/reader.c tools/allocview/devaddr_map.c -o fuzz_trace_reader
+ *        tests/fuzz/fuzz_trace_reader.c tools/allocview/reader.c tools/allocview/devaddr_map.c tools/allocview/lib_oom.c -o fuzz_trace_reader
  */
-// sources: tools/allocview/reader.c tools/allocview/devaddr_map.c
+// sources: tools/allocview/reader.c tools/allocview/devaddr_map.c tools/allocview/lib_oom.c
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

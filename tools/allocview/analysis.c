@@ -2,6 +2,7 @@
 #include "analysis.h"
 #include "grow.h"
 #include "text.h"
+#include "xalloc.h"
 
 #include <ctype.h>
 #include <inttypes.h>
@@ -17,19 +18,6 @@ struct av_live {
     uint64_t size, req;
 };
 
-static _Noreturn void out_of_memory(void)
-{
-    fprintf(stderr, "allocview: out of memory\n");
-    exit(2);
-}
-
-static void *xrealloc(void *p, size_t n)
-{
-    void *q = realloc(p, n ? n : 1);
-    if (!q)
-        out_of_memory();
-    return q;
-}
 
 static void copy_str(char *dst, size_t len, tr_str_t s)
 {
@@ -64,7 +52,7 @@ static av_stack_t *stack_get(av_t *a, uint32_t id)
         size_t old = a->nst;
         av_stack_t *st = av_grow_zeroed(a->st, &a->nst, id, sizeof *st);
         if (!st)
-            out_of_memory();
+            xalloc_out_of_memory(0);
         a->st = st;
         for (size_t i = old; i < a->nst; i++) {
             a->st[i].lk_step.last_b = a->step_bounds;
@@ -261,12 +249,12 @@ static void segment_event(av_t *a, const tr_record_t *rec)
     if (d >= CUA_TRACE_MAX_DEVICES || !a->have_dev[d] || a->dev_mode[d] == CUA_TRACE_MODE_VMM || !rec->size ||
         rec->addr > UINT64_MAX - rec->size)
         return;
-    if (!a->segments[d] && !(a->segments[d] = calloc(1, sizeof *a->segments[d])))
-        out_of_memory();
-    bool ok = rec->type == CUA_TRACE_UNMAP ? ranges_remove(a->segments[d], rec->addr, rec->addr + rec->size)
-                                           : ranges_add_missing(a->segments[d], rec->addr, rec->addr + rec->size);
-    if (!ok)
-        out_of_memory();
+    if (!a->segments[d])
+        a->segments[d] = xcalloc(1, sizeof *a->segments[d]);
+    if (rec->type == CUA_TRACE_UNMAP)
+        ranges_remove(a->segments[d], rec->addr, rec->addr + rec->size);
+    else
+        ranges_add_missing(a->segments[d], rec->addr, rec->addr + rec->size);
 }
 
 /* The largest segment of device d holding a live block smaller than itself (av_oom_t.split_segment). */
@@ -321,12 +309,7 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
     tr_reader_t *r = tr_open(path, err, errlen);
     if (!r)
         return NULL;
-    av_t *a = calloc(1, sizeof *a);
-    if (!a) {
-        snprintf(err, errlen, "out of memory");
-        tr_close(r);
-        return NULL;
-    }
+    av_t *a = xcalloc(1, sizeof *a);
     a->path = path;
     a->r = r;
     a->rank = -1;
@@ -415,7 +398,7 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
             stack_touch(a, s);
             struct av_live *e = devaddr_map_insert(&a->live, rec.dev, rec.addr);
             if (!e)
-                out_of_memory();
+                xalloc_out_of_memory(0);
             e->stack = rec.stack;
             e->size = rec.size;
             e->req = rec.requested;

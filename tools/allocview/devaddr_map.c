@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib_oom.h"
 #include "mix64.h"
 
 /* The first capacity: small, so that a map used for a few blocks stays small. */
@@ -74,8 +75,10 @@ static bool grow(devaddr_map_t *m)
     devaddr_map_t n = *m;
     n.mask = (cap ? cap * 2 : DEVADDR_MAP_MIN_CAP) - 1;
     n.slots = calloc(n.mask + 1, m->elem_size);
-    if (!n.slots)
+    if (!n.slots) {
+        lib_oom((n.mask + 1) * m->elem_size);
         return false;
+    }
     for (size_t i = 0; i < cap; i++) {
         const devaddr_entry_t *e = slot(m, i);
         if (e->used)

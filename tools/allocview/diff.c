@@ -9,6 +9,7 @@
  * (devices.h): each trace for its own unless --device names one for both.
  */
 #include "views.h"
+#include "xalloc.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -50,7 +51,7 @@ static int growth_cmp(const void *x, const void *y)
 }
 
 /* Appends side's sites (bytes at its peak) to *v, into field a (which = 0) or b (which = 1). */
-static bool collect(side_t *s, int which, dsite_t **v, size_t *n, size_t *cap)
+static void collect(side_t *s, int which, dsite_t **v, size_t *n, size_t *cap)
 {
     static char buf[65536];
     static vw_site_frames_t f;
@@ -59,23 +60,15 @@ static bool collect(side_t *s, int which, dsite_t **v, size_t *n, size_t *cap)
             continue;
         if (*n == *cap) {
             size_t nc = *cap ? *cap * 2 : 256;
-            dsite_t *nv = realloc(*v, nc * sizeof *nv);
-            if (!nv)
-                return false;
-            *v = nv;
+            *v = xrealloc(*v, nc * sizeof **v);
             *cap = nc;
         }
         dsite_t *d = &(*v)[*n];
         vw_site_frames(s->sym, id, &f);
         vw_site_folded(&f, buf, sizeof buf);
-        d->folded = strdup(buf);
+        d->folded = xstrdup(buf);
         vw_site_key(&f, buf, sizeof buf);
-        d->key = strdup(buf);
-        if (!d->key || !d->folded) {
-            free(d->key);
-            free(d->folded);
-            return false;
-        }
+        d->key = xstrdup(buf);
         d->side = which;
         d->stack = id;
         d->a = which == 0 ? s->p.bytes[id] : 0;
@@ -83,7 +76,6 @@ static bool collect(side_t *s, int which, dsite_t **v, size_t *n, size_t *cap)
         d->part = s->p.bytes[id];
         (*n)++;
     }
-    return true;
 }
 
 static void signed_human(int64_t d, char *buf, size_t len)
@@ -156,10 +148,8 @@ int av_cmd_diff(int argc, char **argv)
     int status = VW_EXIT_OK;
     s[0].sym = sym_new(s[0].r);
     s[1].sym = sym_new(s[1].r);
-    if (!collect(&s[0], 0, &v, &n, &cap) || !collect(&s[1], 1, &v, &n, &cap)) {
-        fprintf(stderr, "allocview diff: out of memory\n");
-        status = VW_EXIT_UNREADABLE;
-    }
+    collect(&s[0], 0, &v, &n, &cap);
+    collect(&s[1], 1, &v, &n, &cap);
     /* Merge equal keys (the same site in both traces, or stacks with one label). No site at all
      * (a --device without blocks) leaves v NULL, which qsort must not be given. */
     if (n)
@@ -199,13 +189,8 @@ int av_cmd_diff(int argc, char **argv)
     }
     size_t same = n - nshown;
     n = nshown;
-    vw_site_frames_t *frames = calloc(n ? n : 1, sizeof *frames);
-    char (*names)[1024] = calloc(n ? n : 1, sizeof *names);
-    if (!frames || !names) {
-        fprintf(stderr, "allocview diff: out of memory\n");
-        status = VW_EXIT_UNREADABLE;
-        n = 0;
-    }
+    vw_site_frames_t *frames = xcalloc(n ? n : 1, sizeof *frames);
+    char (*names)[1024] = xcalloc(n ? n : 1, sizeof *names);
     for (size_t i = 0; i < n; i++)
         vw_site_frames(s[v[i].side].sym, v[i].stack, &frames[i]);
     for (size_t i = 0; i < n; i++)
@@ -271,6 +256,7 @@ int av_cmd_diff(int argc, char **argv)
                    s[0].p.truncated && s[1].p.truncated ? "each trace" : s[0].p.truncated ? "A" : "B");
     }
     fflush(stdout);
+    /* v[0..n) own their strings here: the merges and the filter above freed the rest. */
     for (size_t i = 0; i < n; i++) {
         free(v[i].key);
         free(v[i].folded);

@@ -54,6 +54,7 @@
 #include "replay.h"
 #include "symbolize.h"
 #include "views.h"
+#include "xalloc.h"
 
 #define EX_SMALL_SEGMENT ((uint64_t)2 << 20) /* PyTorch's small-pool segment size (kSmallBuffer) */
 
@@ -149,7 +150,7 @@ static void write_frame(exporter_t *ex, const char *name, const char *file, uint
 {
     /* The key is the whole text: frames that differ only past some length stay apart. */
     size_t klen = strlen(name) + strlen(file) + 32;
-    char *key = malloc(klen);
+    char *key = xmalloc(klen);
     if (key) {
         klen = (size_t)snprintf(key, klen, "%s\x1f%s\x1f%" PRIu64, name, file, line);
         if (pkw_get_keyed(ex->w, key, klen)) {
@@ -263,10 +264,7 @@ static bool add_init_block(xdev_t *d, const xblock_t *b)
 {
     if (d->n_init_blocks == d->cap_init_blocks) {
         size_t cap = d->cap_init_blocks ? d->cap_init_blocks * 2 : 256;
-        xblock_t *p = realloc(d->init_blocks, cap * sizeof *p);
-        if (!p)
-            return false;
-        d->init_blocks = p;
+        d->init_blocks = xrealloc(d->init_blocks, cap * sizeof *d->init_blocks);
         d->cap_init_blocks = cap;
     }
     d->init_blocks[d->n_init_blocks++] = *b;
@@ -279,8 +277,7 @@ static bool sim_reset(xdev_t *d)
     devaddr_map_free(&d->live);
     d->mapped.n = 0;
     for (size_t i = 0; i < d->init_mapped.n; i++)
-        if (!ranges_add(&d->mapped, d->init_mapped.v[i].addr, d->init_mapped.v[i].end))
-            return false;
+        ranges_add(&d->mapped, d->init_mapped.v[i].addr, d->init_mapped.v[i].end);
     for (size_t i = 0; i < d->n_init_blocks; i++)
         if (!blocks_put(&d->live, &d->init_blocks[i]))
             return false;
@@ -305,8 +302,8 @@ static bool infer_mapped(exporter_t *ex, xdev_t *d, uint64_t addr, uint64_t end)
         if (ranges_overlap(&d->init_mapped, cur, gap_end))
             return xfail(ex, "device %u: memory at 0x%" PRIx64 " is used after being unmapped", (unsigned)(d - ex->dev),
                          cur);
-        if (!ranges_add(&d->mapped, cur, gap_end) || !ranges_add(&d->init_mapped, cur, gap_end))
-            return xfail(ex, "out of memory");
+        ranges_add(&d->mapped, cur, gap_end);
+        ranges_add(&d->init_mapped, cur, gap_end);
         d->inferred++;
         cur = gap_end;
     }
@@ -435,11 +432,9 @@ static bool simulate(exporter_t *ex, uint32_t dv, enum sim_mode mode, uint64_t s
                            rec.size);
                 break;
             }
-            if (!ranges_add(&d->mapped, rec.addr, end) ||
-                (rec.type == CUA_TRACE_INIT_MAP && !ranges_add(&d->init_mapped, rec.addr, end))) {
-                ok = xfail(ex, "out of memory");
-                break;
-            }
+            ranges_add(&d->mapped, rec.addr, end);
+            if (rec.type == CUA_TRACE_INIT_MAP)
+                ranges_add(&d->init_mapped, rec.addr, end);
             if (rec.type == CUA_TRACE_MAP)
                 ENTRY(d->vmm ? "segment_map" : "segment_alloc", rec.addr, rec.size, d->vmm ? EX_VMM_SEGMENT_STREAM : 0, 0,
                       -1);
@@ -515,9 +510,7 @@ static bool write_segments(exporter_t *ex, uint32_t dv, uint64_t *nsegs, uint64_
 {
     xdev_t *d = &ex->dev[dv];
     size_t nlive = d->live.count, j = 0;
-    xblock_t *bl = malloc((nlive ? nlive : 1) * sizeof *bl);
-    if (!bl)
-        return xfail(ex, "out of memory");
+    xblock_t *bl = xmalloc((nlive ? nlive : 1) * sizeof *bl);
     /* The walk follows the hash; the sort on the (distinct) addresses fixes the order. */
     const xblock_t *e;
     for (size_t pos = 0; (e = devaddr_map_next(&d->live, &pos));)
@@ -618,14 +611,11 @@ static bool collect_marks(exporter_t *ex)
             continue;
         if (ex->nmarks == ex->capmarks) {
             size_t cap = ex->capmarks ? ex->capmarks * 2 : 64;
-            xmark_t *p = realloc(ex->marks, cap * sizeof *p);
-            if (!p)
-                break;
-            ex->marks = p;
+            ex->marks = xrealloc(ex->marks, cap * sizeof *ex->marks);
             ex->capmarks = cap;
         }
         ex->marks[ex->nmarks].time = rec.time_ns;
-        ex->marks[ex->nmarks].label = strndup(rec.u.text.p, rec.u.text.len);
+        ex->marks[ex->nmarks].label = xstrndup(rec.u.text.p, rec.u.text.len);
         if (ex->marks[ex->nmarks].label)
             ex->nmarks++;
     }
@@ -790,19 +780,14 @@ int av_cmd_export(int argc, char **argv)
     }
     ex.sym = sym_new(ex.a->r);
     ex.nstack_memo = (size_t)tr_stack_count(ex.a->r) + 1;
-    ex.stack_memo = calloc(ex.nstack_memo, sizeof *ex.stack_memo);
+    ex.stack_memo = xcalloc(ex.nstack_memo, sizeof *ex.stack_memo);
     /* Devices: every one the trace defines or has events on. */
     uint32_t ndev = 1;
     for (uint32_t dv = 0; dv < CUA_TRACE_MAX_DEVICES; dv++)
         if (ex.a->have_dev[dv] || ex.a->acct.dev[dv].seen)
             ndev = dv + 1;
-    ex.dev = calloc(ndev, sizeof *ex.dev);
-    ex.ndev = ex.dev ? ndev : 0; /* exporter_free walks ndev records */
-    if (!ex.sym || !ex.stack_memo || !ex.dev) {
-        fprintf(stderr, "allocview export: out of memory\n");
-        exporter_free(&ex);
-        return VW_EXIT_UNREADABLE;
-    }
+    ex.dev = xcalloc(ndev, sizeof *ex.dev);
+    ex.ndev = ndev;
     for (uint32_t dv = 0; dv < ndev; dv++) {
         devaddr_map_init(&ex.dev[dv].live, sizeof(xblock_t));
         ex.dev[dv].present = ex.a->have_dev[dv] || ex.a->acct.dev[dv].seen;
@@ -822,6 +807,8 @@ int av_cmd_export(int argc, char **argv)
         exporter_free(&ex);
         return VW_EXIT_UNREADABLE;
     }
+    if (!direct)
+        xalloc_output(tmp); /* removed should host memory run out before the rename */
     static char buf[1 << 16];
     setvbuf(f, buf, _IOFBF, sizeof buf);
     ex.w = pkw_new(f);
@@ -840,6 +827,7 @@ int av_cmd_export(int argc, char **argv)
         ok = false;
         xfail(&ex, "%s: cannot rename into place: %s", out, strerror(errno));
     }
+    xalloc_output(NULL);
     if (!ok) {
         if (!direct)
             unlink(tmp);

@@ -4,6 +4,7 @@
  */
 #include "views.h"
 #include "grow.h"
+#include "xalloc.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -308,7 +309,7 @@ int vw_write_folded(FILE *out, const char *path, dv_scope_t *scope)
         fprintf(stderr, "allocview folded: %s: warning: " TR_RING_OVERWRITTEN ": the stacks "
                         "are those live at the peak of the newest events; blocks allocated before them are not counted\n",
                 path);
-    fline_t *lines = calloc(p.nstacks ? p.nstacks : 1, sizeof *lines);
+    fline_t *lines = xcalloc(p.nstacks ? p.nstacks : 1, sizeof *lines);
     size_t n = 0;
     static char buf[65536];
     sym_ctx_t *sym = sym_new(r);
@@ -318,7 +319,7 @@ int vw_write_folded(FILE *out, const char *path, dv_scope_t *scope)
         vw_site_frames_t f;
         vw_site_frames(sym, id, &f);
         vw_site_folded(&f, buf, sizeof buf);
-        lines[n].text = strdup(buf);
+        lines[n].text = xstrdup(buf);
         lines[n].bytes = p.bytes[id];
         if (lines[n].text)
             n++;

@@ -6,9 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "xalloc.h"
+
 /* `arr` (*count elements of elem bytes) grown so that `index` lies inside it: the count doubles
- * from 64 until it does, and the new elements are zeroed. Returns the new array, or NULL when out
- * of memory or the size would overflow (arr and *count are then unchanged). */
+ * from 64 until it does, and the new elements are zeroed. Returns the new array, or NULL when the
+ * size would overflow (arr and *count are then unchanged; an id no trace can hold). Out of host
+ * memory ends the process (xalloc.h). */
 static inline void *av_grow_zeroed(void *arr, size_t *count, size_t index, size_t elem)
 {
     if (index < *count)
@@ -19,9 +22,7 @@ static inline void *av_grow_zeroed(void *arr, size_t *count, size_t index, size_
             return NULL;
         n *= 2;
     }
-    unsigned char *p = realloc(arr, n * elem);
-    if (!p)
-        return NULL;
+    unsigned char *p = xrealloc(arr, n * elem);
     memset(p + *count * elem, 0, (n - *count) * elem);
     *count = n;
     return p;

@@ -52,6 +52,7 @@
 #include "text.h"
 #include "trace_writer.h"
 #include "u64map.h"
+#include "xalloc.h"
 
 enum { IM_EXIT_USAGE = 1, IM_EXIT_UNREADABLE = 2 };
 
@@ -117,8 +118,8 @@ static uint32_t stack_of_list(imp_t *im, const py_t *frames);
 static char *py_strdup(const py_t *v)
 {
     if (!v || (v->kind != PY_STR && v->kind != PY_BYTES))
-        return strdup("");
-    return strndup(v->u.s.p, v->u.s.len);
+        return xstrdup("");
+    return xstrndup(v->u.s.p, v->u.s.len);
 }
 
 static uint32_t stack_of(imp_t *im, const py_t *frames)
@@ -659,8 +660,8 @@ int av_cmd_import(int argc, char **argv)
         return IM_EXIT_UNREADABLE;
     }
     size_t len = (size_t)st.st_size;
-    uint8_t *data = malloc(len);
-    if (!data || fread(data, 1, len, f) != len) {
+    uint8_t *data = xmalloc(len);
+    if (fread(data, 1, len, f) != len) {
         fprintf(stderr, "allocview import: %s: cannot read\n", in);
         free(data);
         fclose(f);
@@ -715,16 +716,10 @@ int av_cmd_import(int argc, char **argv)
 #undef REFUSE
     /* Per device: the events that pass check_event (the others skipped, with a warning), its place
      * and state in pass 2, and what pass 1 learns for it. */
-    devpass_t *dp = calloc((size_t)ndev + 1, sizeof *dp);
-    for (int d = 0; d < (int)py_len(traces) && dp; d++) {
+    devpass_t *dp = xcalloc((size_t)ndev + 1, sizeof *dp);
+    for (int d = 0; d < (int)py_len(traces); d++) {
         const py_t *list = py_item(traces, (size_t)d);
-        if (!(dp[d].ev = malloc((py_len(list) + 1) * sizeof *dp[d].ev))) {
-            for (int k = 0; k < d; k++)
-                free(dp[k].ev);
-            free(dp);
-            dp = NULL;
-            break;
-        }
+        dp[d].ev = xmalloc((py_len(list) + 1) * sizeof *dp[d].ev);
         for (size_t i = 0; i < py_len(list); i++) {
             const py_t *e = py_item(list, i);
             if (check_event(&chk, e, why, sizeof why))
@@ -732,11 +727,6 @@ int av_cmd_import(int argc, char **argv)
             else if (chk.skipped++ < IM_MAX_WARNINGS)
                 fprintf(stderr, "allocview import: %s: device_traces[%d][%zu] %s; event skipped\n", in, d, i, why);
         }
-    }
-    if (!dp) {
-        fprintf(stderr, "allocview import: %s: out of memory\n", in);
-        pk_free(doc);
-        return IM_EXIT_UNREADABLE;
     }
 
     bool expandable = false;
@@ -772,6 +762,8 @@ int av_cmd_import(int argc, char **argv)
         pk_free(doc);
         return IM_EXIT_UNREADABLE;
     }
+    if (!direct)
+        xalloc_output(tmp); /* removed should host memory run out before the rename */
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "allocview import %s", in);
     tw_process(im.w, cmd, "allocview import (PyTorch memory snapshot)", 0);
@@ -821,8 +813,8 @@ int av_cmd_import(int argc, char **argv)
         for (size_t s = 0; s < py_len(segments); s++) {
             const py_t *seg = py_item(segments, s);
             uint64_t saddr = (uint64_t)geti(seg, "address"), ssize = (uint64_t)geti(seg, "total_size");
-            if (geti(seg, "device") == d && ssize && !ranges_add_missing(&mapped, saddr, saddr + ssize))
-                im.ok = false;
+            if (geti(seg, "device") == d && ssize)
+                ranges_add_missing(&mapped, saddr, saddr + ssize);
         }
         for (size_t i = p->n; i-- > 0 && im.ok;) {
             const py_t *e = p->ev[i];
@@ -831,9 +823,9 @@ int av_cmd_import(int argc, char **argv)
             if (!size)
                 continue;
             if (py_str_eq(a, "segment_alloc") || py_str_eq(a, "segment_map"))
-                im.ok = ranges_remove(&mapped, addr, addr + size);
+                ranges_remove(&mapped, addr, addr + size);
             else if (py_str_eq(a, "segment_free") || py_str_eq(a, "segment_unmap"))
-                im.ok = ranges_add_missing(&mapped, addr, addr + size);
+                ranges_add_missing(&mapped, addr, addr + size);
         }
         for (size_t r = 0; r < mapped.n; r++) {
             tw_map(im.w, t0, (uint32_t)d, mapped.v[r].addr, mapped.v[r].end - mapped.v[r].addr, false, true);
@@ -933,7 +925,7 @@ int av_cmd_import(int argc, char **argv)
         anns = NULL;
     }
     size_t nann = 0, ai = 0;
-    ann_t *av = calloc(py_len(anns) + 1, sizeof *av);
+    ann_t *av = xcalloc(py_len(anns) + 1, sizeof *av);
     for (size_t i = 0; av && i < py_len(anns); i++) {
         const py_t *an = py_item(anns, i), *stage = py_dict_get(an, "stage"), *name = py_dict_get(an, "name");
         uint64_t t = 0;
@@ -1016,6 +1008,7 @@ int av_cmd_import(int argc, char **argv)
     }
     if (!ok && !direct)
         unlink(tmp);
+    xalloc_output(NULL);
     free(tmp);
     u64map_free(&im.frames);
     u64map_free(&im.lists);

@@ -21,6 +21,8 @@
 #include "replay.h"
 #include "report.h"
 #include "text.h"
+#include "lib_oom.h"
+#include "xalloc.h"
 
 #ifndef CUALLOC_VERSION_STRING
 #define CUALLOC_VERSION_STRING "unknown"
@@ -297,15 +299,8 @@ static int cmd_summary(const char *path, bool json)
     tr_reader_t *r = open_trace(path);
     if (!r)
         return EXIT_UNREADABLE;
-    tr_acct_t *a = malloc(sizeof *a);
-    facts_t *f = calloc(1, sizeof *f);
-    if (!a || !f) {
-        fprintf(stderr, "allocview: out of memory\n");
-        free(a);
-        free(f);
-        tr_close(r);
-        return EXIT_UNREADABLE;
-    }
+    tr_acct_t *a = xmalloc(sizeof *a);
+    facts_t *f = xcalloc(1, sizeof *f);
     tr_acct_init(a);
     tr_record_t rec;
     int k;
@@ -368,6 +363,8 @@ static int finish(int status)
 
 int main(int argc, char **argv)
 {
+    /* The trace reader's tables, too, end the process when host memory runs out (xalloc.h). */
+    lib_oom_set_handler(xalloc_out_of_memory);
     int i = 1;
     for (; i < argc && argv[i][0] == '-' && argv[i][1] == '-'; i++) {
         if (strcmp(argv[i], "--help") == 0) {

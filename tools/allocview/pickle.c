@@ -1,6 +1,7 @@
 /* pickle.c — the allow-list pickle reader (pickle.h). A stack machine over the opcodes of
  * Lib/pickletools.py; no recursion, so input nesting cannot exhaust the C stack. */
 #include "pickle.h"
+#include "xalloc.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -53,9 +54,7 @@ static void *arena_alloc(pk_doc_t *d, size_t n)
     if (!c || c->size - c->used < n) {
         size_t sz = n + sizeof(chunk_t) > 1u << 20 ? n + sizeof(chunk_t) : 1u << 20;
         size_t hdr = (sizeof(chunk_t) + 15) & ~(size_t)15;
-        c = malloc(hdr + sz);
-        if (!c)
-            return NULL;
+        c = xmalloc(hdr + sz);
         c->next = d->chunks;
         c->used = hdr;
         c->size = hdr + sz;
@@ -165,9 +164,7 @@ static bool grow(parser_t *ps, void **arr, size_t *cap, size_t elem, size_t want
     size_t add = (nc - *cap) * elem;
     if (add > ps->doc->max_bytes || ps->doc->bytes > ps->doc->max_bytes - add)
         return fail(ps, "memory limit (%zu bytes) reached", ps->lim.max_bytes);
-    void *n = realloc(*arr, nc * elem);
-    if (!n)
-        return fail(ps, "out of memory");
+    void *n = xrealloc(*arr, nc * elem);
     memset((char *)n + *cap * elem, 0, (nc - *cap) * elem);
     ps->doc->bytes += add;
     *arr = n;
@@ -574,12 +571,7 @@ pk_doc_t *pk_load(const void *data, size_t len, const pk_limits_t *limits, char 
         if (limits->max_memo) ps.lim.max_memo = limits->max_memo;
         if (limits->max_bytes) ps.lim.max_bytes = limits->max_bytes;
     }
-    ps.doc = calloc(1, sizeof *ps.doc);
-    if (!ps.doc) {
-        if (err && errlen)
-            snprintf(err, errlen, "out of memory");
-        return NULL;
-    }
+    ps.doc = xcalloc(1, sizeof *ps.doc);
     ps.doc->max_bytes = ps.lim.max_bytes;
     ps.p = data;
     ps.len = len;

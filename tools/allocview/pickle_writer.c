@@ -1,5 +1,6 @@
 /* pickle_writer.c — see pickle_writer.h. */
 #include "pickle_writer.h"
+#include "xalloc.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -65,16 +66,10 @@ static void put_u32(pkw_t *w, uint32_t v)
 
 pkw_t *pkw_new(FILE *out)
 {
-    pkw_t *w = calloc(1, sizeof *w);
-    if (!w)
-        return NULL;
+    pkw_t *w = xcalloc(1, sizeof *w);
     w->out = out;
     w->symcap = 1024;
-    w->syms = calloc(w->symcap, sizeof *w->syms);
-    if (!w->syms) {
-        free(w);
-        return NULL;
-    }
+    w->syms = xcalloc(w->symcap, sizeof *w->syms);
     uint8_t proto[2] = {OP_PROTO, 4};
     put(w, proto, 2);
     return w;
@@ -225,13 +220,7 @@ static const char *valid_utf8(pkw_t *w, const char *s, size_t len, size_t *outle
         return s;
     size_t need = len * 3 + 1; /* each bad byte becomes three */
     if (need > w->scratch_cap) {
-        char *p = realloc(w->scratch, need);
-        if (!p) {
-            fail(w, "out of memory");
-            *outlen = 0;
-            return "";
-        }
-        w->scratch = p;
+        w->scratch = xrealloc(w->scratch, need);
         w->scratch_cap = need;
     }
     size_t o = 0;
@@ -304,9 +293,7 @@ static uint64_t str_hash(const char *s, size_t len)
 static bool sym_grow(pkw_t *w)
 {
     size_t cap = w->symcap * 2;
-    pkw_sym_t *n = calloc(cap, sizeof *n);
-    if (!n)
-        return false;
+    pkw_sym_t *n = xcalloc(cap, sizeof *n);
     for (size_t i = 0; i < w->symcap; i++)
         if (w->syms[i].used)
             for (size_t j = w->syms[i].hash & (cap - 1);; j = (j + 1) & (cap - 1))
@@ -344,12 +331,7 @@ static void sym_add(pkw_t *w, pkw_sym_t *e, uint8_t ns, const char *key, size_t 
         size_t cap = (w->arena_cap ? w->arena_cap * 2 : 65536);
         while (cap < w->arena_len + len)
             cap *= 2;
-        char *p = realloc(w->arena, cap);
-        if (!p) {
-            fail(w, "out of memory");
-            return;
-        }
-        w->arena = p;
+        w->arena = xrealloc(w->arena, cap);
         w->arena_cap = cap;
     }
     memcpy(w->arena + w->arena_len, key, len);
@@ -395,12 +377,7 @@ static void open_push(pkw_t *w, bool dict)
 {
     if (w->nopen == w->capopen) {
         size_t cap = w->capopen ? w->capopen * 2 : 16;
-        pkw_open_t *p = realloc(w->open, cap * sizeof *p);
-        if (!p) {
-            fail(w, "out of memory");
-            return;
-        }
-        w->open = p;
+        w->open = xrealloc(w->open, cap * sizeof *w->open);
         w->capopen = cap;
     }
     w->open[w->nopen++] = (pkw_open_t){.count = 0, .dict = dict};

@@ -1,5 +1,6 @@
 /* ranges.c — sorted disjoint address ranges (ranges.h). */
 #include "ranges.h"
+#include "xalloc.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -38,28 +39,24 @@ bool ranges_overlap(const addr_ranges_t *m, uint64_t addr, uint64_t end)
     return i < m->n && m->v[i].addr < end;
 }
 
-static bool insert_at(addr_ranges_t *m, size_t i, uint64_t addr, uint64_t end)
+static void insert_at(addr_ranges_t *m, size_t i, uint64_t addr, uint64_t end)
 {
     if (m->n == m->cap) {
         size_t cap = m->cap ? m->cap * 2 : 64;
-        addr_range_t *p = realloc(m->v, cap * sizeof *p);
-        if (!p)
-            return false;
-        m->v = p;
+        m->v = xrealloc(m->v, cap * sizeof *m->v);
         m->cap = cap;
     }
     memmove(m->v + i + 1, m->v + i, (m->n - i) * sizeof *m->v);
     m->v[i] = (addr_range_t){addr, end};
     m->n++;
-    return true;
 }
 
-bool ranges_add(addr_ranges_t *m, uint64_t addr, uint64_t end)
+void ranges_add(addr_ranges_t *m, uint64_t addr, uint64_t end)
 {
-    return insert_at(m, ranges_after(m, addr), addr, end);
+    insert_at(m, ranges_after(m, addr), addr, end);
 }
 
-bool ranges_add_missing(addr_ranges_t *m, uint64_t addr, uint64_t end)
+void ranges_add_missing(addr_ranges_t *m, uint64_t addr, uint64_t end)
 {
     size_t i = ranges_after(m, addr);
     uint64_t cur = addr;
@@ -69,28 +66,25 @@ bool ranges_add_missing(addr_ranges_t *m, uint64_t addr, uint64_t end)
             continue;
         }
         uint64_t gap_end = i < m->n && m->v[i].addr < end ? m->v[i].addr : end;
-        if (!insert_at(m, i++, cur, gap_end))
-            return false;
+        insert_at(m, i++, cur, gap_end);
         cur = gap_end;
     }
-    return true;
 }
 
-bool ranges_remove(addr_ranges_t *m, uint64_t addr, uint64_t end)
+void ranges_remove(addr_ranges_t *m, uint64_t addr, uint64_t end)
 {
     size_t i = ranges_after(m, addr), j = i;
     while (j < m->n && m->v[j].addr < end)
         j++;
     if (i == j)
-        return true;
+        return;
     addr_range_t first = m->v[i], last = m->v[j - 1];
     memmove(m->v + i, m->v + j, (m->n - j) * sizeof *m->v);
     m->n -= j - i;
-    if (last.end > end && !insert_at(m, i, end, last.end))
-        return false;
-    if (first.addr < addr && !insert_at(m, i, first.addr, addr))
-        return false;
-    return true;
+    if (last.end > end)
+        insert_at(m, i, end, last.end);
+    if (first.addr < addr)
+        insert_at(m, i, first.addr, addr);
 }
 
 void ranges_free(addr_ranges_t *m)

@@ -18,12 +18,12 @@ size_t ranges_after(const addr_ranges_t *m, uint64_t addr);
 bool ranges_cover(const addr_ranges_t *m, uint64_t addr, uint64_t end);
 /* True when [addr, end) meets the set. */
 bool ranges_overlap(const addr_ranges_t *m, uint64_t addr, uint64_t end);
-/* Adds [addr, end), which must not overlap the set. False when no memory could be had. */
-bool ranges_add(addr_ranges_t *m, uint64_t addr, uint64_t end);
+/* Adds [addr, end), which must not overlap the set. (Out of host memory ends the process: xalloc.h.) */
+void ranges_add(addr_ranges_t *m, uint64_t addr, uint64_t end);
 /* Adds the parts of [addr, end) not in the set yet, each as a range of its own. */
-bool ranges_add_missing(addr_ranges_t *m, uint64_t addr, uint64_t end);
+void ranges_add_missing(addr_ranges_t *m, uint64_t addr, uint64_t end);
 /* Removes [addr, end) from the set, cutting the ranges it overlaps. */
-bool ranges_remove(addr_ranges_t *m, uint64_t addr, uint64_t end);
+void ranges_remove(addr_ranges_t *m, uint64_t addr, uint64_t end);
 void ranges_free(addr_ranges_t *m);
 /* The number of broken invariants, each described on report (when not NULL): every range is
  * non-empty and ends at or before the next one starts; n <= cap, with an array when n > 0. */

@@ -51,6 +51,7 @@
 #include "text.h"
 #include "devaddr_map.h"
 #include "grow.h"
+#include "xalloc.h"
 
 enum { RP_EXIT_USAGE = 1, RP_EXIT_UNREADABLE = 2, RP_EXIT_CORRUPT = 3 };
 
@@ -106,18 +107,14 @@ typedef struct run_result {
 
 /* ------------------------------------------------------------------------------- loading */
 
-static bool push(trace_reqs_t *t, ev_t e)
+static void push(trace_reqs_t *t, ev_t e)
 {
     if (t->n == t->cap) {
         size_t nc = t->cap ? t->cap * 2 : 65536;
-        ev_t *p = realloc(t->ev, nc * sizeof *p);
-        if (!p)
-            return false;
-        t->ev = p;
+        t->ev = xrealloc(t->ev, nc * sizeof *t->ev);
         t->cap = nc;
     }
     t->ev[t->n++] = e;
-    return true;
 }
 
 /* A live block's value by (device, address), any address: its requested size while the trace
@@ -187,7 +184,7 @@ static int load_trace(const char *path, trace_reqs_t *t)
         switch (rec.type) {
         case CUA_TRACE_CONFIG:
             free(t->config);
-            t->config = strndup(rec.u.text.p, rec.u.text.len);
+            t->config = xstrndup(rec.u.text.p, rec.u.text.len);
             continue;
         case CUA_TRACE_DEVICE:
             if (rec.u.device.dev < CUA_TRACE_MAX_DEVICES) {
@@ -261,8 +258,7 @@ static int load_trace(const char *path, trace_reqs_t *t)
         t->dev_used[rec.dev] = true;
         if ((int)rec.dev + 1 > t->ndev)
             t->ndev = (int)rec.dev + 1;
-        if (!push(t, e))
-            goto oom;
+        push(t, e);
     }
     if (k < 0) {
         fprintf(stderr, "allocview replay: %s: corrupt trace: %s; replaying the readable prefix\n", path,
@@ -339,9 +335,7 @@ static bool close_pass(const trace_reqs_t *t, heap_t **heaps, devaddr_map_t *ptr
     rp_block_t *b;
     while ((b = devaddr_map_next(ptrs, &pos)) != NULL)
         n += !b->initial;
-    rp_block_t *left = malloc((n ? n : 1) * sizeof *left);
-    if (!left)
-        return false;
+    rp_block_t *left = xmalloc((n ? n : 1) * sizeof *left);
     n = 0;
     pos = 0;
     while ((b = devaddr_map_next(ptrs, &pos)) != NULL)
@@ -781,9 +775,7 @@ int av_cmd_replay(int argc, char **argv)
     if (nconfs == 0)
         confs[nconfs++] = "default";
 
-    trace_reqs_t *t = malloc(sizeof *t);
-    if (!t)
-        return RP_EXIT_UNREADABLE;
+    trace_reqs_t *t = xmalloc(sizeof *t);
     int status = load_trace(path, t);
     if (status == RP_EXIT_UNREADABLE) {
         free(t);
@@ -795,16 +787,10 @@ int av_cmd_replay(int argc, char **argv)
     uint64_t mem = memory ? memory : default_memory(t);
     error_set_callback(quiet, NULL); /* the replayed heap's OOM reports are counted, not printed */
 
-    run_result_t *res = calloc((size_t)nconfs, sizeof *res);
-    fit_t *fits = calloc((size_t)nconfs, sizeof *fits);
-    bool *ok = calloc((size_t)nconfs, sizeof *ok);
-    conf_t *cs = calloc((size_t)nconfs, sizeof *cs);
-    if (!res || !fits || !ok || !cs) {
-        error_set_callback(NULL, NULL);
-        fprintf(stderr, "allocview replay: out of memory\n");
-        status = RP_EXIT_UNREADABLE;
-        goto done;
-    }
+    run_result_t *res = xcalloc((size_t)nconfs, sizeof *res);
+    fit_t *fits = xcalloc((size_t)nconfs, sizeof *fits);
+    bool *ok = xcalloc((size_t)nconfs, sizeof *ok);
+    conf_t *cs = xcalloc((size_t)nconfs, sizeof *cs);
     for (int i = 0; i < nconfs; i++) {
         error_set_callback(NULL, NULL);
         bool good = make_conf(confs[i], t, &cs[i]);

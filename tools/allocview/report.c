@@ -17,6 +17,7 @@
 #include "internal.h" /* oom_classify: the heap's own OOM rule */
 #include "symbolize.h"
 #include "text.h"
+#include "xalloc.h"
 
 enum { EXIT_USAGE = 1, EXIT_UNREADABLE = 2, EXIT_CORRUPT = 3 };
 /* --top: call sites listed at most (all of them, in practice). */
@@ -142,7 +143,7 @@ static site_t *collect_sites(const av_t *a, sym_ctx_t *sym, int view, bool (*onl
     size_t hcap = 1024;
     while (hcap < a->nst * 2)
         hcap *= 2;
-    int32_t *h = malloc(hcap * sizeof *h);
+    int32_t *h = xmalloc(hcap * sizeof *h);
     for (size_t i = 0; i < hcap; i++)
         h[i] = -1;
     for (size_t id = 0; id < a->nst; id++) {
@@ -167,7 +168,7 @@ static site_t *collect_sites(const av_t *a, sym_ctx_t *sym, int view, bool (*onl
         } else {
             if (n == cap) {
                 cap = cap ? cap * 2 : 64;
-                v = realloc(v, cap * sizeof *v);
+                v = xrealloc(v, cap * sizeof *v);
             }
             x = &v[n];
             memset(x, 0, sizeof *x);
@@ -259,12 +260,7 @@ typedef struct diag {
 /* Room for MAX_DIAGS diagnoses (11 KiB each: on the heap, not the stack). */
 static diag_t *diags_new(void)
 {
-    diag_t *d = calloc(MAX_DIAGS, sizeof *d);
-    if (!d) {
-        fprintf(stderr, "allocview: out of memory\n");
-        exit(1);
-    }
-    return d;
+    return xcalloc(MAX_DIAGS, sizeof(diag_t));
 }
 
 static diag_t *diag_add(diag_t *d, size_t *nd, const char *rule, const char *site)
@@ -1507,11 +1503,7 @@ static void rank_text(int64_t rank, char *buf, size_t len)
 static void report_many(FILE *out, av_t **as, size_t n, const ropts_t *o)
 {
     /* Times across processes compare on the wall clock where the clock is monotonic. */
-    int64_t *fail_at = malloc((n ? n : 1) * sizeof *fail_at);
-    if (!fail_at) {
-        fprintf(stderr, "allocview: out of memory\n");
-        exit(EXIT_UNREADABLE);
-    }
+    int64_t *fail_at = xmalloc((n ? n : 1) * sizeof *fail_at);
     int first_fail = -1, highest = -1;
     for (size_t i = 0; i < n; i++) {
         const av_t *a = as[i];
@@ -1814,8 +1806,8 @@ int report_main(const char *cmd, int argc, char **argv)
 {
     /* Every trace named is reported (one per rank: any number of ranks); at most argc of them. */
     size_t room = argc > 0 ? (size_t)argc : 1;
-    const char **paths = malloc(room * sizeof *paths);
-    av_t **as = malloc(room * sizeof *as);
+    const char **paths = xmalloc(room * sizeof *paths);
+    av_t **as = xmalloc(room * sizeof *as);
     int st;
     if (paths && as) {
         st = report_traces(cmd, argc, argv, paths, as);

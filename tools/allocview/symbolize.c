@@ -17,6 +17,7 @@
 
 #include "grow.h"
 #include "text.h"
+#include "xalloc.h"
 
 #define SYM_MAX_FRAMES 512 /* the recorder keeps at most 128 (64 native, 64 Python); imports may hold more */
 
@@ -321,16 +322,10 @@ static void frame_text(const char *fn, const char *file, uint64_t line, char *bu
 
 sym_ctx_t *sym_new(const tr_reader_t *r)
 {
-    sym_ctx_t *c = calloc(1, sizeof *c);
-    if (!c)
-        return NULL;
+    sym_ctx_t *c = xcalloc(1, sizeof *c);
     c->r = r;
     c->cap = 1024;
-    c->ents = calloc(c->cap, sizeof *c->ents);
-    if (!c->ents) {
-        free(c);
-        return NULL;
-    }
+    c->ents = xcalloc(c->cap, sizeof *c->ents);
     return c;
 }
 
@@ -380,10 +375,10 @@ static sym_mod_t *mod_get(sym_ctx_t *c, const char *path)
     for (size_t i = 0; i < c->nmods; i++)
         if (strcmp(c->mods[i].path, path) == 0)
             return &c->mods[i];
-    c->mods = realloc(c->mods, (c->nmods + 1) * sizeof *c->mods);
+    c->mods = xrealloc(c->mods, (c->nmods + 1) * sizeof *c->mods);
     sym_mod_t *m = &c->mods[c->nmods++];
     memset(m, 0, sizeof *m);
-    m->path = strdup(path);
+    m->path = xstrdup(path);
     return m;
 }
 
@@ -555,9 +550,9 @@ static void fmt_native(sym_ctx_t *c, const char *module, uint64_t off, sym_ent_t
 {
     sym_native_t nf[SYM_INLINE_MAX];
     size_t n = native_lookup(c, module, off, nf, SYM_INLINE_MAX);
-    e->text = calloc(n, sizeof *e->text);
-    e->flags = calloc(n, sizeof *e->flags);
-    e->nf = malloc(n * sizeof *e->nf);
+    e->text = xcalloc(n, sizeof *e->text);
+    e->flags = xcalloc(n, sizeof *e->flags);
+    e->nf = xmalloc(n * sizeof *e->nf);
     e->fold = nf[0].fold;
     for (size_t i = 0; e->text && e->flags && e->nf && i < n; i++) {
         e->nf[i] = nf[i];
@@ -571,7 +566,7 @@ static void fmt_native(sym_ctx_t *c, const char *module, uint64_t off, sym_ent_t
             snprintf(buf, sizeof buf, "%s+0x%" PRIx64, txt_base_name(module), off);
         else
             snprintf(buf, sizeof buf, "0x%" PRIx64, off);
-        if ((e->text[e->ntext] = strdup(buf)))
+        if ((e->text[e->ntext] = xstrdup(buf)))
             e->ntext++;
     }
 }
@@ -586,7 +581,7 @@ static sym_ent_t *ent_get(sym_ctx_t *c, const tr_frame_t *f)
         sym_ent_t *old = c->ents;
         size_t oc = c->cap;
         c->cap *= 2;
-        c->ents = calloc(c->cap, sizeof *c->ents);
+        c->ents = xcalloc(c->cap, sizeof *c->ents);
         c->count = 0;
         for (size_t i = 0; i < oc; i++)
             if (old[i].used) {
@@ -612,9 +607,9 @@ static sym_ent_t *ent_get(sym_ctx_t *c, const tr_frame_t *f)
                 char buf[1024];
                 frame_text(f->function ? f->function : "?", f->file ? python_file_name(f->file) : NULL, f->line,
                            buf, sizeof buf);
-                e->text = calloc(1, sizeof *e->text);
-                e->flags = calloc(1, sizeof *e->flags);
-                if (e->text && e->flags && (e->text[0] = strdup(buf))) {
+                e->text = xcalloc(1, sizeof *e->text);
+                e->flags = xcalloc(1, sizeof *e->flags);
+                if (e->text && e->flags && (e->text[0] = xstrdup(buf))) {
                     e->ntext = 1;
                     e->flags[0] = (uint8_t)((plumbing_frame(f->function, f->file) ? SF_PLUMBING : 0) |
                                             (python_source(f->file) ? SF_PYSRC : 0));
@@ -661,10 +656,8 @@ static const sym_stk_t *stk_get(sym_ctx_t *c, uint32_t id)
         ents[i] = *ent_get(c, &fr[i]);
         total += ents[i].ntext;
     }
-    st->frames = calloc(total ? total : 1, sizeof *st->frames);
-    st->label = calloc(total ? total : 1, sizeof *st->label);
-    if (!st->frames || !st->label)
-        return st;
+    st->frames = xcalloc(total ? total : 1, sizeof *st->frames);
+    st->label = xcalloc(total ? total : 1, sizeof *st->label);
     static uint8_t flags[SYM_MAX_FRAMES * SYM_INLINE_MAX];
     for (size_t i = 0; i < n; i++) {
         if (ents[i].fold)

@@ -19,7 +19,7 @@
 
 typedef struct sym_ctx sym_ctx_t;
 
-/* A context naming the stacks of `r` (which must outlive it); NULL when out of memory. */
+/* A context naming the stacks of `r` (which must outlive it). */
 sym_ctx_t *sym_new(const tr_reader_t *r);
 void sym_free(sym_ctx_t *c);
 

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "xalloc.h"
 
 const char *txt_human(uint64_t bytes, char *buf, size_t len) { return fmt_bytes((size_t)bytes, buf, len); }
 
@@ -78,11 +79,7 @@ char *txt_output_path(const char *out)
         return NULL;
     }
     size_t len = strlen(out) + 32;
-    char *p = malloc(len);
-    if (!p) {
-        errno = ENOMEM;
-        return NULL;
-    }
+    char *p = xmalloc(len);
     if (there && !S_ISREG(st.st_mode))
         snprintf(p, len, "%s", out);
     else

@@ -17,6 +17,7 @@
  */
 #include "views.h"
 #include "grow.h"
+#include "xalloc.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -228,45 +229,39 @@ static bool group_sites(tl_t *t, const tr_reader_t *r)
         n += t->site_max[id] != 0;
     if (n < 2)
         return false;
-    tl_key_t *keys = calloc(n, sizeof *keys);
+    tl_key_t *keys = xcalloc(n, sizeof *keys);
     sym_ctx_t *sym = sym_new(r);
-    bool ok = keys && sym, merged = false;
+    bool merged = false;
     size_t m = 0;
     static char buf[65536];
     static vw_site_frames_t f;
-    for (size_t id = 0; ok && id < t->site_max_cap; id++) {
+    for (size_t id = 0; id < t->site_max_cap; id++) {
         if (!t->site_max[id])
             continue;
         vw_site_frames(sym, (uint32_t)id, &f);
         vw_site_key(&f, buf, sizeof buf);
-        keys[m] = (tl_key_t){strdup(buf), (uint32_t)id};
-        ok = keys[m++].text != NULL;
+        keys[m++] = (tl_key_t){xstrdup(buf), (uint32_t)id};
     }
-    if (ok) {
-        qsort(keys, m, sizeof *keys, key_cmp);
-        for (size_t i = 1; i < m; i++)
-            merged |= strcmp(keys[i - 1].text, keys[i].text) == 0;
-    }
-    if (ok && merged) {
-        t->site_of = calloc(t->site_max_cap, sizeof *t->site_of);
-        t->site_of_cap = t->site_of ? t->site_max_cap : 0;
-        ok = t->site_of != NULL;
-        for (size_t id = 0; ok && id < t->site_of_cap; id++)
+    qsort(keys, m, sizeof *keys, key_cmp);
+    for (size_t i = 1; i < m; i++)
+        merged |= strcmp(keys[i - 1].text, keys[i].text) == 0;
+    if (merged) {
+        t->site_of = xcalloc(t->site_max_cap, sizeof *t->site_of);
+        t->site_of_cap = t->site_max_cap;
+        for (size_t id = 0; id < t->site_of_cap; id++)
             t->site_of[id] = (uint32_t)id;
         /* sorted by text, then id: a run of one text starts with its smallest id */
-        for (size_t i = 0, first = 0; ok && i < m; i++) {
+        for (size_t i = 0, first = 0; i < m; i++) {
             if (strcmp(keys[first].text, keys[i].text) != 0)
                 first = i;
             t->site_of[keys[i].id] = keys[first].id;
         }
     }
-    if (!ok) /* the stacks stay sites of their own */
-        fprintf(stderr, "allocview timeline: out of memory\n");
     for (size_t i = 0; i < m; i++)
         free(keys[i].text);
     free(keys);
     sym_free(sym);
-    return ok && merged;
+    return merged;
 }
 
 static void pick_top(tl_t *t, const tr_reader_t *r)
@@ -420,9 +415,7 @@ static void text_report(const tl_t *t, FILE *out)
     sparkline(t, out, "live", true, scale, "\033[32m");
     sparkline(t, out, "reserved", false, scale, "\033[34m");
     /* The marker line. */
-    char *line = malloc(t->width + 1);
-    if (!line)
-        return;
+    char *line = xmalloc(t->width + 1);
     memset(line, ' ', t->width);
     line[t->width] = '\0';
     for (size_t i = 0; i < t->nmarks; i++) {
@@ -566,11 +559,18 @@ static const char *const PALETTE[] = {"#4e79a7", "#f28e2b", "#59a14f", "#e15759"
 
 static int svg_report(const tl_t *t, const char *file)
 {
-    FILE *out = fopen(file, "w");
+    /* Written beside the destination and renamed at the end (txt_output_path), as import and
+     * export write theirs: a failed write leaves no half chart, and an existing file intact. */
+    char *tmp = txt_output_path(file);
+    bool direct = tmp && strcmp(tmp, file) == 0;
+    FILE *out = tmp ? fopen(tmp, direct ? "w" : "wx") : NULL;
     if (!out) {
         fprintf(stderr, "allocview timeline: cannot write %s: %s\n", file, strerror(errno));
+        free(tmp);
         return VW_EXIT_UNREADABLE; /* a file that cannot be written, as import and export say */
     }
+    if (!direct)
+        xalloc_output(tmp); /* removed should host memory run out before the rename */
     const double W = 1000, H = 520, L = 80, R = 300, T = 50, B = 60;
     const double pw = W - L - R, ph = H - T - B;
     uint64_t maxv = t->live_peak > t->reserved_peak ? t->live_peak : t->reserved_peak;
@@ -626,11 +626,7 @@ static int svg_report(const tl_t *t, const char *file)
             T + ph / 2, T + ph / 2, units[u]);
     /* Stacked areas: one path per top site, then the rest. */
     unsigned nlayers = t->ntop + (t->have_other ? 1 : 0);
-    uint64_t *base = calloc(t->width, sizeof *base);
-    if (!base) {
-        fclose(out);
-        return VW_EXIT_UNREADABLE;
-    }
+    uint64_t *base = xcalloc(t->width, sizeof *base);
     fprintf(out, "<g class=\"sites\">\n");
     for (unsigned l = 0; l < nlayers; l++) {
         unsigned slot = l < t->ntop ? l : t->ntop;
@@ -727,11 +723,17 @@ static int svg_report(const tl_t *t, const char *file)
 #undef Y
     bool ok = !ferror(out);
     ok = fclose(out) == 0 && ok;
-    if (!ok) {
+    if (!ok)
         fprintf(stderr, "allocview timeline: writing %s failed\n", file);
-        return VW_EXIT_UNREADABLE;
+    if (ok && !direct && rename(tmp, file) != 0) {
+        fprintf(stderr, "allocview timeline: %s: cannot rename into place: %s\n", file, strerror(errno));
+        ok = false;
     }
-    return VW_EXIT_OK;
+    xalloc_output(NULL);
+    if (!ok && !direct)
+        unlink(tmp);
+    free(tmp);
+    return ok ? VW_EXIT_OK : VW_EXIT_UNREADABLE;
 }
 
 /* ---------------------------------------------------------------------------------- command */
@@ -757,11 +759,7 @@ static void timeline_usage(FILE *out)
 
 int av_cmd_timeline(int argc, char **argv)
 {
-    tl_t *t = calloc(1, sizeof *t);
-    if (!t) {
-        fprintf(stderr, "allocview timeline: out of memory\n");
-        return VW_EXIT_UNREADABLE;
-    }
+    tl_t *t = xcalloc(1, sizeof *t);
     t->width = 72;
     t->top = 8;
     bool no_color = false;
@@ -853,26 +851,21 @@ int av_cmd_timeline(int argc, char **argv)
     int k = status == VW_EXIT_CORRUPT ? -1 : 0;
     /* The columns: empty (nothing live, nothing reserved) when the trace holds no event, so that
      * --json has its `width` columns and --svg writes the file asked for, an empty chart. */
-    t->b = calloc(t->width, sizeof *t->b);
-    if (!t->b) {
-        fprintf(stderr, "allocview timeline: out of memory\n");
-        status = VW_EXIT_UNREADABLE;
-    } else {
-        int s2 = t->any_event ? pass2(t) : VW_EXIT_OK;
-        if (s2 == VW_EXIT_UNREADABLE)
-            status = s2;
-        if (status != VW_EXIT_UNREADABLE) {
-            if (t->json)
-                json_report(t, stdout);
-            else if (!t->any_event)
-                printf("timeline  %s: no events\n", t->path);
-            else
-                text_report(t, stdout);
-            if (t->svg) {
-                int s3 = svg_report(t, t->svg);
-                if (s3)
-                    status = s3;
-            }
+    t->b = xcalloc(t->width, sizeof *t->b);
+    int s2 = t->any_event ? pass2(t) : VW_EXIT_OK;
+    if (s2 == VW_EXIT_UNREADABLE)
+        status = s2;
+    if (status != VW_EXIT_UNREADABLE) {
+        if (t->json)
+            json_report(t, stdout);
+        else if (!t->any_event)
+            printf("timeline  %s: no events\n", t->path);
+        else
+            text_report(t, stdout);
+        if (t->svg) {
+            int s3 = svg_report(t, t->svg);
+            if (s3)
+                status = s3;
         }
     }
     fflush(stdout);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cualloc_trace.h"
+#include "xalloc.h"
 
 typedef struct wblock {
     uint8_t buf[CUA_TRACE_BLOCK_SIZE];
@@ -131,11 +132,7 @@ static bool put_record(tw_t *w, bool event, uint8_t type, build_fn build, const 
 
 tw_t *tw_open(const char *path, const char *shown, char *err, size_t errlen)
 {
-    tw_t *w = calloc(1, sizeof *w);
-    if (!w) {
-        snprintf(err, errlen, "out of memory");
-        return NULL;
-    }
+    tw_t *w = xcalloc(1, sizeof *w);
     w->f = fopen(path, "wb");
     if (!w->f) {
         snprintf(err, errlen, "cannot create %s: %s", shown, strerror(errno));

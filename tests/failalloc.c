@@ -1,0 +1,50 @@
+/* failalloc.c — the counter behind tests/failalloc.h (compiled without it). */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The replacements tests/failalloc.h names (declared here too: this file is built without it). */
+void *failalloc_malloc(size_t n);
+void *failalloc_calloc(size_t n, size_t size);
+void *failalloc_realloc(void *p, size_t n);
+char *failalloc_strdup(const char *s);
+char *failalloc_strndup(const char *s, size_t n);
+
+static atomic_ulong count;
+static unsigned long fail_at;
+static atomic_bool failed;
+static bool started;
+
+static void report(void)
+{
+    if (getenv("FAILALLOC_REPORT"))
+        fprintf(stderr, "failalloc: %lu allocations, %s%lu\n", (unsigned long)atomic_load(&count),
+                atomic_load(&failed) ? "failed at " : "none failed; asked to fail at ", fail_at);
+}
+
+/* True when this allocation is the one to fail. */
+static bool fail_now(void)
+{
+    if (!started) { /* the first call: read the setting (single-threaded then: allocview starts alone) */
+        started = true;
+        const char *s = getenv("FAILALLOC_AT");
+        fail_at = s ? strtoul(s, NULL, 10) : 0;
+        atexit(report);
+    }
+    unsigned long n = atomic_fetch_add(&count, 1) + 1;
+    if (fail_at && n == fail_at) {
+        atomic_store(&failed, true);
+        errno = ENOMEM;
+        return true;
+    }
+    return false;
+}
+
+void *failalloc_malloc(size_t n) { return fail_now() ? NULL : malloc(n); }
+void *failalloc_calloc(size_t n, size_t size) { return fail_now() ? NULL : calloc(n, size); }
+void *failalloc_realloc(void *p, size_t n) { return fail_now() ? NULL : realloc(p, n); }
+char *failalloc_strdup(const char *s) { return fail_now() ? NULL : strdup(s); }
+char *failalloc_strndup(const char *s, size_t n) { return fail_now() ? NULL : strndup(s, n); }
