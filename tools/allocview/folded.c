@@ -54,13 +54,10 @@ void vw_replay_free(vw_replay_t *s)
     memset(s, 0, sizeof *s);
 }
 
-static bool site_room(vw_replay_t *s, uint32_t stack)
+/* Room in site_bytes for stack (a 32-bit id: the size cannot overflow). */
+static void site_room(vw_replay_t *s, uint32_t stack)
 {
-    uint64_t *n = av_grow_zeroed(s->site_bytes, &s->site_cap, stack, sizeof *n);
-    if (!n)
-        return false;
-    s->site_bytes = n;
-    return true;
+    s->site_bytes = av_grow_zeroed(s->site_bytes, &s->site_cap, stack, sizeof *s->site_bytes);
 }
 
 int64_t vw_replay_add(vw_replay_t *s, const tr_record_t *rec)
@@ -72,11 +69,10 @@ int64_t vw_replay_add(vw_replay_t *s, const tr_record_t *rec)
     case CUA_TRACE_INIT_BLOCK: {
         if (devaddr_map_find(&s->blocks, rec->dev, rec->addr))
             return -1; /* a double alloc: tr_acct counts it; the first one stays */
-        struct vw_live *e = site_room(s, rec->stack) ? devaddr_map_insert(&s->blocks, rec->dev, rec->addr) : NULL;
-        if (!e) {
-            s->oom = true;
-            return -1;
-        }
+        site_room(s, rec->stack);
+        struct vw_live *e = devaddr_map_insert(&s->blocks, rec->dev, rec->addr);
+        if (!e) /* allocview's handler (lib_oom.h) has ended the process already */
+            xalloc_out_of_memory(0);
         e->size = rec->size;
         e->stack = rec->stack;
         s->site_bytes[rec->stack] += rec->size;
@@ -313,16 +309,14 @@ int vw_write_folded(FILE *out, const char *path, dv_scope_t *scope)
     size_t n = 0;
     static char buf[65536];
     sym_ctx_t *sym = sym_new(r);
-    for (size_t id = 0; lines && id < p.nstacks; id++) {
+    for (size_t id = 0; id < p.nstacks; id++) {
         if (!p.bytes[id])
             continue;
         vw_site_frames_t f;
         vw_site_frames(sym, id, &f);
         vw_site_folded(&f, buf, sizeof buf);
         lines[n].text = xstrdup(buf);
-        lines[n].bytes = p.bytes[id];
-        if (lines[n].text)
-            n++;
+        lines[n++].bytes = p.bytes[id];
     }
     /* Different stacks can fold to the same line (only the allocator's frames differ): merge
      * equal lines (sorted by text), then order by bytes. */
@@ -339,14 +333,11 @@ int vw_write_folded(FILE *out, const char *path, dv_scope_t *scope)
     n = m;
     qsort(lines, n, sizeof *lines, fline_cmp);
     for (size_t i = 0; i < n; i++)
-        if (lines[i].text)
-            fprintf(out, "%s %" PRIu64 "\n", lines[i].text, lines[i].bytes);
+        fprintf(out, "%s %" PRIu64 "\n", lines[i].text, lines[i].bytes);
     for (size_t i = 0; i < n; i++)
         free(lines[i].text);
     free(lines);
     sym_free(sym);
-    if (!lines)
-        fprintf(stderr, "allocview folded: out of memory\n");
     int st2 = vw_finish("folded", path, r, status == VW_EXIT_CORRUPT ? -1 : 0);
     vw_peak_free(&p);
     tr_close(r);

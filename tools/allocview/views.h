@@ -51,7 +51,6 @@ typedef struct vw_replay {
     uint64_t *site_bytes;             /* live bytes per stack id (index 0: no stack) */
     size_t site_cap;                  /* entries of site_bytes */
     devaddr_map_t blocks;             /* live blocks (struct vw_live in folded.c) */
-    bool oom;                         /* out of memory: the figures stopped being exact */
     /* per device (a device past CUA_TRACE_MAX_DEVICES counts as 0, as tr_acct counts it) */
     uint64_t dev_live[CUA_TRACE_MAX_DEVICES], dev_peak[CUA_TRACE_MAX_DEVICES];
     bool have_oom;                    /* an OOM record was fed; oom_dev: the first one's device */
