@@ -58,6 +58,17 @@ if command -v python3 >/dev/null 2>&1; then
     done
     python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert len(d['columns'])==72 and d['peak_live_bytes']>0" \
         "$tmp/tl.json" || bad "timeline --json: not the expected JSON"
+    # Its times count from the first event, as peak --json's do; column i starts at the first
+    # nanosecond the column rule (t * width / (duration + 1), rounded down) puts in it.
+    "$allocview" peak --json "$tmp/a.trace" >"$tmp/peak.json" || bad "peak --json exited $?"
+    python3 - "$tmp/tl.json" "$tmp/peak.json" <<'PY' || bad "timeline --json: times not from the first event, or columns misplaced"
+import json, sys
+t, p = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert t["peak_live_time_ns"] == p["peak"]["time_ns"] and t["first_event_ns"] > 0, (t["peak_live_time_ns"], p["peak"])
+n, w = t["duration_ns"] + 1, t["width"]
+assert [c["start_ns"] for c in t["columns"]] == [-(-i * n // w) for i in range(w)], t["columns"][:3]
+assert all(0 <= m["time_ns"] <= t["duration_ns"] for m in t["marks"]), t["marks"]
+PY
 else
     echo "python3 not found: skipping the XML and JSON parse checks"
 fi

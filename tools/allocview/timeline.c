@@ -467,18 +467,36 @@ static void text_report(const tl_t *t, FILE *out)
         fprintf(out, "(the trace has no end record: it was cut short, or the process died)\n");
 }
 
+/* The first time (ns after the first event) that bucket_of puts in column i: its start, exact
+ * where a rounded-down span * i / width could name a time the column before holds. */
+static uint64_t column_start(const tl_t *t, unsigned i)
+{
+    if (i == 0)
+        return 0;
+    uint64_t span = t->t1 - t->t0 + 1;
+    uint64_t s = (uint64_t)((double)span * i / t->width);
+    while (s < span && bucket_of(t, t->t0 + s) < i)
+        s++;
+    while (s > 0 && bucket_of(t, t->t0 + s - 1) >= i)
+        s--;
+    return s;
+}
+
+/* Times count from the first event (its clock reading is first_event_ns), as in every other
+ * view's --json. */
 static void json_report(const tl_t *t, FILE *out)
 {
     fprintf(out, "{\"trace\": ");
     txt_json_string(out, t->path);
-    fprintf(out, ", \"start_ns\": %" PRIu64 ", \"end_ns\": %" PRIu64 ", \"width\": %u, \"truncated\": %s", t->t0,
-            t->t1, t->width, t->truncated ? "true" : "false");
+    fprintf(out, ", \"first_event_ns\": %" PRIu64 ", \"duration_ns\": %" PRIu64 ", \"width\": %u, \"truncated\": %s",
+            t->t0, t->t1 - t->t0, t->width, t->truncated ? "true" : "false");
     fprintf(out, ", \"overwritten\": %s", t->overwritten ? "true" : "false");
     fprintf(out, ", \"device\": ");
     dv_json(out, &t->scope);
     fprintf(out, ", \"peak_live_bytes\": %" PRIu64 ", \"peak_live_time_ns\": %" PRIu64
                  ", \"peak_reserved_bytes\": %" PRIu64 ", \"peak_reserved_time_ns\": %" PRIu64,
-            t->live_peak, t->live_peak_time, t->reserved_peak, t->reserved_peak_time);
+            t->live_peak, t->live_peak_time > t->t0 ? t->live_peak_time - t->t0 : 0, t->reserved_peak,
+            t->reserved_peak_time > t->t0 ? t->reserved_peak_time - t->t0 : 0);
     fprintf(out, ", \"sites\": [");
     for (unsigned i = 0; i < t->ntop; i++) {
         fprintf(out, "%s{\"stack\": %" PRIu32 ", \"name\": ", i ? ", " : "", t->top_id[i]);
@@ -486,25 +504,26 @@ static void json_report(const tl_t *t, FILE *out)
         fprintf(out, ", \"max_live_bytes\": %" PRIu64 "}", t->top_max[i]);
     }
     fprintf(out, "], \"columns\": [");
-    uint64_t span = t->t1 - t->t0 + 1;
     for (unsigned i = 0; t->b && i < t->width; i++) {
         fprintf(out, "%s{\"start_ns\": %" PRIu64 ", \"live_bytes\": %" PRIu64 ", \"reserved_bytes\": %" PRIu64
                      ", \"sites\": [",
-                i ? ", " : "", t->t0 + (uint64_t)((double)span * i / t->width), t->b[i].live, t->b[i].reserved);
+                i ? ", " : "", column_start(t, i), t->b[i].live, t->b[i].reserved);
         for (unsigned j = 0; j <= t->ntop; j++)
             fprintf(out, "%s%" PRIu64, j ? ", " : "", t->b[i].site[j]);
         fprintf(out, "]}");
     }
     fprintf(out, "], \"marks\": [");
     for (size_t i = 0; i < t->nmarks; i++) {
-        fprintf(out, "%s{\"time_ns\": %" PRIu64 ", \"label\": ", i ? ", " : "", t->marks[i].time);
+        fprintf(out, "%s{\"time_ns\": %" PRIu64 ", \"label\": ", i ? ", " : "",
+                t->marks[i].time > t->t0 ? t->marks[i].time - t->t0 : 0);
         txt_json_string(out, t->marks[i].label);
         fprintf(out, "}");
     }
     fprintf(out, "], \"num_marks\": %zu, \"ooms\": [", t->marks_total);
     for (size_t i = 0; i < t->nooms; i++)
         fprintf(out, "%s{\"time_ns\": %" PRIu64 ", \"requested_bytes\": %" PRIu64 ", \"device\": %" PRIu32 "}",
-                i ? ", " : "", t->ooms[i].time, t->ooms[i].requested, t->ooms[i].dev);
+                i ? ", " : "", t->ooms[i].time > t->t0 ? t->ooms[i].time - t->t0 : 0, t->ooms[i].requested,
+                t->ooms[i].dev);
     fprintf(out, "], \"num_ooms\": %zu}\n", t->ooms_total);
 }
 
