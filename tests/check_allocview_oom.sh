@@ -4,9 +4,9 @@
 # below, a run with no failure counts its allocations and gives the reference output, then the
 # allocation N fails, for N = 1 up to FAILALLOC_FIRST and then FAILALLOC_SPREAD more spread over the
 # rest. Each such run must end either with exit status 2 and "out of host memory" on stderr,
-# leaving no output file (and none half-written beside it), or as the reference run did, the same
-# output to the byte: never a crash, a sanitizer's report, or a different answer given as a whole
-# one (a table that could not grow, dropped without a word).
+# nothing on standard output and no output file (none half-written beside it either), or as the
+# reference run did, the same output to the byte: never a crash, a sanitizer's report, or a
+# different answer given as a whole one (a table that could not grow, dropped without a word).
 #
 # usage: check_allocview_oom.sh ALLOCVIEW_FAILALLOC TRACE_SCENARIOS
 set -u
@@ -69,13 +69,16 @@ sweep() {
             bad "$what: the failure was not made ($(grep '^failalloc' "$tmp/$name.err"))"
         elif [ "$rc" = 2 ] && grep -q "out of host memory" "$tmp/$name.err"; then
             failed_runs=$((failed_runs + 1))
-            if [ -n "$out" ] && [ -e "$out" ]; then bad "$what: $out was left behind"; fi
-            if [ -n "$(ls -A "$tmp/outdir")" ] && [ "$(ls -A "$tmp/outdir")" != "$(basename "${out:-none}")" ]; then
-                bad "$what: left $(ls -A "$tmp/outdir" | tr '\n' ' ')"
-            fi
+            # nothing of the answer: these outputs are far smaller than allocview's 1 MiB buffer
+            if [ -s "$tmp/$name.out" ]; then bad "$what: standard output kept $(wc -c <"$tmp/$name.out") bytes"; fi
+            if [ -n "$(ls -A "$tmp/outdir")" ]; then bad "$what: left $(ls -A "$tmp/outdir" | tr '\n' ' ')"; fi
         elif [ "$rc" = 0 ] && cmp -s "$tmp/$name.out" "$tmp/$name.ref" &&
              { [ -z "$out" ] || cmp -s "$out" "$tmp/$name.refout"; }; then
-            : # the failure was absorbed (a cache that could not grow): the same answer
+            # the failure was absorbed (a cache that could not grow): the same answer, and no
+            # partial file beside the output
+            if [ "$(ls -A "$tmp/outdir")" != "$(basename "${out:-}")" ]; then
+                bad "$what: left $(ls -A "$tmp/outdir" | tr '\n' ' ')"
+            fi
         else
             bad "$what: exit $rc, $(grep -v '^failalloc' "$tmp/$name.err" | head -2 | tr '\n' ' ')$(
                 cmp -s "$tmp/$name.out" "$tmp/$name.ref" || echo "; output differs: $(diff "$tmp/$name.ref" "$tmp/$name.out" | sed -n 2p)")"

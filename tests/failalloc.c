@@ -21,8 +21,8 @@ static bool started;
 static void report(void)
 {
     if (getenv("FAILALLOC_REPORT"))
-        fprintf(stderr, "failalloc: %lu allocations, %s%lu\n", (unsigned long)atomic_load(&count),
-                atomic_load(&failed) ? "failed at " : "none failed; asked to fail at ", fail_at);
+        fprintf(stderr, "failalloc: %lu allocations%s\n", (unsigned long)atomic_load(&count),
+                atomic_load(&failed) ? ", one failed" : ", none failed");
 }
 
 /* True when this allocation is the one to fail. */
@@ -37,6 +37,9 @@ static bool fail_now(void)
     unsigned long n = atomic_fetch_add(&count, 1) + 1;
     if (fail_at && n == fail_at) {
         atomic_store(&failed, true);
+        /* said now: a program may end without running atexit (allocview's _exit when out of memory) */
+        if (getenv("FAILALLOC_REPORT"))
+            fprintf(stderr, "failalloc: failed at %lu\n", n);
         errno = ENOMEM;
         return true;
     }

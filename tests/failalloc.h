@@ -1,8 +1,8 @@
 /* failalloc.h — forced first (-include) into a test build of allocview (allocview_failalloc): each
  * malloc, calloc, realloc, strdup and strndup of allocview's own code is counted, and the Nth
  * (FAILALLOC_AT=N in the environment) fails as a host out of memory would: NULL, errno ENOMEM.
- * With FAILALLOC_REPORT set, the count and whether the failure happened are printed on stderr at
- * exit ("failalloc: N allocations, failed at M" / "..., none failed"). The C library's own
+ * With FAILALLOC_REPORT set, the failure is said on stderr when it happens ("failalloc: failed at
+ * N") and the count at a normal exit ("failalloc: K allocations, none failed"). The C library's own
  * allocations (stdio buffers, qsort) are not counted. tests/check_allocview_oom.sh sweeps N. */
 #ifndef CUALLOC_FAILALLOC_H
 #define CUALLOC_FAILALLOC_H

@@ -365,6 +365,12 @@ int main(int argc, char **argv)
 {
     /* The trace reader's tables, too, end the process when host memory runs out (xalloc.h). */
     lib_oom_set_handler(xalloc_out_of_memory);
+    /* Into a file or a pipe, the output goes out in 1 MiB pieces: a report stopped by host memory
+     * running out (xalloc.h drops what is buffered) leaves nothing half written unless it was
+     * larger than that. A terminal keeps its line buffering. */
+    static char stdout_buffer[1 << 20];
+    if (!isatty(STDOUT_FILENO))
+        setvbuf(stdout, stdout_buffer, _IOFBF, sizeof stdout_buffer);
     int i = 1;
     for (; i < argc && argv[i][0] == '-' && argv[i][1] == '-'; i++) {
         if (strcmp(argv[i], "--help") == 0) {

@@ -25,8 +25,8 @@ void xalloc_out_of_memory(size_t bytes)
     if (bytes)
         snprintf(req, sizeof req, " (%zu bytes)", bytes);
     fprintf(stderr, "allocview: out of host memory%s%s\n", req, partial_output ? "; nothing written" : "");
-    fflush(stdout);
-    exit(EXIT_OUT_OF_MEMORY);
+    /* _exit, not exit: what standard output holds unflushed is part of an answer, dropped. */
+    _exit(EXIT_OUT_OF_MEMORY);
 }
 
 void *xmalloc(size_t n)
