@@ -151,12 +151,10 @@ static void write_frame(exporter_t *ex, const char *name, const char *file, uint
     /* The key is the whole text: frames that differ only past some length stay apart. */
     size_t klen = strlen(name) + strlen(file) + 32;
     char *key = xmalloc(klen);
-    if (key) {
-        klen = (size_t)snprintf(key, klen, "%s\x1f%s\x1f%" PRIu64, name, file, line);
-        if (pkw_get_keyed(ex->w, key, klen)) {
-            free(key);
-            return;
-        }
+    klen = (size_t)snprintf(key, klen, "%s\x1f%s\x1f%" PRIu64, name, file, line);
+    if (pkw_get_keyed(ex->w, key, klen)) {
+        free(key);
+        return;
     }
     pkw_dict_begin(ex->w);
     pkw_key(ex->w, "name");
@@ -166,8 +164,7 @@ static void write_frame(exporter_t *ex, const char *name, const char *file, uint
     pkw_key(ex->w, "line");
     pkw_uint(ex->w, line);
     pkw_dict_end(ex->w);
-    if (key)
-        pkw_memoize_keyed(ex->w, key, klen);
+    pkw_memoize_keyed(ex->w, key, klen);
     free(key);
     ex->nframes++;
 }
@@ -260,7 +257,7 @@ static void write_event(exporter_t *ex, const char *action, uint64_t addr, uint6
 
 enum sim_mode { SIM_INFER, SIM_WRITE };
 
-static bool add_init_block(xdev_t *d, const xblock_t *b)
+static void add_init_block(xdev_t *d, const xblock_t *b)
 {
     if (d->n_init_blocks == d->cap_init_blocks) {
         size_t cap = d->cap_init_blocks ? d->cap_init_blocks * 2 : 256;
@@ -268,7 +265,6 @@ static bool add_init_block(xdev_t *d, const xblock_t *b)
         d->cap_init_blocks = cap;
     }
     d->init_blocks[d->n_init_blocks++] = *b;
-    return true;
 }
 
 /* The starting state of a pass: the recorded and inferred initial blocks and mappings. */
@@ -376,10 +372,12 @@ static bool simulate(exporter_t *ex, uint32_t dv, enum sim_mode mode, uint64_t s
             }
             xblock_t nb = {.key = {.addr = rec.addr, .dev = dv}, .size = rec.size, .requested = rec.requested,
                            .stream = stream_handle(ex, rec.stream), .stack = rec.stack};
-            if (!blocks_put(&d->live, &nb) || (init && !add_init_block(d, &nb))) {
+            if (!blocks_put(&d->live, &nb)) {
                 ok = xfail(ex, "out of memory");
                 break;
             }
+            if (init)
+                add_init_block(d, &nb);
             if (!init)
                 ENTRY("alloc", rec.addr, rec.requested, nb.stream, rec.stack, -1);
             break;
@@ -401,7 +399,8 @@ static bool simulate(exporter_t *ex, uint32_t dv, enum sim_mode mode, uint64_t s
                                .stream = stream_handle(ex, rec.stream), .pending = rec.type == CUA_TRACE_FREE_DONE};
                 if (!ranges_cover(&d->mapped, rec.addr, end) && !(ok = infer_mapped(ex, d, rec.addr, end)))
                     break;
-                if (!add_init_block(d, &nb) || !(b = blocks_put(&d->live, &nb))) {
+                add_init_block(d, &nb);
+                if (!(b = blocks_put(&d->live, &nb))) {
                     ok = xfail(ex, "out of memory");
                     break;
                 }
@@ -615,9 +614,7 @@ static bool collect_marks(exporter_t *ex)
             ex->capmarks = cap;
         }
         ex->marks[ex->nmarks].time = rec.time_ns;
-        ex->marks[ex->nmarks].label = xstrndup(rec.u.text.p, rec.u.text.len);
-        if (ex->marks[ex->nmarks].label)
-            ex->nmarks++;
+        ex->marks[ex->nmarks++].label = xstrndup(rec.u.text.p, rec.u.text.len);
     }
     tr_close(r);
     return true;
@@ -813,9 +810,9 @@ int av_cmd_export(int argc, char **argv)
     setvbuf(f, buf, _IOFBF, sizeof buf);
     ex.w = pkw_new(f);
     uint64_t nsegs = 0, nblocks = 0;
-    bool ok = ex.w && export_all(&ex, &nsegs, &nblocks);
+    bool ok = export_all(&ex, &nsegs, &nblocks);
     char werr[256] = "";
-    if (ex.w && !pkw_finish(ex.w, werr, sizeof werr) && ok) {
+    if (!pkw_finish(ex.w, werr, sizeof werr) && ok) {
         ok = false;
         xfail(&ex, "%s: %s", out, werr);
     }

@@ -71,7 +71,7 @@ int64_t vw_replay_add(vw_replay_t *s, const tr_record_t *rec)
             return -1; /* a double alloc: tr_acct counts it; the first one stays */
         site_room(s, rec->stack);
         struct vw_live *e = devaddr_map_insert(&s->blocks, rec->dev, rec->addr);
-        if (!e) /* allocview's handler (lib_oom.h) has ended the process already */
+        if (!e) /* out of host memory (allocview's lib_oom handler ends the process before this) */
             xalloc_out_of_memory(0);
         e->size = rec->size;
         e->stack = rec->stack;

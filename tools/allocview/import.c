@@ -114,7 +114,7 @@ static uint32_t stream_id(imp_t *im, uint64_t handle)
 
 static uint32_t stack_of_list(imp_t *im, const py_t *frames);
 
-/* A STR's bytes as a new C string ("" for anything else); NULL when out of memory. */
+/* A STR's bytes as a new C string ("" for anything else). */
 static char *py_strdup(const py_t *v)
 {
     if (!v || (v->kind != PY_STR && v->kind != PY_BYTES))
@@ -157,8 +157,7 @@ static uint32_t stack_of_list(imp_t *im, const py_t *frames)
             py_as_int(py_dict_get(fr, "line"), &line);
             /* Whole names: C++ template names run to kilobytes, and a cut would merge frames. */
             char *name = py_strdup(py_dict_get(fr, "name")), *file = py_strdup(py_dict_get(fr, "filename"));
-            if (!name || !file ||
-                !tw_pyframe(im->w, (uint32_t)*fid, line > 0 ? (uint64_t)line : 0, name, file))
+            if (!tw_pyframe(im->w, (uint32_t)*fid, line > 0 ? (uint64_t)line : 0, name, file))
                 im->ok = false;
             free(name);
             free(file);
@@ -491,6 +490,7 @@ static bool frees_carry_alloc_stacks(imp_t *im, const devpass_t *dp, int ndev)
         u64map_t last; /* addr -> the frames (py_t *) of its last alloc */
         u64map_init(&last);
         bool f;
+        const uint64_t *lv;
         for (size_t i = 0; i < dp[d].n && agree < ENOUGH; i++) {
             const py_t *e = dp[d].ev[i], *a = py_dict_get(e, "action");
             uint64_t addr = (uint64_t)geti(e, "addr");
@@ -501,8 +501,9 @@ static bool frees_carry_alloc_stacks(imp_t *im, const devpass_t *dp, int ndev)
                     break;
                 }
                 *v = (uint64_t)(uintptr_t)py_dict_get(e, "frames");
-            } else if ((py_str_eq(a, "free_requested") || py_str_eq(a, "free_completed")) && u64map_has(&last, addr)) {
-                const py_t *af = (const py_t *)(uintptr_t)*u64map_slot(&last, addr, &f);
+            } else if ((py_str_eq(a, "free_requested") || py_str_eq(a, "free_completed")) &&
+                       (lv = u64map_find(&last, addr))) {
+                const py_t *af = (const py_t *)(uintptr_t)*lv;
                 if (!same_frames(af, py_dict_get(e, "frames"))) {
                     u64map_free(&last);
                     return false;
@@ -546,9 +547,9 @@ static bool import_event(imp_t *im, devpass_t *p, uint32_t d, size_t i, uint64_t
          * and its size is the real one (a block of a split segment can be larger than the rounded
          * request: PyTorch leaves a remainder too small to split inside it). */
         uint64_t r = round_size(size);
-        if (u64map_has(&p->last_alloc, addr) && *u64map_slot(&p->last_alloc, addr, &seen_it) == i + 1 &&
-            u64map_has(&p->final_size, addr) && *u64map_slot(&p->final_size, addr, &seen_it) >= size)
-            r = *u64map_slot(&p->final_size, addr, &seen_it);
+        const uint64_t *last = u64map_find(&p->last_alloc, addr), *final = u64map_find(&p->final_size, addr);
+        if (last && *last == i + 1 && final && *final >= size)
+            r = *final;
         map_put(im, &p->sizes, addr, r);
         im->ok &= tw_alloc(im->w, t, d, sid, addr, r, size, stack_of(im, py_dict_get(e, "frames")), false);
         p->alloc_now += r;
@@ -926,7 +927,7 @@ int av_cmd_import(int argc, char **argv)
     }
     size_t nann = 0, ai = 0;
     ann_t *av = xcalloc(py_len(anns) + 1, sizeof *av);
-    for (size_t i = 0; av && i < py_len(anns); i++) {
+    for (size_t i = 0; i < py_len(anns); i++) {
         const py_t *an = py_item(anns, i), *stage = py_dict_get(an, "stage"), *name = py_dict_get(an, "name");
         uint64_t t = 0;
         bool good = an && an->kind == PY_DICT;

@@ -290,7 +290,7 @@ static uint64_t str_hash(const char *s, size_t len)
     return h;
 }
 
-static bool sym_grow(pkw_t *w)
+static void sym_grow(pkw_t *w)
 {
     size_t cap = w->symcap * 2;
     pkw_sym_t *n = xcalloc(cap, sizeof *n);
@@ -304,17 +304,14 @@ static bool sym_grow(pkw_t *w)
     free(w->syms);
     w->syms = n;
     w->symcap = cap;
-    return true;
 }
 
 /* The slot of (ns, key): *found when it holds that key's memo index, else the empty slot where
- * sym_add puts it (valid until the table next grows). NULL when out of memory. */
+ * sym_add puts it (valid until the table next grows). */
 static pkw_sym_t *sym_slot(pkw_t *w, uint8_t ns, const char *key, size_t len, bool *found)
 {
-    if ((w->symcount + 1) * 2 > w->symcap && !sym_grow(w)) {
-        fail(w, "out of memory");
-        return NULL;
-    }
+    if ((w->symcount + 1) * 2 > w->symcap)
+        sym_grow(w);
     uint64_t h = str_hash(key, len) ^ ns;
     for (size_t j = h & (w->symcap - 1);; j = (j + 1) & (w->symcap - 1)) {
         pkw_sym_t *e = &w->syms[j];
@@ -345,8 +342,6 @@ void pkw_str_memo(pkw_t *w, const char *s, size_t len)
 {
     bool found;
     pkw_sym_t *e = sym_slot(w, SYM_STRING, s, len, &found);
-    if (!e)
-        return;
     if (found) {
         pkw_get(w, e->memo);
         return;
@@ -359,9 +354,9 @@ bool pkw_get_keyed(pkw_t *w, const char *key, size_t len)
 {
     bool found;
     pkw_sym_t *e = sym_slot(w, SYM_CALLER, key, len, &found);
-    if (e && found)
+    if (found)
         pkw_get(w, e->memo);
-    return e && found;
+    return found;
 }
 
 void pkw_memoize_keyed(pkw_t *w, const char *key, size_t len)
@@ -369,7 +364,7 @@ void pkw_memoize_keyed(pkw_t *w, const char *key, size_t len)
     uint64_t memo = pkw_memoize(w);
     bool found;
     pkw_sym_t *e = sym_slot(w, SYM_CALLER, key, len, &found); /* again: writing the value may have grown the table */
-    if (e && !found)
+    if (!found)
         sym_add(w, e, SYM_CALLER, key, len, memo);
 }
 

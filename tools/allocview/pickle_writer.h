@@ -17,8 +17,8 @@
  * strings by content itself, pkw_get_keyed / pkw_memoize_keyed any value by a key of the caller's.
  *
  * Strings are written as UTF-8; invalid sequences are replaced by U+FFFD (a recorded module path
- * need not be UTF-8, and Python refuses to unpickle a string that is not). Errors (a failed
- * write, no memory) are sticky: pkw_finish reports them.
+ * need not be UTF-8, and Python refuses to unpickle a string that is not). A failed write is
+ * sticky: pkw_finish reports it. (Out of host memory ends the process: xalloc.h.)
  */
 #ifndef ALLOCVIEW_PICKLE_WRITER_H
 #define ALLOCVIEW_PICKLE_WRITER_H

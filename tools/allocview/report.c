@@ -1808,13 +1808,7 @@ int report_main(const char *cmd, int argc, char **argv)
     size_t room = argc > 0 ? (size_t)argc : 1;
     const char **paths = xmalloc(room * sizeof *paths);
     av_t **as = xmalloc(room * sizeof *as);
-    int st;
-    if (paths && as) {
-        st = report_traces(cmd, argc, argv, paths, as);
-    } else {
-        fprintf(stderr, "allocview: out of memory\n");
-        st = EXIT_UNREADABLE;
-    }
+    int st = report_traces(cmd, argc, argv, paths, as);
     free(paths);
     free(as);
     return st;

@@ -554,7 +554,7 @@ static void fmt_native(sym_ctx_t *c, const char *module, uint64_t off, sym_ent_t
     e->flags = xcalloc(n, sizeof *e->flags);
     e->nf = xmalloc(n * sizeof *e->nf);
     e->fold = nf[0].fold;
-    for (size_t i = 0; e->text && e->flags && e->nf && i < n; i++) {
+    for (size_t i = 0; i < n; i++) {
         e->nf[i] = nf[i];
         e->flags[e->ntext] = nf[i].plumbing ? SF_PLUMBING : 0;
         char buf[1024];
@@ -566,8 +566,7 @@ static void fmt_native(sym_ctx_t *c, const char *module, uint64_t off, sym_ent_t
             snprintf(buf, sizeof buf, "%s+0x%" PRIx64, txt_base_name(module), off);
         else
             snprintf(buf, sizeof buf, "0x%" PRIx64, off);
-        if ((e->text[e->ntext] = xstrdup(buf)))
-            e->ntext++;
+        e->text[e->ntext++] = xstrdup(buf);
     }
 }
 
@@ -609,11 +608,10 @@ static sym_ent_t *ent_get(sym_ctx_t *c, const tr_frame_t *f)
                            buf, sizeof buf);
                 e->text = xcalloc(1, sizeof *e->text);
                 e->flags = xcalloc(1, sizeof *e->flags);
-                if (e->text && e->flags && (e->text[0] = xstrdup(buf))) {
-                    e->ntext = 1;
-                    e->flags[0] = (uint8_t)((plumbing_frame(f->function, f->file) ? SF_PLUMBING : 0) |
-                                            (python_source(f->file) ? SF_PYSRC : 0));
-                }
+                e->text[0] = xstrdup(buf);
+                e->ntext = 1;
+                e->flags[0] = (uint8_t)((plumbing_frame(f->function, f->file) ? SF_PLUMBING : 0) |
+                                        (python_source(f->file) ? SF_PYSRC : 0));
                 e->fold = fold_function(f->function);
             } else {
                 fmt_native(c, f->module, f->module ? f->module_offset : f->addr, e);

@@ -838,7 +838,8 @@ int av_cmd_timeline(int argc, char **argv)
         free(t);
         return VW_EXIT_USAGE;
     }
-    /* Refused before the trace is read: the chart's fopen would truncate the trace it is drawn from. */
+    /* Refused before the trace is read: the chart renamed into place would replace the trace it
+     * is drawn from. */
     if (t->svg && txt_same_file(t->svg, t->path)) {
         fprintf(stderr, "allocview timeline: --svg %s is the trace itself; name another file for the chart\n", t->svg);
         free(t);

@@ -26,3 +26,9 @@ bool u64map_has(const u64map_t *m, uint64_t key)
 {
     return devaddr_map_find(&m->map, 0, key) != NULL;
 }
+
+const uint64_t *u64map_find(const u64map_t *m, uint64_t key)
+{
+    const u64map_entry_t *e = devaddr_map_find(&m->map, 0, key);
+    return e ? &e->val : NULL;
+}

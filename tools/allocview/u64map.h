@@ -18,5 +18,8 @@ void u64map_free(u64map_t *m);
  * (*found false, the map unchanged). Valid until the next insertion. */
 uint64_t *u64map_slot(u64map_t *m, uint64_t key, bool *found);
 bool u64map_has(const u64map_t *m, uint64_t key);
+/* The value of key, or NULL when absent; inserts nothing (so it allocates nothing and cannot fail).
+ * Valid until the next insertion. */
+const uint64_t *u64map_find(const u64map_t *m, uint64_t key);
 
 #endif
