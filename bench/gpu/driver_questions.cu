@@ -779,6 +779,13 @@ int main(int argc, char **argv) {
     const char *name = NULL;
     int which = -1;
     const capture_variant *variant = NULL;
+    if (argc == 2 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
+        printf("usage: driver_questions --check NAME\nNAME:");
+        for (int i = 0; i < N_CAPTURE_VARIANTS; i++) printf(" %s", CAPTURE_VARIANTS[i].name);
+        for (int i = 0; i < n_names; i++) printf(" %s", names[i]);
+        printf("\nQuestions about the real CUDA driver (see the top of driver_questions.cu).\n");
+        return 0;
+    }
     if (argc == 3 && strcmp(argv[1], "--check") == 0) {
         for (int i = 0; i < n_names; i++)
             if (strcmp(argv[2], names[i]) == 0) which = i, name = names[i];

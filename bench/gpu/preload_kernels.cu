@@ -331,6 +331,18 @@ int main(int argc, char **argv) {
     g_xs_rounds = 200;
     g_ho_rounds = 200;
     double max_mb = 64;
+    static const char usage[] =
+        "usage: preload_kernels [--rounds N] [--buffers N] [--max-mb MB] [--xs-rounds N] [--handover-rounds N]\n";
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("%sKernels on memory from cudaMalloc / cudaMallocAsync under LD_PRELOAD (see the top of "
+                   "preload_kernels.cu).\n", usage);
+            return 0;
+        }
+    if (argc % 2 == 0) { // an option without its value
+        fprintf(stderr, "preload_kernels: %s needs a value\n%s", argv[argc - 1], usage);
+        return 2;
+    }
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--rounds")) g_rounds = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--buffers")) g_buffers = atoi(argv[i + 1]);
@@ -338,8 +350,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--xs-rounds")) g_xs_rounds = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--handover-rounds")) g_ho_rounds = atoi(argv[i + 1]);
         else {
-            fprintf(stderr, "usage: preload_kernels [--rounds N] [--buffers N] [--max-mb MB] [--xs-rounds N] "
-                            "[--handover-rounds N]\n");
+            fprintf(stderr, "preload_kernels: unknown argument '%s'\n%s", argv[i], usage);
             return 2;
         }
     }

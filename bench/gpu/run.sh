@@ -146,7 +146,7 @@ estimate() {
         driver-costs) echo "about 1 minute" ;;
         property-cuda) echo "about 1-3 minutes" ;;
         ld-preload) echo "about 1-2 minutes (two nvcc builds, six runs)" ;;
-        driver-questions) echo "about 1 minute (one small nvcc build, nineteen processes of about a second each, at most 30 s each)" ;;
+        driver-questions) echo "about 1 minute (one small nvcc build, eighteen processes of about a second each, at most 30 s each)" ;;
         torch-api) echo "1-2 minutes (one PyTorch process under cualloc_torch.enable(), torch.compile's first compile included, then allocview on its trace)" ;;
         torch) echo "about 4-7 minutes (5 modes x (training run + forced-OOM run) + 2 snapshot runs, each a fresh process; capped at 9 minutes)" ;;
         torch-medium) echo "about 2-4 minutes (5 GPT-2 medium training runs; capped at 9 minutes)" ;;
@@ -461,8 +461,9 @@ part_ld_preload() {
 # that file and the README). Each check runs in a process of its own, once without cualloc (CUDA's
 # own answer: the reference) and once under LD_PRELOAD; device_reset last, since a reset could
 # leave the device unusable for whatever came after it. A process is bounded by 30 s: the
-# nineteen take under a second each on an H100. The capture checks run a third time under the
-# preload with classic segments (cuMemAlloc'd, released with cuMemFree), whose driver calls differ.
+# eighteen take under a second each on an H100. capture_vs_misses and its own-thread variant run a
+# third time under the preload with classic segments (cuMemAlloc'd, released with cuMemFree), whose
+# driver calls differ.
 DQ_CHECKS="legacy_lookup_flags stream_get_ctx_under_capture meminfo_counted_once capture_vs_misses
 capture_vs_misses_thread_local capture_vs_misses_relaxed capture_vs_misses_own_thread device_reset"
 DQ_CLASSIC_CHECKS="capture_vs_misses capture_vs_misses_own_thread"
@@ -697,8 +698,8 @@ torch_job() {
     [ "$left" -lt "$limit" ] && limit=$left
     if [ "$limit" -lt 20 ]; then
         echo "run.sh: $part $mode $phase: no time left in the part's budget (${PART_BUDGET} s); not run"
-        printf '{"part":"%s","op":"error","mode":"%s","phase":"%s","rc":124,"log_tail":"not run: the part budget of %s s was spent"}\n' \
-            "$part" "$mode" "$phase" "$PART_BUDGET" >>"$dir/results.jsonl"
+        printf '{"part":"%s","op":"error","mode":"%s","phase":"%s","label":"%s","rc":124,"log_tail":"not run: the part budget of %s s was spent"}\n' \
+            "$part" "$mode" "$phase" "${JOB_TAG:-}" "$PART_BUDGET" >>"$dir/results.jsonl"
         TORCH_FAIL=1
         return 1
     fi
@@ -711,8 +712,8 @@ torch_job() {
     tail -4 "$log"
     if [ "$rc" != 0 ]; then
         echo "run.sh: $part $mode $phase exited $rc (see $(basename "$log") in $dir/logs.txt)"
-        printf '{"part":"%s","op":"error","mode":"%s","phase":"%s","round":%d,"rc":%d,"log_tail":%s}\n' "$part" "$mode" \
-            "$phase" "$round" "$rc" "$(json_str "$(tail -25 "$log")")" >>"$dir/results.jsonl"
+        printf '{"part":"%s","op":"error","mode":"%s","phase":"%s","label":"%s","round":%d,"rc":%d,"log_tail":%s}\n' \
+            "$part" "$mode" "$phase" "${JOB_TAG:-}" "$round" "$rc" "$(json_str "$(tail -25 "$log")")" >>"$dir/results.jsonl"
         TORCH_FAIL=1
         return 1
     fi

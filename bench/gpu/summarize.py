@@ -233,9 +233,9 @@ def dq_compare(plain, pre, check="capture_vs_misses", mode="preload"):
 
 def dq_verdict(rows, mock, fake):
     """The driver-questions part's status, detail and the records to append. Each check counts
-    under cualloc and without it, except capture_vs_misses, for which the comparison counts (its
-    run without cualloc is CUDA's own answer, the reference); a process that crashed or timed out
-    fails. In --mock the probes against the fake driver must have found the driver's own
+    under cualloc and without it, except capture_vs_misses and its variants, for which each cualloc
+    process's comparison with CUDA's own run of the same variant counts (the reference); a process
+    that crashed or timed out fails. In --mock the probes against the fake driver must have found the driver's own
     cuGetProcAddress (in the fake's folder), under the preload too, past cualloc's dlsym."""
     if mock:
         probes = {r["mode"]: r for r in rows if r.get("op") == "probe"}
@@ -359,7 +359,8 @@ def errors(rows):
     for e in rows:
         if e.get("op") == "error":
             last = ((e.get("log_tail") or "").strip().splitlines() or [""])[-1]
-            out.append("- %s %s exited %s: `%s`" % (e["mode"], e["phase"], e["rc"], last))
+            out.append("- %s %s%s exited %s: `%s`" % (e["mode"], e["phase"], " (%s)" % e["label"] if e.get("label") else "",
+                                                      e["rc"], last))
     return out + [""] if out else out
 
 

@@ -335,6 +335,9 @@ class Job:
         met_guard = any(guard in c for c in chain)
         capturing = t.cuda.is_current_stream_capturing()
         same_stream = t.cuda.current_stream() == s0
+        if capturing:  # reading a result or synchronizing now would raise and lose these facts
+            return emit("compile_cudagraphs", False, still_capturing=True, stream_unchanged=same_stream,
+                        exception_chain=chain, met_graph_guard=met_guard, calls_completed=calls, seconds=seconds)
         eager = bool(t.allclose(f(x), want))
         self.sync()
         skips = None

@@ -22,7 +22,10 @@ memory in use, measured the same way in every mode: a sampler thread reads the d
 memory every few ms — from NVML (libnvidia-ml.so.1 through ctypes) where it loads, else from
 torch.cuda.mem_get_info() — and peak = max(used) - used before the job (after the context exists).
 With --sample-ms 0 there is no sampler thread: the used memory is read after each step, outside
-its timing (every mode's allocator caches, so what it holds after a step is its high-water mark).
+its timing. Every mode's allocator caches what it frees, so what it holds after a step is what it
+held at the step's peak unless it gave memory back within the step: PyTorch on an allocation
+failure (emptying its cache and retrying), cualloc likewise and above garbage_collection_threshold
+(off unless set); with 80 GiB and no cap, the train phase meets neither.
 Each step's time is split where its work has been issued (the loss not yet read): `issue_ms`, the
 host's time to launch the step, and `issue_cpu_ms`, the main thread's CPU time in that part. A step
 whose issue time is its step time and its CPU time is host-bound; issue time well above its CPU time
