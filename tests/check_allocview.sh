@@ -4,7 +4,7 @@
 # byte for byte; `summary --json` must have its fixed keys with the fixture's values; a cut-short
 # trace is reported truncated (exit 0), a corrupt one gives its readable prefix and exit 3, a newer
 # format, a missing file, a non-trace and a FIFO or directory exit 2 with a message; usage errors
-# exit 1.
+# exit 1; standard output on a full disk exits 2 with a message.
 #   UPDATE_EXPECTED=1 check_allocview.sh ...   rewrites the expected file instead of comparing.
 set -u
 fixture=$1 allocview=$2 expected=$3
@@ -174,6 +174,21 @@ done
 [ $st = 1 ] && grep -q -- "--at needs a time" "$tmp/at.err" || bad "peak --at without a value: exit $st, $(cat "$tmp/at.err")"
 "$allocview" --verbose summary "$trace" >/dev/null 2>"$tmp/verbose.err" || bad "--verbose exited $?"
 [ -s "$tmp/verbose.err" ] || bad "--verbose printed no allocator statistics"
+
+# Standard output that cannot be written (a full disk): status 2 and a message, not 0 and an
+# empty or cut answer; a usage error stays 1.
+if [ -w /dev/full ]; then
+    for cmd in "summary --json" "dump" "report" "timeline --json" "folded" "--help"; do
+        # shellcheck disable=SC2086
+        "$allocview" $cmd "$trace" >/dev/full 2>"$tmp/full.err"; st=$?
+        [ $st = 2 ] && grep -q "^allocview: writing standard output failed" "$tmp/full.err" ||
+            bad "$cmd into a full disk: exit $st, $(head -1 "$tmp/full.err")"
+    done
+    "$allocview" summary --bogus "$trace" >/dev/full 2>/dev/null; st=$?
+    [ $st = 1 ] || bad "a usage error into a full disk: exit $st, want 1"
+else
+    echo "no /dev/full: the full-disk checks are skipped"
+fi
 
 [ $fail = 0 ] && echo "check_allocview: all passed"
 exit $fail

@@ -6,6 +6,7 @@
  * 2 the file cannot be read as a trace (missing, not a trace, newer format), 3 the trace is
  * corrupt after a readable prefix (the output covers that prefix, and a message says where).
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -353,9 +354,16 @@ static void print_allocator_stats(void)
 }
 
 /* What every command ends with: its output flushed, and under --verbose the heap's statistics. */
+/* The end of every command: standard output written out. A full disk or a closed pipe means the
+ * answer did not reach its reader, which status 0 (or 3, "the output covers the prefix") would
+ * hide: status 2, as for an output file that cannot be written. */
 static int finish(int status)
 {
-    fflush(stdout);
+    int err = fflush(stdout) != 0 ? errno : 0;
+    if ((err || ferror(stdout)) && status != EXIT_USAGE) {
+        fprintf(stderr, "allocview: writing standard output failed%s%s\n", err ? ": " : "", err ? strerror(err) : "");
+        status = EXIT_UNREADABLE;
+    }
     if (verbose)
         print_allocator_stats();
     return status;
@@ -375,11 +383,11 @@ int main(int argc, char **argv)
     for (; i < argc && argv[i][0] == '-' && argv[i][1] == '-'; i++) {
         if (strcmp(argv[i], "--help") == 0) {
             usage(stdout);
-            return 0;
+            return finish(0);
         } else if (strcmp(argv[i], "--version") == 0) {
             printf("allocview (cualloc %s), trace format %d.%d\n", CUALLOC_VERSION_STRING, CUA_TRACE_MAJOR,
                    CUA_TRACE_MINOR);
-            return 0;
+            return finish(0);
         } else if (strcmp(argv[i], "--verbose") == 0) {
             verbose = true;
         } else if (strcmp(argv[i], "--json") == 0 || strcmp(argv[i], "--no-color") == 0 ||
@@ -394,7 +402,7 @@ int main(int argc, char **argv)
     }
     if (i < argc && strcmp(argv[i], "-h") == 0) {
         usage(stdout);
-        return 0;
+        return finish(0);
     }
     if (i >= argc) {
         usage(stderr);
@@ -427,7 +435,7 @@ int main(int argc, char **argv)
                           "         cannot be read as a trace; 3 it is damaged (the summary of the records\n"
                           "         before the damage is still printed)\n",
                           stdout);
-                return 0;
+                return finish(0);
             } else if (strcmp(argv[i], "--no-color") == 0 || strcmp(argv[i], "--no-colour") == 0)
                 continue; /* they print no colour */
             else if (strcmp(cmd, "summary") == 0 && strcmp(argv[i], "--json") == 0)
