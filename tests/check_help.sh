@@ -1,7 +1,9 @@
 #!/bin/sh
 # check_help.sh — every script and program a user runs answers --help: exit status 0, its usage on
 # standard output naming it, nothing on standard error, within 20 s (a script that took --help for
-# a build folder, or ran its whole job, fails here), and no file left in the folder it ran in.
+# a build folder, or ran its whole job, fails here), and no file left in the folder it ran in. The
+# programs (allocview, cualloc-demo, cualloc-conf) exit non-zero, saying so, when standard output
+# cannot be written.
 #
 # usage: check_help.sh SOURCE_ROOT BUILD_ROOT
 set -u
@@ -47,4 +49,20 @@ for p in tools/allocview/allocview tools/cualloc-demo tools/cualloc-conf bench/f
         echo "not built here: $p"
     fi
 done
+# The programs also say when standard output cannot be written (a full disk), with a status other
+# than 0; the scripts' usage is sed's and the shell's to write.
+if [ -w /dev/full ]; then
+    for p in tools/allocview/allocview tools/cualloc-demo tools/cualloc-conf; do
+        [ -x "$build/$p" ] || continue
+        "$build/$p" --help >/dev/full 2>"$work/err"; rc=$?
+        if [ "$rc" = 0 ] || ! grep -q "writing standard output failed" "$work/err"; then
+            echo "FAIL: $(basename "$p") --help into a full disk: exit $rc, $(head -1 "$work/err")"; fail=1
+        else
+            echo "ok: $(basename "$p") --help into a full disk: exit $rc"
+        fi
+    done
+    CUALLOC_CONF=driver:sim "$build/tools/cualloc-demo" --steps 1 >/dev/full 2>"$work/err"; rc=$?
+    [ "$rc" = 2 ] && grep -q "writing standard output failed" "$work/err" ||
+        { echo "FAIL: cualloc-demo into a full disk: exit $rc, $(head -1 "$work/err")"; fail=1; }
+fi
 exit $fail

@@ -7,12 +7,19 @@
 
 #include "internal.h"
 
+/* rc, or 2 when standard output could not be written (a full disk): said, not hidden behind 0. */
+static int stdout_written(int rc) {
+    if (fflush(stdout) == 0 && !ferror(stdout)) return rc;
+    fprintf(stderr, "cualloc-conf: writing standard output failed\n");
+    return 2;
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
         printf("usage: cualloc-conf --markdown | cualloc-conf [CONF]\n"
                "  --markdown  print every configuration key as a Markdown table\n"
                "  CONF        print the full configuration that CONF (default $CUALLOC_CONF) resolves to\n");
-        return 0;
+        return stdout_written(0);
     }
     /* One CONF string: a second word (keys given as separate words, "a:1 b:2") was left out of
      * the configuration printed, without a word. */
@@ -23,7 +30,7 @@ int main(int argc, char **argv) {
     }
     if (argc > 1 && strcmp(argv[1], "--markdown") == 0) {
         conf_write_markdown(stdout);
-        return 0;
+        return stdout_written(0);
     }
     conf_t c;
     conf_defaults(&c);
@@ -31,5 +38,5 @@ int main(int argc, char **argv) {
     char buf[4096];
     conf_format(&c, buf, sizeof buf);
     printf("%s\n", buf);
-    return problems ? 1 : 0;
+    return stdout_written(problems ? 1 : 0);
 }

@@ -164,6 +164,13 @@ static bool parse_int_opt(const char *opt, const char *v, int lo, int hi, int *o
     return false;
 }
 
+/* rc, or 2 when standard output could not be written (a full disk): said, not hidden behind 0. */
+static int stdout_written(int rc) {
+    if (fflush(stdout) == 0 && !ferror(stdout)) return rc;
+    fprintf(stderr, "cualloc-demo: writing standard output failed\n");
+    return rc ? rc : 2;
+}
+
 static int parse_opts(int argc, char **argv, opts_t *o) {
     *o = (opts_t){.steps = 20, .batch = 8, .device = 0, .seed = 1, .memory_mb = DEFAULT_SIM_MB, .scan = 8};
     for (int i = 1; i < argc; i++) {
@@ -173,7 +180,7 @@ static int parse_opts(int argc, char **argv, opts_t *o) {
         uint64_t u;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
-            exit(0);
+            exit(stdout_written(0));
         } else if (!strcmp(a, "--json")) {
             o->json = true;
         } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
@@ -1101,12 +1108,12 @@ int main(int argc, char **argv) {
     opts_t o;
     int rc = parse_opts(argc, argv, &o);
     if (rc) return rc;
-    if (o.min_fit) return run_min_fit(&o);
+    if (o.min_fit) return stdout_written(run_min_fit(&o));
     if (o.min_fit_only) {
         /* Ignoring it would run something other than what was asked for, without a word. */
         fprintf(stderr, "cualloc-demo: %s is for --min-fit%s\n", o.min_fit_only,
                 strcmp(o.min_fit_only, "--conf") ? "" : "; set CUALLOC_CONF for a single run");
         return 2;
     }
-    return run_training(&o);
+    return stdout_written(run_training(&o));
 }
