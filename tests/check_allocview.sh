@@ -175,6 +175,12 @@ done
 "$allocview" --verbose summary "$trace" >/dev/null 2>"$tmp/verbose.err" || bad "--verbose exited $?"
 [ -s "$tmp/verbose.err" ] || bad "--verbose printed no allocator statistics"
 
+# Recorded with trace_stack_depth:0, every block is "(stack not recorded)": the report says what
+# that row holds, under the table.
+"$allocview" --no-color "$trace" >"$tmp/report.txt" 2>/dev/null
+grep -q '^  (stack not recorded: blocks allocated before recording began' "$tmp/report.txt" ||
+    bad "the report does not explain its '(stack not recorded)' row: $(grep -m1 'stack not recorded' "$tmp/report.txt")"
+
 # Standard output that cannot be written (a full disk): status 2 and a message, not 0 and an
 # empty or cut answer; a usage error stays 1.
 if [ -w /dev/full ]; then

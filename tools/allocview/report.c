@@ -1034,11 +1034,13 @@ static void print_sites(FILE *out, const av_t *a, site_t *v, size_t n, int top, 
     size_t show = n < (size_t)top ? n : (size_t)top;
     fprintf(out, "  %12s %6s %7s  %s\n", "bytes", "share", "blocks", "call site");
     uint64_t rest = 0, restc = 0;
+    bool unrecorded = false;
     for (size_t i = 0; i < n; i++) {
-        if (i < show)
+        if (i < show) {
             fprintf(out, "  %12s %5.1f%% %7" PRIu64 "  %s\n", H(v[i].bytes),
                     total ? 100.0 * (double)v[i].bytes / (double)total : 0.0, v[i].count, v[i].label);
-        else {
+            unrecorded |= v[i].first_stack == 0;
+        } else {
             rest += v[i].bytes;
             restc++;
         }
@@ -1048,6 +1050,11 @@ static void print_sites(FILE *out, const av_t *a, site_t *v, size_t n, int top, 
                 total ? 100.0 * (double)rest / (double)total : 0.0, "", restc);
     if (!n)
         fprintf(out, "  (no live blocks)\n");
+    /* Stack 0 is no call site but blocks the trace has no stack for; a large row of them (a
+     * snapshot's blocks from before its history window) reads as a site otherwise. */
+    if (unrecorded)
+        fprintf(out, "  (stack not recorded: blocks allocated before recording began (a snapshot's blocks older than\n"
+                     "   its history, a trace started while the program ran) or recorded with trace_stack_depth:0)\n");
 }
 
 static void sites_json(FILE *out, site_t *v, size_t n, int top)
