@@ -378,7 +378,7 @@ static bool simulate(exporter_t *ex, uint32_t dv, enum sim_mode mode, uint64_t s
             }
             if (init)
                 add_init_block(d, &nb);
-            if (!init)
+            else
                 ENTRY("alloc", rec.addr, rec.requested, nb.stream, rec.stack, -1);
             break;
         }
@@ -820,20 +820,15 @@ int av_cmd_export(int argc, char **argv)
         ok = false;
         xfail(&ex, "%s: %s", out, strerror(errno));
     }
-    if (ok && !direct && rename(tmp, out) != 0) {
+    if (!txt_output_end(out, tmp, ok, werr, sizeof werr) && ok) {
         ok = false;
-        xfail(&ex, "%s: cannot rename into place: %s", out, strerror(errno));
+        xfail(&ex, "%s: %s", out, werr);
     }
-    xalloc_output(NULL);
     if (!ok) {
-        if (!direct)
-            unlink(tmp);
         fprintf(stderr, "allocview export: %s: %s; nothing written\n", in, ex.error[0] ? ex.error : "out of memory");
-        free(tmp);
         exporter_free(&ex);
         return VW_EXIT_CORRUPT;
     }
-    free(tmp);
     uint64_t inferred = 0;
     for (uint32_t dv = 0; dv < ndev; dv++)
         inferred += ex.dev[dv].inferred;

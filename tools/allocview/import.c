@@ -1003,14 +1003,10 @@ int av_cmd_import(int argc, char **argv)
         fprintf(stderr, "allocview import: %s: %s\n", out, err);
         ok = false;
     }
-    if (ok && !direct && rename(tmp, out) != 0) {
-        fprintf(stderr, "allocview import: %s: cannot rename into place: %s\n", out, strerror(errno));
+    if (!txt_output_end(out, tmp, ok, err, sizeof err) && ok) {
+        fprintf(stderr, "allocview import: %s: %s\n", out, err);
         ok = false;
     }
-    if (!ok && !direct)
-        unlink(tmp);
-    xalloc_output(NULL);
-    free(tmp);
     u64map_free(&im.frames);
     u64map_free(&im.lists);
     u64map_free(&im.nodes);

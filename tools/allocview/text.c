@@ -87,6 +87,20 @@ char *txt_output_path(const char *out)
     return p;
 }
 
+bool txt_output_end(const char *out, char *tmp, bool ok, char *err, size_t errlen)
+{
+    bool direct = strcmp(tmp, out) == 0;
+    if (ok && !direct && rename(tmp, out) != 0) {
+        snprintf(err, errlen, "cannot rename into place: %s", strerror(errno));
+        ok = false;
+    }
+    if (!ok && !direct)
+        unlink(tmp);
+    xalloc_output(NULL);
+    free(tmp);
+    return ok;
+}
+
 const char *txt_base_name(const char *path)
 {
     const char *s = strrchr(path, '/');

@@ -28,12 +28,17 @@ const char *txt_base_name(const char *path);
  * is no input. Commands that write a file check it against what they read before they open the
  * output, which would otherwise truncate or replace the input. */
 bool txt_same_file(const char *a, const char *b);
-/* The path a command writes its output OUT through (malloc'd; free it): "OUT.partial.PID" beside
- * OUT, renamed over OUT once complete, so that a failed write leaves no half file and an existing
- * OUT intact; or OUT itself where OUT is there and not a regular file (a FIFO, /dev/stdout,
- * /dev/null), which the rename would replace by a regular file. NULL with errno EISDIR where OUT is
- * a directory (the rename would fail only after all the work), or ENOMEM. */
+/* The path a command writes its output OUT through (malloc'd; txt_output_end frees it):
+ * "OUT.partial.PID" beside OUT, renamed over OUT once complete, so that a failed write leaves no
+ * half file and an existing OUT intact; or OUT itself where OUT is there and not a regular file (a
+ * FIFO, /dev/stdout, /dev/null), which the rename would replace by a regular file. NULL with errno
+ * EISDIR where OUT is a directory (the rename would fail only after all the work). */
 char *txt_output_path(const char *out);
+/* The end of a write through tmp (txt_output_path's, once written and closed): when ok, tmp is
+ * renamed over out (nothing to do where tmp is out itself), else removed; either way the partial
+ * file is no longer xalloc_output's, and tmp is freed. Returns ok, or false with the reason in err
+ * when the rename failed (tmp is removed then too). */
+bool txt_output_end(const char *out, char *tmp, bool ok, char *err, size_t errlen);
 /* An option's whole-number value: s is all decimal digits (no sign, no blanks), from lo to hi.
  * False, *out untouched, for anything else ("", "-1", "+1", " 1", "12x", "1e3", overflow). */
 bool txt_parse_count(const char *s, unsigned long long lo, unsigned long long hi, unsigned long long *out);

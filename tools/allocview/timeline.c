@@ -744,14 +744,11 @@ static int svg_report(const tl_t *t, const char *file)
     ok = fclose(out) == 0 && ok;
     if (!ok)
         fprintf(stderr, "allocview timeline: writing %s failed\n", file);
-    if (ok && !direct && rename(tmp, file) != 0) {
-        fprintf(stderr, "allocview timeline: %s: cannot rename into place: %s\n", file, strerror(errno));
+    char why[256];
+    if (!txt_output_end(file, tmp, ok, why, sizeof why) && ok) {
+        fprintf(stderr, "allocview timeline: %s: %s\n", file, why);
         ok = false;
     }
-    xalloc_output(NULL);
-    if (!ok && !direct)
-        unlink(tmp);
-    free(tmp);
     return ok ? VW_EXIT_OK : VW_EXIT_UNREADABLE;
 }
 
