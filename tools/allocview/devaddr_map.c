@@ -74,11 +74,9 @@ static bool grow(devaddr_map_t *m)
     size_t cap = capacity(m);
     devaddr_map_t n = *m;
     n.mask = (cap ? cap * 2 : DEVADDR_MAP_MIN_CAP) - 1;
-    n.slots = calloc(n.mask + 1, m->elem_size);
-    if (!n.slots) {
-        lib_oom((n.mask + 1) * m->elem_size);
+    n.slots = lib_calloc(n.mask + 1, m->elem_size);
+    if (!n.slots)
         return false;
-    }
     for (size_t i = 0; i < cap; i++) {
         const devaddr_entry_t *e = slot(m, i);
         if (e->used)

@@ -10,8 +10,10 @@
 #include <stddef.h>
 
 void lib_oom_set_handler(void (*handler)(size_t bytes));
-/* Called by the library where an allocation of `bytes` failed, before it fails the call: the
- * handler's, if one is set. */
-void lib_oom(size_t bytes);
+/* The library's allocations (malloc, calloc, realloc): a failure goes to the handler, if one is
+ * set, and then the call returns NULL. */
+void *lib_malloc(size_t n);
+void *lib_calloc(size_t n, size_t size);
+void *lib_realloc(void *p, size_t n);
 
 #endif

@@ -183,39 +183,11 @@ static uint32_t sp_id(span_t *s)
     return (uint32_t)v;
 }
 
-/* ---------------------------------------------------------------------------- allocations */
-
-/* The reader's own allocations: a failure goes to lib_oom first (a program's handler may end it
- * there, lib_oom.h), then fails the call. */
-static void *rd_malloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (!p)
-        lib_oom(n);
-    return p;
-}
-
-static void *rd_calloc(size_t n, size_t size)
-{
-    void *p = calloc(n ? n : 1, size ? size : 1);
-    if (!p)
-        lib_oom(n * size);
-    return p;
-}
-
-static void *rd_realloc(void *p, size_t n)
-{
-    void *q = realloc(p, n ? n : 1);
-    if (!q)
-        lib_oom(n);
-    return q;
-}
-
 /* ---------------------------------------------------------------------------- definitions */
 
 static char *dupstr(tr_str_t s)
 {
-    char *p = rd_malloc(s.len + 1);
+    char *p = lib_malloc(s.len + 1);
     if (!p)
         return NULL;
     memcpy(p, s.p, s.len);
@@ -227,7 +199,7 @@ static char *dupstr(tr_str_t s)
     do {                                                                                       \
         if ((n) >= (cap)) {                                                                    \
             uint32_t nc = (cap) ? (cap) * 2 : 64;                                              \
-            void *np = rd_realloc((arr), (size_t)nc * sizeof *(arr));                          \
+            void *np = lib_realloc((arr), (size_t)nc * sizeof *(arr));                         \
             if (!np)                                                                           \
                 return fail((r), "out of memory");                                             \
             (arr) = np;                                                                        \
@@ -709,8 +681,8 @@ static tr_reader_t *open_common(tr_reader_t *r, char *err, size_t errlen)
     r->nblocks = r->size > r->info.header_size ? (r->size - r->info.header_size + bs - 1) / bs : 0;
     r->meta.kind = CUA_TRACE_BLOCK_META;
     r->ev.kind = CUA_TRACE_BLOCK_EVENTS;
-    r->meta.buf = rd_malloc(bs);
-    r->ev.buf = rd_malloc(bs);
+    r->meta.buf = lib_malloc(bs);
+    r->ev.buf = lib_malloc(bs);
     if (!r->meta.buf || !r->ev.buf) {
         snprintf(err, errlen, "out of memory");
         goto bad;
@@ -723,9 +695,9 @@ static tr_reader_t *open_common(tr_reader_t *r, char *err, size_t errlen)
             goto bad;
         }
         size_t cap = (size_t)(r->nblocks ? r->nblocks : 1);
-        ser_t *list = rd_malloc(cap * sizeof *list), *mlist = rd_malloc(cap * sizeof *mlist);
-        r->order = rd_malloc(cap * sizeof *r->order);
-        r->morder = rd_malloc(cap * sizeof *r->morder);
+        ser_t *list = lib_malloc(cap * sizeof *list), *mlist = lib_malloc(cap * sizeof *mlist);
+        r->order = lib_malloc(cap * sizeof *r->order);
+        r->morder = lib_malloc(cap * sizeof *r->morder);
         if (!list || !mlist || !r->order || !r->morder) {
             free(list);
             free(mlist);
@@ -791,7 +763,7 @@ tr_reader_t *tr_open(const char *path, char *err, size_t errlen)
         snprintf(err, errlen, "%s is not a regular file", path);
         return NULL;
     }
-    tr_reader_t *r = rd_calloc(1, sizeof *r);
+    tr_reader_t *r = lib_calloc(1, sizeof *r);
     if (!r) {
         close(fd);
         snprintf(err, errlen, "out of memory");
@@ -804,7 +776,7 @@ tr_reader_t *tr_open(const char *path, char *err, size_t errlen)
 
 tr_reader_t *tr_open_mem(const void *data, size_t len, char *err, size_t errlen)
 {
-    tr_reader_t *r = rd_calloc(1, sizeof *r);
+    tr_reader_t *r = lib_calloc(1, sizeof *r);
     if (!r) {
         snprintf(err, errlen, "out of memory");
         return NULL;
@@ -1031,7 +1003,7 @@ static void put_str(out_t *o, tr_str_t s) { put_quoted(o, s.p, s.len); }
 /* The configuration with the trace path's value replaced (it names a temporary file). */
 static void put_config_redacted(out_t *o, tr_str_t s)
 {
-    char *tmp = rd_malloc(s.len + 2);
+    char *tmp = lib_malloc(s.len + 2);
     if (!tmp)
         return;
     size_t n = 0;
