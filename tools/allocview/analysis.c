@@ -18,7 +18,6 @@ struct av_live {
     uint64_t size, req;
 };
 
-
 static void copy_str(char *dst, size_t len, tr_str_t s)
 {
     size_t n = s.len < len - 1 ? s.len : len - 1;

@@ -353,10 +353,9 @@ static void print_allocator_stats(void)
 #endif
 }
 
-/* What every command ends with: its output flushed, and under --verbose the heap's statistics. */
-/* The end of every command: standard output written out. A full disk or a closed pipe means the
- * answer did not reach its reader, which status 0 (or 3, "the output covers the prefix") would
- * hide: status 2, as for an output file that cannot be written. */
+/* What every command ends with: its output flushed, and under --verbose the heap's statistics. A
+ * full disk or a closed pipe means the answer did not reach its reader, which status 0 (or 3, "the
+ * output covers the prefix") would hide: status 2, as for an output file that cannot be written. */
 static int finish(int status)
 {
     int err = fflush(stdout) != 0 ? errno : 0;
