@@ -770,33 +770,37 @@ static int check_device_reset(void) {
 
 // ------------------------------------------------------------------ main
 
+static const char *const CHECK_NAMES[] = {"stream_get_ctx_under_capture", "legacy_lookup_flags", "meminfo_counted_once",
+                                          "device_reset"};
+enum { N_CHECK_NAMES = sizeof CHECK_NAMES / sizeof CHECK_NAMES[0] };
+
+// The usage line and every check's name (the capture variants first).
+static void print_usage(FILE *out) {
+    fprintf(out, "usage: driver_questions --check NAME\nNAME:");
+    for (int i = 0; i < N_CAPTURE_VARIANTS; i++) fprintf(out, " %s", CAPTURE_VARIANTS[i].name);
+    for (int i = 0; i < N_CHECK_NAMES; i++) fprintf(out, " %s", CHECK_NAMES[i]);
+    fprintf(out, "\n");
+}
+
 int main(int argc, char **argv) {
-    static const char *const names[] = {"stream_get_ctx_under_capture", "legacy_lookup_flags", "meminfo_counted_once",
-                                        "device_reset"};
-    int (*const fns[])(void) = {check_stream_get_ctx_under_capture, check_legacy_lookup_flags,
-                                check_meminfo_counted_once, check_device_reset};
-    const int n_names = (int)(sizeof names / sizeof names[0]);
+    int (*const fns[N_CHECK_NAMES])(void) = {check_stream_get_ctx_under_capture, check_legacy_lookup_flags,
+                                             check_meminfo_counted_once, check_device_reset};
     const char *name = NULL;
     int which = -1;
     const capture_variant *variant = NULL;
     if (argc == 2 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
-        printf("usage: driver_questions --check NAME\nNAME:");
-        for (int i = 0; i < N_CAPTURE_VARIANTS; i++) printf(" %s", CAPTURE_VARIANTS[i].name);
-        for (int i = 0; i < n_names; i++) printf(" %s", names[i]);
-        printf("\nQuestions about the real CUDA driver (see the top of driver_questions.cu).\n");
+        print_usage(stdout);
+        printf("Questions about the real CUDA driver (see the top of driver_questions.cu).\n");
         return 0;
     }
     if (argc == 3 && strcmp(argv[1], "--check") == 0) {
-        for (int i = 0; i < n_names; i++)
-            if (strcmp(argv[2], names[i]) == 0) which = i, name = names[i];
+        for (int i = 0; i < N_CHECK_NAMES; i++)
+            if (strcmp(argv[2], CHECK_NAMES[i]) == 0) which = i, name = CHECK_NAMES[i];
         for (int i = 0; i < N_CAPTURE_VARIANTS; i++)
             if (strcmp(argv[2], CAPTURE_VARIANTS[i].name) == 0) variant = &CAPTURE_VARIANTS[i], name = variant->name;
     }
     if (!name) {
-        fprintf(stderr, "usage: driver_questions --check NAME\nNAME:");
-        for (int i = 0; i < N_CAPTURE_VARIANTS; i++) fprintf(stderr, " %s", CAPTURE_VARIANTS[i].name);
-        for (int i = 0; i < n_names; i++) fprintf(stderr, " %s", names[i]);
-        fprintf(stderr, "\n");
+        print_usage(stderr);
         return 2;
     }
     char why[256];

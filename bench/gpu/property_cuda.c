@@ -26,6 +26,7 @@
 
 #include "internal.h"
 #include "testutil.h"
+#include "text.h"
 
 #define MAX_LIVE 256
 #define NSTREAMS 2
@@ -281,9 +282,8 @@ int main(int argc, char **argv) {
         }
         const char *val = argv[++i];
         if (!strcmp(opt, "--ops")) {
-            char *end;
-            long v = strtol(val, &end, 10);
-            if (end == val || *end || v < 1 || v > 100000000) {
+            unsigned long long v;
+            if (!txt_parse_count(val, 1, 100000000, &v)) {
                 fprintf(stderr, "property_cuda: --ops takes a whole number from 1 to 100000000, not '%s'\n%s", val,
                         usage);
                 return 2;

@@ -53,14 +53,9 @@ set -u
 set -o pipefail
 
 # usage: the header above on stderr, exit 2 (a bad command line); help: the same on stdout, exit 0.
-usage() {
-    sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
-    exit 2
-}
-help() {
-    sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
-    exit 0
-}
+header() { sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+usage() { header >&2; exit 2; }
+help() { header; exit 0; }
 
 [ $# -ge 1 ] || usage
 case $1 in -h|--help) help ;; esac

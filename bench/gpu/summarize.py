@@ -505,16 +505,11 @@ def step_controls(rows):
                                                    first.get("device_name", "?"), first.get("torch_version", "?")), ""]
         tab = []
         for (mode, label), recs in runs.items():
-            steps = [r["median_step_ms"] for r in recs]
-            issue = [r.get("median_issue_ms") for r in recs if r.get("median_issue_ms") is not None]
-            cpu = [r.get("median_issue_cpu_ms") for r in recs if r.get("median_issue_cpu_ms") is not None]
-            peaks = [r["peak_bytes"] for r in recs if isinstance(r.get("peak_bytes"), (int, float))]
-            tab.append([label, mode, " / ".join("%.1f" % x for x in steps), fmt(statistics.median(steps), "%.1f"),
-                        fmt(100.0 * (max(steps) / min(steps) - 1), "%.0f%%") if len(steps) > 1 else "-",
-                        fmt(statistics.median(issue) if issue else None, "%.1f"),
-                        fmt(statistics.median(cpu) if cpu else None, "%.1f"),
-                        recs[0].get("sample_ms", "-"), recs[0].get("deterministic", "-"),
-                        gib(max(peaks)) if peaks else "-"])
+            t = Timed(recs)
+            tab.append([label, mode, " / ".join("%.1f" % r["median_step_ms"] for r in recs), fmt(t.step, "%.1f"),
+                        fmt(100.0 * (t.steps[-1] / t.steps[0] - 1), "%.0f%%") if len(t.steps) > 1 else "-",
+                        fmt(t.issue, "%.1f"), fmt(t.issue_cpu, "%.1f"),
+                        recs[0].get("sample_ms", "-"), recs[0].get("deterministic", "-"), gib(t.peak)])
         out += table(["configuration", "mode", "run medians, ms", "median ms", "spread", "issue ms", "issue CPU ms",
                       "sampler ms", "deterministic", "peak GiB"], tab)
         out += ["", "issue ms: the host's time to launch a step (before its loss is read); issue CPU ms: the main "
