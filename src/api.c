@@ -211,9 +211,11 @@ heap_t *api_heap(int device) {
     pthread_mutex_lock(&g.create_lock);
     h = atomic_load_explicit(&g.heaps[device], memory_order_relaxed);
     if (!h && !g.heap_failed[device]) {
-        h = heap_create(device, &g.conf, g.drv, NULL);
-        /* A device whose heap cannot be set up says so once (heap_create did), not per call. */
-        if (!h) g.heap_failed[device] = true;
+        cua_result err = CUA_SUCCESS;
+        h = heap_create(device, &g.conf, g.drv, &err);
+        /* A device whose heap cannot be set up says so once (heap_create did), not per call, and is
+         * not tried again; but a host shortage may pass, and the next allocation tries again. */
+        if (!h && err != CUA_ERROR_HOST_MEMORY) g.heap_failed[device] = true;
         bool publish = h && !g.disabled;
         if (publish && heap_is_vmm(h) && atomic_load_explicit(&g.nvmm, memory_order_relaxed) < CUALLOC_MAX_DEVICES) {
             /* create_lock serializes the writers; each heap is made once. */

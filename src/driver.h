@@ -107,6 +107,9 @@ typedef struct driver_ops_s {
 extern const driver_ops_t driver_cuda_ops;
 extern const driver_ops_t driver_sim_ops;
 
+/* cualloc's own result, never a driver's: host memory ran out for cualloc's own tables. */
+#define CUA_ERROR_HOST_MEMORY 0x40000001
+
 /* A short name for a CUDA error code ("CUDA_ERROR_OUT_OF_MEMORY"), for messages. */
 const char *driver_error_name(cua_result r);
 

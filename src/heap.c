@@ -178,8 +178,8 @@ typedef struct pool_s {
                                   * only for mapped chunks, 1/64 of them, and no commit charge. */
 } pool_t;
 
-/* The host tables an allocation may need more of (heap_t.host_refused). */
-typedef enum { HOST_NONE, HOST_RECORDS, HOST_LIVE_MAP, HOST_INDEX } host_table_t;
+/* The host tables an allocation (or the heap's set-up) may need more of (heap_t.host_refused). */
+typedef enum { HOST_NONE, HOST_RECORDS, HOST_LIVE_MAP, HOST_INDEX, HOST_CHUNK_TABLES } host_table_t;
 
 /* A non-blocking stream the front door saw created, and its event for device-wide frees. */
 typedef struct { cua_stream handle; cua_event event; bool in_flight; } nb_stream_t;
@@ -255,7 +255,7 @@ struct heap_s {
 
 static const char *const host_table_names[] = {
     [HOST_NONE] = "nothing", [HOST_RECORDS] = "block records", [HOST_LIVE_MAP] = "the map of live blocks",
-    [HOST_INDEX] = "a stream's free index"};
+    [HOST_INDEX] = "a stream's free index", [HOST_CHUNK_TABLES] = "the tables of chunks"};
 
 static inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 static inline size_t align_down(size_t v, size_t a) { return v / a * a; }
@@ -2489,19 +2489,28 @@ static cua_result pool_init_vmm(heap_t *h, pool_t *p, size_t chunk, size_t va_si
     p->nchunks = p->va_size / chunk;
     size_t table = align_up(p->nchunks * sizeof(cua_memhandle), 4096);
     void *mem = mmap(NULL, table, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (mem == MAP_FAILED) return CUA_ERROR_OUT_OF_MEMORY;
+    if (mem == MAP_FAILED) {
+        h->host_refused = HOST_CHUNK_TABLES;
+        return CUA_ERROR_HOST_MEMORY;
+    }
     p->chunks = mem;
     /* The small pool's slots open as its chunks are mapped (granules_open). */
     int prot = p->id == POOL_LARGE ? PROT_READ | PROT_WRITE : PROT_READ;
     mem = mmap(NULL, by_granule_bytes(p), prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (mem == MAP_FAILED) return CUA_ERROR_OUT_OF_MEMORY;
+    if (mem == MAP_FAILED) {
+        h->host_refused = HOST_CHUNK_TABLES;
+        return CUA_ERROR_HOST_MEMORY;
+    }
     p->by_granule = mem;
     cua_devptr va = 0;
     cua_result r = h->drv->va_reserve(h->dev, p->va_size, chunk, &va);
     if (r != CUA_SUCCESS) return r;
     p->va_base = (uintptr_t)va;
     block_t *all = slab_alloc(&h->blocks);
-    if (!all) return CUA_ERROR_OUT_OF_MEMORY;
+    if (!all) {
+        h->host_refused = HOST_RECORDS;
+        return CUA_ERROR_HOST_MEMORY;
+    }
     all->addr = p->va_base;
     all->size = p->va_size;
     all->pool = (uint8_t)p->id;
@@ -2509,6 +2518,22 @@ static cua_result pool_init_vmm(heap_t *h, pool_t *p, size_t chunk, size_t va_si
     segment_link(p, all);
     sizeclass_insert(&p->unmapped, all);
     return CUA_SUCCESS;
+}
+
+/* Devices whose heap could not be set up for want of host memory, told so since the last set-up
+ * that succeeded: the front door tries again at each of the device's allocations (a shortage may
+ * pass), and the user hears of it once. */
+static _Atomic bool setup_host_said[CUALLOC_MAX_DEVICES];
+
+/* The heap could not be set up because host memory was refused for `what`: said as host memory,
+ * not as the device (which has room), with the fix. */
+static void report_setup_host_refused(int dev, const char *what) {
+    if (dev >= 0 && dev < CUALLOC_MAX_DEVICES && atomic_exchange(&setup_host_said[dev], true)) return;
+    cua_error("device %d: cannot set up the heap: host memory ran out for cualloc's own bookkeeping (%s), not "
+              "device memory. Free host memory or raise this process's limits on it (ulimit -v and -d, the "
+              "container's memory limit). Until then the device's allocations fail (under LD_PRELOAD they go to "
+              "CUDA's own allocator); cualloc tries again at each",
+              dev, what);
 }
 
 /* The heap record itself: mmap'd like all metadata, except in sanitizer builds, where it comes from
@@ -2540,7 +2565,8 @@ heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_re
     }
     void *mem = heap_mem_alloc();
     if (!mem) {
-        if (err) *err = CUA_ERROR_OUT_OF_MEMORY;
+        if (err) *err = CUA_ERROR_HOST_MEMORY;
+        report_setup_host_refused(dev, "the heap record");
         return NULL;
     }
     heap_t *h = mem;
@@ -2569,7 +2595,10 @@ heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_re
     h->tags[TAG_DW_A].used = h->tags[TAG_DW_B].used = true;
     h->tags[TAG_DW_A].handle = h->tags[TAG_DW_B].handle = DW_HANDLE;
     h->dw_open = TAG_DW_A;
-    if (!h->vmm && !ptrmap_init(&h->classic_live)) r = CUA_ERROR_OUT_OF_MEMORY;
+    if (!h->vmm && !ptrmap_init(&h->classic_live)) {
+        h->host_refused = HOST_LIVE_MAP;
+        r = CUA_ERROR_HOST_MEMORY;
+    }
     for (int pi = 0; pi < POOL_COUNT; pi++) {
         h->pools[pi].id = (pool_id_t)pi;
         sizeclass_init(&h->pools[pi].unmapped);
@@ -2577,7 +2606,7 @@ heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_re
     for (int pi = 0; pi < POOL_COUNT && r == CUA_SUCCESS; pi++)
         if (!index_get(h, &h->pools[pi], TAG_ANY) || !index_get(h, &h->pools[pi], TAG_DW_A) ||
             !index_get(h, &h->pools[pi], TAG_DW_B))
-            r = CUA_ERROR_OUT_OF_MEMORY;
+            r = CUA_ERROR_HOST_MEMORY; /* (index_get set host_refused) */
     if (r == CUA_SUCCESS && h->vmm) {
         /* Chunks are a power-of-two multiple of the granularity: the reservation is aligned to them
          * and chunk arithmetic on the fast path is a mask. */
@@ -2601,13 +2630,15 @@ heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_re
         r = pool_init_vmm(h, &h->pools[POOL_SMALL], small_chunk, align_up(h->total, small_chunk));
         if (r == CUA_SUCCESS) r = pool_init_vmm(h, &h->pools[POOL_LARGE], large_chunk, factor * align_up(h->total, large_chunk));
     }
+    if (r == CUA_ERROR_HOST_MEMORY) report_setup_host_refused(dev, host_table_names[h->host_refused]);
+    else if (r != CUA_SUCCESS) cua_error("device %d: cannot set up the heap (%s)", dev, driver_error_name(r));
     if (r != CUA_SUCCESS) {
-        cua_error("device %d: cannot set up the heap (%s)", dev, driver_error_name(r));
         heap_destroy(h);
         if (err) *err = r;
         return NULL;
     }
     trace_on_device(dev, info.name, info.total_bytes, h->cap, h->granularity, h->vmm);
+    if (dev >= 0 && dev < CUALLOC_MAX_DEVICES) atomic_store(&setup_host_said[dev], false);
     if (err) *err = CUA_SUCCESS;
     return h;
 }
