@@ -153,6 +153,7 @@ static struct {
     size_t nmodules;
     bool modules_stale;    /* scan every module at the next stack-cache miss */
     unsigned long long dl_adds; /* dl_iterate_phdr's load counter when last scanned */
+    bool table_refused_said; /* table_refused_locked has spoken for this file */
     /* kept across files */
     devinfo_t dev[CUA_TRACE_MAX_DEVICES];
     bool dev_started[CUA_TRACE_MAX_DEVICES];
@@ -298,23 +299,41 @@ static bool vec_fresh(vec_t *v, size_t bytes)
     return vec_reserve(v, bytes);
 }
 
-static void tables_reset(void)
+/* False when host memory was refused for a table (the recorder cannot start). */
+static bool tables_reset(void)
 {
     T.nnodes = 0;
     T.nslot_cap = 4096;
-    vec_fresh(&T.nslots, T.nslot_cap * sizeof(nslot_t));
+    bool ok = vec_fresh(&T.nslots, T.nslot_cap * sizeof(nslot_t));
     for (size_t i = 0; i < STACK_CACHE; i++)
         __atomic_store_n(&T.cache[i].hash, 0, __ATOMIC_RELAXED);
     T.pyent_cap = 1024;
     T.npy = 0;
-    vec_fresh(&T.pyents, T.pyent_cap * sizeof(pyent_t));
+    ok = vec_fresh(&T.pyents, T.pyent_cap * sizeof(pyent_t)) && ok;
     T.arena_used = 0;
     T.sslot_cap = 256;
     T.nstreams = 0;
-    vec_fresh(&T.sslots, T.sslot_cap * sizeof(sslot_t));
+    ok = vec_fresh(&T.sslots, T.sslot_cap * sizeof(sslot_t)) && ok;
     T.nthreads = 0;
     T.nmodules = 0;
     __atomic_store_n(&T.modules_stale, true, __ATOMIC_RELAXED);
+    T.table_refused_said = false;
+    return ok;
+}
+
+/* Host memory was refused for one of the recorder's tables while it records (under the lock): the
+ * record that needed it goes without (an allocation without its stack or stream, a Python frame or
+ * module not defined). The trace stays readable, but lacks that; the user is told once per file,
+ * so that a report's unnamed frames or "(stack not recorded)" are not taken for the program's. */
+static void table_refused_locked(const char *what)
+{
+    if (T.table_refused_said)
+        return;
+    T.table_refused_said = true;
+    cua_error("trace %s: host memory ran out for the recorder's %s; records from now on may lack their stacks, "
+              "streams or frame names. Free host memory or raise this process's limits on it (ulimit -v and -d, "
+              "the container's memory limit)",
+              T.path, what);
 }
 
 /* ---------------------------------------------------------------------------------- clock */
@@ -796,8 +815,10 @@ static uint32_t stream_id_locked(cua_stream s)
         /* Grow: rehash into a table twice the size. */
         size_t ncap = T.sslot_cap * 2;
         vec_t nv = {0};
-        if (!vec_reserve(&nv, ncap * sizeof(sslot_t)))
+        if (!vec_reserve(&nv, ncap * sizeof(sslot_t))) {
+            table_refused_locked("table of streams");
             return 0;
+        }
         memset(nv.p, 0, ncap * sizeof(sslot_t));
         sslot_t *nt = nv.p;
         for (size_t j = 0; j < T.sslot_cap; j++) {
@@ -849,13 +870,16 @@ typedef struct modscan_s {
 
 static vec_t scan_vec;   /* modscan_t[], under mod_lock */
 static size_t scan_count;
+static bool scan_short;  /* the last scan stopped for want of host memory (under mod_lock) */
 
 static int scan_cb(struct dl_phdr_info *info, size_t size, void *arg)
 {
     (void)size;
     (void)arg;
-    if (!vec_reserve(&scan_vec, (scan_count + 1) * sizeof(modscan_t)))
+    if (!vec_reserve(&scan_vec, (scan_count + 1) * sizeof(modscan_t))) {
+        scan_short = true;
         return 1;
+    }
     modscan_t *m = (modscan_t *)scan_vec.p + scan_count;
     memset(m, 0, sizeof *m);
     m->base = info->dlpi_addr;
@@ -923,10 +947,15 @@ static void modules_refresh(void)
     unlock();
     if (stale) {
         scan_count = 0;
+        scan_short = false;
         dl_iterate_phdr(scan_cb, NULL);
         lock();
+        /* A scan cut short, or a module not kept in the list of those recorded, leaves the
+         * modules stale: the next stack-cache miss scans again and records what is missing. */
+        bool complete = !scan_short;
+        if (scan_short && T.open)
+            table_refused_locked("table of modules");
         T.dl_adds = adds;
-        __atomic_store_n(&T.modules_stale, false, __ATOMIC_RELAXED);
         for (size_t i = 0; i < scan_count && T.open; i++) {
             const modscan_t *m = (const modscan_t *)scan_vec.p + i;
             uint64_t ph = hash_bytes(m->base, m->path);
@@ -944,13 +973,18 @@ static void modules_refresh(void)
             p += put_varint(p, m->id_len);
             memcpy(p, m->build_id, m->id_len);
             p += m->id_len;
+            /* The list's room first: a module recorded but not listed would be recorded again. */
+            if (!vec_reserve(&T.modules, (T.nmodules + 1) * sizeof(module_t))) {
+                table_refused_locked("table of modules");
+                complete = false;
+                break;
+            }
             if (!meta_put(CUA_TRACE_MODULE, T.scratch, (size_t)(p - T.scratch)))
                 break;
-            if (vec_reserve(&T.modules, (T.nmodules + 1) * sizeof(module_t))) {
-                known = T.modules.p;
-                known[T.nmodules++] = (module_t){m->base, m->start, m->end, ph};
-            }
+            known = T.modules.p;
+            known[T.nmodules++] = (module_t){m->base, m->start, m->end, ph};
         }
+        __atomic_store_n(&T.modules_stale, !complete, __ATOMIC_RELAXED);
         unlock();
     }
     pthread_mutex_unlock(&mod_lock);
@@ -1152,8 +1186,10 @@ static uint32_t pyframe_id_locked(const pyframe_t *f)
     if ((T.npy + 1) * 2 > T.pyent_cap) {
         size_t ncap = T.pyent_cap * 2;
         vec_t nv = {0};
-        if (!vec_reserve(&nv, ncap * sizeof(pyent_t)))
+        if (!vec_reserve(&nv, ncap * sizeof(pyent_t))) {
+            table_refused_locked("table of Python frames");
             return 0;
+        }
         memset(nv.p, 0, ncap * sizeof(pyent_t));
         pyent_t *nt = nv.p;
         for (size_t j = 0; j < T.pyent_cap; j++) {
@@ -1169,6 +1205,14 @@ static uint32_t pyframe_id_locked(const pyframe_t *f)
         T.pyent_cap = ncap;
         return pyframe_id_locked(f);
     }
+    /* Strings kept as arena offsets: the arena grows by mremap and may move. Copied before the
+     * record is written: a frame whose strings the table cannot keep is not defined (offset 0, the
+     * arena's "", is never a copy). */
+    uint64_t fo = arena_copy(name), fi = fo ? arena_copy(file) : 0;
+    if (!fo || !fi) {
+        table_refused_locked("Python frame names");
+        return 0;
+    }
     uint32_t id = (uint32_t)T.npy + 1;
     uint8_t *p = T.scratch;
     p += put_varint(p, id);
@@ -1177,8 +1221,6 @@ static uint32_t pyframe_id_locked(const pyframe_t *f)
     p += put_string(p, file, 511);
     if (!meta_put(CUA_TRACE_PYFRAME, T.scratch, (size_t)(p - T.scratch)))
         return 0;
-    /* Strings kept as arena offsets: the arena grows by mremap and may move. */
-    uint64_t fo = arena_copy(name), fi = arena_copy(file);
     tab[i] = (pyent_t){f->hash, id, (uint32_t)f->line, fo, fi};
     T.npy++;
     return id;
@@ -1199,8 +1241,10 @@ static uint32_t node_id_locked(uint32_t parent, uint64_t key, uint64_t pyhash)
     if (((size_t)T.nnodes + 1) * 2 > T.nslot_cap) {
         size_t ncap = T.nslot_cap * 2;
         vec_t nv = {0};
-        if (!vec_reserve(&nv, ncap * sizeof(nslot_t)))
+        if (!vec_reserve(&nv, ncap * sizeof(nslot_t))) {
+            table_refused_locked("table of stacks");
             return 0;
+        }
         memset(nv.p, 0, ncap * sizeof(nslot_t));
         nslot_t *nt = nv.p;
         for (size_t j = 0; j < T.nslot_cap; j++) {
@@ -1216,8 +1260,10 @@ static uint32_t node_id_locked(uint32_t parent, uint64_t key, uint64_t pyhash)
         T.nslot_cap = ncap;
         return node_id_locked(parent, key, pyhash);
     }
-    if (!vec_reserve(&T.nodes, ((size_t)T.nnodes + 2) * sizeof(node_t)))
+    if (!vec_reserve(&T.nodes, ((size_t)T.nnodes + 2) * sizeof(node_t))) {
+        table_refused_locked("table of stacks");
         return 0;
+    }
     uint32_t id = T.nnodes + 1;
     uint8_t pay[40], *p = pay;
     p += put_varint(p, id);
@@ -1785,16 +1831,19 @@ int trace_start(const char *tmpl, const conf_t *conf)
     T.ev.kind = CUA_TRACE_BLOCK_EVENTS;
     memset(T.dev_started, 0, sizeof T.dev_started);
     snprintf(T.conf_text, sizeof T.conf_text, "%s", conf_text);
-    tables_reset();
     T.ring_start = T.ring_count = 0;
-    bool ok = !T.ring || vec_fresh(&T.ring_list, max_blocks * sizeof(uint64_t));
+    bool ok = tables_reset() && (!T.ring || vec_fresh(&T.ring_list, max_blocks * sizeof(uint64_t)));
+    if (!ok)
+        cua_error("trace %s: host memory ran out for the recorder's tables; tracing is off. Free host memory or "
+                  "raise this process's limits on it (ulimit -v and -d, the container's memory limit)",
+                  chosen);
     T.open = true;
     uint64_t t0 = T.counter_clock ? 0 : now_ns();
     if (ok)
         ok = block_next(&T.meta, t0) && block_next(&T.ev, t0);
     if (!ok) {
         /* block_next's failures have stopped tracing already (stop_locked, which closes the file
-         * once); the ring list's allocation has not. The file holds no record worth keeping. */
+         * once) and said why; the tables' have not. The file holds no record worth keeping. */
         stop_locked(-1);
         unlock();
         unlink(chosen);
