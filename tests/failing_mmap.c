@@ -1,34 +1,95 @@
-/* Preloaded after libcualloc.so by the tests interpose_driver_streams_lost_*: while the program
- * under test sets `failing_mmap_armed`, every anonymous mmap fails as the kernel's does when it
- * refuses memory (ENOMEM), so that the tables cualloc keeps in anonymous mappings (grow_table.c)
- * cannot grow at the moment the program chooses. File mappings (the recorder's) are left alone. */
+/* Preloaded after libcualloc.so, it refuses anonymous memory as the kernel does when it has none
+ * (mmap and mremap fail with ENOMEM). File mappings (the recorder's) are left alone. Two ways to
+ * choose when:
+ *   - the program under test sets `failing_mmap_armed` while every anonymous mapping must fail
+ *     (tests interpose_driver_streams_lost_*: the tables cualloc keeps in anonymous mappings
+ *     cannot grow at the moment the program chooses);
+ *   - FAILING_MMAP_NTH=k refuses the k-th anonymous mmap or mremap of the process, and with
+ *     FAILING_MMAP_PERSIST=1 every one after it too (tests/check_library_host_oom.sh, which fails
+ *     each of cualloc's host allocations in turn). FAILING_MMAP_REPORT=1 writes, at exit, how many
+ *     there were and how many were refused: "failing_mmap: N calls, R refused" on stderr.
+ * libcualloc's own host memory is all anonymous mappings; the sim device's bookkeeping is malloc's. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include <dlfcn.h>
 #include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 /* (exported: the project builds with hidden visibility) */
 #define EXPORTED __attribute__((visibility("default")))
 
 EXPORTED int failing_mmap_armed;
-EXPORTED unsigned long failing_mmap_refused; /* the mappings refused while armed */
+EXPORTED unsigned long failing_mmap_refused; /* the mappings refused */
 
-typedef void *(*mmap_fn)(void *, size_t, int, int, int, off_t);
+static unsigned long fail_nth;      /* FAILING_MMAP_NTH; 0: not set */
+static int fail_persist;            /* FAILING_MMAP_PERSIST */
+static unsigned long calls;         /* anonymous mmaps and mremaps so far */
 
-EXPORTED void *mmap(void *addr, size_t length, int prot, int flags, int fd, off_t offset) {
-    if ((flags & MAP_ANONYMOUS) && __atomic_load_n(&failing_mmap_armed, __ATOMIC_ACQUIRE)) {
+__attribute__((constructor)) static void failing_mmap_init(void) {
+    const char *nth = getenv("FAILING_MMAP_NTH");
+    if (nth) fail_nth = strtoul(nth, NULL, 10);
+    const char *persist = getenv("FAILING_MMAP_PERSIST");
+    fail_persist = persist && strcmp(persist, "1") == 0;
+}
+
+__attribute__((destructor)) static void failing_mmap_report(void) {
+    if (!getenv("FAILING_MMAP_REPORT")) return;
+    char line[96];
+    int n = snprintf(line, sizeof line, "failing_mmap: %lu calls, %lu refused\n",
+                     __atomic_load_n(&calls, __ATOMIC_RELAXED),
+                     __atomic_load_n(&failing_mmap_refused, __ATOMIC_RELAXED));
+    if (n > 0 && write(2, line, (size_t)n) < 0) return;
+}
+
+/* Counts one anonymous mapping call; true when it must fail. */
+static int refuse(void) {
+    unsigned long k = __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);
+    int fail = __atomic_load_n(&failing_mmap_armed, __ATOMIC_ACQUIRE) ||
+               (fail_nth && (k == fail_nth || (fail_persist && k > fail_nth)));
+    if (fail) {
         __atomic_add_fetch(&failing_mmap_refused, 1, __ATOMIC_RELAXED);
         errno = ENOMEM;
-        return MAP_FAILED;
     }
+    return fail;
+}
+
+static void *next_symbol(const char *name) { return dlsym(RTLD_NEXT, name); }
+
+typedef void *(*mmap_fn)(void *, size_t, int, int, int, off_t);
+typedef void *(*mremap_fn)(void *, size_t, size_t, int, ...);
+
+/* (with _FILE_OFFSET_BITS=64, as the project builds, glibc's header makes this definition mmap64) */
+EXPORTED void *mmap(void *addr, size_t length, int prot, int flags, int fd, off_t offset) {
+    if ((flags & MAP_ANONYMOUS) && refuse()) return MAP_FAILED;
     static mmap_fn next;
     if (!next) {
-        void *f = dlsym(RTLD_NEXT, "mmap");
+        void *f = next_symbol("mmap");
         memcpy(&next, &f, sizeof next);
     }
     return next(addr, length, prot, flags, fd, offset);
+}
+
+/* Only the recorder's tables are remapped, and they are anonymous. */
+EXPORTED void *mremap(void *old, size_t old_size, size_t new_size, int flags, ...) {
+    void *new_address = NULL;
+    if (flags & MREMAP_FIXED) {
+        va_list ap;
+        va_start(ap, flags);
+        new_address = va_arg(ap, void *);
+        va_end(ap);
+    }
+    if (refuse()) return MAP_FAILED;
+    static mremap_fn next;
+    if (!next) {
+        void *f = next_symbol("mremap");
+        memcpy(&next, &f, sizeof next);
+    }
+    return next(old, old_size, new_size, flags, new_address);
 }

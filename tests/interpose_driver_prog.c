@@ -18,7 +18,9 @@
  *                      preloaded): before cualloc starts (the front door's table) or after (the heap's)
  *   --capture-elsewhere  one stream captures (in global mode, as the fake takes every capture) while
  *                      the program frees on two other streams, trims and misses the cache: cualloc's
- *                      event queries and synchronizes must not invalidate the capture */
+ *                      event queries and synchronizes must not invalidate the capture
+ *   --host-oom         a training-shaped mix whose every allocation is usable memory or an out-of-
+ *                      memory error (tests/check_library_host_oom.sh refuses cualloc's host memory) */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -650,6 +652,69 @@ static int device_reset_main(gpa_fn gpa, void *lib) {
     return 0;
 }
 
+/* --host-oom (tests/check_library_host_oom.sh, with tests/failing_mmap.c refusing cualloc's host
+ * memory): six steps of a training-shaped mix through cuMemAlloc and cuMemAllocAsync on two
+ * streams. Every allocation must either give usable memory (written and read back) whose free then
+ * succeeds, or fail with CUDA_ERROR_OUT_OF_MEMORY (2), as CUDA's own allocator may; the sweep checks
+ * that cualloc said why. Prints how many failed, and how many cualloc served (the rest went to the
+ * driver: before cualloc's heap could be set up). */
+static int host_oom_main(gpa_fn gpa) {
+    basics_t api;
+    CUcontext ctx;
+    if (!basics_on_device0(gpa, &api, &ctx)) return 1;
+    void *q;
+    alloc_async_fn alloc_async;
+    free_async_fn free_async;
+    stream_fns_t sf;
+    LOOKUP(rs_memset, "cuMemsetD8", 3020);
+    LOOKUP(rs_dtoh, "cuMemcpyDtoH", 3020);
+    LOOKUP(alloc_async, "cuMemAllocAsync", 11020);
+    LOOKUP(free_async, "cuMemFreeAsync", 11020);
+    if (!stream_fns(gpa, &sf)) return 1;
+    CUstream streams[2] = {NULL, NULL};
+    CHECK_MSG(sf.create(&streams[0], 1) == 0 && sf.create(&streams[1], 1) == 0, "cuStreamCreate");
+    if (failures) return 1;
+    enum { PER_STEP = 24 };
+    static const size_t sizes[PER_STEP] = {512,     4096,    20000,   1 << 20, 3 << 20, 9 << 20, 24 << 20, 2 << 20,
+                                           768,     65536,   6 << 20, 1 << 21, 5000,    40 << 20, 300000, 1 << 22,
+                                           12 << 20, 1 << 10, 7 << 20, 100,    1 << 24, 33333,   1 << 19, 17 << 20};
+    CUdeviceptr held[PER_STEP];
+    unsigned failed = 0, served = 0;
+    uint64_t a0 = allocs_now();
+    for (int step = 0; step < 6 && !failures; step++) {
+        for (int i = 0; i < PER_STEP; i++) {
+            size_t n = sizes[(i + step) % PER_STEP];
+            CUstream s = i % 3 == 2 ? NULL : streams[i % 3];
+            held[i] = 0;
+            CUresult rc = i % 3 == 2 ? api.mem_alloc(&held[i], n) : alloc_async(&held[i], n, s);
+            if (rc == 2) {
+                failed++;
+                held[i] = 0;
+                continue;
+            }
+            CHECK_MSG(rc == 0 && held[i], "step %d: allocation %d (%zu bytes) answered %d", step, i, n, rc);
+            if (rc != 0) continue;
+            served++;
+            unsigned char v = (unsigned char)(step * PER_STEP + i + 1), probe[64];
+            size_t m = n < sizeof probe ? n : sizeof probe;
+            CHECK_MSG(rs_memset(held[i], v, n) == 0 && rs_dtoh(probe, held[i] + n - m, m) == 0 && probe[m - 1] == v &&
+                          probe[0] == v,
+                      "step %d: allocation %d (%zu bytes) is not usable memory", step, i, n);
+        }
+        for (int i = PER_STEP; i-- > 0;) {
+            if (!held[i]) continue;
+            CUresult rc = i % 3 == 2 ? api.mem_free(held[i]) : free_async(held[i], streams[i % 3]);
+            CHECK_MSG(rc == 0, "step %d: the free of allocation %d answered %d", step, i, rc);
+        }
+    }
+    CHECK_MSG(sf.destroy(streams[0]) == 0 && sf.destroy(streams[1]) == 0, "cuStreamDestroy");
+    printf("host-oom: %u allocations served, %u failed for want of memory; cualloc served %llu\n", served, failed,
+           (unsigned long long)(allocs_now() - a0));
+    if (failures) return 1;
+    printf("interpose_driver_prog --host-oom: all checks passed\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     CHECK_MSG(lib != NULL, "dlopen libcuda.so.1: %s", dlerror());
@@ -672,6 +737,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--streams-first") == 0) return streams_first_main(gpa, lib, NULL);
     if (argc > 2 && strcmp(argv[1], "--streams-lost") == 0) return streams_first_main(gpa, lib, argv[2]);
     if (argc > 1 && strcmp(argv[1], "--capture-elsewhere") == 0) return capture_elsewhere_main(gpa, lib);
+    if (argc > 1 && strcmp(argv[1], "--host-oom") == 0) return host_oom_main(gpa);
 
     void *q;
     init_fn cuInit;
