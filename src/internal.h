@@ -629,7 +629,8 @@ int tree_check(const tree_t *t, FILE *report);
 typedef struct heap_s heap_t;
 
 /* Creates device `dev`'s heap over `drv` (which must be initialized). NULL on failure, with *err
- * the driver's error and a message printed. */
+ * the driver's error (CUA_ERROR_HOST_MEMORY when host memory ran out for the heap's own tables)
+ * and a message printed. */
 heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_result *err);
 /* Frees every block, unmaps and releases everything, returns the VA. Live pointers die. */
 void heap_destroy(heap_t *h);
