@@ -42,9 +42,12 @@ records it writes (`allocview dump`) and on the snapshot the export makes of the
   dupkey          a dict that sets a key twice holds the last value, as Python's pickle gives it
   deepstack       a stack of 600 frames: the export keeps the innermost 512 and ends the list with a
                   frame that says the outer ones were cut
+  foldednames     frame names holding ';', a newline, or ending in whitespace and a number: each site
+                  is one folded line whose only count is its bytes, as flamegraph.pl reads it
 Exits 1 naming every failed check."""
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -520,6 +523,42 @@ def deepstack():
           and "frames cut" in fr[-1]["name"],
           "%d frames exported, the last %r: want the innermost 512 and a last one saying the rest were cut"
           % (len(fr), fr[-1]["name"] if fr else None))
+
+
+
+@case
+def foldednames():
+    """Frame names that collide with the folded format: ';' and a newline inside a name, and leaves
+    whose label ends in whitespace and a number ("(k 17", a tab before "14"), which flamegraph.pl
+    would read as a second count (a differential line)."""
+    c = "foldednames"
+    names = [("(k 17", "??", 0), ("h\t14", "??", 0), ("step;one\ntwo", "/a/model.py", 3), ("plain", "/a/model.py", 3)]
+    tr = [ev("alloc", B + i * M, M, 10 + i, frames=[{"name": n, "filename": f, "line": ln}])
+          for i, (n, f, ln) in enumerate(names)]
+    s = snap([seg(B, 8 * M, [blk(B + i * M, M) for i in range(len(names))] + [blk(B + 4 * M, 4 * M, "inactive", 0)])],
+             [tr])
+    rc, err, trace = import_(c, s)
+    if not check(c, rc == 0, "import exited %d: %s" % (rc, err)):
+        return
+    rc, out, err = run("folded", trace)
+    if not check(c, rc == 0, "folded exited %d: %s" % (rc, err)):
+        return
+    lines = out.splitlines()
+    check(c, len(lines) == len(names), "%d folded lines, want one per site: %r" % (len(lines), lines))
+    total = 0
+    for line in lines:
+        # flamegraph.pl: (.*)\s+?(\d+(?:\.\d*)?)$ takes the count; a stack that still ends so is
+        # read as a differential line.
+        m = re.match(r"^(.*)\s+?(\d+(?:\.\d*)?)$", line)
+        if not check(c, m is not None, "no count at the end of %r" % line):
+            continue
+        total += int(m.group(2))
+        check(c, not re.search(r"\s\d+(?:\.\d*)?$", m.group(1)),
+              "the stack of %r ends in whitespace and a number: flamegraph.pl reads two counts" % line)
+        check(c, ";" not in m.group(1), "a frame's ';' was left in %r" % line)
+    check(c, total == len(names) * M, "folded sums to %d, want %d" % (total, len(names) * M))
+    check(c, any("17" in l for l in lines) and any("14" in l for l in lines),
+          "the names' numbers were lost: %r" % lines)
 
 
 only = sys.argv[2:]

@@ -6,6 +6,7 @@
 #include "grow.h"
 #include "xalloc.h"
 
+#include <ctype.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -165,6 +166,26 @@ void vw_site_key(const vw_site_frames_t *s, char *buf, size_t len)
     sym_label(s->label, s->nlabel, SIZE_MAX, s->stack != 0, buf, len);
 }
 
+/* flamegraph.pl takes a line's count with (.*)\s+?(\d+(?:\.\d*)?)$ and then, when what is left
+ * still ends so, takes that for a first count (a differential line): a leaf label ending in
+ * whitespace and a number ("(k 17", a tab before "14") would lose its end and shift the counts.
+ * Its whitespace becomes '_'. text[0..n) is the stack, without its count. */
+static void folded_guard_end(char *text, size_t n)
+{
+    size_t j = n;
+    while (j > 0 && isdigit((unsigned char)text[j - 1]))
+        j--;
+    if (j > 0 && text[j - 1] == '.') { /* "12." and "1.5" are numbers to it too */
+        size_t d = j - 1;
+        while (d > 0 && isdigit((unsigned char)text[d - 1]))
+            d--;
+        if (d < j - 1)
+            j = d;
+    }
+    if (j < n && j > 0 && isdigit((unsigned char)text[j]) && isspace((unsigned char)text[j - 1]))
+        text[j - 1] = '_';
+}
+
 size_t vw_site_folded(const vw_site_frames_t *s, char *buf, size_t len)
 {
     if (len == 0)
@@ -172,7 +193,9 @@ size_t vw_site_folded(const vw_site_frames_t *s, char *buf, size_t len)
     buf[0] = '\0';
     if (s->n == 0) {
         sym_label(s->f, 0, 1, s->stack != 0, buf, len);
-        return strlen(buf);
+        size_t n = strlen(buf);
+        folded_guard_end(buf, n);
+        return n;
     }
     size_t o = 0;
     for (size_t i = s->n; i-- > 0;) {
@@ -190,6 +213,7 @@ size_t vw_site_folded(const vw_site_frames_t *s, char *buf, size_t len)
         }
         o += (size_t)k;
     }
+    folded_guard_end(buf, o);
     return o;
 }
 
