@@ -27,6 +27,23 @@
 #define FALLOC_FL_PUNCH_HOLE 0x02
 #endif
 
+/* ------------------------------------------------------------------ host memory */
+
+/* The sim's bookkeeping allocations. A refusal fails the sim call as the device running out would
+ * (CUA_ERROR_OUT_OF_MEMORY), which a program on the sim cannot tell apart; so each is counted,
+ * for the one that must (allocview replay, whose figures would otherwise count it as an OOM). */
+static _Atomic uint64_t host_refusals;
+
+static void *refusal_counted(void *p) {
+    if (!p) atomic_fetch_add_explicit(&host_refusals, 1, memory_order_relaxed);
+    return p;
+}
+static void *sim_malloc(size_t n) { return refusal_counted(malloc(n)); }
+static void *sim_calloc(size_t n, size_t size) { return refusal_counted(calloc(n, size)); }
+static void *sim_realloc(void *p, size_t n) { return refusal_counted(realloc(p, n)); }
+
+uint64_t sim_host_refusals(void) { return atomic_load_explicit(&host_refusals, memory_order_relaxed); }
+
 /* ------------------------------------------------------------------ object tables */
 
 /* Handles, events and streams are named by opaque 64-bit values: a kind tag (bits 48..55), the
@@ -50,13 +67,13 @@ static bool objtab_grow(objtab_t *t) {
     size_t ncap = t->cap ? t->cap * 2 : 64;
     if (ncap > OBJ_SLOT_MAX) ncap = OBJ_SLOT_MAX;
     if (ncap <= t->cap) return false;
-    void **o = realloc(t->obj, ncap * sizeof *o);
+    void **o = sim_realloc(t->obj, ncap * sizeof *o);
     if (!o) return false;
     t->obj = o;
-    uint32_t *g = realloc(t->gen, ncap * sizeof *g);
+    uint32_t *g = sim_realloc(t->gen, ncap * sizeof *g);
     if (!g) return false;
     t->gen = g;
-    uint32_t *f = realloc(t->free_slots, ncap * sizeof *f);
+    uint32_t *f = sim_realloc(t->free_slots, ncap * sizeof *f);
     if (!f) return false;
     t->free_slots = f;
     /* Push new slots highest first so the lowest is popped first. */
@@ -176,7 +193,7 @@ static void ranges_gap_to(range_list_t *l, size_t k) {
 static bool ranges_reserve(range_list_t *l) {
     if (l->n < l->cap) return true;
     size_t ncap = l->cap ? l->cap * 2 : 16;
-    sim_range_t *v = realloc(l->v, ncap * sizeof *v);
+    sim_range_t *v = sim_realloc(l->v, ncap * sizeof *v);
     if (!v) return false;
     /* The ranges after the gap move to the end of the larger array (the gap was empty: n == cap). */
     size_t tail = l->n - l->gap;
@@ -431,7 +448,7 @@ static bool host_device_open(sim_device_t *d, int index) {
                   d->ngranules * sim.granularity, strerror(errno));
         return false;
     }
-    d->bitmap = calloc((d->ngranules + 63) / 64 + 1, sizeof *d->bitmap);
+    d->bitmap = sim_calloc((d->ngranules + 63) / 64 + 1, sizeof *d->bitmap);
     return d->bitmap != NULL;
 }
 
@@ -477,7 +494,7 @@ static void sim_configure_locked(const conf_t *c) {
         ndev = CUALLOC_MAX_DEVICES;
     }
     if (ndev <= 0) return; /* init reports CUA_ERROR_NO_DEVICE */
-    sim.devs = calloc((size_t)ndev, sizeof *sim.devs);
+    sim.devs = sim_calloc((size_t)ndev, sizeof *sim.devs);
     if (!sim.devs) {
         sim.config_error = CUA_ERROR_OUT_OF_MEMORY;
         return;
@@ -611,13 +628,13 @@ static cua_result phys_create_locked(int dev, size_t size, cua_memhandle *out) {
     if (r) return r;
     if (!out || size == 0 || size % sim.granularity != 0) return CUA_ERROR_INVALID_VALUE;
     if (size > sim.capacity - d->used) return CUA_ERROR_OUT_OF_MEMORY;
-    sim_handle_t *h = calloc(1, sizeof *h);
+    sim_handle_t *h = sim_calloc(1, sizeof *h);
     if (!h) return CUA_ERROR_OUT_OF_MEMORY;
     h->dev = dev;
     h->size = size;
     if (sim.host_backed) {
         size_t n = size / sim.granularity;
-        h->granules = malloc(n * sizeof *h->granules);
+        h->granules = sim_malloc(n * sizeof *h->granules);
         if (!h->granules || !granules_take(d, n, h->granules)) {
             free(h->granules);
             free(h);
@@ -758,7 +775,7 @@ static cua_result event_create_locked(int dev, cua_event *out) {
     cua_result r = dev_get(dev, false, &d);
     if (r) return r;
     if (!out) return CUA_ERROR_INVALID_VALUE;
-    sim_event_t *ev = calloc(1, sizeof *ev);
+    sim_event_t *ev = sim_calloc(1, sizeof *ev);
     if (!ev) return CUA_ERROR_OUT_OF_MEMORY;
     ev->dev = dev;
     uint64_t value = objtab_add(&sim.events, ev);
@@ -1094,7 +1111,7 @@ cua_stream sim_stream_create(int dev, bool held) {
     sim_ensure_configured();
     uint64_t value = 0;
     if (dev >= 0 && dev < sim.ndev) {
-        sim_stream_t *st = calloc(1, sizeof *st);
+        sim_stream_t *st = sim_calloc(1, sizeof *st);
         if (st) {
             st->dev = dev;
             st->held = held;

@@ -250,6 +250,7 @@ struct heap_s {
      * the mmap or slab record fails, cleared where a general allocation starts. */
     host_table_t host_refused;
     unsigned host_refused_said; /* bit 1 << kind: each kind of host failure is reported once */
+    uint64_t host_refusals;     /* allocations failed for want of host memory (heap_host_refusals) */
     bool no_slot_said;          /* alloc_fail_no_slot has reported once */
 };
 
@@ -1986,6 +1987,7 @@ static __attribute__((noinline, cold)) void alloc_fail_no_slot(heap_t *h, cua_st
 static cua_result alloc_fail(heap_t *h, cua_stream stream, size_t size, size_t rsize) {
     h->stats.num_ooms++;
     if (h->host_refused != HOST_NONE) {
+        h->host_refusals++;
         report_host_refused(h, size);
         update_inactive_split(h);
         cua_unlock(&h->lock);
@@ -3329,6 +3331,13 @@ void heap_dump(heap_t *h, FILE *out) {
 }
 
 cualloc_stats *heap_test_stats(heap_t *h) { return &h->stats; }
+
+uint64_t heap_host_refusals(heap_t *h) {
+    cua_lock(&h->lock);
+    uint64_t n = h->host_refusals;
+    cua_unlock(&h->lock);
+    return n;
+}
 
 void heap_test_tag_fields(heap_t *h, unsigned t, bool **closed, bool **in_flight, uint16_t **partner) {
     *closed = &h->tags[t].closed;

@@ -150,6 +150,8 @@ void sim_device_reset(int dev);
 /* Injected failures: the (after+1)-th next call of op fails `count` times with `err`. */
 void sim_fail(sim_op_t op, unsigned after, unsigned count, cua_result err);
 uint64_t sim_calls(sim_op_t op);           /* calls so far, failed ones included */
+/* The sim's own host allocations refused so far (each failed its call as the device running out). */
+uint64_t sim_host_refusals(void);
 size_t sim_used_bytes(int dev);            /* physical bytes in use (handles + mem_alloc) */
 size_t sim_live_handles(int dev);          /* physical handles not yet released */
 size_t sim_live_mappings(int dev);
@@ -713,6 +715,9 @@ void heap_peer_enabled(heap_t *h);
  * bytes, as cuMemGetAddressRange reports for cudaMalloc memory). False when none does: a freed
  * block (cached, still mapped) holds no allocation, as for CUDA's freed memory. */
 bool heap_block_range(heap_t *h, const void *ptr, uintptr_t *base, size_t *size);
+/* Allocations that failed because host memory was refused for the heap's own tables (counted in
+ * num_ooms too, where the device's refusals are). */
+uint64_t heap_host_refusals(heap_t *h);
 /* Number of invariant violations, each described on `report` (may be NULL). */
 int heap_check(heap_t *h, FILE *report);
 /* Every block of every pool, one per line, and the stream records (debugging). */

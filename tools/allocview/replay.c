@@ -409,10 +409,25 @@ static double now_s(void)
 /* One replay of every request on fresh heaps of `memory` bytes per device. per_dev_caps: give a
  * device recorded with a smaller capacity max_memory = that capacity. False when the heaps could
  * not be set up (a message printed). */
+/* Host memory refused to the sim's bookkeeping or to a heap's own tables fails its request as the
+ * device running out would: the run's figures (OOMs, peaks) would then be wrong, so allocview
+ * stops as for any host shortage of its own (xalloc.h). `sim_refused`: sim_host_refusals() before
+ * the run. */
+static void stop_if_host_refused(heap_t *const *heaps, int ndev, uint64_t sim_refused)
+{
+    uint64_t n = sim_host_refusals() - sim_refused;
+    for (int d = 0; d < ndev; d++)
+        if (heaps[d])
+            n += heap_host_refusals(heaps[d]);
+    if (n)
+        xalloc_out_of_memory(0);
+}
+
 static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory, bool per_dev_caps,
                      run_result_t *res)
 {
     memset(res, 0, sizeof *res);
+    uint64_t sim_refused = sim_host_refusals();
     uint64_t gran = gran_of(t);
     conf_t c = *base;
     c.driver = DRIVER_SIM;
@@ -427,6 +442,7 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
     c.summary = false;
     sim_configure(&c);
     if (driver_sim_ops.init() != CUA_SUCCESS) {
+        stop_if_host_refused(NULL, 0, sim_refused);
         fprintf(stderr, "allocview replay: the sim device cannot start\n");
         return false;
     }
@@ -439,8 +455,12 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
         if (per_dev_caps && t->have_dev[d] && t->dev_capacity[d] && t->dev_capacity[d] < c.sim_memory &&
             (!cd.max_memory || cd.max_memory > t->dev_capacity[d]))
             cd.max_memory = (size_t)t->dev_capacity[d];
-        heaps[d] = heap_create(d, &cd, &driver_sim_ops, NULL);
+        cua_result err = CUA_SUCCESS;
+        heaps[d] = heap_create(d, &cd, &driver_sim_ops, &err);
+        if (!heaps[d] && err == CUA_ERROR_HOST_MEMORY)
+            xalloc_out_of_memory(0);
         if (!heaps[d]) {
+            stop_if_host_refused(heaps, d, sim_refused);
             for (int e = 0; e < d; e++)
                 heap_destroy(heaps[e]);
             return false;
@@ -538,6 +558,7 @@ static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory,
     }
     res->seconds = now_s() - t0;
     free(retried);
+    stop_if_host_refused(heaps, t->ndev, sim_refused);
     if (!good)
         fprintf(stderr, "allocview replay: out of memory\n");
     for (int d = 0; good && d < t->ndev; d++) {
