@@ -17,7 +17,10 @@
 #   - with the recorder on, the trace file, when there is one, reads whole (allocview summary); a
 #     recorder refused memory says so on stderr (it could not start, or its records from then on
 #     may lack stacks or names); one that said nothing, in a run that completed, wrote a trace whose
-#     report is the full run's.
+#     report is the full run's;
+#   - allocview replay, whose heaps and sim device are the library's (replaying the demo's trace
+#     under two configurations): the full run's figures to the byte, or "allocview: out of host
+#     memory" with status 2 and nothing on standard output, never other figures.
 #
 # usage: check_library_host_oom.sh FAILING_MMAP_SO CUALLOC_DEMO ALLOCVIEW INTERPOSE_DRIVER_PROG
 #   (the last runs with libcualloc.so preloaded on the fake driver: the environment must set
@@ -43,7 +46,11 @@ run() {
     trace) conf="trace:$tmp/t.trace,trace_stack_depth:16" ;;
     ring) conf="trace:$tmp/t.trace,trace_max_mb:1,trace_ring:1,trace_stack_depth:4" ;;
     esac
-    if [ "$scenario" = preload ]; then
+    if [ "$scenario" = replay ]; then
+        LD_PRELOAD=$preload FAILING_MMAP_NTH=$k FAILING_MMAP_PERSIST=$persist FAILING_MMAP_REPORT=1 \
+            timeout 60 "$av" replay --conf default --conf expandable_segments:0 "$tmp/demo.trace" \
+            >"$tmp/stdout" 2>"$tmp/out"
+    elif [ "$scenario" = preload ]; then
         LD_PRELOAD="$CUALLOC_LIB $shim" FAILING_MMAP_NTH=$k FAILING_MMAP_PERSIST=$persist FAILING_MMAP_REPORT=1 \
             CUALLOC_CONF=driver:cuda,sim_host_backed:1,sim_memory_mb:256 \
             timeout 60 "$driver_prog" --host-oom >"$tmp/out" 2>&1
@@ -61,6 +68,19 @@ judge() {
     if [ "$rc" -ge 124 ]; then
         bad "$what: killed or hung (status $rc)"
         tail -5 "$tmp/out"
+        return
+    fi
+    if [ "$scenario" = replay ]; then
+        if [ "$rc" = 0 ]; then
+            cmp -s "$tmp/stdout" "$tmp/replay.ref" ||
+                { bad "$what: exit 0 with figures other than the full run's"; diff "$tmp/replay.ref" "$tmp/stdout" | head -6; }
+        elif [ "$rc" = 2 ]; then
+            grep -q "^allocview: out of host memory" "$tmp/out" && [ ! -s "$tmp/stdout" ] ||
+                { bad "$what: exit 2, but not 'out of host memory' with nothing on standard output"; tail -3 "$tmp/out"; }
+        else
+            bad "$what: exit status $rc"
+            tail -5 "$tmp/out"
+        fi
         return
     fi
     if [ "$scenario" = preload ]; then
@@ -103,10 +123,19 @@ judge() {
     fi
 }
 
-for scenario in demo classic trace ring preload; do
+# The trace the replay scenario replays (recorded without the shim).
+CUALLOC_CONF="trace:$tmp/demo.trace" "$demo" --quiet --steps 6 >/dev/null 2>&1 && [ -s "$tmp/demo.trace" ] ||
+    { bad "the demo recorded no trace"; exit 1; }
+for scenario in demo classic trace ring preload replay; do
     run "$scenario" 0 0
-    judge "$scenario" "$scenario, nothing refused" 0
-    grep -q "completed *yes\|all checks passed" "$tmp/out" || { bad "$scenario: the run without a failure did not complete"; cat "$tmp/out"; continue; }
+    if [ "$scenario" = replay ]; then
+        [ "$rc" = 0 ] || { bad "replay: the run without a failure exited $rc"; cat "$tmp/out"; continue; }
+        cp "$tmp/stdout" "$tmp/replay.ref"
+    else
+        judge "$scenario" "$scenario, nothing refused" 0
+        grep -q "completed *yes\|all checks passed" "$tmp/out" ||
+            { bad "$scenario: the run without a failure did not complete"; cat "$tmp/out"; continue; }
+    fi
     n=$(sed -n 's/^failing_mmap: \([0-9]*\) calls.*/\1/p' "$tmp/out")
     [ -n "$n" ] && [ "$n" -gt 0 ] || { bad "$scenario: no mapping counted (is the shim preloaded?)"; continue; }
     echo "$scenario: $n anonymous mappings"
