@@ -1223,11 +1223,13 @@ static cua_result chunks_map(heap_t *h, pool_t *p, uintptr_t addr, size_t len) {
 static block_t *vmm_release_block(heap_t *h, pool_t *p, block_t *b) {
     uintptr_t lo = align_up(b->addr, p->chunk), hi = align_down(b->addr + b->size, p->chunk);
     if (hi <= lo) return b;
-    /* Records for the pieces first, so a failure leaves b whole. */
+    /* Records for the pieces first, so a failure leaves b whole. An allocation that then fails
+     * for want of the memory b holds failed for want of host memory (alloc_fail says which). */
     block_t *spare[2] = {slab_alloc(&h->blocks), slab_alloc(&h->blocks)};
     if (!spare[0] || !spare[1]) {
         slab_free(&h->blocks, spare[0]);
         slab_free(&h->blocks, spare[1]);
+        h->host_refused = HOST_RECORDS;
         return b;
     }
     unsigned tag = b->tag;
@@ -2510,6 +2512,9 @@ static cua_result pool_init_vmm(heap_t *h, pool_t *p, size_t chunk, size_t va_si
     p->va_base = (uintptr_t)va;
     block_t *all = slab_alloc(&h->blocks);
     if (!all) {
+        /* heap_destroy gives a pool's reservation back with its segment, which this one lacks */
+        h->drv->va_free(h->dev, va, p->va_size);
+        p->va_base = 0;
         h->host_refused = HOST_RECORDS;
         return CUA_ERROR_HOST_MEMORY;
     }

@@ -4,6 +4,8 @@
  *   - the program under test sets `failing_mmap_armed` while every anonymous mapping must fail
  *     (tests interpose_driver_streams_lost_*: the tables cualloc keeps in anonymous mappings
  *     cannot grow at the moment the program chooses);
+ *   - the program sets `failing_mmap_refuse_in` to k: the k-th anonymous mapping from then on is
+ *     refused, once (tests/test_setup_refused.c, which refuses each of a heap's set-up mappings);
  *   - FAILING_MMAP_NTH=k refuses the k-th anonymous mmap or mremap of the process, and with
  *     FAILING_MMAP_PERSIST=1 every one after it too (tests/check_library_host_oom.sh, which fails
  *     each of cualloc's host allocations in turn). FAILING_MMAP_REPORT=1 writes, at exit, how many
@@ -27,6 +29,7 @@
 
 EXPORTED int failing_mmap_armed;
 EXPORTED unsigned long failing_mmap_refused; /* the mappings refused */
+EXPORTED unsigned long failing_mmap_refuse_in; /* counts down to the one refused (0: none) */
 
 static unsigned long fail_nth;      /* FAILING_MMAP_NTH; 0: not set */
 static int fail_persist;            /* FAILING_MMAP_PERSIST */
@@ -53,6 +56,9 @@ static int refuse(void) {
     unsigned long k = __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);
     int fail = __atomic_load_n(&failing_mmap_armed, __ATOMIC_ACQUIRE) ||
                (fail_nth && (k == fail_nth || (fail_persist && k > fail_nth)));
+    if (__atomic_load_n(&failing_mmap_refuse_in, __ATOMIC_ACQUIRE) &&
+        __atomic_sub_fetch(&failing_mmap_refuse_in, 1, __ATOMIC_ACQ_REL) == 0)
+        fail = 1;
     if (fail) {
         __atomic_add_fetch(&failing_mmap_refused, 1, __ATOMIC_RELAXED);
         errno = ENOMEM;
