@@ -151,7 +151,8 @@ static struct {
     uint32_t nthreads;
     vec_t modules;
     size_t nmodules;
-    bool modules_stale;    /* scan every module at the next stack-cache miss */
+    bool modules_stale;    /* scan every module at the next stack capture */
+    bool modules_short;    /* the last scan was refused host memory: scan again at the next miss */
     unsigned long long dl_adds; /* dl_iterate_phdr's load counter when last scanned */
     bool table_refused_said; /* table_refused_locked has spoken for this file */
     /* kept across files */
@@ -317,6 +318,7 @@ static bool tables_reset(void)
     T.nthreads = 0;
     T.nmodules = 0;
     __atomic_store_n(&T.modules_stale, true, __ATOMIC_RELAXED);
+    T.modules_short = false;
     T.table_refused_said = false;
     return ok;
 }
@@ -943,7 +945,7 @@ static void modules_refresh(void)
     unsigned long long adds = 0;
     dl_iterate_phdr(adds_cb, &adds);
     lock();
-    bool stale = T.open && (T.modules_stale || adds != T.dl_adds);
+    bool stale = T.open && (T.modules_stale || T.modules_short || adds != T.dl_adds);
     unlock();
     if (stale) {
         scan_count = 0;
@@ -951,7 +953,9 @@ static void modules_refresh(void)
         dl_iterate_phdr(scan_cb, NULL);
         lock();
         /* A scan cut short, or a module not kept in the list of those recorded, leaves the
-         * modules stale: the next stack-cache miss scans again and records what is missing. */
+         * modules short: the next stack-cache miss scans again and records what is missing (not
+         * every capture, as a stale list makes it, which would scan at each while memory stays
+         * short). */
         bool complete = !scan_short;
         if (scan_short && T.open)
             table_refused_locked("table of modules");
@@ -984,7 +988,8 @@ static void modules_refresh(void)
             known = T.modules.p;
             known[T.nmodules++] = (module_t){m->base, m->start, m->end, ph};
         }
-        __atomic_store_n(&T.modules_stale, !complete, __ATOMIC_RELAXED);
+        T.modules_short = !complete;
+        __atomic_store_n(&T.modules_stale, false, __ATOMIC_RELAXED);
         unlock();
     }
     pthread_mutex_unlock(&mod_lock);

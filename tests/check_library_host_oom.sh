@@ -17,7 +17,8 @@
 #   - with the recorder on, the trace file, when there is one, reads whole (allocview summary); a
 #     recorder refused memory says so on stderr (it could not start, or its records from then on
 #     may lack stacks or names); one that said nothing, in a run that completed, wrote a trace whose
-#     report is the full run's;
+#     report is the full run's; after one refused mapping, the trace has every module the full
+#     run's has;
 #   - allocview replay, whose heaps and sim device are the library's (replaying the demo's trace
 #     under two configurations): the full run's figures to the byte, or "allocview: out of host
 #     memory" with status 2 and nothing on standard output, never other figures.
@@ -61,6 +62,9 @@ run() {
     rc=$?
     runs=$((runs + 1))
 }
+
+# The modules a trace records (path and build id: their addresses differ from run to run).
+modules() { "$av" dump "$1" | sed -n 's/^#[0-9]* module .*build_id=\([^ ]*\) path=\(.*\)$/\2 \1/p' | sort -u; }
 
 # judge SCENARIO WHAT PERSIST: the rules above for the run just made.
 judge() {
@@ -110,6 +114,13 @@ judge() {
             { bad "$what: allocview cannot read the trace"; tail -3 "$tmp/summary"; }
     fi
     if [ "$scenario" = trace ] || [ "$scenario" = ring ]; then
+        # One refused mapping costs a record at most: every module is in the trace all the same
+        # (a module scan refused memory is made again), so frames still get their names.
+        if [ "$3" = 0 ] && [ "$rc" = 0 ] && [ -e "$tmp/t.trace" ] && [ -e "$tmp/$scenario.modules" ]; then
+            modules "$tmp/t.trace" >"$tmp/modules"
+            cmp -s "$tmp/modules" "$tmp/$scenario.modules" ||
+                { bad "$what: the trace lacks modules the full run's has"; diff "$tmp/$scenario.modules" "$tmp/modules" | head -4; }
+        fi
         if ! grep -q "^cualloc: trace .*host memory ran out" "$tmp/out"; then
             if [ ! -e "$tmp/t.trace" ]; then
                 bad "$what: no trace, and no word why"
@@ -139,8 +150,12 @@ for scenario in demo classic trace ring preload replay; do
     n=$(sed -n 's/^failing_mmap: \([0-9]*\) calls.*/\1/p' "$tmp/out")
     [ -n "$n" ] && [ "$n" -gt 0 ] || { bad "$scenario: no mapping counted (is the shim preloaded?)"; continue; }
     echo "$scenario: $n anonymous mappings"
-    rm -f "$tmp/$scenario.report"
-    [ -e "$tmp/t.trace" ] && "$av" report "$tmp/t.trace" 2>&1 | grep -v "pid " >"$tmp/$scenario.report"
+    rm -f "$tmp/$scenario.report" "$tmp/$scenario.modules"
+    if [ -e "$tmp/t.trace" ]; then
+        "$av" report "$tmp/t.trace" 2>&1 | grep -v "pid " >"$tmp/$scenario.report"
+        modules "$tmp/t.trace" >"$tmp/$scenario.modules"
+        [ -s "$tmp/$scenario.modules" ] || bad "$scenario: the full run's trace has no module"
+    fi
     for k in $(seq 1 "$n"); do
         for persist in 0 1; do
             run "$scenario" "$k" "$persist"
