@@ -529,14 +529,15 @@ def deepstack():
 @case
 def foldednames():
     """Frame names that collide with the folded format: ';' and a newline inside a name, and leaves
-    whose label ends in whitespace and a number ("(k 17", a tab before "14"), which flamegraph.pl
-    would read as a second count (a differential line)."""
+    whose label ends in whitespace and a number ("(k 17", a tab before "14", "(v 1.5", "(w 12."),
+    which flamegraph.pl would read as a second count (a differential line)."""
     c = "foldednames"
-    names = [("(k 17", "??", 0), ("h\t14", "??", 0), ("step;one\ntwo", "/a/model.py", 3), ("plain", "/a/model.py", 3)]
+    names = [("(k 17", "??", 0), ("h\t14", "??", 0), ("(v 1.5", "??", 0), ("(w 12.", "??", 0),
+             ("step;one\ntwo", "/a/model.py", 3), ("plain", "/a/model.py", 3)]
     tr = [ev("alloc", B + i * M, M, 10 + i, frames=[{"name": n, "filename": f, "line": ln}])
           for i, (n, f, ln) in enumerate(names)]
-    s = snap([seg(B, 8 * M, [blk(B + i * M, M) for i in range(len(names))] + [blk(B + 4 * M, 4 * M, "inactive", 0)])],
-             [tr])
+    s = snap([seg(B, 8 * M, [blk(B + i * M, M) for i in range(len(names))] +
+                  [blk(B + len(names) * M, (8 - len(names)) * M, "inactive", 0)])], [tr])
     rc, err, trace = import_(c, s)
     if not check(c, rc == 0, "import exited %d: %s" % (rc, err)):
         return
@@ -557,7 +558,7 @@ def foldednames():
               "the stack of %r ends in whitespace and a number: flamegraph.pl reads two counts" % line)
         check(c, ";" not in m.group(1), "a frame's ';' was left in %r" % line)
     check(c, total == len(names) * M, "folded sums to %d, want %d" % (total, len(names) * M))
-    check(c, any("17" in l for l in lines) and any("14" in l for l in lines),
+    check(c, all(any(n in l for l in lines) for n in ("17", "14", "1.5", "12.")),
           "the names' numbers were lost: %r" % lines)
 
 
