@@ -1939,15 +1939,13 @@ static block_t *alloc_search(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
 static void report_host_refused(heap_t *h, size_t size) {
     unsigned bit = 1u << h->host_refused;
     snprintf(h->oom_text, sizeof h->oom_text,
-             "not the device — host memory ran out for cualloc's own bookkeeping (%s). Free host memory or raise "
-             "this process's limits on it (ulimit -v and -d, the container's memory limit).",
+             "not the device — host memory ran out for cualloc's own bookkeeping (%s). " CUA_HOST_MEMORY_FIX ".",
              host_table_names[h->host_refused]);
     if (!(h->host_refused_said & bit)) {
         h->host_refused_said |= bit;
         char req[32];
         cua_error("device %d: cannot allocate %s: host memory ran out for cualloc's own bookkeeping (%s), not "
-                  "device memory. Free host memory or raise this process's limits on it (ulimit -v and -d, the "
-                  "container's memory limit); later failures of this kind are only counted in num_ooms",
+                  "device memory. " CUA_HOST_MEMORY_FIX "; later failures of this kind are only counted in num_ooms",
                   h->dev, fmt_bytes(size, req, sizeof req), host_table_names[h->host_refused]);
     }
     h->host_refused = HOST_NONE;
@@ -2537,9 +2535,8 @@ static _Atomic bool setup_host_said[CUALLOC_MAX_DEVICES];
 static void report_setup_host_refused(int dev, const char *what) {
     if (dev >= 0 && dev < CUALLOC_MAX_DEVICES && atomic_exchange(&setup_host_said[dev], true)) return;
     cua_error("device %d: cannot set up the heap: host memory ran out for cualloc's own bookkeeping (%s), not "
-              "device memory. Free host memory or raise this process's limits on it (ulimit -v and -d, the "
-              "container's memory limit). Until then the device's allocations fail (under LD_PRELOAD they go to "
-              "CUDA's own allocator); cualloc tries again at each",
+              "device memory. " CUA_HOST_MEMORY_FIX ". Until then the device's allocations fail (under LD_PRELOAD "
+              "they go to CUDA's own allocator); cualloc tries the set-up again at each of them",
               dev, what);
 }
 

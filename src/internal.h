@@ -48,6 +48,9 @@ void cua_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cua_verror(const char *fmt, va_list ap);
 typedef void (*cua_error_fn)(const char *line, void *arg);
 void error_set_callback(cua_error_fn fn, void *arg); /* NULL restores stderr */
+/* The fix every message about host memory running out names (heap.c, trace.c). */
+#define CUA_HOST_MEMORY_FIX \
+    "Free host memory or raise this process's limits on it (ulimit -v and -d, the container's memory limit)"
 /* Human size: "512 B", "1.50 KiB", "20.00 MiB", "3.25 GiB". Returns buf. */
 const char *fmt_bytes(size_t bytes, char *buf, size_t len);
 

@@ -333,8 +333,7 @@ static void table_refused_locked(const char *what)
         return;
     T.table_refused_said = true;
     cua_error("trace %s: host memory ran out for the recorder's %s; records from now on may lack their stacks, "
-              "streams or frame names. Free host memory or raise this process's limits on it (ulimit -v and -d, "
-              "the container's memory limit)",
+              "streams or frame names. " CUA_HOST_MEMORY_FIX,
               T.path, what);
 }
 
@@ -1839,8 +1838,7 @@ int trace_start(const char *tmpl, const conf_t *conf)
     T.ring_start = T.ring_count = 0;
     bool ok = tables_reset() && (!T.ring || vec_fresh(&T.ring_list, max_blocks * sizeof(uint64_t)));
     if (!ok)
-        cua_error("trace %s: host memory ran out for the recorder's tables; tracing is off. Free host memory or "
-                  "raise this process's limits on it (ulimit -v and -d, the container's memory limit)",
+        cua_error("trace %s: host memory ran out for the recorder's tables; tracing is off. " CUA_HOST_MEMORY_FIX,
                   chosen);
     T.open = true;
     uint64_t t0 = T.counter_clock ? 0 : now_ns();

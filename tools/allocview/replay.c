@@ -406,9 +406,6 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* One replay of every request on fresh heaps of `memory` bytes per device. per_dev_caps: give a
- * device recorded with a smaller capacity max_memory = that capacity. False when the heaps could
- * not be set up (a message printed). */
 /* Host memory refused to the sim's bookkeeping or to a heap's own tables fails its request as the
  * device running out would: the run's figures (OOMs, peaks) would then be wrong, so allocview
  * stops as for any host shortage of its own (xalloc.h). `sim_refused`: sim_host_refusals() before
@@ -423,6 +420,9 @@ static void stop_if_host_refused(heap_t *const *heaps, int ndev, uint64_t sim_re
         xalloc_out_of_memory(0);
 }
 
+/* One replay of every request on fresh heaps of `memory` bytes per device. per_dev_caps: give a
+ * device recorded with a smaller capacity max_memory = that capacity. False when the heaps could
+ * not be set up (a message printed). */
 static bool run_once(const trace_reqs_t *t, const conf_t *base, uint64_t memory, bool per_dev_caps,
                      run_result_t *res)
 {
