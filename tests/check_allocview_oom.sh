@@ -1,6 +1,7 @@
 #!/bin/bash
 # check_allocview_oom.sh — allocview when host memory runs out. allocview_failalloc is allocview
-# with each allocation of its own countable and failable (tests/failalloc.h); for each command
+# with each allocation of its own, and of the cualloc library it links (replay's heaps and sim
+# device), countable and failable (tests/failalloc.h); for each command
 # below, a run with no failure counts its allocations and gives the reference output, then the
 # allocation N fails, for N = 1 up to FAILALLOC_FIRST and then FAILALLOC_SPREAD more spread over the
 # rest. Each such run must end either with exit status 2 and "out of host memory" on stderr,

@@ -6,12 +6,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The replacements tests/failalloc.h names (declared here too: this file is built without it). */
-void *failalloc_malloc(size_t n);
-void *failalloc_calloc(size_t n, size_t size);
-void *failalloc_realloc(void *p, size_t n);
+/* The replacements tests/failalloc.h names (declared here too: this file is built without it), and
+ * the link-time wrappers of malloc, calloc and realloc (-Wl,--wrap=malloc & co.: every reference to
+ * malloc in the program reaches __wrap_malloc, and __real_malloc is the C library's). */
 char *failalloc_strdup(const char *s);
 char *failalloc_strndup(const char *s, size_t n);
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t size);
+void *__real_realloc(void *p, size_t n);
+void *__wrap_malloc(size_t n);
+void *__wrap_calloc(size_t n, size_t size);
+void *__wrap_realloc(void *p, size_t n);
 
 static atomic_ulong count;
 static unsigned long fail_at;
@@ -46,8 +51,8 @@ static bool fail_now(void)
     return false;
 }
 
-void *failalloc_malloc(size_t n) { return fail_now() ? NULL : malloc(n); }
-void *failalloc_calloc(size_t n, size_t size) { return fail_now() ? NULL : calloc(n, size); }
-void *failalloc_realloc(void *p, size_t n) { return fail_now() ? NULL : realloc(p, n); }
+void *__wrap_malloc(size_t n) { return fail_now() ? NULL : __real_malloc(n); }
+void *__wrap_calloc(size_t n, size_t size) { return fail_now() ? NULL : __real_calloc(n, size); }
+void *__wrap_realloc(void *p, size_t n) { return fail_now() ? NULL : __real_realloc(p, n); }
 char *failalloc_strdup(const char *s) { return fail_now() ? NULL : strdup(s); }
 char *failalloc_strndup(const char *s, size_t n) { return fail_now() ? NULL : strndup(s, n); }
