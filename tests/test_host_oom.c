@@ -28,16 +28,6 @@
 static void *ptrs[MAX_BLOCKS];
 static test_captured_t messages;
 
-/* The address space in use now, from /proc/self/statm (pages). */
-static size_t address_space_bytes(void) {
-    FILE *f = fopen("/proc/self/statm", "r");
-    EXPECT(f, "cannot read /proc/self/statm");
-    unsigned long pages = 0;
-    EXPECT(fscanf(f, "%lu", &pages) == 1, "cannot parse /proc/self/statm");
-    fclose(f);
-    return (size_t)pages * (size_t)sysconf(_SC_PAGESIZE);
-}
-
 /* Sets the soft limit on `resource`; RLIM_INFINITY lifts it to the hard limit. */
 static void set_soft_limit(int resource, rlim_t bytes) {
     struct rlimit r;
@@ -64,7 +54,7 @@ static void run(const char *text, int streams) {
 
     messages.len = 0;
     messages.text[0] = '\0';
-    set_soft_limit(RLIMIT_AS, (rlim_t)(address_space_bytes() + (1u << 20)));
+    set_soft_limit(RLIMIT_AS, (rlim_t)(test_address_space_bytes() + (1u << 20)));
     size_t n = 0, failed = 0;
     for (; n < MAX_BLOCKS && failed < 50; n++) {
         if (heap_alloc(h, 512 + (n % 7) * 512, stream_for(n, streams), &ptrs[n]) != CUA_SUCCESS) {
@@ -109,7 +99,7 @@ static void run_new_stream(const char *text) {
     cua_stream s = sim_stream_create(0, false);
     messages.len = 0;
     messages.text[0] = '\0';
-    set_soft_limit(RLIMIT_AS, (rlim_t)address_space_bytes());
+    set_soft_limit(RLIMIT_AS, (rlim_t)test_address_space_bytes());
     p = NULL;
     cua_result r = heap_alloc(h, 4096, s, &p);
     set_soft_limit(RLIMIT_AS, RLIM_INFINITY);

@@ -7,20 +7,9 @@
  * leak a device's worth of address space per try), no physical handle, and the process's address
  * space as it was (the tables it mapped unmapped). */
 #include <dlfcn.h>
-#include <unistd.h>
 
 #include "internal.h"
 #include "testutil.h"
-
-/* The process's mapped size, from /proc/self/statm (pages). */
-static size_t mapped_pages(void) {
-    FILE *f = fopen("/proc/self/statm", "r");
-    EXPECT(f, "cannot read /proc/self/statm");
-    unsigned long pages = 0;
-    EXPECT(fscanf(f, "%lu", &pages) == 1, "cannot parse /proc/self/statm");
-    fclose(f);
-    return pages;
-}
 
 static test_captured_t messages;
 
@@ -35,7 +24,7 @@ static unsigned sweep(const char *text, unsigned long *refuse_in) {
     for (unsigned long k = 1; k < 200; k++) {
         messages.len = 0;
         messages.text[0] = '\0';
-        size_t pages0 = mapped_pages();
+        size_t space0 = test_address_space_bytes();
         uint64_t reserved0 = sim_calls(SIM_OP_VA_RESERVE), freed0 = sim_calls(SIM_OP_VA_FREE);
         cua_result err = CUA_SUCCESS;
         __atomic_store_n(refuse_in, k, __ATOMIC_RELEASE);
@@ -60,8 +49,9 @@ static unsigned sweep(const char *text, unsigned long *refuse_in) {
                (unsigned long long)reserved, (unsigned long long)freed);
         EXPECT(sim_live_handles(0) == 0 && sim_live_mappings(0) == 0, "%s, mapping %lu refused: device memory left",
                text, k);
-        EXPECT(mapped_pages() == pages0, "%s, mapping %lu refused: %zu pages mapped before the set-up, %zu after",
-               text, k, pages0, mapped_pages());
+        EXPECT(test_address_space_bytes() == space0,
+               "%s, mapping %lu refused: %zu bytes of address space before the set-up, %zu after", text, k, space0,
+               test_address_space_bytes());
     }
     EXPECT(0, "%s: the set-up never succeeded", text);
     return 0;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define EXPECT(cond, ...)                                                           \
     do {                                                                            \
@@ -37,6 +38,16 @@ static inline uint64_t test_seed(const char *name) {
     printf("%s: seed %" PRIu64 " (repeat with CUALLOC_SEED=%" PRIu64 ")\n", name, seed, seed);
     fflush(stdout);
     return seed;
+}
+
+/* The process's address space in use now, from /proc/self/statm (its first field, in pages). */
+static inline size_t test_address_space_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    EXPECT(f, "cannot read /proc/self/statm");
+    unsigned long pages = 0;
+    EXPECT(fscanf(f, "%lu", &pages) == 1, "cannot parse /proc/self/statm");
+    fclose(f);
+    return (size_t)pages * (size_t)sysconf(_SC_PAGESIZE);
 }
 
 /* A request size drawn like a training job's tensors: log-uniform from 1 B to max_bytes, with a
