@@ -12,8 +12,10 @@
 #     (not a device error's name for it, which would send the user to the device), and the program's
 #     own line for the failed allocation;
 #   - under the driver front door, every allocation is usable memory or an out-of-memory error,
-#     every free succeeds, and a failed allocation comes with a word from cualloc; after one refused
-#     mapping alone, cualloc serves again (a heap that could not be set up is set up later);
+#     every free succeeds, and a failed allocation comes with a word from cualloc, which says that
+#     host memory ran out when the one refused mapping was its own (not the fake driver's device
+#     memory); after one refused mapping alone, cualloc serves again (a heap that could not be set
+#     up is set up later);
 #   - with the recorder on, the trace file, when there is one, reads whole (allocview summary); a
 #     recorder refused memory says so on stderr (it could not start, or its records from then on
 #     may lack stacks or names); one that said nothing, in a run that completed, wrote a trace whose
@@ -94,6 +96,13 @@ judge() {
         # shortage, which cualloc reports as such, or CUDA's own when the heap could not be set up)
         grep -q "^host-oom: .*, 0 failed" "$tmp/out" || grep -q "^cualloc: " "$tmp/out" ||
             bad "$what: allocations failed and cualloc said nothing"
+        # One of cualloc's own mappings refused: what failed for it says host memory.
+        if [ "$3" = 0 ] && grep -q "^failing_mmap: .* the first by .*libcualloc" "$tmp/out"; then
+            if grep -q "^cualloc: .*cannot set up the heap" "$tmp/out" || ! grep -q "^host-oom: .*, 0 failed" "$tmp/out"; then
+                grep -q "^cualloc: .*host memory ran out" "$tmp/out" ||
+                    { bad "$what: cualloc's own mapping refused, and it did not say that host memory ran out"; grep "^cualloc" "$tmp/out" | head -3; }
+            fi
+        fi
         # A passing shortage passes: a heap that could not be set up is set up at a later allocation.
         if [ "$3" = 0 ] && grep -q "^host-oom: .*cualloc served 0$" "$tmp/out"; then
             bad "$what: one refused mapping, and cualloc served nothing after it"
