@@ -337,6 +337,16 @@ static void table_refused_locked(const char *what)
               T.path, what);
 }
 
+/* vec_reserve for a table the recorder grows while it records (under the lock), whose refusal is
+ * said (table_refused_locked). */
+static bool table_reserve_locked(vec_t *v, size_t bytes, const char *what)
+{
+    if (vec_reserve(v, bytes))
+        return true;
+    table_refused_locked(what);
+    return false;
+}
+
 /* ---------------------------------------------------------------------------------- clock */
 
 static uint64_t now_ns(void)
@@ -816,10 +826,8 @@ static uint32_t stream_id_locked(cua_stream s)
         /* Grow: rehash into a table twice the size. */
         size_t ncap = T.sslot_cap * 2;
         vec_t nv = {0};
-        if (!vec_reserve(&nv, ncap * sizeof(sslot_t))) {
-            table_refused_locked("table of streams");
+        if (!table_reserve_locked(&nv, ncap * sizeof(sslot_t), "table of streams"))
             return 0;
-        }
         memset(nv.p, 0, ncap * sizeof(sslot_t));
         sslot_t *nt = nv.p;
         for (size_t j = 0; j < T.sslot_cap; j++) {
@@ -978,8 +986,7 @@ static __attribute__((noinline, cold)) void modules_refresh(void)
             memcpy(p, m->build_id, m->id_len);
             p += m->id_len;
             /* The list's room first: a module recorded but not listed would be recorded again. */
-            if (!vec_reserve(&T.modules, (T.nmodules + 1) * sizeof(module_t))) {
-                table_refused_locked("table of modules");
+            if (!table_reserve_locked(&T.modules, (T.nmodules + 1) * sizeof(module_t), "table of modules")) {
                 complete = false;
                 break;
             }
@@ -1156,17 +1163,18 @@ static void py_release(pyframe_t *f, unsigned n, int gil)
         py.gil_release(gil);
 }
 
-/* Copies s (cut at 511 bytes) into the arena; returns its offset there. Offset 0 holds "". */
+/* Copies s (cut at 511 bytes) into the arena; returns its offset there, 0 when the arena cannot
+ * grow (offset 0 holds "", never a copy). Under the lock. */
 static uint64_t arena_copy(const char *s)
 {
     size_t n = strnlen(s, 511);
     if (T.arena_used == 0) {
-        if (!vec_reserve(&T.arena, 1))
+        if (!table_reserve_locked(&T.arena, 1, "Python frame names"))
             return 0;
         ((char *)T.arena.p)[0] = '\0';
         T.arena_used = 1;
     }
-    if (!vec_reserve(&T.arena, T.arena_used + n + 1))
+    if (!table_reserve_locked(&T.arena, T.arena_used + n + 1, "Python frame names"))
         return 0;
     char *dst = (char *)T.arena.p + T.arena_used;
     memcpy(dst, s, n);
@@ -1191,10 +1199,8 @@ static uint32_t pyframe_id_locked(const pyframe_t *f)
     if ((T.npy + 1) * 2 > T.pyent_cap) {
         size_t ncap = T.pyent_cap * 2;
         vec_t nv = {0};
-        if (!vec_reserve(&nv, ncap * sizeof(pyent_t))) {
-            table_refused_locked("table of Python frames");
+        if (!table_reserve_locked(&nv, ncap * sizeof(pyent_t), "table of Python frames"))
             return 0;
-        }
         memset(nv.p, 0, ncap * sizeof(pyent_t));
         pyent_t *nt = nv.p;
         for (size_t j = 0; j < T.pyent_cap; j++) {
@@ -1211,13 +1217,10 @@ static uint32_t pyframe_id_locked(const pyframe_t *f)
         return pyframe_id_locked(f);
     }
     /* Strings kept as arena offsets: the arena grows by mremap and may move. Copied before the
-     * record is written: a frame whose strings the table cannot keep is not defined (offset 0, the
-     * arena's "", is never a copy). */
+     * record is written: a frame whose strings the arena cannot keep is not defined. */
     uint64_t fo = arena_copy(name), fi = fo ? arena_copy(file) : 0;
-    if (!fo || !fi) {
-        table_refused_locked("Python frame names");
+    if (!fi)
         return 0;
-    }
     uint32_t id = (uint32_t)T.npy + 1;
     uint8_t *p = T.scratch;
     p += put_varint(p, id);
@@ -1246,10 +1249,8 @@ static uint32_t node_id_locked(uint32_t parent, uint64_t key, uint64_t pyhash)
     if (((size_t)T.nnodes + 1) * 2 > T.nslot_cap) {
         size_t ncap = T.nslot_cap * 2;
         vec_t nv = {0};
-        if (!vec_reserve(&nv, ncap * sizeof(nslot_t))) {
-            table_refused_locked("table of stacks");
+        if (!table_reserve_locked(&nv, ncap * sizeof(nslot_t), "table of stacks"))
             return 0;
-        }
         memset(nv.p, 0, ncap * sizeof(nslot_t));
         nslot_t *nt = nv.p;
         for (size_t j = 0; j < T.nslot_cap; j++) {
@@ -1265,10 +1266,8 @@ static uint32_t node_id_locked(uint32_t parent, uint64_t key, uint64_t pyhash)
         T.nslot_cap = ncap;
         return node_id_locked(parent, key, pyhash);
     }
-    if (!vec_reserve(&T.nodes, ((size_t)T.nnodes + 2) * sizeof(node_t))) {
-        table_refused_locked("table of stacks");
+    if (!table_reserve_locked(&T.nodes, ((size_t)T.nnodes + 2) * sizeof(node_t), "table of stacks"))
         return 0;
-    }
     uint32_t id = T.nnodes + 1;
     uint8_t pay[40], *p = pay;
     p += put_varint(p, id);
