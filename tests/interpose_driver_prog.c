@@ -556,15 +556,22 @@ typedef CUresult (*memset_fn)(CUdeviceptr, unsigned char, size_t);
 typedef CUresult (*dtoh_fn)(void *, CUdeviceptr, size_t);
 static memset_fn rs_memset;
 static dtoh_fn rs_dtoh;
-static const char *use_memory(alloc_fn alloc, free_fn release, size_t n, unsigned char v, CUdeviceptr *keep) {
-    CUdeviceptr d = 0;
-    if (alloc(&d, n) != 0 || !d) return "allocation failed";
+/* Fills [d, d + n) with v and reads its last 4 KiB back: NULL, or why it is not usable memory. */
+static const char *write_and_read_back(CUdeviceptr d, size_t n, unsigned char v) {
     if (rs_memset(d, v, n) != 0) return "the memory is not accessible (cuMemsetD8 failed)";
     unsigned char probe[4096];
     size_t m = n < sizeof probe ? n : sizeof probe;
     if (rs_dtoh(probe, d + n - m, m) != 0) return "the memory is not accessible (cuMemcpyDtoH failed)";
     for (size_t i = 0; i < m; i++)
         if (probe[i] != v) return "the memory does not hold what was written";
+    return NULL;
+}
+
+static const char *use_memory(alloc_fn alloc, free_fn release, size_t n, unsigned char v, CUdeviceptr *keep) {
+    CUdeviceptr d = 0;
+    if (alloc(&d, n) != 0 || !d) return "allocation failed";
+    const char *why = write_and_read_back(d, n, v);
+    if (why) return why;
     if (keep) *keep = d;
     else if (release(d) != 0) return "the free failed";
     return NULL;
@@ -695,11 +702,8 @@ static int host_oom_main(gpa_fn gpa) {
             CHECK_MSG(rc == 0 && held[i], "step %d: allocation %d (%zu bytes) answered %d", step, i, n, rc);
             if (rc != 0) continue;
             served++;
-            unsigned char v = (unsigned char)(step * PER_STEP + i + 1), probe[64];
-            size_t m = n < sizeof probe ? n : sizeof probe;
-            CHECK_MSG(rs_memset(held[i], v, n) == 0 && rs_dtoh(probe, held[i] + n - m, m) == 0 && probe[m - 1] == v &&
-                          probe[0] == v,
-                      "step %d: allocation %d (%zu bytes) is not usable memory", step, i, n);
+            const char *why = write_and_read_back(held[i], n, (unsigned char)(step * PER_STEP + i + 1));
+            CHECK_MSG(!why, "step %d: allocation %d (%zu bytes): %s", step, i, n, why);
         }
         for (int i = PER_STEP; i-- > 0;) {
             if (!held[i]) continue;
