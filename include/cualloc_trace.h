@@ -1,4 +1,4 @@
-/* cualloc_trace.h — the trace file format, version 1.0. This header is the specification: the
+/* cualloc_trace.h — the trace file format, version 1.2. This header is the specification: the
  * recorder (src/trace.c) writes what it says, the reader (tools/allocview/reader.c) reads what it
  * says, and any other C reader may include it. It declares constants only; no code.
  *
@@ -165,6 +165,14 @@
  *               varint dev, varint nfields, nfields x varint — the process's own statistics in
  *               the order of enum cua_trace_stat (a reader ignores fields past those it knows).
  *               The last record of a complete trace; absent when the process died.
+ *   LOST        varint table (CUA_TRACE_LOST_*), from format 1.2: the recorder was refused host
+ *               memory for one of its tables, so records from here on may lack what that table
+ *               holds: an ALLOC or OOM its stack (0), an event its stream (0), a stack its Python
+ *               frames or their names, a native frame its module (no name). Written once per
+ *               table and file, before the record that went without (dev and thread are the
+ *               state's: they mean nothing). Without it, a missing stack or name is the program's
+ *               (a thread in a signal handler, a frame in no module); a reader that does not know
+ *               the record skips it, and reads the same records.
  */
 #ifndef CUALLOC_TRACE_H
 #define CUALLOC_TRACE_H
@@ -174,7 +182,7 @@
 #define CUA_TRACE_MAGIC "CUATRACE"
 #define CUA_TRACE_MAGIC_LEN 8
 #define CUA_TRACE_MAJOR 1
-#define CUA_TRACE_MINOR 1
+#define CUA_TRACE_MINOR 2
 #define CUA_TRACE_HEADER_SIZE 4096u          /* what the recorder writes */
 #define CUA_TRACE_BLOCK_SIZE 65536u          /* what the recorder writes */
 #define CUA_TRACE_BLOCK_HEADER 32u
@@ -222,6 +230,7 @@ enum cua_trace_record {
     CUA_TRACE_INIT_BLOCK = 40,
     CUA_TRACE_INIT_MAP = 41,
     CUA_TRACE_END = 42,
+    CUA_TRACE_LOST = 43,
 };
 #define CUA_TRACE_FIRST_EVENT 32
 
@@ -255,6 +264,15 @@ enum cua_trace_vmm_failure {
     CUA_TRACE_VMM_CHUNKS = 2,
     CUA_TRACE_VMM_REFUSED = 3,
     CUA_TRACE_VMM_WAITING = 4,
+};
+
+/* LOST table: what the recorder could not keep. A reader names a value it does not know "table N". */
+enum cua_trace_lost_table {
+    CUA_TRACE_LOST_STACKS = 1,   /* stack nodes: allocations and OOMs go without a stack */
+    CUA_TRACE_LOST_STREAMS = 2,  /* stream definitions: events go without a stream */
+    CUA_TRACE_LOST_PYFRAMES = 3, /* Python frame definitions: stacks go without their Python part */
+    CUA_TRACE_LOST_PYNAMES = 4,  /* Python function and file names */
+    CUA_TRACE_LOST_MODULES = 5,  /* loaded modules: native frames cannot be named */
 };
 
 enum cua_trace_frame_kind { CUA_TRACE_FRAME_NATIVE = 0, CUA_TRACE_FRAME_PYTHON = 1 };

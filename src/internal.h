@@ -850,6 +850,9 @@ uint64_t trace_test_records(void);
 /* Tests: writes a record of any type (one a reader may not know) into the current META or EVENT
  * block, leaving the delta state alone. */
 bool trace_test_raw(bool event_block, uint8_t type, const void *payload, size_t len);
+/* Tests: what the recorder does when host memory is refused for one of its tables
+ * (CUA_TRACE_LOST_*) while it records: the LOST record, once per table, and the message. */
+void trace_test_table_refused(unsigned table);
 
 /* ======================================================================== api.c */
 

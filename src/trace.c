@@ -155,6 +155,7 @@ static struct {
     bool modules_short;    /* the last scan was refused host memory: scan again at the next miss */
     unsigned long long dl_adds; /* dl_iterate_phdr's load counter when last scanned */
     bool table_refused_said; /* table_refused_locked has spoken for this file */
+    unsigned lost_recorded;   /* bit 1 << CUA_TRACE_LOST_*: that table's LOST record is in this file */
     /* kept across files */
     devinfo_t dev[CUA_TRACE_MAX_DEVICES];
     bool dev_started[CUA_TRACE_MAX_DEVICES];
@@ -320,31 +321,8 @@ static bool tables_reset(void)
     __atomic_store_n(&T.modules_stale, true, __ATOMIC_RELAXED);
     T.modules_short = false;
     T.table_refused_said = false;
+    T.lost_recorded = 0;
     return ok;
-}
-
-/* Host memory was refused for one of the recorder's tables while it records (under the lock): the
- * record that needed it goes without (an allocation without its stack or stream, a Python frame or
- * module not defined). The trace stays readable, but lacks that; the user is told once per file,
- * so that a report's unnamed frames or "(stack not recorded)" are not taken for the program's. */
-static void table_refused_locked(const char *what)
-{
-    if (T.table_refused_said)
-        return;
-    T.table_refused_said = true;
-    cua_error("trace %s: host memory ran out for the recorder's %s; records from now on may lack their stacks, "
-              "streams or frame names. " CUA_HOST_MEMORY_FIX,
-              T.path, what);
-}
-
-/* vec_reserve for a table the recorder grows while it records (under the lock), whose refusal is
- * said (table_refused_locked). */
-static bool table_reserve_locked(vec_t *v, size_t bytes, const char *what)
-{
-    if (vec_reserve(v, bytes))
-        return true;
-    table_refused_locked(what);
-    return false;
 }
 
 /* ---------------------------------------------------------------------------------- clock */
@@ -781,7 +759,8 @@ static bool ev_put(const ev_t *e)
             size_t plen = ev_encode(&T.ev, e, now, out);
             if (T.ev.pos + record_size(&T.ev, plen) + reserve <= T.block_size) {
                 record_put(&T.ev, e->type, out, plen);
-                ev_apply(&T.ev, e, now);
+                if (e->type != CUA_TRACE_LOST) /* as the format says: a 1.1 reader skips it */
+                    ev_apply(&T.ev, e, now);
                 return true;
             }
         }
@@ -790,6 +769,41 @@ static bool ev_put(const ev_t *e)
         if (!block_next(&T.ev, now))
             return false;
     }
+    return false;
+}
+
+/* Host memory was refused for one of the recorder's tables while it records (under the lock): the
+ * record that needed it goes without (an allocation without its stack or stream, a Python frame or
+ * module not defined). The trace stays readable, but lacks that, and says so twice: a LOST record
+ * per table and file, before the first record that goes without (so that allocview tells a
+ * report's unnamed frames or "(stack not recorded)" from the program's, when the message below is
+ * long gone), and the message, once per file. */
+static void table_refused_locked(const char *what, enum cua_trace_lost_table table)
+{
+    unsigned bit = table < 32 ? 1u << table : 1u;
+    if (T.open && !(T.lost_recorded & bit)) {
+        T.lost_recorded |= bit;
+        uint8_t tail[CUA_TRACE_VARINT_MAX];
+        ev_t e = {.type = CUA_TRACE_LOST, .tail = tail, .tail_len = put_varint(tail, (uint64_t)table)};
+        e.dev = T.ev.dev; /* meaningless here: keep the state's, so no byte is spent */
+        e.thread = T.ev.thread;
+        ev_put(&e);
+    }
+    if (T.table_refused_said)
+        return;
+    T.table_refused_said = true;
+    cua_error("trace %s: host memory ran out for the recorder's %s; records from now on may lack their stacks, "
+              "streams or frame names. " CUA_HOST_MEMORY_FIX,
+              T.path, what);
+}
+
+/* vec_reserve for a table the recorder grows while it records (under the lock), whose refusal is
+ * said (table_refused_locked). */
+static bool table_reserve_locked(vec_t *v, size_t bytes, const char *what, enum cua_trace_lost_table table)
+{
+    if (vec_reserve(v, bytes))
+        return true;
+    table_refused_locked(what, table);
     return false;
 }
 
@@ -826,7 +840,7 @@ static uint32_t stream_id_locked(cua_stream s)
         /* Grow: rehash into a table twice the size. */
         size_t ncap = T.sslot_cap * 2;
         vec_t nv = {0};
-        if (!table_reserve_locked(&nv, ncap * sizeof(sslot_t), "table of streams"))
+        if (!table_reserve_locked(&nv, ncap * sizeof(sslot_t), "table of streams", CUA_TRACE_LOST_STREAMS))
             return 0;
         memset(nv.p, 0, ncap * sizeof(sslot_t));
         sslot_t *nt = nv.p;
@@ -966,7 +980,7 @@ static __attribute__((noinline, cold)) void modules_refresh(void)
          * short). */
         bool complete = !scan_short;
         if (scan_short && T.open)
-            table_refused_locked("table of modules");
+            table_refused_locked("table of modules", CUA_TRACE_LOST_MODULES);
         T.dl_adds = adds;
         for (size_t i = 0; i < scan_count && T.open; i++) {
             const modscan_t *m = (const modscan_t *)scan_vec.p + i;
@@ -986,7 +1000,8 @@ static __attribute__((noinline, cold)) void modules_refresh(void)
             memcpy(p, m->build_id, m->id_len);
             p += m->id_len;
             /* The list's room first: a module recorded but not listed would be recorded again. */
-            if (!table_reserve_locked(&T.modules, (T.nmodules + 1) * sizeof(module_t), "table of modules")) {
+            if (!table_reserve_locked(&T.modules, (T.nmodules + 1) * sizeof(module_t), "table of modules",
+                                      CUA_TRACE_LOST_MODULES)) {
                 complete = false;
                 break;
             }
@@ -1169,12 +1184,12 @@ static uint64_t arena_copy(const char *s)
 {
     size_t n = strnlen(s, 511);
     if (T.arena_used == 0) {
-        if (!table_reserve_locked(&T.arena, 1, "Python frame names"))
+        if (!table_reserve_locked(&T.arena, 1, "Python frame names", CUA_TRACE_LOST_PYNAMES))
             return 0;
         ((char *)T.arena.p)[0] = '\0';
         T.arena_used = 1;
     }
-    if (!table_reserve_locked(&T.arena, T.arena_used + n + 1, "Python frame names"))
+    if (!table_reserve_locked(&T.arena, T.arena_used + n + 1, "Python frame names", CUA_TRACE_LOST_PYNAMES))
         return 0;
     char *dst = (char *)T.arena.p + T.arena_used;
     memcpy(dst, s, n);
@@ -1199,7 +1214,7 @@ static uint32_t pyframe_id_locked(const pyframe_t *f)
     if ((T.npy + 1) * 2 > T.pyent_cap) {
         size_t ncap = T.pyent_cap * 2;
         vec_t nv = {0};
-        if (!table_reserve_locked(&nv, ncap * sizeof(pyent_t), "table of Python frames"))
+        if (!table_reserve_locked(&nv, ncap * sizeof(pyent_t), "table of Python frames", CUA_TRACE_LOST_PYFRAMES))
             return 0;
         memset(nv.p, 0, ncap * sizeof(pyent_t));
         pyent_t *nt = nv.p;
@@ -1249,7 +1264,7 @@ static uint32_t node_id_locked(uint32_t parent, uint64_t key, uint64_t pyhash)
     if (((size_t)T.nnodes + 1) * 2 > T.nslot_cap) {
         size_t ncap = T.nslot_cap * 2;
         vec_t nv = {0};
-        if (!table_reserve_locked(&nv, ncap * sizeof(nslot_t), "table of stacks"))
+        if (!table_reserve_locked(&nv, ncap * sizeof(nslot_t), "table of stacks", CUA_TRACE_LOST_STACKS))
             return 0;
         memset(nv.p, 0, ncap * sizeof(nslot_t));
         nslot_t *nt = nv.p;
@@ -1266,7 +1281,8 @@ static uint32_t node_id_locked(uint32_t parent, uint64_t key, uint64_t pyhash)
         T.nslot_cap = ncap;
         return node_id_locked(parent, key, pyhash);
     }
-    if (!table_reserve_locked(&T.nodes, ((size_t)T.nnodes + 2) * sizeof(node_t), "table of stacks"))
+    if (!table_reserve_locked(&T.nodes, ((size_t)T.nnodes + 2) * sizeof(node_t), "table of stacks",
+                              CUA_TRACE_LOST_STACKS))
         return 0;
     uint32_t id = T.nnodes + 1;
     uint8_t pay[40], *p = pay;
@@ -2000,6 +2016,14 @@ uint64_t trace_test_records(void)
     uint64_t s = T.seq;
     unlock();
     return s;
+}
+
+void trace_test_table_refused(unsigned table)
+{
+    lock();
+    if (T.open)
+        table_refused_locked("table under test", (enum cua_trace_lost_table)table);
+    unlock();
 }
 
 bool trace_test_raw(bool event_block, uint8_t type, const void *payload, size_t len)

@@ -939,6 +939,88 @@ static void limit_body(void)
     trace_free(&t);
 }
 
+static uint8_t *slurp(const char *path, size_t *len);
+
+/* A table refused host memory while recording: a LOST record per table, once each, before the
+ * next record, and one message per file. The record takes no part in the delta state, so a reader
+ * that does not know it (format 1.1) reads every other record the same: checked by reading the file
+ * again with the LOST records' type changed to one no reader knows. */
+static void lost_body(void)
+{
+    char path[300];
+    path_of(path, sizeof path, "lost.trace");
+    conf_t c = base_conf();
+    msgs_clear();
+    EXPECT(api_trace_start(path, &c) == 0, "start: %s", msgs);
+    void *p0 = site_alpha(4000);
+    trace_test_table_refused(CUA_TRACE_LOST_STACKS);
+    void *p1 = site_alpha(1000);
+    trace_test_table_refused(CUA_TRACE_LOST_STACKS); /* said and recorded already */
+    trace_test_table_refused(CUA_TRACE_LOST_MODULES);
+    cualloc_free(p0, NULL);
+    trace_test_table_refused(9); /* a table a later format may add */
+    cualloc_free(p1, NULL);
+    EXPECT(strstr(msgs, "host memory ran out for the recorder's table under test"), "message: %s", msgs);
+    const char *second = strstr(msgs, "host memory ran out");
+    EXPECT(second && !strstr(second + 1, "host memory ran out"), "one message per file: %s", msgs);
+    cualloc_trace_stop();
+
+    trace_t t;
+    trace_read(path, &t);
+    EXPECT(t.status == 0 && t.acct.end_seen, "read: %s", t.error);
+    EXPECT(count_type(&t, CUA_TRACE_LOST) == 3, "3 LOST records, got %zu", count_type(&t, CUA_TRACE_LOST));
+    const rec_t *l0 = nth_of(&t, CUA_TRACE_LOST, 0), *l1 = nth_of(&t, CUA_TRACE_LOST, 1),
+                *l2 = nth_of(&t, CUA_TRACE_LOST, 2);
+    EXPECT(l0 && l0->r.known && l0->r.u.lost_table == CUA_TRACE_LOST_STACKS, "LOST stacks");
+    EXPECT(l1 && l1->r.u.lost_table == CUA_TRACE_LOST_MODULES, "LOST modules");
+    EXPECT(l2 && l2->r.u.lost_table == 9 && !tr_lost_table_name(9), "LOST of an unknown table");
+    const rec_t *a0 = nth_of(&t, CUA_TRACE_ALLOC, 0), *a1 = nth_of(&t, CUA_TRACE_ALLOC, 1);
+    EXPECT(a0 && a1 && a0->r.seq < l0->r.seq && l0->r.seq < a1->r.seq, "the record comes where the refusal was");
+    EXPECT(a0->r.time_ns < l0->r.time_ns && l0->r.time_ns < a1->r.time_ns,
+           "times in order (the counter clock: distinct)");
+    EXPECT(t.acct.lost_tables == ((1ull << CUA_TRACE_LOST_STACKS) | (1ull << CUA_TRACE_LOST_MODULES) | (1ull << 9)),
+           "acct tables 0x%llx", (unsigned long long)t.acct.lost_tables);
+    EXPECT(t.acct.lost_time == l0->r.time_ns, "acct time");
+    char text[160];
+    tr_lost_tables_text(t.acct.lost_tables, text, sizeof text);
+    EXPECT(strcmp(text, "stacks, modules, table 9") == 0, "text '%s'", text);
+
+    /* As a reader of format 1.1 sees it. */
+    size_t len;
+    uint8_t *buf = slurp(path, &len);
+    EXPECT(buf, "read the file");
+    for (size_t i = 0; i < t.n; i++) {
+        if (t.recs[i].r.type != CUA_TRACE_LOST)
+            continue;
+        size_t at = (size_t)t.recs[i].r.offset;
+        while (at < len && (buf[at] & 0x80)) /* the length's varint */
+            at++;
+        EXPECT(at + 1 < len && buf[at + 1] == CUA_TRACE_LOST, "the type byte of LOST at %zu", at + 1);
+        buf[at + 1] = 120;
+    }
+    char old_path[320];
+    path_of(old_path, sizeof old_path, "lost-as-unknown.trace");
+    FILE *f = fopen(old_path, "wb");
+    EXPECT(f && fwrite(buf, 1, len, f) == len && fclose(f) == 0, "write the copy");
+    free(buf);
+    trace_t u;
+    trace_read(old_path, &u);
+    EXPECT(u.status == 0 && u.n == t.n && count_type(&u, CUA_TRACE_LOST) == 0 && u.acct.lost_tables == 0,
+           "the copy: %s", u.error);
+    for (size_t i = 0; i < t.n && i < u.n; i++) {
+        if (t.recs[i].r.type == CUA_TRACE_LOST) {
+            EXPECT(!u.recs[i].r.known && u.recs[i].r.type == 120, "record %zu unknown in the copy", i);
+            continue;
+        }
+        EXPECT(u.recs[i].r.type == t.recs[i].r.type && u.recs[i].r.time_ns == t.recs[i].r.time_ns &&
+                   u.recs[i].r.addr == t.recs[i].r.addr && u.recs[i].r.size == t.recs[i].r.size &&
+                   u.recs[i].r.stream == t.recs[i].r.stream && u.recs[i].r.dev == t.recs[i].r.dev,
+               "record %zu reads the same without LOST", i);
+    }
+    trace_free(&u);
+    trace_free(&t);
+}
+
 static void ring_body(void)
 {
     char path[300];
@@ -1704,6 +1786,7 @@ int main(int argc, char **argv)
     in_child("starts, stops and size-limit stops while threads allocate",
              "driver:sim,sim_devices:2,sim_memory_mb:256,trace_stack_depth:16,trace_max_mb:1", toggle_body);
     in_child("trace_max_mb stops", sim, limit_body);
+    in_child("a table refused host memory while recording: LOST records", sim, lost_body);
     in_child("trace_max_mb with trace_ring keeps the newest", sim, ring_body);
     in_child("fork: the child writes its own file (%p)", sim, fork_pid_body);
     in_child("fork: the child stops (no %p)", sim, fork_nopid_body);

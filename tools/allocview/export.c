@@ -309,6 +309,28 @@ static bool infer_mapped(exporter_t *ex, xdev_t *d, uint64_t addr, uint64_t end)
 /* One pass over the trace for device `dv`. SIM_INFER builds the starting state (and counts the
  * entries); SIM_WRITE checks the trace against it and writes the device's events, skipping the
  * first `skip` entries. Returns false with ex->error set when the trace contradicts itself. */
+
+/* The records that become PyTorch's trace entries and segments: the block and mapping events and
+ * OOMs. The rest (definitions, marks, trims, the end, LOST, a type this reader does not know) are
+ * not, and carry no address range to check. */
+static bool exported(const tr_record_t *rec)
+{
+    if (!rec->known)
+        return false;
+    switch (rec->type) {
+    case CUA_TRACE_INIT_BLOCK:
+    case CUA_TRACE_ALLOC:
+    case CUA_TRACE_FREE:
+    case CUA_TRACE_FREE_DONE:
+    case CUA_TRACE_INIT_MAP:
+    case CUA_TRACE_MAP:
+    case CUA_TRACE_UNMAP:
+    case CUA_TRACE_OOM:
+        return true;
+    default:
+        return false;
+    }
+}
 static bool simulate(exporter_t *ex, uint32_t dv, enum sim_mode mode, uint64_t skip)
 {
     xdev_t *d = &ex->dev[dv];
@@ -331,8 +353,7 @@ static bool simulate(exporter_t *ex, uint32_t dv, enum sim_mode mode, uint64_t s
     } while (0)
     bool ok = true;
     while (ok && (k = tr_next(r, &rec)) > 0) {
-        if (!rec.known || rec.type < CUA_TRACE_FIRST_EVENT || rec.type == CUA_TRACE_MARK ||
-            rec.type == CUA_TRACE_END || rec.type == CUA_TRACE_TRIM || rec.dev != dv)
+        if (!exported(&rec) || rec.dev != dv)
             continue;
         uint64_t end = rec.addr + rec.size;
         xblock_t *b;

@@ -429,6 +429,9 @@ static int decode_event(tr_reader_t *r, cursor_t *c, tr_record_t *rec, span_t *s
     case CUA_TRACE_MARK:
         rec->u.text = sp_string(s);
         break;
+    case CUA_TRACE_LOST:
+        rec->u.lost_table = sp_varint(s);
+        break;
     case CUA_TRACE_END: {
         rec->u.end.reason = sp_varint(s);
         rec->u.end.dropped = sp_varint(s);
@@ -471,7 +474,10 @@ static int decode_event(tr_reader_t *r, cursor_t *c, tr_record_t *rec, span_t *s
     rec->addr = addr;
     rec->size = size;
     rec->requested = requested;
-    /* The delta state, as the format defines it. */
+    /* The delta state, as the format defines it. A LOST record takes no part in it: a reader of
+     * format 1.1 skips the record, and must read the same times after it. */
+    if (t == CUA_TRACE_LOST)
+        return 0;
     c->time = time;
     c->dev = dev;
     c->thread = thread;
@@ -550,7 +556,7 @@ static int decode_meta(tr_reader_t *r, tr_record_t *rec, span_t *s)
 
 static bool type_known(uint8_t t)
 {
-    return (t >= CUA_TRACE_PROCESS && t <= CUA_TRACE_STACK) || (t >= CUA_TRACE_ALLOC && t <= CUA_TRACE_END);
+    return (t >= CUA_TRACE_PROCESS && t <= CUA_TRACE_STACK) || (t >= CUA_TRACE_ALLOC && t <= CUA_TRACE_LOST);
 }
 
 /* Decodes c's next record into c->rec: 1 done, 0 no more, -1 corrupt. */
@@ -945,12 +951,44 @@ static const char *const type_names[] = {
     [CUA_TRACE_FREE] = "free",       [CUA_TRACE_FREE_DONE] = "free_done", [CUA_TRACE_MAP] = "map",
     [CUA_TRACE_UNMAP] = "unmap",     [CUA_TRACE_TRIM] = "trim",       [CUA_TRACE_OOM] = "oom",
     [CUA_TRACE_MARK] = "mark",       [CUA_TRACE_INIT_BLOCK] = "init_block", [CUA_TRACE_INIT_MAP] = "init_map",
-    [CUA_TRACE_END] = "end",
+    [CUA_TRACE_END] = "end",         [CUA_TRACE_LOST] = "lost",
 };
 
 const char *tr_type_name(uint8_t type)
 {
     return type < sizeof type_names / sizeof type_names[0] ? type_names[type] : NULL;
+}
+
+const char *tr_lost_table_name(uint64_t table)
+{
+    switch (table) {
+    case CUA_TRACE_LOST_STACKS: return "stacks";
+    case CUA_TRACE_LOST_STREAMS: return "streams";
+    case CUA_TRACE_LOST_PYFRAMES: return "python_frames";
+    case CUA_TRACE_LOST_PYNAMES: return "python_names";
+    case CUA_TRACE_LOST_MODULES: return "modules";
+    default: return NULL;
+    }
+}
+
+size_t tr_lost_tables_text(uint64_t tables, char *buf, size_t len)
+{
+    size_t n = 0;
+    if (len)
+        buf[0] = '\0';
+    for (unsigned t = 0; t < 64; t++) {
+        if (!(tables & (1ull << t)))
+            continue;
+        const char *name = t ? tr_lost_table_name(t) : NULL;
+        char other[24];
+        if (!name) {
+            snprintf(other, sizeof other, "table %u", t);
+            name = t ? other : "a table past 63";
+        }
+        int k = snprintf(buf + n, n < len ? len - n : 0, "%s%s", n ? ", " : "", name);
+        n += k > 0 ? (size_t)k : 0;
+    }
+    return n;
 }
 
 const char *tr_end_reason_name(uint64_t reason)
@@ -1163,6 +1201,12 @@ size_t tr_format(const tr_reader_t *r, const tr_record_t *rec, unsigned flags, c
         put(&o, " ");
         put_str(&o, rec->u.text);
         break;
+    case CUA_TRACE_LOST:
+        if (tr_lost_table_name(rec->u.lost_table))
+            put(&o, " table=%s", tr_lost_table_name(rec->u.lost_table));
+        else
+            put(&o, " table=%" PRIu64, rec->u.lost_table);
+        break;
     case CUA_TRACE_END:
         put(&o, " reason=%s dropped=%" PRIu64 " devices=%u", tr_end_reason_name(rec->u.end.reason), rec->u.end.dropped,
             rec->u.end.ndev);
@@ -1311,6 +1355,11 @@ void tr_acct_add(tr_acct_t *a, const tr_record_t *rec)
         break;
     case CUA_TRACE_MARK:
         a->num_marks++;
+        break;
+    case CUA_TRACE_LOST:
+        if (!a->lost_tables)
+            a->lost_time = rec->time_ns;
+        a->lost_tables |= rec->u.lost_table < 64 ? 1ull << rec->u.lost_table : 1ull;
         break;
     case CUA_TRACE_END:
         a->end_seen = true;

@@ -67,6 +67,7 @@ typedef struct tr_record {
             uint64_t vmm_failure; /* CUA_TRACE_VMM_*: 0 where the record has none (before format 1.1) */
         } oom;
         struct { uint64_t reason, dropped; uint32_t ndev; const tr_end_dev_t *devs; } end;
+        uint64_t lost_table; /* LOST: CUA_TRACE_LOST_* */
     } u;
 } tr_record_t;
 
@@ -127,6 +128,12 @@ bool tr_thread_info(const tr_reader_t *r, uint32_t id, uint64_t *tid, const char
 size_t tr_format(const tr_reader_t *r, const tr_record_t *rec, unsigned flags, char *buf, size_t len);
 const char *tr_type_name(uint8_t type);   /* "alloc", ...; NULL when unknown */
 const char *tr_end_reason_name(uint64_t reason);
+/* "stacks", "streams", "python_frames", "python_names", "modules"; NULL for a table this reader
+ * does not know. */
+const char *tr_lost_table_name(uint64_t table);
+/* tr_acct's lost_tables as text, "stacks, modules" (a table this reader does not know: "table N");
+ * snprintf's return. */
+size_t tr_lost_tables_text(uint64_t tables, char *buf, size_t len);
 
 /* ------------------------------------------------------------------------------ accounting */
 
@@ -155,6 +162,8 @@ typedef struct tr_acct {
     bool any_event;
     bool end_seen;
     uint64_t end_reason, end_dropped;
+    uint64_t lost_tables;       /* LOST records: bit 1 << CUA_TRACE_LOST_* (bit 0: a table past 63) */
+    uint64_t lost_time;         /* the first LOST record's time */
     tr_acct_dev_t dev[CUA_TRACE_MAX_DEVICES];
     tr_end_dev_t end_devs[CUA_TRACE_MAX_DEVICES];
     uint32_t end_ndev;
