@@ -38,6 +38,7 @@ trap 'rm -rf "$tmp"' EXIT
 fail=0
 bad() { echo "FAIL: $*"; fail=1; }
 runs=0
+lost_runs=0
 
 # run SCENARIO K PERSIST: one run, refusing mapping K (0: none); stdout+stderr in $tmp/out, status in rc.
 run() {
@@ -130,6 +131,17 @@ judge() {
             cmp -s "$tmp/modules" "$tmp/$scenario.modules" ||
                 { bad "$what: the trace lacks modules the full run's has"; diff "$tmp/$scenario.modules" "$tmp/modules" | head -4; }
         fi
+        # A table refused while recording is in the trace too (LOST), so that a report read long
+        # after the message tells the frames and stacks the recorder lost from the program's.
+        if grep -q "^cualloc: trace .*records from now on may lack" "$tmp/out" && [ -e "$tmp/t.trace" ]; then
+            lost_runs=$((lost_runs + 1))
+            "$av" dump "$tmp/t.trace" 2>/dev/null | grep -q "^#[0-9]* lost .*table=" ||
+                bad "$what: the recorder said a table was refused, and its trace has no LOST record"
+            "$av" report --no-color "$tmp/t.trace" 2>&1 | grep -q "^  warning   the recorder ran out of host memory" ||
+                bad "$what: the recorder said a table was refused, and the report does not warn"
+            "$av" export --pytorch "$tmp/t.pickle" "$tmp/t.trace" >/dev/null 2>"$tmp/export.err" ||
+                { bad "$what: a trace with LOST records does not export"; head -2 "$tmp/export.err"; }
+        fi
         if ! grep -q "^cualloc: trace .*host memory ran out" "$tmp/out"; then
             if [ ! -e "$tmp/t.trace" ]; then
                 bad "$what: no trace, and no word why"
@@ -172,6 +184,7 @@ for scenario in demo classic trace ring preload replay; do
         done
     done
 done
-echo "$runs runs"
+echo "$runs runs ($lost_runs with a table refused while recording)"
+[ "$lost_runs" -gt 0 ] || bad "no run refused a table while recording: the LOST checks checked nothing"
 [ "$fail" = 0 ] && echo "check_library_host_oom: all runs ended cleanly"
 exit "$fail"

@@ -1109,12 +1109,34 @@ static void ring_text(FILE *out, const av_t *a)
     fprintf(out, "\n");
 }
 
-/* What the figures after it are of: which device, which window of a ring. The default report's
- * header ends with it; the other commands start with it. */
+/* The recorder was refused host memory for some of its tables (LOST records): the call sites and
+ * names it could not keep read as "(stack not recorded)" or unnamed frames, which are then not the
+ * program's. */
+static uint64_t lost_since(const av_t *a)
+{
+    return a->acct.lost_time > a->acct.first_time ? a->acct.lost_time - a->acct.first_time : 0;
+}
+
+static void lost_text(FILE *out, const av_t *a)
+{
+    if (!a->acct.lost_tables)
+        return;
+    char tables[160];
+    tr_lost_tables_text(a->acct.lost_tables, tables, sizeof tables);
+    fprintf(out,
+            "  %swarning%s   the recorder ran out of host memory for its tables (%s) at %.3f s: records "
+            "after that may lack call sites, streams or frame names that the program had\n",
+            C_R(), C_0(), tables, (double)lost_since(a) / 1e9);
+}
+
+/* What the figures after it are of: which device, which window of a ring, and whether the
+ * recorder lost call sites. The default report's header ends with it; the other commands start
+ * with it. */
 static void scope_text(FILE *out, const av_t *a)
 {
     devices_text(out, a);
     ring_text(out, a);
+    lost_text(out, a);
 }
 
 static void header_text(FILE *out, const av_t *a, const ropts_t *o)
@@ -1304,6 +1326,21 @@ static void process_json(FILE *out, const av_t *a, const ropts_t *o)
             a->rank, ended_key(a), a->acct.any_event ? a->acct.last_time - a->acct.first_time : 0, a->nooms);
     /* true: a ring trace that lost its oldest events; every figure is of the window that survived */
     fprintf(out, ", \"overwritten\": %s", tr_info(a->r)->overwritten ? "true" : "false");
+    /* the recorder's tables refused host memory (LOST records): null, or which and when */
+    if (a->acct.lost_tables) {
+        fprintf(out, ", \"recorder_lost\": {\"tables\": [");
+        for (unsigned t = 0, n = 0; t < 64; t++) {
+            if (!(a->acct.lost_tables & (1ull << t)))
+                continue;
+            char name[32];
+            tr_lost_tables_text(1ull << t, name, sizeof name);
+            fprintf(out, "%s", n++ ? ", " : "");
+            txt_json_string(out, name);
+        }
+        fprintf(out, "], \"time_ns\": %" PRIu64 "}", lost_since(a));
+    } else {
+        fprintf(out, ", \"recorder_lost\": null");
+    }
     fprintf(out, ", \"device\": ");
     dv_json(out, &a->scope);
     fprintf(out, ", \"error\": ");
