@@ -978,11 +978,11 @@ static void lost_body(void)
     EXPECT(a0 && a1 && a0->r.seq < l0->r.seq && l0->r.seq < a1->r.seq, "the record comes where the refusal was");
     EXPECT(a0->r.time_ns < l0->r.time_ns && l0->r.time_ns < a1->r.time_ns,
            "times in order (the counter clock: distinct)");
-    EXPECT(t.acct.lost_tables == ((1ull << CUA_TRACE_LOST_STACKS) | (1ull << CUA_TRACE_LOST_MODULES) | (1ull << 9)),
-           "acct tables 0x%llx", (unsigned long long)t.acct.lost_tables);
-    EXPECT(t.acct.lost_time == l0->r.time_ns, "acct time");
+    EXPECT(t.acct.lost.tables == ((1ull << CUA_TRACE_LOST_STACKS) | (1ull << CUA_TRACE_LOST_MODULES) | (1ull << 9)),
+           "acct tables 0x%llx", (unsigned long long)t.acct.lost.tables);
+    EXPECT(t.acct.lost.time == l0->r.time_ns, "acct time");
     char text[160];
-    tr_lost_tables_text(t.acct.lost_tables, text, sizeof text);
+    tr_lost_tables_text(t.acct.lost.tables, text, sizeof text);
     EXPECT(strcmp(text, "stacks, modules, table 9") == 0, "text '%s'", text);
 
     /* As a reader of format 1.1 sees it. */
@@ -1005,7 +1005,7 @@ static void lost_body(void)
     free(buf);
     trace_t u;
     trace_read(old_path, &u);
-    EXPECT(u.status == 0 && u.n == t.n && count_type(&u, CUA_TRACE_LOST) == 0 && u.acct.lost_tables == 0,
+    EXPECT(u.status == 0 && u.n == t.n && count_type(&u, CUA_TRACE_LOST) == 0 && u.acct.lost.tables == 0,
            "the copy: %s", u.error);
     for (size_t i = 0; i < t.n && i < u.n; i++) {
         if (t.recs[i].r.type == CUA_TRACE_LOST) {

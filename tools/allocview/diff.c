@@ -208,6 +208,9 @@ int av_cmd_diff(int argc, char **argv)
         dv_json(stdout, &s[1].scope);
         printf("}, \"overwritten\": {\"a\": %s, \"b\": %s}", tr_info(s[0].r)->overwritten ? "true" : "false",
                tr_info(s[1].r)->overwritten ? "true" : "false");
+        /* the recorder's LOST records, per trace: its call sites may lack frames */
+        printf(", \"recorder_lost\": {\"a\": %s, \"b\": %s}", s[0].p.lost.tables ? "true" : "false",
+               s[1].p.lost.tables ? "true" : "false");
         printf(", \"peak_live_bytes\": {\"a\": %" PRIu64 ", \"b\": %" PRIu64 ", \"diff\": %" PRId64 "}",
                s[0].p.live_peak, s[1].p.live_peak, (int64_t)(s[1].p.live_peak - s[0].p.live_peak));
         printf(", \"peak_reserved_bytes\": {\"a\": %" PRIu64 ", \"b\": %" PRIu64 ", \"diff\": %" PRId64 "}",
@@ -233,6 +236,9 @@ int av_cmd_diff(int argc, char **argv)
             if (tr_info(s[i].r)->overwritten)
                 printf("   warning   " TR_RING_OVERWRITTEN ": its peak and call sites are of "
                        "the newest events, and blocks allocated or memory mapped before them are not counted\n");
+            char lost[400];
+            if (tr_lost_text(&s[i].p.lost, NULL, lost, sizeof lost))
+                printf("   warning   %s\n", lost);
         }
         signed_human((int64_t)(s[1].p.live_peak - s[0].p.live_peak), h3, sizeof h3);
         printf("peak allocated  %s -> %s  (%s)\n", txt_human(s[0].p.live_peak, h1, sizeof h1),

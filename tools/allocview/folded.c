@@ -13,6 +13,24 @@
 
 /* --------------------------------------------------------------------------------- helpers */
 
+void vw_lost_json(FILE *out, const tr_lost_t *l, uint64_t t0)
+{
+    if (!l->tables) {
+        fprintf(out, ", \"recorder_lost\": null");
+        return;
+    }
+    fprintf(out, ", \"recorder_lost\": {\"tables\": [");
+    for (unsigned t = 0, n = 0; t < 64; t++) {
+        if (!(l->tables & (1ull << t)))
+            continue;
+        char name[32];
+        tr_lost_tables_text(1ull << t, name, sizeof name);
+        fprintf(out, "%s", n++ ? ", " : "");
+        txt_json_string(out, name);
+    }
+    fprintf(out, "], \"time_ns\": %" PRIu64 "}", l->time > t0 ? l->time - t0 : 0);
+}
+
 tr_reader_t *vw_open(const char *path)
 {
     char err[512];
@@ -65,6 +83,7 @@ int64_t vw_replay_add(vw_replay_t *s, const tr_record_t *rec)
 {
     if (!rec->known)
         return -1;
+    tr_lost_add(&s->lost, rec);
     switch (rec->type) {
     case CUA_TRACE_ALLOC:
     case CUA_TRACE_INIT_BLOCK: {
@@ -265,6 +284,7 @@ int vw_peak_sites(const char *path, dv_scope_t *scope, tr_reader_t **rp, vw_peak
     p->reserved_peak = s.reserved_peak;
     p->peak_time = s.live_peak_time;
     p->truncated = !end;
+    p->lost = s.lost;
     uint64_t peak_seq = s.live_peak_seq;
     vw_replay_free(&s);
     /* Second pass: up to the record that reached the peak. */
@@ -329,6 +349,9 @@ int vw_write_folded(FILE *out, const char *path, dv_scope_t *scope)
         fprintf(stderr, "allocview folded: %s: warning: " TR_RING_OVERWRITTEN ": the stacks "
                         "are those live at the peak of the newest events; blocks allocated before them are not counted\n",
                 path);
+    char lost[400];
+    if (tr_lost_text(&p.lost, NULL, lost, sizeof lost))
+        fprintf(stderr, "allocview folded: %s: warning: %s\n", path, lost);
     fline_t *lines = xcalloc(p.nstacks ? p.nstacks : 1, sizeof *lines);
     size_t n = 0;
     static char buf[65536];

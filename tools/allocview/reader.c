@@ -991,6 +991,32 @@ size_t tr_lost_tables_text(uint64_t tables, char *buf, size_t len)
     return n;
 }
 
+void tr_lost_add(tr_lost_t *l, const tr_record_t *rec)
+{
+    if (!rec->known || rec->type != CUA_TRACE_LOST)
+        return;
+    if (!l->tables)
+        l->time = rec->time_ns;
+    l->tables |= rec->u.lost_table < 64 ? 1ull << rec->u.lost_table : 1ull;
+}
+
+size_t tr_lost_text(const tr_lost_t *l, const uint64_t *t0, char *buf, size_t len)
+{
+    if (len)
+        buf[0] = '\0';
+    if (!l->tables)
+        return 0;
+    char tables[160], at[48] = "";
+    tr_lost_tables_text(l->tables, tables, sizeof tables);
+    if (t0)
+        snprintf(at, sizeof at, " at %.3f s", (double)(l->time > *t0 ? l->time - *t0 : 0) / 1e9);
+    int n = snprintf(buf, len,
+                     "the recorder ran out of host memory for its tables (%s)%s: records after that may lack "
+                     "call sites, streams or frame names that the program had",
+                     tables, at);
+    return n > 0 ? (size_t)n : 0;
+}
+
 const char *tr_end_reason_name(uint64_t reason)
 {
     switch (reason) {
@@ -1357,9 +1383,7 @@ void tr_acct_add(tr_acct_t *a, const tr_record_t *rec)
         a->num_marks++;
         break;
     case CUA_TRACE_LOST:
-        if (!a->lost_tables)
-            a->lost_time = rec->time_ns;
-        a->lost_tables |= rec->u.lost_table < 64 ? 1ull << rec->u.lost_table : 1ull;
+        tr_lost_add(&a->lost, rec);
         break;
     case CUA_TRACE_END:
         a->end_seen = true;

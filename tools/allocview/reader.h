@@ -131,9 +131,21 @@ const char *tr_end_reason_name(uint64_t reason);
 /* "stacks", "streams", "python_frames", "python_names", "modules"; NULL for a table this reader
  * does not know. */
 const char *tr_lost_table_name(uint64_t table);
-/* tr_acct's lost_tables as text, "stacks, modules" (a table this reader does not know: "table N");
- * snprintf's return. */
+/* A set of tables (bit 1 << CUA_TRACE_LOST_*; bit 0: a table past 63) as text, "stacks, modules"
+ * (a table this reader does not know: "table N"); snprintf's return. */
 size_t tr_lost_tables_text(uint64_t tables, char *buf, size_t len);
+
+/* What a trace's LOST records say: which of the recorder's tables were refused host memory, and
+ * when first. Every view that names call sites warns with tr_lost_text. */
+typedef struct tr_lost {
+    uint64_t tables; /* bit 1 << CUA_TRACE_LOST_* (bit 0: a table past 63); 0: none */
+    uint64_t time;   /* the first LOST record's time */
+} tr_lost_t;
+void tr_lost_add(tr_lost_t *l, const tr_record_t *rec); /* any record; only LOST counts */
+/* The warning, "the recorder ran out of host memory for its tables (stacks) at 1.234 s: records
+ * after that may lack call sites, streams or frame names that the program had" (the time counted
+ * from t0, left out when t0 is NULL); "" and 0 when l holds none. */
+size_t tr_lost_text(const tr_lost_t *l, const uint64_t *t0, char *buf, size_t len);
 
 /* ------------------------------------------------------------------------------ accounting */
 
@@ -162,8 +174,7 @@ typedef struct tr_acct {
     bool any_event;
     bool end_seen;
     uint64_t end_reason, end_dropped;
-    uint64_t lost_tables;       /* LOST records: bit 1 << CUA_TRACE_LOST_* (bit 0: a table past 63) */
-    uint64_t lost_time;         /* the first LOST record's time */
+    tr_lost_t lost;             /* LOST records */
     tr_acct_dev_t dev[CUA_TRACE_MAX_DEVICES];
     tr_end_dev_t end_devs[CUA_TRACE_MAX_DEVICES];
     uint32_t end_ndev;

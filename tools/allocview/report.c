@@ -17,6 +17,7 @@
 #include "internal.h" /* oom_classify: the heap's own OOM rule */
 #include "symbolize.h"
 #include "text.h"
+#include "views.h"
 #include "xalloc.h"
 
 enum { EXIT_USAGE = 1, EXIT_UNREADABLE = 2, EXIT_CORRUPT = 3 };
@@ -1112,21 +1113,11 @@ static void ring_text(FILE *out, const av_t *a)
 /* The recorder was refused host memory for some of its tables (LOST records): the call sites and
  * names it could not keep read as "(stack not recorded)" or unnamed frames, which are then not the
  * program's. */
-static uint64_t lost_since(const av_t *a)
-{
-    return a->acct.lost_time > a->acct.first_time ? a->acct.lost_time - a->acct.first_time : 0;
-}
-
 static void lost_text(FILE *out, const av_t *a)
 {
-    if (!a->acct.lost_tables)
-        return;
-    char tables[160];
-    tr_lost_tables_text(a->acct.lost_tables, tables, sizeof tables);
-    fprintf(out,
-            "  %swarning%s   the recorder ran out of host memory for its tables (%s) at %.3f s: records "
-            "after that may lack call sites, streams or frame names that the program had\n",
-            C_R(), C_0(), tables, (double)lost_since(a) / 1e9);
+    char text[400];
+    if (tr_lost_text(&a->acct.lost, &a->acct.first_time, text, sizeof text))
+        fprintf(out, "  %swarning%s   %s\n", C_R(), C_0(), text);
 }
 
 /* What the figures after it are of: which device, which window of a ring, and whether the
@@ -1327,20 +1318,7 @@ static void process_json(FILE *out, const av_t *a, const ropts_t *o)
     /* true: a ring trace that lost its oldest events; every figure is of the window that survived */
     fprintf(out, ", \"overwritten\": %s", tr_info(a->r)->overwritten ? "true" : "false");
     /* the recorder's tables refused host memory (LOST records): null, or which and when */
-    if (a->acct.lost_tables) {
-        fprintf(out, ", \"recorder_lost\": {\"tables\": [");
-        for (unsigned t = 0, n = 0; t < 64; t++) {
-            if (!(a->acct.lost_tables & (1ull << t)))
-                continue;
-            char name[32];
-            tr_lost_tables_text(1ull << t, name, sizeof name);
-            fprintf(out, "%s", n++ ? ", " : "");
-            txt_json_string(out, name);
-        }
-        fprintf(out, "], \"time_ns\": %" PRIu64 "}", lost_since(a));
-    } else {
-        fprintf(out, ", \"recorder_lost\": null");
-    }
+    vw_lost_json(out, &a->acct.lost, a->acct.first_time);
     fprintf(out, ", \"device\": ");
     dv_json(out, &a->scope);
     fprintf(out, ", \"error\": ");

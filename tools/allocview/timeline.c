@@ -54,6 +54,7 @@ typedef struct tl {
     /* pass 1 */
     bool any_event, truncated;
     bool overwritten;          /* a ring that lost its oldest events: the figures are of the window */
+    tr_lost_t lost;            /* the recorder's LOST records: the sites may lack frames */
     uint64_t t0, t1;
     uint64_t live_peak, live_peak_time, reserved_peak, reserved_peak_time;
     uint64_t *site_max;
@@ -151,6 +152,7 @@ static int pass1(tl_t *t, tr_reader_t **rp, bool *again)
     if (t->site_max)
         memset(t->site_max, 0, t->site_max_cap * sizeof *t->site_max);
     t->nmarks = t->marks_total = t->nooms = t->ooms_total = 0;
+    t->lost = (tr_lost_t){0};
     vw_replay_t s;
     vw_replay_init(&s);
     tl_sites_t g = {0};
@@ -164,6 +166,7 @@ static int pass1(tl_t *t, tr_reader_t **rp, bool *again)
             t->t0 = rec.time_ns;
         t->any_event = true;
         t->t1 = rec.time_ns;
+        tr_lost_add(&t->lost, &rec);
         if (dv_skips(&t->scope, &rec))
             continue;
         int64_t st = vw_replay_add(&s, &rec);
@@ -411,6 +414,9 @@ static void text_report(const tl_t *t, FILE *out)
     if (t->overwritten)
         fprintf(out, "%-10s" TR_RING_OVERWRITTEN ": the timeline covers only the newest "
                      "events, and blocks allocated or memory mapped before them are not counted\n", "warning");
+    char lost[400];
+    if (tr_lost_text(&t->lost, &t->t0, lost, sizeof lost))
+        fprintf(out, "%-10s%s\n", "warning", lost);
     uint64_t scale = t->live_peak > t->reserved_peak ? t->live_peak : t->reserved_peak;
     sparkline(t, out, "live", true, scale, "\033[32m");
     sparkline(t, out, "reserved", false, scale, "\033[34m");
@@ -491,6 +497,7 @@ static void json_report(const tl_t *t, FILE *out)
     fprintf(out, ", \"first_event_ns\": %" PRIu64 ", \"duration_ns\": %" PRIu64 ", \"width\": %u, \"truncated\": %s",
             t->t0, t->t1 - t->t0, t->width, t->truncated ? "true" : "false");
     fprintf(out, ", \"overwritten\": %s", t->overwritten ? "true" : "false");
+    vw_lost_json(out, &t->lost, t->t0);
     fprintf(out, ", \"device\": ");
     dv_json(out, &t->scope);
     fprintf(out, ", \"peak_live_bytes\": %" PRIu64 ", \"peak_live_time_ns\": %" PRIu64

@@ -55,6 +55,7 @@ typedef struct vw_replay {
     uint64_t dev_live[CUA_TRACE_MAX_DEVICES], dev_peak[CUA_TRACE_MAX_DEVICES];
     bool have_oom;                    /* an OOM record was fed; oom_dev: the first one's device */
     uint32_t oom_dev;
+    tr_lost_t lost;                   /* the LOST records fed */
 } vw_replay_t;
 
 void vw_replay_init(vw_replay_t *s);
@@ -103,6 +104,7 @@ typedef struct vw_peak {
     uint64_t *bytes;     /* per stack id, at the peak */
     size_t nstacks;      /* entries of bytes */
     bool truncated;      /* no END record */
+    tr_lost_t lost;      /* the recorder's LOST records: the call sites may lack frames */
 } vw_peak_t;
 int vw_peak_sites(const char *path, dv_scope_t *scope, tr_reader_t **rp, vw_peak_t *p);
 void vw_peak_free(vw_peak_t *p);
@@ -111,6 +113,10 @@ void vw_peak_free(vw_peak_t *p);
  * first, one per site with live bytes, largest first. For `folded` and `sites --folded`. Of the
  * device *scope asks for or dv_pick picks; which one is said on stderr (the format has no room). */
 int vw_write_folded(FILE *out, const char *path, dv_scope_t *scope);
+
+/* `"recorder_lost": null` or `{"tables": ["stacks", ...], "time_ns": N}` (N counted from t0), after
+ * a comma: the JSON of tr_lost_text's warning, in every view that names call sites. */
+void vw_lost_json(FILE *out, const tr_lost_t *l, uint64_t t0);
 
 /* Opens a trace, printing "allocview: PATH: why" when it cannot. */
 tr_reader_t *vw_open(const char *path);
