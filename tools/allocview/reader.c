@@ -1,7 +1,7 @@
 /* reader.c — reads cualloc trace files (include/cualloc_trace.h): the header, the blocks of each
  * kind in order, the records merged by sequence number, the definition tables; plus the record
  * formatter of `allocview dump` and the running totals (tr_acct) the reports share. It does not
- * print reports (main.c does) and never trusts its input: see reader.h.
+ * print reports (the commands do) and never trusts its input: see reader.h.
  */
 #include "reader.h"
 

@@ -17,6 +17,9 @@
  *    same frames (they differ only in frames folded away) are one line of folded; timeline and
  *    diff make the stacks whose labels are the same one site, as the report makes them one row.
  *  - vw_peak_sites: each stack's live bytes at the moment of the allocated peak (two passes).
+ *
+ * It declares too the record-by-record commands, `dump` (dump.c) and `summary` (summary.c), which
+ * share vw_open and the exit statuses but name no call sites.
  */
 #ifndef CUALLOC_VIEWS_H
 #define CUALLOC_VIEWS_H
@@ -40,6 +43,12 @@ int av_cmd_diff(int argc, char **argv);
 int av_cmd_folded(int argc, char **argv);
 /* true when the arguments hold --folded (main.c sends `sites --folded` to av_cmd_folded). */
 bool av_wants_folded(int argc, char **argv);
+/* `dump` and `summary` of the trace at path. main.c parses their options, which the two share (a
+ * --verbose among them is main.c's), and passes what they set: dump's flags are reader.h's
+ * TR_FMT_*, summary's json its --json. They print the readable prefix of a damaged trace too and
+ * return 0, VW_EXIT_UNREADABLE or VW_EXIT_CORRUPT, with a message on stderr for the last two. */
+int av_cmd_dump(const char *path, unsigned flags);
+int av_cmd_summary(const char *path, bool json);
 
 /* ------------------------------------------------------------------------------ replay */
 
