@@ -18,16 +18,10 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static char path[96];
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (!path[0]) {
-        snprintf(path, sizeof path, "%s/in.trace", fuzz_tmpdir());
-        if (!freopen("/dev/null", "w", stdout))
-            return 0;
-    }
-    if (!fuzz_write_input(path, data, size))
+    char *path = fuzz_trace_input(data, size);
+    if (!path)
         return 0;
     char *report[] = {"--no-color", path, NULL};
     int st = report_main("report", 2, report);

@@ -1,6 +1,7 @@
 /* fuzz_tmpdir.h — a private scratch directory for the fuzz targets whose code under test reads and
  * writes files by name: made on first use (mkdtemp), emptied and removed when the fuzzer exits
- * normally. A crash leaves it, beside libFuzzer's artifact of the input. Flat: files only. */
+ * normally. A crash leaves it, beside libFuzzer's artifact of the input. Flat: files only. Also
+ * the input written there, as any file or as the trace the allocview commands are given. */
 #ifndef CUALLOC_FUZZ_TMPDIR_H
 #define CUALLOC_FUZZ_TMPDIR_H
 
@@ -52,6 +53,21 @@ static bool fuzz_write_input(const char *path, const uint8_t *data, size_t size)
         return false;
     bool ok = fwrite(data, 1, size, f) == size;
     return fclose(f) == 0 && ok;
+}
+
+/* For the targets that hand the input to allocview commands as a trace: the fuzzer's bytes as
+ * DIR/in.trace, whose path it returns (NULL when it could not be written). The first call sends
+ * standard output to /dev/null: what the commands print is not checked (their statuses are), and
+ * millions of reports would bury libFuzzer's own lines, which go to stderr. */
+static inline char *fuzz_trace_input(const uint8_t *data, size_t size)
+{
+    static char path[96];
+    if (!path[0]) {
+        snprintf(path, sizeof path, "%s/in.trace", fuzz_tmpdir());
+        if (!freopen("/dev/null", "w", stdout))
+            return NULL;
+    }
+    return fuzz_write_input(path, data, size) ? path : NULL;
 }
 
 #endif

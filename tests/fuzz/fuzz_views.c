@@ -22,7 +22,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static char path[96], svg[96];
+static char svg[96];
 
 /* 0 (read), 1 (a usage refusal: a configuration the trace's devices cannot take), 2 (unreadable),
  * 3 (corrupt after a readable prefix): nothing else. */
@@ -34,15 +34,11 @@ static void expect_status(int st)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (!path[0]) {
-        const char *dir = fuzz_tmpdir();
-        snprintf(path, sizeof path, "%s/in.trace", dir);
-        snprintf(svg, sizeof svg, "%s/out.svg", dir);
-        if (!freopen("/dev/null", "w", stdout))
-            return 0;
-    }
-    if (!fuzz_write_input(path, data, size))
+    char *path = fuzz_trace_input(data, size);
+    if (!path)
         return 0;
+    if (!svg[0])
+        snprintf(svg, sizeof svg, "%s/out.svg", fuzz_tmpdir());
 
     char *timeline[] = {"timeline", "--width", "40", path, NULL};
     expect_status(av_cmd_timeline(4, timeline));
