@@ -139,6 +139,8 @@ judge() {
                 bad "$what: the recorder said a table was refused, and its trace has no LOST record"
             "$av" report --no-color "$tmp/t.trace" 2>&1 | grep -q "^  warning   the recorder ran out of host memory" ||
                 bad "$what: the recorder said a table was refused, and the report does not warn"
+            "$av" summary "$tmp/t.trace" 2>&1 | grep -q "^lost       the recorder ran out of host memory" ||
+                bad "$what: the recorder said a table was refused, and the summary does not say so"
             "$av" export --pytorch "$tmp/t.pickle" "$tmp/t.trace" >/dev/null 2>"$tmp/export.err" ||
                 { bad "$what: a trace with LOST records does not export"; head -2 "$tmp/export.err"; }
         fi

@@ -64,6 +64,7 @@ static void summary_json(FILE *out, const char *path, const tr_reader_t *r, cons
     else
         fprintf(out, "null");
     fprintf(out, ", \"dropped_events\": %" PRIu64 ", \"unmatched_frees\": %" PRIu64, a->end_dropped, a->unmatched_frees);
+    vw_lost_json(out, &a->lost, a->first_time);
     uint64_t events = a->num_allocs + a->num_frees;
     fprintf(out, ", \"event_bytes\": %" PRIu64 ", \"bytes_per_event\": %.2f", a->event_bytes,
             events ? (double)a->event_bytes / (double)events : 0.0);
@@ -176,6 +177,9 @@ static void summary_text(FILE *out, const char *path, const tr_reader_t *r, cons
     if (a->end_dropped)
         fprintf(out, "dropped    %" PRIu64 " events (allocations from signal handlers inside the recorder)\n",
                 a->end_dropped);
+    char lost[400];
+    if (tr_lost_text(&a->lost, &a->first_time, lost, sizeof lost))
+        fprintf(out, "lost       %s\n", lost);
     if (a->unmatched_frees)
         fprintf(out, "unmatched  %" PRIu64 " frees of blocks the trace never saw allocated%s\n", a->unmatched_frees,
                 in->overwritten ? " (overwritten by the ring)" : "");
