@@ -1696,6 +1696,7 @@ static void write_corpus(const char *out)
         {"python", 4, 0, false, 60, true},
         {"ring", 2, 24 * 1024, true, 3000, false},
         {"limit", 2, 24 * 1024, false, 3000, false},
+        {"lost", 4, 0, false, 200, false}, /* LOST records mid-run */
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", out, v[i].name);
@@ -1721,6 +1722,8 @@ static void write_corpus(const char *out)
             }
             if (e % 50 == 0)
                 cualloc_mark("m");
+            if (strcmp(v[i].name, "lost") == 0 && (e == 60 || e == 120))
+                trace_test_table_refused(e == 60 ? CUA_TRACE_LOST_STACKS : CUA_TRACE_LOST_MODULES);
         }
         fake_gil = 0;
         if (i == 1) {
