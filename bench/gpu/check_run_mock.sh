@@ -472,6 +472,24 @@ runs = [(r["round"], r["mode"]) for r in runs if r.get("phase") == "train" and r
 assert runs == [(k, m) for k in (1, 2, 3) for m in ("default", "cualloc-enable")], runs
 PY
 grep -q '^==> cualloc-enable-train-round3.log <==' "$tmp/rep/torch-medium/logs.txt" || bad "--repeat 3: no log of round 3"
+# A torch part whose budget runs out is incomplete, not failed: the runs it made are measured, the
+# rest recorded as not made, and the command's status is 1.
+env -u OUT TORCH_BUDGET_S=21 "$src/bench/gpu/run.sh" torch-step-controls --mock --repeat 40 --steps 5 \
+    --out "$tmp/cut" --build "$build" >"$tmp/cut.log" 2>&1
+st=$?
+python3 - "$tmp/cut/torch-step-controls/results.jsonl" <<'PY' || bad "a torch part cut by its budget: not reported as incomplete (exit $st)"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+status = [r for r in rows if r.get("op") == "status"]
+made = [r for r in rows if r.get("phase") == "train" and r.get("dry_run")]
+cut = [r for r in rows if r.get("op") == "error" and r.get("rc") == 124]
+assert len(status) == 1 and status[0]["status"] == "incomplete" and status[0]["rc"] == 1, status
+assert made and cut and len(made) + len(cut) == 120, (len(made), len(cut))
+assert "%d run(s) not made" % len(cut) in status[0]["detail"], status[0]["detail"]
+PY
+[ "$st" = 1 ] || bad "a torch part cut by its budget: exit $st, not 1"
+grep -q '^- status: \*\*incomplete\*\*' "$tmp/cut/torch-step-controls/summary.md" ||
+    bad "a torch part cut by its budget: the summary does not say incomplete"
 for n in 0 x; do
     env -u OUT "$src/bench/gpu/run.sh" torch-medium --mock --repeat "$n" --out "$tmp/rep0" --build "$build" >/dev/null 2>&1
     [ $? = 2 ] || bad "--repeat $n was not refused"

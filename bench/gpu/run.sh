@@ -48,7 +48,8 @@
 # comparison with the targets, from every torch part under RESULTS). `all` also writes
 # RESULTS/summary.md (every part's summary). Every part prints `date -u`, the GPU (nvidia-smi, or
 # "mock") and the commit. Exit status: 0 when every part ran and passed (a part with no GPU in
-# --mock mode counts as passed), 1 otherwise.
+# --mock mode counts as passed), 1 otherwise (a torch part whose budget ran out before all its runs
+# says "incomplete").
 set -u
 set -o pipefail
 
@@ -676,13 +677,14 @@ mode_env() {
 
 # Every torch part must end within one command's 10 minutes: each process gets at most what is
 # left of TORCH_BUDGET_S (default 540 s) from the part's start (T_PART, set by torch_start).
-torch_start() { T_PART=$(date +%s); PART_BUDGET=$(limit "${TORCH_BUDGET_S:-540}"); TORCH_FAIL=0; }
+torch_start() { T_PART=$(date +%s); PART_BUDGET=$(limit "${TORCH_BUDGET_S:-540}"); TORCH_FAIL=0; TORCH_CUT=0; }
 torch_left() { echo $((PART_BUDGET - ($(date +%s) - T_PART))); }
 
 # torch_job PART MODE PHASE LIMIT [ARGS...]: one torch_train.py process with the mode's environment
 # and at most LIMIT seconds (less when the part's budget has less left), its output in
-# PART/MODE-PHASE.log. An exit other than 0, or no time left, is recorded as an "error" line and
-# sets TORCH_FAIL. In --mock the process is a --dry-run.
+# PART/MODE-PHASE.log. An exit other than 0 is recorded as an "error" line and sets TORCH_FAIL; no
+# time left, as an "error" line too, counted in TORCH_CUT (the part is then incomplete, not
+# failed: what ran is measured). In --mock the process is a --dry-run.
 torch_job() {
     local part=$1 mode=$2 phase=$3 limit=$4 dir=$RESULTS/$1 rc left round=${ROUND:-1}
     shift 4
@@ -695,7 +697,7 @@ torch_job() {
         echo "run.sh: $part $mode $phase: no time left in the part's budget (${PART_BUDGET} s); not run"
         printf '{"part":"%s","op":"error","mode":"%s","phase":"%s","label":"%s","rc":124,"log_tail":"not run: the part budget of %s s was spent"}\n' \
             "$part" "$mode" "$phase" "${JOB_TAG:-}" "$PART_BUDGET" >>"$dir/results.jsonl"
-        TORCH_FAIL=1
+        TORCH_CUT=$((TORCH_CUT + 1))
         return 1
     fi
     # shellcheck disable=SC2046
@@ -761,11 +763,14 @@ PY
 # under RESULTS.
 torch_end() {
     local part=$1
-    if [ "$TORCH_FAIL" = 0 ]; then
-        status_line "$part" "$([ "$MOCK" = 1 ] && echo mock || echo pass)" 0 "every mode ran"
-    else
+    if [ "$TORCH_FAIL" != 0 ]; then
         status_line "$part" fail 1 "a mode failed"
+    elif [ "$TORCH_CUT" != 0 ]; then
+        status_line "$part" incomplete 1 "$TORCH_CUT run(s) not made: the part's budget of $PART_BUDGET s was spent"
+    else
+        status_line "$part" "$([ "$MOCK" = 1 ] && echo mock || echo pass)" 0 "every mode ran"
     fi
+    [ "$TORCH_CUT" = 0 ] || TORCH_FAIL=1 # the command's status: not every run was made
     summarize "$part" || TORCH_FAIL=1
     [ "${2:-}" = no-targets ] && { [ "$TORCH_FAIL" = 0 ]; return; }
     if "$PY" "$HERE/summarize.py" targets "$RESULTS" >"$RESULTS/torch-targets.md"; then
