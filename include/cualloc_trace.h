@@ -165,14 +165,17 @@
  *               varint dev, varint nfields, nfields x varint — the process's own statistics in
  *               the order of enum cua_trace_stat (a reader ignores fields past those it knows).
  *               The last record of a complete trace; absent when the process died.
- *   LOST        varint table (CUA_TRACE_LOST_*), from format 1.2: the recorder was refused host
- *               memory for one of its tables, so records from here on may lack what that table
- *               holds: an ALLOC or OOM its stack (0), an event its stream (0), a stack its Python
- *               frames or their names, a native frame its module (no name). Written once per
- *               table and file, before the record that went without (dev and thread are the
- *               state's: they mean nothing). Without it, a missing stack or name is the program's
- *               (a thread in a signal handler, a frame in no module); a reader that does not know
- *               the record skips it, and reads the same records.
+ *   LOST        varint table (CUA_TRACE_LOST_*), varint ago (ns), from format 1.2: the recorder
+ *               was refused host memory for one of its tables `ago` ns before this record's time,
+ *               so records from then on may lack what that table holds: an ALLOC or OOM its
+ *               stack (0), an event its stream (0), a stack its Python frames or their names, a
+ *               native frame its module (no name). Written once per table and file, before the
+ *               record that went without (ago 0), and in a ring again at the start of each new
+ *               event block (the block with the first may be reused while the records after it
+ *               survive). dev and thread are the state's: they mean nothing. The record takes
+ *               no part in the delta state, so a reader that does not know it skips it and reads
+ *               the same records. Without it, a missing stack or name is the program's (a thread
+ *               in a signal handler, a frame in no module).
  */
 #ifndef CUALLOC_TRACE_H
 #define CUALLOC_TRACE_H

@@ -156,6 +156,7 @@ static struct {
     unsigned long long dl_adds; /* dl_iterate_phdr's load counter when last scanned */
     bool table_refused_said; /* table_refused_locked has spoken for this file */
     unsigned lost_recorded;   /* bit 1 << CUA_TRACE_LOST_*: that table's LOST record is in this file */
+    uint64_t lost_at[32];     /* by the same bit: the time of that LOST record (of the refusal) */
     /* kept across files */
     devinfo_t dev[CUA_TRACE_MAX_DEVICES];
     bool dev_started[CUA_TRACE_MAX_DEVICES];
@@ -743,16 +744,19 @@ static void ev_apply(tcur_t *c, const ev_t *e, uint64_t now)
         c->addr[e->dev] = e->addr;
 }
 
-/* Writes an event (opening the next block when the current one is full). false when tracing
- * stopped on the way. */
-static bool ev_put(const ev_t *e)
+static void lost_repeat_locked(uint64_t now);
+
+/* Writes an event (opening the next block when the current one is full) at clock reading *at (read
+ * here when 0). false when tracing stopped on the way. */
+static bool ev_put_at(const ev_t *e, uint64_t *at)
 {
     uint8_t buf[64 + STR_MAX + 16];
     static uint8_t big[META_SCRATCH / 2 + 64]; /* END with statistics; under the lock */
     uint8_t *out = e->tail_len + 64 <= sizeof buf ? buf : big;
     if (e->tail_len + 64 > sizeof big)
         return false;
-    uint64_t now = now_ns();
+    uint64_t now = *at ? *at : now_ns();
+    *at = now;
     for (int attempt = 0; attempt < 2 && T.open; attempt++) {
         size_t reserve = e->type == CUA_TRACE_END ? 0 : END_RESERVE;
         if (T.ev.map) {
@@ -768,8 +772,44 @@ static bool ev_put(const ev_t *e)
             return false; /* no room for the stats: the caller writes the short END */
         if (!block_next(&T.ev, now))
             return false;
+        if (T.ring && T.lost_recorded)
+            lost_repeat_locked(now);
     }
     return false;
+}
+
+static bool ev_put(const ev_t *e)
+{
+    uint64_t at = 0;
+    return ev_put_at(e, &at);
+}
+
+/* A LOST record for the table of bit t (CUA_TRACE_LOST_*), its refusal `ago` ns before the record. */
+static ev_t lost_event(unsigned t, uint64_t ago, uint8_t tail[2 * CUA_TRACE_VARINT_MAX])
+{
+    size_t n = put_varint(tail, t);
+    n += put_varint(tail + n, ago);
+    ev_t e = {.type = CUA_TRACE_LOST, .tail = tail, .tail_len = n};
+    e.dev = T.ev.dev; /* meaningless here: keep the state's, so no byte is spent */
+    e.thread = T.ev.thread;
+    return e;
+}
+
+/* A ring reuses its oldest event blocks, and a LOST record goes with its block while the records
+ * after it that went without survive: so each new event block of a ring starts with every LOST
+ * record of the file again, each saying how long before it the refusal came. A new block has room
+ * for them (a few bytes each). */
+static void lost_repeat_locked(uint64_t now)
+{
+    for (unsigned t = 0; t < 32; t++) {
+        if (!(T.lost_recorded & (1u << t)))
+            continue;
+        uint8_t tail[2 * CUA_TRACE_VARINT_MAX], out[64];
+        ev_t e = lost_event(t, now > T.lost_at[t] ? now - T.lost_at[t] : 0, tail);
+        size_t plen = ev_encode(&T.ev, &e, now, out);
+        if (T.ev.map && T.ev.pos + record_size(&T.ev, plen) + END_RESERVE <= T.block_size)
+            record_put(&T.ev, CUA_TRACE_LOST, out, plen); /* no part in the delta state */
+    }
 }
 
 /* Host memory was refused for one of the recorder's tables while it records (under the lock): the
@@ -780,14 +820,15 @@ static bool ev_put(const ev_t *e)
  * long gone), and the message, once per file. */
 static void table_refused_locked(const char *what, enum cua_trace_lost_table table)
 {
-    unsigned bit = table < 32 ? 1u << table : 1u;
-    if (T.open && !(T.lost_recorded & bit)) {
-        T.lost_recorded |= bit;
-        uint8_t tail[CUA_TRACE_VARINT_MAX];
-        ev_t e = {.type = CUA_TRACE_LOST, .tail = tail, .tail_len = put_varint(tail, (uint64_t)table)};
-        e.dev = T.ev.dev; /* meaningless here: keep the state's, so no byte is spent */
-        e.thread = T.ev.thread;
-        ev_put(&e);
+    unsigned t = table < 32 ? (unsigned)table : 0; /* (the tables are 1..5) */
+    if (T.open && !(T.lost_recorded & (1u << t))) {
+        uint8_t tail[2 * CUA_TRACE_VARINT_MAX];
+        ev_t e = lost_event(t, 0, tail);
+        uint64_t at = 0;
+        if (ev_put_at(&e, &at)) {
+            T.lost_recorded |= 1u << t;
+            T.lost_at[t] = at;
+        }
     }
     if (T.table_refused_said)
         return;

@@ -971,9 +971,10 @@ static void lost_body(void)
     EXPECT(count_type(&t, CUA_TRACE_LOST) == 3, "3 LOST records, got %zu", count_type(&t, CUA_TRACE_LOST));
     const rec_t *l0 = nth_of(&t, CUA_TRACE_LOST, 0), *l1 = nth_of(&t, CUA_TRACE_LOST, 1),
                 *l2 = nth_of(&t, CUA_TRACE_LOST, 2);
-    EXPECT(l0 && l0->r.known && l0->r.u.lost_table == CUA_TRACE_LOST_STACKS, "LOST stacks");
-    EXPECT(l1 && l1->r.u.lost_table == CUA_TRACE_LOST_MODULES, "LOST modules");
-    EXPECT(l2 && l2->r.u.lost_table == 9 && !tr_lost_table_name(9), "LOST of an unknown table");
+    EXPECT(l0 && l0->r.known && l0->r.u.lost.table == CUA_TRACE_LOST_STACKS && l0->r.u.lost.since == l0->r.time_ns,
+           "LOST stacks");
+    EXPECT(l1 && l1->r.u.lost.table == CUA_TRACE_LOST_MODULES, "LOST modules");
+    EXPECT(l2 && l2->r.u.lost.table == 9 && !tr_lost_table_name(9), "LOST of an unknown table");
     const rec_t *a0 = nth_of(&t, CUA_TRACE_ALLOC, 0), *a1 = nth_of(&t, CUA_TRACE_ALLOC, 1);
     EXPECT(a0 && a1 && a0->r.seq < l0->r.seq && l0->r.seq < a1->r.seq, "the record comes where the refusal was");
     EXPECT(a0->r.time_ns < l0->r.time_ns && l0->r.time_ns < a1->r.time_ns,
@@ -1018,6 +1019,48 @@ static void lost_body(void)
                "record %zu reads the same without LOST", i);
     }
     trace_free(&u);
+    trace_free(&t);
+}
+
+/* In a ring, the block holding a LOST record is reused while the records that went without
+ * survive: every new event block starts with the file's LOST records again, each saying when its
+ * refusal came, so the window that survives still tells it, with the refusal's own time. */
+static void lost_ring_body(void)
+{
+    char path[300];
+    path_of(path, sizeof path, "lost-ring.trace");
+    conf_t c = base_conf();
+    c.trace_max = 1 * MiB;
+    c.trace_ring = true;
+    EXPECT(api_trace_start(path, &c) == 0, "start");
+    cualloc_free(site_alpha(1000), NULL);
+    trace_test_table_refused(CUA_TRACE_LOST_STREAMS);
+    rng_t r = {seed};
+    for (int i = 0; i < 200000; i++)
+        cualloc_free(site_alpha(rng_tensor_size(&r, 4 * MiB)), NULL);
+    cualloc_trace_stop();
+    trace_t t;
+    trace_read(path, &t);
+    EXPECT(t.status == 0 && t.info.overwritten, "an overwritten ring: %s", t.error);
+    const rec_t *first = NULL;
+    for (size_t i = 0; i < t.n && !first; i++)
+        if (t.recs[i].r.known && t.recs[i].r.type >= CUA_TRACE_FIRST_EVENT)
+            first = &t.recs[i];
+    size_t n = count_type(&t, CUA_TRACE_LOST);
+    EXPECT(n >= 2, "%zu LOST records in the window, want one per surviving event block", n);
+    for (size_t i = 0; i < n; i++) {
+        const rec_t *l = nth_of(&t, CUA_TRACE_LOST, i);
+        EXPECT(l->r.u.lost.table == CUA_TRACE_LOST_STREAMS && l->r.u.lost.since == t.acct.lost.time &&
+                   l->r.u.lost.since < first->r.time_ns && l->r.time_ns > l->r.u.lost.since,
+               "LOST %zu: table %llu, since %llu (the window begins at %llu)", i,
+               (unsigned long long)l->r.u.lost.table, (unsigned long long)l->r.u.lost.since,
+               (unsigned long long)first->r.time_ns);
+    }
+    EXPECT(t.acct.lost.tables == 1ull << CUA_TRACE_LOST_STREAMS, "acct tables 0x%llx",
+           (unsigned long long)t.acct.lost.tables);
+    char text[400];
+    tr_lost_text(&t.acct.lost, &t.acct.first_time, text, sizeof text);
+    EXPECT(strstr(text, "(streams) before the first event here"), "text '%s'", text);
     trace_free(&t);
 }
 
@@ -1790,6 +1833,7 @@ int main(int argc, char **argv)
              "driver:sim,sim_devices:2,sim_memory_mb:256,trace_stack_depth:16,trace_max_mb:1", toggle_body);
     in_child("trace_max_mb stops", sim, limit_body);
     in_child("a table refused host memory while recording: LOST records", sim, lost_body);
+    in_child("LOST records in a ring: repeated in each new event block", sim, lost_ring_body);
     in_child("trace_max_mb with trace_ring keeps the newest", sim, ring_body);
     in_child("fork: the child writes its own file (%p)", sim, fork_pid_body);
     in_child("fork: the child stops (no %p)", sim, fork_nopid_body);

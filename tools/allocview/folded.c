@@ -28,7 +28,7 @@ void vw_lost_json(FILE *out, const tr_lost_t *l, uint64_t t0)
         fprintf(out, "%s", n++ ? ", " : "");
         txt_json_string(out, name);
     }
-    fprintf(out, "], \"time_ns\": %" PRIu64 "}", l->time > t0 ? l->time - t0 : 0);
+    fprintf(out, "], \"time_ns\": %" PRId64 "}", (int64_t)(l->time - t0)); /* < 0: before a ring's window */
 }
 
 tr_reader_t *vw_open(const char *path)

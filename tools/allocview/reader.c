@@ -429,9 +429,12 @@ static int decode_event(tr_reader_t *r, cursor_t *c, tr_record_t *rec, span_t *s
     case CUA_TRACE_MARK:
         rec->u.text = sp_string(s);
         break;
-    case CUA_TRACE_LOST:
-        rec->u.lost_table = sp_varint(s);
+    case CUA_TRACE_LOST: {
+        rec->u.lost.table = sp_varint(s);
+        uint64_t ago = sp_varint(s);
+        rec->u.lost.since = ago < time ? time - ago : 0;
         break;
+    }
     case CUA_TRACE_END: {
         rec->u.end.reason = sp_varint(s);
         rec->u.end.dropped = sp_varint(s);
@@ -995,9 +998,9 @@ void tr_lost_add(tr_lost_t *l, const tr_record_t *rec)
 {
     if (!rec->known || rec->type != CUA_TRACE_LOST)
         return;
-    if (!l->tables)
-        l->time = rec->time_ns;
-    l->tables |= rec->u.lost_table < 64 ? 1ull << rec->u.lost_table : 1ull;
+    if (!l->tables || rec->u.lost.since < l->time)
+        l->time = rec->u.lost.since;
+    l->tables |= rec->u.lost.table < 64 ? 1ull << rec->u.lost.table : 1ull;
 }
 
 size_t tr_lost_text(const tr_lost_t *l, const uint64_t *t0, char *buf, size_t len)
@@ -1008,8 +1011,10 @@ size_t tr_lost_text(const tr_lost_t *l, const uint64_t *t0, char *buf, size_t le
         return 0;
     char tables[160], at[48] = "";
     tr_lost_tables_text(l->tables, tables, sizeof tables);
-    if (t0)
-        snprintf(at, sizeof at, " at %.3f s", (double)(l->time > *t0 ? l->time - *t0 : 0) / 1e9);
+    if (t0 && l->time >= *t0)
+        snprintf(at, sizeof at, " at %.3f s", (double)(l->time - *t0) / 1e9);
+    else if (t0) /* a ring's window that begins after the refusal */
+        snprintf(at, sizeof at, " before the first event here");
     int n = snprintf(buf, len,
                      "the recorder ran out of host memory for its tables (%s)%s: records after that may lack "
                      "call sites, streams or frame names that the program had",
@@ -1228,10 +1233,12 @@ size_t tr_format(const tr_reader_t *r, const tr_record_t *rec, unsigned flags, c
         put_str(&o, rec->u.text);
         break;
     case CUA_TRACE_LOST:
-        if (tr_lost_table_name(rec->u.lost_table))
-            put(&o, " table=%s", tr_lost_table_name(rec->u.lost_table));
+        if (tr_lost_table_name(rec->u.lost.table))
+            put(&o, " table=%s", tr_lost_table_name(rec->u.lost.table));
         else
-            put(&o, " table=%" PRIu64, rec->u.lost_table);
+            put(&o, " table=%" PRIu64, rec->u.lost.table);
+        if (rec->u.lost.since != rec->time_ns) /* a ring's repeat of an earlier refusal */
+            put(&o, " since=%" PRIu64, rec->u.lost.since);
         break;
     case CUA_TRACE_END:
         put(&o, " reason=%s dropped=%" PRIu64 " devices=%u", tr_end_reason_name(rec->u.end.reason), rec->u.end.dropped,

@@ -67,7 +67,7 @@ typedef struct tr_record {
             uint64_t vmm_failure; /* CUA_TRACE_VMM_*: 0 where the record has none (before format 1.1) */
         } oom;
         struct { uint64_t reason, dropped; uint32_t ndev; const tr_end_dev_t *devs; } end;
-        uint64_t lost_table; /* LOST: CUA_TRACE_LOST_* */
+        struct { uint64_t table, since; } lost; /* LOST: CUA_TRACE_LOST_*; the refusal's time */
     } u;
 } tr_record_t;
 
@@ -139,12 +139,13 @@ size_t tr_lost_tables_text(uint64_t tables, char *buf, size_t len);
  * when first. Every view that names call sites warns with tr_lost_text. */
 typedef struct tr_lost {
     uint64_t tables; /* bit 1 << CUA_TRACE_LOST_* (bit 0: a table past 63); 0: none */
-    uint64_t time;   /* the first LOST record's time */
+    uint64_t time;   /* the earliest refusal's time (a ring's repeated LOST says when it came) */
 } tr_lost_t;
 void tr_lost_add(tr_lost_t *l, const tr_record_t *rec); /* any record; only LOST counts */
 /* The warning, "the recorder ran out of host memory for its tables (stacks) at 1.234 s: records
  * after that may lack call sites, streams or frame names that the program had" (the time counted
- * from t0, left out when t0 is NULL); "" and 0 when l holds none. */
+ * from t0, "before the first event here" when earlier, left out when t0 is NULL); "" and 0 when l
+ * holds none. */
 size_t tr_lost_text(const tr_lost_t *l, const uint64_t *t0, char *buf, size_t len);
 
 /* ------------------------------------------------------------------------------ accounting */

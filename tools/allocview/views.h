@@ -123,8 +123,8 @@ void vw_peak_free(vw_peak_t *p);
  * device *scope asks for or dv_pick picks; which one is said on stderr (the format has no room). */
 int vw_write_folded(FILE *out, const char *path, dv_scope_t *scope);
 
-/* `"recorder_lost": null` or `{"tables": ["stacks", ...], "time_ns": N}` (N counted from t0), after
- * a comma: the JSON of tr_lost_text's warning, in every view that names call sites. */
+/* `"recorder_lost": null` or `{"tables": ["stacks", ...], "time_ns": N}` (N counted from t0, below
+ * 0 when the refusal came before a ring's window), after a comma: the JSON of tr_lost_text's warning, in every view that names call sites. */
 void vw_lost_json(FILE *out, const tr_lost_t *l, uint64_t t0);
 
 /* Opens a trace, printing "allocview: PATH: why" when it cannot. */
