@@ -746,8 +746,8 @@ static void ev_apply(tcur_t *c, const ev_t *e, uint64_t now)
 
 static void lost_repeat_locked(uint64_t now);
 
-/* Writes an event (opening the next block when the current one is full) at clock reading *at (read
- * here when 0). false when tracing stopped on the way. */
+/* Writes an event (opening the next block when the current one is full); *at receives the clock
+ * reading it was written at. false when tracing stopped on the way. */
 static bool ev_put_at(const ev_t *e, uint64_t *at)
 {
     uint8_t buf[64 + STR_MAX + 16];
@@ -755,7 +755,7 @@ static bool ev_put_at(const ev_t *e, uint64_t *at)
     uint8_t *out = e->tail_len + 64 <= sizeof buf ? buf : big;
     if (e->tail_len + 64 > sizeof big)
         return false;
-    uint64_t now = *at ? *at : now_ns();
+    uint64_t now = now_ns();
     *at = now;
     for (int attempt = 0; attempt < 2 && T.open; attempt++) {
         size_t reserve = e->type == CUA_TRACE_END ? 0 : END_RESERVE;
@@ -780,7 +780,7 @@ static bool ev_put_at(const ev_t *e, uint64_t *at)
 
 static bool ev_put(const ev_t *e)
 {
-    uint64_t at = 0;
+    uint64_t at;
     return ev_put_at(e, &at);
 }
 
@@ -824,7 +824,7 @@ static void table_refused_locked(const char *what, enum cua_trace_lost_table tab
     if (T.open && !(T.lost_recorded & (1u << t))) {
         uint8_t tail[2 * CUA_TRACE_VARINT_MAX];
         ev_t e = lost_event(t, 0, tail);
-        uint64_t at = 0;
+        uint64_t at;
         if (ev_put_at(&e, &at)) {
             T.lost_recorded |= 1u << t;
             T.lost_at[t] = at;
