@@ -982,13 +982,14 @@ size_t tr_lost_tables_text(uint64_t tables, char *buf, size_t len)
     for (unsigned t = 0; t < 64; t++) {
         if (!(tables & (1ull << t)))
             continue;
-        const char *name = t ? tr_lost_table_name(t) : NULL;
+        const char *name = t ? tr_lost_table_name(t) : "another table";
         char other[24];
         if (!name) {
             snprintf(other, sizeof other, "table %u", t);
-            name = t ? other : "a table past 63";
+            name = other;
         }
-        int k = snprintf(buf + n, n < len ? len - n : 0, "%s%s", n ? ", " : "", name);
+        int k = n < len ? snprintf(buf + n, len - n, "%s%s", n ? ", " : "", name)
+                        : snprintf(NULL, 0, "%s%s", n ? ", " : "", name);
         n += k > 0 ? (size_t)k : 0;
     }
     return n;

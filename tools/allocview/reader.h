@@ -131,14 +131,14 @@ const char *tr_end_reason_name(uint64_t reason);
 /* "stacks", "streams", "python_frames", "python_names", "modules"; NULL for a table this reader
  * does not know. */
 const char *tr_lost_table_name(uint64_t table);
-/* A set of tables (bit 1 << CUA_TRACE_LOST_*; bit 0: a table past 63) as text, "stacks, modules"
- * (a table this reader does not know: "table N"); snprintf's return. */
+/* A set of tables (bit 1 << CUA_TRACE_LOST_*; bit 0: table 0 or past 63) as text, "stacks, modules"
+ * (a table this reader does not know: "table N", bit 0 "another table"); snprintf's return. */
 size_t tr_lost_tables_text(uint64_t tables, char *buf, size_t len);
 
 /* What a trace's LOST records say: which of the recorder's tables were refused host memory, and
  * when first. Every view that names call sites warns with tr_lost_text. */
 typedef struct tr_lost {
-    uint64_t tables; /* bit 1 << CUA_TRACE_LOST_* (bit 0: a table past 63); 0: none */
+    uint64_t tables; /* bit 1 << CUA_TRACE_LOST_* (bit 0: table 0 or past 63); 0: none */
     uint64_t time;   /* the earliest refusal's time (a ring's repeated LOST says when it came) */
 } tr_lost_t;
 void tr_lost_add(tr_lost_t *l, const tr_record_t *rec); /* any record; only LOST counts */
