@@ -878,7 +878,8 @@ GRAPH_CAPTURE_MESSAGE = (
     "overwrite them. Capture graphs (torch.cuda.graph, make_graphed_callables, "
     "torch.compile(mode='reduce-overhead')) without cualloc_torch.enable(), or run the job with "
     "LD_PRELOAD=libcualloc.so beneath PyTorch's own cache (without PYTORCH_NO_CUDA_MEMORY_CACHING), "
-    "where PyTorch keeps its graph pools")
+    "where PyTorch keeps its graph pools; torch.compile's other modes (the default, "
+    "mode='max-autotune-no-cudagraphs') record no graph")
 
 
 def _refuse_graph_capture(torch):
