@@ -168,14 +168,15 @@
  *   LOST        varint table (CUA_TRACE_LOST_*), varint ago (ns), from format 1.2: the recorder
  *               was refused host memory for one of its tables `ago` ns before this record's time,
  *               so records from then on may lack what that table holds: an ALLOC or OOM its
- *               stack (0), an event its stream (0), a stack its Python frames or their names, a
- *               native frame its module (no name). Written once per table and file, before the
- *               record that went without (ago 0), and in a ring again at the start of each new
- *               event block (the block with the first may be reused while the records after it
- *               survive). dev and thread are the state's: they mean nothing. The record takes
- *               no part in the delta state, so a reader that does not know it skips it and reads
- *               the same records. Without it, a missing stack or name is the program's (a thread
- *               in a signal handler, a frame in no module).
+ *               stack (0; a stack with a Python frame the recorder could not define or name goes
+ *               without, whole), an event its stream (0), a native frame its module (no name).
+ *               Written once per table and file, before the record that went without (ago 0),
+ *               and in a ring again at the start of each new event block (the block with the
+ *               first may be reused while the records after it survive). dev and thread are the
+ *               state's: they mean nothing. The record takes no part in the delta state, so a
+ *               reader that does not know it skips it and reads the same records. Without it, a
+ *               missing stack or name is the program's (a thread in a signal handler, a frame in
+ *               no module).
  */
 #ifndef CUALLOC_TRACE_H
 #define CUALLOC_TRACE_H
@@ -273,8 +274,8 @@ enum cua_trace_vmm_failure {
 enum cua_trace_lost_table {
     CUA_TRACE_LOST_STACKS = 1,   /* stack nodes: allocations and OOMs go without a stack */
     CUA_TRACE_LOST_STREAMS = 2,  /* stream definitions: events go without a stream */
-    CUA_TRACE_LOST_PYFRAMES = 3, /* Python frame definitions: stacks go without their Python part */
-    CUA_TRACE_LOST_PYNAMES = 4,  /* Python function and file names */
+    CUA_TRACE_LOST_PYFRAMES = 3, /* Python frame definitions: a stack with such a frame goes without (0) */
+    CUA_TRACE_LOST_PYNAMES = 4,  /* Python function and file names: as PYFRAMES */
     CUA_TRACE_LOST_MODULES = 5,  /* loaded modules: native frames cannot be named */
 };
 
