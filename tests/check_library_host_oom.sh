@@ -18,9 +18,10 @@
 #     up is set up later);
 #   - with the recorder on, the trace file, when there is one, reads whole (allocview summary); a
 #     recorder refused memory says so on stderr (it could not start, or its records from then on
-#     may lack stacks or names); one that said nothing, in a run that completed, wrote a trace whose
-#     report is the full run's; after one refused mapping, the trace has every module the full
-#     run's has;
+#     may lack stacks or names), and then its trace has a LOST record, which the report, summary,
+#     export, timeline, diff and folded take (the views warn, their --json says recorder_lost); one
+#     that said nothing, in a run that completed, wrote a trace whose report is the full run's;
+#     after one refused mapping, the trace has every module the full run's has;
 #   - allocview replay, whose heaps and sim device are the library's (replaying the demo's trace
 #     under two configurations): the full run's figures to the byte, or "allocview: out of host
 #     memory" with status 2 and nothing on standard output, never other figures.
@@ -143,6 +144,20 @@ judge() {
                 bad "$what: the recorder said a table was refused, and the summary does not say so"
             "$av" export --pytorch "$tmp/t.pickle" "$tmp/t.trace" >/dev/null 2>"$tmp/export.err" ||
                 { bad "$what: a trace with LOST records does not export"; head -2 "$tmp/export.err"; }
+            # ... and so do the views that name call sites, and the JSON of each.
+            "$av" timeline --no-color "$tmp/t.trace" 2>&1 | grep -q "^warning   the recorder ran out of host memory" ||
+                bad "$what: the recorder said a table was refused, and the timeline does not warn"
+            "$av" folded "$tmp/t.trace" 2>&1 >/dev/null | grep -q "warning: the recorder ran out of host memory" ||
+                bad "$what: the recorder said a table was refused, and folded does not warn on stderr"
+            "$av" diff "$tmp/t.trace" "$tmp/t.trace" 2>&1 | grep -q "^   warning   the recorder ran out of host memory" ||
+                bad "$what: the recorder said a table was refused, and diff does not warn"
+            for view in "report --json" "timeline --json" "summary --json"; do
+                # shellcheck disable=SC2086
+                "$av" $view "$tmp/t.trace" 2>/dev/null | grep -q '"recorder_lost": {"tables": \["' ||
+                    bad "$what: the recorder said a table was refused, and $view has no recorder_lost"
+            done
+            "$av" diff --json "$tmp/t.trace" "$tmp/t.trace" 2>/dev/null | grep -q '"recorder_lost": {"a": true, "b": true}' ||
+                bad "$what: the recorder said a table was refused, and diff --json has no recorder_lost"
         fi
         if ! grep -q "^cualloc: trace .*host memory ran out" "$tmp/out"; then
             if [ ! -e "$tmp/t.trace" ]; then
