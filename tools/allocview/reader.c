@@ -1013,7 +1013,7 @@ size_t tr_lost_text(const tr_lost_t *l, const uint64_t *t0, char *buf, size_t le
     char tables[160], at[48] = "";
     tr_lost_tables_text(l->tables, tables, sizeof tables);
     if (t0 && l->time >= *t0)
-        snprintf(at, sizeof at, " at %.3f s", (double)(l->time - *t0) / 1e9);
+        snprintf(at, sizeof at, " at %.6f s", (double)(l->time - *t0) / 1e9); /* a sim trace ticks in us */
     else if (t0) /* a ring's window that begins after the refusal */
         snprintf(at, sizeof at, " before the first event here");
     int n = snprintf(buf, len,

@@ -142,7 +142,7 @@ typedef struct tr_lost {
     uint64_t time;   /* the earliest refusal's time (a ring's repeated LOST says when it came) */
 } tr_lost_t;
 void tr_lost_add(tr_lost_t *l, const tr_record_t *rec); /* any record; only LOST counts */
-/* The warning, "the recorder ran out of host memory for its tables (stacks) at 1.234 s: records
+/* The warning, "the recorder ran out of host memory for its tables (stacks) at 1.234567 s: records
  * after that may lack call sites, streams or frame names that the program had" (the time counted
  * from t0, "before the first event here" when earlier, left out when t0 is NULL); "" and 0 when l
  * holds none. */
