@@ -16,8 +16,14 @@
  * own offset in the sequence; for cualloc each thread uses its own stream handle (t + 1).
  *
  * Usage: fastpath [--pairs N] [--threads T] [--allocator cualloc|jemalloc|all]
- *                 [--pattern random|stack|repeat|trace|all] [--trace FILE] [--seed S] [--json] [--quiet]
+ *                 [--pattern random|stack|repeat|trace|all] [--trace FILE] [--seed S] [--turns]
+ *                 [--json] [--quiet]
  *   --pairs   timed pairs per thread (default 200000); --threads T runs only T (default: 1 and 8).
+ *   --turns   the threads run one at a time, a step each (random: SLOTS pairs; trace: a pass) in
+ *             thread order, warm-up included. Free-running threads interleave wherever the
+ *             scheduler (or callgrind, which runs one thread at a time) switches them, and the large
+ *             pool's layout, so an 8-thread count, follows the switches from run to run; in turns
+ *             the interleaving is fixed and the count repeats. Times then measure no concurrency.
  * Warm-up runs whole periods until cualloc has mapped nothing for WARM_QUIET_ROUNDS periods in a row
  * (FASTPATH_DEBUG=1 prints each round). Exit status 3: a cualloc timed loop still mapped memory.
  */
@@ -532,6 +538,11 @@ typedef struct run_s {
     pattern_t pattern;
     int threads;
     size_t pairs;              /* per thread, after rounding (stack, repeat: whole steps; trace: passes) */
+    bool turns;                /* --turns: one thread at a time, turn_pairs each, in thread order */
+    size_t turn_pairs;
+    pthread_mutex_t turn_lock;
+    pthread_cond_t turn_changed;
+    int turn;                  /* under turn_lock: the thread whose turn it is */
     size_t round_pairs;        /* per warm-up round: one period of the sequence, or one pass */
     const alloc_ops_t *o;
     worker_t *workers;
@@ -547,6 +558,26 @@ typedef struct run_s {
     uint64_t warm_maps;        /* cualloc: maps during the last warm-up round */
 } run_t;
 
+/* Runs pairs through loop, in turns when the run takes turns: the hand-over is outside loop, so
+ * that callgrind, collecting inside bench_loop_*, counts none of it. Every thread runs the same
+ * number of turns, so the last turn of each leaves no thread waiting. */
+static void worker_run(run_t *r, worker_t *w, void (*loop)(worker_t *, size_t), size_t pairs) {
+    if (!r->turns) {
+        loop(w, pairs);
+        return;
+    }
+    for (size_t done = 0; done < pairs; done += r->turn_pairs) {
+        pthread_mutex_lock(&r->turn_lock);
+        while (r->turn != w->id) pthread_cond_wait(&r->turn_changed, &r->turn_lock);
+        pthread_mutex_unlock(&r->turn_lock);
+        loop(w, r->turn_pairs);
+        pthread_mutex_lock(&r->turn_lock);
+        r->turn = (w->id + 1) % r->threads;
+        pthread_cond_broadcast(&r->turn_changed);
+        pthread_mutex_unlock(&r->turn_lock);
+    }
+}
+
 static void *worker_main(void *arg) {
     worker_t *w = arg;
     run_t *r = (run_t *)(void *)w->ptr[0]; /* smuggled in; replaced by worker_fill */
@@ -556,14 +587,14 @@ static void *worker_main(void *arg) {
     for (;;) {
         pthread_barrier_wait(&r->barrier);
         if (r->warm_done) break;
-        r->o->warm(w, r->round_pairs);
+        worker_run(r, w, r->o->warm, r->round_pairs);
         pthread_barrier_wait(&r->barrier);
     }
     int fd = perf_open();
     pthread_barrier_wait(&r->barrier); /* the main thread has taken the "before" stats */
     int64_t i0 = perf_read(fd);
     clock_gettime(CLOCK_MONOTONIC, &w->t0);
-    r->o->bench(w, r->pairs);
+    worker_run(r, w, r->o->bench, r->pairs);
     clock_gettime(CLOCK_MONOTONIC, &w->t1);
     int64_t i1 = perf_read(fd);
     if (fd >= 0) close(fd);
@@ -580,8 +611,14 @@ static double ts_ns(struct timespec t) { return (double)t.tv_sec * 1e9 + (double
 static void run_one(run_t *r) {
     r->o = &ops[r->alloc];
     size_t step = r->pattern == P_TRACE ? prog.pairs : r->pattern == P_RANDOM ? 1 : SLOTS;
+    /* A turn is a step (random: SLOTS pairs, not one); pairs and rounds are whole turns. */
+    r->turn_pairs = r->pattern == P_RANDOM ? SLOTS : step;
+    if (r->turns) step = r->turn_pairs;
     r->pairs = (r->pairs + step - 1) / step * step;
     r->round_pairs = r->pattern == P_TRACE ? prog.pairs : SEQ_LEN;
+    r->turn = 0;
+    pthread_mutex_init(&r->turn_lock, NULL);
+    pthread_cond_init(&r->turn_changed, NULL);
     r->workers = calloc((size_t)r->threads, sizeof(worker_t));
     pthread_t *tids = calloc((size_t)r->threads, sizeof(pthread_t));
     if (!r->workers || !tids) alloc_failed(sizeof(worker_t));
@@ -639,6 +676,8 @@ static void run_one(run_t *r) {
     pthread_barrier_wait(&r->barrier);
     for (int t = 0; t < r->threads; t++) pthread_join(tids[t], NULL);
     pthread_barrier_destroy(&r->barrier);
+    pthread_mutex_destroy(&r->turn_lock);
+    pthread_cond_destroy(&r->turn_changed);
 
     double sum_ns_pp = 0, first = 0, last = 0;
     int64_t instr = 0;
@@ -669,7 +708,8 @@ static void run_one(run_t *r) {
 static void usage(FILE *out) {
     fprintf(out,
             "usage: fastpath [--pairs N] [--threads T] [--allocator cualloc|jemalloc|all]\n"
-            "                [--pattern random|stack|repeat|trace|all] [--trace FILE] [--seed S] [--json] [--quiet]\n"
+            "                [--pattern random|stack|repeat|trace|all] [--trace FILE] [--seed S] [--turns]\n"
+            "                [--json] [--quiet]\n"
             "  --pairs N      timed alloc+free pairs per thread, 1 to 2^40 (default 200000; stack and repeat round\n"
             "                 up to %d, trace to whole passes)\n"
             "  --threads T    run with T threads only (default: 1 and 8)\n"
@@ -680,10 +720,13 @@ static void usage(FILE *out) {
             "                 trace only with --trace)\n"
             "  --trace FILE   a cualloc trace (a PyTorch snapshot: `allocview import` it first); its device 0's\n"
             "                 allocations and frees, initial blocks held (sets --pattern trace unless --pattern is given)\n"
+            "  --turns        threads run one at a time, a step each (random: %d pairs; trace: a pass), in thread\n"
+            "                 order: an interleaving that repeats from run to run (callgrind's thread switches do\n"
+            "                 not), so an N-thread instruction count does too; times then show no concurrency\n"
             "  --json         one JSON array of results instead of the table\n"
             "  --quiet        no description of the mix\n"
             "  --features     print what this build measures (cualloc null [jemalloc] [callgrind-markers])\n",
-            SLOTS, SLOTS, SLOTS, SLOTS);
+            SLOTS, SLOTS, SLOTS, SLOTS, SLOTS);
 }
 
 /* A count of 1 or more, all decimal digits: strtoull alone takes a sign and blanks ("-1" read as
@@ -733,13 +776,14 @@ int main(int argc, char **argv) {
     size_t pairs = 200000;
     int thread_list[2] = {1, 8}, nthread_list = 2;
     bool want_alloc[A_COUNT] = {true, true, false}, want_pat[P_COUNT] = {true, true, true, false}, json = false,
-         quiet = false, pattern_given = false, pattern_all = false;
+         quiet = false, pattern_given = false, pattern_all = false, turns = false;
     const char *trace_path = NULL;
     uint64_t seed = 20240611;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--quiet")) quiet = true;
+        else if (!strcmp(a, "--turns")) turns = true;
         else if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
         else if (!strcmp(a, "--features")) { /* for bench/fastpath.sh */
             printf("cualloc null%s%s\n", HAVE_JEMALLOC_ ? " jemalloc" : "", HAVE_CALLGRIND_H_ ? " callgrind-markers" : "");
@@ -845,6 +889,7 @@ int main(int argc, char **argv) {
                 r.pattern = (pattern_t)pi;
                 r.threads = thread_list[ti];
                 r.pairs = pairs;
+                r.turns = turns;
                 run_one(&r);
                 uint64_t maps = r.have_stats ? r.after.num_maps - r.before.num_maps : 0;
                 uint64_t retries = r.have_stats ? r.after.num_alloc_retries - r.before.num_alloc_retries : 0;
@@ -858,7 +903,7 @@ int main(int argc, char **argv) {
                            r.pairs_per_s);
                     if (r.instr_per_pair >= 0) printf("\"instructions_per_pair\": %.1f, ", r.instr_per_pair);
                     else printf("\"instructions_per_pair\": null, ");
-                    printf("\"warmup_rounds\": %d", r.warm_rounds);
+                    printf("\"turns\": %s, \"warmup_rounds\": %d", turns ? "true" : "false", r.warm_rounds);
                     if (r.have_stats)
                         printf(", \"timed_num_maps\": %" PRIu64 ", \"timed_num_alloc_retries\": %" PRIu64
                                ", \"timed_num_syncs\": %" PRIu64 ", \"timed_num_allocs\": %" PRIu64 ", \"reserved_bytes\": %zu",
@@ -880,7 +925,8 @@ int main(int argc, char **argv) {
     }
     if (json) printf("\n]\n");
     else if (nthread_list == 1 ? thread_list[0] > 1 : true)
-        printf("\nns/pair is per thread (each thread's own time over its pairs); pairs/s counts every thread.\n");
+        printf("\nns/pair is per thread (each thread's own time over its pairs); pairs/s counts every thread.%s\n",
+               turns ? "\nThe threads took turns (--turns): one ran at a time, a step each." : "");
     if (unclean) {
         fprintf(stderr, "fastpath: %d cualloc run(s) mapped memory during the timed loop: not all requests were cached\n", unclean);
         return 3;

@@ -9,7 +9,7 @@
 #   FASTPATH_PAIRS      timed pairs per thread, native run (default 200000)
 #   FASTPATH_CG_PAIRS   timed pairs under callgrind, a multiple of 64 (default 20480)
 #   FASTPATH_CG_THREADS thread count also counted under callgrind, for cualloc, jemalloc and the
-#                       loop alike (default 8; 0 = skip)
+#                       loop alike (default 8; 0 = skip): once free-running, once in turns
 #   FASTPATH_SEEDS      more seeds of the mix (e.g. "2 3 4"), counted at 1 thread after the main
 #                       table, with the range over all seeds per pattern: one seed's figure can
 #                       flatter or wrong an allocator (default: none)
@@ -75,6 +75,7 @@ fi
 out=$build/fastpath-callgrind
 mkdir -p "$out"
 failed=$out/failed-runs.txt # the callgrind runs that gave no count, one a line
+cg_turns= # non-empty: cg_run runs the threads in turns (--turns)
 : >"$failed"
 
 # Runs one configuration under callgrind, collecting only inside bench_loop_* (the timed loop);
@@ -87,12 +88,12 @@ cg_run() { # allocator pattern threads [seed]
     trace=*) name=trace.$(basename "${2#trace=}"); set -- "$1" trace "$3" "" "${2#trace=}" ;;
     *) name=$2 ;;
     esac
-    f=$out/cg.$1.$name.t$3${4:+.s$4}
+    f=$out/cg.$1.$name.t$3${4:+.s$4}${cg_turns:+.turns}
     rm -f "$f"
     rc=0
     valgrind --tool=callgrind $instr_opt --toggle-collect='bench_loop_*' --callgrind-out-file="$f" \
         "$exe" --allocator "$1" --pattern "$2" --threads "$3" --pairs "$cg_pairs" ${4:+--seed "$4"} \
-        ${5:+--trace "$5"} --quiet >"$f.log" 2>&1 || rc=$?
+        ${5:+--trace "$5"} ${cg_turns:+--turns} --quiet >"$f.log" 2>&1 || rc=$?
     if [ "$rc" = 3 ]; then # ran, but cualloc mapped memory inside the timed loop
         echo "fastpath.sh: note: $1/$2/$3 threads under callgrind: $(sed -n 's/.* \([0-9]* maps\), .*/\1/p' "$f.log") in the timed loop" >&2
     elif [ "$rc" != 0 ]; then
@@ -149,7 +150,18 @@ if [ "$cg_threads" -gt 1 ]; then
     for pat in random stack repeat; do
         cg_row "$pat" "$cg_threads"
     done
-    echo "   ($cg_threads threads: callgrind serializes threads, so this is the instruction cost without contention)"
+    echo "   ($cg_threads threads: callgrind serializes threads, so this is the instruction cost without contention;"
+    echo "   where it switches threads varies from run to run, and these counts with it)"
+    echo
+    echo "== the same, $cg_threads threads taking turns (fastpath --turns): one thread at a time, a step each (random:"
+    echo "   64 pairs), in thread order, so that every step's memory was last freed on another stream; the"
+    echo "   interleaving is fixed, and the counts repeat from run to run"
+    printf '%-8s %7s %10s %10s %8s %12s %12s %8s\n' pattern threads cualloc jemalloc loop cualloc-net jemalloc-net je/cua
+    cg_turns=1
+    for pat in random stack repeat; do
+        cg_row "$pat" "$cg_threads" "" "$pat-turns"
+    done
+    cg_turns=
 fi
 if [ -n "${FASTPATH_SEEDS:-}" ]; then
     seeds_out=$out/seeds.txt

@@ -45,6 +45,8 @@ for pat in random stack repeat; do
             echo "FAIL: bench/fastpath.sh printed no instruction row for $pat, $t thread(s)"; fail=1
         fi
     done
+    awk -v p="$pat-turns" '$1 == p && $2 == 2 && $3 + 0 > 0 && $6 + 0 > 0 { ok = 1 } END { exit !ok }' "$out" ||
+        { echo "FAIL: bench/fastpath.sh printed no instruction row for $pat with 2 threads in turns"; fail=1; }
     grep -q "^cualloc  *$pat  *1 " "$out" || { echo "FAIL: bench/fastpath.sh printed no native row for $pat"; fail=1; }
     # FASTPATH_SEEDS=7: a row for seed 7 after the seeds table's header, and the range over both seeds
     awk -v p="$pat" '/other seeds of the mix/ { seeds = 1 } seeds && $1 == p && $2 == 7 && $6 + 0 > 0 { ok = 1 } END { exit !ok }' "$out" ||
@@ -154,6 +156,19 @@ for run in random stack repeat "trace.$name.trace"; do
         }
     done
 done
+
+# In turns the interleaving is fixed, so the count repeats to the instruction: the same run as
+# fastpath.sh's, once more, reads what it read (free-running threads read what callgrind's thread
+# switches make of them).
+turns_count() { sed -n 's/^totals: *//p' "$1" | head -1; }
+first=$(turns_count "$cgdir/cg.cualloc.repeat.t2.turns")
+opt=$(case " $("$build/bench/fastpath" --features) " in *" callgrind-markers "*) echo --instr-atstart=no ;; esac)
+valgrind --tool=callgrind $opt --toggle-collect='bench_loop_*' --callgrind-out-file="$out.cg" "$build/bench/fastpath" \
+    --allocator cualloc --pattern repeat --threads 2 --pairs 1024 --turns --quiet >/dev/null 2>&1
+again=$(turns_count "$out.cg")
+rm -f "$out.cg"
+[ -n "$first" ] && [ "$first" = "$again" ] ||
+    { echo "FAIL: fastpath --turns under callgrind counted '$first', then '$again'"; fail=1; }
 
 # A callgrind run that fails (here the loop baseline's, through a valgrind that refuses it) gives no
 # number: its cells and every cell computed from them read "-", and the script exits 1. It read 0.0,
