@@ -986,10 +986,10 @@ static void lost_body(void)
     tr_lost_tables_text(t.acct.lost.tables, text, sizeof text);
     EXPECT(strcmp(text, "stacks, modules, table 9") == 0, "text '%s'", text);
     /* The refusal's time, at the precision of the report's times: a sim trace's ticks are 1 us. */
-    char warning[400], at[64];
+    char warning[400], want[64];
     tr_lost_text(&t.acct.lost, &t.acct.first_time, warning, sizeof warning);
-    snprintf(at, sizeof at, ") at %.6f s:", (double)(l0->r.time_ns - t.acct.first_time) / 1e9);
-    EXPECT(l0->r.time_ns > t.acct.first_time && strstr(warning, at), "warning '%s', want '%s'", warning, at);
+    snprintf(want, sizeof want, ") at %.6f s:", (double)(l0->r.time_ns - t.acct.first_time) / 1e9);
+    EXPECT(l0->r.time_ns > t.acct.first_time && strstr(warning, want), "warning '%s', want '%s'", warning, want);
     /* The writer's delta state, read without the reader's handling of LOST: the counter clock
      * gives every event record (LOST too) the next 1000 ns, so each time is the one before it plus
      * 1000 only if the LOST records left the state alone. */
