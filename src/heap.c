@@ -115,9 +115,10 @@ typedef struct stream_rec_s {
  * 1 MiB and its growth stayed the same with or without lists. A bucket belongs to one
  * (size, tag) while it holds blocks; a free whose bucket is taken by another key, or full, takes
  * the ordinary path. Parked blocks are merged back (flushed) before a search that misses them can
- * grow the heap, before anything is settled or released, so they never cost physical memory; a
- * search that misses in the small pool merges back only as many lists as it needs, so that the
- * other sizes stay parked. 1024 buckets keep collisions between recurring sizes rare; a bitmap of
+ * grow the heap, before their tag is settled or their memory released, so they never cost
+ * physical memory; a search that misses in the small pool merges back only as many lists as it
+ * needs, so that the other sizes stay parked. An idle stream's lists can instead be handed over
+ * whole to a stream that missed (quick_hand_over_idle), retagged rather than merged. 1024 buckets keep collisions between recurring sizes rare; a bitmap of
  * the non-empty ones keeps flushes from visiting the rest. It is cleared lazily, by the flushes
  * that find a bit stale, so that taking a list's last block does not touch it. A list's key stays
  * when it empties; it is only ever set on the bucket its key hashes to, so a key that matches also
@@ -219,6 +220,7 @@ struct heap_s {
     quick_t quick[QUICK_BUCKETS];
     uint64_t quick_nonempty[QUICK_BUCKETS / 64]; /* bit i set if quick[i] holds blocks (may be
                                   * stale; cleared by the flushes) */
+    uint64_t quick_handed_over;  /* lists quick_hand_over_idle moved to another stream (tests) */
     unsigned quick_cursor;       /* the word of quick_nonempty where the next partial
                                   * flush starts */
     cua_memhandle pending_release[HEAP_PENDING_RELEASES]; /* unmapped handles the driver would not release yet */
@@ -720,6 +722,55 @@ static void quick_flush(heap_t *h) {
     }
 }
 
+/* The tag of a list's key. */
+static inline unsigned quick_key_tag_of(uint64_t key) { return (unsigned)(key >> 48); }
+
+/* Merges every CACHED block back into the free indexes but `keep`'s (a stream tag). */
+static void quick_flush_others(heap_t *h, unsigned keep) {
+    for (unsigned w = 0; w < QUICK_BUCKETS / 64; w++) {
+        for (uint64_t bits = h->quick_nonempty[w]; bits; bits &= bits - 1) {
+            unsigned i = w * 64 + (unsigned)__builtin_ctzll(bits);
+            quick_t *q = &h->quick[i];
+            if (q->head && quick_key_tag_of(q->key) == keep) continue;
+            h->quick_nonempty[w] &= ~((uint64_t)1 << (i % 64));
+            if (q->head) quick_evict(h, i, TAG_ANY, SIZE_MAX);
+        }
+    }
+}
+
+/* List i (non-empty, another tag's) becomes tag `to`'s list of its size, its blocks retagged: on
+ * its own bucket if that is to's bucket too, else spliced onto to's bucket, which must be empty or
+ * hold to's key with room for them. False, nothing changed, where it cannot go. */
+static bool quick_retag(heap_t *h, unsigned i, unsigned to) {
+    quick_t *q = &h->quick[i];
+    size_t size = (size_t)(q->key & (HEAP_MAX_REQUEST - 1));
+    uint64_t key = quick_key(size, to);
+    unsigned j = quick_index(size, to);
+    quick_t *d = &h->quick[j];
+    if (j != i && d->head && (d->key != key || d->count + q->count > QUICK_DEPTH)) return false;
+    block_t *tail = NULL;
+    for (block_t *b = q->head; b; b = b->link.list.next_free) {
+        b->tag = (uint16_t)to;
+        b->quick_hint = (uint16_t)j;
+        tail = b;
+    }
+    if (j == i) {
+        q->key = key;
+        return true;
+    }
+    if (!d->head) {
+        d->key = key;
+        d->ref = false;
+        h->quick_nonempty[j / 64] |= (uint64_t)1 << (j % 64);
+    }
+    tail->link.list.next_free = d->head;
+    d->head = q->head;
+    d->count += q->count;
+    q->head = NULL; /* (its bit stays: stale, which the flushes allow) */
+    q->count = 0;
+    return true;
+}
+
 /* A search for `rsize` on `tag` in the small pool missed: merges its quick lists back. With
  * `until_fit`, one list at a time, stopping once a merge yields a block the search would find, so
  * that one request does not empty every list (each emptied list costs its size a miss later). The
@@ -1087,12 +1138,62 @@ static void settle_all(heap_t *h) {
     }
 }
 
-/* The cheap way to find memory other streams freed: for each other stream holding free blocks,
- * settle what its completed event covers, and close its open generation (recording an event) when
- * it holds blocks no event covers. Returns true when something was settled. Never synchronizes. */
+/* Has every piece of work queued so far on open tag t's stream completed? An event recorded on it
+ * now, and queried: what settling the tag would prove. The tag's event is free while the tag is
+ * open (stream_close records it again when it closes). False for a stream that captures, or that
+ * no event can be recorded on. */
+static bool stream_idle_now(heap_t *h, unsigned t) {
+    stream_rec_t *r = &h->tags[t];
+    if (stream_is_key(r->handle) || is_capturing(h, r->handle)) return false;
+    if (!r->event && h->drv->event_create(h->dev, &r->event) != CUA_SUCCESS) return false;
+    return h->drv->event_record(h->dev, r->event, r->handle) == CUA_SUCCESS &&
+           h->drv->event_query(h->dev, r->event) == CUA_SUCCESS;
+}
+
+/* A search on stream tag `self` missed. Other streams' parked blocks are merged back before their
+ * tags settle, and then carved again, one search and split at a time, into the blocks `self` asks
+ * for: when streams take turns with the same shapes (each step's memory last freed on another
+ * stream), every step paid that for all its small blocks. So first, the parked lists of each
+ * other stream that is idle now (an event recorded on it after its frees has completed: what
+ * settling it would prove) become self's own lists, unmerged. A stream still busy, one capturing,
+ * or a list with nowhere to go is left to the flush. Returns true when a list was handed over. */
+static bool quick_hand_over_idle(heap_t *h, unsigned self) {
+    uint64_t asked = 0, idle = 0; /* the other tags looked at, and those found idle (tags are below 64) */
+    bool moved = false;
+    for (unsigned w = 0; w < QUICK_BUCKETS / 64; w++)
+        for (uint64_t bits = h->quick_nonempty[w]; bits; bits &= bits - 1) {
+            unsigned i = w * 64 + (unsigned)__builtin_ctzll(bits), t = quick_key_tag_of(h->quick[i].key);
+            if (!h->quick[i].head || t == self) continue;
+            if (!(asked >> t & 1)) {
+                if (!asked && is_capturing(h, h->tags[self].handle)) return false;
+                asked |= (uint64_t)1 << t;
+                if (stream_idle_now(h, t)) idle |= (uint64_t)1 << t;
+            }
+            /* (A list moved to a later bucket has self's key there, and is skipped.) */
+            if ((idle >> t & 1) && quick_retag(h, i, self)) {
+                moved = true;
+                h->quick_handed_over++;
+            }
+        }
+    return moved;
+}
+
+/* The cheap way to find memory other streams freed: the parked lists of idle streams handed over
+ * to self (quick_hand_over_idle); then, for each other stream holding free blocks, settle what its
+ * completed event covers, and close its open generation (recording an event) when it holds blocks
+ * no event covers. Returns true when something was settled or handed over. Never synchronizes.
+ * Every other list is merged back first, as before any settling; self's stay parked when it was
+ * handed some (it is not settled here). Only a large request can leave lists parked past this: a
+ * small one comes here after alloc_search merged every list back, so the small pool never grows
+ * while blocks are parked. */
 static bool settle_completed(heap_t *h, unsigned self) {
     bool settled = false;
-    quick_flush(h);
+    if (h->vmm && quick_hand_over_idle(h, self)) {
+        settled = true;
+        quick_flush_others(h, self);
+    } else {
+        quick_flush(h);
+    }
     if (dw_settle_completed(h)) settled = true;
     for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
         stream_rec_t *r = &h->tags[t];
@@ -3365,6 +3466,8 @@ void heap_test_quick(heap_t *h, unsigned i, uint64_t **key, uint32_t **count, ui
     *word = &h->quick_nonempty[i / 64];
     *bit = i % 64;
 }
+
+uint64_t heap_test_quick_handed_over(const heap_t *h) { return h->quick_handed_over; }
 
 block_t **heap_test_live_slot(heap_t *h, const void *ptr) { return h->vmm ? live_slot(h, (uintptr_t)ptr) : NULL; }
 

@@ -745,6 +745,9 @@ void heap_test_tag_owner(heap_t *h, unsigned t, bool **used, cua_stream **handle
 /* Quick list i (< 1024): its key, its count and its bit in the non-empty bitmap's word (*word,
  * bit *bit). The list of a CACHED block b is b->quick_hint. */
 void heap_test_quick(heap_t *h, unsigned i, uint64_t **key, uint32_t **count, uint64_t **word, unsigned *bit);
+/* Quick lists handed over so far from an idle stream to one that missed (heap.c:
+ * quick_hand_over_idle). */
+uint64_t heap_test_quick_handed_over(const heap_t *h);
 bool heap_is_vmm(const heap_t *h);
 int heap_device(const heap_t *h); /* the device ordinal it serves */
 /* The VA range [lo, hi) of a VMM pool (empty in classic mode). Fixed for the heap's life. */

@@ -199,6 +199,73 @@ static void test_handover_rounds(void) {
     sim_stream_destroy(t);
 }
 
+/* Streams taking turns with the same shapes: S's step ends with its small blocks parked on its
+ * quick lists. When T misses and S is seen idle, those lists become T's, unmerged, and T's step
+ * takes S's very blocks from them; while S still runs (its events' queries say not ready), or
+ * captures, T gets none of them. After a hand-over, a block S frees is S's again, and stays from T
+ * while S has not been seen past it. */
+static void test_quick_lists_handed_over(void) {
+    enum { K = 8 };
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:256", &c);
+    cua_stream s = sim_stream_create(0, false), t = sim_stream_create(0, false); /* both complete at once */
+    void *small[K], *big;
+    size_t size[K];
+    for (int k = 0; k < K; k++) size[k] = (size_t)(64 + 96 * k) << 10; /* 64 KiB .. 736 KiB: small pool */
+    const char *what[] = {"S still runs", "S is idle", "S captures"};
+    for (int round = 0; round < 3; round++) {
+        /* S's step: the small blocks and a large one, all freed on S. */
+        for (int k = 0; k < K; k++) small[k] = must_alloc(h, size[k], s);
+        big = must_alloc(h, 8 << 20, s);
+        must_free(h, big, s);
+        for (int k = 0; k < K; k++) must_free(h, small[k], s);
+        bool idle = round == 1;
+        if (round == 0) sim_fail(SIM_OP_EVENT_QUERY, 0, 1000, CUA_ERROR_NOT_READY);
+        if (round == 2) sim_stream_set_capturing(s, true);
+        uint64_t handed = heap_test_quick_handed_over(h);
+        /* T's step: the large request misses (T has nothing of its own), then the small ones in
+         * another order than S's. */
+        void *tbig = must_alloc(h, 8 << 20, t), *tsmall[K];
+        for (int k = K; k-- > 0;) tsmall[k] = must_alloc(h, size[k], t);
+        EXPECT((heap_test_quick_handed_over(h) > handed) == idle, "round %d (%s): lists handed over: %llu", round,
+               what[round], (unsigned long long)(heap_test_quick_handed_over(h) - handed));
+        for (int k = 0; k < K; k++) {
+            char *x = tsmall[k];
+            bool overlap = false;
+            for (int j = 0; j < K; j++)
+                if (x < (char *)small[j] + size[j] && (char *)small[j] < x + size[k]) overlap = true;
+            if (idle)
+                EXPECT(x == small[k], "round %d: T's %zu KiB block is %p, not S's parked one %p", round, size[k] >> 10,
+                       (void *)x, small[k]);
+            else
+                EXPECT(!overlap, "round %d (%s): T's %zu KiB block %p is S's memory", round, what[round], size[k] >> 10,
+                       (void *)x);
+        }
+        EXPECT(idle ? tbig == big : tbig != big, "round %d (%s): the large block follows the stream rule", round, what[round]);
+        if (idle) {
+            /* S frees a block of a handed-over size, then runs on: the block is S's alone. */
+            void *again = must_alloc(h, size[0], s);
+            must_free(h, again, s);
+            sim_fail(SIM_OP_EVENT_QUERY, 0, 1000, CUA_ERROR_NOT_READY);
+            must_free(h, tsmall[0], t);
+            void *t2 = must_alloc(h, size[0], t), *t3 = must_alloc(h, size[0], t);
+            EXPECT(t2 == tsmall[0], "T takes its own parked block back");
+            EXPECT(t3 != again, "T was given S's newer block %p, which S has not been seen past", again);
+            must_free(h, t3, t);
+            tsmall[0] = t2;
+        }
+        sim_fail(SIM_OP_EVENT_QUERY, 0, 0, CUA_SUCCESS);
+        for (int k = 0; k < K; k++) must_free(h, tsmall[k], t);
+        must_free(h, tbig, t);
+        if (round == 2) sim_stream_set_capturing(s, false);
+        heap_trim(h); /* each round from an empty heap */
+        EXPECT(heap_check(h, stderr) == 0 && stats(h).reserved_bytes == 0, "round %d: trimmed", round);
+    }
+    heap_destroy(h);
+    sim_stream_destroy(s);
+    sim_stream_destroy(t);
+}
+
 /* A stream destroyed while its closed generation's event is in flight: both of its generations
  * settle (after synchronizing it) and its tags are freed, so the handle can come back. */
 static void test_stream_destroyed_with_closed_generation(void) {
@@ -1036,6 +1103,7 @@ int main(void) {
     test_event_covers_only_earlier_frees();
     test_stream_generations();
     test_handover_rounds();
+    test_quick_lists_handed_over();
     test_stream_destroyed_with_closed_generation();
     test_pressure_synchronizes();
     test_pressure_stream_sync_refused();
