@@ -92,7 +92,8 @@ need = {
                                 == sorted([(c, m) for c in ["capture_vs_misses", "capture_vs_misses_thread_local",
                                                             "capture_vs_misses_relaxed", "capture_vs_misses_own_thread",
                                                             "stream_get_ctx_under_capture", "legacy_lookup_flags",
-                                                            "meminfo_counted_once", "device_reset"]
+                                                            "meminfo_counted_once", "event_idle_at_once",
+                                                            "device_reset"]
                                            for m in ["plain", "preload"]]
                                           + [(c, "preload-classic") for c in ["capture_vs_misses",
                                                                               "capture_vs_misses_own_thread"]])
@@ -494,14 +495,14 @@ grep -q '^- status: \*\*incomplete\*\*' "$tmp/cut/torch-step-controls/summary.md
 # with under 90 s of the deadline left is not started.
 OUT="$tmp/pending" "$src/bench/gpu/pending.sh" --mock --build "$build" --deadline-s 400 >"$tmp/pending.log" 2>&1 ||
     bad "pending.sh --mock exited non-zero: $(tail -3 "$tmp/pending.log")"
-for name in capacity-medium-a capacity-medium-b torch-rounds; do
+for name in driver-questions capacity-medium-a capacity-medium-b torch-rounds; do
     [ -s "$tmp/pending/$name.tgz" ] && [ -s "$tmp/pending/$name.log" ] || bad "pending.sh: no $name.tgz and .log in \$OUT"
 done
 [ "$(ls "$tmp/pending" | wc -l)" -le 8 ] || bad "pending.sh: more files than a GPU machine returns"
 tar -tzf "$tmp/pending/torch-rounds.tgz" | grep -q 'torch/results.jsonl' || bad "pending.sh: torch-rounds.tgz lacks the torch part's results"
 env -u OUT "$src/bench/gpu/pending.sh" --mock --build "$build" --deadline-s 80 --out "$tmp/pending-late" \
     >"$tmp/pending-late.log" 2>&1 && bad "pending.sh with 80 s: exit 0"
-[ "$(grep -c 'not started' "$tmp/pending-late.log")" = 3 ] || bad "pending.sh with 80 s: not every group refused"
+[ "$(grep -c 'not started' "$tmp/pending-late.log")" = 4 ] || bad "pending.sh with 80 s: not every group refused"
 for n in 0 x; do
     env -u OUT "$src/bench/gpu/run.sh" torch-medium --mock --repeat "$n" --out "$tmp/rep0" --build "$build" >/dev/null 2>&1
     [ $? = 2 ] || bad "--repeat $n was not refused"

@@ -6,7 +6,7 @@
 //   driver_questions --check NAME     NAME: capture_vs_misses | capture_vs_misses_thread_local |
 //                                     capture_vs_misses_relaxed | capture_vs_misses_own_thread |
 //                                     stream_get_ctx_under_capture | legacy_lookup_flags |
-//                                     meminfo_counted_once | device_reset
+//                                     meminfo_counted_once | event_idle_at_once | device_reset
 //
 // Prints one line `driver_questions: RESULT {"check": NAME, "pass": true|false|null, ...}` (null:
 // the question could not be decided here) and exits 0 once that line is printed, whatever the
@@ -699,7 +699,74 @@ static int check_meminfo_counted_once(void) {
     return 0;
 }
 
-// ------------------------------------------------------------------ 5. device_reset
+// ------------------------------------------------------------------ 5. event_idle_at_once
+
+__global__ void spin_kernel(long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+}
+
+// cualloc lets one stream take another's freed memory without waiting when an event it records on
+// the freeing stream is complete at the first query (src/heap.c: stream_idle_now, which hands an
+// idle stream's parked blocks over whole, and stream_settle_completed's "the stream was idle"):
+// the sim completes such an event at once; does the driver? Asked EVENT_IDLE_N times on an idle
+// non-blocking stream: cudaEventRecord, then cudaEventQuery at once, and again until complete (the
+// polls it took). Then the control: the same after a kernel of about 20 us on the stream, where
+// the first query must say not ready. pass: at least 90% of the idle records complete at the
+// first query, and at most 10% of the busy ones.
+enum { EVENT_IDLE_N = 1000, EVENT_BUSY_N = 100 };
+static int check_event_idle_at_once(void) {
+    cudaStream_t st = NULL;
+    cudaEvent_t ev = NULL;
+    char failed[160] = "";
+    common_facts();
+    if (!(SETUP(failed, cudaSetDevice(0)) && SETUP(failed, cudaFree(0)) &&
+          SETUP(failed, cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking)) &&
+          SETUP(failed, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)))) {
+        jadd(",\"error\":");
+        jstr(failed);
+        result_print("event_idle_at_once", -1);
+        return 0;
+    }
+    int idle_at_once = 0, idle_done = 0, busy_at_once = 0, busy_done = 0;
+    long long polls_total = 0, polls_max = 0;
+    cudaError_t bad = cudaSuccess;
+    for (int i = 0; i < EVENT_IDLE_N && bad == cudaSuccess; i++) {
+        cudaError_t r = cudaEventRecord(ev, st), q = cudaErrorNotReady;
+        long long polls = 0;
+        while (r == cudaSuccess && (q = cudaEventQuery(ev)) == cudaErrorNotReady) polls++;
+        bad = r != cudaSuccess ? r : q;
+        if (bad != cudaSuccess) break;
+        idle_done++;
+        if (polls == 0) idle_at_once++;
+        polls_total += polls;
+        if (polls > polls_max) polls_max = polls;
+    }
+    int khz = 0;
+    cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
+    long long cycles = (long long)(khz > 0 ? khz : 1500000) * 20 / 1000; // about 20 us
+    for (int i = 0; i < EVENT_BUSY_N && bad == cudaSuccess; i++) {
+        spin_kernel<<<1, 1, 0, st>>>(cycles);
+        cudaError_t r = first_err(cudaGetLastError(), cudaEventRecord(ev, st)), q = cudaErrorNotReady;
+        if (r == cudaSuccess) q = cudaEventQuery(ev);
+        bad = r != cudaSuccess ? r : (q == cudaErrorNotReady ? cudaSuccess : q);
+        if (q == cudaSuccess) busy_at_once++;
+        bad = first_err(bad, cudaStreamSynchronize(st));
+        if (bad == cudaSuccess) busy_done++;
+    }
+    cudaEventDestroy(ev);
+    cudaStreamDestroy(st);
+    int pass = bad != cudaSuccess ? -1 : idle_at_once * 10 >= EVENT_IDLE_N * 9 && busy_at_once * 10 <= EVENT_BUSY_N;
+    jadd(",\"idle_records\":%d,\"idle_complete_at_once\":%d,\"idle_polls_mean\":%.2f,\"idle_polls_max\":%lld,"
+         "\"busy_records\":%d,\"busy_complete_at_once\":%d,\"kernel_cycles\":%lld,\"error\":\"%s\"",
+         idle_done, idle_at_once, idle_done ? (double)polls_total / idle_done : 0.0, polls_max, busy_done, busy_at_once,
+         cycles, bad == cudaSuccess ? "" : rt_name(bad));
+    result_print("event_idle_at_once", pass);
+    return 0;
+}
+
+// ------------------------------------------------------------------ 6. device_reset
 
 // One allocation after cudaDeviceReset, written by a kernel and read back. Under cualloc the heap
 // holds chunks (and, in VMM mode, an address range and handles) made in the context the reset
@@ -771,7 +838,7 @@ static int check_device_reset(void) {
 // ------------------------------------------------------------------ main
 
 static const char *const CHECK_NAMES[] = {"stream_get_ctx_under_capture", "legacy_lookup_flags", "meminfo_counted_once",
-                                          "device_reset"};
+                                          "event_idle_at_once", "device_reset"};
 enum { N_CHECK_NAMES = sizeof CHECK_NAMES / sizeof CHECK_NAMES[0] };
 
 // The usage line and every check's name (the capture variants first).
@@ -784,7 +851,7 @@ static void print_usage(FILE *out) {
 
 int main(int argc, char **argv) {
     int (*const fns[N_CHECK_NAMES])(void) = {check_stream_get_ctx_under_capture, check_legacy_lookup_flags,
-                                             check_meminfo_counted_once, check_device_reset};
+                                             check_meminfo_counted_once, check_event_idle_at_once, check_device_reset};
     const char *name = NULL;
     int which = -1;
     const capture_variant *variant = NULL;

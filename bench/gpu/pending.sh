@@ -32,6 +32,7 @@ end=$((SECONDS + deadline))
 
 # NAME SECONDS-WANTED PART [ARGS...], in the order they run.
 groups=(
+    "driver-questions 90 driver-questions"
     "capacity-medium-a 330 torch-capacity-medium-varlen --modes expandable,cualloc-preload-nocache"
     "capacity-medium-b 200 torch-capacity-medium-varlen --modes cualloc-preload-cache"
     "torch-rounds 330 torch --repeat 3 --modes default,cualloc-enable,cualloc-preload-cache"

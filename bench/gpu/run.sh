@@ -142,7 +142,7 @@ estimate() {
         driver-costs) echo "about 1 minute" ;;
         property-cuda) echo "about 1-3 minutes" ;;
         ld-preload) echo "about 1-2 minutes (two nvcc builds, six runs)" ;;
-        driver-questions) echo "about 1 minute (one small nvcc build, eighteen processes of about a second each, at most 30 s each)" ;;
+        driver-questions) echo "about 1 minute (one small nvcc build, twenty processes of about a second each, at most 30 s each)" ;;
         torch-api) echo "1-2 minutes (one PyTorch process under cualloc_torch.enable(), torch.compile's first compile included, then allocview on its trace)" ;;
         torch) echo "about 4-7 minutes (5 modes x (training run + forced-OOM run) + 2 snapshot runs, each a fresh process; capped at 9 minutes)" ;;
         torch-medium) echo "about 2-4 minutes (5 GPT-2 medium training runs; capped at 9 minutes)" ;;
@@ -457,11 +457,11 @@ part_ld_preload() {
 # that file and the README). Each check runs in a process of its own, once without cualloc (CUDA's
 # own answer: the reference) and once under LD_PRELOAD; device_reset last, since a reset could
 # leave the device unusable for whatever came after it. A process is bounded by 30 s: the
-# eighteen take under a second each on an H100. capture_vs_misses and its own-thread variant run a
+# twenty take under a second each on an H100. capture_vs_misses and its own-thread variant run a
 # third time under the preload with classic segments (cuMemAlloc'd, released with cuMemFree), whose
 # driver calls differ.
 DQ_CHECKS="legacy_lookup_flags stream_get_ctx_under_capture meminfo_counted_once capture_vs_misses
-capture_vs_misses_thread_local capture_vs_misses_relaxed capture_vs_misses_own_thread device_reset"
+capture_vs_misses_thread_local capture_vs_misses_relaxed capture_vs_misses_own_thread event_idle_at_once device_reset"
 DQ_CLASSIC_CHECKS="capture_vs_misses capture_vs_misses_own_thread"
 
 # dq_modes CHECK: the processes a check runs in.

@@ -181,6 +181,12 @@ def dq_facts(check, res):
             text += "; cualloc: %s maps, %s unmaps, %s syncs" % (res["cualloc_maps"], res["cualloc_unmaps"],
                                                               res["cualloc_syncs"])
         return text
+    if check == "event_idle_at_once":
+        return ("an event recorded on an idle stream complete at the first query: %s of %s (polls until complete: "
+                "mean %s, max %s); after a kernel of %s cycles: %s of %s"
+                % (res.get("idle_complete_at_once"), res.get("idle_records"), res.get("idle_polls_mean"),
+                   res.get("idle_polls_max"), res.get("kernel_cycles"), res.get("busy_complete_at_once"),
+                   res.get("busy_records")))
     if check == "device_reset":
         return ("before %s; cudaDeviceReset %s; after it: 1 MiB %s (same address: %s), 96 MiB %s; last error %s"
                 % (res.get("before_reset"), res.get("reset"), res.get("after_1MiB"), res.get("same_address_as_before"),
