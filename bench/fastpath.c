@@ -23,7 +23,9 @@
  *             thread order, warm-up included. Free-running threads interleave wherever the
  *             scheduler (or callgrind, which runs one thread at a time) switches them, and the large
  *             pool's layout, so an 8-thread count, follows the switches from run to run; in turns
- *             the interleaving is fixed and the count repeats. Times then measure no concurrency.
+ *             the interleaving is fixed and the count repeats. Times then measure no concurrency,
+ *             and a thread's time includes the others' turns and the wake-ups that pass the turn on
+ *             (microseconds each): read instructions, not ns, in turns.
  * Warm-up runs whole periods until cualloc has mapped nothing for WARM_QUIET_ROUNDS periods in a row
  * (FASTPATH_DEBUG=1 prints each round). Exit status 3: a cualloc timed loop still mapped memory.
  */
@@ -723,6 +725,7 @@ static void usage(FILE *out) {
             "  --turns        threads run one at a time, a step each (random: %d pairs; trace: a pass), in thread\n"
             "                 order: an interleaving that repeats from run to run (callgrind's thread switches do\n"
             "                 not), so an N-thread instruction count does too; times then show no concurrency\n"
+            "                 and include the wake-ups that pass each turn on (read instructions, not ns)\n"
             "  --json         one JSON array of results instead of the table\n"
             "  --quiet        no description of the mix\n"
             "  --features     print what this build measures (cualloc null [jemalloc] [callgrind-markers])\n",
