@@ -118,11 +118,12 @@ typedef struct stream_rec_s {
  * grow the heap, before their tag is settled or their memory released, so they never cost
  * physical memory; a search that misses in the small pool merges back only as many lists as it
  * needs, so that the other sizes stay parked. An idle stream's lists can instead be handed over
- * whole to a stream that missed (quick_hand_over_idle), retagged rather than merged. 1024 buckets keep collisions between recurring sizes rare; a bitmap of
- * the non-empty ones keeps flushes from visiting the rest. It is cleared lazily, by the flushes
- * that find a bit stale, so that taking a list's last block does not touch it. A list's key stays
- * when it empties; it is only ever set on the bucket its key hashes to, so a key that matches also
- * names the right bucket (the free path's hint relies on it).
+ * whole to a stream that missed (quick_hand_over_idle), retagged rather than merged. 1024 buckets
+ * keep collisions between recurring sizes rare; a bitmap of the non-empty ones keeps flushes from
+ * visiting the rest. It is cleared lazily, by the flushes that find a bit stale, so that taking a
+ * list's last block does not touch it. A list's key stays when it empties; it is only ever set on
+ * the bucket its key hashes to, so a key that matches also names the right bucket (the free path's
+ * hint relies on it).
  * Invariant: every CACHED block is on exactly the list of its (size, tag) and lies in the small
  * pool; a bucket that holds blocks has its bit set in quick_nonempty (a set bit may be stale: the
  * list empty); a non-empty list's key hashes to its bucket. */
@@ -708,25 +709,14 @@ static bool quick_any(const heap_t *h) {
     return any != 0;
 }
 
-/* Merges every CACHED block back into the free indexes. */
-static void quick_flush(heap_t *h) {
-    /* In bucket order: the order of the merges decides which records survive and the order of the
-     * bins' lists, hence later placement. */
-    for (unsigned w = 0; w < QUICK_BUCKETS / 64; w++) {
-        uint64_t bits = h->quick_nonempty[w];
-        h->quick_nonempty[w] = 0;
-        for (; bits; bits &= bits - 1) {
-            unsigned i = w * 64 + (unsigned)__builtin_ctzll(bits);
-            if (h->quick[i].head) quick_evict(h, i, TAG_ANY, SIZE_MAX);
-        }
-    }
-}
-
 /* The tag of a list's key. */
 static inline unsigned quick_key_tag_of(uint64_t key) { return (unsigned)(key >> 48); }
 
-/* Merges every CACHED block back into the free indexes but `keep`'s (a stream tag). */
+/* Merges every CACHED block back into the free indexes but `keep`'s (a stream tag; TAG_ANY, which
+ * no list has, keeps none). */
 static void quick_flush_others(heap_t *h, unsigned keep) {
+    /* In bucket order: the order of the merges decides which records survive and the order of the
+     * bins' lists, hence later placement. */
     for (unsigned w = 0; w < QUICK_BUCKETS / 64; w++) {
         for (uint64_t bits = h->quick_nonempty[w]; bits; bits &= bits - 1) {
             unsigned i = w * 64 + (unsigned)__builtin_ctzll(bits);
@@ -737,6 +727,9 @@ static void quick_flush_others(heap_t *h, unsigned keep) {
         }
     }
 }
+
+/* Merges every CACHED block back into the free indexes. */
+static void quick_flush(heap_t *h) { quick_flush_others(h, TAG_ANY); }
 
 /* List i (non-empty, another tag's) becomes tag `to`'s list of its size, its blocks retagged: on
  * its own bucket if that is to's bucket too, else spliced onto to's bucket, which must be empty or
