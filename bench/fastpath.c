@@ -20,10 +20,10 @@
  *                 [--json] [--quiet]
  *   --pairs   timed pairs per thread (default 200000); --threads T runs only T (default: 1 and 8).
  *   --turns   the threads run one at a time, a step each (random: SLOTS pairs; trace: a pass) in
- *             thread order, warm-up included. Free-running threads interleave wherever the
- *             scheduler (or callgrind, which runs one thread at a time) switches them, and the large
- *             pool's layout, so an 8-thread count, follows the switches from run to run; in turns
- *             the interleaving is fixed and the count repeats. Times then measure no concurrency,
+ *             thread order, the first fill of their slots and the warm-up included. Free-running
+ *             threads interleave wherever the scheduler (or callgrind, which runs one thread at a
+ *             time) switches them, and the large pool's layout, so an 8-thread count, follows the
+ *             switches from run to run; in turns the interleaving is fixed and the count repeats. Times then measure no concurrency,
  *             and a thread's time includes the others' turns and the wake-ups that pass the turn on
  *             (microseconds each): read instructions, not ns, in turns.
  * Warm-up runs whole periods until cualloc has mapped nothing for WARM_QUIET_ROUNDS periods in a row
@@ -563,20 +563,28 @@ typedef struct run_s {
 /* Runs pairs through loop, in turns when the run takes turns: the hand-over is outside loop, so
  * that callgrind, collecting inside bench_loop_*, counts none of it. Every thread runs the same
  * number of turns, so the last turn of each leaves no thread waiting. */
+static void turn_wait(run_t *r, const worker_t *w) {
+    pthread_mutex_lock(&r->turn_lock);
+    while (r->turn != w->id) pthread_cond_wait(&r->turn_changed, &r->turn_lock);
+    pthread_mutex_unlock(&r->turn_lock);
+}
+
+static void turn_pass(run_t *r, const worker_t *w) {
+    pthread_mutex_lock(&r->turn_lock);
+    r->turn = (w->id + 1) % r->threads;
+    pthread_cond_broadcast(&r->turn_changed);
+    pthread_mutex_unlock(&r->turn_lock);
+}
+
 static void worker_run(run_t *r, worker_t *w, void (*loop)(worker_t *, size_t), size_t pairs) {
     if (!r->turns) {
         loop(w, pairs);
         return;
     }
     for (size_t done = 0; done < pairs; done += r->turn_pairs) {
-        pthread_mutex_lock(&r->turn_lock);
-        while (r->turn != w->id) pthread_cond_wait(&r->turn_changed, &r->turn_lock);
-        pthread_mutex_unlock(&r->turn_lock);
+        turn_wait(r, w);
         loop(w, r->turn_pairs);
-        pthread_mutex_lock(&r->turn_lock);
-        r->turn = (w->id + 1) % r->threads;
-        pthread_cond_broadcast(&r->turn_changed);
-        pthread_mutex_unlock(&r->turn_lock);
+        turn_pass(r, w);
     }
 }
 
@@ -584,7 +592,12 @@ static void *worker_main(void *arg) {
     worker_t *w = arg;
     run_t *r = (run_t *)(void *)w->ptr[0]; /* smuggled in; replaced by worker_fill */
     w->ptr[0] = NULL;
+    /* In turns the threads fill their live slots in turn too: the random pattern keeps its slots
+     * live throughout, so where they were carved, which free-running threads decide, would move
+     * the count from run to run. */
+    if (r->turns) turn_wait(r, w);
     worker_fill(w, r->o);
+    if (r->turns) turn_pass(r, w);
     /* Warm-up rounds of one full period (trace: one pass) each, until the main thread sees a round without maps. */
     for (;;) {
         pthread_barrier_wait(&r->barrier);
