@@ -966,22 +966,24 @@ static bool capture_in_progress(heap_t *h) {
  * query also fails while any blocking stream captures, known or not). An error when it is not
  * made or fails. */
 static cua_result device_sync(heap_t *h) {
-    if (dw_any_capturing(h)) return CUA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    for (unsigned t = 1; t < TAG_STREAMS_END; t++) /* the streams the heap holds free blocks for */
-        if (open_tag_waiting(h, t) && is_capturing(h, h->tags[t].handle)) return CUA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    /* Every stream with a record, not only those with free bytes in their index: a stream whose
+     * free memory is all parked on its quick lists captures just the same. */
+    if (capture_in_progress(h)) return CUA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     h->stats.num_syncs++;
     return h->drv->device_synchronize(h->dev);
 }
 
-/* Waits for all the group's work (one device synchronize) and settles both generations. */
-static void dw_sync(heap_t *h) {
+/* Waits for all the group's work (one device synchronize) and settles both generations. True when
+ * the device was synchronized (false too when there was nothing to wait for). */
+static bool dw_sync(heap_t *h) {
     stream_rec_t *r = dw_rec(h);
-    if (dw_free_bytes(h) == 0 && !r->event_in_flight) return;
-    if (device_sync(h) != CUA_SUCCESS) return; /* captures in progress, or refused: stay unsettled */
+    if (dw_free_bytes(h) == 0 && !r->event_in_flight) return false;
+    if (device_sync(h) != CUA_SUCCESS) return false; /* captures in progress, or refused: stay unsettled */
     r->event_in_flight = false;
     for (unsigned i = 0; i < h->n_nb; i++) h->nb[i].in_flight = false;
     settle_tag(h, TAG_DW_A);
     settle_tag(h, TAG_DW_B);
+    return true;
 }
 
 /* Applies `look` (the driver's event query, or its event wait) to the group's events, the legacy
@@ -1114,9 +1116,7 @@ static void stream_settle_synced(heap_t *h, unsigned t) {
  * blocks between streams, only waits), both generations and the device-wide ones. */
 static void settle_all(heap_t *h) {
     quick_flush(h);
-    uint64_t before = h->stats.num_syncs;
-    dw_sync(h);
-    bool device_synced = h->stats.num_syncs != before && dw_free_bytes(h) == 0;
+    bool device_synced = dw_sync(h);
     for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
         stream_rec_t *r = &h->tags[t];
         if (!open_tag_waiting(h, t)) continue;

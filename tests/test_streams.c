@@ -899,6 +899,38 @@ static void test_capture_no_device_sync(bool blocking) {
     sim_stream_destroy(cap);
 }
 
+/* The same with the streams untracked (device-wide frees bounded by synchronizing the device) and
+ * the capturing stream's only free memory parked on its quick lists: no free bytes in its index,
+ * yet a stream the heap knows. `parked` false is the control, a 4 MiB block in the index. */
+static void test_capture_parked_no_device_sync(bool parked) {
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:256", &c);
+    heap_streams_untracked(h);
+    cua_stream s = sim_stream_create(0, true), u = sim_stream_create(0, false);
+    void *x[8];
+    for (int i = 0; i < 8; i++) x[i] = must_alloc(h, 8 << 20, NULL);
+    /* u's memory, settled when u goes, leaves device-wide frees something to wait for. */
+    void *ua = must_alloc(h, 64 << 10, u), *ub = must_alloc(h, 8 << 20, u);
+    must_free(h, ua, u);
+    must_free(h, ub, u);
+    heap_stream_destroyed(h, u);
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    must_free(h, must_alloc(h, parked ? 64 << 10 : 4 << 20, s), s);
+    sim_stream_set_capturing(s, true);
+    uint64_t broken = sim_captures_broken();
+    for (int i = 0; i < 8; i++) {
+        EXPECT(heap_free_device_wide(h, x[i]), "device-wide free");
+        EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    }
+    EXPECT(sim_captures_broken() == broken, "a device synchronize broke the capture of a stream whose free memory is %s",
+           parked ? "parked" : "in its index");
+    sim_stream_set_capturing(s, false);
+    heap_trim(h);
+    EXPECT(heap_check(h, stderr) == 0 && stats(h).allocated_bytes == 0, "after the capture");
+    heap_destroy(h);
+    sim_stream_destroy(s);
+}
+
 /* A stream destroyed while its freed blocks wait for its work, and its synchronize refused: the
  * blocks settle only once the device is seen idle, never by the destroy alone. */
 static void test_stream_destroyed_sync_refused(void) {
@@ -1122,6 +1154,8 @@ int main(void) {
     test_capture_untouched();
     test_capture_no_device_sync(true);
     test_capture_no_device_sync(false);
+    test_capture_parked_no_device_sync(false);
+    test_capture_parked_no_device_sync(true);
     test_stream_destroyed_sync_refused();
     stream_destroyed_unprovable("sim_memory_mb:64", true);
     stream_destroyed_unprovable("sim_memory_mb:64", false);
