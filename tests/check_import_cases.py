@@ -5,6 +5,13 @@ records it writes (`allocview dump`) and on the snapshot the export makes of the
                   what was mapped before the window, so reserved memory is the final segment's size
   expand_remap    part of an expandable segment unmapped and mapped again inside the window: the
                   starting state maps the whole segment, and its live block lies in mapped memory
+  expand_events   a snapshot whose only sign of expandable segments is its events (no
+                  allocator_settings, every segment unmapped by the end): the trace is expandable,
+                  so its piecewise unmaps export back
+  roundup         allocator_settings' roundup_power2_divisions: a freed allocation (no final block to
+                  size it) is sized as PyTorch's round_size sizes it under those divisions (1.2 GiB
+                  at 4 divisions: 1.25 GiB; 1.2 MiB: 1.25 MiB), a power of two stays as it is, and a
+                  division that is no power of two is ignored with a warning naming it
   multidev        two devices whose events interleave in time, and an annotation between them: the
                   trace has every event at its own time, in time order, and the export gives each
                   device its events at their times
@@ -212,6 +219,49 @@ def expand_remap():
         check(c, "inferred" not in err, "the export had to infer the starting state: %s" % err.strip())
         check(c, [(g["address"], g["total_size"]) for g in out["segments"]] == [(B, 4 * M)],
               "exported segments %r" % out["segments"])
+
+
+@case
+def expand_events():
+    c = "expand_events"
+    tr = [ev("segment_map", B, 4 * M, 10), ev("alloc", B, M, 20), ev("free_requested", B, M, 30),
+          ev("free_completed", B, M, 30), ev("segment_unmap", B + 2 * M, 2 * M, 40), ev("segment_unmap", B, 2 * M, 50)]
+    s = snap([], [tr])
+    del s["allocator_settings"]
+    rc, err, trace = import_(c, s)
+    if not check(c, rc == 0, "import exited %d: %s" % (rc, err)):
+        return
+    conf = [label or kv for k, kv, label in records(trace) if k == "config"]
+    rc, out, _ = run("dump", trace)
+    check(c, "expandable_segments:1" in out, "the trace is not expandable: %r" % conf)
+    rc, err, out = export(c, trace)
+    if check(c, rc == 0, "export exited %d: %s" % (rc, err)):
+        back = [(e["action"], e["addr"], e["size"]) for e in out["device_traces"][0] if e["action"].startswith("segment")]
+        check(c, back == [(e["action"], e["addr"], e["size"]) for e in tr if e["action"].startswith("segment")],
+              "segment events came back as %r" % back)
+
+
+@case
+def roundup():
+    c = "roundup"
+    G = 1 << 30
+    div = {str(1 << i): 0 for i in range(16)}
+    div.update({"1": 4, "2": 3, "1024": 4})  # 3 is no power of two: PyTorch refuses it
+    big, small, odd, pow2 = 1288490189, 1258291, 2 * M + 100 * 1024, 1024 * M  # 1.2 GiB, 1.2 MiB, 2.1 MiB, 1 GiB
+    tr = [ev("segment_alloc", B, 4 * G, 10)]
+    t = 20
+    for size in (big, small, odd, pow2):
+        tr += [ev("alloc", B, size, t), ev("free_requested", B, size, t + 1), ev("free_completed", B, size, t + 1)]
+        t += 10
+    s = snap([seg(B, 4 * G, [blk(B, 4 * G, "inactive", 0)])], [tr])
+    s["allocator_settings"]["roundup_power2_divisions"] = div
+    rc, err, trace = import_(c, s)
+    if not check(c, rc == 0, "import exited %d: %s" % (rc, err)):
+        return
+    check(c, "roundup_power2_divisions for 2 MiB is 3" in err, "no warning naming the bad division: %r" % err)
+    sizes = [num(kv["size"]) for k, kv, _ in records(trace) if k == "alloc"]
+    want = [5 * G // 4, 5 * M // 4, (odd + 511) // 512 * 512, pow2]
+    check(c, sizes == want, "allocated sizes %r, want %r (PyTorch's round_size under the divisions)" % (sizes, want))
 
 
 @case

@@ -27,9 +27,12 @@
  * Sizes: an event's size is the caller's requested size; ALLOC records it as `requested`, with
  * the allocated size of the block when the snapshot has it (the last alloc at an address whose
  * block is live in the final segments: that block's `size`), else the size PyTorch's round_size
- * gives (512-byte multiples), which a block of a split segment can exceed. The device's capacity is not in a snapshot: --device-memory (default
+ * gives (512-byte multiples, or steps of the settings' roundup_power2_divisions), which a block of
+ * a split segment can exceed. The device's capacity is not in a snapshot: --device-memory (default
  * 80 GiB). The CONFIG record is "expandable_segments:0" or ":1" as the snapshot's settings say,
- * so `allocview replay --conf recorded` replays under the allocator mode PyTorch used.
+ * so `allocview replay --conf recorded` replays under the allocator mode PyTorch used (a snapshot
+ * without settings or expandable segments at its end is expandable when its events map or unmap
+ * segments: classic segments are only allocated and freed).
  * Malformed input: a bad segment or block refuses the file, a bad event or annotation is skipped
  * with a warning (see "input checks").
  */
@@ -55,6 +58,7 @@
 #include "xalloc.h"
 
 enum { IM_EXIT_USAGE = 1, IM_EXIT_UNREADABLE = 2 };
+enum { IM_DIVISION_INTERVALS = 16 }; /* PyTorch's kRoundUpPowerOfTwoIntervals: 1 MiB to 64 GiB */
 
 /* ------------------------------------------------------------------------------ importer */
 
@@ -66,14 +70,63 @@ typedef struct imp {
     u64map_t nodes;    /* (parent << 32 | pyframe) -> STACK id */
     u64map_t streams;  /* handle -> STREAM id */
     uint32_t next_frame, next_node, next_stream;
+    /* allocator_settings' roundup_power2_divisions: divisions[i] for requests of [2^i, 2^(i+1))
+     * MiB, those under 1 MiB with the first and those of 32 GiB or more with the last (0 or 1:
+     * none, the snapshot's default) */
+    uint64_t divisions[IM_DIVISION_INTERVALS];
     bool ok;
 } imp_t;
 
-static uint64_t round_size(uint64_t req)
+/* PyTorch's round_size: 512-byte multiples, or with roundup_power2_divisions set for the request's
+ * interval to n, the next of the n equal steps between the powers of two around it (a power of
+ * two stays as it is). */
+static uint64_t round_size(const imp_t *im, uint64_t req)
 {
     if (req < 512)
         return 512;
+    unsigned log2 = 63u - (unsigned)__builtin_clzll(req), index = log2 > 20 ? log2 - 20 : 0;
+    if (index >= IM_DIVISION_INTERVALS)
+        index = IM_DIVISION_INTERVALS - 1;
+    uint64_t n = im->divisions[index];
+    if (n > 1 && req > 512 * n && (req & (req - 1)) != 0) {
+        uint64_t step = (1ull << log2) / n; /* n is a power of two at most 2^20 (read_divisions), req > 512n */
+        uint64_t floor = req & ~(step - 1);
+        return floor == req ? req : floor + step;
+    }
     return (req + 511) / 512 * 512;
+}
+
+static bool divisions_set(const imp_t *im)
+{
+    for (unsigned i = 0; i < IM_DIVISION_INTERVALS; i++)
+        if (im->divisions[i] > 1)
+            return true;
+    return false;
+}
+
+/* allocator_settings' roundup_power2_divisions into im->divisions: a dict of interval starts in MiB
+ * ("1", "2", "4", ... "32768") as PyTorch writes it, or one number for every interval. A value that
+ * is no power of two (PyTorch refuses those) or is absurdly large is ignored, with a warning. */
+static void read_divisions(imp_t *im, const py_t *settings, const char *in)
+{
+    const py_t *div = py_dict_get(settings, "roundup_power2_divisions");
+    if (!div)
+        return;
+    for (unsigned i = 0; i < IM_DIVISION_INTERVALS; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "%u", 1u << i);
+        const py_t *v = div->kind == PY_DICT ? py_dict_get(div, key) : div;
+        int64_t n = 0;
+        if (!v || !py_as_int(v, &n) || n == 0)
+            continue;
+        if (n < 0 || n > (1 << 20) || (n & (n - 1)) != 0) {
+            fprintf(stderr, "allocview import: %s: allocator_settings' roundup_power2_divisions for %u MiB is %" PRId64
+                    ", not a power of two up to 2^20; ignored (sizes there rounded to 512 bytes)\n",
+                    in, 1u << i, n);
+            continue;
+        }
+        im->divisions[i] = (uint64_t)n;
+    }
 }
 
 /* Adds key to the set m; true when it was there already. Out of memory fails the import. */
@@ -546,7 +599,7 @@ static bool import_event(imp_t *im, devpass_t *p, uint32_t d, size_t i, uint64_t
          * the address and a block is live there at the end: then that block is this allocation,
          * and its size is the real one (a block of a split segment can be larger than the rounded
          * request: PyTorch leaves a remainder too small to split inside it). */
-        uint64_t r = round_size(size);
+        uint64_t r = round_size(im, size);
         const uint64_t *last = u64map_find(&p->last_alloc, addr), *final = u64map_find(&p->final_size, addr);
         if (last && *last == i + 1 && final && *final >= size)
             r = *final;
@@ -568,7 +621,7 @@ static bool import_event(imp_t *im, devpass_t *p, uint32_t d, size_t i, uint64_t
         if (!requested && i > 0 && free_pair_at(p, i - 1))
             return false; /* written with its request */
         uint64_t *r = u64map_slot(&p->sizes, addr, &seen_it);
-        uint64_t freed = r && *r ? *r : round_size(size);
+        uint64_t freed = r && *r ? *r : round_size(im, size);
         uint64_t *pend = r ? u64map_slot(&p->pending, addr, &seen_it) : NULL;
         if (!pend) {
             im->ok = false;
@@ -594,7 +647,7 @@ static bool import_event(imp_t *im, devpass_t *p, uint32_t d, size_t i, uint64_t
         p->resv_now = p->resv_now > size ? p->resv_now - size : 0;
     } else if (py_str_eq(a, "oom")) {
         uint64_t dfree = (uint64_t)geti(e, "device_free");
-        im->ok &= tw_oom(im->w, t, d, sid, stack_of(im, py_dict_get(e, "frames")), size, round_size(size), devmem,
+        im->ok &= tw_oom(im->w, t, d, sid, stack_of(im, py_dict_get(e, "frames")), size, round_size(im, size), devmem,
                          p->alloc_now, p->resv_now, dfree, 0);
     } else {
         return false; /* snapshot, unknown actions */
@@ -738,9 +791,17 @@ int av_cmd_import(int argc, char **argv)
     for (size_t i = 0; i < py_len(segments); i++)
         if (geti(py_item(segments, i), "is_expandable"))
             expandable = true;
+    /* A snapshot with neither (no settings, every segment freed by its end) still says it by its
+     * events: only expandable segments are mapped and unmapped piecewise. */
+    for (int d = 0; d < (int)py_len(traces) && !expandable; d++)
+        for (size_t i = 0; i < dp[d].n && !expandable; i++) {
+            const py_t *a = py_dict_get(dp[d].ev[i], "action");
+            expandable = py_str_eq(a, "segment_map") || py_str_eq(a, "segment_unmap");
+        }
 
     imp_t im = {0};
     im.ok = true;
+    read_divisions(&im, settings, in);
     u64map_init(&im.frames);
     u64map_init(&im.nodes);
     u64map_init(&im.streams);
@@ -886,9 +947,9 @@ int av_cmd_import(int argc, char **argv)
                     map_put(&im, &dp[d].pending, addr, 1);
                 } else if (!set_add(&im, &init_blocks, addr)) {
                     tw_alloc(im.w, t0, (uint32_t)d, stream_id(&im, (uint64_t)geti(e, "stream")), addr,
-                             round_size(size), size, free_stacks ? stack_of(&im, py_dict_get(e, "frames")) : 0,
+                             round_size(&im, size), size, free_stacks ? stack_of(&im, py_dict_get(e, "frames")) : 0,
                              true);
-                    base_alloc[d] += round_size(size);
+                    base_alloc[d] += round_size(&im, size);
                     nblocks++;
                 }
                 set_add(&im, &seen_alloc, addr); /* a later alloc at that address is a new block */
@@ -1019,9 +1080,9 @@ int av_cmd_import(int argc, char **argv)
     fprintf(stderr,
             "allocview import: %s -> %s: %d device%s, %" PRIu64 " initial blocks, %" PRIu64 " initial segments, %" PRIu64
             " events, %zu marks, %u stack nodes, %s segments (sizes: requested exact, allocated = the block's size when "
-            "it is live at the end, else PyTorch's 512-byte rounding)\n",
+            "it is live at the end, else PyTorch's rounding%s)\n",
             in, out, ndev, ndev == 1 ? "" : "s", nblocks, nmaps, nev, nann, im.next_node,
-            expandable ? "expandable" : "classic");
+            expandable ? "expandable" : "classic", divisions_set(&im) ? " with the snapshot's roundup_power2_divisions" : "");
     if (chk.skipped)
         fprintf(stderr, "allocview import: %s: %" PRIu64 " malformed event%s or annotation%s skipped%s\n", in, chk.skipped,
                 chk.skipped == 1 ? "" : "s", chk.skipped == 1 ? "" : "s",
