@@ -4,9 +4,10 @@
 #    blocks tiling segments, segsum's identity, and PyTorch's viewer's backward replay;
 #  - the fixture (two devices, stream-ordered frees, maps/unmaps, an OOM, marks): the snapshot's
 #    event counts equal the trace's records;
-#  - import(export(T)) keeps every alloc and free of T in order (address, requested size), the
-#    starting blocks, the maps, the OOM and the marks — for the fixture, the six report scenarios
-#    (native stacks) and a ring trace whose oldest events were overwritten (starting state inferred);
+#  - import(export(T)) keeps every alloc and free of T in order (address, requested and allocated
+#    size), the starting blocks, the maps, the OOM and the marks — for the fixture, the six report
+#    scenarios (native stacks) and a ring trace whose oldest events were overwritten (starting
+#    state inferred);
 #  - export(import(S)) has S's events (check_snapshot.py --like) for every real snapshot in
 #    SNAPSHOT_DIR (skipped when there is none);
 #  - --max-entries keeps the last N events; usage errors exit 1 (an output that is the input among
@@ -33,7 +34,7 @@ round_trip() {
     python3 - "$tmp/$1.dump" "$tmp/$1.back.dump" "$tmp/$1.counts" "$1" <<'PY' || bad "$1: the round trip lost events"
 import json, re, sys
 def events(path):
-    """Per device: allocs (addr, requested) and completed frees (addr) in order; the starting
+    """Per device: allocs (addr, requested, allocated size) and completed frees (addr) in order; the starting
     blocks (addr, requested) as a set; maps and unmaps; OOM sizes; marks."""
     ev = {}
     marks, init = [], set()
@@ -47,7 +48,7 @@ def events(path):
             marks.append(line.split('"', 1)[1].rstrip().rstrip('"')); continue
         if "dev" not in kv: continue
         d = ev.setdefault(kv["dev"], {"alloc": [], "free": [], "map": [], "unmap": [], "oom": []})
-        if kind == "alloc": d["alloc"].append((kv["addr"], kv["requested"]))
+        if kind == "alloc": d["alloc"].append((kv["addr"], kv["requested"], kv["size"]))
         elif kind == "init_block": init.add((kv["dev"], kv["addr"], kv["requested"]))
         elif kind == "free":
             if f[-1] == "completed": d["free"].append(kv["addr"])
@@ -128,6 +129,15 @@ if "$allocview" summary "$tmp/ring.trace" | grep -q "overwritten"; then
 else
     bad "the ring trace was not overwritten (the test needs a longer run)"
 fi
+
+# 3b. A classic trace: blocks larger than PyTorch's rounding of their request (a remainder too
+# small to split) keep their size through the round trip (cualloc_allocated_size).
+CUALLOC_CONF=trace:$tmp/classic.trace,expandable_segments:0,trace_stack_depth:0 "$demo" --steps 10 --quiet >/dev/null 2>&1
+"$allocview" dump "$tmp/classic.trace" 2>/dev/null | awk '$2 == "alloc" {
+    for (i = 3; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
+    r = f["requested"] + 0; if (f["size"] + 0 != (r < 512 ? 512 : int((r + 511) / 512) * 512)) n++
+} END { exit n > 0 ? 0 : 1 }' || bad "classic: no block larger than its rounded request (the case is not tested)"
+round_trip classic
 
 # 4. --max-entries: the last N events of each device, still a valid snapshot.
 "$allocview" export --pytorch "$tmp/last.pickle" --max-entries 7 "$tmp/fixture.trace" 2>/dev/null || bad "--max-entries exited $?"

@@ -36,9 +36,9 @@ records it writes (`allocview dump`) and on the snapshot the export makes of the
                   stack (context='state'); with context='all' (a free that the window sees differ
                   from its allocation's stack) it has none, never the line that freed it
   malformed       bad events and annotations (negative size, no addr, not a dict, unknown action, a
-                  size that is a str, a time_us that is a str) are skipped, each named by index and
-                  key, with a count at the end; the rest imports. Past 20 warnings only the count
-                  grows. A bad segment or block (what the starting state is built from) refuses the
+                  size that is a str, an allocated size below the request, a time_us that is a str)
+                  are skipped, each named by index and key, with a count at the end; the rest
+                  imports. Past 20 warnings only the count grows. A bad segment or block (what the starting state is built from) refuses the
                   file naming it, and writes nothing
   longmark        an annotation name of 700 bytes (with a multi-byte character) comes back whole
                   from import and export; one past what a trace record holds is cut at a character
@@ -441,7 +441,7 @@ def malformed():
     c = "malformed"
     tr = [ev("segment_alloc", B, 4 * M, 100), ev("alloc", B, -1, 110),
           {"action": "alloc", "size": 4096, "stream": 0, "time_us": 120}, 42, ev("resize", B, M, 125),
-          ev("alloc", B, "1024", 127), ev("alloc", B + M, M, 130)]
+          ev("alloc", B, "1024", 127), ev("alloc", B, M, 128, cualloc_allocated_size=M // 2), ev("alloc", B + M, M, 130)]
     ann = [{"stage": "START", "name": "ok", "time_us": 105}, {"stage": "START", "name": "bad", "time_us": "soon"}]
     s = snap([seg(B, 4 * M, [blk(B, M, "inactive", 0), blk(B + M, M), blk(B + 2 * M, 2 * M, "inactive", 0)])], [tr], ann)
     rc, err, trace = import_(c, s)
@@ -452,8 +452,9 @@ def malformed():
                  "device_traces[0][3] is an int, not a dict; event skipped",
                  "device_traces[0][4] unknown action 'resize'; event skipped",
                  "device_traces[0][5] 'size' is a str, not an integer; event skipped",
+                 "device_traces[0][6] 'cualloc_allocated_size' is 524288, below its 'size' 1048576; event skipped",
                  "external_annotations[1] 'time_us' is a str, not an integer; annotation skipped",
-                 "6 malformed events or annotations skipped"):
+                 "7 malformed events or annotations skipped"):
         check(c, want in err, "no %r in: %s" % (want, err))
     recs = records(trace)
     allocs = [(num(kv["addr"]), num(kv["size"])) for k, kv, _ in recs if k == "alloc"]

@@ -10,7 +10,8 @@
  *    expandable segment (the viewer merges adjacent mapped ranges the same way); classic devices:
  *    each cuMemAlloc'd segment is its own.
  *  - `device_traces`: per device, the events in order. ALLOC -> alloc (size: the requested bytes,
- *    as PyTorch records them); FREE -> free_requested, and free_completed right after it when the
+ *    as PyTorch records them; the block's own size as `cualloc_allocated_size` where PyTorch's
+ *    rounding would not give it, which `allocview import` reads back); FREE -> free_requested, and free_completed right after it when the
  *    memory was reusable at once (the viewer folds the pair into one "free"), else at FREE_DONE;
  *    MAP/UNMAP -> segment_map/segment_unmap (VMM) or segment_alloc/segment_free (classic); OOM ->
  *    oom with device_free. Frees carry the stack of the allocation (a trace records none for a
@@ -226,8 +227,11 @@ static uint64_t stream_handle(const exporter_t *ex, uint32_t id)
 }
 
 /* One device_traces entry. device_free < 0: not an OOM. */
+/* `allocated`: the block's size for an alloc whose size PyTorch's 512-byte rounding of the request
+ * would not give (cualloc's size classes, a remainder left unsplit), written as
+ * `cualloc_allocated_size` for `allocview import` to read back; 0 for none. */
 static void write_event(exporter_t *ex, const char *action, uint64_t addr, uint64_t size, uint64_t stream,
-                        uint64_t time_ns, uint32_t stack, int64_t device_free)
+                        uint64_t time_ns, uint32_t stack, int64_t device_free, uint64_t allocated)
 {
     pkw_t *w = ex->w;
     pkw_item(w);
@@ -243,6 +247,10 @@ static void write_event(exporter_t *ex, const char *action, uint64_t addr, uint6
     }
     pkw_key(w, "size");
     pkw_uint(w, size);
+    if (allocated && allocated != (size < 512 ? 512 : (size + 511) / 512 * 512)) {
+        pkw_key(w, "cualloc_allocated_size");
+        pkw_uint(w, allocated);
+    }
     pkw_key(w, "stream");
     pkw_uint(w, stream);
     pkw_key(w, "time_us");
@@ -254,6 +262,9 @@ static void write_event(exporter_t *ex, const char *action, uint64_t addr, uint6
 }
 
 /* ------------------------------------------------------------------------------ simulation */
+
+/* write_event's `allocated` for the record an entry is written for. */
+static uint64_t alloc_block_size(const tr_record_t *r) { return r->type == CUA_TRACE_ALLOC ? r->size : 0; }
 
 enum sim_mode { SIM_INFER, SIM_WRITE };
 
@@ -348,7 +359,8 @@ static bool simulate(exporter_t *ex, uint32_t dv, enum sim_mode mode, uint64_t s
 #define ENTRY(action, addr, size, stream, stack, dfree)                                                   \
     do {                                                                                                  \
         if (!infer && entry >= skip)                                                                      \
-            write_event(ex, action, addr, size, stream, rec.time_ns, stack, dfree);                       \
+            write_event(ex, action, addr, size, stream, rec.time_ns, stack, dfree,                        \
+                        alloc_block_size(&rec));                                                          \
         entry++;                                                                                          \
     } while (0)
     bool ok = true;

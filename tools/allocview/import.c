@@ -28,7 +28,8 @@
  * the allocated size of the block when the snapshot has it (the last alloc at an address whose
  * block is live in the final segments: that block's `size`), else the size PyTorch's round_size
  * gives (512-byte multiples, or steps of the settings' roundup_power2_divisions), which a block of
- * a split segment can exceed. The device's capacity is not in a snapshot: --device-memory (default
+ * a split segment can exceed; an alloc that `allocview export` wrote carries its block's size as
+ * `cualloc_allocated_size`, and that is the size then. The device's capacity is not in a snapshot: --device-memory (default
  * 80 GiB). The CONFIG record is "expandable_segments:0" or ":1" as the snapshot's settings say,
  * so `allocview replay --conf recorded` replays under the allocator mode PyTorch used (a snapshot
  * without settings or expandable segments at its end is expandable when its events map or unmap
@@ -335,6 +336,13 @@ static bool check_event(chk_t *c, const py_t *e, char *why, size_t n)
             snprintf(why, n, "'size' is 0: a segment event with no memory");
             return false;
         }
+        uint64_t allocated;
+        if (py_str_eq(a, "alloc") && !field_uint(e, "cualloc_allocated_size", false, INT64_MAX, &allocated, why, n))
+            return false;
+        if (py_str_eq(a, "alloc") && allocated && allocated < v) {
+            snprintf(why, n, "'cualloc_allocated_size' is %" PRIu64 ", below its 'size' %" PRIu64, allocated, v);
+            return false;
+        }
     } else if (py_str_eq(a, "oom")) {
         if (!field_uint(e, "size", true, INT64_MAX, &v, why, n) ||
             !field_uint(e, "device_free", false, INT64_MAX, &v, why, n))
@@ -599,7 +607,8 @@ static bool import_event(imp_t *im, devpass_t *p, uint32_t d, size_t i, uint64_t
          * the address and a block is live there at the end: then that block is this allocation,
          * and its size is the real one (a block of a split segment can be larger than the rounded
          * request: PyTorch leaves a remainder too small to split inside it). */
-        uint64_t r = round_size(im, size);
+        uint64_t allocated = (uint64_t)geti(e, "cualloc_allocated_size"); /* what `allocview export` wrote */
+        uint64_t r = allocated ? allocated : round_size(im, size);
         const uint64_t *last = u64map_find(&p->last_alloc, addr), *final = u64map_find(&p->final_size, addr);
         if (last && *last == i + 1 && final && *final >= size)
             r = *final;
