@@ -12,6 +12,8 @@ records it writes (`allocview dump`) and on the snapshot the export makes of the
                   size it) is sized as PyTorch's round_size sizes it under those divisions (1.2 GiB
                   at 4 divisions: 1.25 GiB; 1.2 MiB: 1.25 MiB), a power of two stays as it is, and a
                   division that is no power of two is ignored with a warning naming it
+  user_defined    PyTorch's annotation entries in device_traces (action 'user_defined', the name
+                  as the frames' innermost name) are marks at their times, not malformed events
   multidev        two devices whose events interleave in time, and an annotation between them: the
                   trace has every event at its own time, in time order, and the export gives each
                   device its events at their times
@@ -262,6 +264,19 @@ def roundup():
     sizes = [num(kv["size"]) for k, kv, _ in records(trace) if k == "alloc"]
     want = [5 * G // 4, 5 * M // 4, (odd + 511) // 512 * 512, pow2]
     check(c, sizes == want, "allocated sizes %r, want %r (PyTorch's round_size under the divisions)" % (sizes, want))
+
+
+@case
+def user_defined():
+    c = "user_defined"
+    tr = [ev("segment_alloc", B, 2 * M, 10), ev("user_defined", 0, 0, 15, frames=[{"name": "forward", "filename": "", "line": 0}]),
+          ev("alloc", B, M, 20), ev("user_defined", 0, 0, 25)]
+    rc, err, trace = import_(c, snap([seg(B, 2 * M, [blk(B, M), blk(B + M, M, "inactive", 0)])], [tr]))
+    if not check(c, rc == 0, "import exited %d: %s" % (rc, err)):
+        return
+    check(c, "skipped" not in err, "entries skipped: %s" % err)
+    marks = [(num(kv["t"]) // 1000, label) for k, kv, label in records(trace) if k == "mark"]
+    check(c, marks == [(15, "forward"), (25, "user_defined")], "marks %r" % marks)
 
 
 @case

@@ -19,9 +19,10 @@
  * completes is one completed FREE, and so is a free_completed of a block the trace never saw
  * allocated in a trace recorded without free_requested events), segment_alloc / segment_map -> MAP,
  * segment_free / segment_unmap -> UNMAP with a TRIM before each run of segment_free (PyTorch
- * frees segments when releasing its cache), oom -> OOM, external_annotations -> MARK ("STAGE
- * name" whole up to TW_LABEL_MAX bytes, cut there with a warning; the name alone for marks
- * `allocview export` wrote), frames -> stacks of PYFRAME nodes (C++ frames too: the snapshot has their names only);
+ * frees segments when releasing its cache), oom -> OOM, user_defined (an annotation entry) -> MARK
+ * (its innermost frame's name), external_annotations -> MARK ("STAGE name" whole up to
+ * TW_LABEL_MAX bytes, cut there with a warning; the name alone for marks `allocview export`
+ * wrote), frames -> stacks of PYFRAME nodes (C++ frames too: the snapshot has their names only);
  * a block freed in the trace that it never saw allocated has its free's frames as its call site
  * only where the snapshot's frees carry their allocation's stack (frees_carry_alloc_stacks).
  * Sizes: an event's size is the caller's requested size; ALLOC records it as `requested`, with
@@ -347,7 +348,9 @@ static bool check_event(chk_t *c, const py_t *e, char *why, size_t n)
         if (!field_uint(e, "size", true, INT64_MAX, &v, why, n) ||
             !field_uint(e, "device_free", false, INT64_MAX, &v, why, n))
             return false;
-    } else if (!py_str_eq(a, "snapshot")) { /* snapshot: PyTorch marks a snapshot taken; nothing to import */
+    } else if (!py_str_eq(a, "snapshot") && !py_str_eq(a, "user_defined")) {
+        /* snapshot: PyTorch marks a snapshot taken, nothing to import; user_defined: an annotation
+         * (recordAnnotation), a MARK */
         snprintf(why, n, "unknown action '%.*s'", a->u.s.len > 40 ? 40 : (int)a->u.s.len, a->u.s.p);
         return false;
     }
@@ -466,6 +469,19 @@ static int ann_cmp(const void *a, const void *b)
     return x->time < y->time ? -1 : x->time > y->time;
 }
 
+/* Cuts a label past what a trace record holds at a UTF-8 character boundary; its new length. */
+static size_t label_cut(char *label)
+{
+    size_t len = strlen(label);
+    if (len <= TW_LABEL_MAX)
+        return len;
+    size_t cut = TW_LABEL_MAX;
+    while (cut > 0 && ((unsigned char)label[cut] & 0xC0) == 0x80)
+        cut--;
+    label[cut] = 0;
+    return cut;
+}
+
 /* An annotation as a MARK: "STAGE name" (PyTorch's record_function phases), or the name alone for
  * a cualloc mark that `allocview export` wrote (cualloc_mark: True). */
 static void write_annotation(imp_t *im, const char *in, const ann_t *a)
@@ -480,15 +496,10 @@ static void write_annotation(imp_t *im, const char *in, const ann_t *a)
         label = NULL;
         im->ok = false;
     } else {
-        size_t len = strlen(label);
-        if (len > TW_LABEL_MAX) { /* past what a trace record holds: cut at a UTF-8 character, said */
-            size_t cut = TW_LABEL_MAX;
-            while (cut > 0 && ((unsigned char)label[cut] & 0xC0) == 0x80)
-                cut--;
-            label[cut] = 0;
+        size_t len = strlen(label), cut = label_cut(label);
+        if (cut < len)
             fprintf(stderr, "allocview import: %s: external_annotations[%zu]: its label (%zu bytes) is cut to %zu bytes, "
                     "the most a trace record holds\n", in, a->index, len, cut);
-        }
         im->ok &= tw_mark(im->w, a->time, label);
     }
     free(stage);
@@ -654,6 +665,17 @@ static bool import_event(imp_t *im, devpass_t *p, uint32_t d, size_t i, uint64_t
     } else if (segfree) {
         im->ok &= tw_map(im->w, t, d, addr, size, true, false);
         p->resv_now = p->resv_now > size ? p->resv_now - size : 0;
+    } else if (py_str_eq(a, "user_defined")) {
+        /* PyTorch's annotation entry carries its name as the context, which the snapshot gives as
+         * its frames: the innermost frame's name is the label. */
+        char *label = py_strdup(py_dict_get(py_item(py_dict_get(e, "frames"), 0), "name"));
+        if (!*label) {
+            free(label);
+            label = xstrdup("user_defined");
+        }
+        label_cut(label);
+        im->ok &= tw_mark(im->w, t, label);
+        free(label);
     } else if (py_str_eq(a, "oom")) {
         uint64_t dfree = (uint64_t)geti(e, "device_free");
         im->ok &= tw_oom(im->w, t, d, sid, stack_of(im, py_dict_get(e, "frames")), size, round_size(im, size), devmem,
