@@ -6,8 +6,9 @@
 #    event counts equal the trace's records;
 #  - import(export(T)) keeps every alloc and free of T in order (address, requested and allocated
 #    size), the starting blocks, the maps, the OOM and the marks — for the fixture, the six report
-#    scenarios (native stacks) and a ring trace whose oldest events were overwritten (starting
-#    state inferred);
+#    scenarios (native stacks), a classic trace, and ring traces whose oldest events were
+#    overwritten (starting state inferred), of a VMM device and of a classic one (segments freed
+#    whole);
 #  - export(import(S)) has S's events (check_snapshot.py --like) for every real snapshot in
 #    SNAPSHOT_DIR (skipped when there is none);
 #  - --max-entries keeps the last N events; usage errors exit 1 (an output that is the input among
@@ -27,7 +28,7 @@ unset RANK LOCAL_RANK
 # round_trip NAME: export NAME.trace, check the snapshot, import it back, compare with the trace.
 round_trip() {
     local t=$tmp/$1.trace p=$tmp/$1.pickle r=$tmp/$1.back.trace
-    "$allocview" export --pytorch "$p" "$t" 2>"$tmp/$1.export.err" || { cat "$tmp/$1.export.err"; bad "$1: export exited $?"; return; }
+    "$allocview" export --pytorch "$p" "$t" 2>"$tmp/$1.export.err" || { local st=$?; cat "$tmp/$1.export.err"; bad "$1: export exited $st"; return; }
     python3 "$check" "$p" --counts >"$tmp/$1.counts" || { cat "$tmp/$1.counts"; bad "$1: the snapshot fails the viewer's checks"; return; }
     "$allocview" import "$p" -o "$r" 2>/dev/null || { bad "$1: import of the export exited $?"; return; }
     "$allocview" dump "$t" >"$tmp/$1.dump" && "$allocview" dump "$r" >"$tmp/$1.back.dump" || { bad "$1: dump failed"; return; }
@@ -121,14 +122,27 @@ acts = {e["action"] for t in s["device_traces"] for e in t}
 sys.exit(0 if "segment_alloc" in acts and not any(g["is_expandable"] for g in s["segments"]) else 1)
 PY
 
-# 3. A ring trace whose oldest events were overwritten: the starting state is inferred.
-CUALLOC_CONF=trace:$tmp/ring.trace,trace_max_mb:1,trace_ring:1,trace_stack_depth:8 "$demo" --steps 100 --quiet >/dev/null 2>&1
-if "$allocview" summary "$tmp/ring.trace" | grep -q "overwritten"; then
-    round_trip ring
-    grep -q "starting state was inferred" "$tmp/ring.export.err" || bad "ring: the export does not say it inferred the start"
-else
-    bad "the ring trace was not overwritten (the test needs a longer run)"
-fi
+# 3. A ring trace whose oldest events were overwritten: the starting state is inferred. On VMM
+# devices (ring) and on classic ones (ring0), where a segment mapped before the window is seen in
+# pieces (the blocks freed in it) and then freed whole: its pieces must be inferred as that one
+# segment, or its segment_free matches none.
+for s in "ring " "ring0 ,expandable_segments:0"; do
+    set -- $s
+    CUALLOC_CONF=trace:$tmp/$1.trace,trace_max_mb:1,trace_ring:1,trace_stack_depth:8${2:-} "$demo" --steps 100 --quiet >/dev/null 2>&1
+    if "$allocview" summary "$tmp/$1.trace" | grep -q "overwritten"; then
+        round_trip "$1"
+        grep -q "starting state was inferred" "$tmp/$1.export.err" || bad "$1: the export does not say it inferred the start"
+    else
+        bad "the $1 trace was not overwritten (the test needs a longer run)"
+    fi
+done
+python3 - "$tmp/ring0.pickle" <<'PY' || bad "ring0: a classic ring trace should give classic segments and segment_free events"
+import pickle, sys
+s = pickle.load(open(sys.argv[1], "rb"))
+acts = [e["action"] for t in s["device_traces"] for e in t]
+sys.exit(0 if "segment_free" in acts and "segment_map" not in acts and s["segments"]
+         and not any(g["is_expandable"] for g in s["segments"]) else 1)
+PY
 
 # 3b. A classic trace: blocks larger than PyTorch's rounding of their request (a remainder too
 # small to split) keep their size through the round trip (cualloc_allocated_size).

@@ -23,8 +23,10 @@
  *    without its starting state (a ring buffer whose oldest events were overwritten) gets that
  *    state inferred: a block freed but never seen allocated was live from the start, memory
  *    unmapped but never seen mapped was mapped from the start, and a block allocated in memory
- *    never seen mapped lies in memory mapped from the start. A trace that contradicts itself even
- *    so (memory mapped twice, a block outside mapped memory at the end) is refused with the reason.
+ *    never seen mapped lies in memory mapped from the start; on a classic device, the pieces so
+ *    inferred inside a segment that is later freed (whole, as cuMemFree frees) were that one
+ *    segment from the start. A trace that contradicts itself even so (memory mapped twice, a
+ *    block outside mapped memory at the end) is refused with the reason.
  *  - `external_annotations`: MARK records, {stage, name, device, time_us}: "START x" / "END x"
  *    labels (what `allocview import` makes of PyTorch's) keep their stage; any other label is a
  *    START with `cualloc_mark: True`, so importing the export gives back the same label.
@@ -108,6 +110,10 @@ typedef struct xdev {
     xblock_t *init_blocks;
     size_t n_init_blocks, cap_init_blocks;
     addr_ranges_t init_mapped;
+    /* In SIM_INFER, the ranges of `mapped` that infer_mapped added and that are still mapped, with
+     * the same bounds (a subset of `mapped`'s ranges): on a classic device only these may be
+     * merged into the segment an unmap frees (merge_inferred). */
+    addr_ranges_t guessed;
     uint64_t entries;   /* device_traces entries the trace gives this device */
     uint64_t inferred;  /* starting-state items inferred (not recorded) */
 } xdev_t;
@@ -283,6 +289,7 @@ static bool sim_reset(xdev_t *d)
 {
     devaddr_map_free(&d->live);
     d->mapped.n = 0;
+    d->guessed.n = 0;
     for (size_t i = 0; i < d->init_mapped.n; i++)
         ranges_add(&d->mapped, d->init_mapped.v[i].addr, d->init_mapped.v[i].end);
     for (size_t i = 0; i < d->n_init_blocks; i++)
@@ -311,10 +318,37 @@ static bool infer_mapped(exporter_t *ex, xdev_t *d, uint64_t addr, uint64_t end)
                          cur);
         ranges_add(&d->mapped, cur, gap_end);
         ranges_add(&d->init_mapped, cur, gap_end);
+        ranges_add(&d->guessed, cur, gap_end);
         d->inferred++;
         cur = gap_end;
     }
     return true;
+}
+
+/* In SIM_INFER on a classic device, the unmap of segment [addr, end), which `mapped` covers: a
+ * classic segment is one cuMemAlloc'd range, mapped and freed whole, so the pieces of it that
+ * infer_mapped added one by one (from the blocks seen in it before the unmap, and the gaps between
+ * them) were that one segment from the start. They become the single range [addr, end) in
+ * `mapped` and in the starting state, so that the unmap (and the same unmap in SIM_WRITE, which
+ * starts from init_mapped) meets a segment of its own bounds. Nothing is merged when a range
+ * there was recorded (MAP, INIT_MAP: a segment of its own, which the unmap cannot split or join)
+ * or crosses addr or end (a block across two segments): the unmap then fails to match.
+ * init_mapped holds exactly the inferred pieces inside [addr, end): infer_mapped never infers
+ * memory that was mapped from the start and unmapped since. */
+static void merge_inferred(xdev_t *d, uint64_t addr, uint64_t end)
+{
+    size_t i = ranges_after(&d->mapped, addr);
+    if (d->mapped.v[i].addr != addr || d->mapped.v[i].end == end || !ranges_cover(&d->guessed, addr, end))
+        return;
+    size_t j = ranges_after(&d->mapped, end - 1);
+    if (d->mapped.v[j].end != end)
+        return;
+    ranges_remove(&d->mapped, addr, end);
+    ranges_add(&d->mapped, addr, end);
+    ranges_remove(&d->guessed, addr, end);
+    ranges_add(&d->guessed, addr, end);
+    ranges_remove(&d->init_mapped, addr, end);
+    ranges_add(&d->init_mapped, addr, end);
 }
 
 /* One pass over the trace for device `dv`. SIM_INFER builds the starting state (and counts the
@@ -481,6 +515,8 @@ static bool simulate(exporter_t *ex, uint32_t dv, enum sim_mode mode, uint64_t s
                 if (!(ok = infer_mapped(ex, d, rec.addr, end)))
                     break;
             }
+            if (infer && !d->vmm)
+                merge_inferred(d, rec.addr, end);
             if (!d->vmm) { /* a classic segment is freed whole */
                 size_t i = ranges_after(&d->mapped, rec.addr);
                 if (d->mapped.v[i].addr != rec.addr || d->mapped.v[i].end != end) {
@@ -489,6 +525,7 @@ static bool simulate(exporter_t *ex, uint32_t dv, enum sim_mode mode, uint64_t s
                 }
             }
             ranges_remove(&d->mapped, rec.addr, end);
+            ranges_remove(&d->guessed, rec.addr, end);
             ENTRY(d->vmm ? "segment_unmap" : "segment_free", rec.addr, rec.size, d->vmm ? EX_VMM_SEGMENT_STREAM : 0, 0,
                   -1);
             break;
@@ -700,6 +737,7 @@ static void exporter_free(exporter_t *ex)
         ranges_free(&ex->dev[i].mapped);
         free(ex->dev[i].init_blocks);
         ranges_free(&ex->dev[i].init_mapped);
+        ranges_free(&ex->dev[i].guessed);
     }
     free(ex->dev);
     free(ex->stack_memo);
