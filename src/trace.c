@@ -597,6 +597,28 @@ int trace_check(FILE *report)
     } else {
         TCHECK(T.ring_count == 0, "a linear file with %llu blocks in a ring", (unsigned long long)T.ring_count);
     }
+    /* The Python frames' table: npy entries, ids 1..npy each once, and the arena holds exactly
+     * their strings after its leading "" (a frame left undefined gives its copies back). */
+    const pyent_t *tab = T.pyents.p;
+    const char *arena = T.arena.p;
+    size_t ents = 0, strings = T.arena_used ? 1 : 0;
+    uint64_t id_sum = 0;
+    for (size_t i = 0; i < T.pyent_cap; i++) {
+        if (!tab[i].id)
+            continue;
+        ents++;
+        id_sum += tab[i].id;
+        bool inside = tab[i].func > 0 && tab[i].func < T.arena_used && tab[i].file > 0 && tab[i].file < T.arena_used;
+        TCHECK(inside && tab[i].id <= T.npy, "Python frame %u names arena offsets %llu, %llu of %zu", tab[i].id,
+               (unsigned long long)tab[i].func, (unsigned long long)tab[i].file, T.arena_used);
+        if (inside)
+            strings += strnlen(arena + tab[i].func, T.arena_used - tab[i].func) + 1 +
+                       strnlen(arena + tab[i].file, T.arena_used - tab[i].file) + 1;
+    }
+    TCHECK(ents == T.npy && id_sum == (uint64_t)T.npy * (T.npy + 1) / 2, "%zu Python frames in the table, %zu counted",
+           ents, T.npy);
+    TCHECK(strings == T.arena_used, "the arena of Python frame names uses %zu bytes, its frames' strings %zu",
+           T.arena_used, strings);
     unlock();
     return bad;
 }
@@ -1272,19 +1294,23 @@ static uint32_t pyframe_id_locked(const pyframe_t *f)
         T.pyent_cap = ncap;
         return pyframe_id_locked(f);
     }
+    if (T.meta_full)
+        return 0; /* a ring's definitions fill half the file: no new frame can be defined */
     /* Strings kept as arena offsets: the arena grows by mremap and may move. Copied before the
-     * record is written: a frame whose strings the arena cannot keep is not defined. */
+     * record is written: a frame whose strings the arena cannot keep is not defined. A frame left
+     * undefined gives its copies back (the arena holds only defined frames' strings). */
+    size_t arena_mark = T.arena_used;
     uint64_t fo = arena_copy(name), fi = fo ? arena_copy(file) : 0;
-    if (!fi)
-        return 0;
     uint32_t id = (uint32_t)T.npy + 1;
     uint8_t *p = T.scratch;
     p += put_varint(p, id);
     p += put_varint(p, (uint64_t)(f->line < 0 ? 0 : f->line));
     p += put_string(p, name, 511);
     p += put_string(p, file, 511);
-    if (!meta_put(CUA_TRACE_PYFRAME, T.scratch, (size_t)(p - T.scratch)))
+    if (!fi || !meta_put(CUA_TRACE_PYFRAME, T.scratch, (size_t)(p - T.scratch))) {
+        T.arena_used = arena_mark;
         return 0;
+    }
     tab[i] = (pyent_t){f->hash, id, (uint32_t)f->line, fo, fi};
     T.npy++;
     return id;

@@ -1201,6 +1201,51 @@ static void ring_definitions_body(void)
     trace_free(&t);
 }
 
+/* Python frames first seen once a ring's definitions fill half the file: they stay undefined
+ * (their allocations' stacks unknown) and the recorder keeps none of their strings. The checker,
+ * after each allocation, holds the arena of frame names to exactly the defined frames' strings:
+ * before, each undefined frame kept its two copies (about 1 KB per allocation here, without
+ * bound). */
+static void ring_pyframes_body(void)
+{
+    char path[300];
+    path_of(path, sizeof path, "ring-pyframes.trace");
+    conf_t c = base_conf();
+    c.trace_max = CUA_TRACE_HEADER_SIZE + 4 * (size_t)CUA_TRACE_BLOCK_SIZE; /* 4 blocks, 2 for META */
+    c.trace_ring = true;
+    msgs_clear();
+    EXPECT(api_trace_start(path, &c) == 0, "start");
+    for (int i = 0; i < 40000; i++) /* fills the ring, with few definitions */
+        cualloc_free(site_alpha(4096 + (size_t)(i % 7) * 512), NULL);
+    char name[420], file[420];
+    fobj_t n1 = {F_STR, name, 0, 0, 0, 0, 0}, f1 = {F_STR, file, 0, 0, 0, 0, 0};
+    fobj_t c1 = {F_CODE, NULL, 0, 0, 0, &n1, &f1};
+    fobj_t fr = {F_FRAME, NULL, 7, NULL, &c1, 0, 0};
+    fake_top = &fr;
+    fake_gil = 1;
+    int after = -1, k = 0;
+    for (; k < 4000 && after < 300; k++) {
+        snprintf(name, sizeof name, "layer_%d.%0400d", k, 0);
+        snprintf(file, sizeof file, "/job/model_%d.%0400d.py", k, 0);
+        cualloc_free(site_alpha(4096), NULL);
+        EXPECT(trace_check(stderr) == 0, "the recorder's checker after Python frame %d", k);
+        if (after >= 0 || strstr(msgs, "fill half"))
+            after++;
+    }
+    fake_gil = 0;
+    EXPECT(after >= 300, "%d new Python frames did not fill half the file: %s", k, msgs);
+    EXPECT(atomic_load(&fake_refs) == 0, "%d Python references not released", atomic_load(&fake_refs));
+    EXPECT(trace_active(), "a full definitions area stopped the ring");
+    cualloc_trace_stop();
+    trace_t t;
+    trace_read(path, &t);
+    EXPECT(t.status == 0, "reader: %s", t.error);
+    size_t nallocs = count_type(&t, CUA_TRACE_ALLOC);
+    const rec_t *last = nth_of(&t, CUA_TRACE_ALLOC, nallocs - 1);
+    EXPECT(last && last->r.stack == 0, "the last allocation's stack id %u, want 0 (unknown)", last ? last->r.stack : 0);
+    trace_free(&t);
+}
+
 /* A ring in which several META blocks take EVENT blocks' places, round after round of new stacks
  * and events: each takes the oldest EVENT block, which the rotation has by then moved to a lower
  * file position than the previous META block's, so META blocks are out of file order. The reader
@@ -1857,6 +1902,7 @@ int main(int argc, char **argv)
     in_child("fork: the child expands a template longer than 255 bytes", sim, fork_long_body);
     in_child("full file system (RLIMIT_FSIZE)", sim, full_body);
     in_child("trace_ring: new definitions once the ring is full", sim, ring_definitions_body);
+    in_child("trace_ring: new Python frames once the definitions fill half the file", sim, ring_pyframes_body);
     in_child("trace_ring: META blocks out of file order", sim, ring_meta_order_body);
     in_child("random operations in a small ring and a small linear file, checked after each", sim, ring_random_body);
     in_child("a file size limit below the first block (RLIMIT_FSIZE)", sim, start_limit_body);
