@@ -873,3 +873,13 @@ void conf_write_markdown(FILE *out)
         fprintf(out, "| `%s` | `%s` | %s |\n", opts[i].key, opts[i].def[0] ? opts[i].def : "\"\"",
                 opts[i].doc);
 }
+
+size_t conf_capacity(const conf_t *c, size_t device_total) {
+    size_t cap = device_total;
+    if (c->per_process_memory_fraction > 0) {
+        size_t f = (size_t)(c->per_process_memory_fraction * (double)device_total);
+        if (f < cap) cap = f;
+    }
+    if (c->max_memory && c->max_memory < cap) cap = c->max_memory;
+    return cap;
+}

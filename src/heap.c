@@ -2674,12 +2674,7 @@ heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_re
     h->drv = drv;
     h->total = info.total_bytes;
     h->granularity = info.granularity ? info.granularity : 2 * MiB;
-    h->cap = info.total_bytes;
-    if (conf->per_process_memory_fraction > 0) {
-        size_t f = (size_t)(conf->per_process_memory_fraction * (double)info.total_bytes);
-        if (f < h->cap) h->cap = f;
-    }
-    if (conf->max_memory && conf->max_memory < h->cap) h->cap = conf->max_memory;
+    h->cap = conf_capacity(conf, info.total_bytes);
     h->stats.capacity_bytes = h->cap;
     h->vmm = conf->expandable_segments && info.vmm_supported;
     h->plain_rounding = true;

@@ -114,6 +114,9 @@ void conf_defaults(conf_t *out);
  * already in *out. An unknown key or bad value is reported through cua_error naming it and
  * leaves that field as it was. Returns the number of problems (0 = all applied). NULL text = "". */
 int conf_parse(const char *text, conf_t *out);
+/* What a heap may reserve on a device of device_total bytes: device_total, lowered by
+ * per_process_memory_fraction and max_memory_mb. */
+size_t conf_capacity(const conf_t *c, size_t device_total);
 /* conf_defaults + conf_parse(getenv("CUALLOC_CONF")). */
 void conf_load(conf_t *out);
 /* An environment switch such as CUALLOC_DISABLE: unset or empty is off, else a boolean as

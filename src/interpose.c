@@ -62,7 +62,7 @@
  *    cleared by cudaGetLastError, since CUDA keeps one last error, not two.
  *  - cudaMemGetInfo is truthful about what the application could allocate: the next definition's
  *    free bytes plus cualloc's cached free bytes on the current device (reserved - allocated),
- *    capped at total.
+ *    capped at total and at the heap's cap less its allocated bytes.
  *  - Stream destruction (cudaStreamDestroy, cuStreamDestroy_v2, and the runtime's cuGetProcAddress
  *    look-up of cuStreamDestroy) first settles every heap's blocks tagged with the stream, since
  *    the handle may be reused.
@@ -844,17 +844,22 @@ cudart_error cudaFreeAsync(void *ptr, cudart_stream stream) {
 
 /* After the driver's or the runtime's memory query succeeded: what the device reports free, plus
  * what the heap of device() holds cached (reserved, not allocated), which the application could
- * allocate too. Nothing when cualloc is off or not started (device() is then not asked). */
+ * allocate too; at most what the heap's cap (max_memory_mb, per_process_memory_fraction) leaves
+ * beside its allocated bytes, since past that cualloc refuses. Nothing when cualloc is off or not
+ * started (device() is then not asked). */
 static void add_cached(int (*device)(void), size_t *free_bytes, const size_t *total_bytes) {
     if (disabled() || !api_started() || !free_bytes || !total_bytes) return;
     int dev = device();
-    heap_t *h = dev >= 0 ? api_heap_if_created(dev) : NULL;
-    if (!h) return;
-    cualloc_stats s;
-    heap_get_stats(h, &s);
+    if (dev < 0) return;
+    heap_t *h = api_heap_if_created(dev);
+    cualloc_stats s = {0};
+    if (h) heap_get_stats(h, &s);
+    else s.capacity_bytes = conf_capacity(api_conf(), *total_bytes); /* (no heap yet: the cap it will have) */
     size_t cached = s.reserved_bytes > s.allocated_bytes ? s.reserved_bytes - s.allocated_bytes : 0;
     size_t f = *free_bytes + cached;
-    *free_bytes = f < *free_bytes || f > *total_bytes ? *total_bytes : f;
+    if (f < *free_bytes || f > *total_bytes) f = *total_bytes;
+    size_t under_cap = s.capacity_bytes > s.allocated_bytes ? s.capacity_bytes - s.allocated_bytes : 0;
+    *free_bytes = f < under_cap ? f : under_cap;
 }
 
 /* Set while the runtime's cudaMemGetInfo runs: the runtime answers it with the driver's

@@ -370,6 +370,30 @@ int main(int argc, char **argv) {
         printf("interpose_prog --exclude: all checks passed\n");
         return 0;
     }
+    if (argc > 1 && strcmp(argv[1], "--meminfo-cap") == 0) {
+        /* Run with max_memory_mb:16 (the stub reports 100 MiB free): cudaMemGetInfo's free bytes
+         * are what cualloc would still hand out, at most the cap less what is allocated, so that a
+         * program sizing its buffers from them is not refused. */
+        void *warm = NULL, *live = NULL;
+        CHECK_MSG(cudaMalloc(&warm, 1 << 20) == 0 && cudaFree(warm) == 0, "start cualloc");
+        size_t fr = 0, tot = 0;
+        CHECK_MSG(cudaMemGetInfo(&fr, &tot) == 0 && fr == ((size_t)16 << 20),
+                  "free %zu with nothing allocated, want the cap of 16 MiB", fr);
+        CHECK_MSG(cudaMalloc(&live, 6 << 20) == 0 && live, "cudaMalloc(6 MiB)");
+        CHECK_MSG(cudaMemGetInfo(&fr, &tot) == 0 && fr == ((size_t)10 << 20),
+                  "free %zu with 6 MiB allocated, want 10 MiB", fr);
+        void *rest = NULL;
+        CHECK_MSG(cudaMalloc(&rest, fr) == 0 && rest, "cudaMalloc of the %zu bytes cudaMemGetInfo reports free", fr);
+        CHECK_MSG(cudaMemGetInfo(&fr, &tot) == 0 && fr == 0, "free %zu with the cap allocated, want 0", fr);
+        CHECK_MSG(cudaFree(live) == 0 && cudaFree(rest) == 0, "frees");
+        /* A device without a heap yet: the cap it will have. */
+        CHECK_MSG(cudaSetDevice(1) == 0 && cudaMemGetInfo(&fr, &tot) == 0 && fr == ((size_t)16 << 20),
+                  "device 1 (no heap yet): free %zu, want the cap of 16 MiB", fr);
+        CHECK_MSG(cudaSetDevice(0) == 0, "back to device 0");
+        if (failures) return 1;
+        printf("interpose_prog --meminfo-cap: all checks passed\n");
+        return 0;
+    }
     if (argc > 1 && strcmp(argv[1], "--ipc-classic") == 0) {
         /* Classic mode (expandable_segments:False): an IPC handle covers a whole segment and opens
          * at its start, so only a block at a segment's start may be shared; one inside is refused
