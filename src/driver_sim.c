@@ -86,12 +86,17 @@ static bool objtab_grow(objtab_t *t) {
     return true;
 }
 
+/* The value naming the object in slot now. */
+static uint64_t objtab_value(const objtab_t *t, size_t slot) {
+    return (t->kind << 48) | ((uint64_t)t->gen[slot] << OBJ_SLOT_BITS) | ((uint64_t)slot + 1);
+}
+
 /* The value naming obj from now on, or 0 when the table cannot grow. */
 static uint64_t objtab_add(objtab_t *t, void *obj) {
     if (t->nfree == 0 && !objtab_grow(t)) return 0;
     uint32_t slot = t->free_slots[--t->nfree];
     t->obj[slot] = obj;
-    return (t->kind << 48) | ((uint64_t)t->gen[slot] << OBJ_SLOT_BITS) | ((uint64_t)slot + 1);
+    return objtab_value(t, slot);
 }
 
 static void *objtab_get(const objtab_t *t, uint64_t value) {
@@ -244,10 +249,15 @@ typedef struct sim_stream_s {
     uint64_t completed;  /* of those, the ones that completed */
 } sim_stream_t;
 
+/* An event on the legacy stream waits, as CUDA's does, for the work before it on every blocking
+ * stream of its device: on each held blocking stream, up to this many. */
+#define SIM_EVENT_WAITS 8
+
 typedef struct sim_event_s {
     int dev;
-    uint64_t stream;     /* held stream it was last recorded on (its value), 0 = none */
-    uint64_t target;     /* complete when that stream's `completed` reaches this */
+    unsigned nwait;      /* held streams it waits for, from its last record; 0 = none */
+    uint64_t stream[SIM_EVENT_WAITS]; /* each one's value */
+    uint64_t target[SIM_EVENT_WAITS]; /* complete when that stream's `completed` reaches this */
 } sim_event_t;
 
 typedef struct sim_device_s {
@@ -806,43 +816,59 @@ static cua_result event_record_locked(int dev, cua_event e, cua_stream s) {
     if (!ev) return CUA_ERROR_INVALID_VALUE;
     sim_stream_t *st = stream_get(s);
     if (st && st->dev != dev) return CUA_ERROR_INVALID_VALUE;
+    ev->nwait = 0; /* unknown and non-held streams complete everything at once */
     if (st && st->held) {
-        ev->stream = (uint64_t)(uintptr_t)s;
-        ev->target = ++st->submitted;
-    } else {
-        ev->stream = 0; /* unknown and non-held streams complete everything at once */
-        ev->target = 0;
+        ev->stream[0] = (uint64_t)(uintptr_t)s;
+        ev->target[0] = ++st->submitted;
+        ev->nwait = 1;
+    } else if (!s || (uintptr_t)s == 1) { /* NULL or CU_STREAM_LEGACY */
+        /* The legacy stream: after the work submitted so far on each held blocking stream. */
+        for (size_t i = 0; i < sim.streams.cap; i++) {
+            sim_stream_t *b = sim.streams.obj[i];
+            if (!b || b->dev != dev || !b->held || !b->blocking) continue;
+            if (ev->nwait == SIM_EVENT_WAITS) return CUA_ERROR_INVALID_VALUE; /* (a simulator's bound) */
+            ev->stream[ev->nwait] = objtab_value(&sim.streams, i);
+            ev->target[ev->nwait++] = ++b->submitted;
+        }
     }
     return 0;
 }
 
-/* The held stream event e waits for (*st, NULL when none: recorded on no held stream, or on one
- * since destroyed, which finished its work) and its count of work to complete (*target). */
-static cua_result event_target_locked(int dev, cua_event e, sim_stream_t **st, uint64_t *target) {
+/* Wait k of event e: the held stream (*st, NULL when recorded on none, or on one since destroyed,
+ * which finished its work) and its count of work to complete (*target); false past the last. */
+static bool event_wait_locked(const sim_event_t *ev, unsigned k, sim_stream_t **st, uint64_t *target) {
+    if (k >= ev->nwait) return false;
+    *st = objtab_get(&sim.streams, ev->stream[k]);
+    *target = ev->target[k];
+    return true;
+}
+
+static cua_result event_lookup_locked(int dev, cua_event e, sim_event_t **ev) {
     sim_device_t *d;
     cua_result r = dev_get(dev, false, &d);
     if (r) return r;
-    sim_event_t *ev = event_get(dev, e);
-    if (!ev) return CUA_ERROR_INVALID_VALUE;
-    *st = ev->stream ? objtab_get(&sim.streams, ev->stream) : NULL;
-    *target = ev->target;
-    return 0;
+    *ev = event_get(dev, e);
+    return *ev ? 0 : CUA_ERROR_INVALID_VALUE;
 }
 
 static cua_result event_query_locked(int dev, cua_event e) {
+    sim_event_t *ev;
+    cua_result r = event_lookup_locked(dev, e, &ev);
     sim_stream_t *st;
     uint64_t target;
-    cua_result r = event_target_locked(dev, e, &st, &target);
-    if (r || !st) return r;
-    return st->completed >= target ? 0 : CUA_ERROR_NOT_READY;
+    for (unsigned k = 0; !r && event_wait_locked(ev, k, &st, &target); k++)
+        if (st && st->completed < target) return CUA_ERROR_NOT_READY;
+    return r;
 }
 
-/* The event's held stream completes its work up to the event (later work stays pending). */
+/* The event's held streams complete their work up to the event (later work stays pending). */
 static cua_result event_sync_locked(int dev, cua_event e) {
+    sim_event_t *ev;
+    cua_result r = event_lookup_locked(dev, e, &ev);
     sim_stream_t *st;
     uint64_t target;
-    cua_result r = event_target_locked(dev, e, &st, &target);
-    if (!r && st && st->completed < target) st->completed = target;
+    for (unsigned k = 0; !r && event_wait_locked(ev, k, &st, &target); k++)
+        if (st && st->completed < target) st->completed = target;
     return r;
 }
 

@@ -2571,9 +2571,11 @@ void heap_free_in_large_pool(heap_t *h, void *ptr, cua_stream stream) {
 
 bool heap_free_device_wide(heap_t *h, void *ptr) {
     cua_lock(&h->lock);
-    /* No known non-blocking stream: the legacy stream orders every other one, so this is a free on
-     * it (reused at once by the legacy stream, by others after its event). */
-    return free_locked(h, live_get(h, (uintptr_t)ptr), NULL, h->n_nb > 0 || h->nb_overflow);
+    /* Device-wide even with no non-blocking stream known: the legacy stream orders the blocking
+     * streams before it, not the blocking streams (nor threads' per-thread streams) among
+     * themselves, and the block's next cudaMalloc may serve any of them. The legacy stream's event
+     * alone then covers the group. */
+    return free_locked(h, live_get(h, (uintptr_t)ptr), NULL, true);
 }
 
 /* ------------------------------------------------------------------ lifecycle */

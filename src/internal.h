@@ -706,9 +706,10 @@ void heap_stream_created(heap_t *h, cua_stream stream, bool non_blocking);
  * only through a device synchronize. */
 void heap_streams_untracked(heap_t *h);
 /* Frees ptr with cudaFree's meaning: no stream may get it again while earlier work on any stream
- * may still use it. With no known non-blocking stream this is heap_free(h, ptr, NULL) (the legacy
- * stream orders every blocking stream); otherwise the block gets the open device-wide tag and
- * settles once events on the legacy stream and every non-blocking stream, recorded after the free
+ * may still use it. The block gets the open device-wide tag (also with no non-blocking stream
+ * known: the legacy stream does not order two blocking streams, or two threads' per-thread
+ * streams, among themselves) and settles once events on the legacy stream (which waits for every
+ * blocking stream's earlier work) and every non-blocking stream, recorded after the free
  * (by a later device-wide free, every few of them, or by an allocation that misses), have
  * completed, or after a device synchronize, which an allocation makes rather than map new memory
  * while such blocks are pending (cudaFree itself would have synchronized). False when h does not

@@ -541,23 +541,44 @@ static void test_max_split_bounded(void) {
     heap_destroy(h);
 }
 
-/* cudaFree's guarantee with no non-blocking stream: exactly a free on the legacy stream, reused at
- * once, with no event and no synchronization. */
+/* cudaFree's guarantee with no non-blocking stream. The legacy stream orders the blocking streams
+ * before it, not the blocking streams among themselves (nor two threads' per-thread streams): a
+ * block freed device-wide while a blocking stream's work may use it goes to no stream until an
+ * event on the legacy stream, recorded after the free, completes (or a synchronize), although the
+ * next cudaMalloc might serve a kernel on another blocking stream. A free with nothing in flight
+ * is reused at the next request, without a synchronize. */
 static void test_device_wide_without_nonblocking(void) {
     conf_t c;
     heap_t *h = test_sim_heap("sim_memory_mb:64", &c);
-    cua_stream blocking = sim_stream_create(0, true);
-    heap_stream_created(h, blocking, false); /* blocking streams are ordered by the legacy stream */
+    cua_stream blocking = sim_stream_create(0, true); /* its work is in flight */
+    sim_stream_set_blocking(blocking, true);
+    heap_stream_created(h, blocking, false);
     void *a = must_alloc(h, 4 << 20, NULL);
-    uint64_t syncs = stats(h).num_syncs, records = sim_calls(SIM_OP_EVENT_RECORD);
+    uint64_t syncs = stats(h).num_syncs;
     EXPECT(heap_free_device_wide(h, a), "device-wide free");
     EXPECT(heap_check(h, stderr) == 0, "heap_check");
     void *b = must_alloc(h, 4 << 20, NULL);
-    EXPECT(a == b, "the legacy stream reuses a device-wide freed block at once");
-    EXPECT(stats(h).num_syncs == syncs && sim_calls(SIM_OP_EVENT_RECORD) == records, "no event, no sync");
+    EXPECT(b != a || stats(h).num_syncs > syncs,
+           "a device-wide freed block was handed out again at once while a blocking stream's work may use it");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
     must_free(h, b, NULL);
-    heap_destroy(h);
+    heap_stream_destroyed(h, blocking);
     sim_stream_destroy(blocking);
+    /* A blocking stream with nothing in flight: the legacy stream's event completes at the next
+     * request, which reuses the block without a synchronize. */
+    cua_stream idle = sim_stream_create(0, false);
+    sim_stream_set_blocking(idle, true);
+    heap_stream_created(h, idle, false);
+    void *d = must_alloc(h, 4 << 20, NULL);
+    syncs = stats(h).num_syncs;
+    EXPECT(heap_free_device_wide(h, d), "device-wide free");
+    void *e = must_alloc(h, 4 << 20, NULL);
+    EXPECT(e == d && stats(h).num_syncs == syncs, "an idle device: reused at the next request without a synchronize");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    must_free(h, e, NULL);
+    heap_stream_destroyed(h, idle);
+    sim_stream_destroy(idle);
+    heap_destroy(h);
 }
 
 /* With a non-blocking stream whose work is in flight, a device-wide freed block goes to nobody
@@ -583,9 +604,14 @@ static void test_device_wide_waits_for_nonblocking(void) {
     sim_stream_destroy(nb);
     void *e = must_alloc(h, 4 << 20, NULL);
     uint64_t records = sim_calls(SIM_OP_EVENT_RECORD);
+    syncs = stats(h).num_syncs;
     EXPECT(heap_free_device_wide(h, e), "device-wide free");
     void *f = must_alloc(h, 4 << 20, NULL);
-    EXPECT(f == e && sim_calls(SIM_OP_EVENT_RECORD) == records, "no non-blocking stream left: immediate reuse");
+    EXPECT(f == e && sim_calls(SIM_OP_EVENT_RECORD) == records + 1 && stats(h).num_syncs == syncs,
+           "no non-blocking stream left: reused after one event, on the legacy stream, without a synchronize "
+           "(%p vs %p, %llu events, %llu syncs)",
+           f, e, (unsigned long long)(sim_calls(SIM_OP_EVENT_RECORD) - records),
+           (unsigned long long)(stats(h).num_syncs - syncs));
     must_free(h, f, NULL);
     /* A non-blocking stream whose work is done: the events complete, no synchronize. */
     cua_stream idle = sim_stream_create(0, false);
