@@ -20,7 +20,7 @@
  *        0    8 magic          "CUATRACE"
  *        8    2 major          CUA_TRACE_MAJOR; a reader refuses a larger major, naming both
  *       10    2 minor          CUA_TRACE_MINOR; a larger minor only adds record types (skipped)
- *       12    4 header_size    bytes before block 0 (4096; readers accept 64 .. 65536)
+ *       12    4 header_size    bytes before block 0 (4096, or the page size where larger; readers accept 64 .. 65536)
  *       16    4 block_size     bytes per block, a power of two (65536; readers accept 256 .. 2^24)
  *       20    4 flags          CUA_TRACE_FILE_RING: the event blocks are a ring (see below)
  *       24    8 max_blocks     the most blocks the file may hold; 0 = unbounded
@@ -187,7 +187,7 @@
 #define CUA_TRACE_MAGIC_LEN 8
 #define CUA_TRACE_MAJOR 1
 #define CUA_TRACE_MINOR 2
-#define CUA_TRACE_HEADER_SIZE 4096u          /* what the recorder writes */
+#define CUA_TRACE_HEADER_SIZE 4096u          /* what the recorder writes on 4 KiB pages (else a page) */
 #define CUA_TRACE_BLOCK_SIZE 65536u          /* what the recorder writes */
 #define CUA_TRACE_BLOCK_HEADER 32u
 #define CUA_TRACE_BLOCK_MAGIC 0x42415543u    /* "CUAB" as a little-endian u32 */

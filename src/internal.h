@@ -853,6 +853,8 @@ void trace_test_fields(trace_test_fields_t *out);
 /* Tests: the block size of files opened later (a multiple of the page size; 0 = default), and
  * the number of records written to the current file. */
 void trace_set_block_size(uint32_t bytes);
+/* Tests: the page size files opened later are laid out for (0 = the system's). */
+void trace_set_page_size(uint32_t bytes);
 uint64_t trace_test_records(void);
 /* Tests: writes a record of any type (one a reader may not know) into the current META or EVENT
  * block, leaving the delta state alone. */

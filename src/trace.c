@@ -169,6 +169,7 @@ static _Atomic uint64_t gen_pub; /* T.gen, readable without the lock */
 static atomic_flag rec_lock = ATOMIC_FLAG_INIT;
 static pthread_mutex_t mod_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint32_t test_block_size; /* trace_set_block_size */
+static uint32_t test_page_size;  /* trace_set_page_size */
 
 typedef struct tls_s {
     uint64_t gen;          /* the file the ids below belong to */
@@ -1835,6 +1836,7 @@ static void process_put_locked(void)
 }
 
 void trace_set_block_size(uint32_t bytes) { test_block_size = bytes; }
+void trace_set_page_size(uint32_t bytes) { test_page_size = bytes; }
 
 int trace_start(const char *tmpl, const conf_t *conf)
 {
@@ -1860,11 +1862,24 @@ int trace_start(const char *tmpl, const conf_t *conf)
     if (fd < 0)
         return -1;
     uint32_t bs = test_block_size ? test_block_size : CUA_TRACE_BLOCK_SIZE;
+    /* Blocks are mapped one by one, so each starts on a page: the header is at least a page (a
+     * kernel with 16 or 64 KiB pages, as on many aarch64 systems, refuses 4 KiB-aligned offsets). */
+    long page = test_page_size ? (long)test_page_size : sysconf(_SC_PAGESIZE);
+    if (page <= 0)
+        page = 4096;
+    uint32_t header_size = (uint32_t)(page > CUA_TRACE_HEADER_SIZE ? page : CUA_TRACE_HEADER_SIZE);
+    if (header_size > CUA_TRACE_BLOCK_SIZE || bs % (uint32_t)page) {
+        cua_error("trace %s: the page size of %ld bytes does not divide the trace's blocks of %u bytes; tracing is off",
+                  chosen, page, bs);
+        close(fd);
+        unlink(chosen);
+        return -1;
+    }
     uint8_t hdr[CUA_TRACE_HEADER_SIZE];
     memset(hdr, 0, sizeof hdr);
     uint64_t max_blocks = 0;
     if (conf->trace_max) {
-        max_blocks = conf->trace_max > CUA_TRACE_HEADER_SIZE ? (conf->trace_max - CUA_TRACE_HEADER_SIZE) / bs : 0;
+        max_blocks = conf->trace_max > header_size ? (conf->trace_max - header_size) / bs : 0;
         if (max_blocks < 4) {
             cua_error("trace: trace_max_mb leaves fewer than 4 blocks of %u bytes; using 4", bs);
             max_blocks = 4;
@@ -1873,7 +1888,7 @@ int trace_start(const char *tmpl, const conf_t *conf)
     memcpy(hdr, CUA_TRACE_MAGIC, CUA_TRACE_MAGIC_LEN);
     cua_trace_put_le(hdr + CUA_TRACE_OFF_MAJOR, CUA_TRACE_MAJOR, 2);
     cua_trace_put_le(hdr + CUA_TRACE_OFF_MINOR, CUA_TRACE_MINOR, 2);
-    cua_trace_put_le(hdr + CUA_TRACE_OFF_HEADER_SIZE, CUA_TRACE_HEADER_SIZE, 4);
+    cua_trace_put_le(hdr + CUA_TRACE_OFF_HEADER_SIZE, header_size, 4);
     cua_trace_put_le(hdr + CUA_TRACE_OFF_BLOCK_SIZE, bs, 4);
     cua_trace_put_le(hdr + CUA_TRACE_OFF_FLAGS, (conf->trace_ring && max_blocks) ? CUA_TRACE_FILE_RING : 0, 4);
     cua_trace_put_le(hdr + CUA_TRACE_OFF_MAX_BLOCKS, max_blocks, 8);
@@ -1899,7 +1914,7 @@ int trace_start(const char *tmpl, const conf_t *conf)
     snprintf(T.tmpl, sizeof T.tmpl, "%s", tmpl);
     T.tmpl_has_pid = has_pid;
     T.block_size = bs;
-    T.header_size = CUA_TRACE_HEADER_SIZE;
+    T.header_size = header_size;
     T.max_blocks = max_blocks;
     T.ring = conf->trace_ring && max_blocks;
     T.nblocks = T.meta_blocks = 0;

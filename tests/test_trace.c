@@ -939,6 +939,43 @@ static void limit_body(void)
     trace_free(&t);
 }
 
+/* A kernel with 64 KiB pages (many aarch64 systems): the header takes a page, so every block's
+ * mapping starts on one (at 4 KiB it would not, and no block could be mapped); in a ring bounded by
+ * trace_max_mb too. A page size that does not divide the blocks turns tracing off with a message. */
+static void page_64k_body(void)
+{
+    char path[300];
+    for (int ring = 0; ring < 2; ring++) {
+        path_of(path, sizeof path, ring ? "page64k-ring.trace" : "page64k.trace");
+        conf_t c = base_conf();
+        c.trace_ring = ring;
+        c.trace_max = ring ? 65536 + 6 * (size_t)CUA_TRACE_BLOCK_SIZE : 0;
+        trace_set_page_size(65536);
+        msgs_clear();
+        EXPECT(api_trace_start(path, &c) == 0, "start with 64 KiB pages: %s", msgs);
+        for (int i = 0; i < (ring ? 40000 : 300); i++)
+            cualloc_free(site_alpha(4096 + (size_t)(i % 5) * 512), NULL);
+        cualloc_mark("last");
+        EXPECT(trace_check(stderr) == 0, "the recorder's checker");
+        cualloc_trace_stop();
+        EXPECT(!ring || file_size(path) <= (off_t)c.trace_max, "file %lld bytes", (long long)file_size(path));
+        trace_t t;
+        trace_read(path, &t);
+        EXPECT(t.status == 0 && t.info.header_size == 65536, "reader: %s; header %u bytes, want 65536", t.error,
+               t.info.header_size);
+        const rec_t *m = nth_of(&t, CUA_TRACE_MARK, count_type(&t, CUA_TRACE_MARK) - 1);
+        EXPECT(m && strcmp(m->s1, "last") == 0 && count_type(&t, CUA_TRACE_ALLOC) > 0, "the last mark read back");
+        trace_free(&t);
+    }
+    path_of(path, sizeof path, "page128k.trace");
+    conf_t c = base_conf();
+    trace_set_page_size(128 * 1024);
+    msgs_clear();
+    EXPECT(api_trace_start(path, &c) != 0 && strstr(msgs, "page size") && !trace_active(),
+           "a page larger than a block: refused with a message (%s)", msgs);
+    trace_set_page_size(0);
+}
+
 static uint8_t *slurp(const char *path, size_t *len);
 
 /* A table refused host memory while recording: a LOST record per table, once each, before the
@@ -1893,6 +1930,7 @@ int main(int argc, char **argv)
     in_child("starts, stops and size-limit stops while threads allocate",
              "driver:sim,sim_devices:2,sim_memory_mb:256,trace_stack_depth:16,trace_max_mb:1", toggle_body);
     in_child("trace_max_mb stops", sim, limit_body);
+    in_child("64 KiB pages: the header takes a page", sim, page_64k_body);
     in_child("a table refused host memory while recording: LOST records", sim, lost_body);
     in_child("LOST records in a ring: repeated in each new event block", sim, lost_ring_body);
     in_child("trace_max_mb with trace_ring keeps the newest", sim, ring_body);
