@@ -684,10 +684,20 @@ static bool free_captured(heap_t *h, const void *ptr, cua_stream stream) {
     return true;
 }
 
+/* Before a free: streams still pending are handed to the heaps. A stream noted while the first
+ * allocation made its heap (note_stream saw no heap yet, serve's check saw nothing pending yet)
+ * waits in the list until the next allocation; a block its work uses, freed before that, must
+ * already find it known, or device-wide frees would not wait for it. The program orders the free
+ * after the stream's creation returned, so the flag is seen. */
+static inline void flush_before_free(void) {
+    if (__builtin_expect(atomic_load_explicit(&pending_any, memory_order_relaxed), 0)) pending_flush();
+}
+
 /* Frees a pointer. A free on cudaStreamPerThread waits device-wide (see per_thread_stream_key). */
 static release_t release(const void *ptr, cua_stream stream) {
     heap_t *h = api_owner(ptr);
     if (!h) return RELEASE_FOREIGN;
+    flush_before_free();
     if (free_captured(h, ptr, stream)) return RELEASED;
     bool ok = stream == CUA_STREAM_PER_THREAD ? heap_free_device_wide(h, (void *)ptr) : heap_free(h, (void *)ptr, stream);
     return ok ? RELEASED : RELEASE_INVALID;
@@ -697,6 +707,7 @@ static release_t release(const void *ptr, cua_stream stream) {
 static release_t release_device_wide(const void *ptr) {
     heap_t *h = api_owner(ptr);
     if (!h) return RELEASE_FOREIGN;
+    flush_before_free();
     return heap_free_device_wide(h, (void *)ptr) ? RELEASED : RELEASE_INVALID;
 }
 
