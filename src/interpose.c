@@ -118,6 +118,11 @@
 #define CUDART_ERROR_MEMORY_ALLOCATION 2
 #define CUDART_ERROR_INITIALIZATION 3
 #define CUA_STREAM_PER_THREAD ((cua_stream)(uintptr_t)0x2)
+#define CUA_STREAM_LEGACY ((cua_stream)(uintptr_t)0x1)
+/* The heap's name for a stream: CU_STREAM_LEGACY is the legacy stream, as NULL is (where NULL
+ * means the per-thread stream, the _ptsz entry points say CUA_STREAM_PER_THREAD first), so blocks
+ * freed under one name are found under the other without an event. */
+static inline cua_stream heap_stream_name(cua_stream s) { return s == CUA_STREAM_LEGACY ? NULL : s; }
 
 typedef int cudart_error;
 typedef void *cudart_stream;
@@ -644,7 +649,7 @@ __attribute__((noinline)) static cua_result serve(int dev, size_t size, cua_stre
     if (!h) return CUA_ERROR_NOT_FOUND;
     if (trace_enabled()) trace_capture_stack(1);
     if (__builtin_expect(atomic_load_explicit(&pending_any, memory_order_relaxed), 0)) pending_flush();
-    return heap_alloc(h, size, stream == CUA_STREAM_PER_THREAD ? per_thread_stream_key() : stream, out);
+    return heap_alloc(h, size, stream == CUA_STREAM_PER_THREAD ? per_thread_stream_key() : heap_stream_name(stream), out);
 }
 
 /* What a free found: the pointer freed; not cualloc's (the caller passes it through); or in
@@ -699,7 +704,8 @@ static release_t release(const void *ptr, cua_stream stream) {
     if (!h) return RELEASE_FOREIGN;
     flush_before_free();
     if (free_captured(h, ptr, stream)) return RELEASED;
-    bool ok = stream == CUA_STREAM_PER_THREAD ? heap_free_device_wide(h, (void *)ptr) : heap_free(h, (void *)ptr, stream);
+    bool ok = stream == CUA_STREAM_PER_THREAD ? heap_free_device_wide(h, (void *)ptr)
+                                              : heap_free(h, (void *)ptr, heap_stream_name(stream));
     return ok ? RELEASED : RELEASE_INVALID;
 }
 

@@ -817,6 +817,21 @@ int main(int argc, char **argv) {
               "%llu events recorded for 16 frees, %llu on no stream: the destroyed stream was still waited for",
               (unsigned long long)(fake_calls(OP_EVENT_RECORD) - records0), (unsigned long long)(bad_handles() - bad0));
 
+    /* CU_STREAM_LEGACY (0x1) and NULL name one stream, the legacy one: a block freed on either is
+     * reused at once on the other, with no event between them. */
+    for (int way = 0; way < 2; way++) {
+        CUstream on_free = way ? NULL : (CUstream)(uintptr_t)1, on_alloc = way ? (CUstream)(uintptr_t)1 : NULL;
+        CUdeviceptr x = 0, y = 0;
+        CHECK_MSG(alloc_async[0](&x, 3 << 20, on_alloc) == 0 && x, "cuMemAllocAsync");
+        uint64_t rec0 = fake_calls(OP_EVENT_RECORD);
+        CHECK_MSG(free_async[0](x, on_free) == 0 && alloc_async[0](&y, 3 << 20, on_alloc) == 0, "free, allocate again");
+        CHECK_MSG(y == x && fake_calls(OP_EVENT_RECORD) == rec0,
+                  "freed on %s, asked on %s: got %#llx for %#llx, %llu events recorded", way ? "NULL" : "CU_STREAM_LEGACY",
+                  way ? "CU_STREAM_LEGACY" : "NULL", (unsigned long long)y, (unsigned long long)x,
+                  (unsigned long long)(fake_calls(OP_EVENT_RECORD) - rec0));
+        if (y) CHECK_MSG(free_async[0](y, on_alloc) == 0, "free");
+    }
+
     /* No current context: as CUDA, CUDA_ERROR_INVALID_CONTEXT (201) from the real driver. */
     CUdeviceptr d = 0;
     CHECK_MSG(setcur(NULL) == 0 && mem_alloc(&d, 4096) == 201, "cuMemAlloc without a context");
