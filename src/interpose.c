@@ -704,8 +704,14 @@ static release_t release(const void *ptr, cua_stream stream) {
     if (!h) return RELEASE_FOREIGN;
     flush_before_free();
     if (free_captured(h, ptr, stream)) return RELEASED;
-    bool ok = stream == CUA_STREAM_PER_THREAD ? heap_free_device_wide(h, (void *)ptr)
-                                              : heap_free(h, (void *)ptr, heap_stream_name(stream));
+    if (stream == CUA_STREAM_PER_THREAD) return heap_free_device_wide(h, (void *)ptr) ? RELEASED : RELEASE_INVALID;
+    /* Freed on another device's stream (CUDA allows it): the heap could record no event of its
+     * own on that stream, so the block would wait for good. The stream is waited for here (rare:
+     * the host blocks until its work is done), and the block goes back on the legacy stream. */
+    int dev = heap_device(h), sdev = stream_alloc_device(stream, dev);
+    const driver_ops_t *drv = sdev != dev ? api_driver() : NULL;
+    if (drv && drv->stream_synchronize && drv->stream_synchronize(sdev, stream) == CUA_SUCCESS) stream = NULL;
+    bool ok = heap_free(h, (void *)ptr, heap_stream_name(stream));
     return ok ? RELEASED : RELEASE_INVALID;
 }
 

@@ -166,6 +166,15 @@ static int stream_device_main(gpa_fn gpa) {
     CHECK_MSG(allocs_on(1) == on1 + 1 && allocs_on(0) == on0, "served by device %s, not by the stream's device 1",
               allocs_on(0) != on0 ? "0 (the current one)" : "none");
     CHECK_MSG(free_async(d, s1) == 0, "free");
+    /* A block of device 0 freed on device 1's stream (CUDA allows it): device 0's heap cannot record
+     * its events on that stream, so the free waits for the stream first and the block is device
+     * 0's again at once, not stranded behind a stream it can never look at. */
+    CUdeviceptr x = 0, y = 0;
+    CHECK_MSG(alloc_async(&x, 3 << 20, NULL) == 0 && x && allocs_on(0) == on0 + 1, "cuMemAllocAsync on device 0");
+    CHECK_MSG(free_async(x, s1) == 0, "cuMemFreeAsync of device 0's block on device 1's stream");
+    CHECK_MSG(alloc_async(&y, 3 << 20, NULL) == 0 && y == x, "device 0's next request got %#llx, not the block %#llx "
+              "freed on device 1's stream", (unsigned long long)y, (unsigned long long)x);
+    if (y) CHECK_MSG(free_async(y, NULL) == 0, "free");
     if (failures) return 1;
     printf("interpose_driver_prog --stream-device: all checks passed\n");
     return 0;
