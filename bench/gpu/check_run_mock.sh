@@ -93,7 +93,7 @@ need = {
                                                             "capture_vs_misses_relaxed", "capture_vs_misses_own_thread",
                                                             "stream_get_ctx_under_capture", "legacy_lookup_flags",
                                                             "meminfo_counted_once", "event_idle_at_once",
-                                                            "device_reset"]
+                                                            "cudafree_blocking_streams", "device_reset"]
                                            for m in ["plain", "preload"]]
                                           + [(c, "preload-classic") for c in ["capture_vs_misses",
                                                                               "capture_vs_misses_own_thread"]])

@@ -6,7 +6,8 @@
 //   driver_questions --check NAME     NAME: capture_vs_misses | capture_vs_misses_thread_local |
 //                                     capture_vs_misses_relaxed | capture_vs_misses_own_thread |
 //                                     stream_get_ctx_under_capture | legacy_lookup_flags |
-//                                     meminfo_counted_once | event_idle_at_once | device_reset
+//                                     meminfo_counted_once | event_idle_at_once |
+//                                     cudafree_blocking_streams | device_reset
 //
 // Prints one line `driver_questions: RESULT {"check": NAME, "pass": true|false|null, ...}` (null:
 // the question could not be decided here) and exits 0 once that line is printed, whatever the
@@ -766,7 +767,82 @@ static int check_event_idle_at_once(void) {
     return 0;
 }
 
-// ------------------------------------------------------------------ 6. device_reset
+// ------------------------------------------------------------------ 6. cudafree_blocking_streams
+
+// A kernel that waits about `cycles` and then copies src to dst: it reads src late.
+__global__ void late_copy(const unsigned *src, unsigned *dst, size_t n, long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x)
+        dst[j] = src[j];
+}
+
+// cudaFree's guarantee across blocking streams. A kernel on blocking stream A reads buffer X late
+// (after about 50 ms); the host frees X at once with cudaFree, allocates the same size again and
+// has a kernel on another blocking stream B overwrite the new buffer. The legacy stream orders A
+// and B each against itself, not against each other: CUDA's cudaFree synchronizes, so A's kernel
+// has read X before B's runs. cualloc must not hand X out again while A may still read it (it
+// waits for an event on the legacy stream, which follows every blocking stream's earlier work).
+// pass: A's copy holds X's contents, ROUNDS times; the facts say whether the address came back.
+enum { CFB_ROUNDS = 5 };
+static int check_cudafree_blocking_streams(void) {
+    const size_t bytes = (size_t)16 << 20, n = bytes / sizeof(unsigned);
+    cudaStream_t a = NULL, b = NULL;
+    unsigned *out = NULL, *host = (unsigned *)malloc(bytes);
+    char failed[160] = "";
+    common_facts();
+    if (!(host && SETUP(failed, cudaSetDevice(0)) && SETUP(failed, cudaFree(0)) &&
+          SETUP(failed, cudaStreamCreate(&a)) && SETUP(failed, cudaStreamCreate(&b)) &&
+          SETUP(failed, cudaMalloc(&out, bytes)))) {
+        jadd(",\"error\":");
+        jstr(host ? failed : "host memory");
+        result_print("cudafree_blocking_streams", -1);
+        free(host);
+        return 0;
+    }
+    int khz = 0;
+    cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
+    long long cycles = (long long)(khz > 0 ? khz : 1500000) * 50; // about 50 ms
+    int intact = 0, same_address = 0;
+    size_t wrong_max = 0;
+    cudaError_t bad = cudaSuccess;
+    for (int round = 0; round < CFB_ROUNDS && bad == cudaSuccess; round++) {
+        unsigned *x = NULL, *y = NULL, seed = 100u + (unsigned)round;
+        bad = cudaMalloc(&x, bytes);
+        if (bad != cudaSuccess) break;
+        fill_pattern<<<256, 256>>>(x, n, seed);
+        bad = first_err(cudaGetLastError(), cudaDeviceSynchronize());
+        if (bad != cudaSuccess) break;
+        late_copy<<<256, 256, 0, a>>>(x, out, n, cycles);
+        bad = first_err(cudaGetLastError(), cudaFree(x));
+        if (bad == cudaSuccess) bad = cudaMalloc(&y, bytes);
+        if (bad != cudaSuccess) break;
+        if (y == x) same_address++;
+        fill_pattern<<<256, 256, 0, b>>>(y, n, 0xdead0000u + (unsigned)round);
+        bad = first_err(cudaGetLastError(), cudaDeviceSynchronize());
+        if (bad == cudaSuccess) bad = cudaMemcpy(host, out, bytes, cudaMemcpyDeviceToHost);
+        if (bad != cudaSuccess) break;
+        size_t wrong = 0;
+        for (size_t j = 0; j < n; j++)
+            if (host[j] != (unsigned)j * 2654435761u + seed) wrong++;
+        if (wrong == 0) intact++;
+        if (wrong > wrong_max) wrong_max = wrong;
+        bad = cudaFree(y);
+    }
+    cudaFree(out);
+    cudaStreamDestroy(a);
+    cudaStreamDestroy(b);
+    free(host);
+    int pass = bad != cudaSuccess ? -1 : intact == CFB_ROUNDS;
+    jadd(",\"rounds\":%d,\"intact\":%d,\"same_address\":%d,\"words_wrong_max\":%zu,\"kernel_cycles\":%lld,"
+         "\"error\":\"%s\"",
+         CFB_ROUNDS, intact, same_address, wrong_max, cycles, bad == cudaSuccess ? "" : rt_name(bad));
+    result_print("cudafree_blocking_streams", pass);
+    return 0;
+}
+
+// ------------------------------------------------------------------ 7. device_reset
 
 // One allocation after cudaDeviceReset, written by a kernel and read back. Under cualloc the heap
 // holds chunks (and, in VMM mode, an address range and handles) made in the context the reset
@@ -838,7 +914,7 @@ static int check_device_reset(void) {
 // ------------------------------------------------------------------ main
 
 static const char *const CHECK_NAMES[] = {"stream_get_ctx_under_capture", "legacy_lookup_flags", "meminfo_counted_once",
-                                          "event_idle_at_once", "device_reset"};
+                                          "event_idle_at_once", "cudafree_blocking_streams", "device_reset"};
 enum { N_CHECK_NAMES = sizeof CHECK_NAMES / sizeof CHECK_NAMES[0] };
 
 // The usage line and every check's name (the capture variants first).
@@ -851,7 +927,8 @@ static void print_usage(FILE *out) {
 
 int main(int argc, char **argv) {
     int (*const fns[N_CHECK_NAMES])(void) = {check_stream_get_ctx_under_capture, check_legacy_lookup_flags,
-                                             check_meminfo_counted_once, check_event_idle_at_once, check_device_reset};
+                                             check_meminfo_counted_once, check_event_idle_at_once,
+                                             check_cudafree_blocking_streams, check_device_reset};
     const char *name = NULL;
     int which = -1;
     const capture_variant *variant = NULL;

@@ -142,7 +142,7 @@ estimate() {
         driver-costs) echo "about 1 minute" ;;
         property-cuda) echo "about 1-3 minutes" ;;
         ld-preload) echo "about 1-2 minutes (two nvcc builds, six runs)" ;;
-        driver-questions) echo "about 1 minute (one small nvcc build, twenty processes of about a second each, at most 30 s each)" ;;
+        driver-questions) echo "about 1 minute (one small nvcc build, twenty-two processes of about a second each, at most 30 s each)" ;;
         torch-api) echo "1-2 minutes (one PyTorch process under cualloc_torch.enable(), torch.compile's first compile included, then allocview on its trace)" ;;
         torch) echo "about 4-7 minutes (5 modes x (training run + forced-OOM run) + 2 snapshot runs, each a fresh process; capped at 9 minutes)" ;;
         torch-medium) echo "about 2-4 minutes (5 GPT-2 medium training runs; capped at 9 minutes)" ;;
@@ -461,7 +461,8 @@ part_ld_preload() {
 # third time under the preload with classic segments (cuMemAlloc'd, released with cuMemFree), whose
 # driver calls differ.
 DQ_CHECKS="legacy_lookup_flags stream_get_ctx_under_capture meminfo_counted_once capture_vs_misses
-capture_vs_misses_thread_local capture_vs_misses_relaxed capture_vs_misses_own_thread event_idle_at_once device_reset"
+capture_vs_misses_thread_local capture_vs_misses_relaxed capture_vs_misses_own_thread event_idle_at_once
+cudafree_blocking_streams device_reset"
 DQ_CLASSIC_CHECKS="capture_vs_misses capture_vs_misses_own_thread"
 
 # dq_modes CHECK: the processes a check runs in.

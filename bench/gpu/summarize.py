@@ -187,6 +187,10 @@ def dq_facts(check, res):
                 % (res.get("idle_complete_at_once"), res.get("idle_records"), res.get("idle_polls_mean"),
                    res.get("idle_polls_max"), res.get("kernel_cycles"), res.get("busy_complete_at_once"),
                    res.get("busy_records")))
+    if check == "cudafree_blocking_streams":
+        return ("a buffer read late on one blocking stream, cudaFree'd and allocated again for another: its "
+                "contents intact in %s of %s rounds (the address came back in %s; most words wrong %s)"
+                % (res.get("intact"), res.get("rounds"), res.get("same_address"), res.get("words_wrong_max")))
     if check == "device_reset":
         return ("before %s; cudaDeviceReset %s; after it: 1 MiB %s (same address: %s), 96 MiB %s; last error %s"
                 % (res.get("before_reset"), res.get("reset"), res.get("after_1MiB"), res.get("same_address_as_before"),
