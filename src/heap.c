@@ -238,6 +238,8 @@ struct heap_s {
     unsigned n_nb;
     size_t cap_nb;
     bool nb_overflow;
+    /* n_nb > 0 || nb_overflow, readable without the lock (heap_alloc_device_wide). */
+    _Atomic bool nb_known;
     unsigned dw_open;
     unsigned dw_frees_unchecked; /* device-wide frees since one last looked at the events */
     /* OOM reports printed, by (power-of-two bucket of the request, diagnosis kind, oom_diagnose's
@@ -2355,6 +2357,15 @@ cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
     return *out ? CUA_SUCCESS : CUA_ERROR_OUT_OF_MEMORY;
 }
 
+/* The name device-wide allocations take while non-blocking streams exist: a key, which no free
+ * names, so its tag holds only fresh memory's remainders. */
+static char device_wide_alloc_name;
+
+cua_result heap_alloc_device_wide(heap_t *h, size_t size, void **out) {
+    bool nb = atomic_load_explicit(&h->nb_known, memory_order_relaxed);
+    return heap_alloc(h, size, nb ? stream_key_make(&device_wide_alloc_name) : NULL, out);
+}
+
 /* A just-freed block (tag final, no longer live_get's) goes into its index, merged with its
  * neighbours. `vmm`: h->vmm, a constant where the caller knows it (free_insert_in). */
 static inline __attribute__((always_inline)) void free_into_index(heap_t *h, pool_t *p, block_t *b, bool vmm) {
@@ -3025,6 +3036,11 @@ void heap_trim(heap_t *h) {
     cua_unlock(&h->lock);
 }
 
+/* Lock held: after n_nb or nb_overflow changed. */
+static void nb_known_update(heap_t *h) {
+    atomic_store_explicit(&h->nb_known, h->n_nb > 0 || h->nb_overflow, memory_order_relaxed);
+}
+
 /* Lock held. Forgets `stream` as a non-blocking stream. Device-wide blocks still waiting for it
  * are made safe first (the handle may be reused): its work is synchronized, or, when that cannot be
  * done (capture), the table is marked overflowed so that only a device synchronize settles them. */
@@ -3059,12 +3075,14 @@ void heap_stream_created(heap_t *h, cua_stream stream, bool non_blocking) {
             h->nb_overflow = true;
         }
     }
+    nb_known_update(h);
     cua_unlock(&h->lock);
 }
 
 void heap_streams_untracked(heap_t *h) {
     cua_lock(&h->lock);
     h->nb_overflow = true;
+    nb_known_update(h);
     cua_unlock(&h->lock);
 }
 
@@ -3072,6 +3090,7 @@ void heap_stream_destroyed(heap_t *h, cua_stream stream) {
     cua_lock(&h->lock);
     quick_flush(h);
     nb_forget(h, stream);
+    nb_known_update(h);
     for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
         stream_rec_t *r = &h->tags[t];
         if (!r->used || r->closed || r->handle != stream) continue;
@@ -3348,6 +3367,9 @@ int heap_check(heap_t *h, FILE *report) {
     }
     CHECK(&c, h->n_nb <= h->cap_nb && (h->nb || !h->cap_nb), "%u non-blocking streams recorded in a table of %zu",
           h->n_nb, h->cap_nb);
+    CHECK(&c, atomic_load_explicit(&h->nb_known, memory_order_relaxed) == (h->n_nb > 0 || h->nb_overflow),
+          "nb_known says %d with %u non-blocking streams known (overflow %d)",
+          (int)atomic_load_explicit(&h->nb_known, memory_order_relaxed), h->n_nb, (int)h->nb_overflow);
     CHECK(&c, h->recording || !trace_enabled() || !trace_device_begun(h->dev),
           "the recorder is on and has begun device %d, but its fast paths still serve", h->dev);
     CHECK(&c, !h->last_tag || (h->last_tag < TAG_STREAMS_END && h->tags[h->last_tag].used &&

@@ -653,6 +653,12 @@ static inline bool stream_is_key(cua_stream s) { return ((uintptr_t)s & STREAM_K
 /* 0 and *out on success; CUA_ERROR_OUT_OF_MEMORY (after releasing cache and retrying) or the
  * driver's error otherwise. `stream` may be a key (stream_key_make). Thread-safe. */
 cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out);
+/* An allocation with cudaMalloc's meaning: no stream's earlier work may still use the block, for
+ * it may serve any stream. With no non-blocking stream this is heap_alloc on the legacy stream
+ * (whose freed blocks every blocking stream's later work waits for); otherwise it takes no block
+ * freed on the legacy stream until that stream's event says the device is past it (a non-blocking
+ * stream does not wait for the legacy stream). */
+cua_result heap_alloc_device_wide(heap_t *h, size_t size, void **out);
 /* heap_alloc returning the pointer, NULL on failure (heap_alloc fails only with out of memory). */
 void *heap_malloc(heap_t *h, size_t size, cua_stream stream);
 /* Frees ptr ordered on stream. Returns false (and does nothing) when h does not own ptr. */

@@ -60,6 +60,7 @@
  *    cudaGetLastError returns and clears it, cudaPeekAtLastError returns it. An error the runtime
  *    itself holds for the thread is returned first (a sticky error must not be hidden); both are
  *    cleared by cudaGetLastError, since CUDA keeps one last error, not two.
+ *  - cudaMalloc / cuMemAlloc: heap_alloc_device_wide (the block may serve any stream at once).
  *  - cudaMemGetInfo is truthful about what the application could allocate: the next definition's
  *    free bytes plus cualloc's cached free bytes on the current device (reserved - allocated),
  *    capped at total and at the heap's cap less its allocated bytes.
@@ -119,6 +120,9 @@
 #define CUDART_ERROR_INITIALIZATION 3
 #define CUA_STREAM_PER_THREAD ((cua_stream)(uintptr_t)0x2)
 #define CUA_STREAM_LEGACY ((cua_stream)(uintptr_t)0x1)
+/* serve's name for a request of cudaMalloc / cuMemAlloc, which may serve any stream (no CUDA
+ * handle has this value: 0x1 and 0x2 are the only special ones). */
+#define ALLOC_DEVICE_WIDE ((cua_stream)(uintptr_t)0x3)
 /* The heap's name for a stream: CU_STREAM_LEGACY is the legacy stream, as NULL is (where NULL
  * means the per-thread stream, the _ptsz entry points say CUA_STREAM_PER_THREAD first), so blocks
  * freed under one name are found under the other without an event. */
@@ -649,6 +653,7 @@ __attribute__((noinline)) static cua_result serve(int dev, size_t size, cua_stre
     if (!h) return CUA_ERROR_NOT_FOUND;
     if (trace_enabled()) trace_capture_stack(1);
     if (__builtin_expect(atomic_load_explicit(&pending_any, memory_order_relaxed), 0)) pending_flush();
+    if (stream == ALLOC_DEVICE_WIDE) return heap_alloc_device_wide(h, size, out);
     return heap_alloc(h, size, stream == CUA_STREAM_PER_THREAD ? per_thread_stream_key() : heap_stream_name(stream), out);
 }
 
@@ -795,7 +800,7 @@ cudart_error cudaMalloc(void **ptr, size_t size) {
         return CUDART_SUCCESS;
     }
     void *p = NULL;
-    cua_result r = excluded(CALLER()) ? CUA_ERROR_NOT_FOUND : serve(runtime_device(), size, NULL, &p);
+    cua_result r = excluded(CALLER()) ? CUA_ERROR_NOT_FOUND : serve(runtime_device(), size, ALLOC_DEVICE_WIDE, &p);
     if (r == CUA_ERROR_NOT_FOUND) {
         cudaMalloc_fn next = NEXT(N_cudaMalloc, cudaMalloc_fn);
         passthrough_depth++; /* the runtime's own cuMemAlloc must not be served either */
@@ -927,7 +932,7 @@ static cua_result drv_alloc(int next_idx, cua_devptr *dptr, size_t size, cua_str
         !excluded(caller) &&
         (!async || (dev = stream_alloc_device(stream, dev)) >= 0) && !(async && drv_capturing(dev, stream))) {
         void *p = NULL;
-        cua_result r = serve(dev, size, stream, &p);
+        cua_result r = serve(dev, size, async ? stream : ALLOC_DEVICE_WIDE, &p);
         if (r != CUA_ERROR_NOT_FOUND) {
             if (r == CUA_SUCCESS) *dptr = (cua_devptr)(uintptr_t)p;
             return r;

@@ -581,6 +581,51 @@ static void test_device_wide_without_nonblocking(void) {
     heap_destroy(h);
 }
 
+/* cudaMalloc's meaning: the block may serve any stream at once. A block freed on the legacy stream
+ * while its work may still use it is taken back at once when every stream is a blocking one (their
+ * later work waits for the legacy stream's earlier work), but not while a non-blocking stream exists,
+ * which does not wait for it: then only once the legacy stream's event says the device is past the
+ * free. (The legacy stream's work is kept in flight here by a busy blocking stream, which its events
+ * wait for.) */
+static void test_device_wide_alloc(void) {
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:64", &c);
+    cua_stream busy = sim_stream_create(0, true);
+    sim_stream_set_blocking(busy, true);
+    heap_stream_created(h, busy, false);
+    void *a = must_alloc(h, 4 << 20, NULL), *b = NULL;
+    must_free(h, a, NULL);
+    EXPECT(heap_alloc_device_wide(h, 4 << 20, &b) == CUA_SUCCESS && b == a,
+           "no non-blocking stream: the legacy stream's freed block is taken back at once");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    must_free(h, b, NULL);
+    cua_stream nb = sim_stream_create(0, false);
+    heap_stream_created(h, nb, true);
+    uint64_t syncs = stats(h).num_syncs;
+    void *d = NULL;
+    EXPECT(heap_alloc_device_wide(h, 4 << 20, &d) == CUA_SUCCESS && d, "device-wide allocation");
+    EXPECT(d != a || stats(h).num_syncs > syncs,
+           "with a non-blocking stream, a block freed on the legacy stream was handed out for any stream at once, "
+           "while the legacy stream's work may still use it");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    /* The legacy stream's work done: its event completes and the block serves a device-wide
+     * request without a synchronize. */
+    must_free(h, d, NULL);
+    sim_stream_complete(busy);
+    heap_stream_destroyed(h, busy);
+    sim_stream_destroy(busy);
+    void *e = must_alloc(h, 4 << 20, NULL), *f = NULL;
+    must_free(h, e, NULL);
+    syncs = stats(h).num_syncs;
+    EXPECT(heap_alloc_device_wide(h, 4 << 20, &f) == CUA_SUCCESS && f && stats(h).num_syncs == syncs,
+           "an idle legacy stream: no synchronize");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    must_free(h, f, NULL);
+    heap_stream_destroyed(h, nb);
+    sim_stream_destroy(nb);
+    heap_destroy(h);
+}
+
 /* With a non-blocking stream whose work is in flight, a device-wide freed block goes to nobody
  * without a wait: a request that misses waits for it (one synchronize, as cudaFree itself) instead
  * of mapping new memory, and reuses it. When the stream's work is done at once, the events show it
@@ -1171,6 +1216,7 @@ int main(void) {
     test_many_streams_classic();
     test_classic_owns_segment_base();
     test_device_wide_without_nonblocking();
+    test_device_wide_alloc();
     test_device_wide_waits_for_nonblocking();
     test_device_wide_generations();
     test_device_wide_keeps_neighbours();
