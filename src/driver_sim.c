@@ -880,6 +880,11 @@ static cua_result stream_sync_locked(int dev, cua_stream s) {
     if (st && st->dev != dev) return CUA_ERROR_INVALID_VALUE;
     if (st && st->capturing) return capture_broken_locked(st);
     if (st) st->completed = st->submitted;
+    if (!s || (uintptr_t)s == 1) /* the legacy stream: its work waited for every blocking stream's */
+        for (size_t i = 0; i < sim.streams.cap; i++) {
+            sim_stream_t *b = sim.streams.obj[i];
+            if (b && b->dev == dev && b->held && b->blocking) b->completed = b->submitted;
+        }
     return 0;
 }
 

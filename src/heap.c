@@ -240,6 +240,9 @@ struct heap_s {
     bool nb_overflow;
     /* n_nb > 0 || nb_overflow, readable without the lock (heap_alloc_device_wide). */
     _Atomic bool nb_known;
+    /* A device-wide allocation was served as the legacy stream (no non-blocking stream then) since
+     * the legacy stream was last synchronized for a new non-blocking stream. */
+    _Atomic bool legacy_handed_out;
     unsigned dw_open;
     unsigned dw_frees_unchecked; /* device-wide frees since one last looked at the events */
     /* OOM reports printed, by (power-of-two bucket of the request, diagnosis kind, oom_diagnose's
@@ -1192,7 +1195,15 @@ static bool settle_completed(heap_t *h, unsigned self) {
     if (dw_settle_completed(h)) settled = true;
     for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
         stream_rec_t *r = &h->tags[t];
-        if (t == self || !open_tag_waiting(h, t) || is_capturing(h, r->handle)) continue;
+        if (t == self || !open_tag_waiting(h, t)) continue;
+        if (r->handle == DEVICE_WIDE_ALLOC_KEY) {
+            /* No free names the key: its free blocks are memory mapped for device-wide requests
+             * and never used, everyone's at once. */
+            settle_tag(h, t);
+            settled = true;
+            continue;
+        }
+        if (is_capturing(h, r->handle)) continue;
         if (stream_settle_completed(h, t)) settled = true;
     }
     return settled;
@@ -1479,7 +1490,9 @@ static block_t *vmm_grow(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
         return NULL;
     }
     /* Fresh memory has no work in flight; tagging it with the requesting stream keeps the
-     * single-stream case to one index. */
+     * single-stream case to one index. (Not TAG_ANY even for a device-wide allocation, whose tag
+     * settle_completed hands to everyone at once: merged with a neighbour, TAG_ANY memory takes
+     * the neighbour's tag, and the allocation would then be carved from that neighbour.) */
     m->state = BLOCK_FREE;
     m->tag = (uint16_t)tag;
     m = coalesce_free(h, p, m);
@@ -2357,13 +2370,16 @@ cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
     return *out ? CUA_SUCCESS : CUA_ERROR_OUT_OF_MEMORY;
 }
 
-/* The name device-wide allocations take while non-blocking streams exist: a key, which no free
- * names, so its tag holds only fresh memory's remainders. */
-static char device_wide_alloc_name;
+const char heap_device_wide_alloc_name;
 
 cua_result heap_alloc_device_wide(heap_t *h, size_t size, void **out) {
-    bool nb = atomic_load_explicit(&h->nb_known, memory_order_relaxed);
-    return heap_alloc(h, size, nb ? stream_key_make(&device_wide_alloc_name) : NULL, out);
+    if (h->vmm && atomic_load_explicit(&h->nb_known, memory_order_relaxed))
+        return heap_alloc(h, size, DEVICE_WIDE_ALLOC_KEY, out);
+    /* As the legacy stream: a block it freed may still be in use by its work, which a
+     * non-blocking stream created later would not wait for (heap_stream_created). */
+    if (!atomic_load_explicit(&h->legacy_handed_out, memory_order_relaxed))
+        atomic_store_explicit(&h->legacy_handed_out, true, memory_order_relaxed);
+    return heap_alloc(h, size, NULL, out);
 }
 
 /* A just-freed block (tag final, no longer live_get's) goes into its index, merged with its
@@ -3063,6 +3079,13 @@ static void nb_forget(heap_t *h, cua_stream stream) {
 void heap_stream_created(heap_t *h, cua_stream stream, bool non_blocking) {
     cua_lock(&h->lock);
     nb_forget(h, stream); /* a reused handle: whatever it was before is gone */
+    /* Device-wide allocations served as the legacy stream may hold blocks the legacy stream freed
+     * while its work still used them: safe for the blocking streams, whose later work waits for
+     * it, but not for this one. Its first work must not start before that: the legacy stream is
+     * synchronized once (not during a capture, which a synchronize would invalidate). */
+    if (non_blocking && atomic_load_explicit(&h->legacy_handed_out, memory_order_relaxed) &&
+        !capture_in_progress(h) && stream_sync(h, NULL) == CUA_SUCCESS)
+        atomic_store_explicit(&h->legacy_handed_out, false, memory_order_relaxed);
     if (non_blocking) {
         nb_stream_t *table = grow_table_reserve(h->nb, h->n_nb, &h->cap_nb, sizeof *h->nb);
         if (table) {

@@ -655,10 +655,16 @@ static inline bool stream_is_key(cua_stream s) { return ((uintptr_t)s & STREAM_K
 cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out);
 /* An allocation with cudaMalloc's meaning: no stream's earlier work may still use the block, for
  * it may serve any stream. With no non-blocking stream this is heap_alloc on the legacy stream
- * (whose freed blocks every blocking stream's later work waits for); otherwise it takes no block
- * freed on the legacy stream until that stream's event says the device is past it (a non-blocking
- * stream does not wait for the legacy stream). */
+ * (whose freed blocks every blocking stream's later work waits for; the first non-blocking stream
+ * created afterwards waits for it too: heap_stream_created synchronizes the legacy stream once).
+ * Otherwise, in VMM mode, it allocates under DEVICE_WIDE_ALLOC_KEY, which no free names: no block
+ * freed on the legacy stream until that stream's event says the device is past it, and its fresh
+ * memory is everyone's (TAG_ANY). Classic mode keeps the legacy stream (its segments serve one
+ * stream, which a key would strand). */
 cua_result heap_alloc_device_wide(heap_t *h, size_t size, void **out);
+/* The key of heap_alloc_device_wide's allocations (stream_key_make of a fixed address). */
+extern const char heap_device_wide_alloc_name;
+#define DEVICE_WIDE_ALLOC_KEY stream_key_make(&heap_device_wide_alloc_name)
 /* heap_alloc returning the pointer, NULL on failure (heap_alloc fails only with out of memory). */
 void *heap_malloc(heap_t *h, size_t size, cua_stream stream);
 /* Frees ptr ordered on stream. Returns false (and does nothing) when h does not own ptr. */

@@ -715,7 +715,10 @@ static release_t release(const void *ptr, cua_stream stream) {
      * the host blocks until its work is done), and the block goes back on the legacy stream. */
     int dev = heap_device(h), sdev = stream_alloc_device(stream, dev);
     const driver_ops_t *drv = sdev != dev ? api_driver() : NULL;
-    if (drv && drv->stream_synchronize && drv->stream_synchronize(sdev, stream) == CUA_SUCCESS) stream = NULL;
+    bool cap = true; /* (a synchronize would invalidate a capture: only a stream known not to capture) */
+    if (drv && drv->stream_synchronize && drv_capture_status(sdev, stream, &cap) == CUA_SUCCESS && !cap &&
+        drv->stream_synchronize(sdev, stream) == CUA_SUCCESS)
+        stream = NULL;
     bool ok = heap_free(h, (void *)ptr, heap_stream_name(stream));
     return ok ? RELEASED : RELEASE_INVALID;
 }

@@ -583,10 +583,11 @@ static void test_device_wide_without_nonblocking(void) {
 
 /* cudaMalloc's meaning: the block may serve any stream at once. A block freed on the legacy stream
  * while its work may still use it is taken back at once when every stream is a blocking one (their
- * later work waits for the legacy stream's earlier work), but not while a non-blocking stream exists,
- * which does not wait for it: then only once the legacy stream's event says the device is past the
- * free. (The legacy stream's work is kept in flight here by a busy blocking stream, which its events
- * wait for.) */
+ * later work waits for the legacy stream's earlier work), and the first non-blocking stream created
+ * after that synchronizes the legacy stream once (the new stream would not wait for it). While a
+ * non-blocking stream exists, such a block serves a device-wide request only once the legacy
+ * stream's event says the device is past the free, and memory mapped for one is everyone's. (The
+ * legacy stream's work is kept in flight here by a busy blocking stream, which its events wait for.) */
 static void test_device_wide_alloc(void) {
     conf_t c;
     heap_t *h = test_sim_heap("sim_memory_mb:64", &c);
@@ -598,31 +599,56 @@ static void test_device_wide_alloc(void) {
     EXPECT(heap_alloc_device_wide(h, 4 << 20, &b) == CUA_SUCCESS && b == a,
            "no non-blocking stream: the legacy stream's freed block is taken back at once");
     EXPECT(heap_check(h, stderr) == 0, "heap_check");
-    must_free(h, b, NULL);
+    uint64_t syncs = stats(h).num_syncs;
     cua_stream nb = sim_stream_create(0, false);
     heap_stream_created(h, nb, true);
-    uint64_t syncs = stats(h).num_syncs;
+    EXPECT(stats(h).num_syncs == syncs + 1,
+           "a non-blocking stream created after a device-wide allocation took a legacy block: %llu synchronizes, want 1",
+           (unsigned long long)(stats(h).num_syncs - syncs));
+    cua_stream nb2 = sim_stream_create(0, false);
+    heap_stream_created(h, nb2, true);
+    EXPECT(stats(h).num_syncs == syncs + 1, "the next non-blocking stream: no synchronize");
+    must_free(h, b, NULL);
+    syncs = stats(h).num_syncs;
     void *d = NULL;
     EXPECT(heap_alloc_device_wide(h, 4 << 20, &d) == CUA_SUCCESS && d, "device-wide allocation");
     EXPECT(d != a || stats(h).num_syncs > syncs,
            "with a non-blocking stream, a block freed on the legacy stream was handed out for any stream at once, "
            "while the legacy stream's work may still use it");
     EXPECT(heap_check(h, stderr) == 0, "heap_check");
-    /* The legacy stream's work done: its event completes and the block serves a device-wide
-     * request without a synchronize. */
+    /* Memory mapped for a device-wide request is everyone's: a small one maps a chunk, and a small
+     * request on the non-blocking stream takes the chunk's rest rather than map another. */
+    size_t reserved = stats(h).reserved_bytes;
+    void *s1 = NULL, *s2 = NULL;
+    EXPECT(heap_alloc_device_wide(h, 512 << 10, &s1) == CUA_SUCCESS && s1, "small device-wide allocation");
+    size_t after_one = stats(h).reserved_bytes;
+    EXPECT(heap_alloc(h, 512 << 10, nb, &s2) == CUA_SUCCESS && s2 && stats(h).reserved_bytes == after_one,
+           "a small request on the non-blocking stream mapped more (%zu -> %zu -> %zu bytes reserved) instead of taking "
+           "the rest of the device-wide allocation's chunk", reserved, after_one, stats(h).reserved_bytes);
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    must_free(h, s1, NULL);
+    must_free(h, s2, nb);
+    /* The legacy stream's work done: its event completes, and device-wide requests are served from
+     * the blocks it freed, without a synchronize and without mapping more. */
     must_free(h, d, NULL);
     sim_stream_complete(busy);
     heap_stream_destroyed(h, busy);
     sim_stream_destroy(busy);
-    void *e = must_alloc(h, 4 << 20, NULL), *f = NULL;
+    void *e = must_alloc(h, 4 << 20, NULL), *f = NULL, *g = NULL;
     must_free(h, e, NULL);
     syncs = stats(h).num_syncs;
-    EXPECT(heap_alloc_device_wide(h, 4 << 20, &f) == CUA_SUCCESS && f && stats(h).num_syncs == syncs,
-           "an idle legacy stream: no synchronize");
+    reserved = stats(h).reserved_bytes;
+    EXPECT(heap_alloc_device_wide(h, 4 << 20, &f) == CUA_SUCCESS && heap_alloc_device_wide(h, 4 << 20, &g) == CUA_SUCCESS &&
+               f && g && stats(h).num_syncs == syncs && stats(h).reserved_bytes == reserved,
+           "an idle legacy stream: its freed blocks serve device-wide requests (%llu synchronizes, %zu -> %zu bytes "
+           "reserved)", (unsigned long long)(stats(h).num_syncs - syncs), reserved, stats(h).reserved_bytes);
     EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    must_free(h, g, NULL);
     must_free(h, f, NULL);
     heap_stream_destroyed(h, nb);
     sim_stream_destroy(nb);
+    heap_stream_destroyed(h, nb2);
+    sim_stream_destroy(nb2);
     heap_destroy(h);
 }
 
