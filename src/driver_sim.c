@@ -816,17 +816,27 @@ static cua_result event_record_locked(int dev, cua_event e, cua_stream s) {
     if (!ev) return CUA_ERROR_INVALID_VALUE;
     sim_stream_t *st = stream_get(s);
     if (st && st->dev != dev) return CUA_ERROR_INVALID_VALUE;
+    bool legacy = !s || (uintptr_t)s == 1; /* NULL or CU_STREAM_LEGACY */
+    if (legacy) {
+        /* More held blocking streams than an event can wait for is refused before anything
+         * changes (a simulator's bound). */
+        unsigned n = 0;
+        for (size_t i = 0; i < sim.streams.cap; i++) {
+            sim_stream_t *b = sim.streams.obj[i];
+            n += b && b->dev == dev && b->held && b->blocking;
+        }
+        if (n > SIM_EVENT_WAITS) return CUA_ERROR_INVALID_VALUE;
+    }
     ev->nwait = 0; /* unknown and non-held streams complete everything at once */
     if (st && st->held) {
         ev->stream[0] = (uint64_t)(uintptr_t)s;
         ev->target[0] = ++st->submitted;
         ev->nwait = 1;
-    } else if (!s || (uintptr_t)s == 1) { /* NULL or CU_STREAM_LEGACY */
+    } else if (legacy) {
         /* The legacy stream: after the work submitted so far on each held blocking stream. */
         for (size_t i = 0; i < sim.streams.cap; i++) {
             sim_stream_t *b = sim.streams.obj[i];
             if (!b || b->dev != dev || !b->held || !b->blocking) continue;
-            if (ev->nwait == SIM_EVENT_WAITS) return CUA_ERROR_INVALID_VALUE; /* (a simulator's bound) */
             ev->stream[ev->nwait] = objtab_value(&sim.streams, i);
             ev->target[ev->nwait++] = ++b->submitted;
         }

@@ -467,6 +467,41 @@ static void test_streams_events(void) {
     EXPECT_R(ops->stream_synchronize(0, NULL), CUA_SUCCESS);
     EXPECT_R(ops->stream_synchronize(0, (cua_stream)0x1234), CUA_SUCCESS);
 
+    /* the legacy stream's events wait for the held blocking streams of their device (not for a
+     * held non-blocking one, nor another device's), and its synchronize completes them */
+    cua_stream blocking = sim_stream_create(0, true), blocking_dev1 = sim_stream_create(1, true);
+    sim_stream_set_blocking(blocking, true);
+    sim_stream_set_blocking(blocking_dev1, true);
+    EXPECT_R(ops->stream_synchronize(0, held), CUA_SUCCESS);
+    EXPECT_R(ops->event_record(0, e1, NULL), CUA_SUCCESS);
+    EXPECT_R(ops->event_query(0, e1), CUA_ERROR_NOT_READY);
+    EXPECT_R(ops->event_record(0, e2, (cua_stream)1), CUA_SUCCESS); /* CU_STREAM_LEGACY */
+    EXPECT_R(ops->event_query(0, e2), CUA_ERROR_NOT_READY);
+    sim_stream_complete(blocking);
+    EXPECT_R(ops->event_query(0, e1), CUA_SUCCESS);
+    EXPECT_R(ops->event_query(0, e2), CUA_SUCCESS);
+    EXPECT_R(ops->event_record(0, e1, NULL), CUA_SUCCESS);
+    EXPECT_R(ops->stream_synchronize(0, NULL), CUA_SUCCESS);
+    EXPECT_R(ops->event_query(0, e1), CUA_SUCCESS);
+    EXPECT_R(ops->event_record(0, e2, blocking), CUA_SUCCESS);
+    EXPECT_R(ops->event_query(0, e2), CUA_ERROR_NOT_READY);
+    EXPECT_R(ops->event_synchronize(0, e2), CUA_SUCCESS);
+    /* more held blocking streams than an event can wait for: refused (a simulator's bound), and
+     * the event keeps its earlier record */
+    cua_stream many[8];
+    for (int i = 0; i < 8; i++) {
+        many[i] = sim_stream_create(0, true);
+        sim_stream_set_blocking(many[i], true);
+    }
+    EXPECT_R(ops->event_record(0, e1, many[0]), CUA_SUCCESS);
+    EXPECT_R(ops->event_record(0, e1, NULL), CUA_ERROR_INVALID_VALUE); /* 9 of them */
+    EXPECT_R(ops->event_query(0, e1), CUA_ERROR_NOT_READY);
+    sim_stream_complete(many[0]);
+    EXPECT_R(ops->event_query(0, e1), CUA_SUCCESS);
+    for (int i = 0; i < 8; i++) sim_stream_destroy(many[i]);
+    sim_stream_destroy(blocking);
+    sim_stream_destroy(blocking_dev1);
+
     /* objects of another device, bad handles */
     EXPECT_R(ops->event_record(0, e1, other_dev), CUA_ERROR_INVALID_VALUE);
     EXPECT_R(ops->event_record(0, e_dev1, held), CUA_ERROR_INVALID_VALUE);
@@ -494,7 +529,7 @@ static void test_streams_events(void) {
     EXPECT(strstr(last_message, "device 5") != NULL, "message: %s", last_message);
     sim_stream_destroy(free_running);
     sim_stream_destroy(other_dev);
-    EXPECT(sim_calls(SIM_OP_DEVICE_SYNC) == 2 && sim_calls(SIM_OP_STREAM_SYNC) == 4, "sync counts");
+    EXPECT(sim_calls(SIM_OP_DEVICE_SYNC) == 2 && sim_calls(SIM_OP_STREAM_SYNC) == 6, "sync counts");
 }
 
 /* Runs fn in a child process; true when the child died of a signal (or failed). */
