@@ -806,6 +806,12 @@ static cua_result capture_broken_locked(sim_stream_t *st) {
     return CUA_ERROR_STREAM_CAPTURE_INVALIDATED;
 }
 
+/* NULL or CU_STREAM_LEGACY. */
+static bool is_legacy(cua_stream s) { return !s || (uintptr_t)s == 1; }
+
+/* Does the legacy stream of dev wait for b's work? Only held streams have work in flight. */
+static bool legacy_waits_for(const sim_stream_t *b, int dev) { return b && b->dev == dev && b->held && b->blocking; }
+
 static cua_result event_record_locked(int dev, cua_event e, cua_stream s) {
     sim_device_t *d;
     cua_result r = dev_get(dev, false, &d);
@@ -816,15 +822,12 @@ static cua_result event_record_locked(int dev, cua_event e, cua_stream s) {
     if (!ev) return CUA_ERROR_INVALID_VALUE;
     sim_stream_t *st = stream_get(s);
     if (st && st->dev != dev) return CUA_ERROR_INVALID_VALUE;
-    bool legacy = !s || (uintptr_t)s == 1; /* NULL or CU_STREAM_LEGACY */
+    bool legacy = is_legacy(s);
     if (legacy) {
         /* More held blocking streams than an event can wait for is refused before anything
          * changes (a simulator's bound). */
         unsigned n = 0;
-        for (size_t i = 0; i < sim.streams.cap; i++) {
-            sim_stream_t *b = sim.streams.obj[i];
-            n += b && b->dev == dev && b->held && b->blocking;
-        }
+        for (size_t i = 0; i < sim.streams.cap; i++) n += legacy_waits_for(sim.streams.obj[i], dev);
         if (n > SIM_EVENT_WAITS) return CUA_ERROR_INVALID_VALUE;
     }
     ev->nwait = 0; /* unknown and non-held streams complete everything at once */
@@ -836,7 +839,7 @@ static cua_result event_record_locked(int dev, cua_event e, cua_stream s) {
         /* The legacy stream: after the work submitted so far on each held blocking stream. */
         for (size_t i = 0; i < sim.streams.cap; i++) {
             sim_stream_t *b = sim.streams.obj[i];
-            if (!b || b->dev != dev || !b->held || !b->blocking) continue;
+            if (!legacy_waits_for(b, dev)) continue;
             ev->stream[ev->nwait] = objtab_value(&sim.streams, i);
             ev->target[ev->nwait++] = ++b->submitted;
         }
@@ -890,10 +893,10 @@ static cua_result stream_sync_locked(int dev, cua_stream s) {
     if (st && st->dev != dev) return CUA_ERROR_INVALID_VALUE;
     if (st && st->capturing) return capture_broken_locked(st);
     if (st) st->completed = st->submitted;
-    if (!s || (uintptr_t)s == 1) /* the legacy stream: its work waited for every blocking stream's */
+    if (is_legacy(s)) /* its work waited for every blocking stream's */
         for (size_t i = 0; i < sim.streams.cap; i++) {
             sim_stream_t *b = sim.streams.obj[i];
-            if (b && b->dev == dev && b->held && b->blocking) b->completed = b->submitted;
+            if (legacy_waits_for(b, dev)) b->completed = b->submitted;
         }
     return 0;
 }

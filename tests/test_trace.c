@@ -1192,20 +1192,28 @@ void *site_bits(unsigned bits, int depth, size_t n)
     return p;
 }
 
+/* Starts a ring of 4 blocks (2 may hold definitions) in dir/name and fills it with events of few
+ * definitions; the messages cleared first. Its configuration. */
+static conf_t start_filled_small_ring(char *path, size_t len, const char *name)
+{
+    path_of(path, len, name);
+    conf_t c = base_conf();
+    c.trace_max = CUA_TRACE_HEADER_SIZE + 4 * (size_t)CUA_TRACE_BLOCK_SIZE;
+    c.trace_ring = true;
+    msgs_clear();
+    EXPECT(api_trace_start(path, &c) == 0, "start");
+    for (int i = 0; i < 40000; i++)
+        cualloc_free(site_alpha(4096 + (size_t)(i % 7) * 512), NULL);
+    return c;
+}
+
 /* New definitions once a ring has filled: the oldest EVENT block becomes a META block while the
  * definitions use under half the file (it stopped tracing with "reached trace_max_mb", as if the
  * file were linear); past half, new stacks are recorded as unknown (id 0) and tracing goes on. */
 static void ring_definitions_body(void)
 {
     char path[300];
-    path_of(path, sizeof path, "ring-defs.trace");
-    conf_t c = base_conf();
-    c.trace_max = CUA_TRACE_HEADER_SIZE + 4 * (size_t)CUA_TRACE_BLOCK_SIZE; /* 4 blocks, 2 for META */
-    c.trace_ring = true;
-    msgs_clear();
-    EXPECT(api_trace_start(path, &c) == 0, "start");
-    for (int i = 0; i < 40000; i++) /* fills the ring, with few definitions */
-        cualloc_free(site_alpha(4096 + (size_t)(i % 7) * 512), NULL);
+    conf_t c = start_filled_small_ring(path, sizeof path, "ring-defs.trace");
     unsigned bits = 0;
     for (; bits < 1u << 14 && !strstr(msgs, "fill half"); bits++) {
         EXPECT(trace_active(), "new definitions stopped the ring after %u stacks: %s", bits, msgs);
@@ -1246,14 +1254,7 @@ static void ring_definitions_body(void)
 static void ring_pyframes_body(void)
 {
     char path[300];
-    path_of(path, sizeof path, "ring-pyframes.trace");
-    conf_t c = base_conf();
-    c.trace_max = CUA_TRACE_HEADER_SIZE + 4 * (size_t)CUA_TRACE_BLOCK_SIZE; /* 4 blocks, 2 for META */
-    c.trace_ring = true;
-    msgs_clear();
-    EXPECT(api_trace_start(path, &c) == 0, "start");
-    for (int i = 0; i < 40000; i++) /* fills the ring, with few definitions */
-        cualloc_free(site_alpha(4096 + (size_t)(i % 7) * 512), NULL);
+    start_filled_small_ring(path, sizeof path, "ring-pyframes.trace");
     char name[420], file[420];
     fobj_t n1 = {F_STR, name, 0, 0, 0, 0, 0}, f1 = {F_STR, file, 0, 0, 0, 0, 0};
     fobj_t c1 = {F_CODE, NULL, 0, 0, 0, &n1, &f1};
