@@ -4,7 +4,7 @@
 # parser. Prints one line "N passed, N failed, N skipped" at the end and exits non-zero when
 # anything failed.
 #
-#   tools/run-tests.sh            everything (about 15 minutes on 2 cores, 8 of them fuzzing)
+#   tools/run-tests.sh            everything (about 22 minutes on 2 cores, 8 of them fuzzing)
 #   tools/run-tests.sh --quick    the normal build only
 #   FUZZ_SECONDS=N                seconds per fuzz target (default 60)
 set -u
