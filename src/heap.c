@@ -240,8 +240,9 @@ struct heap_s {
     bool nb_overflow;
     /* n_nb > 0 || nb_overflow, readable without the lock (heap_alloc_device_wide). */
     _Atomic bool nb_known;
-    /* A device-wide allocation was served as the legacy stream (no non-blocking stream then) since
-     * the legacy stream was last synchronized for a new non-blocking stream. */
+    /* Since the legacy stream was last synchronized for a new non-blocking stream, a device-wide
+     * allocation was served as the legacy stream (no non-blocking stream then), or, in classic
+     * mode, a block was freed on the legacy stream, which a device-wide allocation may take. */
     _Atomic bool legacy_handed_out;
     unsigned dw_open;
     unsigned dw_frees_unchecked; /* device-wide frees since one last looked at the events */
@@ -2603,6 +2604,14 @@ bool heap_free_device_wide(heap_t *h, void *ptr) {
      * themselves, and the block's next cudaMalloc may serve any of them. The legacy stream's event
      * alone then covers the group. */
     return free_locked(h, live_get(h, (uintptr_t)ptr), NULL, true);
+}
+
+bool heap_free_on_legacy(heap_t *h, void *ptr) {
+    if (h->vmm) return heap_free(h, ptr, NULL); /* device-wide allocations take no legacy block at once */
+    cua_lock(&h->lock);
+    bool device_wide = h->n_nb > 0 || h->nb_overflow;
+    if (!device_wide) atomic_store_explicit(&h->legacy_handed_out, true, memory_order_relaxed);
+    return free_locked(h, live_get(h, (uintptr_t)ptr), NULL, device_wide);
 }
 
 /* ------------------------------------------------------------------ lifecycle */

@@ -660,7 +660,8 @@ cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out);
  * Otherwise, in VMM mode, it allocates under DEVICE_WIDE_ALLOC_KEY, which no free names: no block
  * freed on the legacy stream until that stream's event says the device is past it, and its fresh
  * memory is everyone's (TAG_ANY). Classic mode keeps the legacy stream (its segments serve one
- * stream, which a key would strand). */
+ * stream, which a key would strand); the front door's legacy frees (heap_free_on_legacy) keep that
+ * safe. */
 cua_result heap_alloc_device_wide(heap_t *h, size_t size, void **out);
 /* The key of heap_alloc_device_wide's allocations (stream_key_make of a fixed address). */
 extern const char heap_device_wide_alloc_name;
@@ -669,6 +670,13 @@ extern const char heap_device_wide_alloc_name;
 void *heap_malloc(heap_t *h, size_t size, cua_stream stream);
 /* Frees ptr ordered on stream. Returns false (and does nothing) when h does not own ptr. */
 bool heap_free(heap_t *h, void *ptr, cua_stream stream);
+/* heap_free ordered on the legacy stream (cudaFreeAsync(p, 0)), in a heap whose cudaMalloc takes the
+ * legacy stream's blocks at once (heap_alloc_device_wide): the front door's legacy-stream free. In
+ * classic mode while a non-blocking stream exists, whose work does not wait for the legacy stream's,
+ * the block is freed device-wide instead (it waits for the legacy stream's event, as cudaFree's do);
+ * with none yet, the first one created synchronizes the legacy stream once, as after a device-wide
+ * allocation served as the legacy stream. In VMM mode, plain heap_free(h, ptr, NULL). */
+bool heap_free_on_legacy(heap_t *h, void *ptr);
 /* heap_free for a pointer the caller found in the reservation of h's small (large) pool
  * (heap_pool_range), which h therefore owns or nobody does: when h has no allocated block at ptr (a
  * pointer not returned by cualloc, or one freed already) it reports that and ignores it. Returns

@@ -60,7 +60,8 @@
  *    cudaGetLastError returns and clears it, cudaPeekAtLastError returns it. An error the runtime
  *    itself holds for the thread is returned first (a sticky error must not be hidden); both are
  *    cleared by cudaGetLastError, since CUDA keeps one last error, not two.
- *  - cudaMalloc / cuMemAlloc: heap_alloc_device_wide (the block may serve any stream at once).
+ *  - cudaMalloc / cuMemAlloc: heap_alloc_device_wide (the block may serve any stream at once);
+ *    a stream-ordered free on the legacy stream, whose blocks it takes: heap_free_on_legacy.
  *  - cudaMemGetInfo is truthful about what the application could allocate: the next definition's
  *    free bytes plus cualloc's cached free bytes on the current device (reserved - allocated),
  *    capped at total and at the heap's cap less its allocated bytes.
@@ -718,7 +719,9 @@ static release_t release(const void *ptr, cua_stream stream) {
     bool cap = true; /* (a synchronize would invalidate a capture: only a stream known not to capture) */
     if (drv && drv->stream_synchronize && drv_capture_status(sdev, stream, &cap) == CUA_SUCCESS && !cap &&
         drv->stream_synchronize(sdev, stream) == CUA_SUCCESS)
-        stream = NULL;
+        stream = NULL; /* its work is done: no legacy-stream work can still use the block */
+    else if (heap_stream_name(stream) == NULL)
+        return heap_free_on_legacy(h, (void *)ptr) ? RELEASED : RELEASE_INVALID; /* cudaMalloc may take it */
     bool ok = heap_free(h, (void *)ptr, heap_stream_name(stream));
     return ok ? RELEASED : RELEASE_INVALID;
 }

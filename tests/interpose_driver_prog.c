@@ -406,6 +406,51 @@ static bool stream_fns(gpa_fn gpa, stream_fns_t *sf) {
     return !failures;
 }
 
+/* --classic-legacy-free (classic segments): cuMemAlloc takes the legacy stream's blocks at once, so a
+ * block cuMemFreeAsync'd on the legacy stream must not reach it while a non-blocking stream, which
+ * does not wait for the legacy stream's work, might use it: with such a stream alive the free waits
+ * for an event on the legacy stream; with none yet, the first one created synchronizes the legacy
+ * stream. */
+static int classic_legacy_free_main(gpa_fn gpa, void *lib) {
+    basics_t api;
+    CUcontext ctx;
+    stream_fns_t sf;
+    if (!basics_on_device0(gpa, &api, &ctx) || !stream_fns(gpa, &sf)) return 1;
+    void *q;
+    free_async_fn free_async;
+    alloc_async_fn alloc_async;
+    LOOKUP(free_async, "cuMemFreeAsync", 11020);
+    LOOKUP(alloc_async, "cuMemAllocAsync", 11020);
+    calls_fn fake_calls;
+    void *p = dlsym(lib, "fakecuda_calls");
+    AS(fake_calls, p);
+    CHECK_MSG(fake_calls && from_cualloc((void *)free_async) && from_cualloc((void *)alloc_async) &&
+                  from_cualloc((void *)api.mem_alloc), "cualloc's entry points");
+    if (failures) return 1;
+    CUstream legacy = (CUstream)(uintptr_t)1;
+    CUdeviceptr x = 0, y = 0;
+    /* (allocated stream-ordered: a cuMemAlloc served on the legacy stream would itself ask for the
+     * synchronize) */
+    CHECK_MSG(alloc_async(&x, 4 << 20, legacy) == 0 && x && free_async(x, legacy) == 0,
+              "cuMemAllocAsync and cuMemFreeAsync on CU_STREAM_LEGACY");
+    uint64_t syncs = fake_calls(OP_STREAM_SYNC) + fake_calls(OP_DEVICE_SYNC);
+    CUstream nb = NULL;
+    CHECK_MSG(sf.create(&nb, 1 /* CU_STREAM_NON_BLOCKING */) == 0 && nb, "a non-blocking stream");
+    CHECK_MSG(fake_calls(OP_STREAM_SYNC) + fake_calls(OP_DEVICE_SYNC) == syncs + 1,
+              "a non-blocking stream created after a legacy free: %llu synchronizes, want 1",
+              (unsigned long long)(fake_calls(OP_STREAM_SYNC) + fake_calls(OP_DEVICE_SYNC) - syncs));
+    CHECK_MSG(api.mem_alloc(&y, 4 << 20) == 0 && y == x, "the synchronized block is taken back");
+    uint64_t records = fake_calls(OP_EVENT_RECORD);
+    syncs = fake_calls(OP_STREAM_SYNC) + fake_calls(OP_DEVICE_SYNC);
+    CUdeviceptr z = 0;
+    CHECK_MSG(free_async(y, legacy) == 0 && api.mem_alloc(&z, 4 << 20) == 0 && z, "cuMemFreeAsync, cuMemAlloc");
+    CHECK_MSG(z != y || fake_calls(OP_EVENT_RECORD) > records || fake_calls(OP_STREAM_SYNC) + fake_calls(OP_DEVICE_SYNC) > syncs,
+              "with a non-blocking stream alive, a block freed on the legacy stream went to cuMemAlloc without an event "
+              "or a synchronize");
+    CHECK_MSG(api.mem_free(z) == 0 && sf.destroy(nb) == 0, "cuMemFree, cuStreamDestroy");
+    return failures != 0;
+}
+
 /* The fake driver's capture controls (tests/fakecuda): a stream's capture flag, and the captures
  * invalidated so far. False when lib lacks them. */
 typedef struct {
@@ -755,6 +800,7 @@ int main(int argc, char **argv) {
     if (argc > 2 && strcmp(argv[1], "--streams-lost") == 0) return streams_first_main(gpa, lib, argv[2]);
     if (argc > 1 && strcmp(argv[1], "--capture-elsewhere") == 0) return capture_elsewhere_main(gpa, lib);
     if (argc > 1 && strcmp(argv[1], "--host-oom") == 0) return host_oom_main(gpa);
+    if (argc > 1 && strcmp(argv[1], "--classic-legacy-free") == 0) return classic_legacy_free_main(gpa, lib);
 
     void *q;
     init_fn cuInit;

@@ -652,6 +652,52 @@ static void test_device_wide_alloc(void) {
     heap_destroy(h);
 }
 
+/* Classic mode keeps cudaMalloc on the legacy stream (its segments serve one stream), so a block
+ * cudaFreeAsync'd on the legacy stream is what the next cudaMalloc takes, and that memory may then
+ * serve a non-blocking stream, whose work does not wait for the legacy stream's. While such a stream
+ * exists, the legacy free waits for the legacy stream's event as a device-wide one does; before one
+ * exists, the first one created synchronizes the legacy stream. (The legacy stream is kept busy by a
+ * busy blocking stream.) */
+static void test_classic_legacy_free(void) {
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:64,expandable_segments:0", &c);
+    cua_stream busy = sim_stream_create(0, true);
+    sim_stream_set_blocking(busy, true);
+    heap_stream_created(h, busy, false);
+    /* No non-blocking stream yet: the block goes back to the legacy stream at once. */
+    void *a = must_alloc(h, 4 << 20, NULL), *b = NULL;
+    EXPECT(heap_free_on_legacy(h, a), "legacy free");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    uint64_t syncs = stats(h).num_syncs;
+    cua_stream nb = sim_stream_create(0, false);
+    heap_stream_created(h, nb, true);
+    EXPECT(stats(h).num_syncs == syncs + 1,
+           "classic: a non-blocking stream created after a legacy free: %llu synchronizes, want 1 (a cudaMalloc "
+           "would hand it the block while the legacy stream's work may still use it)",
+           (unsigned long long)(stats(h).num_syncs - syncs));
+    EXPECT(heap_alloc_device_wide(h, 4 << 20, &b) == CUA_SUCCESS && b == a, "the synchronized block is taken back");
+    /* With the non-blocking stream alive, a legacy free waits for the legacy stream's event. */
+    syncs = stats(h).num_syncs;
+    EXPECT(heap_free_on_legacy(h, b), "legacy free");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    void *d = NULL;
+    EXPECT(heap_alloc_device_wide(h, 4 << 20, &d) == CUA_SUCCESS && d, "device-wide allocation");
+    EXPECT(d != b || stats(h).num_syncs > syncs,
+           "classic: a block freed on the legacy stream was handed to cudaMalloc at once while a non-blocking "
+           "stream exists and the legacy stream's work may still use it");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    EXPECT(!heap_free_on_legacy(h, (char *)d + 512), "an interior pointer is refused");
+    must_free(h, d, NULL);
+    sim_stream_complete(busy);
+    heap_stream_destroyed(h, busy);
+    sim_stream_destroy(busy);
+    heap_stream_destroyed(h, nb);
+    sim_stream_destroy(nb);
+    heap_trim(h);
+    EXPECT(stats(h).reserved_bytes == 0, "everything released (%zu B left)", stats(h).reserved_bytes);
+    heap_destroy(h);
+}
+
 /* With a non-blocking stream whose work is in flight, a device-wide freed block goes to nobody
  * without a wait: a request that misses waits for it (one synchronize, as cudaFree itself) instead
  * of mapping new memory, and reuses it. When the stream's work is done at once, the events show it
@@ -1243,6 +1289,7 @@ int main(void) {
     test_classic_owns_segment_base();
     test_device_wide_without_nonblocking();
     test_device_wide_alloc();
+    test_classic_legacy_free();
     test_device_wide_waits_for_nonblocking();
     test_device_wide_generations();
     test_device_wide_keeps_neighbours();
