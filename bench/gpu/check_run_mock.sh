@@ -93,10 +93,12 @@ need = {
                                                             "capture_vs_misses_relaxed", "capture_vs_misses_own_thread",
                                                             "stream_get_ctx_under_capture", "legacy_lookup_flags",
                                                             "meminfo_counted_once", "event_idle_at_once",
-                                                            "cudafree_blocking_streams", "device_reset"]
+                                                            "cudafree_blocking_streams", "legacy_free_nonblocking",
+                                                            "device_reset"]
                                            for m in ["plain", "preload"]]
                                           + [(c, "preload-classic") for c in ["capture_vs_misses",
-                                                                              "capture_vs_misses_own_thread"]])
+                                                                              "capture_vs_misses_own_thread",
+                                                                              "legacy_free_nonblocking"]])
                                 and all(b["ok"] for b in body if b["op"] == "build")
                                 and (not any(b["op"] == "build" for b in body)
                                      or sorted(r["mode"] for r in body if r["op"] == "probe" and r["pass"])

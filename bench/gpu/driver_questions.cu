@@ -7,7 +7,8 @@
 //                                     capture_vs_misses_relaxed | capture_vs_misses_own_thread |
 //                                     stream_get_ctx_under_capture | legacy_lookup_flags |
 //                                     meminfo_counted_once | event_idle_at_once |
-//                                     cudafree_blocking_streams | device_reset
+//                                     cudafree_blocking_streams | legacy_free_nonblocking |
+//                                     device_reset
 //
 // Prints one line `driver_questions: RESULT {"check": NAME, "pass": true|false|null, ...}` (null:
 // the question could not be decided here) and exits 0 once that line is printed, whatever the
@@ -767,7 +768,7 @@ static int check_event_idle_at_once(void) {
     return 0;
 }
 
-// ------------------------------------------------------------------ 6. cudafree_blocking_streams
+// ------------------------------------------------------------------ 6. cudafree_blocking_streams, legacy_free_nonblocking
 
 // A kernel that waits about `cycles` and then copies src to dst: it reads src late.
 __global__ void late_copy(const unsigned *src, unsigned *dst, size_t n, long long cycles) {
@@ -778,26 +779,32 @@ __global__ void late_copy(const unsigned *src, unsigned *dst, size_t n, long lon
         dst[j] = src[j];
 }
 
-// cudaFree's guarantee across blocking streams. A kernel on blocking stream A reads buffer X late
-// (after about 50 ms); the host frees X at once with cudaFree, allocates the same size again and
-// has a kernel on another blocking stream B overwrite the new buffer. The legacy stream orders A
-// and B each against itself, not against each other: CUDA's cudaFree synchronizes, so A's kernel
-// has read X before B's runs. cualloc must not hand X out again while A may still read it (it
-// waits for an event on the legacy stream, which follows every blocking stream's earlier work).
-// pass: A's copy holds X's contents, ROUNDS times; the facts say whether the address came back.
-enum { CFB_ROUNDS = 5 };
-static int check_cudafree_blocking_streams(void) {
+// A buffer read late on one stream, freed at once and allocated again for a kernel on another
+// stream that overwrites it: the late reader's copy must hold the old contents. `legacy_free`
+// false (cudafree_blocking_streams): the reader is blocking stream A, the free is cudaFree, and the
+// writer is another blocking stream B. The legacy stream orders A and B each against itself, not
+// against each other: CUDA's cudaFree synchronizes, so A's kernel has read X before B's runs;
+// cualloc must not hand X out again while A may still read it (it waits for an event on the legacy
+// stream, which follows every blocking stream's earlier work). `legacy_free` true
+// (legacy_free_nonblocking): the reader is the legacy stream, the free is cudaFreeAsync(X, 0), and
+// the writer is a non-blocking stream, which does not wait for the legacy stream: cudaMalloc's
+// block must not be one the legacy stream's work still reads (cualloc: the key of device-wide
+// allocations in VMM mode; with classic segments, the free made device-wide). pass: the reader's
+// copy holds X's contents, ROUNDS times; the facts say whether the address came back.
+enum { LATE_READ_ROUNDS = 5 };
+static int late_read_rounds(const char *check, bool legacy_free) {
     const size_t bytes = (size_t)16 << 20, n = bytes / sizeof(unsigned);
     cudaStream_t a = NULL, b = NULL;
     unsigned *out = NULL, *host = (unsigned *)malloc(bytes);
     char failed[160] = "";
     common_facts();
     if (!(host && SETUP(failed, cudaSetDevice(0)) && SETUP(failed, cudaFree(0)) &&
-          SETUP(failed, cudaStreamCreate(&a)) && SETUP(failed, cudaStreamCreate(&b)) &&
+          (legacy_free || SETUP(failed, cudaStreamCreate(&a))) &&
+          SETUP(failed, cudaStreamCreateWithFlags(&b, legacy_free ? cudaStreamNonBlocking : cudaStreamDefault)) &&
           SETUP(failed, cudaMalloc(&out, bytes)))) {
         jadd(",\"error\":");
         jstr(host ? failed : "host memory");
-        result_print("cudafree_blocking_streams", -1);
+        result_print(check, -1);
         free(host);
         return 0;
     }
@@ -807,15 +814,15 @@ static int check_cudafree_blocking_streams(void) {
     int intact = 0, same_address = 0;
     size_t wrong_max = 0;
     cudaError_t bad = cudaSuccess;
-    for (int round = 0; round < CFB_ROUNDS && bad == cudaSuccess; round++) {
+    for (int round = 0; round < LATE_READ_ROUNDS && bad == cudaSuccess; round++) {
         unsigned *x = NULL, *y = NULL, seed = 100u + (unsigned)round;
         bad = cudaMalloc(&x, bytes);
         if (bad != cudaSuccess) break;
         fill_pattern<<<256, 256>>>(x, n, seed);
         bad = first_err(cudaGetLastError(), cudaDeviceSynchronize());
         if (bad != cudaSuccess) break;
-        late_copy<<<256, 256, 0, a>>>(x, out, n, cycles);
-        bad = first_err(cudaGetLastError(), cudaFree(x));
+        late_copy<<<256, 256, 0, a>>>(x, out, n, cycles); // a: NULL (the legacy stream) when legacy_free
+        bad = first_err(cudaGetLastError(), legacy_free ? cudaFreeAsync(x, 0) : cudaFree(x));
         if (bad == cudaSuccess) bad = cudaMalloc(&y, bytes);
         if (bad != cudaSuccess) break;
         if (y == x) same_address++;
@@ -831,16 +838,19 @@ static int check_cudafree_blocking_streams(void) {
         bad = cudaFree(y);
     }
     cudaFree(out);
-    cudaStreamDestroy(a);
+    if (a) cudaStreamDestroy(a);
     cudaStreamDestroy(b);
     free(host);
-    int pass = bad != cudaSuccess ? -1 : intact == CFB_ROUNDS;
+    int pass = bad != cudaSuccess ? -1 : intact == LATE_READ_ROUNDS;
     jadd(",\"rounds\":%d,\"intact\":%d,\"same_address\":%d,\"words_wrong_max\":%zu,\"kernel_cycles\":%lld,"
          "\"error\":\"%s\"",
-         CFB_ROUNDS, intact, same_address, wrong_max, cycles, bad == cudaSuccess ? "" : rt_name(bad));
-    result_print("cudafree_blocking_streams", pass);
+         LATE_READ_ROUNDS, intact, same_address, wrong_max, cycles, bad == cudaSuccess ? "" : rt_name(bad));
+    result_print(check, pass);
     return 0;
 }
+
+static int check_cudafree_blocking_streams(void) { return late_read_rounds("cudafree_blocking_streams", false); }
+static int check_legacy_free_nonblocking(void) { return late_read_rounds("legacy_free_nonblocking", true); }
 
 // ------------------------------------------------------------------ 7. device_reset
 
@@ -914,7 +924,8 @@ static int check_device_reset(void) {
 // ------------------------------------------------------------------ main
 
 static const char *const CHECK_NAMES[] = {"stream_get_ctx_under_capture", "legacy_lookup_flags", "meminfo_counted_once",
-                                          "event_idle_at_once", "cudafree_blocking_streams", "device_reset"};
+                                          "event_idle_at_once", "cudafree_blocking_streams", "legacy_free_nonblocking",
+                                          "device_reset"};
 enum { N_CHECK_NAMES = sizeof CHECK_NAMES / sizeof CHECK_NAMES[0] };
 
 // The usage line and every check's name (the capture variants first).
@@ -928,7 +939,8 @@ static void print_usage(FILE *out) {
 int main(int argc, char **argv) {
     int (*const fns[N_CHECK_NAMES])(void) = {check_stream_get_ctx_under_capture, check_legacy_lookup_flags,
                                              check_meminfo_counted_once, check_event_idle_at_once,
-                                             check_cudafree_blocking_streams, check_device_reset};
+                                             check_cudafree_blocking_streams, check_legacy_free_nonblocking,
+                                             check_device_reset};
     const char *name = NULL;
     int which = -1;
     const capture_variant *variant = NULL;

@@ -459,11 +459,11 @@ part_ld_preload() {
 # leave the device unusable for whatever came after it. A process is bounded by 30 s: the
 # twenty take under a second each on an H100. capture_vs_misses and its own-thread variant run a
 # third time under the preload with classic segments (cuMemAlloc'd, released with cuMemFree), whose
-# driver calls differ.
+# driver calls differ, and so does legacy_free_nonblocking, whose classic path differs.
 DQ_CHECKS="legacy_lookup_flags stream_get_ctx_under_capture meminfo_counted_once capture_vs_misses
 capture_vs_misses_thread_local capture_vs_misses_relaxed capture_vs_misses_own_thread event_idle_at_once
-cudafree_blocking_streams device_reset"
-DQ_CLASSIC_CHECKS="capture_vs_misses capture_vs_misses_own_thread"
+cudafree_blocking_streams legacy_free_nonblocking device_reset"
+DQ_CLASSIC_CHECKS="capture_vs_misses capture_vs_misses_own_thread legacy_free_nonblocking"
 
 # dq_modes CHECK: the processes a check runs in.
 dq_modes() {

@@ -187,10 +187,12 @@ def dq_facts(check, res):
                 % (res.get("idle_complete_at_once"), res.get("idle_records"), res.get("idle_polls_mean"),
                    res.get("idle_polls_max"), res.get("kernel_cycles"), res.get("busy_complete_at_once"),
                    res.get("busy_records")))
-    if check == "cudafree_blocking_streams":
-        return ("a buffer read late on one blocking stream, cudaFree'd and allocated again for another: its "
-                "contents intact in %s of %s rounds (the address came back in %s; most words wrong %s)"
-                % (res.get("intact"), res.get("rounds"), res.get("same_address"), res.get("words_wrong_max")))
+    if check in ("cudafree_blocking_streams", "legacy_free_nonblocking"):
+        how = ("read late on one blocking stream, cudaFree'd and allocated again for another"
+               if check == "cudafree_blocking_streams" else
+               "read late on the legacy stream, cudaFreeAsync'd there and cudaMalloc'd again for a non-blocking stream")
+        return ("a buffer %s: its contents intact in %s of %s rounds (the address came back in %s; most words wrong %s)"
+                % (how, res.get("intact"), res.get("rounds"), res.get("same_address"), res.get("words_wrong_max")))
     if check == "device_reset":
         return ("before %s; cudaDeviceReset %s; after it: 1 MiB %s (same address: %s), 96 MiB %s; last error %s"
                 % (res.get("before_reset"), res.get("reset"), res.get("after_1MiB"), res.get("same_address_as_before"),
