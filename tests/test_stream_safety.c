@@ -6,8 +6,18 @@
  *
  * The sim's held streams complete their work only when the test says (sim_stream_complete, a
  * synchronize, or an event wait that completes a stream up to that event), so the device runs as
- * far behind the host as the sequence makes it. Streams 1..W.nslot-1 are held and registered as
- * non-blocking; slot 0 is the legacy stream, whose work the sim completes at once.
+ * far behind the host as the sequence makes it. Streams 1..W.nslot-1 are held, registered as
+ * non-blocking or (the variants with cudaMalloc's allocations) some as blocking; slot 0 is the
+ * legacy stream, whose work the sim completes once every held blocking stream's work before it has
+ * completed (with none, at once).
+ *
+ * cudaMalloc's allocations (heap_alloc_device_wide, the variants that have them) may serve any
+ * stream: a block handed out so must have no unfinished work at all, except the legacy stream's
+ * while no non-blocking stream is alive (every blocking stream's later work waits for it). Such a
+ * block is owed: the first non-blocking stream created after it must find that work finished (the
+ * heap synchronizes the legacy stream), unless a capture forbids the synchronize. In those
+ * variants a free on the legacy stream is the front door's (heap_free_on_legacy), and a destroyed
+ * stream comes back blocking or non-blocking.
  *
  * Model: for every freed byte range not handed out again, the work that may still touch it, as
  * (stream incarnation, event) pairs: the test records its own event on the freeing stream just
@@ -43,13 +53,13 @@
 
 typedef enum {
     OP_ALLOC, OP_FREE, OP_FREE_OTHER, OP_FREE_DEVICE_WIDE, OP_COMPLETE, OP_EVENT_SYNC, OP_STREAM_SYNC,
-    OP_DEVICE_SYNC, OP_TRIM, OP_DESTROY, OP_REUSE_HANDLE, OP_CAPTURE, OP_FAULT, OP_KINDS
+    OP_DEVICE_SYNC, OP_TRIM, OP_DESTROY, OP_REUSE_HANDLE, OP_CAPTURE, OP_FAULT, OP_ALLOC_DEVICE_WIDE, OP_KINDS
 } op_kind_t;
 
 static const char *const op_names[OP_KINDS] = {
     "alloc", "free", "free-on-other-stream", "free-device-wide", "complete-stream", "event-sync",
     "stream-sync", "device-sync", "trim", "destroy-stream", "reuse-handle", "capture-begin-or-end",
-    "fault"};
+    "fault", "alloc-device-wide"};
 
 /* The driver's stream and event operations the heap's calls may be made to fail (OP_FAULT). */
 typedef enum { F_EVENT_CREATE, F_EVENT_RECORD, F_EVENT_QUERY, F_EVENT_SYNC, F_STREAM_SYNC, F_DEVICE_SYNC, F_KINDS } fault_t;
@@ -80,6 +90,7 @@ typedef struct {
 typedef struct {
     cua_stream handle;
     int id;             /* incarnation; slot 0 (legacy) is always 0 */
+    bool blocking;      /* registered as a blocking stream (never captures here) */
     bool capturing;
     cua_event capture_ev; /* recorded when the capture began */
 } slot_t;
@@ -90,6 +101,8 @@ typedef struct {
     size_t max_request;
     bool untracked; /* the heap is told some non-blocking streams escaped it (heap_streams_untracked) */
     int nslot;      /* 0: 4 */
+    int blocking;   /* slots 1..blocking start as blocking streams, the rest non-blocking */
+    bool device_wide; /* cudaMalloc's allocations, the front door's legacy frees, streams changing kind */
 } variant_t;
 
 static struct {
@@ -106,9 +119,12 @@ static struct {
     int nallocs;
     size_t requested, allocated;
     cua_stream zombie[MAX_ZOMBIES]; /* destroyed streams whose work had not finished */
-    int nzombie;
+    int nzombie, nzombie_blocking;
+    cua_event owed[MAX_RECS]; /* the legacy stream's unfinished work under device-wide allocations */
+    int nowed;
     uint64_t captures_broken; /* sim_captures_broken() when the run began (it counts across runs) */
     unsigned fault_left[F_KINDS]; /* the heap's next calls of each op that fail, doing nothing */
+    unsigned faults_fired[F_KINDS]; /* the heap's calls failed so far, by op */
     bool checking; /* the wrapped driver ops check (off while the heap is made and torn down) */
     bool failed;
     char why[1024];
@@ -240,6 +256,7 @@ static cua_result wrapped_mem_free(int dev, cua_devptr ptr) {
 static bool faulted(fault_t f) {
     if (!W.fault_left[f]) return false;
     W.fault_left[f]--;
+    W.faults_fired[f]++;
     return true;
 }
 
@@ -295,7 +312,9 @@ static void world_open(const variant_t *v) {
     for (int s = 1; s < W.nslot; s++) {
         W.slot[s].handle = sim_stream_create(0, true);
         W.slot[s].id = ++W.next_id;
-        heap_stream_created(W.h, W.slot[s].handle, true);
+        W.slot[s].blocking = s <= v->blocking;
+        sim_stream_set_blocking(W.slot[s].handle, W.slot[s].blocking);
+        heap_stream_created(W.h, W.slot[s].handle, !W.slot[s].blocking);
     }
     if (v->untracked) heap_streams_untracked(W.h);
     W.captures_broken = sim_captures_broken();
@@ -333,6 +352,19 @@ static void verify(void) {
              W.allocated);
 }
 
+/* A block just handed out (its checks against the records made): no live block may overlap it; the
+ * records no longer speak for it; the model counts it. */
+static void add_live(uintptr_t lo, size_t block, size_t size, int slot) {
+    for (int i = 0; i < W.nlive; i++)
+        if (W.live[i].ptr < lo + block && lo < W.live[i].ptr + W.live[i].block)
+            fail("block %#lx+%zu overlaps live block %#lx+%zu", (unsigned long)lo, block, (unsigned long)W.live[i].ptr,
+                 W.live[i].block);
+    recs_carve(lo, lo + block);
+    W.live[W.nlive++] = (live_t){lo, size, block, slot};
+    W.requested += size;
+    W.allocated += block;
+}
+
 static void do_alloc(const variant_t *v, const op_t *o) {
     if (W.nlive == MAX_LIVE) return;
     int slot = (int)(o->a % (uint64_t)W.nslot);
@@ -354,14 +386,62 @@ static void do_alloc(const variant_t *v, const op_t *o) {
              "%#lx+%zu has not finished",
              (unsigned long)lo, b->size, slot, W.slot[slot].id, rec->id[k], (unsigned long)rec->lo,
              (size_t)(rec->hi - rec->lo));
-    for (int i = 0; i < W.nlive; i++)
-        if (W.live[i].ptr < hi && lo < W.live[i].ptr + W.live[i].block)
-            fail("block %#lx+%zu overlaps live block %#lx+%zu", (unsigned long)lo, b->size,
-                 (unsigned long)W.live[i].ptr, W.live[i].block);
-    recs_carve(lo, hi);
-    W.live[W.nlive++] = (live_t){lo, size, b->size, slot};
-    W.requested += size;
-    W.allocated += b->size;
+    add_live(lo, b->size, size, slot);
+}
+
+static bool nonblocking_alive(void) {
+    for (int s = 1; s < W.nslot; s++)
+        if (!W.slot[s].blocking) return true;
+    return false;
+}
+
+/* cudaMalloc: the block may serve any stream at once (see the top). */
+static void do_alloc_device_wide(const variant_t *v, const op_t *o) {
+    if (W.nlive == MAX_LIVE) return;
+    rng_t r = {o->b};
+    size_t size = rng_tensor_size(&r, v->max_request);
+    void *p = NULL;
+    if (heap_alloc_device_wide(W.h, size, &p) != CUA_SUCCESS) return;
+    block_t *b = heap_test_find_block(W.h, p);
+    if (!b) {
+        fail("no block found at %p", p);
+        return;
+    }
+    uintptr_t lo = (uintptr_t)p, hi = lo + b->size;
+    bool nb = nonblocking_alive();
+    recs_prune();
+    for (int i = 0; i < W.nrec && !W.failed; i++) {
+        const rec_t *rec = &W.rec[i];
+        if (hi <= rec->lo || rec->hi <= lo) continue;
+        for (int k = 0; k < rec->n; k++) {
+            if (event_done(rec->ev[k])) continue;
+            if (rec->id[k] == 0 && !nb && W.nowed < MAX_RECS) {
+                W.owed[W.nowed++] = rec->ev[k];
+                continue;
+            }
+            fail("block %#lx+%zu handed out device-wide (%s) while work of stream incarnation %d that may touch "
+                 "%#lx+%zu has not finished",
+                 (unsigned long)lo, b->size, nb ? "a non-blocking stream alive" : "only blocking streams", rec->id[k],
+                 (unsigned long)rec->lo, (size_t)(rec->hi - rec->lo));
+            break;
+        }
+    }
+    add_live(lo, b->size, size, 0); /* freed stream-ordered: on the legacy stream */
+}
+
+/* A non-blocking stream was just created: the legacy stream's work that device-wide allocations
+ * took blocks from must have finished (the heap synchronized it), unless a capture forbade it or
+ * the synchronize failed (`sync_refused`: a fault fired; the heap tries again at the next one). */
+static void check_owed(bool sync_refused) {
+    if (sync_refused) return;
+    if (!any_capturing())
+        for (int i = 0; i < W.nowed; i++)
+            if (!event_done(W.owed[i])) {
+                fail("a non-blocking stream was created while the legacy stream's work under a device-wide "
+                     "allocation's block had not finished");
+                break;
+            }
+    W.nowed = 0;
 }
 
 static void forget_live(int i) {
@@ -384,17 +464,18 @@ static void add_rec(const live_t *l, int n, const int *id, const cua_event *ev) 
 }
 
 /* A stream-ordered free on `slot` (the allocating one, or another). */
-static void do_free(const op_t *o, bool other) {
+static void do_free(const variant_t *v, const op_t *o, bool other) {
     if (!W.nlive) return;
     int i = (int)(o->a % (uint64_t)W.nlive);
     int slot = other ? (int)(o->b % (uint64_t)W.nslot) : W.live[i].slot;
     if (W.slot[slot].capturing) return; /* a free during capture is a graph node: the front door keeps the block */
     live_t l = W.live[i];
-    cua_event ev = NULL;
-    if (slot) ev = event_on(W.slot[slot].handle); /* the work queued before the free */
+    cua_event ev = event_on(W.slot[slot].handle); /* the work queued before the free */
     forget_live(i);
-    if (!heap_free(W.h, (void *)l.ptr, W.slot[slot].handle)) fail("free of live block %#lx refused", (unsigned long)l.ptr);
-    if (slot) add_rec(&l, 1, &W.slot[slot].id, &ev);
+    bool ok = slot == 0 && v->device_wide ? heap_free_on_legacy(W.h, (void *)l.ptr)
+                                          : heap_free(W.h, (void *)l.ptr, W.slot[slot].handle);
+    if (!ok) fail("free of live block %#lx refused", (unsigned long)l.ptr);
+    add_rec(&l, 1, &W.slot[slot].id, &ev);
 }
 
 static void do_free_device_wide(const op_t *o) {
@@ -403,7 +484,7 @@ static void do_free_device_wide(const op_t *o) {
     live_t l = W.live[i];
     int id[NSLOT_MAX], n = 0;
     cua_event ev[NSLOT_MAX];
-    for (int s = 1; s < W.nslot; s++) {
+    for (int s = 0; s < W.nslot; s++) {
         id[n] = W.slot[s].id;
         ev[n++] = W.slot[s].capturing ? W.slot[s].capture_ev : event_on(W.slot[s].handle);
     }
@@ -425,7 +506,7 @@ static cua_event pick_event(uint64_t a) {
  * next one created). The sim cannot give a destroyed stream's handle again, so the reuse keeps the
  * sim stream: the old incarnation's work stays pending on it until completed, as a destroyed
  * stream's work runs on after cudaStreamDestroy. */
-static void do_destroy(const op_t *o, bool reuse_handle) {
+static void do_destroy(const variant_t *v, const op_t *o, bool reuse_handle) {
     int s = 1 + (int)(o->a % (uint64_t)(W.nslot - 1));
     if (W.slot[s].capturing || W.nzombie == MAX_ZOMBIES) return; /* a capturing stream is not destroyed */
     int old = W.slot[s].id;
@@ -438,12 +519,29 @@ static void do_destroy(const op_t *o, bool reuse_handle) {
         for (int i = 0; i < W.nrec; i++)
             for (int k = 0; k < W.rec[i].n; k++)
                 if (W.rec[i].id[k] == old && !event_done(W.rec[i].ev[k])) unfinished = true;
-        if (unfinished) W.zombie[W.nzombie++] = W.slot[s].handle;
+        /* (an event on the legacy stream can wait for at most SIM_EVENT_WAITS held blocking
+         * streams, a bound of the sim: past it a blocking stream's work is finished first) */
+        if (unfinished && W.slot[s].blocking && W.nzombie_blocking + W.nslot - 1 >= 8) {
+            sim_stream_complete(W.slot[s].handle);
+            unfinished = false;
+        }
+        if (unfinished) {
+            W.zombie[W.nzombie++] = W.slot[s].handle;
+            W.nzombie_blocking += W.slot[s].blocking;
+        }
         else sim_stream_destroy(W.slot[s].handle);
         W.slot[s].handle = sim_stream_create(0, true);
     }
     W.slot[s].id = ++W.next_id;
-    heap_stream_created(W.h, W.slot[s].handle, true);
+    if (v->device_wide && !reuse_handle) {
+        /* (a reused handle keeps its kind: the sim's one stream holds the old incarnation's work
+         * too, which the legacy stream waits for only while it is blocking) */
+        W.slot[s].blocking = (o->b >> 40) & 1;
+        sim_stream_set_blocking(W.slot[s].handle, W.slot[s].blocking);
+    }
+    unsigned refused = W.faults_fired[F_STREAM_SYNC];
+    heap_stream_created(W.h, W.slot[s].handle, !W.slot[s].blocking);
+    if (!W.slot[s].blocking) check_owed(W.faults_fired[F_STREAM_SYNC] != refused);
 }
 
 /* b odd: a capture begins on the slot's stream (if none is under way), even: it ends. */
@@ -451,7 +549,7 @@ static void do_capture(const op_t *o) {
     int s = 1 + (int)(o->a % (uint64_t)(W.nslot - 1));
     slot_t *sl = &W.slot[s];
     bool begin = o->b & 1;
-    if (begin == sl->capturing) return;
+    if (begin == sl->capturing || sl->blocking) return;
     if (begin) sl->capture_ev = event_on(sl->handle); /* the work before the capture */
     sl->capturing = begin;
     sim_stream_set_capturing(sl->handle, begin);
@@ -461,8 +559,8 @@ static void run_op(const variant_t *v, const op_t *o) {
     int s = (int)(o->a % (uint64_t)W.nslot);
     switch ((op_kind_t)o->kind) {
     case OP_ALLOC: do_alloc(v, o); break;
-    case OP_FREE: do_free(o, false); break;
-    case OP_FREE_OTHER: do_free(o, true); break;
+    case OP_FREE: do_free(v, o, false); break;
+    case OP_FREE_OTHER: do_free(v, o, true); break;
     case OP_FREE_DEVICE_WIDE: do_free_device_wide(o); break;
     case OP_COMPLETE:
         if (o->b % 4 == 0 && W.nzombie) sim_stream_complete(W.zombie[(o->b >> 8) % (uint64_t)W.nzombie]);
@@ -480,10 +578,11 @@ static void run_op(const variant_t *v, const op_t *o) {
         if (!any_capturing()) driver_sim_ops.device_synchronize(0);
         break;
     case OP_TRIM: heap_trim(W.h); break;
-    case OP_DESTROY: do_destroy(o, false); break;
-    case OP_REUSE_HANDLE: do_destroy(o, true); break;
+    case OP_DESTROY: do_destroy(v, o, false); break;
+    case OP_REUSE_HANDLE: do_destroy(v, o, true); break;
     case OP_CAPTURE: do_capture(o); break;
     case OP_FAULT: W.fault_left[o->a % F_KINDS] = 1 + (unsigned)(o->b % 3); break;
+    case OP_ALLOC_DEVICE_WIDE: do_alloc_device_wide(v, o); break;
     default: break;
     }
     verify();
@@ -503,10 +602,11 @@ static bool run_sequence(const variant_t *v, const op_t *ops, int n, const bool 
     return failed;
 }
 
-static op_t random_op(rng_t *r) {
+static op_t random_op(const variant_t *v, rng_t *r) {
     /* Weights: mostly allocations and frees, with enough completions, waits, trims, destructions
      * and captures to reach every settle, flush and release path. */
-    static const uint8_t weights[OP_KINDS] = {36, 20, 5, 9, 6, 6, 3, 2, 3, 2, 2, 6, 4};
+    uint8_t weights[OP_KINDS] = {36, 20, 5, 9, 6, 6, 3, 2, 3, 2, 2, 6, 4, 0};
+    if (v->device_wide) weights[OP_ALLOC_DEVICE_WIDE] = 18, weights[OP_DESTROY] = 5;
     unsigned total = 0, pick;
     for (int k = 0; k < OP_KINDS; k++) total += weights[k];
     pick = (unsigned)rng_below(r, total);
@@ -559,16 +659,21 @@ static void shrink_and_report(const variant_t *v, uint64_t seed, op_t *ops, int 
 }
 
 static const variant_t variants[] = {
-    {"vmm", "sim_memory_mb:64", 8 << 20, false, 0},
-    {"vmm small requests", "sim_memory_mb:32", 256 << 10, false, 0},
-    {"vmm gc", "sim_memory_mb:64,garbage_collection_threshold:0.5", 8 << 20, false, 0},
-    {"vmm pow2, 8 MiB chunks", "sim_memory_mb:96,chunk_size_mb:8,roundup_power2_divisions:4", 8 << 20, false, 0},
-    {"vmm untracked streams", "sim_memory_mb:64", 8 << 20, true, 0},
-    {"vmm more streams than tags", "sim_memory_mb:64", 8 << 20, false, 64},
-    {"classic", "sim_memory_mb:128,expandable_segments:False", 12 << 20, false, 0},
+    {"vmm", "sim_memory_mb:64", 8 << 20, false, 0, 0, false},
+    {"vmm small requests", "sim_memory_mb:32", 256 << 10, false, 0, 0, false},
+    {"vmm gc", "sim_memory_mb:64,garbage_collection_threshold:0.5", 8 << 20, false, 0, 0, false},
+    {"vmm pow2, 8 MiB chunks", "sim_memory_mb:96,chunk_size_mb:8,roundup_power2_divisions:4", 8 << 20, false, 0, 0, false},
+    {"vmm untracked streams", "sim_memory_mb:64", 8 << 20, true, 0, 0, false},
+    {"vmm more streams than tags", "sim_memory_mb:64", 8 << 20, false, 64, 0, false},
+    {"classic", "sim_memory_mb:128,expandable_segments:False", 12 << 20, false, 0, 0, false},
     {"classic max_split gc", "sim_memory_mb:128,expandable_segments:False,max_split_size_mb:40,"
-                             "garbage_collection_threshold:0.6", 48 << 20, false, 0},
-    {"vmm 95 non-blocking streams", "sim_memory_mb:64", 8 << 20, false, NSLOT_MAX},
+                             "garbage_collection_threshold:0.6", 48 << 20, false, 0, 0, false},
+    {"vmm 95 non-blocking streams", "sim_memory_mb:64", 8 << 20, false, NSLOT_MAX, 0, false},
+    {"vmm cudaMalloc, blocking streams", "sim_memory_mb:64", 8 << 20, false, 4, 2, true},
+    {"vmm cudaMalloc, only blocking streams at first", "sim_memory_mb:64", 8 << 20, false, 4, 3, true},
+    {"classic cudaMalloc, blocking streams", "sim_memory_mb:128,expandable_segments:False", 12 << 20, false, 4, 2, true},
+    {"classic cudaMalloc, only blocking streams at first", "sim_memory_mb:128,expandable_segments:False", 12 << 20,
+     false, 4, 3, true},
 };
 
 /* Regression sequences (each once failed, on the variant named). */
@@ -617,12 +722,22 @@ static const op_t regression_capture_past_table[] = {
     {0  /* alloc                */, 0x49d59e7262932a0e, 0x7a2eafe18dced594},
 };
 
+/* Classic segments, cudaMalloc beside a non-blocking stream: a block cudaMalloc'd, freed on the
+ * legacy stream (whose work was behind, waiting for a blocking stream) and cudaMalloc'd again was
+ * handed out at once, for a non-blocking stream's work too. */
+static const op_t regression_classic_legacy_free[] = {
+    {13 /* alloc-device-wide    */, 0x42f70b7d7283e03c, 0x34af9284cd8e232f},
+    {1  /* free                 */, 0x0658a09887f4ccc5, 0x7be9429e1e5f3475},
+    {13 /* alloc-device-wide    */, 0x38934609ae8e88ff, 0x9cebc0be275dc852},
+};
+
 #define REGRESSION(v, ops) {v, ops, (int)(sizeof ops / sizeof ops[0])}
 static const regression_t regressions[] = {
     REGRESSION(0, regression_destroy_partner),
     REGRESSION(6, regression_reuse_classic),
     REGRESSION(1, regression_reuse_vmm),
     REGRESSION(8, regression_capture_past_table),
+    REGRESSION(11, regression_classic_legacy_free),
 };
 
 static void quiet(const char *line, void *arg) {
@@ -645,12 +760,14 @@ int main(void) {
     int runs = 0;
     for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
         const variant_t *v = &variants[vi];
-        int nruns = v->nslot > 4 ? 2 : 4; /* 63 or 95 streams: every device-wide free records as many events */
+        /* 63 or 95 streams: every device-wide free records as many events; the cudaMalloc variants
+         * need a stream created non-blocking at the wrong moment, which few runs reach */
+        int nruns = v->device_wide ? 10 : v->nslot > 4 ? 2 : 4;
         for (int run = 0; run < nruns; run++, runs++) {
             uint64_t run_seed = rng_next(&r);
             rng_t rr = {run_seed};
             int n = 300 + (int)rng_below(&rr, 900);
-            for (int i = 0; i < n; i++) ops[i] = random_op(&rr);
+            for (int i = 0; i < n; i++) ops[i] = random_op(v, &rr);
             if (run_sequence(v, ops, n, NULL)) shrink_and_report(v, seed, ops, n);
         }
     }
