@@ -431,9 +431,23 @@ static void do_alloc_device_wide(const variant_t *v, const op_t *o) {
 
 /* A non-blocking stream was just created: the legacy stream's work that device-wide allocations
  * took blocks from must have finished (the heap synchronized it), unless a capture forbade it or
- * the synchronize failed (`sync_refused`: a fault fired; the heap tries again at the next one). */
+ * the synchronize failed (`sync_refused`: a fault fired). A refused synchronize of the legacy
+ * stream is a device in error, whose later work fails anyway: the model stops tracking the legacy
+ * stream's unfinished work (the heap tries again at the next non-blocking stream). */
 static void check_owed(bool sync_refused) {
-    if (sync_refused) return;
+    if (sync_refused) {
+        for (int i = 0; i < W.nrec; i++)
+            for (int k = 0; k < W.rec[i].n;)
+                if (W.rec[i].id[k] == 0) {
+                    W.rec[i].id[k] = W.rec[i].id[W.rec[i].n - 1];
+                    W.rec[i].ev[k] = W.rec[i].ev[--W.rec[i].n];
+                } else {
+                    k++;
+                }
+        recs_prune();
+        W.nowed = 0;
+        return;
+    }
     if (!any_capturing())
         for (int i = 0; i < W.nowed; i++)
             if (!event_done(W.owed[i])) {
