@@ -17,7 +17,9 @@
  * block is owed: the first non-blocking stream created after it must find that work finished (the
  * heap synchronizes the legacy stream), unless a capture forbids the synchronize. In those
  * variants a free on the legacy stream is the front door's (heap_free_on_legacy), and a destroyed
- * stream comes back blocking or non-blocking.
+ * stream comes back blocking or non-blocking. Some of them also have a thread's cudaStreamPerThread
+ * (the last slot): a held blocking stream the heap is never told of, whose allocations the front
+ * door makes under a key of the thread's (stream_key_make) and whose frees it makes device-wide.
  *
  * Model: for every freed byte range not handed out again, the work that may still touch it, as
  * (stream incarnation, event) pairs: the test records its own event on the freeing stream just
@@ -91,6 +93,7 @@ typedef struct {
     cua_stream handle;
     int id;             /* incarnation; slot 0 (legacy) is always 0 */
     bool blocking;      /* registered as a blocking stream (never captures here) */
+    bool per_thread;    /* a thread's cudaStreamPerThread: allocations under a key, frees device-wide */
     bool capturing;
     cua_event capture_ev; /* recorded when the capture began */
 } slot_t;
@@ -103,6 +106,7 @@ typedef struct {
     int nslot;      /* 0: 4 */
     int blocking;   /* slots 1..blocking start as blocking streams, the rest non-blocking */
     bool device_wide; /* cudaMalloc's allocations, the front door's legacy frees, streams changing kind */
+    bool per_thread;  /* the last slot is a thread's cudaStreamPerThread */
 } variant_t;
 
 static struct {
@@ -312,9 +316,10 @@ static void world_open(const variant_t *v) {
     for (int s = 1; s < W.nslot; s++) {
         W.slot[s].handle = sim_stream_create(0, true);
         W.slot[s].id = ++W.next_id;
-        W.slot[s].blocking = s <= v->blocking;
+        W.slot[s].per_thread = v->per_thread && s == W.nslot - 1;
+        W.slot[s].blocking = s <= v->blocking || W.slot[s].per_thread;
         sim_stream_set_blocking(W.slot[s].handle, W.slot[s].blocking);
-        heap_stream_created(W.h, W.slot[s].handle, !W.slot[s].blocking);
+        if (!W.slot[s].per_thread) heap_stream_created(W.h, W.slot[s].handle, !W.slot[s].blocking);
     }
     if (v->untracked) heap_streams_untracked(W.h);
     W.captures_broken = sim_captures_broken();
@@ -330,7 +335,8 @@ static void world_close(void) {
         driver_sim_ops.device_synchronize(0);
         while (W.nlive) {
             live_t *l = &W.live[--W.nlive];
-            heap_free(W.h, (void *)l->ptr, W.slot[l->slot].handle);
+            if (W.slot[l->slot].per_thread) heap_free_device_wide(W.h, (void *)l->ptr);
+            else heap_free(W.h, (void *)l->ptr, W.slot[l->slot].handle);
         }
         heap_trim(W.h);
         EXPECT(heap_check(W.h, stderr) == 0, "heap_check after the final trim");
@@ -372,7 +378,8 @@ static void do_alloc(const variant_t *v, const op_t *o) {
     rng_t r = {o->b};
     size_t size = rng_tensor_size(&r, v->max_request);
     void *p = NULL;
-    if (heap_alloc(W.h, size, W.slot[slot].handle, &p) != CUA_SUCCESS) return;
+    cua_stream name = W.slot[slot].per_thread ? stream_key_make(&W.slot[slot]) : W.slot[slot].handle;
+    if (heap_alloc(W.h, size, name, &p) != CUA_SUCCESS) return;
     block_t *b = heap_test_find_block(W.h, p);
     if (!b) {
         fail("no block found at %p", p);
@@ -477,12 +484,19 @@ static void add_rec(const live_t *l, int n, const int *id, const cua_event *ev) 
     memcpy(r->ev, ev, sizeof(cua_event) * (size_t)n);
 }
 
-/* A stream-ordered free on `slot` (the allocating one, or another). */
+static void free_device_wide_at(int i);
+
+/* A stream-ordered free on `slot` (the allocating one, or another); on a thread's
+ * cudaStreamPerThread, device-wide. */
 static void do_free(const variant_t *v, const op_t *o, bool other) {
     if (!W.nlive) return;
     int i = (int)(o->a % (uint64_t)W.nlive);
     int slot = other ? (int)(o->b % (uint64_t)W.nslot) : W.live[i].slot;
     if (W.slot[slot].capturing) return; /* a free during capture is a graph node: the front door keeps the block */
+    if (W.slot[slot].per_thread) {
+        free_device_wide_at(i); /* the front door's free on cudaStreamPerThread */
+        return;
+    }
     live_t l = W.live[i];
     cua_event ev = event_on(W.slot[slot].handle); /* the work queued before the free */
     forget_live(i);
@@ -492,9 +506,7 @@ static void do_free(const variant_t *v, const op_t *o, bool other) {
     add_rec(&l, 1, &W.slot[slot].id, &ev);
 }
 
-static void do_free_device_wide(const op_t *o) {
-    if (!W.nlive) return;
-    int i = (int)(o->a % (uint64_t)W.nlive);
+static void free_device_wide_at(int i) {
     live_t l = W.live[i];
     int id[NSLOT_MAX], n = 0;
     cua_event ev[NSLOT_MAX];
@@ -505,6 +517,10 @@ static void do_free_device_wide(const op_t *o) {
     forget_live(i);
     if (!heap_free_device_wide(W.h, (void *)l.ptr)) fail("device-wide free of live block %#lx refused", (unsigned long)l.ptr);
     add_rec(&l, n, id, ev);
+}
+
+static void do_free_device_wide(const op_t *o) {
+    if (W.nlive) free_device_wide_at((int)(o->a % (uint64_t)W.nlive));
 }
 
 /* An unfinished pair's event, picked by `a` (NULL when none). */
@@ -522,7 +538,8 @@ static cua_event pick_event(uint64_t a) {
  * stream's work runs on after cudaStreamDestroy. */
 static void do_destroy(const variant_t *v, const op_t *o, bool reuse_handle) {
     int s = 1 + (int)(o->a % (uint64_t)(W.nslot - 1));
-    if (W.slot[s].capturing || W.nzombie == MAX_ZOMBIES) return; /* a capturing stream is not destroyed */
+    /* a capturing stream is not destroyed, nor a thread's per-thread stream */
+    if (W.slot[s].capturing || W.slot[s].per_thread || W.nzombie == MAX_ZOMBIES) return;
     int old = W.slot[s].id;
     heap_stream_destroyed(W.h, W.slot[s].handle);
     if (!reuse_handle) {
@@ -673,21 +690,26 @@ static void shrink_and_report(const variant_t *v, uint64_t seed, op_t *ops, int 
 }
 
 static const variant_t variants[] = {
-    {"vmm", "sim_memory_mb:64", 8 << 20, false, 0, 0, false},
-    {"vmm small requests", "sim_memory_mb:32", 256 << 10, false, 0, 0, false},
-    {"vmm gc", "sim_memory_mb:64,garbage_collection_threshold:0.5", 8 << 20, false, 0, 0, false},
-    {"vmm pow2, 8 MiB chunks", "sim_memory_mb:96,chunk_size_mb:8,roundup_power2_divisions:4", 8 << 20, false, 0, 0, false},
-    {"vmm untracked streams", "sim_memory_mb:64", 8 << 20, true, 0, 0, false},
-    {"vmm more streams than tags", "sim_memory_mb:64", 8 << 20, false, 64, 0, false},
-    {"classic", "sim_memory_mb:128,expandable_segments:False", 12 << 20, false, 0, 0, false},
+    {"vmm", "sim_memory_mb:64", 8 << 20, false, 0, 0, false, false},
+    {"vmm small requests", "sim_memory_mb:32", 256 << 10, false, 0, 0, false, false},
+    {"vmm gc", "sim_memory_mb:64,garbage_collection_threshold:0.5", 8 << 20, false, 0, 0, false, false},
+    {"vmm pow2, 8 MiB chunks", "sim_memory_mb:96,chunk_size_mb:8,roundup_power2_divisions:4", 8 << 20, false, 0, 0, false,
+     false},
+    {"vmm untracked streams", "sim_memory_mb:64", 8 << 20, true, 0, 0, false, false},
+    {"vmm more streams than tags", "sim_memory_mb:64", 8 << 20, false, 64, 0, false, false},
+    {"classic", "sim_memory_mb:128,expandable_segments:False", 12 << 20, false, 0, 0, false, false},
     {"classic max_split gc", "sim_memory_mb:128,expandable_segments:False,max_split_size_mb:40,"
-                             "garbage_collection_threshold:0.6", 48 << 20, false, 0, 0, false},
-    {"vmm 95 non-blocking streams", "sim_memory_mb:64", 8 << 20, false, NSLOT_MAX, 0, false},
-    {"vmm cudaMalloc, blocking streams", "sim_memory_mb:64", 8 << 20, false, 4, 2, true},
-    {"vmm cudaMalloc, only blocking streams at first", "sim_memory_mb:64", 8 << 20, false, 4, 3, true},
-    {"classic cudaMalloc, blocking streams", "sim_memory_mb:128,expandable_segments:False", 12 << 20, false, 4, 2, true},
+                             "garbage_collection_threshold:0.6", 48 << 20, false, 0, 0, false, false},
+    {"vmm 95 non-blocking streams", "sim_memory_mb:64", 8 << 20, false, NSLOT_MAX, 0, false, false},
+    {"vmm cudaMalloc, blocking streams", "sim_memory_mb:64", 8 << 20, false, 4, 2, true, false},
+    {"vmm cudaMalloc, only blocking streams at first", "sim_memory_mb:64", 8 << 20, false, 4, 3, true, false},
+    {"classic cudaMalloc, blocking streams", "sim_memory_mb:128,expandable_segments:False", 12 << 20, false, 4, 2, true,
+     false},
     {"classic cudaMalloc, only blocking streams at first", "sim_memory_mb:128,expandable_segments:False", 12 << 20,
-     false, 4, 3, true},
+     false, 4, 3, true, false},
+    {"vmm cudaMalloc, a per-thread stream", "sim_memory_mb:64", 8 << 20, false, 5, 2, true, true},
+    {"classic cudaMalloc, a per-thread stream", "sim_memory_mb:128,expandable_segments:False", 12 << 20, false, 5, 2,
+     true, true},
 };
 
 /* Regression sequences (each once failed, on the variant named). */
