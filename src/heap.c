@@ -238,12 +238,18 @@ struct heap_s {
     unsigned n_nb;
     size_t cap_nb;
     bool nb_overflow;
-    /* n_nb > 0 || nb_overflow, readable without the lock (heap_alloc_device_wide). */
-    _Atomic bool nb_known;
+    /* Events recorded on non-blocking streams as they were destroyed with work perhaps in flight
+     * (n_retired of cap_retired, grow_table_reserve): a destroyed stream's work runs on, and a
+     * later cudaFree must wait for it as for the live streams'. Part of the group's events
+     * (dw_events_complete) until seen complete. */
+    cua_event *retired;
+    unsigned n_retired;
+    size_t cap_retired;
     /* Since the legacy stream was last synchronized for a new non-blocking stream, a device-wide
-     * allocation was served as the legacy stream (no non-blocking stream then), or, in classic
-     * mode, a block was freed on the legacy stream, which a device-wide allocation may take. */
-    _Atomic bool legacy_handed_out;
+     * allocation was served as the legacy stream (no non-blocking stream then). Set still while a
+     * non-blocking stream exists: that synchronize could not be made (a capture, a refusal), and
+     * the next non-blocking stream's creation tries it again. */
+    bool legacy_handed_out;
     unsigned dw_open;
     unsigned dw_frees_unchecked; /* device-wide frees since one last looked at the events */
     /* OOM reports printed, by (power-of-two bucket of the request, diagnosis kind, oom_diagnose's
@@ -987,14 +993,16 @@ static bool dw_sync(heap_t *h) {
     if (device_sync(h) != CUA_SUCCESS) return false; /* captures in progress, or refused: stay unsettled */
     r->event_in_flight = false;
     for (unsigned i = 0; i < h->n_nb; i++) h->nb[i].in_flight = false;
+    while (h->n_retired) h->drv->event_destroy(h->dev, h->retired[--h->n_retired]);
     settle_tag(h, TAG_DW_A);
     settle_tag(h, TAG_DW_B);
     return true;
 }
 
 /* Applies `look` (the driver's event query, or its event wait) to the group's events, the legacy
- * stream's first (it is the busiest), up to the first that is not complete; those seen complete
- * are marked so. True when all are. */
+ * stream's first (it is the busiest), then the live non-blocking streams', then the destroyed
+ * ones', up to the first that is not complete; those seen complete are marked so (a destroyed
+ * stream's is dropped). True when all are. */
 static bool dw_events_complete(heap_t *h, cua_result (*look)(int dev, cua_event event)) {
     stream_rec_t *r = dw_rec(h);
     if (look(h->dev, r->event) != CUA_SUCCESS) return false;
@@ -1002,6 +1010,10 @@ static bool dw_events_complete(heap_t *h, cua_result (*look)(int dev, cua_event 
         if (!h->nb[i].in_flight) continue;
         if (look(h->dev, h->nb[i].event) != CUA_SUCCESS) return false;
         h->nb[i].in_flight = false;
+    }
+    while (h->n_retired) {
+        if (look(h->dev, h->retired[h->n_retired - 1]) != CUA_SUCCESS) return false;
+        h->drv->event_destroy(h->dev, h->retired[--h->n_retired]);
     }
     r->event_in_flight = false;
     return true;
@@ -2374,13 +2386,21 @@ cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
 const char heap_device_wide_alloc_name;
 
 cua_result heap_alloc_device_wide(heap_t *h, size_t size, void **out) {
-    if (h->vmm && atomic_load_explicit(&h->nb_known, memory_order_relaxed))
-        return heap_alloc(h, size, DEVICE_WIDE_ALLOC_KEY, out);
-    /* As the legacy stream: a block it freed may still be in use by its work, which a
-     * non-blocking stream created later would not wait for (heap_stream_created). */
-    if (!atomic_load_explicit(&h->legacy_handed_out, memory_order_relaxed))
-        atomic_store_explicit(&h->legacy_handed_out, true, memory_order_relaxed);
-    return heap_alloc(h, size, NULL, out);
+    /* Decided under the lock: a non-blocking stream created meanwhile (its synchronize of the
+     * legacy stream made) and a legacy free after it must not meet a choice made before. */
+    cua_lock(&h->lock);
+    bool nb = h->n_nb > 0 || h->nb_overflow;
+    cua_stream as = NULL;
+    if (nb && h->vmm) {
+        as = DEVICE_WIDE_ALLOC_KEY;
+    } else if (!nb) {
+        /* As the legacy stream: a block it freed may still be in use by its work, which a
+         * non-blocking stream created later would not wait for (heap_stream_created). */
+        h->legacy_handed_out = true;
+    } /* else classic mode, as the legacy stream, whose front-door frees are device-wide
+       * (heap_free_on_legacy) */
+    *out = heap_malloc_locked(h, size, as);
+    return *out ? CUA_SUCCESS : CUA_ERROR_OUT_OF_MEMORY;
 }
 
 /* A just-freed block (tag final, no longer live_get's) goes into its index, merged with its
@@ -2608,10 +2628,7 @@ bool heap_free_device_wide(heap_t *h, void *ptr) {
 
 bool heap_free_on_legacy(heap_t *h, void *ptr) {
     if (h->vmm) return heap_free(h, ptr, NULL); /* device-wide allocations take no legacy block at once */
-    cua_lock(&h->lock);
-    bool device_wide = h->n_nb > 0 || h->nb_overflow;
-    if (!device_wide) atomic_store_explicit(&h->legacy_handed_out, true, memory_order_relaxed);
-    return free_locked(h, live_get(h, (uintptr_t)ptr), NULL, device_wide);
+    return heap_free_device_wide(h, ptr);
 }
 
 /* ------------------------------------------------------------------ lifecycle */
@@ -2813,6 +2830,8 @@ void heap_destroy(heap_t *h) {
     for (unsigned i = 0; i < h->n_nb; i++)
         if (h->nb[i].event) h->drv->event_destroy(h->dev, h->nb[i].event);
     grow_table_free(h->nb, h->cap_nb, sizeof *h->nb);
+    for (unsigned i = 0; i < h->n_retired; i++) h->drv->event_destroy(h->dev, h->retired[i]);
+    grow_table_free(h->retired, h->cap_retired, sizeof *h->retired);
     ptrmap_destroy(&h->classic_live);
     slab_destroy(&h->blocks);
     heap_mem_free(h);
@@ -3061,20 +3080,45 @@ void heap_trim(heap_t *h) {
     cua_unlock(&h->lock);
 }
 
-/* Lock held: after n_nb or nb_overflow changed. */
-static void nb_known_update(heap_t *h) {
-    atomic_store_explicit(&h->nb_known, h->n_nb > 0 || h->nb_overflow, memory_order_relaxed);
+/* Lock held. A destroyed non-blocking stream's last event, recorded before the destroy: its work
+ * runs on after it, and the blocks cudaFree'd later must wait for that as for a live stream's
+ * (dw_events_complete). Kept unless it is complete at once; where it cannot be recorded or kept,
+ * the table is marked overflowed (only a device synchronize settles device-wide blocks). Takes
+ * *event (NULL after). */
+static void nb_retire(heap_t *h, cua_stream stream, cua_event *event) {
+    if (is_capturing(h, stream)) {
+        h->nb_overflow = true;
+        return;
+    }
+    if ((!*event && h->drv->event_create(h->dev, event) != CUA_SUCCESS) ||
+        h->drv->event_record(h->dev, *event, stream) != CUA_SUCCESS) {
+        h->nb_overflow = true;
+        return;
+    }
+    if (h->drv->event_query(h->dev, *event) == CUA_SUCCESS) return;
+    cua_event *table = grow_table_reserve(h->retired, h->n_retired, &h->cap_retired, sizeof *h->retired);
+    if (!table) {
+        h->nb_overflow = true;
+        return;
+    }
+    h->retired = table;
+    h->retired[h->n_retired++] = *event;
+    *event = NULL;
 }
 
 /* Lock held. Forgets `stream` as a non-blocking stream. Device-wide blocks still waiting for it
  * are made safe first (the handle may be reused): its work is synchronized, or, when that cannot be
- * done (capture), the table is marked overflowed so that only a device synchronize settles them. */
-static void nb_forget(heap_t *h, cua_stream stream) {
+ * done (capture), the table is marked overflowed so that only a device synchronize settles them.
+ * `destroyed`: the stream is being destroyed (not a handle seen again): its work in flight, which
+ * runs on, is waited for by later device-wide frees (nb_retire). */
+static void nb_forget(heap_t *h, cua_stream stream, bool destroyed) {
     for (unsigned i = 0; i < h->n_nb; i++) {
         if (h->nb[i].handle != stream) continue;
         /* Blocks of the open generation, or of the closed one that this stream's event covers. */
         if (tag_free_bytes(h, h->dw_open) || (h->nb[i].in_flight && tag_free_bytes(h, dw_closed(h)))) {
             if (is_capturing(h, stream) || stream_sync(h, stream) != CUA_SUCCESS) h->nb_overflow = true;
+        } else if (destroyed) {
+            nb_retire(h, stream, &h->nb[i].event);
         }
         if (h->nb[i].event) h->drv->event_destroy(h->dev, h->nb[i].event);
         h->nb[i] = h->nb[--h->n_nb];
@@ -3085,16 +3129,23 @@ static void nb_forget(heap_t *h, cua_stream stream) {
     }
 }
 
+/* Lock held. The legacy stream synchronized for the non-blocking streams, whose work does not
+ * wait for the legacy stream's (legacy_handed_out): not during a capture, which a synchronize
+ * would invalidate; a device synchronize where the stream's is refused. Clears the flag when
+ * made. */
+static void legacy_sync_for_nonblocking(heap_t *h) {
+    if (capture_in_progress(h)) return;
+    if (stream_sync(h, NULL) == CUA_SUCCESS || device_sync(h) == CUA_SUCCESS) h->legacy_handed_out = false;
+}
+
 void heap_stream_created(heap_t *h, cua_stream stream, bool non_blocking) {
     cua_lock(&h->lock);
-    nb_forget(h, stream); /* a reused handle: whatever it was before is gone */
+    nb_forget(h, stream, false); /* a reused handle: whatever it was before is gone */
     /* Device-wide allocations served as the legacy stream may hold blocks the legacy stream freed
      * while its work still used them: safe for the blocking streams, whose later work waits for
      * it, but not for this one. Its first work must not start before that: the legacy stream is
      * synchronized once (not during a capture, which a synchronize would invalidate). */
-    if (non_blocking && atomic_load_explicit(&h->legacy_handed_out, memory_order_relaxed) &&
-        !capture_in_progress(h) && stream_sync(h, NULL) == CUA_SUCCESS)
-        atomic_store_explicit(&h->legacy_handed_out, false, memory_order_relaxed);
+    if (non_blocking && h->legacy_handed_out) legacy_sync_for_nonblocking(h);
     if (non_blocking) {
         nb_stream_t *table = grow_table_reserve(h->nb, h->n_nb, &h->cap_nb, sizeof *h->nb);
         if (table) {
@@ -3107,22 +3158,19 @@ void heap_stream_created(heap_t *h, cua_stream stream, bool non_blocking) {
             h->nb_overflow = true;
         }
     }
-    nb_known_update(h);
     cua_unlock(&h->lock);
 }
 
 void heap_streams_untracked(heap_t *h) {
     cua_lock(&h->lock);
     h->nb_overflow = true;
-    nb_known_update(h);
     cua_unlock(&h->lock);
 }
 
 void heap_stream_destroyed(heap_t *h, cua_stream stream) {
     cua_lock(&h->lock);
     quick_flush(h);
-    nb_forget(h, stream);
-    nb_known_update(h);
+    nb_forget(h, stream, true);
     for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
         stream_rec_t *r = &h->tags[t];
         if (!r->used || r->closed || r->handle != stream) continue;
@@ -3399,9 +3447,10 @@ int heap_check(heap_t *h, FILE *report) {
     }
     CHECK(&c, h->n_nb <= h->cap_nb && (h->nb || !h->cap_nb), "%u non-blocking streams recorded in a table of %zu",
           h->n_nb, h->cap_nb);
-    CHECK(&c, atomic_load_explicit(&h->nb_known, memory_order_relaxed) == (h->n_nb > 0 || h->nb_overflow),
-          "nb_known says %d with %u non-blocking streams known (overflow %d)",
-          (int)atomic_load_explicit(&h->nb_known, memory_order_relaxed), h->n_nb, (int)h->nb_overflow);
+    CHECK(&c, h->n_retired <= h->cap_retired && (h->retired || !h->cap_retired),
+          "%u destroyed streams' events in a table of %zu", h->n_retired, h->cap_retired);
+    for (unsigned i = 0; i < h->n_retired && i < h->cap_retired; i++)
+        CHECK(&c, h->retired[i] != NULL, "destroyed stream's event %u is missing", i);
     CHECK(&c, h->recording || !trace_enabled() || !trace_device_begun(h->dev),
           "the recorder is on and has begun device %d, but its fast paths still serve", h->dev);
     CHECK(&c, !h->last_tag || (h->last_tag < TAG_STREAMS_END && h->tags[h->last_tag].used &&

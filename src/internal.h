@@ -149,6 +149,7 @@ void sim_fork_release(void);
  * Unknown stream handles (including NULL, the legacy stream) behave as !held streams. */
 cua_stream sim_stream_create(int dev, bool held);
 void sim_stream_complete(cua_stream s);    /* all work recorded on s so far completes */
+bool sim_stream_idle(cua_stream s);        /* all work recorded on s so far has completed */
 void sim_stream_destroy(cua_stream s);
 /* Destroys everything of device dev, as a reset of its primary context does (the fake libcuda's
  * cuDevicePrimaryCtxReset): mappings, handles, reservations, mem_alloc ranges, events, streams. */
@@ -672,10 +673,9 @@ void *heap_malloc(heap_t *h, size_t size, cua_stream stream);
 bool heap_free(heap_t *h, void *ptr, cua_stream stream);
 /* heap_free ordered on the legacy stream (cudaFreeAsync(p, 0)), in a heap whose cudaMalloc takes the
  * legacy stream's blocks at once (heap_alloc_device_wide): the front door's legacy-stream free. In
- * classic mode while a non-blocking stream exists, whose work does not wait for the legacy stream's,
- * the block is freed device-wide instead (it waits for the legacy stream's event, as cudaFree's do);
- * with none yet, the first one created synchronizes the legacy stream once, as after a device-wide
- * allocation served as the legacy stream. In VMM mode, plain heap_free(h, ptr, NULL). */
+ * classic mode, whose cudaMalloc is served as the legacy stream, the block is freed device-wide (it
+ * waits for the legacy stream's event, as cudaFree's do): a non-blocking stream, alive or created
+ * later, does not wait for the legacy stream's work. In VMM mode, plain heap_free(h, ptr, NULL). */
 bool heap_free_on_legacy(heap_t *h, void *ptr);
 /* heap_free for a pointer the caller found in the reservation of h's small (large) pool
  * (heap_pool_range), which h therefore owns or nobody does: when h has no allocated block at ptr (a

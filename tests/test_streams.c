@@ -652,11 +652,28 @@ static void test_device_wide_alloc(void) {
     heap_destroy(h);
 }
 
+static bool event_complete(cua_event e) { return driver_sim_ops.event_query(0, e) == CUA_SUCCESS; }
+
+static cua_event event_now(cua_stream s) {
+    cua_event e = NULL;
+    EXPECT(driver_sim_ops.event_create(0, &e) == CUA_SUCCESS && driver_sim_ops.event_record(0, e, s) == CUA_SUCCESS,
+           "the test's event");
+    return e;
+}
+
+/* A stream made on the sim (held: its work waits for the test), registered with the heap. */
+static cua_stream stream_made(heap_t *h, bool held, bool blocking) {
+    cua_stream s = sim_stream_create(0, held);
+    sim_stream_set_blocking(s, blocking);
+    heap_stream_created(h, s, !blocking);
+    return s;
+}
+
 /* Classic mode keeps cudaMalloc on the legacy stream (its segments serve one stream), so a block
  * cudaFreeAsync'd on the legacy stream is what the next cudaMalloc takes, and that memory may then
- * serve a non-blocking stream, whose work does not wait for the legacy stream's. While such a stream
- * exists, the legacy free waits for the legacy stream's event as a device-wide one does; before one
- * exists, the first one created synchronizes the legacy stream. (The legacy stream is kept busy by a
+ * serve a non-blocking stream, whose work does not wait for the legacy stream's, alive then or
+ * created later (even during a capture, when nothing can be synchronized). The legacy free waits
+ * for the legacy stream's event, as a device-wide one does. (The legacy stream is kept busy by a
  * busy blocking stream.) */
 static void test_classic_legacy_free(void) {
     conf_t c;
@@ -664,38 +681,167 @@ static void test_classic_legacy_free(void) {
     cua_stream busy = sim_stream_create(0, true);
     sim_stream_set_blocking(busy, true);
     heap_stream_created(h, busy, false);
-    /* No non-blocking stream yet: the block goes back to the legacy stream at once. */
-    void *a = must_alloc(h, 4 << 20, NULL), *b = NULL;
-    EXPECT(heap_free_on_legacy(h, a), "legacy free");
-    EXPECT(heap_check(h, stderr) == 0, "heap_check");
-    uint64_t syncs = stats(h).num_syncs;
-    cua_stream nb = sim_stream_create(0, false);
-    heap_stream_created(h, nb, true);
-    EXPECT(stats(h).num_syncs == syncs + 1,
-           "classic: a non-blocking stream created after a legacy free: %llu synchronizes, want 1 (a cudaMalloc "
-           "would hand it the block while the legacy stream's work may still use it)",
-           (unsigned long long)(stats(h).num_syncs - syncs));
-    EXPECT(heap_alloc_device_wide(h, 4 << 20, &b) == CUA_SUCCESS && b == a, "the synchronized block is taken back");
-    /* With the non-blocking stream alive, a legacy free waits for the legacy stream's event. */
-    syncs = stats(h).num_syncs;
-    EXPECT(heap_free_on_legacy(h, b), "legacy free");
-    EXPECT(heap_check(h, stderr) == 0, "heap_check");
-    void *d = NULL;
-    EXPECT(heap_alloc_device_wide(h, 4 << 20, &d) == CUA_SUCCESS && d, "device-wide allocation");
-    EXPECT(d != b || stats(h).num_syncs > syncs,
-           "classic: a block freed on the legacy stream was handed to cudaMalloc at once while a non-blocking "
-           "stream exists and the legacy stream's work may still use it");
-    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    for (int alive = 0; alive < 2; alive++) {
+        /* alive 0: the non-blocking stream is created after the free; 1: it exists before */
+        void *a = must_alloc(h, 4 << 20, NULL), *b = NULL;
+        cua_stream nb = NULL;
+        if (alive) nb = stream_made(h, true, false);
+        EXPECT(heap_free_on_legacy(h, a), "legacy free");
+        EXPECT(heap_check(h, stderr) == 0, "heap_check");
+        if (!alive) nb = stream_made(h, true, false);
+        uint64_t syncs = stats(h).num_syncs;
+        EXPECT(heap_alloc_device_wide(h, 4 << 20, &b) == CUA_SUCCESS && b, "device-wide allocation");
+        EXPECT(b != a || stats(h).num_syncs > syncs,
+               "classic: a block freed on the legacy stream was handed to cudaMalloc at once while the legacy stream's "
+               "work may still use it, with a non-blocking stream created %s the free", alive ? "before" : "after");
+        EXPECT(heap_check(h, stderr) == 0, "heap_check");
+        must_free(h, b, NULL);
+        sim_stream_complete(nb);
+        heap_stream_destroyed(h, nb);
+        sim_stream_destroy(nb);
+    }
+    void *d = must_alloc(h, 4 << 20, NULL);
     EXPECT(!heap_free_on_legacy(h, (char *)d + 512), "an interior pointer is refused");
     must_free(h, d, NULL);
     sim_stream_complete(busy);
     heap_stream_destroyed(h, busy);
     sim_stream_destroy(busy);
-    heap_stream_destroyed(h, nb);
-    sim_stream_destroy(nb);
     heap_trim(h);
     EXPECT(stats(h).reserved_bytes == 0, "everything released (%zu B left)", stats(h).reserved_bytes);
     heap_destroy(h);
+}
+
+/* cudaStreamDestroy returns at once and the stream's work runs on; cudaFree waits for it (CUDA's
+ * cudaFree synchronizes). A block a destroyed non-blocking stream's kernel still uses, cudaFree'd
+ * after the destroy, must not be handed out again before that kernel is done: the events of the
+ * streams still alive do not cover it. */
+static void test_destroyed_stream_then_cudafree(const char *conf) {
+    conf_t c;
+    heap_t *h = test_sim_heap(conf, &c);
+    cua_stream n = stream_made(h, true, false), idle = stream_made(h, false, false);
+    void *x = NULL, *a[3], *y = NULL;
+    EXPECT(heap_alloc_device_wide(h, 4 << 20, &x) == CUA_SUCCESS, "cudaMalloc");
+    for (int i = 0; i < 3; i++) EXPECT(heap_alloc_device_wide(h, 4 << 20, &a[i]) == CUA_SUCCESS, "cudaMalloc");
+    cua_event kernel = event_now(n); /* n's kernel using x */
+    heap_stream_destroyed(h, n);     /* its kernel runs on */
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    EXPECT(heap_free_device_wide(h, x), "cudaFree");
+    for (int i = 0; i < 3; i++) EXPECT(heap_free_device_wide(h, a[i]), "cudaFree");
+    EXPECT(heap_alloc_device_wide(h, 4 << 20, &y) == CUA_SUCCESS, "cudaMalloc");
+    EXPECT(y != x || event_complete(kernel),
+           "%s: cudaFree'd %p handed out again while a destroyed stream's kernel using it runs", conf, x);
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    /* Its work done, the block is reused without a synchronize. */
+    sim_stream_complete(n);
+    must_free(h, y, NULL);
+    uint64_t syncs = stats(h).num_syncs;
+    void *z[4];
+    for (int i = 0; i < 4; i++) EXPECT(heap_alloc_device_wide(h, 4 << 20, &z[i]) == CUA_SUCCESS, "cudaMalloc");
+    EXPECT(stats(h).num_syncs == syncs, "%s: a synchronize after the destroyed stream's work completed", conf);
+    for (int i = 0; i < 4; i++) must_free(h, z[i], NULL);
+    heap_stream_destroyed(h, idle);
+    sim_stream_destroy(idle);
+    sim_stream_destroy(n);
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    heap_destroy(h);
+}
+
+/* Classic mode: the first non-blocking stream created while a capture is in progress cannot have
+ * the legacy stream synchronized for it, and a block freed on the legacy stream before, which its
+ * work still reads, is in the cache. The next cudaMalloc after the capture makes that synchronize
+ * before taking the legacy stream's blocks. */
+static void test_classic_capture_at_nonblocking_creation(void) {
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:64,expandable_segments:0", &c);
+    cua_stream busy = stream_made(h, true, true);
+    void *x = NULL, *y = NULL;
+    EXPECT(heap_alloc_device_wide(h, 4 << 20, &x) == CUA_SUCCESS, "cudaMalloc");
+    cua_event reader = event_now(NULL); /* a legacy-stream kernel reading x, behind busy's work */
+    EXPECT(heap_free_on_legacy(h, x), "cudaFreeAsync(x, 0)");
+    sim_stream_set_capturing(busy, true);
+    cua_stream nb = stream_made(h, true, false);
+    sim_stream_set_capturing(busy, false);
+    EXPECT(heap_alloc_device_wide(h, 4 << 20, &y) == CUA_SUCCESS, "cudaMalloc");
+    EXPECT(y != x || event_complete(reader),
+           "classic: cudaMalloc gave %p, which the legacy stream's work still reads, with a non-blocking stream alive", y);
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    must_free(h, y, NULL);
+    sim_stream_complete(busy);
+    heap_stream_destroyed(h, busy);
+    heap_stream_destroyed(h, nb);
+    sim_stream_destroy(busy);
+    sim_stream_destroy(nb);
+    heap_destroy(h);
+}
+
+/* cudaMalloc decides under the heap's lock whether a non-blocking stream exists. Thread A creates
+ * the first one (the heap synchronizes the legacy stream for it); while it does, thread C frees x
+ * on the legacy stream behind a new legacy kernel reading it, and thread B's cudaMalloc waits for
+ * the lock. B must not take x as the legacy stream's (the heap's choice made before A's stream). */
+static struct {
+    heap_t *h;
+    void *x, *y;
+    cua_event reader;
+    int armed;
+    pthread_t b, c;
+} race;
+
+static void *race_free_x(void *unused) {
+    heap_free_on_legacy(race.h, race.x);
+    return unused;
+}
+
+static void *race_malloc(void *unused) {
+    heap_alloc_device_wide(race.h, 4 << 20, &race.y);
+    return unused;
+}
+
+static cua_result race_paused_sync(int dev, cua_stream s) {
+    cua_result r = driver_sim_ops.stream_synchronize(dev, s);
+    if (race.armed && !s) {
+        race.armed = 0;
+        race.reader = event_now(NULL);
+        EXPECT(pthread_create(&race.c, NULL, race_free_x, NULL) == 0, "thread C");
+        usleep(50000);
+        EXPECT(pthread_create(&race.b, NULL, race_malloc, NULL) == 0, "thread B");
+        usleep(50000);
+    }
+    return r;
+}
+
+static void test_device_wide_decided_under_lock(void) {
+    static driver_ops_t ops;
+    for (int attempt = 0; attempt < 3; attempt++) {
+        conf_t c;
+        conf_defaults(&c);
+        c.driver = DRIVER_SIM;
+        EXPECT(conf_parse("sim_memory_mb:64", &c) == 0, "configuration");
+        sim_configure(&c);
+        EXPECT(driver_sim_ops.init() == CUA_SUCCESS, "sim init");
+        ops = driver_sim_ops;
+        ops.stream_synchronize = race_paused_sync;
+        cua_result err;
+        race.h = heap_create(0, &c, &ops, &err);
+        EXPECT(race.h, "heap_create: %d", err);
+        cua_stream busy = stream_made(race.h, true, true);
+        void *d0 = NULL;
+        race.x = heap_malloc(race.h, 4 << 20, NULL);
+        EXPECT(race.x && heap_alloc_device_wide(race.h, 1 << 20, &d0) == CUA_SUCCESS, "allocations");
+        race.y = NULL;
+        race.armed = 1;
+        cua_stream a = stream_made(race.h, true, false); /* thread A */
+        EXPECT(pthread_join(race.c, NULL) == 0 && pthread_join(race.b, NULL) == 0, "joins");
+        EXPECT(race.y != race.x || event_complete(race.reader),
+               "attempt %d: cudaMalloc took %p, which a legacy-stream kernel still reads, with a non-blocking stream "
+               "alive", attempt, race.x);
+        EXPECT(heap_check(race.h, stderr) == 0, "heap_check");
+        sim_stream_complete(busy);
+        heap_stream_destroyed(race.h, a);
+        heap_stream_destroyed(race.h, busy);
+        sim_stream_destroy(a);
+        sim_stream_destroy(busy);
+        heap_destroy(race.h);
+    }
 }
 
 /* With a non-blocking stream whose work is in flight, a device-wide freed block goes to nobody
@@ -1290,6 +1436,10 @@ int main(void) {
     test_device_wide_without_nonblocking();
     test_device_wide_alloc();
     test_classic_legacy_free();
+    test_destroyed_stream_then_cudafree("sim_memory_mb:64");
+    test_destroyed_stream_then_cudafree("sim_memory_mb:64,expandable_segments:0");
+    test_classic_capture_at_nonblocking_creation();
+    test_device_wide_decided_under_lock();
     test_device_wide_waits_for_nonblocking();
     test_device_wide_generations();
     test_device_wide_keeps_neighbours();
