@@ -1175,6 +1175,14 @@ void sim_stream_complete(cua_stream s) {
     pthread_mutex_unlock(&sim_lock);
 }
 
+bool sim_stream_idle(cua_stream s) {
+    pthread_mutex_lock(&sim_lock);
+    sim_stream_t *st = stream_get(s);
+    bool idle = !st || st->completed == st->submitted;
+    pthread_mutex_unlock(&sim_lock);
+    return idle;
+}
+
 void sim_stream_set_capturing(cua_stream s, bool capturing) {
     pthread_mutex_lock(&sim_lock);
     sim_stream_t *st = stream_get(s);

@@ -55,13 +55,14 @@
 
 typedef enum {
     OP_ALLOC, OP_FREE, OP_FREE_OTHER, OP_FREE_DEVICE_WIDE, OP_COMPLETE, OP_EVENT_SYNC, OP_STREAM_SYNC,
-    OP_DEVICE_SYNC, OP_TRIM, OP_DESTROY, OP_REUSE_HANDLE, OP_CAPTURE, OP_FAULT, OP_ALLOC_DEVICE_WIDE, OP_KINDS
+    OP_DEVICE_SYNC, OP_TRIM, OP_DESTROY, OP_REUSE_HANDLE, OP_CAPTURE, OP_FAULT, OP_ALLOC_DEVICE_WIDE, OP_LAUNCH,
+    OP_KINDS
 } op_kind_t;
 
 static const char *const op_names[OP_KINDS] = {
     "alloc", "free", "free-on-other-stream", "free-device-wide", "complete-stream", "event-sync",
     "stream-sync", "device-sync", "trim", "destroy-stream", "reuse-handle", "capture-begin-or-end",
-    "fault", "alloc-device-wide"};
+    "fault", "alloc-device-wide", "launch"};
 
 /* The driver's stream and event operations the heap's calls may be made to fail (OP_FAULT). */
 typedef enum { F_EVENT_CREATE, F_EVENT_RECORD, F_EVENT_QUERY, F_EVENT_SYNC, F_STREAM_SYNC, F_DEVICE_SYNC, F_KINDS } fault_t;
@@ -85,8 +86,8 @@ typedef struct {
 typedef struct {
     uintptr_t lo, hi;
     int n;
-    int id[NSLOT_MAX];
-    cua_event ev[NSLOT_MAX];
+    int id[NSLOT_MAX + MAX_ZOMBIES];
+    cua_event ev[NSLOT_MAX + MAX_ZOMBIES];
 } rec_t;
 
 typedef struct {
@@ -123,6 +124,8 @@ static struct {
     int nallocs;
     size_t requested, allocated;
     cua_stream zombie[MAX_ZOMBIES]; /* destroyed streams whose work had not finished */
+    int zombie_id[MAX_ZOMBIES];     /* their incarnations */
+    cua_event zombie_ev[MAX_ZOMBIES]; /* and their last work, recorded before the destroy */
     int nzombie, nzombie_blocking;
     cua_event owed[MAX_RECS]; /* the legacy stream's unfinished work under device-wide allocations */
     int nowed;
@@ -402,6 +405,13 @@ static bool nonblocking_alive(void) {
     return false;
 }
 
+/* The heap's synchronize of the legacy stream and its fallback, the device's, both refused by
+ * injected faults since `before` (W.faults_fired then): a device in error, whose later work fails
+ * anyway, which the model excuses. */
+static bool both_syncs_refused(const unsigned *before) {
+    return W.faults_fired[F_STREAM_SYNC] != before[F_STREAM_SYNC] && W.faults_fired[F_DEVICE_SYNC] != before[F_DEVICE_SYNC];
+}
+
 /* cudaMalloc: the block may serve any stream at once (see the top). */
 static void do_alloc_device_wide(const variant_t *v, const op_t *o) {
     if (W.nlive == MAX_LIVE) return;
@@ -438,24 +448,10 @@ static void do_alloc_device_wide(const variant_t *v, const op_t *o) {
 
 /* A non-blocking stream was just created: the legacy stream's work that device-wide allocations
  * took blocks from must have finished (the heap synchronized it), unless a capture forbade it or
- * the synchronize failed (`sync_refused`: a fault fired). A refused synchronize of the legacy
- * stream is a device in error, whose later work fails anyway: the model stops tracking the legacy
- * stream's unfinished work (the heap tries again at the next non-blocking stream). */
-static void check_owed(bool sync_refused) {
-    if (sync_refused) {
-        for (int i = 0; i < W.nrec; i++)
-            for (int k = 0; k < W.rec[i].n;)
-                if (W.rec[i].id[k] == 0) {
-                    W.rec[i].id[k] = W.rec[i].id[W.rec[i].n - 1];
-                    W.rec[i].ev[k] = W.rec[i].ev[--W.rec[i].n];
-                } else {
-                    k++;
-                }
-        recs_prune();
-        W.nowed = 0;
-        return;
-    }
-    if (!any_capturing())
+ * both synchronizes were refused (`refused`). Those blocks are out of the heap's hands either way;
+ * the freed ones are still checked at every later allocation. */
+static void check_owed(bool refused) {
+    if (!any_capturing() && !refused)
         for (int i = 0; i < W.nowed; i++)
             if (!event_done(W.owed[i])) {
                 fail("a non-blocking stream was created while the legacy stream's work under a device-wide "
@@ -506,13 +502,19 @@ static void do_free(const variant_t *v, const op_t *o, bool other) {
     add_rec(&l, 1, &W.slot[slot].id, &ev);
 }
 
+/* A device-wide free: the block may still be used by any stream's work, a destroyed stream's
+ * that runs on included. */
 static void free_device_wide_at(int i) {
     live_t l = W.live[i];
-    int id[NSLOT_MAX], n = 0;
-    cua_event ev[NSLOT_MAX];
+    int id[NSLOT_MAX + MAX_ZOMBIES], n = 0;
+    cua_event ev[NSLOT_MAX + MAX_ZOMBIES];
     for (int s = 0; s < W.nslot; s++) {
         id[n] = W.slot[s].id;
         ev[n++] = W.slot[s].capturing ? W.slot[s].capture_ev : event_on(W.slot[s].handle);
+    }
+    for (int z = 0; z < W.nzombie; z++) {
+        id[n] = W.zombie_id[z];
+        ev[n++] = W.zombie_ev[z]; /* a destroyed stream gets no new work */
     }
     forget_live(i);
     if (!heap_free_device_wide(W.h, (void *)l.ptr)) fail("device-wide free of live block %#lx refused", (unsigned long)l.ptr);
@@ -541,15 +543,14 @@ static void do_destroy(const variant_t *v, const op_t *o, bool reuse_handle) {
     /* a capturing stream is not destroyed, nor a thread's per-thread stream */
     if (W.slot[s].capturing || W.slot[s].per_thread || W.nzombie == MAX_ZOMBIES) return;
     int old = W.slot[s].id;
+    /* Work in flight (on live blocks too): its end, recorded before the heap's own event */
+    bool unfinished = !sim_stream_idle(W.slot[s].handle);
+    cua_event last = unfinished ? event_on(W.slot[s].handle) : NULL;
     heap_stream_destroyed(W.h, W.slot[s].handle);
     if (!reuse_handle) {
         /* Its unfinished work runs on after cudaStreamDestroy, but the sim reads a destroyed
          * stream's events as complete: a stream with such work is kept in the sim (a zombie,
          * whose work completes by OP_COMPLETE or a device synchronize), the others destroyed. */
-        bool unfinished = false;
-        for (int i = 0; i < W.nrec; i++)
-            for (int k = 0; k < W.rec[i].n; k++)
-                if (W.rec[i].id[k] == old && !event_done(W.rec[i].ev[k])) unfinished = true;
         /* (an event on the legacy stream can wait for at most SIM_EVENT_WAITS held blocking
          * streams, a bound of the sim: past it a blocking stream's work is finished first) */
         if (unfinished && W.slot[s].blocking && W.nzombie_blocking + W.nslot - 1 >= 8) {
@@ -557,6 +558,8 @@ static void do_destroy(const variant_t *v, const op_t *o, bool reuse_handle) {
             unfinished = false;
         }
         if (unfinished) {
+            W.zombie_id[W.nzombie] = old;
+            W.zombie_ev[W.nzombie] = last;
             W.zombie[W.nzombie++] = W.slot[s].handle;
             W.nzombie_blocking += W.slot[s].blocking;
         }
@@ -570,9 +573,10 @@ static void do_destroy(const variant_t *v, const op_t *o, bool reuse_handle) {
         W.slot[s].blocking = (o->b >> 40) & 1;
         sim_stream_set_blocking(W.slot[s].handle, W.slot[s].blocking);
     }
-    unsigned refused = W.faults_fired[F_STREAM_SYNC];
+    unsigned before[F_KINDS];
+    memcpy(before, W.faults_fired, sizeof before);
     heap_stream_created(W.h, W.slot[s].handle, !W.slot[s].blocking);
-    if (!W.slot[s].blocking) check_owed(W.faults_fired[F_STREAM_SYNC] != refused);
+    if (!W.slot[s].blocking) check_owed(both_syncs_refused(before));
 }
 
 /* b odd: a capture begins on the slot's stream (if none is under way), even: it ends. */
@@ -580,7 +584,7 @@ static void do_capture(const op_t *o) {
     int s = 1 + (int)(o->a % (uint64_t)(W.nslot - 1));
     slot_t *sl = &W.slot[s];
     bool begin = o->b & 1;
-    if (begin == sl->capturing || sl->blocking) return;
+    if (begin == sl->capturing || sl->per_thread) return;
     if (begin) sl->capture_ev = event_on(sl->handle); /* the work before the capture */
     sl->capturing = begin;
     sim_stream_set_capturing(sl->handle, begin);
@@ -594,8 +598,14 @@ static void run_op(const variant_t *v, const op_t *o) {
     case OP_FREE_OTHER: do_free(v, o, true); break;
     case OP_FREE_DEVICE_WIDE: do_free_device_wide(o); break;
     case OP_COMPLETE:
-        if (o->b % 4 == 0 && W.nzombie) sim_stream_complete(W.zombie[(o->b >> 8) % (uint64_t)W.nzombie]);
-        else sim_stream_complete(W.slot[s].handle);
+        if (o->b % 4 == 0 && W.nzombie) {
+            sim_stream_complete(W.zombie[(o->b >> 8) % (uint64_t)W.nzombie]);
+        } else if (o->b % 4 == 1) { /* the live streams' work done, a destroyed stream's long kernel not */
+            for (int k = 1; k < W.nslot; k++)
+                if (!W.slot[k].capturing) sim_stream_complete(W.slot[k].handle);
+        } else {
+            sim_stream_complete(W.slot[s].handle);
+        }
         break;
     case OP_EVENT_SYNC: {
         cua_event ev = pick_event(o->a);
@@ -614,6 +624,9 @@ static void run_op(const variant_t *v, const op_t *o) {
     case OP_CAPTURE: do_capture(o); break;
     case OP_FAULT: W.fault_left[o->a % F_KINDS] = 1 + (unsigned)(o->b % 3); break;
     case OP_ALLOC_DEVICE_WIDE: do_alloc_device_wide(v, o); break;
+    case OP_LAUNCH: /* work on live blocks: the stream is busy, nothing is freed */
+        if (s && !W.slot[s].capturing) event_on(W.slot[s].handle);
+        break;
     default: break;
     }
     verify();
@@ -636,7 +649,7 @@ static bool run_sequence(const variant_t *v, const op_t *ops, int n, const bool 
 static op_t random_op(const variant_t *v, rng_t *r) {
     /* Weights: mostly allocations and frees, with enough completions, waits, trims, destructions
      * and captures to reach every settle, flush and release path. */
-    uint8_t weights[OP_KINDS] = {36, 20, 5, 9, 6, 6, 3, 2, 3, 2, 2, 6, 4, 0};
+    uint8_t weights[OP_KINDS] = {36, 20, 5, 9, 6, 6, 3, 2, 3, 2, 2, 6, 4, 0, 4};
     if (v->device_wide) weights[OP_ALLOC_DEVICE_WIDE] = 18, weights[OP_DESTROY] = 5;
     unsigned total = 0, pick;
     for (int k = 0; k < OP_KINDS; k++) total += weights[k];
@@ -767,6 +780,38 @@ static const op_t regression_classic_legacy_free[] = {
     {13 /* alloc-device-wide    */, 0x38934609ae8e88ff, 0x9cebc0be275dc852},
 };
 
+/* A non-blocking stream destroyed while its kernel on a live block runs on; the block cudaFree'd
+ * after the destroy was handed out again once the live streams' events completed. */
+static const op_t regression_destroyed_stream_cudafree[] = {
+    {0  /* alloc                */, 0, 0x1234567},
+    {0  /* alloc                */, 0, 0x1234567},
+    {0  /* alloc                */, 0, 0x1234567},
+    {0  /* alloc                */, 0, 0x1234567},
+    {14 /* launch               */, 1, 0},
+    {9  /* destroy-stream       */, 0, 0},
+    {3  /* free-device-wide     */, 0, 0},
+    {3  /* free-device-wide     */, 0, 0},
+    {3  /* free-device-wide     */, 0, 0},
+    {3  /* free-device-wide     */, 0, 0},
+    {4  /* complete-stream      */, 1, 1}, /* every live stream's work */
+    {0  /* alloc                */, 0, 0x1234567},
+    {0  /* alloc                */, 0, 0x1234567},
+    {0  /* alloc                */, 0, 0x1234567},
+    {0  /* alloc                */, 0, 0x1234567},
+};
+
+/* Only blocking streams: cudaMalloc takes back a block freed on the legacy stream, whose work is
+ * behind a busy blocking stream; the first non-blocking stream is then created, and the heap's
+ * synchronize of the legacy stream for it is refused once: the device's must follow. */
+static const op_t regression_legacy_sync_refused[] = {
+    {0  /* alloc                */, 0, 0x1234567},
+    {14 /* launch               */, 1, 0},
+    {1  /* free                 */, 0, 0},
+    {13 /* alloc-device-wide    */, 0, 0x1234567},
+    {12 /* fault                */, 4, 0}, /* stream_synchronize x1 */
+    {9  /* destroy-stream       */, 0, 0}, /* slot 1 comes back non-blocking */
+};
+
 #define REGRESSION(v, ops) {v, ops, (int)(sizeof ops / sizeof ops[0])}
 static const regression_t regressions[] = {
     REGRESSION(0, regression_destroy_partner),
@@ -774,6 +819,9 @@ static const regression_t regressions[] = {
     REGRESSION(1, regression_reuse_vmm),
     REGRESSION(8, regression_capture_past_table),
     REGRESSION(11, regression_classic_legacy_free),
+    REGRESSION(0, regression_destroyed_stream_cudafree),
+    REGRESSION(6, regression_destroyed_stream_cudafree),
+    REGRESSION(10, regression_legacy_sync_refused),
 };
 
 static void quiet(const char *line, void *arg) {
