@@ -3080,11 +3080,22 @@ void heap_trim(heap_t *h) {
     cua_unlock(&h->lock);
 }
 
+/* Lock held, no capture in progress (a query from a thread in global capture mode invalidates
+ * another stream's capture). Drops the destroyed streams' events that have completed. */
+static void retired_drain(heap_t *h) {
+    for (unsigned i = h->n_retired; i-- > 0;) {
+        if (h->drv->event_query(h->dev, h->retired[i]) != CUA_SUCCESS) continue;
+        h->drv->event_destroy(h->dev, h->retired[i]);
+        h->retired[i] = h->retired[--h->n_retired];
+    }
+}
+
 /* Lock held. A destroyed non-blocking stream's last event, recorded before the destroy: its work
  * runs on after it, and the blocks cudaFree'd later must wait for that as for a live stream's
- * (dw_events_complete). Kept unless it is complete at once; where it cannot be recorded or kept,
- * the table is marked overflowed (only a device synchronize settles device-wide blocks). Takes
- * *event (NULL after). */
+ * (dw_events_complete). Kept unless it is complete at once (asked only while no capture is in
+ * progress, when the kept ones that completed are dropped too: the table holds only streams
+ * destroyed with work in flight). Where it cannot be recorded or kept, the table is marked
+ * overflowed (only a device synchronize settles device-wide blocks). Takes *event (NULL after). */
 static void nb_retire(heap_t *h, cua_stream stream, cua_event *event) {
     if (is_capturing(h, stream)) {
         h->nb_overflow = true;
@@ -3095,7 +3106,10 @@ static void nb_retire(heap_t *h, cua_stream stream, cua_event *event) {
         h->nb_overflow = true;
         return;
     }
-    if (h->drv->event_query(h->dev, *event) == CUA_SUCCESS) return;
+    if (!capture_in_progress(h)) {
+        if (h->drv->event_query(h->dev, *event) == CUA_SUCCESS) return;
+        retired_drain(h);
+    }
     cua_event *table = grow_table_reserve(h->retired, h->n_retired, &h->cap_retired, sizeof *h->retired);
     if (!table) {
         h->nb_overflow = true;
@@ -3546,6 +3560,7 @@ void heap_test_fields(heap_t *h, heap_test_fields_t *out) {
     out->classic_live = &h->classic_live;
     out->last_tag = &h->last_tag;
     out->dw_open = &h->dw_open;
+    out->n_retired = &h->n_retired;
 }
 
 void heap_test_tag_owner(heap_t *h, unsigned t, bool **used, cua_stream **handle) {

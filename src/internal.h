@@ -762,6 +762,7 @@ typedef struct {
     ptrmap_t *classic_live;   /* classic mode: the live blocks by address */
     unsigned *last_tag;       /* the stream cache (tag_of's one entry) */
     unsigned *dw_open;        /* the open device-wide generation */
+    unsigned *n_retired;      /* destroyed streams' events still awaited */
 } heap_test_fields_t;
 void heap_test_fields(heap_t *h, heap_test_fields_t *out);
 /* Tag t's record: whether it is used, and the stream it names. */

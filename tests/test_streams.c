@@ -746,6 +746,36 @@ static void test_destroyed_stream_then_cudafree(const char *conf) {
     heap_destroy(h);
 }
 
+/* A program that creates and destroys a stream every step while the device runs behind: each
+ * destroyed stream's last event is kept only while its work runs, so the events kept stay as many
+ * as the streams whose work has not finished, not one per stream ever destroyed. */
+static void test_destroyed_streams_bounded(void) {
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:64", &c);
+    heap_test_fields_t f;
+    heap_test_fields(h, &f);
+    void *x = NULL;
+    EXPECT(heap_alloc_device_wide(h, 1 << 20, &x) == CUA_SUCCESS, "cudaMalloc"); /* the heap exists */
+    cua_stream prev = NULL;
+    for (int step = 0; step < 200; step++) {
+        cua_stream s = stream_made(h, true, false);
+        (void)event_now(s); /* its kernel */
+        heap_stream_destroyed(h, s);
+        if (prev) {
+            sim_stream_complete(prev); /* the step before's work ends */
+            sim_stream_destroy(prev);
+        }
+        prev = s;
+        EXPECT(*f.n_retired <= 2, "step %d: %u destroyed streams' events kept, 2 at most still running", step,
+               *f.n_retired);
+        EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    }
+    sim_stream_complete(prev);
+    sim_stream_destroy(prev);
+    must_free(h, x, NULL);
+    heap_destroy(h);
+}
+
 /* Classic mode: the first non-blocking stream created while a capture is in progress cannot have
  * the legacy stream synchronized for it, and a block freed on the legacy stream before, which its
  * work still reads, is in the cache. The next cudaMalloc after the capture makes that synchronize
@@ -1439,6 +1469,7 @@ int main(void) {
     test_destroyed_stream_then_cudafree("sim_memory_mb:64");
     test_destroyed_stream_then_cudafree("sim_memory_mb:64,expandable_segments:0");
     test_classic_capture_at_nonblocking_creation();
+    test_destroyed_streams_bounded();
     test_device_wide_decided_under_lock();
     test_device_wide_waits_for_nonblocking();
     test_device_wide_generations();
