@@ -183,8 +183,14 @@ typedef struct pool_s {
 /* The host tables an allocation (or the heap's set-up) may need more of (heap_t.host_refused). */
 typedef enum { HOST_NONE, HOST_RECORDS, HOST_LIVE_MAP, HOST_INDEX, HOST_CHUNK_TABLES } host_table_t;
 
+/* Destroyed streams' events kept before the completed ones are looked for (nb_retire). */
+#define RETIRED_DRAIN_AT 16
+
 /* A non-blocking stream the front door saw created, and its event for device-wide frees. */
 typedef struct { cua_stream handle; cua_event event; bool in_flight; } nb_stream_t;
+/* A non-blocking stream destroyed with work perhaps in flight: an event recorded as it was
+ * destroyed, and heap_t.dw_closes then (the generations closed later are the ones it concerns). */
+typedef struct { cua_event event; uint64_t closes; } retired_t;
 
 struct heap_s {
     cua_lock_t lock;             /* guards everything below */
@@ -238,17 +244,24 @@ struct heap_s {
     unsigned n_nb;
     size_t cap_nb;
     bool nb_overflow;
-    /* Events recorded on non-blocking streams as they were destroyed with work perhaps in flight
-     * (n_retired of cap_retired, grow_table_reserve): a destroyed stream's work runs on, and a
-     * later cudaFree must wait for it as for the live streams'. Part of the group's events
-     * (dw_events_complete) until seen complete. */
-    cua_event *retired;
+    /* Non-blocking streams destroyed with work perhaps in flight (n_retired of cap_retired,
+     * grow_table_reserve): a destroyed stream's work runs on, and blocks cudaFree'd after the
+     * destroy must wait for it as for the live streams'. Each event is part of the group's
+     * (dw_events_complete) for the generations closed after it, until seen complete.
+     * retired_unknown: one was destroyed whose work no event could be recorded for (it was
+     * capturing, or the driver or host memory refused): until the next device synchronize, only
+     * that settles device-wide blocks. dw_closes: generations closed so far. */
+    retired_t *retired;
     unsigned n_retired;
     size_t cap_retired;
+    bool retired_unknown;
+    uint64_t dw_closes;
     /* Since the legacy stream was last synchronized for a new non-blocking stream, a device-wide
-     * allocation was served as the legacy stream (no non-blocking stream then). Set still while a
-     * non-blocking stream exists: that synchronize could not be made (a capture, a refusal), and
-     * the next non-blocking stream's creation tries it again. */
+     * allocation was served as the legacy stream (no non-blocking stream then), or, in classic
+     * mode, a block was freed on the legacy stream (which a device-wide allocation may take). Set
+     * still while a non-blocking stream exists: that synchronize could not be made (a capture, a
+     * refusal); classic mode's device-wide allocations try it again, and until it is made take
+     * fresh memory (heap_alloc_device_wide). */
     bool legacy_handed_out;
     unsigned dw_open;
     unsigned dw_frees_unchecked; /* device-wide frees since one last looked at the events */
@@ -993,7 +1006,8 @@ static bool dw_sync(heap_t *h) {
     if (device_sync(h) != CUA_SUCCESS) return false; /* captures in progress, or refused: stay unsettled */
     r->event_in_flight = false;
     for (unsigned i = 0; i < h->n_nb; i++) h->nb[i].in_flight = false;
-    while (h->n_retired) h->drv->event_destroy(h->dev, h->retired[--h->n_retired]);
+    while (h->n_retired) h->drv->event_destroy(h->dev, h->retired[--h->n_retired].event);
+    h->retired_unknown = false;
     settle_tag(h, TAG_DW_A);
     settle_tag(h, TAG_DW_B);
     return true;
@@ -1011,9 +1025,11 @@ static bool dw_events_complete(heap_t *h, cua_result (*look)(int dev, cua_event 
         if (look(h->dev, h->nb[i].event) != CUA_SUCCESS) return false;
         h->nb[i].in_flight = false;
     }
-    while (h->n_retired) {
-        if (look(h->dev, h->retired[h->n_retired - 1]) != CUA_SUCCESS) return false;
-        h->drv->event_destroy(h->dev, h->retired[--h->n_retired]);
+    for (unsigned i = h->n_retired; i-- > 0;) {
+        if (h->retired[i].closes >= h->dw_closes) continue; /* destroyed after the closing */
+        if (look(h->dev, h->retired[i].event) != CUA_SUCCESS) return false;
+        h->drv->event_destroy(h->dev, h->retired[i].event);
+        h->retired[i] = h->retired[--h->n_retired];
     }
     r->event_in_flight = false;
     return true;
@@ -1030,7 +1046,7 @@ static bool dw_query(heap_t *h) { return dw_events_complete(h, h->drv->event_que
 static bool dw_wait_closed(heap_t *h) {
     stream_rec_t *r = dw_rec(h);
     if (dw_any_capturing(h)) return false;
-    if (h->nb_overflow || !h->drv->event_synchronize) {
+    if (h->nb_overflow || h->retired_unknown || !h->drv->event_synchronize) {
         dw_sync(h);
         return true;
     }
@@ -1043,10 +1059,11 @@ static bool dw_wait_closed(heap_t *h) {
 
 /* Without waiting: settles the closed generation when its events have completed, then closes the
  * open one (recording a new set of events) when it holds blocks. True when something settled.
- * With non-blocking streams the heap does not know of (nb_overflow), only dw_sync can settle. */
+ * With non-blocking streams the heap does not know of (nb_overflow, retired_unknown), only dw_sync
+ * can settle. */
 static bool dw_settle_completed(heap_t *h) {
     stream_rec_t *r = dw_rec(h);
-    if (h->nb_overflow || dw_free_bytes(h) == 0) return false;
+    if (h->nb_overflow || h->retired_unknown || dw_free_bytes(h) == 0) return false;
     if (r->event_in_flight && !dw_query(h)) return false;
     bool settled = false;
     unsigned closed = dw_closed(h), open = h->dw_open;
@@ -1065,6 +1082,7 @@ static bool dw_settle_completed(heap_t *h) {
     if (h->drv->event_record(h->dev, r->event, NULL) != CUA_SUCCESS) covered = false;
     if (!covered) return settled; /* some stream not covered: the open tag stays open, try later */
     h->dw_open = closed; /* empty: settled above */
+    h->dw_closes++;
     r->event_in_flight = true;
     if (dw_query(h)) {
         settle_tag(h, open);
@@ -2385,6 +2403,8 @@ cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
 
 const char heap_device_wide_alloc_name;
 
+static void legacy_sync_for_nonblocking(heap_t *h);
+
 cua_result heap_alloc_device_wide(heap_t *h, size_t size, void **out) {
     /* Decided under the lock: a non-blocking stream created meanwhile (its synchronize of the
      * legacy stream made) and a legacy free after it must not meet a choice made before. */
@@ -2397,8 +2417,14 @@ cua_result heap_alloc_device_wide(heap_t *h, size_t size, void **out) {
         /* As the legacy stream: a block it freed may still be in use by its work, which a
          * non-blocking stream created later would not wait for (heap_stream_created). */
         h->legacy_handed_out = true;
-    } /* else classic mode, as the legacy stream, whose front-door frees are device-wide
-       * (heap_free_on_legacy) */
+    } else if (h->legacy_handed_out) {
+        /* Classic mode, as the legacy stream, whose free blocks may still be in use by its work
+         * from before a non-blocking stream was created without the synchronize that should have
+         * followed (a capture, a refusal): made now where it can be; else the request takes a
+         * segment of its own under the key, which no legacy free reached. */
+        legacy_sync_for_nonblocking(h);
+        if (h->legacy_handed_out) as = DEVICE_WIDE_ALLOC_KEY;
+    }
     *out = heap_malloc_locked(h, size, as);
     return *out ? CUA_SUCCESS : CUA_ERROR_OUT_OF_MEMORY;
 }
@@ -2628,7 +2654,10 @@ bool heap_free_device_wide(heap_t *h, void *ptr) {
 
 bool heap_free_on_legacy(heap_t *h, void *ptr) {
     if (h->vmm) return heap_free(h, ptr, NULL); /* device-wide allocations take no legacy block at once */
-    return heap_free_device_wide(h, ptr);
+    cua_lock(&h->lock);
+    bool device_wide = h->n_nb > 0 || h->nb_overflow;
+    if (!device_wide) h->legacy_handed_out = true; /* the first non-blocking stream synchronizes it */
+    return free_locked(h, live_get(h, (uintptr_t)ptr), NULL, device_wide);
 }
 
 /* ------------------------------------------------------------------ lifecycle */
@@ -2830,7 +2859,7 @@ void heap_destroy(heap_t *h) {
     for (unsigned i = 0; i < h->n_nb; i++)
         if (h->nb[i].event) h->drv->event_destroy(h->dev, h->nb[i].event);
     grow_table_free(h->nb, h->cap_nb, sizeof *h->nb);
-    for (unsigned i = 0; i < h->n_retired; i++) h->drv->event_destroy(h->dev, h->retired[i]);
+    for (unsigned i = 0; i < h->n_retired; i++) h->drv->event_destroy(h->dev, h->retired[i].event);
     grow_table_free(h->retired, h->cap_retired, sizeof *h->retired);
     ptrmap_destroy(&h->classic_live);
     slab_destroy(&h->blocks);
@@ -3084,39 +3113,32 @@ void heap_trim(heap_t *h) {
  * another stream's capture). Drops the destroyed streams' events that have completed. */
 static void retired_drain(heap_t *h) {
     for (unsigned i = h->n_retired; i-- > 0;) {
-        if (h->drv->event_query(h->dev, h->retired[i]) != CUA_SUCCESS) continue;
-        h->drv->event_destroy(h->dev, h->retired[i]);
+        if (h->drv->event_query(h->dev, h->retired[i].event) != CUA_SUCCESS) continue;
+        h->drv->event_destroy(h->dev, h->retired[i].event);
         h->retired[i] = h->retired[--h->n_retired];
     }
 }
 
 /* Lock held. A destroyed non-blocking stream's last event, recorded before the destroy: its work
  * runs on after it, and the blocks cudaFree'd later must wait for that as for a live stream's
- * (dw_events_complete). Kept unless it is complete at once (asked only while no capture is in
- * progress, when the kept ones that completed are dropped too: the table holds only streams
- * destroyed with work in flight). Where it cannot be recorded or kept, the table is marked
- * overflowed (only a device synchronize settles device-wide blocks). Takes *event (NULL after). */
+ * (dw_events_complete). Not asked at once (two driver calls a destroy, three when the stream had no
+ * event yet): the kept ones that completed are dropped when the table has grown (while no capture
+ * is in progress), and by the device-wide settling. Where none can be recorded or kept,
+ * retired_unknown. Takes *event (NULL after). */
 static void nb_retire(heap_t *h, cua_stream stream, cua_event *event) {
-    if (is_capturing(h, stream)) {
-        h->nb_overflow = true;
-        return;
-    }
-    if ((!*event && h->drv->event_create(h->dev, event) != CUA_SUCCESS) ||
+    if (is_capturing(h, stream) || (!*event && h->drv->event_create(h->dev, event) != CUA_SUCCESS) ||
         h->drv->event_record(h->dev, *event, stream) != CUA_SUCCESS) {
-        h->nb_overflow = true;
+        h->retired_unknown = true;
         return;
     }
-    if (!capture_in_progress(h)) {
-        if (h->drv->event_query(h->dev, *event) == CUA_SUCCESS) return;
-        retired_drain(h);
-    }
-    cua_event *table = grow_table_reserve(h->retired, h->n_retired, &h->cap_retired, sizeof *h->retired);
+    if (h->n_retired >= RETIRED_DRAIN_AT && !capture_in_progress(h)) retired_drain(h);
+    retired_t *table = grow_table_reserve(h->retired, h->n_retired, &h->cap_retired, sizeof *h->retired);
     if (!table) {
-        h->nb_overflow = true;
+        h->retired_unknown = true;
         return;
     }
     h->retired = table;
-    h->retired[h->n_retired++] = *event;
+    h->retired[h->n_retired++] = (retired_t){*event, h->dw_closes};
     *event = NULL;
 }
 
@@ -3464,7 +3486,10 @@ int heap_check(heap_t *h, FILE *report) {
     CHECK(&c, h->n_retired <= h->cap_retired && (h->retired || !h->cap_retired),
           "%u destroyed streams' events in a table of %zu", h->n_retired, h->cap_retired);
     for (unsigned i = 0; i < h->n_retired && i < h->cap_retired; i++)
-        CHECK(&c, h->retired[i] != NULL, "destroyed stream's event %u is missing", i);
+        CHECK(&c, h->retired[i].event != NULL && h->retired[i].closes <= h->dw_closes,
+              "destroyed stream's event %u: %p, kept after %llu generations closed of %llu", i,
+              (void *)h->retired[i].event, (unsigned long long)h->retired[i].closes,
+              (unsigned long long)h->dw_closes);
     CHECK(&c, h->recording || !trace_enabled() || !trace_device_begun(h->dev),
           "the recorder is on and has begun device %d, but its fast paths still serve", h->dev);
     CHECK(&c, !h->last_tag || (h->last_tag < TAG_STREAMS_END && h->tags[h->last_tag].used &&

@@ -673,9 +673,10 @@ void *heap_malloc(heap_t *h, size_t size, cua_stream stream);
 bool heap_free(heap_t *h, void *ptr, cua_stream stream);
 /* heap_free ordered on the legacy stream (cudaFreeAsync(p, 0)), in a heap whose cudaMalloc takes the
  * legacy stream's blocks at once (heap_alloc_device_wide): the front door's legacy-stream free. In
- * classic mode, whose cudaMalloc is served as the legacy stream, the block is freed device-wide (it
- * waits for the legacy stream's event, as cudaFree's do): a non-blocking stream, alive or created
- * later, does not wait for the legacy stream's work. In VMM mode, plain heap_free(h, ptr, NULL). */
+ * classic mode while a non-blocking stream exists, whose work does not wait for the legacy stream's,
+ * the block is freed device-wide instead (it waits for the legacy stream's event, as cudaFree's do);
+ * with none yet, the first one created synchronizes the legacy stream once, as after a device-wide
+ * allocation served as the legacy stream. In VMM mode, plain heap_free(h, ptr, NULL). */
 bool heap_free_on_legacy(heap_t *h, void *ptr);
 /* heap_free for a pointer the caller found in the reservation of h's small (large) pool
  * (heap_pool_range), which h therefore owns or nobody does: when h has no allocated block at ptr (a

@@ -409,7 +409,7 @@ static bool stream_fns(gpa_fn gpa, stream_fns_t *sf) {
 /* --classic-legacy-free (classic segments): cuMemAlloc takes the legacy stream's blocks at once, so a
  * block cuMemFreeAsync'd on the legacy stream must not reach it while a non-blocking stream, which
  * does not wait for the legacy stream's work, might use it: created before the free or after it,
- * the free waits for an event on the legacy stream (or a synchronize) before cuMemAlloc reuses it. */
+ * an event on the legacy stream or a synchronize comes between the free and cuMemAlloc's reuse. */
 static int classic_legacy_free_main(gpa_fn gpa, void *lib) {
     basics_t api;
     CUcontext ctx;
@@ -433,10 +433,11 @@ static int classic_legacy_free_main(gpa_fn gpa, void *lib) {
         if (before) CHECK_MSG(sf.create(&nb, 1 /* CU_STREAM_NON_BLOCKING */) == 0 && nb, "a non-blocking stream");
         /* (allocated stream-ordered: a cuMemAlloc served on the legacy stream would itself ask for a
          * synchronize at the non-blocking stream's creation) */
-        CHECK_MSG(alloc_async(&x, 4 << 20, legacy) == 0 && x && free_async(x, legacy) == 0,
-                  "cuMemAllocAsync and cuMemFreeAsync on CU_STREAM_LEGACY");
-        if (!before) CHECK_MSG(sf.create(&nb, 1 /* CU_STREAM_NON_BLOCKING */) == 0 && nb, "a non-blocking stream");
+        CHECK_MSG(alloc_async(&x, 4 << 20, legacy) == 0 && x, "cuMemAllocAsync on CU_STREAM_LEGACY");
         uint64_t waits = fake_calls(OP_EVENT_RECORD) + fake_calls(OP_STREAM_SYNC) + fake_calls(OP_DEVICE_SYNC);
+        CHECK_MSG(free_async(x, legacy) == 0, "cuMemFreeAsync on CU_STREAM_LEGACY");
+        /* (created after the free, the stream's creation synchronizes the legacy stream) */
+        if (!before) CHECK_MSG(sf.create(&nb, 1 /* CU_STREAM_NON_BLOCKING */) == 0 && nb, "a non-blocking stream");
         CHECK_MSG(api.mem_alloc(&y, 4 << 20) == 0 && y, "cuMemAlloc");
         CHECK_MSG(y != x || fake_calls(OP_EVENT_RECORD) + fake_calls(OP_STREAM_SYNC) + fake_calls(OP_DEVICE_SYNC) > waits,
                   "a block freed on the legacy stream went to cuMemAlloc without an event or a synchronize, with a "
