@@ -135,6 +135,10 @@ typedef cua_result (*cua_pfn_cuDeviceCanAccessPeer)(int *can_access, cua_device 
 typedef cua_result (*cua_pfn_cuMemGetAddressRange_v2)(cua_devptr *base, size_t *size, cua_devptr dptr);
 typedef cua_result (*cua_pfn_cuStreamGetCtx)(cua_stream stream, cua_ctx *ctx);
 typedef cua_result (*cua_pfn_cuStreamCreate)(cua_stream *stream, unsigned int flags);
+/* CUDA 12.4's green contexts: a stream in one (flags must include CU_STREAM_NON_BLOCKING). */
+typedef struct cua_green_ctx_s *cua_green_ctx;
+typedef cua_result (*cua_pfn_cuGreenCtxStreamCreate)(cua_stream *stream, cua_green_ctx green_ctx, unsigned int flags,
+                                                      int priority);
 typedef cua_result (*cua_pfn_cuStreamCreateWithPriority)(cua_stream *stream, unsigned int flags, int priority);
 typedef cua_result (*cua_pfn_cuCtxEnablePeerAccess)(cua_ctx peer_ctx, unsigned int flags);
 

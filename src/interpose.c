@@ -9,8 +9,8 @@
  *            cudaStreamCreate cudaStreamCreateWithFlags cudaStreamCreateWithPriority
  *            cudaDeviceEnablePeerAccess cudaIpcGetMemHandle cudaGetLastError cudaPeekAtLastError
  *   driver   cuMemAlloc_v2 cuMemFree_v2 cuMemAllocAsync cuMemFreeAsync (+ _ptsz) cuStreamDestroy_v2
- *            cuStreamCreate cuStreamCreateWithPriority cuCtxEnablePeerAccess cuMemGetAddressRange_v2
- *            cuMemGetInfo_v2 cuDevicePrimaryCtxReset cuDevicePrimaryCtxReset_v2
+ *            cuStreamCreate cuStreamCreateWithPriority cuGreenCtxStreamCreate cuCtxEnablePeerAccess
+ *            cuMemGetAddressRange_v2 cuMemGetInfo_v2 cuDevicePrimaryCtxReset cuDevicePrimaryCtxReset_v2
  *   lookup   dlsym cuGetProcAddress cuGetProcAddress_v2
  *
  * Rules:
@@ -149,6 +149,8 @@ CUALLOC_API cudart_error cudaGetLastError(void);
 CUALLOC_API cudart_error cudaPeekAtLastError(void);
 CUALLOC_API cua_result cuStreamCreate(cua_stream *stream, unsigned int flags);
 CUALLOC_API cua_result cuStreamCreateWithPriority(cua_stream *stream, unsigned int flags, int priority);
+CUALLOC_API cua_result cuGreenCtxStreamCreate(cua_stream *stream, cua_green_ctx green_ctx, unsigned int flags,
+                                              int priority);
 CUALLOC_API cua_result cuCtxEnablePeerAccess(cua_ctx peer_ctx, unsigned int flags);
 CUALLOC_API cua_result cuMemGetAddressRange_v2(cua_devptr *base, size_t *size, cua_devptr dptr);
 CUALLOC_API cua_result cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
@@ -237,7 +239,8 @@ enum {
     N_cudaGetLastError, N_cudaPeekAtLastError,
     N_cuMemAlloc_v2, N_cuMemFree_v2, N_cuMemAllocAsync, N_cuMemFreeAsync, N_cuMemAllocAsync_ptsz,
     N_cuMemFreeAsync_ptsz, N_cuStreamDestroy_v2, N_cuGetProcAddress_v2, N_cuGetProcAddress,
-    N_cuStreamCreate, N_cuStreamCreateWithPriority, N_cuCtxEnablePeerAccess, N_cuMemGetAddressRange_v2,
+    N_cuStreamCreate, N_cuStreamCreateWithPriority, N_cuGreenCtxStreamCreate, N_cuCtxEnablePeerAccess,
+    N_cuMemGetAddressRange_v2,
     N_cuMemGetInfo_v2, N_cuDevicePrimaryCtxReset_v2, N_cuDevicePrimaryCtxReset,
     /* driver names looked up, never interposed */
     N_cuCtxPushCurrent_v2, N_cuCtxPopCurrent_v2, N_cuCtxGetDevice, N_COUNT
@@ -270,6 +273,7 @@ static next_t nexts[N_COUNT] = {
     [N_cuGetProcAddress] = {"cuGetProcAddress", true, NULL},
     [N_cuStreamCreate] = {"cuStreamCreate", true, NULL},
     [N_cuStreamCreateWithPriority] = {"cuStreamCreateWithPriority", true, NULL},
+    [N_cuGreenCtxStreamCreate] = {"cuGreenCtxStreamCreate", true, NULL},
     [N_cuCtxEnablePeerAccess] = {"cuCtxEnablePeerAccess", true, NULL},
     [N_cuMemGetAddressRange_v2] = {"cuMemGetAddressRange_v2", true, NULL},
     [N_cuMemGetInfo_v2] = {"cuMemGetInfo_v2", true, NULL},
@@ -307,6 +311,7 @@ static void *own_fn(int i) {
     case N_cudaPeekAtLastError: return (void *)cudaPeekAtLastError;
     case N_cuStreamCreate: return (void *)cuStreamCreate;
     case N_cuStreamCreateWithPriority: return (void *)cuStreamCreateWithPriority;
+    case N_cuGreenCtxStreamCreate: return (void *)cuGreenCtxStreamCreate;
     case N_cuCtxEnablePeerAccess: return (void *)cuCtxEnablePeerAccess;
     case N_cuMemGetAddressRange_v2: return (void *)cuMemGetAddressRange_v2;
     case N_cuMemGetInfo_v2: return (void *)cuMemGetInfo_v2;
@@ -1051,6 +1056,19 @@ cua_result cuStreamCreateWithPriority(cua_stream *stream, unsigned int flags, in
     return r;
 }
 
+/* A green context's stream is non-blocking (CUDA requires the flag), and device-wide frees must
+ * wait for its work like any other's. Its device is the green context's, which need not be current:
+ * the driver is asked for the stream's device once cualloc has started. */
+cua_result cuGreenCtxStreamCreate(cua_stream *stream, cua_green_ctx green_ctx, unsigned int flags, int priority) {
+    cua_pfn_cuGreenCtxStreamCreate next = NEXT(N_cuGreenCtxStreamCreate, cua_pfn_cuGreenCtxStreamCreate);
+    cua_result r = next ? next(stream, green_ctx, flags, priority) : CUA_ERROR_NOT_FOUND;
+    if (r == CUA_SUCCESS && stream && !disabled()) {
+        int dev = stream_device();
+        note_stream(api_started() ? stream_alloc_device(*stream, dev) : dev, *stream, true);
+    }
+    return r;
+}
+
 /* ------------------------------------------------------------------ peer access */
 
 /* cudaDeviceEnablePeerAccess(peer): the current device d may access peer's memory from now on, so
@@ -1211,6 +1229,10 @@ static void *proc_substitute(const char *symbol, int version, unsigned long long
     if (strcmp(symbol, "cuStreamCreateWithPriority") == 0) {
         *slot = N_cuStreamCreateWithPriority, *ours = "cuStreamCreateWithPriority";
         return (void *)cuStreamCreateWithPriority;
+    }
+    if (strcmp(symbol, "cuGreenCtxStreamCreate") == 0) {
+        *slot = N_cuGreenCtxStreamCreate, *ours = "cuGreenCtxStreamCreate";
+        return (void *)cuGreenCtxStreamCreate;
     }
     if (strcmp(symbol, "cuCtxEnablePeerAccess") == 0) {
         *slot = N_cuCtxEnablePeerAccess, *ours = "cuCtxEnablePeerAccess";

@@ -447,6 +447,42 @@ static int classic_legacy_free_main(gpa_fn gpa, void *lib) {
     return failures != 0;
 }
 
+/* --green-ctx: a stream made in a green context (cuGreenCtxStreamCreate, CUDA 12.4) is a
+ * non-blocking stream like any other: once it exists, a block cuMemFreeAsync'd on the legacy stream
+ * reaches cuMemAlloc (whose memory may serve that stream) only after an event on the legacy stream. */
+static int green_ctx_main(gpa_fn gpa, void *lib) {
+    basics_t api;
+    CUcontext ctx;
+    if (!basics_on_device0(gpa, &api, &ctx)) return 1;
+    void *q;
+    free_async_fn free_async;
+    alloc_async_fn alloc_async;
+    CUresult (*green_create)(CUstream *, void *, unsigned, int);
+    LOOKUP(free_async, "cuMemFreeAsync", 11020);
+    LOOKUP(alloc_async, "cuMemAllocAsync", 11020);
+    LOOKUP(green_create, "cuGreenCtxStreamCreate", 12040);
+    calls_fn fake_calls;
+    void *p = dlsym(lib, "fakecuda_calls");
+    AS(fake_calls, p);
+    CHECK_MSG(fake_calls && green_create, "fake helpers and cuGreenCtxStreamCreate");
+    if (failures) return 1;
+    CHECK_MSG(from_cualloc((void *)green_create), "cuGreenCtxStreamCreate is not cualloc's");
+    CUstream legacy = (CUstream)(uintptr_t)1, green = NULL;
+    CUdeviceptr first = 0;
+    CHECK_MSG(api.mem_alloc(&first, 4096) == 0 && api.mem_free(first) == 0, "cualloc starts");
+    static char green_ctx_stand_in;
+    CHECK_MSG(green_create(&green, &green_ctx_stand_in, 1 /* CU_STREAM_NON_BLOCKING */, 0) == 0 && green,
+              "cuGreenCtxStreamCreate");
+    CUdeviceptr x = 0, y = 0;
+    CHECK_MSG(alloc_async(&x, 4 << 20, legacy) == 0 && x, "cuMemAllocAsync on CU_STREAM_LEGACY");
+    uint64_t waits = fake_calls(OP_EVENT_RECORD) + fake_calls(OP_STREAM_SYNC) + fake_calls(OP_DEVICE_SYNC);
+    CHECK_MSG(free_async(x, legacy) == 0 && api.mem_alloc(&y, 4 << 20) == 0 && y, "cuMemFreeAsync, cuMemAlloc");
+    CHECK_MSG(y != x || fake_calls(OP_EVENT_RECORD) + fake_calls(OP_STREAM_SYNC) + fake_calls(OP_DEVICE_SYNC) > waits,
+              "with a green context's stream alive, a block freed on the legacy stream went to cuMemAlloc without an "
+              "event or a synchronize: the stream was not seen");
+    return failures != 0;
+}
+
 /* The fake driver's capture controls (tests/fakecuda): a stream's capture flag, and the captures
  * invalidated so far. False when lib lacks them. */
 typedef struct {
@@ -797,6 +833,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--capture-elsewhere") == 0) return capture_elsewhere_main(gpa, lib);
     if (argc > 1 && strcmp(argv[1], "--host-oom") == 0) return host_oom_main(gpa);
     if (argc > 1 && strcmp(argv[1], "--classic-legacy-free") == 0) return classic_legacy_free_main(gpa, lib);
+    if (argc > 1 && strcmp(argv[1], "--green-ctx") == 0) return green_ctx_main(gpa, lib);
 
     void *q;
     init_fn cuInit;

@@ -70,6 +70,7 @@ FAKE_DECLARE(cuMemGetAddressRange_v2)
 FAKE_API cua_result cuMemsetD8_v2(cua_devptr dptr, unsigned char value, size_t n);
 FAKE_API cua_result cuMemcpyDtoH_v2(void *dst, cua_devptr src, size_t n);
 FAKE_API cua_result cuStreamCreate(cua_stream *stream, unsigned int flags);
+FAKE_API cua_result cuGreenCtxStreamCreate(cua_stream *stream, void *green_ctx, unsigned int flags, int priority);
 FAKE_API cua_result cuStreamDestroy_v2(cua_stream stream);
 FAKE_API cua_result cuStreamGetCtx(cua_stream stream, cua_ctx *ctx);
 FAKE_DECLARE(cuStreamIsCapturing)
@@ -265,6 +266,7 @@ static const struct {
     {"cuEventQuery", (void *)cuEventQuery},
     {"cuEventSynchronize", (void *)cuEventSynchronize},
     {"cuStreamCreate", (void *)cuStreamCreate},
+    {"cuGreenCtxStreamCreate", (void *)cuGreenCtxStreamCreate},
     {"cuStreamDestroy", (void *)cuStreamDestroy_v2},
     {"cuStreamGetCtx", (void *)cuStreamGetCtx},
     {"cuStreamSynchronize", (void *)cuStreamSynchronize},
@@ -672,6 +674,14 @@ cua_result cuStreamCreate(cua_stream *stream, unsigned int flags) {
     if (!s) return CUA_ERROR_OUT_OF_MEMORY;
     *stream = s;
     return CUA_SUCCESS;
+}
+
+/* A green context's stream: the fake has no green contexts, so any handle names the current
+ * device's; CUDA requires CU_STREAM_NON_BLOCKING (1). */
+cua_result cuGreenCtxStreamCreate(cua_stream *stream, void *green_ctx, unsigned int flags, int priority) {
+    (void)priority;
+    if (!green_ctx || !(flags & 1)) return CUA_ERROR_INVALID_VALUE;
+    return cuStreamCreate(stream, flags);
 }
 
 /* The calling thread's per-thread default stream (CU_STREAM_PER_THREAD) captures: it may, as any
