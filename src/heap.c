@@ -2474,6 +2474,13 @@ static void dw_bound_pending(heap_t *h, pool_t *p) {
     dw_settle_completed(h);
 }
 
+/* Is `stream` a non-blocking stream the heap was told of? */
+static bool nb_listed(const heap_t *h, cua_stream stream) {
+    for (unsigned i = 0; i < h->n_nb; i++)
+        if (h->nb[i].handle == stream) return true;
+    return false;
+}
+
 /* The frees that never park: device-wide ones, and all of classic mode. Accounting done. */
 static __attribute__((noinline)) void free_unparked(heap_t *h, pool_t *p, block_t *b, cua_stream stream, bool device_wide) {
     if (device_wide) {
@@ -2498,6 +2505,17 @@ static __attribute__((noinline)) void free_unparked(heap_t *h, pool_t *p, block_
          * its allocation stream, which may reuse it only after the freeing stream's work. When
          * that stream cannot be synchronized, the block waits device-wide first (a settled
          * device-wide block returns to its allocation stream: settle_tag). */
+        if (!b->stream && !nb_listed(h, stream)) {
+            /* The legacy stream's block freed on a blocking stream, whose work follows the legacy
+             * stream's earlier work without waiting for it: its synchronize does not cover that
+             * work, and the legacy stream's blocks go to cudaMalloc, whose memory may serve a
+             * non-blocking stream (heap_free_on_legacy's case). */
+            if (h->n_nb > 0 || h->nb_overflow) {
+                free_unparked(h, p, b, NULL, true);
+                return;
+            }
+            h->legacy_handed_out = true;
+        }
         if (stream_sync(h, stream) != CUA_SUCCESS) {
             free_tag(b, h->dw_open);
             free_to_index(h, p, b);

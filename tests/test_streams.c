@@ -711,6 +711,34 @@ static void test_classic_legacy_free(void) {
     heap_destroy(h);
 }
 
+/* Classic mode: a cudaMalloc'd block (the legacy stream's segment) that a legacy-stream kernel
+ * still reads, freed with cudaFreeAsync on an idle blocking stream (legal: that stream's work
+ * follows the legacy stream's earlier work). Synchronizing the idle stream says nothing of the
+ * legacy stream's work, and the next cudaMalloc may serve a non-blocking stream. */
+static void test_classic_free_on_blocking_stream(void) {
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:256,expandable_segments:False", &c);
+    cua_stream b1 = stream_made(h, true, true), b2 = stream_made(h, true, true), nb = stream_made(h, true, false);
+    (void)event_now(b1); /* b1 busy: the legacy stream's work waits behind it */
+    void *x = NULL, *y = NULL;
+    EXPECT(heap_alloc_device_wide(h, 4 << 20, &x) == CUA_SUCCESS, "cudaMalloc");
+    cua_event reader = event_now(NULL); /* a legacy-stream kernel reading x */
+    EXPECT(heap_free(h, x, b2), "cudaFreeAsync(x, b2)");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    EXPECT(heap_alloc_device_wide(h, 4 << 20, &y) == CUA_SUCCESS, "cudaMalloc");
+    EXPECT(y != x || event_complete(reader),
+           "classic: a block freed on a blocking stream went to cudaMalloc while the legacy stream's kernel reads it");
+    EXPECT(heap_check(h, stderr) == 0, "heap_check");
+    must_free(h, y, NULL);
+    sim_stream_complete(b1);
+    cua_stream all[3] = {b1, b2, nb};
+    for (int i = 0; i < 3; i++) {
+        heap_stream_destroyed(h, all[i]);
+        sim_stream_destroy(all[i]);
+    }
+    heap_destroy(h);
+}
+
 /* cudaStreamDestroy returns at once and the stream's work runs on; cudaFree waits for it (CUDA's
  * cudaFree synchronizes). A block a destroyed non-blocking stream's kernel still uses, cudaFree'd
  * after the destroy, must not be handed out again before that kernel is done: the events of the
@@ -1532,6 +1560,7 @@ int main(void) {
     test_destroyed_stream_then_cudafree("sim_memory_mb:64,expandable_segments:0");
     test_classic_capture_at_nonblocking_creation();
     test_destroyed_streams_bounded();
+    test_classic_free_on_blocking_stream();
     test_destroyed_stream_later_generations();
     test_device_wide_decided_under_lock();
     test_device_wide_waits_for_nonblocking();
