@@ -1013,6 +1013,12 @@ static bool dw_sync(heap_t *h) {
     return true;
 }
 
+/* A destroyed stream's event seen complete: dropped (the last entry takes its place). */
+static void retired_drop(heap_t *h, unsigned i) {
+    h->drv->event_destroy(h->dev, h->retired[i].event);
+    h->retired[i] = h->retired[--h->n_retired];
+}
+
 /* Applies `look` (the driver's event query, or its event wait) to the group's events, the legacy
  * stream's first (it is the busiest), then the live non-blocking streams', then the destroyed
  * ones', up to the first that is not complete; those seen complete are marked so (a destroyed
@@ -1028,8 +1034,7 @@ static bool dw_events_complete(heap_t *h, cua_result (*look)(int dev, cua_event 
     for (unsigned i = h->n_retired; i-- > 0;) {
         if (h->retired[i].closes >= h->dw_closes) continue; /* destroyed after the closing */
         if (look(h->dev, h->retired[i].event) != CUA_SUCCESS) return false;
-        h->drv->event_destroy(h->dev, h->retired[i].event);
-        h->retired[i] = h->retired[--h->n_retired];
+        retired_drop(h, i);
     }
     r->event_in_flight = false;
     return true;
@@ -2405,11 +2410,25 @@ const char heap_device_wide_alloc_name;
 
 static void legacy_sync_for_nonblocking(heap_t *h);
 
+/* Lock held. May a non-blocking stream exist (one the front door reported, or one it lost)? */
+static bool nonblocking_streams(const heap_t *h) { return h->n_nb > 0 || h->nb_overflow; }
+
+/* Lock held. A classic-mode block of the legacy stream's freed where the legacy stream's earlier
+ * work may still use it (on the legacy stream itself, or on a blocking stream, whose work follows
+ * that work without waiting for it): cudaMalloc takes the legacy stream's blocks, and its memory
+ * may serve a non-blocking stream, which does not wait for the legacy stream. True: free it
+ * device-wide (one exists); else the first one created synchronizes the legacy stream. */
+static bool legacy_free_device_wide(heap_t *h) {
+    if (nonblocking_streams(h)) return true;
+    h->legacy_handed_out = true;
+    return false;
+}
+
 cua_result heap_alloc_device_wide(heap_t *h, size_t size, void **out) {
     /* Decided under the lock: a non-blocking stream created meanwhile (its synchronize of the
      * legacy stream made) and a legacy free after it must not meet a choice made before. */
     cua_lock(&h->lock);
-    bool nb = h->n_nb > 0 || h->nb_overflow;
+    bool nb = nonblocking_streams(h);
     cua_stream as = NULL;
     if (nb && h->vmm) {
         as = DEVICE_WIDE_ALLOC_KEY;
@@ -2505,16 +2524,11 @@ static __attribute__((noinline)) void free_unparked(heap_t *h, pool_t *p, block_
          * its allocation stream, which may reuse it only after the freeing stream's work. When
          * that stream cannot be synchronized, the block waits device-wide first (a settled
          * device-wide block returns to its allocation stream: settle_tag). */
-        if (!b->stream && !nb_listed(h, stream)) {
-            /* The legacy stream's block freed on a blocking stream, whose work follows the legacy
-             * stream's earlier work without waiting for it: its synchronize does not cover that
-             * work, and the legacy stream's blocks go to cudaMalloc, whose memory may serve a
-             * non-blocking stream (heap_free_on_legacy's case). */
-            if (h->n_nb > 0 || h->nb_overflow) {
-                free_unparked(h, p, b, NULL, true);
-                return;
-            }
-            h->legacy_handed_out = true;
+        /* The legacy stream's block freed on a blocking stream: that stream's synchronize below
+         * does not cover the legacy stream's earlier work. */
+        if (!b->stream && !nb_listed(h, stream) && legacy_free_device_wide(h)) {
+            free_unparked(h, p, b, NULL, true);
+            return;
         }
         if (stream_sync(h, stream) != CUA_SUCCESS) {
             free_tag(b, h->dw_open);
@@ -2673,9 +2687,7 @@ bool heap_free_device_wide(heap_t *h, void *ptr) {
 bool heap_free_on_legacy(heap_t *h, void *ptr) {
     if (h->vmm) return heap_free(h, ptr, NULL); /* device-wide allocations take no legacy block at once */
     cua_lock(&h->lock);
-    bool device_wide = h->n_nb > 0 || h->nb_overflow;
-    if (!device_wide) h->legacy_handed_out = true; /* the first non-blocking stream synchronizes it */
-    return free_locked(h, live_get(h, (uintptr_t)ptr), NULL, device_wide);
+    return free_locked(h, live_get(h, (uintptr_t)ptr), NULL, legacy_free_device_wide(h));
 }
 
 /* ------------------------------------------------------------------ lifecycle */
@@ -3131,9 +3143,7 @@ void heap_trim(heap_t *h) {
  * another stream's capture). Drops the destroyed streams' events that have completed. */
 static void retired_drain(heap_t *h) {
     for (unsigned i = h->n_retired; i-- > 0;) {
-        if (h->drv->event_query(h->dev, h->retired[i].event) != CUA_SUCCESS) continue;
-        h->drv->event_destroy(h->dev, h->retired[i].event);
-        h->retired[i] = h->retired[--h->n_retired];
+        if (h->drv->event_query(h->dev, h->retired[i].event) == CUA_SUCCESS) retired_drop(h, i);
     }
 }
 

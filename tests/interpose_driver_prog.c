@@ -406,6 +406,12 @@ static bool stream_fns(gpa_fn gpa, stream_fns_t *sf) {
     return !failures;
 }
 
+/* The fake driver's calls by which cualloc waits for work: events recorded, stream and device
+ * synchronizes. */
+static uint64_t waits_made(calls_fn fake_calls) {
+    return fake_calls(OP_EVENT_RECORD) + fake_calls(OP_STREAM_SYNC) + fake_calls(OP_DEVICE_SYNC);
+}
+
 /* --classic-legacy-free (classic segments): cuMemAlloc takes the legacy stream's blocks at once, so a
  * block cuMemFreeAsync'd on the legacy stream must not reach it while a non-blocking stream, which
  * does not wait for the legacy stream's work, might use it: created before the free or after it,
@@ -434,12 +440,12 @@ static int classic_legacy_free_main(gpa_fn gpa, void *lib) {
         /* (allocated stream-ordered: a cuMemAlloc served on the legacy stream would itself ask for a
          * synchronize at the non-blocking stream's creation) */
         CHECK_MSG(alloc_async(&x, 4 << 20, legacy) == 0 && x, "cuMemAllocAsync on CU_STREAM_LEGACY");
-        uint64_t waits = fake_calls(OP_EVENT_RECORD) + fake_calls(OP_STREAM_SYNC) + fake_calls(OP_DEVICE_SYNC);
+        uint64_t waits = waits_made(fake_calls);
         CHECK_MSG(free_async(x, legacy) == 0, "cuMemFreeAsync on CU_STREAM_LEGACY");
         /* (created after the free, the stream's creation synchronizes the legacy stream) */
         if (!before) CHECK_MSG(sf.create(&nb, 1 /* CU_STREAM_NON_BLOCKING */) == 0 && nb, "a non-blocking stream");
         CHECK_MSG(api.mem_alloc(&y, 4 << 20) == 0 && y, "cuMemAlloc");
-        CHECK_MSG(y != x || fake_calls(OP_EVENT_RECORD) + fake_calls(OP_STREAM_SYNC) + fake_calls(OP_DEVICE_SYNC) > waits,
+        CHECK_MSG(y != x || waits_made(fake_calls) > waits,
                   "a block freed on the legacy stream went to cuMemAlloc without an event or a synchronize, with a "
                   "non-blocking stream created %s the free", before ? "before" : "after");
         CHECK_MSG(api.mem_free(y) == 0 && sf.destroy(nb) == 0, "cuMemFree, cuStreamDestroy");
@@ -475,9 +481,9 @@ static int green_ctx_main(gpa_fn gpa, void *lib) {
               "cuGreenCtxStreamCreate");
     CUdeviceptr x = 0, y = 0;
     CHECK_MSG(alloc_async(&x, 4 << 20, legacy) == 0 && x, "cuMemAllocAsync on CU_STREAM_LEGACY");
-    uint64_t waits = fake_calls(OP_EVENT_RECORD) + fake_calls(OP_STREAM_SYNC) + fake_calls(OP_DEVICE_SYNC);
+    uint64_t waits = waits_made(fake_calls);
     CHECK_MSG(free_async(x, legacy) == 0 && api.mem_alloc(&y, 4 << 20) == 0 && y, "cuMemFreeAsync, cuMemAlloc");
-    CHECK_MSG(y != x || fake_calls(OP_EVENT_RECORD) + fake_calls(OP_STREAM_SYNC) + fake_calls(OP_DEVICE_SYNC) > waits,
+    CHECK_MSG(y != x || waits_made(fake_calls) > waits,
               "with a green context's stream alive, a block freed on the legacy stream went to cuMemAlloc without an "
               "event or a synchronize: the stream was not seen");
     return failures != 0;
@@ -1016,9 +1022,9 @@ int main(int argc, char **argv) {
     pt_free = free_async[1];
     pthread_t th;
     CHECK_MSG(pthread_create(&th, NULL, pt_thread_a, NULL) == 0 && pthread_join(th, NULL) == 0, "thread A");
-    uint64_t ordered0 = fake_calls(OP_EVENT_RECORD) + fake_calls(OP_STREAM_SYNC) + fake_calls(OP_DEVICE_SYNC);
+    uint64_t ordered0 = waits_made(fake_calls);
     CHECK_MSG(pthread_create(&th, NULL, pt_thread_b, NULL) == 0 && pthread_join(th, NULL) == 0, "thread B");
-    uint64_t ordered = fake_calls(OP_EVENT_RECORD) + fake_calls(OP_STREAM_SYNC) + fake_calls(OP_DEVICE_SYNC) - ordered0;
+    uint64_t ordered = waits_made(fake_calls) - ordered0;
     CHECK_MSG(pt_a && pt_b && (pt_a != pt_b || ordered > 0), "thread B's per-thread stream got thread A's block %#llx at once",
               pt_a);
     if (pt_b) CHECK_MSG(free_async[1](pt_b, NULL) == 0, "free B's block");

@@ -541,6 +541,23 @@ static void test_max_split_bounded(void) {
     heap_destroy(h);
 }
 
+static bool event_complete(cua_event e) { return driver_sim_ops.event_query(0, e) == CUA_SUCCESS; }
+
+static cua_event event_now(cua_stream s) {
+    cua_event e = NULL;
+    EXPECT(driver_sim_ops.event_create(0, &e) == CUA_SUCCESS && driver_sim_ops.event_record(0, e, s) == CUA_SUCCESS,
+           "the test's event");
+    return e;
+}
+
+/* A stream made on the sim (held: its work waits for the test), registered with the heap. */
+static cua_stream stream_made(heap_t *h, bool held, bool blocking) {
+    cua_stream s = sim_stream_create(0, held);
+    sim_stream_set_blocking(s, blocking);
+    heap_stream_created(h, s, !blocking);
+    return s;
+}
+
 /* cudaFree's guarantee with no non-blocking stream. The legacy stream orders the blocking streams
  * before it, not the blocking streams among themselves (nor two threads' per-thread streams): a
  * block freed device-wide while a blocking stream's work may use it goes to no stream until an
@@ -591,9 +608,7 @@ static void test_device_wide_without_nonblocking(void) {
 static void test_device_wide_alloc(void) {
     conf_t c;
     heap_t *h = test_sim_heap("sim_memory_mb:64", &c);
-    cua_stream busy = sim_stream_create(0, true);
-    sim_stream_set_blocking(busy, true);
-    heap_stream_created(h, busy, false);
+    cua_stream busy = stream_made(h, true, true);
     void *a = must_alloc(h, 4 << 20, NULL), *b = NULL;
     must_free(h, a, NULL);
     EXPECT(heap_alloc_device_wide(h, 4 << 20, &b) == CUA_SUCCESS && b == a,
@@ -652,23 +667,6 @@ static void test_device_wide_alloc(void) {
     heap_destroy(h);
 }
 
-static bool event_complete(cua_event e) { return driver_sim_ops.event_query(0, e) == CUA_SUCCESS; }
-
-static cua_event event_now(cua_stream s) {
-    cua_event e = NULL;
-    EXPECT(driver_sim_ops.event_create(0, &e) == CUA_SUCCESS && driver_sim_ops.event_record(0, e, s) == CUA_SUCCESS,
-           "the test's event");
-    return e;
-}
-
-/* A stream made on the sim (held: its work waits for the test), registered with the heap. */
-static cua_stream stream_made(heap_t *h, bool held, bool blocking) {
-    cua_stream s = sim_stream_create(0, held);
-    sim_stream_set_blocking(s, blocking);
-    heap_stream_created(h, s, !blocking);
-    return s;
-}
-
 /* Classic mode keeps cudaMalloc on the legacy stream (its segments serve one stream), so a block
  * cudaFreeAsync'd on the legacy stream is what the next cudaMalloc takes, and that memory may then
  * serve a non-blocking stream, whose work does not wait for the legacy stream's, alive then or
@@ -678,9 +676,7 @@ static cua_stream stream_made(heap_t *h, bool held, bool blocking) {
 static void test_classic_legacy_free(void) {
     conf_t c;
     heap_t *h = test_sim_heap("sim_memory_mb:64,expandable_segments:0", &c);
-    cua_stream busy = sim_stream_create(0, true);
-    sim_stream_set_blocking(busy, true);
-    heap_stream_created(h, busy, false);
+    cua_stream busy = stream_made(h, true, true);
     for (int alive = 0; alive < 2; alive++) {
         /* alive 0: the non-blocking stream is created after the free; 1: it exists before */
         void *a = must_alloc(h, 4 << 20, NULL), *b = NULL;
@@ -933,16 +929,9 @@ static void test_device_wide_decided_under_lock(void) {
     static driver_ops_t ops;
     for (int attempt = 0; attempt < 3; attempt++) {
         conf_t c;
-        conf_defaults(&c);
-        c.driver = DRIVER_SIM;
-        EXPECT(conf_parse("sim_memory_mb:64", &c) == 0, "configuration");
-        sim_configure(&c);
-        EXPECT(driver_sim_ops.init() == CUA_SUCCESS, "sim init");
         ops = driver_sim_ops;
         ops.stream_synchronize = race_paused_sync;
-        cua_result err;
-        race.h = heap_create(0, &c, &ops, &err);
-        EXPECT(race.h, "heap_create: %d", err);
+        race.h = test_sim_heap_ops("sim_memory_mb:64", &c, &ops);
         cua_stream busy = stream_made(race.h, true, true);
         void *d0 = NULL;
         race.x = heap_malloc(race.h, 4 << 20, NULL);

@@ -65,17 +65,20 @@ static inline size_t rng_tensor_size(rng_t *r, size_t max_bytes) {
 
 #ifdef CUALLOC_INTERNAL_H
 /* White-box tests: a heap on device 0 of the sim device, configured by `text` (configuration keys,
- * over the defaults) into *c, which the caller keeps. */
-static inline heap_t *test_sim_heap(const char *text, conf_t *c) {
+ * over the defaults) into *c, which the caller keeps, making its driver calls through `ops` (the
+ * sim's, or a copy with some wrapped; the caller keeps it). */
+static inline heap_t *test_sim_heap_ops(const char *text, conf_t *c, const driver_ops_t *ops) {
     conf_defaults(c);
     c->driver = DRIVER_SIM;
     EXPECT(conf_parse(text, c) == 0, "bad configuration %s", text);
     sim_configure(c);
     EXPECT(driver_sim_ops.init() == CUA_SUCCESS, "sim init");
-    heap_t *h = heap_create(0, c, &driver_sim_ops, NULL);
+    heap_t *h = heap_create(0, c, ops, NULL);
     EXPECT(h, "heap_create (%s)", text);
     return h;
 }
+
+static inline heap_t *test_sim_heap(const char *text, conf_t *c) { return test_sim_heap_ops(text, c, &driver_sim_ops); }
 
 /* cua_error's lines, captured for the test to read: error_set_callback(test_capture, &buf). A line
  * that does not fit is dropped whole. */
