@@ -98,7 +98,6 @@ typedef union findex_u {
  * mode closes none. */
 typedef struct stream_rec_s {
     cua_stream handle;
-    bool used;
     bool closed;                /* a stream's closed generation */
     bool event_in_flight;       /* a closed generation: always; the device-wide record
                                  * (tags[TAG_DW_A]): the group's events not yet seen complete */
@@ -208,6 +207,9 @@ struct heap_s {
     size_t cap;                  /* most bytes the heap may have mapped */
     pool_t pools[POOL_COUNT];
     stream_rec_t tags[HEAP_MAX_TAGS]; /* tags[TAG_ANY] is the "settled" pseudo-stream */
+    uint64_t tags_used;          /* bit t: tags[t] is in use (TAG_ANY and the device-wide tags
+                                  * always); a mask, so that loops over the stream tags visit the
+                                  * used ones only (tag_next_used) */
     cua_stream last_stream;      /* one-entry cache of tag_of */
     unsigned last_tag;
     /* The fast paths' view of that cache (last_set keeps them in step): the stream heap_free's fast
@@ -285,6 +287,28 @@ struct heap_s {
 static const char *const host_table_names[] = {
     [HOST_NONE] = "nothing", [HOST_RECORDS] = "block records", [HOST_LIVE_MAP] = "the map of live blocks",
     [HOST_INDEX] = "a stream's free index", [HOST_CHUNK_TABLES] = "the tables of chunks"};
+
+/* ------------------------------------------------------------------ tags in use */
+
+/* The stream tags' bits in heap_t.tags_used. */
+#define STREAM_TAGS_MASK (((UINT64_C(1) << TAG_STREAMS_END) - 1) & ~(UINT64_C(1) << TAG_ANY))
+_Static_assert(HEAP_MAX_TAGS <= 64, "heap_t.tags_used holds a bit per tag");
+
+static inline bool tag_used(const heap_t *h, unsigned t) { return h->tags_used >> t & 1; }
+
+static inline void tag_set_used(heap_t *h, unsigned t, bool used) {
+    if (used) h->tags_used |= UINT64_C(1) << t;
+    else h->tags_used &= ~(UINT64_C(1) << t);
+}
+
+/* The first used stream tag at or after t (1 <= t <= TAG_STREAMS_END); TAG_STREAMS_END when none.
+ * FOR_USED_STREAM_TAGS visits the used stream tags in increasing order, each one seen used when its
+ * turn comes, as a loop over every slot testing tag_used would: a body may take or free slots. */
+static inline unsigned tag_next_used(const heap_t *h, unsigned t) {
+    uint64_t m = h->tags_used & STREAM_TAGS_MASK & (~UINT64_C(0) << t);
+    return m ? (unsigned)__builtin_ctzll(m) : TAG_STREAMS_END;
+}
+#define FOR_USED_STREAM_TAGS(h, t) for (unsigned t = tag_next_used(h, 1); t < TAG_STREAMS_END; t = tag_next_used(h, t + 1))
 
 static inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 static inline size_t align_down(size_t v, size_t a) { return v / a * a; }
@@ -850,9 +874,8 @@ static inline void recording_check(heap_t *h) {
 
 /* An unused stream slot, 0 when every one is taken. */
 static unsigned slot_unused(const heap_t *h) {
-    for (unsigned t = 1; t < TAG_STREAMS_END; t++)
-        if (!h->tags[t].used) return t;
-    return 0;
+    uint64_t unused = ~h->tags_used & STREAM_TAGS_MASK;
+    return unused ? (unsigned)__builtin_ctzll(unused) : 0;
 }
 
 /* Unused slot t becomes an open tag of `stream` (its event handle stays with the slot). False when
@@ -864,22 +887,22 @@ static bool slot_claim(heap_t *h, unsigned t, cua_stream stream) {
     cua_event ev = r->event;
     memset(r, 0, sizeof *r);
     r->event = ev;
-    r->used = true;
+    tag_set_used(h, t, true);
     r->handle = stream;
     return true;
 }
 
 /* The open tag of `stream`, TAG_ANY when it has none. */
 static unsigned tag_lookup(const heap_t *h, cua_stream stream) {
-    for (unsigned t = 1; t < TAG_STREAMS_END; t++)
-        if (h->tags[t].used && !h->tags[t].closed && h->tags[t].handle == stream) return t;
+    FOR_USED_STREAM_TAGS(h, t)
+        if (!h->tags[t].closed && h->tags[t].handle == stream) return t;
     return TAG_ANY;
 }
 
 /* An open tag that holds free blocks or has a closed generation: what a settling has to look at. */
 static bool open_tag_waiting(const heap_t *h, unsigned t) {
     const stream_rec_t *r = &h->tags[t];
-    return r->used && !r->closed && (r->partner || tag_free_bytes(h, t));
+    return tag_used(h, t) && !r->closed && (r->partner || tag_free_bytes(h, t));
 }
 
 /* The tag of `stream`, registering it on first sight; 0 (TAG_ANY) never names a stream. Returns
@@ -899,10 +922,10 @@ static __attribute__((noinline)) unsigned tag_of_uncached(heap_t *h, cua_stream 
          * instead, as PyTorch releases its cache before giving up. */
         settle_all(h);
         if (!h->vmm) classic_release_all(h);
-        for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
+        FOR_USED_STREAM_TAGS(h, t) {
             stream_rec_t *r = &h->tags[t];
-            if (r->used && !r->closed && !open_tag_waiting(h, t)) {
-                r->used = false;
+            if (!r->closed && !open_tag_waiting(h, t)) {
+                tag_set_used(h, t, false);
                 if (h->last_tag == t) last_set(h, NO_STREAM, 0);
                 if (!free_slot) free_slot = t;
             }
@@ -981,8 +1004,8 @@ static bool dw_any_capturing(heap_t *h) {
  * (dw_any_capturing covers the blocking ones through the legacy stream's query). */
 static bool capture_in_progress(heap_t *h) {
     if (dw_any_capturing(h)) return true;
-    for (unsigned t = 1; t < TAG_STREAMS_END; t++)
-        if (h->tags[t].used && is_capturing(h, h->tags[t].handle)) return true;
+    FOR_USED_STREAM_TAGS(h, t)
+        if (is_capturing(h, h->tags[t].handle)) return true;
     return false;
 }
 
@@ -1104,7 +1127,8 @@ static void closed_settle(heap_t *h, unsigned c) {
     stream_rec_t *r = &h->tags[c];
     settle_tag(h, c);
     h->tags[r->partner].partner = 0;
-    r->used = r->closed = r->event_in_flight = false;
+    tag_set_used(h, c, false);
+    r->closed = r->event_in_flight = false;
     r->partner = 0;
 }
 
@@ -1118,7 +1142,7 @@ static bool stream_close(heap_t *h, unsigned t) {
     if (!n || !slot_claim(h, n, r->handle)) return false;
     if ((!r->event && h->drv->event_create(h->dev, &r->event) != CUA_SUCCESS) ||
         h->drv->event_record(h->dev, r->event, r->handle) != CUA_SUCCESS) {
-        h->tags[n].used = false;
+        tag_set_used(h, n, false);
         return false;
     }
     r->closed = r->event_in_flight = true;
@@ -1158,7 +1182,7 @@ static void stream_settle_synced(heap_t *h, unsigned t) {
 static void settle_all(heap_t *h) {
     quick_flush(h);
     bool device_synced = dw_sync(h);
-    for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
+    FOR_USED_STREAM_TAGS(h, t) {
         stream_rec_t *r = &h->tags[t];
         if (!open_tag_waiting(h, t)) continue;
         if (is_capturing(h, r->handle)) continue; /* its blocks stay unsettled until the capture ends */
@@ -1229,7 +1253,7 @@ static bool settle_completed(heap_t *h, unsigned self) {
         quick_flush(h);
     }
     if (dw_settle_completed(h)) settled = true;
-    for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
+    FOR_USED_STREAM_TAGS(h, t) {
         stream_rec_t *r = &h->tags[t];
         if (t == self || !open_tag_waiting(h, t)) continue;
         if (r->handle == DEVICE_WIDE_ALLOC_KEY) {
@@ -2798,8 +2822,7 @@ heap_t *heap_create(int dev, const conf_t *conf, const driver_ops_t *drv, cua_re
     h->recording = trace_enabled(); /* heaps are made, and recorders started, under one lock (api.c) */
     last_set(h, NO_STREAM, 0);
     slab_init(&h->blocks, sizeof(block_t));
-    h->tags[TAG_ANY].used = true;
-    h->tags[TAG_DW_A].used = h->tags[TAG_DW_B].used = true;
+    h->tags_used = UINT64_C(1) << TAG_ANY | UINT64_C(1) << TAG_DW_A | UINT64_C(1) << TAG_DW_B;
     h->tags[TAG_DW_A].handle = h->tags[TAG_DW_B].handle = DW_HANDLE;
     h->dw_open = TAG_DW_A;
     if (!h->vmm && !ptrmap_init(&h->classic_live)) {
@@ -3235,9 +3258,9 @@ void heap_stream_destroyed(heap_t *h, cua_stream stream) {
     cua_lock(&h->lock);
     quick_flush(h);
     nb_forget(h, stream, true);
-    for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
+    FOR_USED_STREAM_TAGS(h, t) {
         stream_rec_t *r = &h->tags[t];
-        if (!r->used || r->closed || r->handle != stream) continue;
+        if (r->closed || r->handle != stream) continue;
         if (open_tag_waiting(h, t)) {
             /* The handle may come back for a new stream: its blocks must not stay tied to it. They
              * settle once the stream, or else the whole device, is seen idle. When neither can be
@@ -3255,7 +3278,7 @@ void heap_stream_destroyed(heap_t *h, cua_stream stream) {
         }
         /* A tag that keeps blocks or a closed generation stays (a closed tag needs its open
          * partner: settle_completed and settle_all reach it only through that one). */
-        if (!open_tag_waiting(h, t)) r->used = false;
+        if (!open_tag_waiting(h, t)) tag_set_used(h, t, false);
         if (h->last_tag == t) last_set(h, NO_STREAM, 0);
     }
     cua_unlock(&h->lock);
@@ -3354,14 +3377,14 @@ static size_t check_pool(check_ctx_t *c, pool_t *p) {
                     free_count[b->tag]++;
                     free_bytes[b->tag] += b->size;
                 }
-                CHECK(c, b->tag < HEAP_MAX_TAGS && h->tags[b->tag].used, "free block %#lx has unknown tag %u", (unsigned long)b->addr, b->tag);
+                CHECK(c, b->tag < HEAP_MAX_TAGS && tag_used(h, b->tag), "free block %#lx has unknown tag %u", (unsigned long)b->addr, b->tag);
                 break;
             case BLOCK_CACHED:
                 CHECK(c, h->vmm, "cached block %#lx in classic mode", (unsigned long)b->addr);
                 free_mapped += b->size;
                 releasable += block_releasable(h, p, b);
                 CHECK(c, !tag_is_device_wide(b->tag), "cached block %#lx is tagged device-wide", (unsigned long)b->addr);
-                CHECK(c, b->tag < HEAP_MAX_TAGS && h->tags[b->tag].used && !h->tags[b->tag].closed,
+                CHECK(c, b->tag < HEAP_MAX_TAGS && tag_used(h, b->tag) && !h->tags[b->tag].closed,
                       "cached block %#lx has tag %u, which is not an open tag", (unsigned long)b->addr, b->tag);
                 CHECK(c, live_get(h, b->addr) == b, "cached block %#lx missing from the live map", (unsigned long)b->addr);
                 c->cached_blocks++;
@@ -3482,17 +3505,17 @@ int heap_check(heap_t *h, FILE *report) {
     }
     /* Device-wide frees: the pseudo-stream record, and the non-blocking stream table. */
     for (unsigned t = TAG_DW_A; t <= TAG_DW_B; t++)
-        CHECK(&c, h->tags[t].used && h->tags[t].handle == DW_HANDLE, "the device-wide tag record %u is damaged", t);
+        CHECK(&c, tag_used(h, t) && h->tags[t].handle == DW_HANDLE, "the device-wide tag record %u is damaged", t);
     CHECK(&c, h->dw_open == TAG_DW_A || h->dw_open == TAG_DW_B, "the open device-wide tag is %u", h->dw_open);
     if (h->dw_open == TAG_DW_A || h->dw_open == TAG_DW_B)
         CHECK(&c, !tag_free_bytes(h, dw_closed(h)) || dw_rec(h)->event_in_flight,
               "the closed device-wide generation holds %zu B, but no event covers it", tag_free_bytes(h, dw_closed(h)));
     for (unsigned t = 1; t < TAG_STREAMS_END; t++)
-        CHECK(&c, !h->tags[t].used || h->tags[t].handle != DW_HANDLE, "tag %u names the device-wide pseudo-stream", t);
+        CHECK(&c, !tag_used(h, t) || h->tags[t].handle != DW_HANDLE, "tag %u names the device-wide pseudo-stream", t);
     /* Stream generations: partners name each other, one open and one closed, of one stream. */
     for (unsigned t = 1; t < TAG_STREAMS_END; t++) {
         const stream_rec_t *r = &h->tags[t];
-        if (!r->used) {
+        if (!tag_used(h, t)) {
             CHECK(&c, !r->closed && !r->partner, "unused tag %u is marked closed or partnered", t);
             continue;
         }
@@ -3502,11 +3525,11 @@ int heap_check(heap_t *h, FILE *report) {
         CHECK(&c, !r->closed || r->partner, "closed tag %u has no open partner", t);
         if (r->partner) {
             const stream_rec_t *q = r->partner < TAG_STREAMS_END ? &h->tags[r->partner] : NULL;
-            CHECK(&c, q && q->used && q->partner == t && q->closed != r->closed && q->handle == r->handle,
+            CHECK(&c, q && tag_used(h, r->partner) && q->partner == t && q->closed != r->closed && q->handle == r->handle,
                   "tag %u and its partner %u are not the two generations of one stream", t, r->partner);
         }
         for (unsigned u = t + 1; u < TAG_STREAMS_END; u++)
-            CHECK(&c, !h->tags[u].used || h->tags[u].closed || r->closed || h->tags[u].handle != r->handle,
+            CHECK(&c, !tag_used(h, u) || h->tags[u].closed || r->closed || h->tags[u].handle != r->handle,
                   "tags %u and %u are both open for stream %p", t, u, (void *)r->handle);
     }
     CHECK(&c, h->n_nb <= h->cap_nb && (h->nb || !h->cap_nb), "%u non-blocking streams recorded in a table of %zu",
@@ -3520,7 +3543,7 @@ int heap_check(heap_t *h, FILE *report) {
               (unsigned long long)h->dw_closes);
     CHECK(&c, h->recording || !trace_enabled() || !trace_device_begun(h->dev),
           "the recorder is on and has begun device %d, but its fast paths still serve", h->dev);
-    CHECK(&c, !h->last_tag || (h->last_tag < TAG_STREAMS_END && h->tags[h->last_tag].used &&
+    CHECK(&c, !h->last_tag || (h->last_tag < TAG_STREAMS_END && tag_used(h, h->last_tag) &&
                                !h->tags[h->last_tag].closed && h->tags[h->last_tag].handle == h->last_stream),
           "the stream cache names tag %u, which is not stream %p's", h->last_tag, (void *)h->last_stream);
     CHECK(&c, h->fast_free_stream == (h->last_tag && h->vmm && !h->recording ? h->last_stream : NO_STREAM) &&
@@ -3586,7 +3609,7 @@ void heap_dump(heap_t *h, FILE *out) {
         }
     }
     for (unsigned t = 0; t < HEAP_MAX_TAGS; t++)
-        if (h->tags[t].used)
+        if (tag_used(h, t))
             fprintf(out, "tag %u: stream %p free %zu %s in-flight %d partner %u\n", t, (void *)h->tags[t].handle,
                     tag_free_bytes(h, t), h->tags[t].closed ? "closed" : "open", h->tags[t].event_in_flight,
                     h->tags[t].partner);
@@ -3616,8 +3639,8 @@ void heap_test_fields(heap_t *h, heap_test_fields_t *out) {
     out->n_retired = &h->n_retired;
 }
 
-void heap_test_tag_owner(heap_t *h, unsigned t, bool **used, cua_stream **handle) {
-    *used = &h->tags[t].used;
+void heap_test_tag_owner(heap_t *h, unsigned t, uint64_t **used_mask, cua_stream **handle) {
+    *used_mask = &h->tags_used;
     *handle = &h->tags[t].handle;
 }
 

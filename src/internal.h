@@ -766,8 +766,8 @@ typedef struct {
     unsigned *n_retired;      /* destroyed streams' events still awaited */
 } heap_test_fields_t;
 void heap_test_fields(heap_t *h, heap_test_fields_t *out);
-/* Tag t's record: whether it is used, and the stream it names. */
-void heap_test_tag_owner(heap_t *h, unsigned t, bool **used, cua_stream **handle);
+/* The mask of tags in use (bit t: tags[t]), and the stream tag t names. */
+void heap_test_tag_owner(heap_t *h, unsigned t, uint64_t **used_mask, cua_stream **handle);
 /* Quick list i (< 1024): its key, its count and its bit in the non-empty bitmap's word (*word,
  * bit *bit). The list of a CACHED block b is b->quick_hint. */
 void heap_test_quick(heap_t *h, unsigned i, uint64_t **key, uint32_t **count, uint64_t **word, unsigned *bit);

@@ -237,12 +237,13 @@ static void corrupt_device_wide(void) {
     heap_test_fields_t f;
     heap_test_fields(h, &f);
     CORRUPT(h, *f.dw_open, 5u, "the open device-wide generation is no device-wide tag");
-    bool *used_b, *used_1;
+    uint64_t *used;
     cua_stream *handle_b, *handle_1;
-    heap_test_tag_owner(h, TAG_DW_B, &used_b, &handle_b);
-    heap_test_tag_owner(h, 1, &used_1, &handle_1);
-    EXPECT(*used_1 && *f.last_tag == 1, "the legacy stream has tag 1, in the stream cache");
-    CORRUPT(h, *used_b, false, "a device-wide tag record unused");
+    heap_test_tag_owner(h, TAG_DW_B, &used, &handle_b);
+    heap_test_tag_owner(h, 1, &used, &handle_1);
+    EXPECT((*used >> 1 & 1) && *f.last_tag == 1, "the legacy stream has tag 1, in the stream cache");
+    CORRUPT(h, *used, *used & ~(UINT64_C(1) << TAG_DW_B), "a device-wide tag record unused");
+    CORRUPT(h, *used, *used & ~(UINT64_C(1) << 1), "the stream cache's tag unused");
     CORRUPT(h, *handle_1, *handle_b, "a stream tag naming the device-wide pseudo-stream");
     CORRUPT(h, *f.last_tag, 2u, "the stream cache naming an unused tag");
     heap_test_tag_fields(h, 30, &closed, &in_flight, &partner);
