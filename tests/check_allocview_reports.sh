@@ -403,6 +403,16 @@ grep -q "step 6 ran out of memory on a request of 24.00 MiB from .*, 3.0x the la
 # Blocks kept from late in step 1 do not make a fragmentation OOM in step 2 a step-2 jump.
 wantnot split step2-jump
 want longest longest-batch; wantnot longest step2-jump; wantnot longest leak
+# The longest batch on a device without VMM, where expandable segments (the default) were asked for
+# and fell back to classic ones: the fix does not advise them (it said "expandable_segments:True
+# also helps", the setting the job already ran with); with expandable_segments:0 it does.
+record longnovmm longest sim_memory_mb:512,sim_vmm:False
+record longclassic longest sim_memory_mb:512,expandable_segments:0
+"$allocview" --no-color "$tmp/longnovmm.trace" 2>/dev/null | sed -n '/^Diagnosis/,$p' >"$tmp/longnovmm.diag"
+grep -q "Longest batch: step 6" "$tmp/longnovmm.diag" && ! grep -q "expandable_segments" "$tmp/longnovmm.diag" ||
+    bad "longnovmm: $(cat "$tmp/longnovmm.diag")"
+"$allocview" --no-color "$tmp/longclassic.trace" 2>/dev/null | grep -q "; expandable_segments:True also helps with the variable shapes" ||
+    bad "longclassic: the fix does not advise expandable segments: $("$allocview" --no-color "$tmp/longclassic.trace" 2>&1 | sed -n '/^Diagnosis/,$p')"
 want varlen longest-batch; wantnot varlen step2-jump; wantnot varlen leak
 want phase phase; wantnot phase leak
 # A phase closed by "step N" (written at step N's end) holds step N's training too: the segment is

@@ -417,6 +417,14 @@ static bool config_bool(const av_t *a, const char *key, bool dflt)
 /* A trace cualloc recorded (not an import): its configuration's defaults are cualloc's. */
 static bool by_cualloc(const av_t *a) { return strncmp(a->recorder, "cualloc", 7) == 0; }
 
+/* Whether to advise expandable segments on device dev: not where it has them, nor where the trace
+ * asked for them (cualloc's default) and the device, having no virtual memory management, gave
+ * classic segments instead (the heap's own rule, oom_classic_fixes). */
+static bool advise_expandable(const av_t *a, uint32_t dev)
+{
+    return !dev_vmm(a, dev) && !config_bool(a, "expandable_segments", by_cualloc(a));
+}
+
 /* An OOM record's largest free block, as text: a PyTorch snapshot's OOM entry has none, and its
  * import records 0, which is not the figure (reserved but unallocated memory is free somewhere). */
 static bool largest_free_known(const av_t *a, const av_oom_t *o)
@@ -882,7 +890,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                      "Fix (ladder rung 1, for %s): cap the sequence length or bucket / sort by length so "
                      "the longest batch is no larger than typical ones%s. Saves up to %s at the peak.",
                      single ? "that batch" : "those batches",
-                     dev_vmm(a, report_device(a)) ? "" : "; expandable_segments:True also helps with the variable shapes",
+                     advise_expandable(a, report_device(a)) ? "; expandable_segments:True also helps with the variable shapes" : "",
                      H(over));
             x->saving = over;
         }
@@ -922,7 +930,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                      "Fix (ladder rung 1, for that batch): cap the sequence length or bucket / sort by length so "
                      "the longest batch is no larger than typical ones, or size the micro-batch for the longest "
                      "one%s.",
-                     dev_vmm(a, o1->dev) ? "" : "; expandable_segments:True also helps with the variable shapes");
+                     advise_expandable(a, o1->dev) ? "; expandable_segments:True also helps with the variable shapes" : "");
         }
     }
     /* 5. A phase (evaluation, ...) peaking above training. */
