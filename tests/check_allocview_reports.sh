@@ -41,7 +41,7 @@ record leakoom leak sim_memory_mb:70
 record step2oom step2 sim_memory_mb:100
 record optoom optstep sim_memory_mb:80
 record longestoom longest sim_memory_mb:100
-traces="leak shortage frag step2 longest varlen phase optstep twodev latepeak twoleaks evalstep addrspace chunks refused split"
+traces="leak shortage frag step2 longest varlen phase optstep twodev latepeak twoleaks evalstep addrspace chunks refused split manysteps"
 # Marks that start their steps: each names a step as a mark at a step's end does.
 "$allocview" --no-color "$tmp/startmarks.trace" >"$tmp/startmarks.txt" 2>&1
 grep -q "3 marks (3 steps)" "$tmp/startmarks.txt" ||
@@ -415,6 +415,11 @@ grep -q "Longest batch: step 6" "$tmp/longnovmm.diag" && ! grep -q "expandable_s
     bad "longclassic: the fix does not advise expandable segments: $("$allocview" --no-color "$tmp/longclassic.trace" 2>&1 | sed -n '/^Diagnosis/,$p')"
 want varlen longest-batch; wantnot varlen step2-jump; wantnot varlen leak
 want phase phase; wantnot phase leak
+# Past 4096 steps every step counts: the last one's batch sets the peak (the longest batch), and the
+# evaluation before it stays below it (only the first 4096 steps were compared, so neither was said).
+want manysteps longest-batch; wantnot manysteps phase
+grep -q '"text": "Longest batch: step 4100 peaked at 128.00 MiB, 64.00 MiB above the median step.s peak (64.00 MiB over 4099 steps)' "$tmp/manysteps.json" ||
+    bad "manysteps: $(grep -o '"diagnosis": .*' "$tmp/manysteps.json")"
 # A phase closed by "step N" (written at step N's end) holds step N's training too: the segment is
 # named as both, and the phase is not blamed for its peak.
 want evalstep phase-or-step; wantnot evalstep phase

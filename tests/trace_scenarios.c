@@ -23,6 +23,7 @@
  *                (it would fit in the device's 2 MiB chunks): OOM at chunk granularity
  *     refused    the device refuses every chunk after the first (sim_fail), with memory free: the
  *                second tensor's OOM is the device's refusal, not the heap's
+ *     manysteps  4100 steps: the longest batch is the last, an evaluation before it peaks below it
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -168,6 +169,7 @@ static const struct {
     {"refused", "sim_memory_mb:64,sim_fail:phys_create@1*1000"},
     {"split", "sim_memory_mb:128,expandable_segments:0"},
     {"waiting", "driver:cuda,sim_memory_mb:256"},
+    {"manysteps", "sim_memory_mb:512"},
 };
 enum { NUM_SCENARIOS = sizeof scenarios / sizeof scenarios[0] };
 
@@ -372,6 +374,19 @@ int main(int argc, char **argv)
             return 4;
         tensor_free(buf);
         mark_step(2);
+    } else if (strcmp(s, "manysteps") == 0) {
+        /* 4100 steps (more than 4096): an evaluation after step 4097 peaks above every step before
+         * it but below step 4100, whose batch is three times the others' (the peak). */
+        init_params(32 * MIB);
+        for (int step = 1; step <= 4100; step++) {
+            if (step == 4098) {
+                cualloc_mark("eval");
+                eval_pass(16 * MIB, 4);
+                cualloc_mark("train");
+            }
+            train_step(step == 4100 ? 24 * MIB : 8 * MIB, 4);
+            mark_step(step);
+        }
     } else if (strcmp(s, "startmarks") == 0) {
         /* "step N" written at the start of each step, before its work (the other convention) */
         for (int step = 1; step <= 3; step++) {

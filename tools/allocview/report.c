@@ -732,12 +732,12 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
         }
         free(v);
     }
-    /* Steps. */
-    uint64_t peaks[4096];
+    /* Steps: every one of them (a long run has thousands), the peak of each in `peaks`. */
+    uint64_t *peaks = xmalloc((a->nsegs ? a->nsegs : 1) * sizeof *peaks);
     size_t np = 0;
     const av_seg_t *best = NULL, *second = NULL;
     uint64_t max_step = 0;
-    for (size_t i = 0; i < a->nsegs && np < 4096; i++) {
+    for (size_t i = 0; i < a->nsegs; i++) {
         const av_seg_t *g = &a->segs[i];
         if (g->kind != AV_SEG_STEP || !g->num_allocs)
             continue;
@@ -856,10 +856,11 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
      * or as the top of step peaks that rise and fall with the batch's shape (variable sequence
      * lengths). Step peaks that only rise are a trend (a leak, a growing cache), not a shape. */
     if (np >= 4 && best && second && nd < maxd && (uint32_t)(best - a->segs) == a->peak_seg) {
-        uint64_t sorted[4096];
+        uint64_t *sorted = xmalloc(np * sizeof *sorted);
         memcpy(sorted, peaks, np * sizeof *peaks);
         qsort(sorted, np, sizeof *sorted, cmp_u64);
         uint64_t med = sorted[np / 2 - (np % 2 == 0)];
+        free(sorted);
         uint64_t over = best->peak_alloc - med;
         bool single = second->peak_alloc < med + over / 2;
         /* Falls of more than a twentieth from one step to the next: a quarter of the steps or more
@@ -976,6 +977,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
             x->saving = g->peak_alloc - max_step;
         }
     }
+    free(peaks);
     return nd;
 }
 
