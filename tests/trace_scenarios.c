@@ -24,6 +24,7 @@
  *     refused    the device refuses every chunk after the first (sim_fail), with memory free: the
  *                second tensor's OOM is the device's refusal, not the heap's
  *     manysteps  4100 steps: the longest batch is the last, an evaluation before it peaks below it
+ *     cache      a cache filled after step 1's backward and in steps 2 and 3, then kept: no state
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -122,6 +123,8 @@ static NOINLINE void fragment(void)
 
 static NOINLINE void *big_buffer(size_t bytes) { return tensor_empty(bytes); }
 
+static NOINLINE void cache_put(size_t bytes) { keep[nkeep++] = tensor_empty(bytes); /* kept for good */ }
+
 /* Eight 6 MiB activations, every other one kept: the first two fill the parameters' segment, the
  * other six are carved out of whatever cached block fits them best. */
 static NOINLINE void carve(void)
@@ -170,6 +173,7 @@ static const struct {
     {"split", "sim_memory_mb:128,expandable_segments:0"},
     {"waiting", "driver:cuda,sim_memory_mb:256"},
     {"manysteps", "sim_memory_mb:512"},
+    {"cache", "sim_memory_mb:256"},
 };
 enum { NUM_SCENARIOS = sizeof scenarios / sizeof scenarios[0] };
 
@@ -385,6 +389,16 @@ int main(int argc, char **argv)
                 cualloc_mark("train");
             }
             train_step(step == 4100 ? 24 * MIB : 8 * MIB, 4);
+            mark_step(step);
+        }
+    } else if (strcmp(s, "cache") == 0) {
+        /* A cache that fills over the first three steps (4 MiB each, after the backward pass) and is
+         * then kept for good: a third of it was made in step 1, not all of it allocated once. */
+        init_params(32 * MIB);
+        for (int step = 1; step <= 10; step++) {
+            train_step(8 * MIB, 4);
+            if (step <= 3)
+                cache_put(4 * MIB);
             mark_step(step);
         }
     } else if (strcmp(s, "startmarks") == 0) {

@@ -323,6 +323,18 @@ static bool is_late(const av_t *a, uint32_t id)
            s->first_seq > step1_seg->first_free_seq && s->first_seg == (uint32_t)(step1_seg - a->segs) &&
            s->lk_step.n > 0 && s->lk_step.first_b == 1 && !is_leak(a, id);
 }
+/* The same, allocated once: holding at the peak (at the first OOM) no more than at the end of step 1
+ * (lk_step.first_v, as first_b is 1). A class that went on growing after step 1, such as a cache
+ * filled over the first steps, is no state made on the first step, and the bytes it added later
+ * were not made late in step 1. */
+static bool is_late_at_peak(const av_t *a, uint32_t id)
+{
+    return is_late(a, id) && av_peak_bytes(a, &a->st[id]) <= a->st[id].lk_step.first_v;
+}
+static bool is_late_at_oom(const av_t *a, uint32_t id)
+{
+    return is_late(a, id) && a->st[id].oom_bytes <= a->st[id].lk_step.first_v;
+}
 
 static int cmp_u64(const void *p, const void *q)
 {
@@ -767,7 +779,8 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                        o1->allocated + o1->rounded > step1_seg->peak_alloc;
     if ((jump_at_peak || jump_at_oom) && nd < maxd) {
         size_t ns;
-        site_t *v = collect_sites(a, sym, jump_at_peak ? VIEW_PEAK : VIEW_OOM, is_late, &ns);
+        site_t *v = collect_sites(a, sym, jump_at_peak ? VIEW_PEAK : VIEW_OOM,
+                                  jump_at_peak ? is_late_at_peak : is_late_at_oom, &ns);
         uint64_t late = 0;
         for (size_t i = 0; i < ns; i++)
             late += v[i].bytes;
