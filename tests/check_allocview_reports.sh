@@ -372,6 +372,22 @@ if [ -s "$tmp/split.back" ]; then
     "$allocview" oom --json "$tmp/split.back" >"$tmp/split.back.json" 2>&1
     python3 -c 'import json,sys; o = json.load(open(sys.argv[1]))["oom"]; assert o["largest_free_block"] is None, o' \
         "$tmp/split.back.json" || bad "split, imported back: --json's largest_free_block is not null: $(head -c 600 "$tmp/split.back.json")"
+    # The snapshot's max_split_size (bytes; -1 when unlimited) is the recorded configuration's: where it
+    # is 32 MiB already, max_split_size_mb:64 is not advised as lowering it (it was, the import having
+    # dropped the setting), and the configuration shows it.
+    python3 - "$tmp/split.pickle" "$tmp/split32.pickle" <<'PY'
+import pickle, sys
+snap = pickle.load(open(sys.argv[1], "rb"))
+snap["allocator_settings"]["max_split_size"] = 32 << 20
+pickle.dump(snap, open(sys.argv[2], "wb"), protocol=4)
+PY
+    "$allocview" import "$tmp/split32.pickle" -o "$tmp/split32.back" --device-memory 128MiB >/dev/null 2>&1 ||
+        bad "split, max_split_size 32 MiB: import failed"
+    "$allocview" --no-color "$tmp/split32.back" >"$tmp/split32.back.txt" 2>&1
+    grep -q "^  config    expandable_segments:0,max_split_size_mb:32$" "$tmp/split32.back.txt" &&
+        grep -q "Fix (free, ladder rung 4): expandable segments" "$tmp/split32.back.txt" &&
+        ! grep -q "max_split_size_mb:64" "$tmp/split32.back.txt" ||
+        bad "split, max_split_size 32 MiB, imported: $(sed -n '/config/p; /^Diagnosis/,$p' "$tmp/split32.back.txt")"
 fi
 # An OOM at a cap names the key that set it, as the heap's own report does (it named both).
 record capmb shortage "sim_memory_mb:512,max_memory_mb:128"

@@ -32,6 +32,7 @@
  * a split segment can exceed; an alloc that `allocview export` wrote carries its block's size as
  * `cualloc_allocated_size`, and that is the size then. The device's capacity is not in a snapshot: --device-memory (default
  * 80 GiB). The CONFIG record is "expandable_segments:0" or ":1" as the snapshot's settings say,
+ * followed by ",max_split_size_mb:N" where they set max_split_size,
  * so `allocview replay --conf recorded` replays under the allocator mode PyTorch used (a snapshot
  * without settings or expandable segments at its end is expandable when its events map or unmap
  * segments: classic segments are only allocated and freed).
@@ -860,7 +861,16 @@ int av_cmd_import(int argc, char **argv)
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "allocview import %s", in);
     tw_process(im.w, cmd, "allocview import (PyTorch memory snapshot)", 0);
-    tw_config(im.w, expandable ? "expandable_segments:1" : "expandable_segments:0");
+    /* The settings' max_split_size, in bytes (PyTorch's max_split_size_mb; SIZE_MAX, pickled as -1,
+     * when unlimited), is the configuration's too: allocview's fixes for a fragmentation OOM depend on
+     * the value in force (never "lower" it to a larger one), and a replay of the recorded
+     * configuration runs under it. */
+    int64_t max_split = -1;
+    char conf[96];
+    int cl = snprintf(conf, sizeof conf, "expandable_segments:%d", expandable ? 1 : 0);
+    if (py_as_int(py_dict_get(settings, "max_split_size"), &max_split) && max_split >= ((int64_t)1 << 20))
+        snprintf(conf + cl, sizeof conf - (size_t)cl, ",max_split_size_mb:%" PRId64, max_split >> 20);
+    tw_config(im.w, conf);
 
     for (int d = 0; d < ndev; d++) {
         char name[96];
