@@ -296,6 +296,12 @@ python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(d["device"
     bad "twodev: peak --device 0 is not device 0's 192 MiB"
 "$allocview" oom --no-color --device all "$tmp/twodev.trace" | grep -q "^  live at the OOM (8 blocks)" ||
     bad "twodev: oom --device all does not sum both devices' live blocks"
+# Summed, the OOM's diagnosis is still of its device: the call site to shrink is device 1's (32 MiB,
+# all of its live bytes), not device 0's parameters (it named those, "128.00 MiB at the OOM (400.0% of
+# the live bytes)", which no shrinking of would have served device 1), and no share passes 100%.
+"$allocview" --no-color --device all "$tmp/twodev.trace" >"$tmp/twodev.all.txt" 2>&1
+grep -q "^     Fix, in cost order: .* held 32.00 MiB at the OOM (100.0% of the live bytes, 4 blocks)\.$" "$tmp/twodev.all.txt" &&
+    ! grep -Eq "^ +[0-9.]+ [KMGTi]*B +[0-9]{3,}\.[0-9]% " "$tmp/twodev.all.txt" || bad "twodev: report --device all: $(sed -n '/^OOM/,$p' "$tmp/twodev.all.txt")"
 "$allocview" oom --no-color "$tmp/twodev.trace" | grep -q "^  showing   device 1 (the first OOM's)" ||
     bad "twodev: oom does not say which device it shows"
 "$allocview" --device 256 "$tmp/twodev.trace" >/dev/null 2>&1 && bad "twodev: --device 256 accepted"

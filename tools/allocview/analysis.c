@@ -276,7 +276,7 @@ static uint64_t largest_split_segment(const av_t *a, uint32_t d)
     return best;
 }
 
-static void snapshot_oom(av_t *a)
+static void snapshot_oom(av_t *a, uint32_t dev)
 {
     a->oom_snap = true;
     for (size_t i = 0; i < a->nst; i++) {
@@ -285,6 +285,14 @@ static void snapshot_oom(av_t *a)
         a->st[i].oom_max_block =
             a->st[i].max_block_seg == (uint32_t)(a->nsegs - 1) ? a->st[i].max_block_before : a->st[i].max_block;
     }
+    /* The OOM's own device's blocks (once: the first OOM): what could have made room for it. */
+    size_t pos = 0;
+    const struct av_live *e;
+    while ((e = devaddr_map_next(&a->live, &pos)))
+        if (e->key.dev == dev && e->stack < a->nst) {
+            a->st[e->stack].oom_dev_bytes += e->size;
+            a->st[e->stack].oom_dev_count++;
+        }
     a->oom_live_count = a->live.count;
 }
 
@@ -489,7 +497,7 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
                 a->oom_opt_start_seq = a->opt_start_seq;
                 if (a->opt_open)
                     snprintf(a->oom_opt_name, sizeof a->oom_opt_name, "%s", a->opt_name);
-                snapshot_oom(a);
+                snapshot_oom(a, rec.dev);
             } else {
                 o->split_segment = 0;
             }

@@ -40,6 +40,8 @@ typedef struct av_stack {
     uint32_t pk_count;
     uint64_t oom_bytes;          /* at the first OOM */
     uint32_t oom_count;
+    uint64_t oom_dev_bytes;      /* the same on the first OOM's device only (differs from oom_* only */
+    uint32_t oom_dev_count;      /* where the analysis sums several devices: --device all) */
     uint64_t max_bytes;          /* its own highest live bytes */
     uint64_t max_block;          /* the largest block allocated from it */
     uint64_t max_block_before;   /* the same before segment max_block_seg, the last it allocated in */

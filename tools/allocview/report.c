@@ -23,7 +23,8 @@
 enum { EXIT_USAGE = 1, EXIT_UNREADABLE = 2, EXIT_CORRUPT = 3 };
 /* --top: call sites listed at most (all of them, in practice). */
 #define REPORT_MAX_TOP 1000000
-enum { VIEW_PEAK, VIEW_OOM, VIEW_END, VIEW_EVER };
+/* VIEW_OOM_DEV: at the first OOM, its device's blocks only (VIEW_OOM sums the devices analyzed). */
+enum { VIEW_PEAK, VIEW_OOM, VIEW_END, VIEW_EVER, VIEW_OOM_DEV };
 
 typedef struct ropts {
     bool json, color, redact;
@@ -105,13 +106,18 @@ typedef struct site {
 
 static uint64_t view_bytes(const av_t *a, const av_stack_t *s, int view)
 {
-    return view == VIEW_PEAK ? av_peak_bytes(a, s) : view == VIEW_OOM ? s->oom_bytes
-                             : view == VIEW_END   ? s->cur_bytes
-                                                  : s->alloc_bytes + s->cur_bytes;
+    return view == VIEW_PEAK      ? av_peak_bytes(a, s)
+           : view == VIEW_OOM     ? s->oom_bytes
+           : view == VIEW_OOM_DEV ? s->oom_dev_bytes
+           : view == VIEW_END     ? s->cur_bytes
+                                  : s->alloc_bytes + s->cur_bytes;
 }
 static uint64_t view_count(const av_t *a, const av_stack_t *s, int view)
 {
-    return view == VIEW_PEAK ? av_peak_count(a, s) : view == VIEW_OOM ? s->oom_count : s->cur_count;
+    return view == VIEW_PEAK      ? av_peak_count(a, s)
+           : view == VIEW_OOM     ? s->oom_count
+           : view == VIEW_OOM_DEV ? s->oom_dev_count
+                                  : s->cur_count;
 }
 
 static bool same_frames(const site_t *x, const char *const *f, size_t n)
@@ -555,7 +561,8 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
         const av_oom_t *o = &a->ooms[0];
         oom_kind_t kind = oom_kind_of(o);
         size_t ns;
-        site_t *v = collect_sites(a, sym, VIEW_OOM, NULL, &ns);
+        /* Only the OOM's device's blocks could have made room for it (--device all sums others in). */
+        site_t *v = collect_sites(a, sym, VIEW_OOM_DEV, NULL, &ns);
         ns = label_sites(v, ns, 8);
         diag_t *x = diag_add(d, &nd, NULL, NULL);
         if (o->vmm_failure == CUA_TRACE_VMM_WAITING) {
@@ -675,7 +682,7 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                 const char *ladder = a->oom_in_opt ? OPTIMIZER_LADDER : LIVE_LADDER;
                 char holder[sizeof x->site + 256] = "";
                 size_t nl;
-                site_t *lv = collect_sites(a, sym, VIEW_OOM, is_leak, &nl);
+                site_t *lv = collect_sites(a, sym, VIEW_OOM_DEV, is_leak, &nl);
                 uint64_t leaked = 0;
                 for (size_t i = 0; i < nl; i++)
                     leaked += lv[i].bytes;
@@ -1244,7 +1251,12 @@ static void oom_text(FILE *out, const av_t *a, sym_ctx_t *sym, const ropts_t *o)
     size_t n;
     site_t *v = collect_sites(a, sym, VIEW_OOM, NULL, &n);
     fprintf(out, "  live at the OOM (%" PRIu64 " blocks), largest first:\n", a->oom_live_count);
-    print_sites(out, a, v, n, o->top, x->allocated);
+    /* Shares of what is listed: the OOM's allocated bytes, or more where other devices' blocks are
+     * summed in (--device all). */
+    uint64_t listed = 0;
+    for (size_t i = 0; i < n; i++)
+        listed += v[i].bytes;
+    print_sites(out, a, v, n, o->top, listed > x->allocated ? listed : x->allocated);
     free(v);
 }
 
