@@ -193,6 +193,12 @@ want leakoom oom-shortage; want leakoom leak
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["diagnosis"][0]
 sys.exit(not (d["fix"].startswith("Fix the leak first") and "record_loss" in d["site"] and "8.00 MiB at the OOM, more than the 2.00 MiB missing" in d["fix"]))' "$tmp/leakoom.json" ||
     bad "leakoom: the OOM's fix is not the leak's: $(cat "$tmp/leakoom.json")"
+# A fix that defers to another diagnosis says it follows, and `oom` (which prints the OOM's own
+# diagnosis) prints that one too: the leak's, and below the optimizer's step's (it said "its
+# diagnosis follows" and printed nothing after it).
+"$allocview" oom --no-color "$tmp/leakoom.trace" >"$tmp/leakoom.oom.txt" 2>/dev/null
+grep -q "The leak's diagnosis follows\.$" "$tmp/leakoom.oom.txt" && grep -q "^  2\. Leak: call site .*record_loss" "$tmp/leakoom.oom.txt" ||
+    bad "leakoom: oom does not print the leak's diagnosis its fix defers to: $(cat "$tmp/leakoom.oom.txt")"
 # A request larger than the device (latepeak's 1 GiB buffer on 256 MiB): the tensor asked for must
 # shrink, and the live blocks (32 MiB) cannot make the 800 MiB missing (the fix said they must).
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["diagnosis"][0]
@@ -422,6 +428,12 @@ want optoom optimizer-step; wantnot optoom step2-jump; wantnot optoom longest-ba
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["diagnosis"]
 sys.exit(not ("micro-batch" not in d[0]["fix"] and "8-bit or paged optimizer" in d[0]["fix"] and "adam_init_state" in d[1]["site"]))' "$tmp/optoom.json" ||
     bad "optoom: $(cat "$tmp/optoom.json")"
+"$allocview" oom --no-color "$tmp/optoom.trace" >"$tmp/optoom.oom.txt" 2>/dev/null
+grep -q "The optimizer step's diagnosis follows\.$" "$tmp/optoom.oom.txt" && grep -q "^  2\. Optimizer step: the OOM came inside" "$tmp/optoom.oom.txt" ||
+    bad "optoom: oom does not print the optimizer step's diagnosis its fix defers to: $(cat "$tmp/optoom.oom.txt")"
+# Without a diagnosis to defer to, none is said to follow (the fragmentation OOM's).
+"$allocview" --no-color "$tmp/frag.trace" >"$tmp/frag.txt" 2>/dev/null
+! grep -q "follow" "$tmp/frag.txt" || bad "frag: a fix says a diagnosis follows: $(sed -n '/^Diagnosis/,$p' "$tmp/frag.txt")"
 want longestoom longest-batch; wantnot longestoom step2-jump; wantnot longestoom leak
 grep -q "step 6 ran out of memory on a request of 24.00 MiB from .*, 3.0x the largest block that call site had been given in the 5 steps before (8.00 MiB)" "$tmp/longestoom.json" ||
     bad "longestoom: $(grep -o '"text": "Longest[^"]*"' "$tmp/longestoom.json")"

@@ -267,6 +267,25 @@ for t in fx a; do
     done
 done
 
+# 5b. More leaking call sites (variant K: 40) than the report keeps diagnoses: `leaks --top N`
+#     lists N of them (it stopped near 32, yet said --top N lists more), the default report says how
+#     many it left out, and --json lists --top of them.
+"$sites" K "$tmp/k.trace" || bad "trace_sites_fixture K did not run"
+"$allocview" leaks --no-color --top 100 "$tmp/k.trace" >"$tmp/k100.txt" || bad "leaks --top 100 (K) exited $?"
+[ "$(grep -c '^  [0-9]*\. Leak: call site keep_' "$tmp/k100.txt")" = 40 ] && ! grep -q "more leaking" "$tmp/k100.txt" ||
+    bad "leaks --top 100 does not list the 40 leaks: $(grep -c 'Leak:' "$tmp/k100.txt") listed; $(grep 'more leaking' "$tmp/k100.txt")"
+"$allocview" leaks --no-color --top 35 "$tmp/k.trace" | grep -q '^  \.\.\. 5 more leaking call sites (--top N lists more)$' ||
+    bad "leaks --top 35 does not say 5 more"
+"$allocview" --no-color "$tmp/k.trace" | grep -q '^  \.\.\. [0-9]* more leaking call sites: allocview leaks --top 40 lists every one$' ||
+    bad "the report does not say it left leaks out: $("$allocview" --no-color "$tmp/k.trace" | tail -2)"
+if command -v python3 >/dev/null 2>&1; then
+    "$allocview" leaks --json --top 38 "$tmp/k.trace" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert len(d["diagnosis"]) == 38 and d["num_leaks"] == 40, (len(d["diagnosis"]), d["num_leaks"])
+' || bad "leaks --json --top 38 (K) does not list 38 of 40"
+fi
+
 # 6. Usage.
 for cmd in timeline diff folded; do
     "$allocview" $cmd --help | grep -q "^usage: allocview $cmd" || bad "$cmd --help"

@@ -25,6 +25,9 @@
  *                                 SITES_JUNK_DIR/0 .. /199 (regular files, not ELF), and one
  *                                 smaller site in this program's own junk_sites_real(): the real
  *                                 site must be named however many of the others could not be read
+ *   trace_sites_fixture K TRACE   MANY_LEAKS (40) call sites (leaks.py:1 .. 40, keep_1 .. keep_40),
+ *                                 each keeping 1 MiB more every step over five steps: more leaks
+ *                                 than the report makes room for beside its other diagnoses
  * SITES_TORCH_PATH=FILE names the file recorded for libtorch_cuda.so (default a path that does not
  * exist here).
  */
@@ -117,14 +120,48 @@ static int junk_sites(const char *trace)
     return 0;
 }
 
+enum { MANY_LEAKS = 40 };
+
+/* Variant K: MANY_LEAKS call sites that each keep 1 MiB more every step. */
+static int many_leaks(const char *trace)
+{
+    if (tw_open(&w, trace) != 0) {
+        perror(trace);
+        return 2;
+    }
+    tw_device(&w, 0, 16ull << 30, "sim device 0");
+    tw_map(&w, tick(), 0, 0x7d0000000000ull, 512 * MIB, false);
+    uint32_t main_st = tw_stack(&w, 0, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, 10, "main", "train.py"));
+    uint32_t sites[MANY_LEAKS];
+    for (int i = 0; i < MANY_LEAKS; i++) {
+        char fn[32];
+        snprintf(fn, sizeof fn, "keep_%d", i + 1);
+        sites[i] = tw_stack(&w, main_st, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, (uint64_t)i + 1, fn, "leaks.py"));
+    }
+    for (int step = 1; step <= 5; step++) {
+        for (int i = 0; i < MANY_LEAKS; i++)
+            alloc(MIB, sites[i]);
+        char label[32];
+        snprintf(label, sizeof label, "step %d", step);
+        tw_mark(&w, tick(), label);
+    }
+    if (tw_close(&w, tick()) != 0) {
+        fprintf(stderr, "trace_sites_fixture: writing %s failed\n", trace);
+        return 2;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 3 || strlen(argv[1]) != 1 || !strchr("ABGUJWL", argv[1][0])) {
-        fprintf(stderr, "usage: trace_sites_fixture A|B|G|U|J|W|L TRACE\n");
+    if (argc != 3 || strlen(argv[1]) != 1 || !strchr("ABGUJWLK", argv[1][0])) {
+        fprintf(stderr, "usage: trace_sites_fixture A|B|G|U|J|W|L|K TRACE\n");
         return 1;
     }
     if (argv[1][0] == 'J')
         return junk_sites(argv[2]);
+    if (argv[1][0] == 'K')
+        return many_leaks(argv[2]);
     bool b = argv[1][0] == 'B', g = argv[1][0] == 'G', u = argv[1][0] == 'U', twins = argv[1][0] == 'W';
     bool callers = argv[1][0] == 'L';
     if (tw_open(&w, argv[2]) != 0) {

@@ -259,17 +259,21 @@ typedef struct diag {
     char fix[4096];
     uint64_t saving;       /* bytes the trace implies the fix can save (0: none claimed) */
     char site[1024];
+    const char *follows;   /* the rule of the diagnoses this fix defers to ("leak", "optimizer-step"),
+                            * or NULL: where they are made, the fix says that they follow
+                            * (diagnose's last pass), and `oom` prints them too */
 } diag_t;
 
-/* A new diagnosis for `rule` (site: the call site it names, or NULL), cleared. */
+/* The diagnoses a report makes room for, besides every leak where `leaks` lists them all. */
 #define MAX_DIAGS 32
 
-/* Room for MAX_DIAGS diagnoses (11 KiB each: on the heap, not the stack). */
-static diag_t *diags_new(void)
+/* Room for n diagnoses (11 KiB each: on the heap, not the stack). */
+static diag_t *diags_new(size_t n)
 {
-    return xcalloc(MAX_DIAGS, sizeof(diag_t));
+    return xcalloc(n, sizeof(diag_t));
 }
 
+/* A new diagnosis for `rule` (site: the call site it names, or NULL), cleared. */
 static diag_t *diag_add(diag_t *d, size_t *nd, const char *rule, const char *site)
 {
     diag_t *x = &d[(*nd)++];
@@ -546,10 +550,9 @@ static void failing_site(sym_ctx_t *sym, const av_oom_t *o, char *buf, size_t le
 #define LIVE_LADDER                                                                                    \
     "(1) a smaller micro-batch with gradient accumulation, (2) bf16 mixed precision, (3) activation " \
     "checkpointing, then an 8-bit optimizer, sharding (FSDP/ZeRO) or offload"
-/* The first fix of an OOM at a cap set below the device's memory. */
 #define OPTIMIZER_LADDER                                                                                 \
     "fused=True or foreach=False (fewer temporaries), (7) an 8-bit or paged optimizer, (8) ZeRO-1 / FSDP " \
-    "sharding; the batch size does not matter inside the optimizer's step (its diagnosis follows)"
+    "sharding; the batch size does not matter inside the optimizer's step"
 
 static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
 {
@@ -691,15 +694,16 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                     snprintf(x->site, sizeof x->site, "%s", lv[0].label);
                     if (nl == 1)
                         snprintf(holder, sizeof holder,
-                                 "Fix the leak first (free; its diagnosis follows): call site %s, which leaks, held %s "
+                                 "Fix the leak first (free): call site %s, which leaks, held %s "
                                  "at the OOM, more than the %s missing.",
                                  lv[0].label, H(leaked), H(over));
                     else
                         snprintf(holder, sizeof holder,
-                                 "Fix the leaks first (free; their diagnoses follow): the %zu call sites that leak held "
+                                 "Fix the leaks first (free): the %zu call sites that leak held "
                                  "%s at the OOM, more than the %s missing.",
                                  nl, H(leaked), H(over));
                     snprintf(x->fix, sizeof x->fix, "%s Then, if still needed, %s: %s.", holder, then, ladder);
+                    x->follows = "leak";
                 } else {
                     if (ns) {
                         snprintf(pct, sizeof pct, "%.1f%%",
@@ -711,6 +715,8 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
                     }
                     snprintf(x->fix, sizeof x->fix, "%s: %s. Live memory must shrink by %s%s.", lead, ladder,
                              H(over), holder);
+                    if (a->oom_in_opt)
+                        x->follows = "optimizer-step";
                 }
                 free(lv);
                 x->saving = over;
@@ -998,7 +1004,35 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
         }
     }
     free(peaks);
+    /* A fix that defers to other diagnoses says they follow only where they were made (a leak's
+     * call site may fall past the room for diagnoses; the optimizer's step may have been the
+     * step-2 jump's, or too small a share to name). */
+    for (size_t i = 0; i < nd; i++) {
+        size_t n = 0;
+        for (size_t j = i + 1; d[i].follows && j < nd; j++)
+            n += strcmp(d[j].rule, d[i].follows) == 0;
+        if (!n)
+            continue;
+        const char *note = strcmp(d[i].follows, "leak") != 0 ? "The optimizer step's diagnosis follows."
+                           : n == 1                          ? "The leak's diagnosis follows."
+                                                             : "The leaks' diagnoses follow.";
+        size_t len = strlen(d[i].fix);
+        snprintf(d[i].fix + len, sizeof d[i].fix - len, " %s", note);
+    }
     return nd;
+}
+
+/* The diagnoses `allocview oom` prints: the OOM's (the first), and those its fix defers to. In
+ * place; their number. */
+static size_t oom_diags(diag_t *d, size_t nd)
+{
+    if (!nd || strncmp(d[0].rule, "oom-", 4) != 0)
+        return 0;
+    size_t n = 1;
+    for (size_t i = 1; i < nd; i++)
+        if (d[0].follows && strcmp(d[i].rule, d[0].follows) == 0)
+            d[n++] = d[i];
+    return n;
 }
 
 /* ----------------------------------------------------------------------------- sections */
@@ -1433,11 +1467,13 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
     sym_ctx_t *sym = sym_new(a->r);
     /* Labels tell a site apart from every call site of the trace, not only from those listed. */
     ref_sites = collect_sites(a, sym, VIEW_EVER, NULL, &nref_sites);
-    diag_t *d = diags_new();
+    bool dflt = strcmp(cmd, "report") == 0, leaks = strcmp(cmd, "leaks") == 0;
+    /* `leaks` lists every leak (--top of them): room for all of them besides the others. */
+    size_t maxd = MAX_DIAGS + (leaks ? count_leaks(a, sym) : 0);
+    diag_t *d = diags_new(maxd);
     size_t nd = 0;
-    bool dflt = strcmp(cmd, "report") == 0;
-    if (dflt || strcmp(cmd, "leaks") == 0)
-        nd = diagnose(a, sym, d, MAX_DIAGS);
+    if (dflt || leaks || strcmp(cmd, "oom") == 0)
+        nd = diagnose(a, sym, d, maxd);
     if (o->json) {
         fprintf(out, "{\"report\": \"%s\", ", cmd);
         process_json(out, a, o);
@@ -1478,7 +1514,7 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
         }
         if (dflt || strcmp(cmd, "leaks") == 0) {
             fprintf(out, ", \"diagnosis\": ");
-            diag_t *l = diags_new();
+            diag_t *l = diags_new(nd ? nd : 1);
             size_t nl = 0;
             /* leaks: the --top largest (by bytes at the end); num_leaks says how many there are */
             for (size_t i = 0; i < nd; i++)
@@ -1505,16 +1541,20 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
         oom_text(out, a, sym, o);
         steps_text(out, a);
         diag_text(out, d, nd);
+        size_t listed = 0, all = count_leaks(a, sym);
+        for (size_t i = 0; i < nd; i++)
+            listed += strcmp(d[i].rule, "leak") == 0;
+        if (all > listed)
+            fprintf(out, "  ... %zu more leaking call site%s: allocview leaks --top %zu lists every one\n", all - listed,
+                    all - listed == 1 ? "" : "s", all);
     } else if (strcmp(cmd, "peak") == 0) {
         peak_text(out, a, sym, o, o->av.at_mark || o->av.at_time_ns >= 0);
     } else if (strcmp(cmd, "oom") == 0) {
         if (!a->nooms)
             fprintf(out, "no OOM in this trace\n");
         oom_text(out, a, sym, o);
-        if (a->nooms) {
-            nd = diagnose(a, sym, d, 1);
-            diag_text(out, d, nd);
-        }
+        if (a->nooms)
+            diag_text(out, d, oom_diags(d, nd));
     } else if (strcmp(cmd, "sites") == 0) {
         size_t n;
         site_t *v = collect_sites(a, sym, VIEW_PEAK, NULL, &n);
