@@ -10,7 +10,8 @@
 #     the report says "not monotone");
 #  5. --json: a list, one object per --conf, exactly the fixed keys;
 #  6. blocks whose addresses differ only in the top bits stay apart;
-#  7. usage errors exit 1, an unreadable trace exits 2;
+#  7. usage errors exit 1, an unreadable trace exits 2; capacities past the largest sim device (1 PiB)
+#     are refused (--memory), searched no further (--min-fit) or cut to it (a recorded one);
 #  8. --passes N closes each pass so that the next starts where the trace started: the peak of
 #     requested bytes over several passes is that of one;
 #  9. --cudafree replays every free device-wide: the same requests and no OOM at any --device-lag
@@ -157,6 +158,36 @@ done <<CASES
 --memory 12XB|allocview replay: bad --memory '12XB' (bytes, or e.g. 16GiB, 40G, 512MiB)
 $many|allocview replay: at most 32 --conf
 CASES
+# A capacity above the largest sim device (1 PiB, sim_memory_mb's bound) is refused as such, not
+# left to fail for want of host memory; 1 PiB itself runs.
+rc=0
+"$allocview" replay --memory 2048TiB "$tmp/fx.trace" >/dev/null 2>"$tmp/usage.err" || rc=$?
+[ $rc = 1 ] && grep -qF "bad --memory '2048TiB' (at most 1 PiB, the largest sim device)" "$tmp/usage.err" ||
+    bad "--memory 2048TiB: exit $rc, said '$(cat "$tmp/usage.err")'"
+"$allocview" replay --memory 1024TiB --json "$tmp/fx.trace" >/dev/null 2>"$tmp/usage.err" ||
+    bad "--memory 1024TiB (1 PiB): exit $?, said '$(cat "$tmp/usage.err")'"
+# --min-fit on requests that no sim device can hold: said, at once, not a capacity past 1 PiB tried.
+python3 - "$tmp/huge.pickle" <<'PY'
+import pickle, sys
+A, M = 0x7f0000000000, 1 << 20
+ev = []
+def e(action, addr, size):
+    ev.append({"action": action, "addr": addr, "size": size, "stream": 0, "time_us": len(ev) + 1, "frames": []})
+e("alloc", A, M); e("alloc", A + (1 << 62), 1 << 60); e("free_requested", A, M); e("free_completed", A, M)
+pickle.dump({"segments": [], "device_traces": [ev]}, open(sys.argv[1], "wb"), protocol=2)
+PY
+"$allocview" import "$tmp/huge.pickle" -o "$tmp/huge.trace" >/dev/null 2>&1 || bad "import of the huge-request snapshot failed"
+rc=0
+"$allocview" replay --min-fit "$tmp/huge.trace" >"$tmp/huge.txt" 2>"$tmp/usage.err" || rc=$?
+[ $rc = 0 ] && grep -q "no capacity up to 1 PiB completes" "$tmp/huge.txt" ||
+    bad "--min-fit of a 1 EiB request: exit $rc, said '$(cat "$tmp/usage.err" "$tmp/huge.txt")'"
+# A recorded capacity above 1 PiB is replayed on 1 PiB, with a line that says so.
+"$allocview" import --device-memory 65536TiB "$tmp/huge.pickle" -o "$tmp/hugecap.trace" >/dev/null 2>&1 ||
+    bad "import --device-memory 65536TiB failed"
+rc=0
+"$allocview" replay "$tmp/hugecap.trace" >/dev/null 2>"$tmp/usage.err" || rc=$?
+[ $rc = 0 ] && grep -q "is above the largest sim device; replaying on 1 PiB" "$tmp/usage.err" ||
+    bad "replay of a 64 PiB recorded capacity: exit $rc, said '$(cat "$tmp/usage.err")'"
 "$allocview" replay --conf no_such_key:1 "$tmp/fx.trace" >/dev/null 2>&1; [ $? = 1 ] || bad "bad --conf: want exit 1"
 "$allocview" replay >/dev/null 2>&1; [ $? = 1 ] || bad "no trace: want exit 1"
 "$allocview" replay "$tmp/missing.trace" >/dev/null 2>&1; [ $? = 2 ] || bad "missing trace: want exit 2"

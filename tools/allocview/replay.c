@@ -55,6 +55,11 @@
 
 enum { RP_EXIT_USAGE = 1, RP_EXIT_UNREADABLE = 2, RP_EXIT_CORRUPT = 3 };
 
+/* The largest per-device capacity a replay simulates: the largest sim device (sim_memory_mb's
+ * bound, 2^30 MiB = 1 PiB). The sim's bookkeeping grows with the capacity, so a larger one would
+ * fail for want of host memory instead of saying what was wrong. --min-fit searches up to it. */
+#define REPLAY_MAX_MEMORY ((uint64_t)1 << 50)
+
 enum { EV_INIT = 1, EV_ALLOC, EV_FREE, EV_TRIM, EV_OOM };
 
 typedef struct ev {
@@ -396,6 +401,11 @@ static uint64_t default_memory(const trace_reqs_t *t)
     for (int d = 0; d < t->ndev; d++)
         if (t->have_dev[d] && t->dev_capacity[d] > m)
             m = t->dev_capacity[d];
+    if (m > REPLAY_MAX_MEMORY) {
+        fprintf(stderr, "allocview replay: the recorded capacity (%" PRIu64 " B) is above the largest sim device; "
+                "replaying on 1 PiB\n", m);
+        m = REPLAY_MAX_MEMORY;
+    }
     return m ? m : 16 * GiB;
 }
 
@@ -613,16 +623,18 @@ static void min_fit(const trace_reqs_t *t, const conf_t *c, uint64_t start, fit_
     for (int d = 0; d < t->ndev; d++)
         if (t->peak_requested_dev[d] > need)
             need = t->peak_requested_dev[d];
+    if (need > REPLAY_MAX_MEMORY)
+        return; /* no sim device holds the requests (and ceil(need / g) below could wrap) */
     uint64_t lo = (need + g - 1) / g * g; /* lo - g < need: fails for sure */
     lo = lo >= g ? lo - g : 0;
-    uint64_t hi = (start + g - 1) / g * g;
+    uint64_t hi = (start + g - 1) / g * g; /* start <= REPLAY_MAX_MEMORY, a multiple of g */
     if (hi <= lo)
-        hi = lo + g;
+        hi = lo + g; /* lo < need <= REPLAY_MAX_MEMORY, both multiples of g: hi stays within it */
     while (!completes(t, c, hi, f, NULL)) {
-        lo = hi;
-        if (hi >= ((uint64_t)1 << 50))
+        if (hi >= REPLAY_MAX_MEMORY)
             return; /* nothing up to 1 PiB completes */
-        hi *= 2;
+        lo = hi;
+        hi = hi < REPLAY_MAX_MEMORY / 2 ? hi * 2 : REPLAY_MAX_MEMORY;
     }
     while (hi - lo > g) {
         uint64_t mid = lo + (hi - lo) / g / 2 * g;
@@ -643,6 +655,8 @@ static void min_fit(const trace_reqs_t *t, const conf_t *c, uint64_t start, fit_
     static const unsigned steps[] = {1, 2, 3, 4, 8, 16, 64};
     for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
         uint64_t cap = hi + steps[i] * g;
+        if (cap > REPLAY_MAX_MEMORY)
+            break;
         if (!completes(t, c, cap, f, NULL)) {
             f->monotone = false;
             f->failed_above = cap;
@@ -661,12 +675,13 @@ static void replay_usage(FILE *out)
             "  runs the trace's requests against cualloc's heap on the sim device under each CONF\n"
             "  (CUALLOC_CONF syntax; 'default' = cualloc's defaults, 'recorded' = the trace's own;\n"
             "  e.g. expandable_segments:0 predicts PyTorch's native allocator). SIZE: bytes or\n"
-            "  16GiB, 40G, 512MiB (default: the recorded device capacity). --passes N: run the requests\n"
-            "  N times on the same heap (1 to 1000; default 1), as a job repeats its steps; the peaks are\n"
-            "  over all passes. --cudafree: every free as cudaFree (device-wide, one non-blocking stream\n"
-            "  known), as PyTorch without its cache frees under LD_PRELOAD; --device-lag N: the device\n"
-            "  runs N requests behind, its work completing every N + 1 requests (0 to 1000000; default\n"
-            "  0). --min-fit: the smallest capacity on which the whole sequence completes without OOM.\n");
+            "  16GiB, 40G, 512MiB, at most 1 PiB (default: the recorded device capacity). --passes N:\n"
+            "  run the requests N times on the same heap (1 to 1000; default 1), as a job repeats its\n"
+            "  steps; the peaks are over all passes. --cudafree: every free as cudaFree (device-wide,\n"
+            "  one non-blocking stream known), as PyTorch without its cache frees under LD_PRELOAD;\n"
+            "  --device-lag N: the device runs N requests behind, its work completing every N + 1\n"
+            "  requests (0 to 1000000; default 0). --min-fit: the smallest capacity on which the whole\n"
+            "  sequence completes without OOM.\n");
 }
 
 #define MAX_CONFS 32
@@ -752,6 +767,9 @@ int av_cmd_replay(int argc, char **argv)
                 confs[nconfs++] = v;
             } else if (!txt_parse_size(v, &memory) || memory == 0) {
                 fprintf(stderr, "allocview replay: bad --memory '%s' (bytes, or e.g. 16GiB, 40G, 512MiB)\n", v);
+                return RP_EXIT_USAGE;
+            } else if (memory > REPLAY_MAX_MEMORY) {
+                fprintf(stderr, "allocview replay: bad --memory '%s' (at most 1 PiB, the largest sim device)\n", v);
                 return RP_EXIT_USAGE;
             }
         } else if (is_option(a, "--passes")) {
