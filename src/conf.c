@@ -720,6 +720,11 @@ static const struct { const char *key, *why; } torch_only_keys[] = {
                 "does not apply"},
     {"release_lock_on_cudamalloc", "it concerns PyTorch's own allocator lock: keep it in "
                                    "PYTORCH_CUDA_ALLOC_CONF"},
+    /* PyTorch's native policy lets an oversize cached block (max_split_size_mb) serve a request
+     * less than this much smaller than itself; cualloc's classic segments keep its default
+     * (heap.c's PT_LARGE_BUFFER). */
+    {"max_non_split_rounding_mb", "cualloc's classic segments keep PyTorch's default: an oversize cached "
+                                  "block serves only requests less than 20 MiB smaller than itself"},
     {"pinned_use_cuda_host_register", PINNED_WHY},
     {"pinned_num_register_threads", PINNED_WHY},
     {"pinned_use_background_threads", PINNED_WHY},

@@ -511,6 +511,13 @@ static void test_unknown_keys(void)
               "%s", msg_last);
     CHECK(parse_counted("pinned_use_cuda_host_register:True,release_lock_on_cudamalloc:True", &c) == 2);
     CHECK_MSG(strstr(msg_last, "'release_lock_on_cudamalloc' is a PYTORCH_CUDA_ALLOC_CONF key"), "%s", msg_last);
+    /* PyTorch's max_non_split_rounding_mb (how much larger than a request an oversize cached block
+     * may be and still serve it) is PyTorch's too, not an unknown key: the message says cualloc keeps
+     * PyTorch's default. */
+    CHECK(parse_counted("max_non_split_rounding_mb:64", &c) == 1);
+    CHECK_MSG(strstr(msg_last, "'max_non_split_rounding_mb' is a PYTORCH_CUDA_ALLOC_CONF key that cualloc does not "
+                               "take (") && strstr(msg_last, "20 MiB") && strstr(msg_last, "); ignored"),
+              "%s", msg_last);
     CHECK_CONF_EQ(&def, &c, "PyTorch-only keys");
     /* Keys are case-sensitive, as PyTorch's. */
     c = def;
