@@ -11,7 +11,8 @@
 #  5. --json: a list, one object per --conf, exactly the fixed keys;
 #  6. blocks whose addresses differ only in the top bits stay apart;
 #  7. usage errors exit 1, an unreadable trace exits 2; capacities past the largest sim device (1 PiB)
-#     are refused (--memory), searched no further (--min-fit) or cut to it (a recorded one);
+#     are refused (--memory), searched no further (--min-fit) or cut to it (a recorded one); keys of
+#     a --conf that replay sets itself are named as ignored;
 #  8. --passes N closes each pass so that the next starts where the trace started: the peak of
 #     requested bytes over several passes is that of one;
 #  9. --cudafree replays every free device-wide: the same requests and no OOM at any --device-lag
@@ -189,6 +190,17 @@ rc=0
 [ $rc = 0 ] && grep -q "is above the largest sim device; replaying on 1 PiB" "$tmp/usage.err" ||
     bad "replay of a 64 PiB recorded capacity: exit $rc, said '$(cat "$tmp/usage.err")'"
 "$allocview" replay --conf no_such_key:1 "$tmp/fx.trace" >/dev/null 2>&1; [ $? = 1 ] || bad "bad --conf: want exit 1"
+# Keys replay sets itself (the sim device is the trace's and --memory's) are named when a --conf
+# gives them, not dropped without a word; the replay goes on.
+rc=0
+"$allocview" replay --conf sim_memory_mb:64,expandable_segments:0 --conf sim_vmm:0 --json "$tmp/frag.trace" \
+    >"$tmp/over.json" 2>"$tmp/usage.err" || rc=$?
+[ $rc = 0 ] &&
+    grep -qF "allocview replay: --conf 'sim_memory_mb:64,expandable_segments:0': sim_memory_mb is replay's own (--memory); ignored" "$tmp/usage.err" &&
+    grep -qF "allocview replay: --conf 'sim_vmm:0': sim_vmm is replay's own (the trace's device); ignored" "$tmp/usage.err" ||
+    bad "--conf with replay's own keys: exit $rc, said '$(cat "$tmp/usage.err")'"
+"$allocview" replay --conf expandable_segments:0,sim_va_base:0x100000000 --json "$tmp/frag.trace" >/dev/null 2>"$tmp/usage.err"
+! grep -q "ignored" "$tmp/usage.err" || bad "--conf expandable_segments:0 said '$(cat "$tmp/usage.err")'"
 "$allocview" replay >/dev/null 2>&1; [ $? = 1 ] || bad "no trace: want exit 1"
 "$allocview" replay "$tmp/missing.trace" >/dev/null 2>&1; [ $? = 2 ] || bad "missing trace: want exit 2"
 "$allocview" replay --help | grep -q "usage: allocview replay" || bad "replay --help"

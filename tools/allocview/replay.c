@@ -708,6 +708,23 @@ static bool make_conf(const char *spec, const trace_reqs_t *t, conf_t *c)
         fprintf(stderr, "allocview replay: bad --conf '%s'\n", spec);
         return false;
     }
+    /* run_once sets these itself: a value given here would be dropped without a word. The replay
+     * goes on (a --conf copied from a trace's configuration holds them). (driver is left out: its
+     * default, cuda, cannot be told from one given, and a replay is always on the sim device.) */
+    conf_t def;
+    conf_defaults(&def);
+    const struct { bool given; const char *key, *instead; } own[] = {
+        {c->sim_memory != def.sim_memory, "sim_memory_mb", "--memory"},
+        {c->sim_granularity != def.sim_granularity, "sim_granularity_kb", "the trace's device"},
+        {c->sim_vmm != def.sim_vmm, "sim_vmm", "the trace's device"},
+        {c->sim_devices != def.sim_devices, "sim_devices", "the trace's devices"},
+        {c->sim_fail_op != def.sim_fail_op, "sim_fail", "no failures are injected"},
+        {c->trace[0] != '\0', "trace", "a replay records nothing"},
+    };
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+        if (own[i].given)
+            fprintf(stderr, "allocview replay: --conf '%s': %s is replay's own (%s); ignored\n", spec, own[i].key,
+                    own[i].instead);
     return true;
 }
 
