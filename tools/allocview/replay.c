@@ -627,6 +627,7 @@ static void min_fit(const trace_reqs_t *t, const conf_t *c, uint64_t start, fit_
         return; /* no sim device holds the requests (and ceil(need / g) below could wrap) */
     uint64_t lo = (need + g - 1) / g * g; /* lo - g < need: fails for sure */
     lo = lo >= g ? lo - g : 0;
+    const uint64_t sure_fail = lo;
     uint64_t hi = (start + g - 1) / g * g; /* start <= REPLAY_MAX_MEMORY, a multiple of g */
     if (hi <= lo)
         hi = lo + g; /* lo < need <= REPLAY_MAX_MEMORY, both multiples of g: hi stays within it */
@@ -636,12 +637,37 @@ static void min_fit(const trace_reqs_t *t, const conf_t *c, uint64_t start, fit_
         lo = hi;
         hi = hi < REPLAY_MAX_MEMORY / 2 ? hi * 2 : REPLAY_MAX_MEMORY;
     }
-    while (hi - lo > g) {
-        uint64_t mid = lo + (hi - lo) / g / 2 * g;
-        if (completes(t, c, mid, f, NULL))
-            hi = mid;
-        else
-            lo = mid;
+    /* Completion need not be monotone in capacity (a larger device changes when cache is released,
+     * and so what is split afterwards): bisection finds a capacity one granule above a failing
+     * one, not necessarily the smallest. So a few capacities below its answer are tried too; where
+     * one completes, the failing capacity above it is kept for the report and the search goes on
+     * under it. hi only decreases, so this ends. Invariant: hi completes, lo fails. */
+    f->monotone = true;
+    static const unsigned below[] = {2, 3, 4, 8, 16, 64};
+    for (;;) {
+        while (hi - lo > g) {
+            uint64_t mid = lo + (hi - lo) / g / 2 * g;
+            if (completes(t, c, mid, f, NULL))
+                hi = mid;
+            else
+                lo = mid;
+        }
+        uint64_t lower = 0;
+        for (size_t i = 0; i < sizeof below / sizeof below[0]; i++) {
+            if (hi - sure_fail <= (uint64_t)below[i] * g)
+                break; /* at or under a capacity smaller than the requests */
+            uint64_t cap = hi - (uint64_t)below[i] * g;
+            if (completes(t, c, cap, f, NULL)) {
+                lower = cap;
+                break;
+            }
+        }
+        if (!lower)
+            break;
+        f->monotone = false;
+        f->failed_above = lo; /* fails, above `lower`, which completes */
+        hi = lower;
+        lo = sure_fail;
     }
     f->found = true;
     f->bytes = hi;
@@ -649,11 +675,9 @@ static void min_fit(const trace_reqs_t *t, const conf_t *c, uint64_t start, fit_
         f->found = false;
         return;
     }
-    /* Completion need not be monotone in capacity (a larger device changes when cache is
-     * released): try a few sizes above. */
-    f->monotone = true;
+    /* ... and a few sizes above. */
     static const unsigned steps[] = {1, 2, 3, 4, 8, 16, 64};
-    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0] && f->monotone; i++) {
         uint64_t cap = hi + steps[i] * g;
         if (cap > REPLAY_MAX_MEMORY)
             break;
@@ -976,7 +1000,7 @@ int av_cmd_replay(int argc, char **argv)
                        txt_human(f->at.peak_allocated, b2, sizeof b2), txt_human(f->at.peak_reserved, b3, sizeof b3),
                        f->at.peak_reserved ? (double)f->at.peak_allocated / (double)f->at.peak_reserved : 0.0,
                        one ? (double)f->bytes / (double)one : 0.0, t->ndev > 1 ? " (of the device needing most)" : "",
-                       f->monotone ? "monotone above it (+1..+64 granules tried)" : "NOT MONOTONE", f->runs);
+                       f->monotone ? "monotone around it (-64..+64 granules sampled)" : "NOT MONOTONE", f->runs);
                 if (!f->monotone)
                     printf(": %s fails", txt_human(f->failed_above, b1, sizeof b1));
                 printf("\n");
