@@ -523,6 +523,14 @@ CASES
     "$demo" --min-fit --scan 0 --steps 2 --quiet --conf "" >"$tmp/demo_fit.out" 2>&1 || bad "cualloc-demo --min-fit --scan 0 failed"
     awk '$1 == "min-fit" { m = $2 } /^  monotone/ { n = $(NF - 1) } END { exit !(m > 0 && n > m) }' "$tmp/demo_fit.out" ||
         bad "cualloc-demo --min-fit --scan 0: $(grep -E 'min-fit |monotone' "$tmp/demo_fit.out")"
+    # Completion is not monotone in capacity: this run (classic mode) completes at 3664 MiB, fails
+    # at 3703 and completes at 3754 again, where the bisection alone stopped. The sizes tried below
+    # its answer find 3664, and the failing sizes above it are reported (exit 1).
+    rc=0
+    "$demo" --min-fit --steps 6 --batch 2 --seed 5 --conf expandable_segments:0 >"$tmp/demo_fit.out" 2>&1 || rc=$?
+    [ $rc = 1 ] && grep -q "^  min-fit            3664 MiB$" "$tmp/demo_fit.out" &&
+        grep -q "^  NOT MONOTONE .* 3703 " "$tmp/demo_fit.out" ||
+        bad "cualloc-demo --min-fit, seed 5 classic: exit $rc, $(grep -E 'min-fit |MONOTONE|monotone' "$tmp/demo_fit.out")"
     # --min-fit refuses a configuration the library does not take as written (status 2, naming it
     # and the library's complaint), from --conf or CUALLOC_CONF, before measuring any: such a key
     # keeps its default, and as the trials' stderr is not shown, the default was measured in

@@ -936,6 +936,7 @@ typedef struct fit_s {
     int nlarger_failed;
     size_t scanned_to;
     int nabove;              /* tested sizes above min_mb */
+    int nbelow;              /* tested sizes below min_mb (all failed) */
 } fit_t;
 
 #define MAX_TRIALS 256
@@ -972,17 +973,42 @@ static void min_fit_one(const opts_t *o, const char *extra, fit_t *f) {
     f->peak_requested = trials[nt - 1].peak_requested;
     /* Below the peak requested nothing can fit: that is the known-failing lower bound. */
     size_t lo = (f->peak_requested + MIB - 1) / MIB - 1;
-    while (hi - lo > 1 && nt < MAX_TRIALS - 2) {
-        size_t mid = lo + (hi - lo) / 2;
-        run_trial(o, keys, mid, &trials[nt]);
-        int out = trials[nt++].outcome;
-        if (out < 0) {
-            f->ntrials = nt;
-            free(sb.buf);
-            return;
+    const size_t sure_fail = lo;
+    /* Completion need not be monotone in capacity (where cache is released moves with it), so the
+     * bisection's answer, one MiB above a failing size, need not be the smallest: a few sizes below
+     * it are tried too, and where one completes the search goes on under it (the failing sizes
+     * above it then show as not monotone). hi only decreases. Invariant: hi completes, lo fails. */
+    static const size_t below[] = {2, 3, 4, 8, 16, 64};
+    for (;;) {
+        while (hi - lo > 1 && nt < MAX_TRIALS - 2) {
+            size_t mid = lo + (hi - lo) / 2;
+            run_trial(o, keys, mid, &trials[nt]);
+            int out = trials[nt++].outcome;
+            if (out < 0) {
+                f->ntrials = nt;
+                free(sb.buf);
+                return;
+            }
+            if (out == 1) hi = mid;
+            else lo = mid;
         }
-        if (out == 1) hi = mid;
-        else lo = mid;
+        size_t lower = 0;
+        for (size_t i = 0; i < sizeof below / sizeof below[0] && hi - sure_fail > below[i] && nt < MAX_TRIALS - 2; i++) {
+            run_trial(o, keys, hi - below[i], &trials[nt]);
+            int out = trials[nt++].outcome;
+            if (out < 0) {
+                f->ntrials = nt;
+                free(sb.buf);
+                return;
+            }
+            if (out == 1) {
+                lower = hi - below[i];
+                break;
+            }
+        }
+        if (!lower) break;
+        hi = lower;
+        lo = sure_fail;
     }
     f->min_mb = hi;
     /* Confirm at the minimum (the run is deterministic: it must complete again). */
@@ -999,11 +1025,13 @@ static void min_fit_one(const opts_t *o, const char *extra, fit_t *f) {
             run_trial(o, keys, hi + d, &trials[nt++]);
         }
     /* Every trial above the minimum counts, the bisection's too (the largest is the upper bound). */
-    for (int i = 0; i < nt && i < MAX_TRIALS; i++)
+    for (int i = 0; i < nt && i < MAX_TRIALS; i++) {
+        f->nbelow += trials[i].mb < hi;
         if (trials[i].mb > hi) {
             f->nabove++;
             if (trials[i].mb > f->scanned_to) f->scanned_to = trials[i].mb;
         }
+    }
     for (int i = 0; i < nt && i < MAX_TRIALS; i++)
         if (trials[i].outcome == 0 && trials[i].mb > hi && f->nlarger_failed < 32) {
             bool dup = false;
@@ -1097,6 +1125,7 @@ static int run_min_fit(opts_t *o) {
             printf("  monotone           no larger tested size failed (%d sizes above the minimum tried, up to %zu MiB)\n",
                    f.nabove, f.scanned_to);
         }
+        printf("  below              %d smaller size%s tried, all failed\n", f.nbelow, f.nbelow == 1 ? "" : "s");
         printf("  trials             %d (%.1f s)\n", f.ntrials, secs);
         fflush(stdout);
     }
