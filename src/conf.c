@@ -75,11 +75,14 @@ static const opt_t opts[] = {
      OFF(expandable_segments), 0, 1, 0},
     {"max_split_size_mb", OPT_MIB, "unlimited",
      "Classic segments: cached blocks larger than this many MiB are never split (PyTorch's option; "
-     "must be more than 20). `unlimited`: any block may be split.",
-     OFF(max_split_size), 21, SIZE_MAX / MiB, OPT_UNLIMITED},
+     "at least 20, as in PyTorch 2.8 and later, where earlier versions wanted more than 20). "
+     "`unlimited`: any block may be split.",
+     OFF(max_split_size), 20, SIZE_MAX / MiB, OPT_UNLIMITED},
     {"garbage_collection_threshold", OPT_FRACTION, "0",
      "Release cached free memory once reserved memory exceeds this fraction of the cap, in [0, 1). "
-     "`0`: off.",
+     "`0`: off. The cap is the device's memory unless per_process_memory_fraction or max_memory_mb "
+     "sets one; PyTorch's own allocator applies the key only after set_per_process_memory_fraction, "
+     "so without one the same value that does nothing there releases memory here.",
      OFF(garbage_collection_threshold), 0, 1, OPT_OPEN_HI},
     {"roundup_power2_divisions", OPT_ROUNDUP, "0",
      "Round requests up to one of N steps per power of two. One N (a power of two) for all sizes, "

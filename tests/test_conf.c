@@ -167,6 +167,7 @@ static void test_good_values(void)
             CHECK(!(i ? c.sim_vmm : c.expandable_segments));
         }
     }
+    CHECK(good("max_split_size_mb:20").max_split_size == 20 * MiB); /* PyTorch 2.8 on: at least 20 */
     CHECK(good("max_split_size_mb:21").max_split_size == 21 * MiB);
     CHECK(good("max_split_size_mb:128").max_split_size == 128 * MiB);
     CHECK(good("max_split_size_mb:128,max_split_size_mb:unlimited").max_split_size == SIZE_MAX);
@@ -256,7 +257,7 @@ static void test_bad_values(void)
         {"expandable_segments:2", "expandable_segments"},
         {"expandable_segments:", "expandable_segments"},
         {"expandable_segments", "expandable_segments"},
-        {"max_split_size_mb:20", "max_split_size_mb"},
+        {"max_split_size_mb:19", "max_split_size_mb"},
         {"max_split_size_mb:0", "max_split_size_mb"},
         {"max_split_size_mb:-5", "max_split_size_mb"},
         {"max_split_size_mb:12x", "max_split_size_mb"},
@@ -343,11 +344,11 @@ static void test_bad_values(void)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         bad(cases[i].text, cases[i].key);
 
-    /* PyTorch's own message: max_split_size_mb must be more than 20. */
+    /* As PyTorch's own message: max_split_size_mb must be at least 20. */
     conf_t c;
     conf_defaults(&c);
-    parse_counted("max_split_size_mb:20", &c);
-    CHECK_MSG(strstr(msg_last, "too small") && strstr(msg_last, "21"), "%s", msg_last);
+    parse_counted("max_split_size_mb:19", &c);
+    CHECK_MSG(strstr(msg_last, "too small") && strstr(msg_last, "20"), "%s", msg_last);
     CHECK_MSG(strstr(msg_last, "using the default unlimited"), "%s", msg_last);
 
     /* A number past 2^64 - 1 says the accepted range, as one just past the range does; a range
