@@ -286,6 +286,20 @@ assert len(d["diagnosis"]) == 38 and d["num_leaks"] == 40, (len(d["diagnosis"]),
 ' || bad "leaks --json --top 38 (K) does not list 38 of 40"
 fi
 
+# 5c. Replay of devices no sim device can be: a granularity of 3 bytes is named and replaced by
+#     2 MiB, and device 70 (past the sim's 64) is named as what cannot be replayed (exit 2); both
+#     said "the heap could not be set up", with no reason.
+"$sites" X "$tmp/x.trace" || bad "trace_sites_fixture X did not run"
+"$allocview" replay "$tmp/x.trace" >"$tmp/x.out" 2>"$tmp/x.err" &&
+    grep -q "device 0's recorded granularity (3 B) is not a power of two from 4 KiB to 1 GiB; replaying it with 2 MiB" "$tmp/x.err" &&
+    grep -q '^default .* 1.00 MiB ' "$tmp/x.out" ||
+    bad "replay of a 3-byte granularity: exit $?, $(cat "$tmp/x.err" "$tmp/x.out")"
+"$sites" Y "$tmp/y.trace" || bad "trace_sites_fixture Y did not run"
+rc=0
+"$allocview" replay --min-fit "$tmp/y.trace" >"$tmp/y.out" 2>"$tmp/y.err" || rc=$?
+[ $rc = 2 ] && grep -q "device 70 holds requests, but the sim device has 64 devices at most (0 to 63): this trace cannot be replayed" "$tmp/y.err" ||
+    bad "replay of device 70: exit $rc, $(cat "$tmp/y.err" "$tmp/y.out")"
+
 # 6. Usage.
 for cmd in timeline diff folded; do
     "$allocview" $cmd --help | grep -q "^usage: allocview $cmd" || bad "$cmd --help"

@@ -28,6 +28,10 @@
  *   trace_sites_fixture K TRACE   MANY_LEAKS (40) call sites (leaks.py:1 .. 40, keep_1 .. keep_40),
  *                                 each keeping 1 MiB more every step over five steps: more leaks
  *                                 than the report makes room for beside its other diagnoses
+ *   trace_sites_fixture X TRACE   a device no sim device can be, for replay: device 0 with a
+ *                                 granularity of 3 bytes, holding a block
+ *   trace_sites_fixture Y TRACE   the same with device 70 (past cualloc's 64) and a granularity
+ *                                 of 2 MiB
  * SITES_TORCH_PATH=FILE names the file recorded for libtorch_cuda.so (default a path that does not
  * exist here).
  */
@@ -152,12 +156,33 @@ static int many_leaks(const char *trace)
     return 0;
 }
 
+/* Variants X and Y: a device whose granularity is no power of two (device 0), or a device ordinal
+ * past 63. */
+static int odd_device(const char *trace, bool past_last)
+{
+    if (tw_open(&w, trace) != 0) {
+        perror(trace);
+        return 2;
+    }
+    uint32_t dev = past_last ? 70 : 0;
+    tw_device_gran(&w, dev, 16ull << 30, past_last ? 2 * MIB : 3, "odd device");
+    uint64_t st = tw_stack(&w, 0, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, 1, "main", "train.py"));
+    tw_alloc(&w, tick(), dev, 0x7e0000000000ull, MIB, MIB, (uint32_t)st);
+    if (tw_close(&w, tick()) != 0) {
+        fprintf(stderr, "trace_sites_fixture: writing %s failed\n", trace);
+        return 2;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 3 || strlen(argv[1]) != 1 || !strchr("ABGUJWLK", argv[1][0])) {
-        fprintf(stderr, "usage: trace_sites_fixture A|B|G|U|J|W|L|K TRACE\n");
+    if (argc != 3 || strlen(argv[1]) != 1 || !strchr("ABGUJWLKXY", argv[1][0])) {
+        fprintf(stderr, "usage: trace_sites_fixture A|B|G|U|J|W|L|K|X|Y TRACE\n");
         return 1;
     }
+    if (argv[1][0] == 'X' || argv[1][0] == 'Y')
+        return odd_device(argv[2], argv[1][0] == 'Y');
     if (argv[1][0] == 'J')
         return junk_sites(argv[2]);
     if (argv[1][0] == 'K')

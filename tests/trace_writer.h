@@ -180,16 +180,22 @@ static inline uint32_t tw_stack(tw_t *w, uint32_t parent, uint8_t kind, uint64_t
     return w->nstacks;
 }
 
-static inline void tw_device(tw_t *w, uint32_t dev, uint64_t total, const char *name)
+/* Device `dev` of `total` bytes (its capacity too), VMM, with the given granularity. */
+static inline void tw_device_gran(tw_t *w, uint32_t dev, uint64_t total, uint64_t granularity, const char *name)
 {
     uint8_t *p = w->body;
     size_t n = tw_varint(p, dev);
     n += tw_varint(p + n, total);
     n += tw_varint(p + n, total);
-    n += tw_varint(p + n, 2u << 20);
+    n += tw_varint(p + n, granularity);
     p[n++] = CUA_TRACE_MODE_VMM;
     n += tw_str(p + n, name);
     tw_meta(w, CUA_TRACE_DEVICE, p, n);
+}
+
+static inline void tw_device(tw_t *w, uint32_t dev, uint64_t total, const char *name)
+{
+    tw_device_gran(w, dev, total, 2u << 20, name);
 }
 
 /* Event prefix; returns the payload length so far. The block must already have room. */

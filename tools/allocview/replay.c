@@ -279,6 +279,25 @@ static int load_trace(const char *path, trace_reqs_t *t)
         asked |= (p == t->config || p[-1] == ',') && (p[sizeof item - 1] == ',' || p[sizeof item - 1] == '\0');
     for (int d = 0; d < t->ndev; d++)
         t->no_vmm |= t->by_cualloc && asked && t->dev_used[d] && t->have_dev[d] && t->dev_classic[d];
+    /* What no sim device can be, said by name (the heaps would not be set up, for no reason given):
+     * a granularity the sim does not take is replaced by the default; devices past the sim's last
+     * cannot be replayed. */
+    for (int d = 0; d < t->ndev && d < CUALLOC_MAX_DEVICES; d++) {
+        uint64_t g = t->dev_gran[d];
+        if (t->have_dev[d] && g && ((g & (g - 1)) || g < 4 * KiB || g > GiB)) {
+            fprintf(stderr,
+                    "allocview replay: %s: device %d's recorded granularity (%" PRIu64 " B) is not a power of two "
+                    "from 4 KiB to 1 GiB; replaying it with 2 MiB\n", path, d, g);
+            t->dev_gran[d] = 0;
+        }
+    }
+    if (t->ndev > CUALLOC_MAX_DEVICES) {
+        fprintf(stderr,
+                "allocview replay: %s: device %d holds requests, but the sim device has %d devices at most "
+                "(0 to %d): this trace cannot be replayed\n", path, t->ndev - 1, CUALLOC_MAX_DEVICES,
+                CUALLOC_MAX_DEVICES - 1);
+        status = RP_EXIT_UNREADABLE;
+    }
     devaddr_map_free(&live);
     tr_close(r);
     return status;
@@ -858,6 +877,7 @@ int av_cmd_replay(int argc, char **argv)
     trace_reqs_t *t = xmalloc(sizeof *t);
     int status = load_trace(path, t);
     if (status == RP_EXIT_UNREADABLE) {
+        reqs_free(t);
         free(t);
         return status;
     }
