@@ -271,6 +271,26 @@ class Enable(TorchLibCase):
         self.assertIsInstance(cm.exception.__cause__, RuntimeError)
         self.assertFalse(ct.is_enabled())
 
+    def test_another_pluggable_allocator_is_named(self):
+        """Another pluggable allocator swapped in first (by the script or a library, e.g. RMM's
+        rmm_torch_allocator): PyTorch refuses a second swap although CUDA is not initialized, so
+        the error must name that allocator, not send the user to move enable() before CUDA's
+        initialization, which would change nothing."""
+        torch, ct = fresh_modules()
+        other = torch.cuda.memory.CUDAPluggableAllocator(ARGS.torch_lib, "cualloc_torch_malloc",
+                                                         "cualloc_torch_free")  # not through cualloc_torch
+        torch.cuda.memory.change_current_allocator(other)
+        self.assertFalse(torch.cuda.is_initialized())
+        with self.assertRaises(RuntimeError) as cm:
+            ct.enable(ARGS.torch_lib)
+        msg = str(cm.exception)
+        self.assertIn("another pluggable allocator", msg)
+        self.assertIn("change_current_allocator", msg)
+        self.assertNotIn("after CUDA was initialized", msg)
+        self.assertFalse(ct.is_enabled())
+        self.assertEqual(ct._originals, {})
+        self.assertIs(torch.cuda._state["current"], other)
+
     def test_again_without_a_path(self):
         """enable(path) first, then enable() (a library's own call, say): a no-op, even where the
         default search would find no library or another copy."""

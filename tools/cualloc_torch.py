@@ -804,6 +804,16 @@ def enable(path=None, peer_access=True, step_marks=False, standins=True):
                                "(torch.backends.cuda.is_built() is False), so it has no CUDA allocator "
                                "to replace; install a CUDA build of PyTorch"
                                % getattr(torch, "__version__", "unknown version"))
+        # Another pluggable allocator already swapped in (RMM's rmm_torch_allocator, say): PyTorch
+        # initializes a pluggable allocator when it is made and refuses to swap an initialized one,
+        # so no place of enable() in the script can help (get_allocator_backend() is the name of
+        # the allocator in use, "pluggable" for any CUDAPluggableAllocator; it does not initialize
+        # CUDA). The swaps this module made itself were adopted above.
+        if _allocator_backend(memory) == "pluggable":
+            raise RuntimeError("cualloc_torch.enable(): another pluggable allocator is already PyTorch's CUDA "
+                               "allocator (torch.cuda.memory.change_current_allocator was called before, by "
+                               "this script or a library it uses, e.g. RMM's rmm_torch_allocator), and PyTorch "
+                               "swaps its allocator only once per process. Remove that swap to use cualloc")
         if _cuda_in_use(torch):
             raise RuntimeError(_too_late_message())
         allocator = memory.CUDAPluggableAllocator(lib_path, MALLOC_SYMBOL, FREE_SYMBOL)
@@ -956,6 +966,15 @@ def _cuda_in_use(torch):
     except Exception:
         pass
     return False
+
+
+def _allocator_backend(memory):
+    """torch.cuda.memory.get_allocator_backend() ("native", "cudaMallocAsync" or "pluggable"), or
+    None where this PyTorch cannot say."""
+    try:
+        return memory.get_allocator_backend()
+    except Exception:
+        return None
 
 
 def _too_late_message():

@@ -41,6 +41,13 @@ def change_current_allocator(allocator):
     _state["changed_to"].append(allocator)
 
 
+def get_allocator_backend():
+    """As PyTorch (torch._C._cuda_getAllocatorBackend: c10::cuda::CUDACachingAllocator::name() of the
+    allocator in use, without initializing CUDA): "native" for PyTorch's own, "pluggable" once a
+    CUDAPluggableAllocator was swapped in (CUDAPluggableAllocator::name())."""
+    return "native" if _state["current"] is None else "pluggable"
+
+
 def _pluggable_unsupported(what):
     if _state["current"] is not None:
         raise RuntimeError("CUDAPluggableAllocator does not yet support %s. If you need it, please file an issue "
