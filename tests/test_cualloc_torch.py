@@ -425,6 +425,18 @@ class Enable(TorchLibCase):
         self.assertFalse(ct.is_enabled())
         self.assertEqual(ct._originals, {})
 
+    def test_rocm_build_is_a_clear_error(self):
+        """A ROCm build of PyTorch says torch.backends.cuda.is_built() too, but its devices are
+        AMD's: enable() refuses it by name instead of every allocation failing as out of memory."""
+        torch, ct = fresh_modules()
+        torch.version.hip = "6.2.41133"
+        with self.assertRaises(RuntimeError) as cm:
+            ct.enable(ARGS.torch_lib)
+        self.assertIn("ROCm build", str(cm.exception))
+        self.assertIn("6.2.41133", str(cm.exception))
+        self.assertEqual(torch.cuda._state["change_calls"], 0)
+        self.assertFalse(ct.is_enabled())
+
     def test_missing_library(self):
         torch, ct = fresh_modules()
         with self.assertRaises(FileNotFoundError):

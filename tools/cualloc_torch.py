@@ -804,6 +804,13 @@ def enable(path=None, peer_access=True, step_marks=False, standins=True):
                                "(torch.backends.cuda.is_built() is False), so it has no CUDA allocator "
                                "to replace; install a CUDA build of PyTorch"
                                % getattr(torch, "__version__", "unknown version"))
+        # A ROCm build answers is_built() too, and its CUDA API runs on HIP: the CUDA driver
+        # cualloc uses has no device there, so every allocation would fail as out of memory.
+        hip = getattr(getattr(torch, "version", None), "hip", None)
+        if hip:
+            raise RuntimeError("cualloc_torch.enable(): this PyTorch (%s) is a ROCm build (torch.version.hip "
+                               "is %s); cualloc serves NVIDIA GPUs through the CUDA driver and cannot "
+                               "allocate AMD GPU memory" % (getattr(torch, "__version__", "unknown version"), hip))
         # Another pluggable allocator already swapped in (RMM's rmm_torch_allocator, say): PyTorch
         # initializes a pluggable allocator when it is made and refuses to swap an initialized one,
         # so no place of enable() in the script can help (get_allocator_backend() is the name of

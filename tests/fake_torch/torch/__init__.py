@@ -17,4 +17,4 @@ class device:
         return "device(type=%r, index=%r)" % (self.type, self.index)
 
 
-from . import accelerator, backends, cuda, optim  # noqa: E402,F401
+from . import accelerator, backends, cuda, optim, version  # noqa: E402,F401
