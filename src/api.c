@@ -579,12 +579,17 @@ int api_trace_start(const char *path, const conf_t *conf) {
     return r;
 }
 
+/* Both initialize first, as every entry point does: trace:PATH in CUALLOC_CONF starts at the first
+ * call into cualloc, and a stop or a mark may be that call (a stop then ends the trace it started;
+ * a mark is recorded in it). After the first call, api_ensure_init is one load. */
 CUALLOC_API void cualloc_trace_stop(void) {
-    if (!api_started() || !trace_active()) return;
+    api_ensure_init();
+    if (!trace_active()) return;
     api_trace_end(false);
     api_fast_heap_update();
 }
 
 CUALLOC_API void cualloc_mark(const char *label) {
+    api_ensure_init();
     if (trace_enabled()) trace_mark(label ? label : "");
 }

@@ -1903,6 +1903,43 @@ static void rm_tree(const char *d)
 
 static void roundtrip_child(void) { roundtrip_body(); }
 
+/* trace:PATH in CUALLOC_CONF starts at the first call into cualloc, whichever it is. A mark as the
+ * first call is recorded (it was dropped: cualloc_mark did not initialize, so the trace started
+ * only at the allocation after it); a stop as the first call stops that trace (it was a no-op,
+ * and the trace then started at the next allocation and recorded the rest of the run). */
+static char first_call_conf[PATH_MAX];
+
+static void mark_first_body(void)
+{
+    cualloc_mark("before any allocation");
+    cualloc_free(cualloc_malloc(4096, 0, NULL), NULL);
+    cualloc_trace_stop();
+    char path[300];
+    snprintf(path, sizeof path, "%s/mark-first.trace", dir);
+    trace_t t;
+    trace_read(path, &t);
+    const rec_t *m = nth_of(&t, CUA_TRACE_MARK, 0);
+    EXPECT(m && strcmp(m->s1, "before any allocation") == 0, "the first call's mark: %s", m ? m->s1 : "(none)");
+    EXPECT(count_type(&t, CUA_TRACE_ALLOC) == 1, "%zu allocations recorded, want 1", count_type(&t, CUA_TRACE_ALLOC));
+    trace_free(&t);
+}
+
+static void stop_first_body(void)
+{
+    cualloc_trace_stop();
+    EXPECT(!trace_active(), "tracing after cualloc_trace_stop");
+    cualloc_free(cualloc_malloc(4096, 0, NULL), NULL);
+    EXPECT(!trace_active(), "tracing started after cualloc_trace_stop, at the first allocation");
+    char path[300];
+    snprintf(path, sizeof path, "%s/stop-first.trace", dir);
+    trace_t t;
+    trace_read(path, &t);
+    EXPECT(t.acct.end_seen && t.acct.end_reason == CUA_TRACE_END_STOP, "no END(stop) record");
+    EXPECT(count_type(&t, CUA_TRACE_ALLOC) == 0, "%zu allocations recorded after the stop",
+           count_type(&t, CUA_TRACE_ALLOC));
+    trace_free(&t);
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1948,6 +1985,10 @@ int main(int argc, char **argv)
     in_child("signal handlers recording inside the recorder", sim, signal_body);
     in_child("exit() from a signal handler inside an allocation", sim, exit_from_signal_body);
     in_child("reader robustness: truncation and byte flips", sim, robustness_body);
+    snprintf(first_call_conf, sizeof first_call_conf, "%s,trace:%s/mark-first.trace", sim, dir);
+    in_child("trace:PATH: a mark as the first call is recorded", first_call_conf, mark_first_body);
+    snprintf(first_call_conf, sizeof first_call_conf, "%s,trace:%s/stop-first.trace", sim, dir);
+    in_child("trace:PATH: a stop as the first call stops it", first_call_conf, stop_first_body);
     /* In this process: file safety (no fork needed). */
     if (!filter) {
         test_symlink_refused();
