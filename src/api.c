@@ -342,18 +342,26 @@ static void api_fast_heap_update(void) {
  * yet (or an invalid device), cualloc disabled, or the recorder on (or just off). `caller_ip`:
  * cualloc_malloc's return address, where the recorded stack starts (cualloc_malloc may or may not
  * have tail-called this function, so a frame count would not do). */
+/* An invalid device is named, disabled or not (a driver that is not usable said so at start). */
+static void api_report_invalid_device(int device) {
+    if (g.init_error == CUA_SUCCESS && (device < 0 || device >= g.device_count))
+        cua_error("cualloc_malloc: device %d is not valid (%d device%s)", device, g.device_count,
+                  g.device_count == 1 ? "" : "s");
+}
+
 static __attribute__((noinline)) void *api_malloc_slow(size_t size, int device, void *stream, const void *caller_ip) {
     api_ensure_init();
     if (g.disabled) {
         cua_devptr p = 0;
-        if (device < 0 || device >= g.device_count) return NULL;
+        if (device < 0 || device >= g.device_count) {
+            api_report_invalid_device(device);
+            return NULL;
+        }
         return g.drv->mem_alloc(device, size ? size : 1, &p) == CUA_SUCCESS ? (void *)(uintptr_t)p : NULL;
     }
     heap_t *h = api_existing_heap(device);
     if (!h && !(h = api_heap(device))) {
-        if (g.init_error == CUA_SUCCESS && (device < 0 || device >= g.device_count))
-            cua_error("cualloc_malloc: device %d is not valid (%d device%s)", device, g.device_count,
-                      g.device_count == 1 ? "" : "s");
+        api_report_invalid_device(device);
         return NULL;
     }
     /* The call stack, before any heap lock is taken (it may define new stack records). */
@@ -378,8 +386,11 @@ static __attribute__((noinline)) void api_free_slow(void *ptr, void *stream) {
     if (!ptr) return;
     api_ensure_init();
     if (g.disabled) {
+        /* Pass-through: the driver knows its pointers; one that no device frees is reported below. */
         for (int d = 0; d < g.device_count; d++)
             if (g.drv->mem_free(d, (cua_devptr)(uintptr_t)ptr) == CUA_SUCCESS) return;
+        cua_error("cualloc_free: %p was not allocated by the driver (or was already freed); ignored (cualloc is "
+                  "disabled: CUALLOC_DISABLE)", ptr);
         return;
     }
     /* Classic heaps: the block lookup says; a VMM heap the table could not list: its ranges. */

@@ -6,7 +6,8 @@
  *                       check, OOM and recovery, free(NULL), foreign pointers, invalid devices,
  *                       and a fork while other threads map and unmap.
  *   test_api --disable  run with CUALLOC_DISABLE=1: allocations pass straight to the driver, so
- *                       they still work but no statistics move.
+ *                       they still work but no statistics move; a foreign pointer, a double
+ *                       free and an invalid device are still reported.
  *   test_api --peers    two sim devices (sim_devices:2): cualloc_enable_peer_access_all.
  *
  * Only cualloc.h and libc are used; cualloc_check runs after every step.
@@ -409,6 +410,13 @@ static void free_null(void *arg) {
 
 static void free_foreign(void *arg) { cualloc_free(arg, NULL); }
 
+/* cualloc_malloc(100) on the device arg holds (an int in the pointer); must return NULL. */
+static void malloc_device(void *arg) {
+    int device = (int)(intptr_t)arg;
+    void *p = cualloc_malloc(100, device, NULL);
+    EXPECT(p == NULL, "cualloc_malloc on device %d returned %p", device, p);
+}
+
 static void test_free_null_and_foreign(void) {
     cualloc_stats s0 = stats();
     char *out = capture_stderr(free_null, NULL);
@@ -595,6 +603,28 @@ static int run_disabled(void) {
     }
     EXPECT(cualloc_get_stats(1, &s) == -1, "cualloc_get_stats(1) in disabled mode");
     EXPECT(cualloc_check(DEV) == 0, "cualloc_check in disabled mode");
+    /* Bad input is reported here too, as cualloc.h says (both were silent): a pointer the driver
+     * does not know (foreign, or freed already), and an invalid device. */
+    int local = 0;
+    char *out = capture_stderr(free_foreign, &local);
+    EXPECT(out && strstr(out, "cualloc_free") != NULL, "disabled: freeing a foreign pointer printed: '%s'",
+           out ? out : "(capture failed)");
+    free(out);
+    void *once = cualloc_malloc(4096, DEV, NULL);
+    EXPECT(once != NULL, "pass-through cualloc_malloc(4096)");
+    cualloc_free(once, NULL);
+    out = capture_stderr(free_foreign, once);
+    EXPECT(out && strstr(out, "cualloc_free") != NULL, "disabled: a double free printed: '%s'",
+           out ? out : "(capture failed)");
+    free(out);
+    out = capture_stderr(malloc_device, (void *)(intptr_t)1);
+    EXPECT(out && strstr(out, "device 1 is not valid") != NULL,
+           "disabled: cualloc_malloc on device 1 of a one-device sim printed: '%s'", out ? out : "(capture failed)");
+    free(out);
+    out = capture_stderr(malloc_device, (void *)(intptr_t)-1);
+    EXPECT(out && strstr(out, "device -1 is not valid") != NULL, "disabled: cualloc_malloc on device -1 printed: '%s'",
+           out ? out : "(capture failed)");
+    free(out);
     if (failures) fprintf(stderr, "test_api --disable: %d failure(s)\n", failures);
     else printf("test_api --disable: ok\n");
     return failures ? 1 : 0;
