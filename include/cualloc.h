@@ -32,8 +32,10 @@ extern "C" {
  *                held back as active; one that must wait for other streams' work before others may
  *                reuse it waits in its stream's free index, counted in reserved, not here
  *   reserved   : bytes backed by physical memory (mapped chunks, or cuMemAlloc'd segments)
- *   inactive_split : free bytes that cannot be released because a live block shares their chunk
- *                    (VMM) or segment (classic)
+ *   inactive_split : free bytes that cannot be released as they lie: in a chunk a live block shares
+ *                    (VMM) or a segment it shares (classic), or parked on a small-pool quick list
+ *                    for reuse at its exact size (VMM; cualloc_trim merges those back first, and
+ *                    releases what is then wholly free)
  *   largest_free_block : the largest request servable now from reserved memory without mapping more
  * Invariant (after every operation): allocated + cached free == reserved, where cached free are the
  * free blocks backed by physical memory; inactive_split <= cached free.
