@@ -101,11 +101,13 @@ CUALLOC_API int cualloc_oom_message(size_t size, int device, char *buf, size_t l
 CUALLOC_API int cualloc_reset_peaks(int device);
 
 /* Unmaps every cached free chunk (VMM) or frees every unused segment (classic) of `device`,
- * synchronizing only the streams whose work may still touch them. Like torch.cuda.empty_cache(). */
+ * synchronizing only the streams whose work may still touch them. Like torch.cuda.empty_cache().
+ * A device that is not valid is reported on stderr. */
 CUALLOC_API void cualloc_trim(int device);
 
 /* Checks every invariant of `device`'s heap and returns the number of violations (0 =
- * consistent), printing each on stderr. O(heap size); for tests and debugging. */
+ * consistent; also for a device without a heap yet), printing each on stderr; -1 for a device that
+ * is not valid, reported on stderr. O(heap size); for tests and debugging. */
 CUALLOC_API int cualloc_check(int device);
 
 /* Pluggable mode (which never sees cudaDeviceEnablePeerAccess): lets every device reach every other

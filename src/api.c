@@ -342,11 +342,12 @@ static void api_fast_heap_update(void) {
  * yet (or an invalid device), cualloc disabled, or the recorder on (or just off). `caller_ip`:
  * cualloc_malloc's return address, where the recorded stack starts (cualloc_malloc may or may not
  * have tail-called this function, so a frame count would not do). */
-/* An invalid device is named, disabled or not (a driver that is not usable said so at start). */
-static void api_report_invalid_device(int device) {
-    if (g.init_error == CUA_SUCCESS && (device < 0 || device >= g.device_count))
-        cua_error("cualloc_malloc: device %d is not valid (%d device%s)", device, g.device_count,
-                  g.device_count == 1 ? "" : "s");
+/* An invalid device is named by the function `fn` it was given to, disabled or not (a driver that
+ * is not usable said so at start). */
+static void api_report_invalid_device(const char *fn, int device) {
+    if (g.init_error == CUA_SUCCESS && !api_device_valid(device))
+        cua_error("%s: device %d is not valid (%d device%s)", fn, device, api_ndevices(),
+                  api_ndevices() == 1 ? "" : "s");
 }
 
 static __attribute__((noinline)) void *api_malloc_slow(size_t size, int device, void *stream, const void *caller_ip) {
@@ -354,14 +355,14 @@ static __attribute__((noinline)) void *api_malloc_slow(size_t size, int device, 
     if (g.disabled) {
         cua_devptr p = 0;
         if (device < 0 || device >= g.device_count) {
-            api_report_invalid_device(device);
+            api_report_invalid_device("cualloc_malloc", device);
             return NULL;
         }
         return g.drv->mem_alloc(device, size ? size : 1, &p) == CUA_SUCCESS ? (void *)(uintptr_t)p : NULL;
     }
     heap_t *h = api_existing_heap(device);
     if (!h && !(h = api_heap(device))) {
-        api_report_invalid_device(device);
+        api_report_invalid_device("cualloc_malloc", device);
         return NULL;
     }
     /* The call stack, before any heap lock is taken (it may define new stack records). */
@@ -516,12 +517,18 @@ CUALLOC_API void cualloc_trim(int device) {
     pthread_once(&g.once, api_init);
     heap_t *h = api_existing_heap(device);
     if (h) heap_trim(h);
+    else api_report_invalid_device("cualloc_trim", device); /* a valid one without a heap: nothing cached */
 }
 
 CUALLOC_API int cualloc_check(int device) {
     pthread_once(&g.once, api_init);
     heap_t *h = api_existing_heap(device);
-    return h ? heap_check(h, stderr) : 0;
+    if (h) return heap_check(h, stderr);
+    if (!api_device_valid(device)) {
+        api_report_invalid_device("cualloc_check", device);
+        return -1;
+    }
+    return 0; /* no heap yet: nothing to be inconsistent */
 }
 
 CUALLOC_API int cualloc_enable_peer_access_all(void) {

@@ -410,6 +410,9 @@ static void free_null(void *arg) {
 
 static void free_foreign(void *arg) { cualloc_free(arg, NULL); }
 
+/* cualloc_trim on the device arg holds (an int in the pointer). */
+static void trim_device(void *arg) { cualloc_trim((int)(intptr_t)arg); }
+
 /* cualloc_malloc(100) on the device arg holds (an int in the pointer); must return NULL. */
 static void malloc_device(void *arg) {
     int device = (int)(intptr_t)arg;
@@ -466,9 +469,15 @@ static void test_invalid_device(void) {
     fflush(stderr);
     EXPECT(cualloc_malloc(100, 1, NULL) == NULL, "cualloc_malloc on device 1 of a one-device sim succeeded");
     EXPECT(cualloc_malloc(100, -1, NULL) == NULL, "cualloc_malloc on device -1 succeeded");
-    cualloc_trim(7);          /* no-ops, no crash */
-    cualloc_trim(-1);
-    EXPECT(cualloc_check(5) == 0, "cualloc_check on an invalid device");
+    /* No-ops, each named on stderr (they were silent), as for cualloc_malloc. */
+    for (int d = -1; d <= 7; d += 8) {
+        char *out = capture_stderr(trim_device, (void *)(intptr_t)d);
+        char want[64];
+        snprintf(want, sizeof want, "cualloc_trim: device %d is not valid", d);
+        EXPECT(out && strstr(out, want), "cualloc_trim(%d) printed '%s'", d, out ? out : "(capture failed)");
+        free(out);
+    }
+    EXPECT(cualloc_check(5) == -1, "cualloc_check on an invalid device did not return -1");
     check_gauges("invalid devices");
 }
 
