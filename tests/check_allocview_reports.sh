@@ -197,6 +197,9 @@ sys.exit(not (d["fix"].startswith("Fix the leak first") and "record_loss" in d["
 # diagnosis) prints that one too: the leak's, and below the optimizer's step's (it said "its
 # diagnosis follows" and printed nothing after it).
 "$allocview" oom --no-color "$tmp/leakoom.trace" >"$tmp/leakoom.oom.txt" 2>/dev/null
+"$allocview" oom --json "$tmp/leakoom.trace" 2>/dev/null | python3 -c 'import json,sys; d=json.load(sys.stdin)["diagnosis"]
+sys.exit(not ([x["rule"] for x in d] == ["oom-shortage", "leak"] and d[0]["fix"].endswith("The leak'"'"'s diagnosis follows.")))' ||
+    bad "leakoom: oom --json's diagnosis is not the OOM's and the leak's: $("$allocview" oom --json "$tmp/leakoom.trace" 2>&1)"
 grep -q "The leak's diagnosis follows\.$" "$tmp/leakoom.oom.txt" && grep -q "^  2\. Leak: call site .*record_loss" "$tmp/leakoom.oom.txt" ||
     bad "leakoom: oom does not print the leak's diagnosis its fix defers to: $(cat "$tmp/leakoom.oom.txt")"
 # A request larger than the device (latepeak's 1 GiB buffer on 256 MiB): the tensor asked for must

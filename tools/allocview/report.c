@@ -1485,6 +1485,11 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
             fprintf(out, ", \"oom\": ");
             oom_json(out, a, sym, o);
         }
+        if (strcmp(cmd, "oom") == 0) {
+            /* What the text prints: the OOM's diagnosis and those its fix defers to ([] without an OOM). */
+            fprintf(out, ", \"diagnosis\": ");
+            diag_json(out, d, a->nooms ? oom_diags(d, nd) : 0);
+        }
         if (strcmp(cmd, "sites") == 0) {
             size_t n;
             site_t *v = collect_sites(a, sym, VIEW_PEAK, NULL, &n);
