@@ -81,6 +81,27 @@ fi
 legend=$(sed -n '/<g class="legend">/,/<\/g>/s/.*<text[^>]*>\(.*\)<\/text>.*/\1/p' "$tmp/l.svg")
 [ "$(echo "$legend" | grep -c 'model.py:[12]00)$')" = 2 ] && [ -z "$(echo "$legend" | sort | uniq -d)" ] ||
     bad "svg (L): legend entries that cannot be told apart: $legend"
+# --top 32 (the most allowed) on variant K's 45 sites: each of the 32 areas has a colour of its
+# own, and every row of the legend (32 sites and "other") lies inside the chart (the palette had
+# 12 colours, repeated, and the legend ran past the chart's 520 pixels from its 28th row).
+"$sites" K "$tmp/k.trace" || bad "trace_sites_fixture K did not run"
+"$allocview" timeline --no-color --top 32 --svg "$tmp/k.svg" "$tmp/k.trace" >/dev/null || bad "timeline --svg (K) exited $?"
+if command -v python3 >/dev/null 2>&1; then
+    python3 - "$tmp/k.svg" <<'PY' || bad "svg --top 32: colours repeated or legend outside the chart"
+import sys, xml.dom.minidom
+d = xml.dom.minidom.parse(sys.argv[1])
+svg = d.documentElement
+h = float(svg.getAttribute("height"))
+assert svg.getAttribute("viewBox").split()[3] == svg.getAttribute("height"), svg.getAttribute("viewBox")
+fills = [p.getAttribute("fill") for p in d.getElementsByTagName("path") if p.getAttribute("class") == "area"]
+assert len(fills) == 33 and len(set(fills)) == 33, fills
+legend = [g for g in d.getElementsByTagName("g") if g.getAttribute("class") == "legend"][0]
+rows = legend.getElementsByTagName("rect")
+assert len(rows) == 33, len(rows)
+for r in rows:
+    assert float(r.getAttribute("y")) + float(r.getAttribute("height")) <= h, (r.getAttribute("y"), h)
+PY
+fi
 
 # 2a. --svg naming the trace itself (or a link to it) is refused, status 1, and the trace is
 #     left as it was; an unwritable chart names why.

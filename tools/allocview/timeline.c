@@ -580,8 +580,12 @@ static double nice_step(double range, int n)
     return (f < 1.5 ? 1 : f < 3.5 ? 2 : f < 7.5 ? 5 : 10) * p;
 }
 
-static const char *const PALETTE[] = {"#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948",
-                                      "#b07aa1", "#ff9da7", "#9c755f", "#86bcb6", "#8cd17d", "#d4a6c8"};
+/* One colour per top site: MAX_TOP of them, none grey ("other" is). */
+static const char *const PALETTE[MAX_TOP] = {
+    "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
+    "#9c755f", "#86bcb6", "#8cd17d", "#d4a6c8", "#a0cbe8", "#ffbe7d", "#f1ce63", "#499894",
+    "#ff9d9a", "#d37295", "#fabfd2", "#d7b5a6", "#b6992d", "#393b79", "#6b6ecf", "#637939",
+    "#b5cf6b", "#8c6d31", "#e7ba52", "#843c39", "#d6616b", "#7b4173", "#ce6dbd", "#17becf"};
 
 static int svg_report(const tl_t *t, const char *file)
 {
@@ -597,8 +601,12 @@ static int svg_report(const tl_t *t, const char *file)
     }
     if (!direct)
         xalloc_output(tmp); /* removed should host memory run out before the rename */
-    const double W = 1000, H = 520, L = 80, R = 300, T = 50, B = 60;
-    const double pw = W - L - R, ph = H - T - B;
+    const double W = 1000, L = 80, R = 300, T = 50, B = 60;
+    const double pw = W - L - R, ph = 520 - T - B;
+    /* The legend (reserved, then a row of 16 pixels per layer, from T + 20) may run past the
+     * plot's 520 pixels with many top sites: the chart grows to hold it. */
+    unsigned nlayers = t->ntop + (t->have_other ? 1 : 0);
+    const double H = T + 20 + 16.0 * nlayers + 10 > 520 ? T + 20 + 16.0 * nlayers + 10 : 520;
     uint64_t maxv = t->live_peak > t->reserved_peak ? t->live_peak : t->reserved_peak;
     if (!maxv)
         maxv = 1;
@@ -651,12 +659,11 @@ static int svg_report(const tl_t *t, const char *file)
                  "memory (%s)</text>\n</g>\n",
             T + ph / 2, T + ph / 2, units[u]);
     /* Stacked areas: one path per top site, then the rest. */
-    unsigned nlayers = t->ntop + (t->have_other ? 1 : 0);
     uint64_t *base = xcalloc(t->width, sizeof *base);
     fprintf(out, "<g class=\"sites\">\n");
     for (unsigned l = 0; l < nlayers; l++) {
         unsigned slot = l < t->ntop ? l : t->ntop;
-        const char *color = l < t->ntop ? PALETTE[l % (sizeof PALETTE / sizeof PALETTE[0])] : "#bab0ac";
+        const char *color = l < t->ntop ? PALETTE[l] : "#bab0ac";
         fprintf(out, "<path class=\"area\" fill=\"%s\" fill-opacity=\"0.85\" stroke=\"none\" d=\"", color);
         for (unsigned i = 0; i < t->width; i++) {
             double y = Y(base[i] + t->b[i].site[slot]);
@@ -723,7 +730,7 @@ static int svg_report(const tl_t *t, const char *file)
     fprintf(out, "%s)</text>\n", txt_human(t->reserved_peak, h, sizeof h));
     for (unsigned l = 0; l < nlayers; l++) {
         double y = ly + 20 + 16 * l;
-        const char *color = l < t->ntop ? PALETTE[l % (sizeof PALETTE / sizeof PALETTE[0])] : "#bab0ac";
+        const char *color = l < t->ntop ? PALETTE[l] : "#bab0ac";
         fprintf(out, "<rect x=\"%.1f\" y=\"%.1f\" width=\"14\" height=\"10\" fill=\"%s\"/>\n<text x=\"%.1f\" "
                      "y=\"%.1f\">",
                 lx, y, color, lx + 20, y + 9);
