@@ -36,6 +36,9 @@ compare timeline_fixture.txt "$tmp/tl_fx.txt"
 ( cd "$tmp" && "$allocview" timeline --ascii --no-color --width 48 --top 3 a.trace ) >"$tmp/tl_a.txt" || bad "timeline sites exited $?"
 compare timeline_sites.txt "$tmp/tl_a.txt"
 grep -q '\^' "$tmp/tl_fx.txt" || bad "timeline: no peak marker"
+# One column: the time axis still reads "0", then the end (it read "023.000 us", the 0 run into it).
+"$allocview" timeline --ascii --no-color --width 1 "$tmp/fx.trace" >"$tmp/tl_w1.txt" || bad "timeline --width 1 exited $?"
+grep -q '^time      0 23.000 us$' "$tmp/tl_w1.txt" || bad "timeline --width 1: time axis $(grep "^time  " "$tmp/tl_w1.txt")"
 grep -q '^! OOM ' "$tmp/tl_fx.txt" || bad "timeline: the fixture's OOM is not shown"
 # Unicode by default; no colour when not on a terminal.
 "$allocview" timeline --width 30 "$tmp/fx.trace" >"$tmp/tl_u.txt" || bad "timeline (unicode) exited $?"

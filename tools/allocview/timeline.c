@@ -445,7 +445,8 @@ static void text_report(const tl_t *t, FILE *out)
     }
     fputc('\n', out);
     free(line);
-    fprintf(out, "%-10s%s%*s%s\n", "time", "0", (int)(t->width > 1 ? t->width - 1 : 0), "",
+    /* The end under the last column's end; one column still has a blank between "0" and it. */
+    fprintf(out, "%-10s%s%*s%s\n", "time", "0", (int)(t->width > 1 ? t->width - 1 : 1), "",
             fmt_time(span, t->ascii, a, sizeof a));
     /* The legend. */
     if (t->live_peak)
