@@ -43,7 +43,8 @@ static void usage(FILE *out)
             "commands:\n"
             "  dump [--redact] [--offsets] TRACE\n"
             "                            one line per record, in sequence order; --redact replaces what\n"
-            "                            differs between runs (pids, host, times, addresses) with '*';\n"
+            "                            differs between runs on the sim device (pids, host, wall-clock\n"
+            "                            times, thread ids, code addresses and module paths) with '*';\n"
             "                            --offsets starts each line with the record's file offset\n"
             "  report [OPTIONS] TRACE... the default report (above)\n"
             "  peak [--at TIME|MARK] TRACE   the peak (or the state at TIME / MARK) and its call sites\n"
@@ -164,9 +165,10 @@ int main(int argc, char **argv)
                           "  Every record of the trace, one line each, in sequence order: definitions\n"
                           "  (process, configuration, devices, modules, stacks) and events (alloc, free,\n"
                           "  map, unmap, mark, oom, ...), with their fields as recorded.\n"
-                          "options: --redact replace what differs between runs (pids, host, times,\n"
-                          "         addresses) with '*'; --offsets start each line with the record's file\n"
-                          "         offset (to find it in a damaged file)\n"
+                          "options: --redact replace what differs between runs on the sim device (pids,\n"
+                          "         host, wall-clock times, thread ids, code addresses and module paths)\n"
+                          "         with '*' (event times and device addresses stay); --offsets start each\n"
+                          "         line with the record's file offset (to find it in a damaged file)\n"
                           "exit status: 0; 2 the file cannot be read as a trace; 3 it is damaged past the\n"
                           "         records printed (a trace cut short by a killed process reads as 0)\n",
                           stdout);
