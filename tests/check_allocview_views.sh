@@ -310,6 +310,14 @@ assert len(d["diagnosis"]) == 38 and d["num_leaks"] == 40, (len(d["diagnosis"]),
 ' || bad "leaks --json --top 38 (K) does not list 38 of 40"
 fi
 
+# 5b'. sites --folded takes --no-color as the other views do, and a --top it cannot use is named as
+#      such, under the command typed (both were "allocview folded: unknown option").
+"$allocview" sites --folded --no-color "$tmp/k.trace" | grep -q '^main (train.py:10);keep_1 (leaks.py:1) 5242880$' ||
+    bad "sites --folded --no-color: $("$allocview" sites --folded --no-color "$tmp/k.trace" 2>&1 | head -3)"
+"$allocview" sites --folded --top 5 "$tmp/k.trace" >/dev/null 2>"$tmp/kf.err"; rc=$?
+[ $rc = 1 ] && grep -q "^allocview sites --folded: folded stacks list every call site, so they take no --top" "$tmp/kf.err" ||
+    bad "sites --folded --top 5: exit $rc, $(cat "$tmp/kf.err")"
+
 # 5c. Replay of devices no sim device can be: a granularity of 3 bytes is named and replaced by
 #     2 MiB, and device 70 (past the sim's 64) is named as what cannot be replayed (exit 2); both
 #     said "the heap could not be set up", with no reason.

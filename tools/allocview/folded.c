@@ -420,12 +420,19 @@ int av_cmd_folded(int argc, char **argv)
             return 0;
         } else if (strcmp(argv[i], "--folded") == 0) {
             continue; /* sites --folded */
+        } else if (strcmp(argv[i], "--no-color") == 0 || strcmp(argv[i], "--no-colour") == 0) {
+            continue; /* the other views take it; folded stacks have no colour anyway */
         } else if (strcmp(argv[i], "--device") == 0) {
             if (!dv_parse("folded", i + 1 < argc ? argv[i + 1] : NULL, &scope))
                 return VW_EXIT_USAGE;
             i++;
         } else if (argv[i][0] == '-' && argv[i][1]) {
-            fprintf(stderr, "allocview folded: unknown option %s (see allocview folded --help)\n", argv[i]);
+            /* Named as typed: `sites --folded` reaches here with the sites options in mind. */
+            bool sites = strcmp(argv[0], "sites") == 0;
+            fprintf(stderr, "allocview %s: %s %s (see allocview folded --help)\n", sites ? "sites --folded" : "folded",
+                    strcmp(argv[i], "--top") == 0 ? "folded stacks list every call site, so they take no"
+                                                  : "unknown option",
+                    argv[i]);
             return VW_EXIT_USAGE;
         } else if (!path) {
             path = argv[i];
