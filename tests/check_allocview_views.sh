@@ -318,6 +318,13 @@ fi
 [ $rc = 1 ] && grep -q "^allocview sites --folded: folded stacks list every call site, so they take no --top" "$tmp/kf.err" ||
     bad "sites --folded --top 5: exit $rc, $(cat "$tmp/kf.err")"
 
+# 5b''. A peak in the column of an OOM: the '!' is drawn, and the legend says the peak is under it
+#       (it named a '^' the line did not show).
+"$allocview" timeline --ascii --no-color --width 1 "$tmp/fx.trace" | grep -q "^\^ peak .* (in the column of the OOM's '!'); " ||
+    bad "timeline --width 1: the peak under the OOM's '!' is not said: $("$allocview" timeline --ascii --no-color --width 1 "$tmp/fx.trace" 2>&1)"
+"$allocview" timeline --ascii --no-color "$tmp/a.trace" | grep -q "in the column of the OOM" &&
+    bad "a peak with no OOM in its column said to be under one"
+
 # 5c. Replay of devices no sim device can be: a granularity of 3 bytes is named and replaced by
 #     2 MiB, and device 70 (past the sim's 64) is named as what cannot be replayed (exit 2); both
 #     said "the heap could not be set up", with no reason.

@@ -432,6 +432,9 @@ static void text_report(const tl_t *t, FILE *out)
         line[bucket_of(t, t->live_peak_time)] = '^';
     for (size_t i = 0; i < t->nooms; i++)
         line[bucket_of(t, t->ooms[i].time)] = '!';
+    /* An OOM often comes just after the peak, in its column: the '!' is drawn, and the legend says
+     * where the '^' is. */
+    bool peak_hidden = t->live_peak && line[bucket_of(t, t->live_peak_time)] != '^';
     size_t end = t->width;
     while (end > 0 && line[end - 1] == ' ')
         end--;
@@ -450,8 +453,9 @@ static void text_report(const tl_t *t, FILE *out)
             fmt_time(span, t->ascii, a, sizeof a));
     /* The legend. */
     if (t->live_peak)
-        fprintf(out, "^ peak    %s live at %s; reserved peak %s at %s\n", txt_human(t->live_peak, a, sizeof a),
-                fmt_time(t->live_peak_time - t->t0, t->ascii, b, sizeof b), txt_human(t->reserved_peak, c, sizeof c),
+        fprintf(out, "^ peak    %s live at %s%s; reserved peak %s at %s\n", txt_human(t->live_peak, a, sizeof a),
+                fmt_time(t->live_peak_time - t->t0, t->ascii, b, sizeof b),
+                peak_hidden ? " (in the column of the OOM's '!')" : "", txt_human(t->reserved_peak, c, sizeof c),
                 fmt_time(t->reserved_peak_time > t->t0 ? t->reserved_peak_time - t->t0 : 0, t->ascii, d, sizeof d));
     for (size_t i = 0; i < t->nooms; i++)
         fprintf(out, "! OOM     at %s: %s requested on device %" PRIu32 "\n",
