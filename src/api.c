@@ -338,10 +338,6 @@ static void api_fast_heap_update(void) {
     pthread_mutex_unlock(&g.create_lock);
 }
 
-/* cualloc_malloc's other cases, out of line so that the common one needs no stack frame: no heap
- * yet (or an invalid device), cualloc disabled, or the recorder on (or just off). `caller_ip`:
- * cualloc_malloc's return address, where the recorded stack starts (cualloc_malloc may or may not
- * have tail-called this function, so a frame count would not do). */
 /* An invalid device is named by the function `fn` it was given to, disabled or not (a driver that
  * is not usable said so at start). */
 static void api_report_invalid_device(const char *fn, int device) {
@@ -350,6 +346,10 @@ static void api_report_invalid_device(const char *fn, int device) {
                   api_ndevices() == 1 ? "" : "s");
 }
 
+/* cualloc_malloc's other cases, out of line so that the common one needs no stack frame: no heap
+ * yet (or an invalid device), cualloc disabled, or the recorder on (or just off). `caller_ip`:
+ * cualloc_malloc's return address, where the recorded stack starts (cualloc_malloc may or may not
+ * have tail-called this function, so a frame count would not do). */
 static __attribute__((noinline)) void *api_malloc_slow(size_t size, int device, void *stream, const void *caller_ip) {
     api_ensure_init();
     if (g.disabled) {
