@@ -1022,6 +1022,55 @@ static int adds_cb(struct dl_phdr_info *info, size_t size, void *arg)
     return 1;
 }
 
+/* The path of the file mapped at `addr`, from /proc/self/maps, into path (len bytes): for a module
+ * the loader found by a relative name ("./libx.so", from dlopen or LD_LIBRARY_PATH=.), which it
+ * keeps as given and which allocview, reading the trace later from another folder, could not
+ * open. Plain reads into a fixed buffer (under mod_lock): no host memory taken. Returns whether
+ * found. */
+static char maps_buf[8192];
+static char abs_path[512]; /* mapped_file's answer in modules_refresh (under mod_lock) */
+static bool mapped_file(uint64_t addr, char *path, size_t len)
+{
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    bool found = false;
+    size_t have = 0;
+    for (;;) {
+        ssize_t k = read(fd, maps_buf + have, sizeof maps_buf - 1 - have);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        have += (size_t)k;
+        maps_buf[have] = '\0';
+        char *line = maps_buf, *nl;
+        while ((nl = strchr(line, '\n')) != NULL) {
+            *nl = '\0';
+            /* "start-end perms offset dev inode   /path": no '/' before the path. */
+            char *end;
+            uint64_t lo = strtoull(line, &end, 16), hi = *end == '-' ? strtoull(end + 1, NULL, 16) : 0;
+            const char *file = strchr(line, '/');
+            if (addr >= lo && addr < hi) {
+                if (file && strlen(file) < len) {
+                    memcpy(path, file, strlen(file) + 1);
+                    found = true;
+                }
+                close(fd);
+                return found;
+            }
+            line = nl + 1;
+        }
+        /* The unfinished line moves to the front; a line longer than the buffer is dropped. */
+        have = (size_t)(maps_buf + have - line);
+        if (have == sizeof maps_buf - 1)
+            have = 0;
+        memmove(maps_buf, line, have);
+    }
+    close(fd);
+    return found;
+}
+
 /* Records the modules loaded since the last scan. Called without the recorder lock (it takes
  * the loader's lock), from stack capture on a cache miss. Out of line: inlined into the capture,
  * which runs on every recorded allocation, it cost the capture 7 instructions a call. */
@@ -1055,11 +1104,16 @@ static __attribute__((noinline, cold)) void modules_refresh(void)
                 seen = known[j].base == m->base && known[j].start == m->start && known[j].path_hash == ph;
             if (seen)
                 continue;
+            /* The relative name of a library (the executable's and the vDSO's have no '/')
+             * as the absolute path of its file. */
+            const char *path = m->path;
+            if (path[0] != '/' && strchr(path, '/') && mapped_file(m->start, abs_path, sizeof abs_path))
+                path = abs_path;
             uint8_t *p = T.scratch;
             p += put_varint(p, m->base);
             p += put_varint(p, m->start);
             p += put_varint(p, m->end);
-            p += put_string(p, m->path, T.block_size / 8 < 511 ? T.block_size / 8 : 511);
+            p += put_string(p, path, T.block_size / 8 < 511 ? T.block_size / 8 : 511);
             p += put_varint(p, m->id_len);
             memcpy(p, m->build_id, m->id_len);
             p += m->id_len;

@@ -1,0 +1,28 @@
+#!/bin/sh
+# check_allocview_modules.sh FIXTURE LIB ALLOCVIEW LIBCUALLOC — allocview names the frames of modules
+# whose files it must find from the paths a trace recorded (tests/trace_module_fixture.c, copied
+# with LIB to a temporary folder, as it replaces its own file):
+#  - a library the loader found by a relative name (dlopen("./lib.so"), LD_LIBRARY_PATH=.): the
+#    trace records the file's absolute path, so allocview, run from anywhere, opens it;
+set -u
+fixture=$1 lib=$2 allocview=$3 libcualloc=$4
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+bad() { echo "FAIL: $*"; fail=1; }
+LD_LIBRARY_PATH=$(dirname "$libcualloc")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH
+mkdir "$tmp/lib"
+cp "$fixture" "$tmp/fixture" && cp "$lib" "$tmp/lib/libmodule.so" || exit 1
+
+# A library opened by a relative name, named by allocview run from another folder.
+(cd "$tmp/lib" && CUALLOC_CONF=driver:sim "$tmp/fixture" "$tmp/rel.trace" relative ./libmodule.so) ||
+    bad "the fixture (relative) exited non-zero"
+"$allocview" dump "$tmp/rel.trace" | grep ' module .*libmodule' | grep -q "path=\"$tmp/lib/libmodule.so\"" ||
+    bad "the library's recorded path is not absolute: $("$allocview" dump "$tmp/rel.trace" | grep ' module .*libmodule')"
+"$allocview" folded "$tmp/rel.trace" >"$tmp/rel.folded" || bad "allocview folded (relative)"
+grep -q 'module_lib_alloc (trace_module_lib.c:13)' "$tmp/rel.folded" ||
+    bad "library loaded by a relative name: $(cat "$tmp/rel.folded")"
+
+[ "$fail" = 0 ] && echo "check_allocview_modules: all passed"
+exit "$fail"
