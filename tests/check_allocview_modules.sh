@@ -4,6 +4,8 @@
 # with LIB to a temporary folder, as it replaces its own file):
 #  - a library the loader found by a relative name (dlopen("./lib.so"), LD_LIBRARY_PATH=.): the
 #    trace records the file's absolute path, so allocview, run from anywhere, opens it;
+#  - an executable whose file was replaced while it ran (the kernel names the running image
+#    "PATH (deleted)"): allocview reads the file now at PATH when its build id is the recorded one.
 set -u
 fixture=$1 lib=$2 allocview=$3 libcualloc=$4
 tmp=$(mktemp -d)
@@ -23,6 +25,12 @@ cp "$fixture" "$tmp/fixture" && cp "$lib" "$tmp/lib/libmodule.so" || exit 1
 "$allocview" folded "$tmp/rel.trace" >"$tmp/rel.folded" || bad "allocview folded (relative)"
 grep -q 'module_lib_alloc (trace_module_lib.c:13)' "$tmp/rel.folded" ||
     bad "library loaded by a relative name: $(cat "$tmp/rel.folded")"
+
+# An executable replaced by a copy of itself while it ran.
+CUALLOC_CONF=driver:sim "$tmp/fixture" "$tmp/repl.trace" replaced || bad "the fixture (replaced) exited non-zero"
+"$allocview" folded "$tmp/repl.trace" >"$tmp/repl.folded" || bad "allocview folded (replaced)"
+grep -q 'fixture_alloc (trace_module_fixture.c:[0-9]*);main (trace_module_fixture.c:[0-9]*)\|main (trace_module_fixture.c:[0-9]*);fixture_alloc' "$tmp/repl.folded" ||
+    bad "executable replaced while it ran: $(cat "$tmp/repl.folded")"
 
 [ "$fail" = 0 ] && echo "check_allocview_modules: all passed"
 exit "$fail"

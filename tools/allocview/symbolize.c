@@ -399,6 +399,19 @@ static void mod_open(sym_ctx_t *c, sym_mod_t *m)
      * make it wait for a writer). */
     struct stat st;
     int fd = tr_open_regular(m->path, &st);
+    /* The executable's path as the kernel gives it once its file was deleted or replaced while
+     * it ran (a rebuild, an install): "/path/prog (deleted)". The file now at /path/prog is read
+     * when its build id is the recorded one (below); without a recorded build id it is not. */
+    const unsigned char *want;
+    size_t want_len = tr_module_build_id(c->r, m->path, &want);
+    static const char deleted[] = " (deleted)";
+    size_t plen = strlen(m->path), k = sizeof deleted - 1;
+    if (fd == -1 && want_len && plen > k && strcmp(m->path + plen - k, deleted) == 0) {
+        char *now = xstrdup(m->path);
+        now[plen - k] = '\0';
+        fd = tr_open_regular(now, &st);
+        free(now);
+    }
     if (fd < 0)
         return;
     m->dwfl = dwfl_begin(&callbacks);
@@ -416,8 +429,6 @@ static void mod_open(sym_ctx_t *c, sym_mod_t *m)
         return;
     }
     /* The build id must match the recorded one: a rebuilt file would name the wrong code. */
-    const unsigned char *want;
-    size_t want_len = tr_module_build_id(c->r, m->path, &want);
     if (want_len) {
         const unsigned char *bits;
         GElf_Addr vaddr;
