@@ -433,8 +433,14 @@ static void mod_open(sym_ctx_t *c, sym_mod_t *m)
         const unsigned char *bits;
         GElf_Addr vaddr;
         int n = dwfl_module_build_id(m->mod, &bits, &vaddr);
-        if (n <= 0 || (size_t)n != want_len || memcmp(bits, want, want_len) != 0)
+        if (n <= 0 || (size_t)n != want_len || memcmp(bits, want, want_len) != 0) {
+            /* Said once per module: otherwise its frames' module+offset would seem unexplained. */
+            fprintf(stderr,
+                    "allocview: %s is not the file the trace recorded (its build id differs: rebuilt since?); "
+                    "its frames are shown as module+offset\n",
+                    m->path);
             return;
+        }
     }
     dwfl_module_info(m->mod, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
     Dwarf_Addr bias = 0;

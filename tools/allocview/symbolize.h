@@ -1,7 +1,8 @@
 /* symbolize.h — names the frames of recorded stacks offline, from the module map records:
  * function and file:line through elfutils' libdwfl where the module file is present, has
  * symbols and its build id matches the recorded one (with the functions inlined at the address,
- * from the debug information); module+offset otherwise. C++ names are demangled, without their
+ * from the debug information); module+offset otherwise (a file whose build id differs is named
+ * on stderr, once per context). C++ names are demangled, without their
  * parameter lists. Frames of the allocator and the CUDA runtime (libcualloc.so, libcudart*,
  * libcuda*, libc10_cuda*, functions cudaMalloc*, cuMemAlloc*, cualloc_*, PyTorch's
  * CUDACachingAllocator and CUDAPluggableAllocator) are marked to fold, so the first frame shown
