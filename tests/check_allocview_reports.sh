@@ -484,6 +484,9 @@ if [ -n "$inline" ]; then
     "$allocview" folded "$tmp/inline.trace" >"$tmp/inline.folded" 2>&1 || bad "folded (inlined) exited $?"
     grep -q "^main (trace_inline_fixture.c:[0-9]*);model_forward (trace_inline_fixture.c:[0-9]*);attention (trace_inline_fixture.c:[0-9]*);tensor_empty (trace_inline_fixture.c:[0-9]*) 8388608$" \
         "$tmp/inline.folded" || bad "inlined frames are not named: $(cat "$tmp/inline.folded")"
+    # An allocator's function inlined into the user's: only the inlined one folds.
+    grep -q "^main (trace_inline_fixture.c:[0-9]*);layer_norm (trace_inline_fixture.c:[0-9]*) 2097152$" \
+        "$tmp/inline.folded" || bad "the user's function an allocation helper was inlined into was folded: $(cat "$tmp/inline.folded")"
     "$allocview" export --pytorch "$tmp/inline.pickle" "$tmp/inline.trace" >/dev/null 2>&1 || bad "export (inlined) exited $?"
     if command -v python3 >/dev/null 2>&1; then
         python3 - "$tmp/inline.pickle" <<'PY' || bad "the exported snapshot lacks the inlined frames"

@@ -49,6 +49,7 @@ typedef struct sym_ent {
 
 #define SF_PLUMBING 1u /* machinery between the user's code and the allocation: left out of sites */
 #define SF_PYSRC 2u    /* a frame of Python source: what labels of Python programs are made of */
+#define SF_FOLD 4u     /* the allocator's or the CUDA runtime's (an inlined one, in a user's function) */
 
 /* A stack's user frames (texts of the ents, innermost first), and the frames its label is made of:
  * the innermost, then, in a Python program, only the Python source frames (the native frames
@@ -551,14 +552,17 @@ static size_t native_lookup(sym_ctx_t *c, const char *module, uint64_t off, sym_
 #endif
     if (n == 0 && max > 0)
         out[n++] = (sym_native_t){0};
-    for (size_t i = 0; i < n; i++)
+    /* From the function the code lies in inwards: an allocator's function folds with everything
+     * inlined into it, but not the user's function it was itself inlined into (cuda_runtime.h's
+     * cudaMalloc<T> template, inlined where the user calls it). */
+    for (size_t i = n; i-- > 0;) {
         fold |= fold_function(out[i].function);
+        out[i].fold = fold;
+    }
     /* libffi: the trampoline of ctypes and cffi calls, in every foreign call from Python. */
     bool ffi = module && fnmatch("libffi.so*", txt_base_name(module), 0) == 0;
-    for (size_t i = 0; i < n; i++) {
-        out[i].fold = fold;
+    for (size_t i = 0; i < n; i++)
         out[i].plumbing = ffi || plumbing_frame(out[i].function, out[i].file);
-    }
     return n;
 }
 
@@ -570,10 +574,10 @@ static void fmt_native(sym_ctx_t *c, const char *module, uint64_t off, sym_ent_t
     e->text = xcalloc(n, sizeof *e->text);
     e->flags = xcalloc(n, sizeof *e->flags);
     e->nf = xmalloc(n * sizeof *e->nf);
-    e->fold = nf[0].fold;
+    e->fold = nf[n - 1].fold; /* the function the code lies in: every text folds */
     for (size_t i = 0; i < n; i++) {
         e->nf[i] = nf[i];
-        e->flags[e->ntext] = nf[i].plumbing ? SF_PLUMBING : 0;
+        e->flags[e->ntext] = (uint8_t)((nf[i].plumbing ? SF_PLUMBING : 0) | (nf[i].fold ? SF_FOLD : 0));
         char buf[1024];
         if (nf[i].function && nf[i].file && nf[i].line > 0)
             frame_text(nf[i].function, txt_base_name(nf[i].file), (uint64_t)nf[i].line, buf, sizeof buf);
@@ -678,7 +682,7 @@ static const sym_stk_t *stk_get(sym_ctx_t *c, uint32_t id)
         if (ents[i].fold)
             continue;
         for (size_t k = 0; k < ents[i].ntext; k++) {
-            if (ents[i].flags[k] & SF_PLUMBING)
+            if (ents[i].flags[k] & (SF_PLUMBING | SF_FOLD))
                 continue;
             flags[st->nframes] = ents[i].flags[k];
             st->frames[st->nframes++] = ents[i].text[k];

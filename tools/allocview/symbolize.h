@@ -46,8 +46,9 @@ void sym_label(const char *const *f, size_t n, size_t depth, bool recorded, char
 /* One native frame (module + offset: the return address as recorded; module NULL: offset is the
  * address) as source-level frames, innermost first: inside inlined code, each inlined function
  * and then the function it was inlined into, each with its source file and line at the call
- * (function NULL when unknown, file NULL, line 0). `fold`, the same in each: the frame is the
- * allocator's or the CUDA runtime's. Returns how many (at least 1 when max > 0); the strings
+ * (function NULL when unknown, file NULL, line 0). `fold`: the frame is the allocator's or the
+ * CUDA runtime's (every one of a native frame in their modules or functions; in a user's function,
+ * only an allocator's function inlined into it and what is inlined into that). Returns how many (at least 1 when max > 0); the strings
  * belong to the context. */
 #define SYM_INLINE_MAX 16 /* source-level frames kept per native frame */
 typedef struct sym_native {
