@@ -230,6 +230,12 @@ class Discovery(unittest.TestCase):
 
 
 class Enable(TorchLibCase):
+    def refused(self, ct):
+        """The RuntimeError enable() raises (the test fails when it raises none)."""
+        with self.assertRaises(RuntimeError) as cm:
+            ct.enable(ARGS.torch_lib)
+        return cm.exception
+
     def test_registers_the_library_and_symbols(self):
         torch, ct = fresh_modules()
         alloc = ct.enable(ARGS.torch_lib)
@@ -248,9 +254,7 @@ class Enable(TorchLibCase):
         torch, ct = fresh_modules()
         torch.cuda._fake_empty(1024)  # a CUDA tensor under the native allocator
         self.assertTrue(torch.cuda.is_initialized())
-        with self.assertRaises(RuntimeError) as cm:
-            ct.enable(ARGS.torch_lib)
-        msg = str(cm.exception)
+        msg = str(self.refused(ct))
         self.assertIn("after CUDA was initialized", msg)
         self.assertIn("before creating any CUDA tensor", msg)
         self.assertIn("LD_PRELOAD", msg)
@@ -263,12 +267,10 @@ class Enable(TorchLibCase):
         the user gets our advice and PyTorch's words."""
         torch, ct = fresh_modules()
         torch.cuda._state["native_used"] = True
-        with self.assertRaises(RuntimeError) as cm:
-            ct.enable(ARGS.torch_lib)
-        msg = str(cm.exception)
-        self.assertIn("before creating any CUDA tensor", msg)
-        self.assertIn("Can't swap an already initialized allocator", msg)
-        self.assertIsInstance(cm.exception.__cause__, RuntimeError)
+        err = self.refused(ct)
+        self.assertIn("before creating any CUDA tensor", str(err))
+        self.assertIn("Can't swap an already initialized allocator", str(err))
+        self.assertIsInstance(err.__cause__, RuntimeError)
         self.assertFalse(ct.is_enabled())
 
     def test_another_pluggable_allocator_is_named(self):
@@ -281,9 +283,7 @@ class Enable(TorchLibCase):
                                                          "cualloc_torch_free")  # not through cualloc_torch
         torch.cuda.memory.change_current_allocator(other)
         self.assertFalse(torch.cuda.is_initialized())
-        with self.assertRaises(RuntimeError) as cm:
-            ct.enable(ARGS.torch_lib)
-        msg = str(cm.exception)
+        msg = str(self.refused(ct))
         self.assertIn("another pluggable allocator", msg)
         self.assertIn("change_current_allocator", msg)
         self.assertNotIn("after CUDA was initialized", msg)
@@ -417,10 +417,9 @@ class Enable(TorchLibCase):
         enable() says what is wrong instead of letting an AttributeError about torch._C out."""
         torch, ct = fresh_modules()
         torch.cuda._state["built_with_cuda"] = False
-        with self.assertRaises(RuntimeError) as cm:
-            ct.enable(ARGS.torch_lib)
-        self.assertIn("built without CUDA", str(cm.exception))
-        self.assertIn("torch.backends.cuda.is_built()", str(cm.exception))
+        msg = str(self.refused(ct))
+        self.assertIn("built without CUDA", msg)
+        self.assertIn("torch.backends.cuda.is_built()", msg)
         self.assertEqual(torch.cuda._state["change_calls"], 0)
         self.assertFalse(ct.is_enabled())
         self.assertEqual(ct._originals, {})
@@ -430,10 +429,9 @@ class Enable(TorchLibCase):
         AMD's: enable() refuses it by name instead of every allocation failing as out of memory."""
         torch, ct = fresh_modules()
         torch.version.hip = "6.2.41133"
-        with self.assertRaises(RuntimeError) as cm:
-            ct.enable(ARGS.torch_lib)
-        self.assertIn("ROCm build", str(cm.exception))
-        self.assertIn("6.2.41133", str(cm.exception))
+        msg = str(self.refused(ct))
+        self.assertIn("ROCm build", msg)
+        self.assertIn("6.2.41133", msg)
         self.assertEqual(torch.cuda._state["change_calls"], 0)
         self.assertFalse(ct.is_enabled())
 
