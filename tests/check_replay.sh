@@ -177,8 +177,17 @@ rc=0
 "$allocview" replay --memory 2048TiB "$tmp/fx.trace" >/dev/null 2>"$tmp/usage.err" || rc=$?
 [ $rc = 1 ] && grep -qF "bad --memory '2048TiB' (at most 1 PiB, the largest sim device)" "$tmp/usage.err" ||
     bad "--memory 2048TiB: exit $rc, said '$(cat "$tmp/usage.err")'"
-"$allocview" replay --memory 1024TiB --json "$tmp/fx.trace" >/dev/null 2>"$tmp/usage.err" ||
-    bad "--memory 1024TiB (1 PiB): exit $?, said '$(cat "$tmp/usage.err")'"
+# A ThreadSanitizer build cannot have the host tables of a 1 PiB sim device (their reservations
+# and its shadow of them): there a run at 1 PiB may end in allocview's "out of host memory" (exit 2),
+# which says so; every other build runs it.
+tsan_build=0
+ldd "$allocview" 2>/dev/null | grep -q libtsan && tsan_build=1
+at_1pib_ok() { # EXIT: the run at 1 PiB completed, or met the TSan build's host memory limit
+    [ "$1" = 0 ] || { [ $tsan_build = 1 ] && [ "$1" = 2 ] && grep -q "out of host memory" "$tmp/usage.err"; }
+}
+rc=0
+"$allocview" replay --memory 1024TiB --json "$tmp/fx.trace" >/dev/null 2>"$tmp/usage.err" || rc=$?
+at_1pib_ok $rc || bad "--memory 1024TiB (1 PiB): exit $rc, said '$(cat "$tmp/usage.err")'"
 # --min-fit on requests that no sim device can hold: said, at once, not a capacity past 1 PiB tried.
 python3 - "$tmp/huge.pickle" <<'PY'
 import pickle, sys
@@ -199,7 +208,7 @@ rc=0
     bad "import --device-memory 65536TiB failed"
 rc=0
 "$allocview" replay "$tmp/hugecap.trace" >/dev/null 2>"$tmp/usage.err" || rc=$?
-[ $rc = 0 ] && grep -q "is above the largest sim device; replaying on 1 PiB" "$tmp/usage.err" ||
+at_1pib_ok $rc && grep -q "is above the largest sim device; replaying on 1 PiB" "$tmp/usage.err" ||
     bad "replay of a 64 PiB recorded capacity: exit $rc, said '$(cat "$tmp/usage.err")'"
 "$allocview" replay --conf no_such_key:1 "$tmp/fx.trace" >/dev/null 2>&1; [ $? = 1 ] || bad "bad --conf: want exit 1"
 # Keys replay sets itself (the sim device is the trace's and --memory's) are named when a --conf
