@@ -949,6 +949,12 @@ static const char *fit_keys(const char *extra, strbuf_t *sb) {
     return sb->buf ? sb->buf : "";
 }
 
+/* Runs the next trial, at mb MiB, into trials[*nt]; its outcome (1 completed, 0 failed, < 0 not run). */
+static int next_trial(const opts_t *o, const char *keys, size_t mb, trial_t *trials, int *nt) {
+    run_trial(o, keys, mb, &trials[*nt]);
+    return trials[(*nt)++].outcome;
+}
+
 static void min_fit_one(const opts_t *o, const char *extra, fit_t *f) {
     strbuf_t sb = {0};
     const char *keys = fit_keys(extra, &sb);
@@ -982,25 +988,15 @@ static void min_fit_one(const opts_t *o, const char *extra, fit_t *f) {
     for (;;) {
         while (hi - lo > 1 && nt < MAX_TRIALS - 2) {
             size_t mid = lo + (hi - lo) / 2;
-            run_trial(o, keys, mid, &trials[nt]);
-            int out = trials[nt++].outcome;
-            if (out < 0) {
-                f->ntrials = nt;
-                free(sb.buf);
-                return;
-            }
+            int out = next_trial(o, keys, mid, trials, &nt);
+            if (out < 0) goto stopped;
             if (out == 1) hi = mid;
             else lo = mid;
         }
         size_t lower = 0;
         for (size_t i = 0; i < sizeof below / sizeof below[0] && hi - sure_fail > below[i] && nt < MAX_TRIALS - 2; i++) {
-            run_trial(o, keys, hi - below[i], &trials[nt]);
-            int out = trials[nt++].outcome;
-            if (out < 0) {
-                f->ntrials = nt;
-                free(sb.buf);
-                return;
-            }
+            int out = next_trial(o, keys, hi - below[i], trials, &nt);
+            if (out < 0) goto stopped;
             if (out == 1) {
                 lower = hi - below[i];
                 break;
@@ -1040,6 +1036,10 @@ static void min_fit_one(const opts_t *o, const char *extra, fit_t *f) {
         }
     f->ntrials = nt;
     f->ok = true;
+    free(sb.buf);
+    return;
+stopped: /* a trial that could not be run: no minimum */
+    f->ntrials = nt;
     free(sb.buf);
 }
 
