@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "cualloc.h"
+#include "min_fit_search.h"
 
 #define MIB ((size_t)1 << 20)
 #define DEFAULT_SIM_MB 16384
@@ -949,10 +950,19 @@ static const char *fit_keys(const char *extra, strbuf_t *sb) {
     return sb->buf ? sb->buf : "";
 }
 
-/* Runs the next trial, at mb MiB, into trials[*nt]; its outcome (1 completed, 0 failed, < 0 not run). */
-static int next_trial(const opts_t *o, const char *keys, size_t mb, trial_t *trials, int *nt) {
-    run_trial(o, keys, mb, &trials[*nt]);
-    return trials[(*nt)++].outcome;
+/* The search's probe: the next trial, at `mb` MiB, into trials[*nt]; its outcome (1 completed, 0
+ * failed, < 0 not run). */
+struct demo_probe {
+    const opts_t *o;
+    const char *keys;
+    trial_t *trials;
+    int *nt;
+};
+
+static int demo_probe(void *ctx, uint64_t mb) {
+    struct demo_probe *p = ctx;
+    run_trial(p->o, p->keys, (size_t)mb, &p->trials[*p->nt]);
+    return p->trials[(*p->nt)++].outcome;
 }
 
 static void min_fit_one(const opts_t *o, const char *extra, fit_t *f) {
@@ -980,32 +990,14 @@ static void min_fit_one(const opts_t *o, const char *extra, fit_t *f) {
     /* Below the peak requested nothing can fit: that is the known-failing lower bound. */
     size_t lo = (f->peak_requested + MIB - 1) / MIB - 1;
     const size_t sure_fail = lo;
-    /* Completion need not be monotone in capacity (where cache is released moves with it), so the
-     * bisection's answer, one MiB above a failing size, need not be the smallest: a few sizes below
-     * it are tried too, and where one completes the search goes on under it (the failing sizes
-     * above it then show as not monotone). hi only decreases. Invariant: hi completes, lo fails. */
-    static const size_t below[] = {2, 3, 4, 8, 16, 64};
-    for (;;) {
-        while (hi - lo > 1 && nt < MAX_TRIALS - 2) {
-            size_t mid = lo + (hi - lo) / 2;
-            int out = next_trial(o, keys, mid, trials, &nt);
-            if (out < 0) goto stopped;
-            if (out == 1) hi = mid;
-            else lo = mid;
-        }
-        size_t lower = 0;
-        for (size_t i = 0; i < sizeof below / sizeof below[0] && hi - sure_fail > below[i] && nt < MAX_TRIALS - 2; i++) {
-            int out = next_trial(o, keys, hi - below[i], trials, &nt);
-            if (out < 0) goto stopped;
-            if (out == 1) {
-                lower = hi - below[i];
-                break;
-            }
-        }
-        if (!lower) break;
-        hi = lower;
-        lo = sure_fail;
-    }
+    /* Bisection, then a few sizes below its answer (min_fit_search.h says why); the failing sizes
+     * above a smaller one that completes show as not monotone below. */
+    struct demo_probe ctx = {o, keys, trials, &nt};
+    min_fit_search_t s;
+    unsigned budget = nt < MAX_TRIALS - 2 ? (unsigned)(MAX_TRIALS - 2 - nt) : 0; /* room for the confirming run */
+    min_fit_search(sure_fail, lo, hi, budget, demo_probe, &ctx, &s);
+    if (!s.found) goto stopped;
+    hi = s.units;
     f->min_mb = hi;
     /* Confirm at the minimum (the run is deterministic: it must complete again). */
     run_trial(o, keys, hi, &f->at_min);

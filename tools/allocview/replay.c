@@ -39,6 +39,7 @@
 #endif
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +47,7 @@
 #include <time.h>
 
 #include "internal.h"
+#include "min_fit_search.h"
 #include "reader.h"
 #include "replay.h"
 #include "text.h"
@@ -634,6 +636,19 @@ static bool completes(const trace_reqs_t *t, const conf_t *c, uint64_t cap, fit_
     return res->num_ooms == 0;
 }
 
+struct replay_probe {
+    const trace_reqs_t *t;
+    const conf_t *c;
+    fit_t *f;
+    uint64_t gran;
+};
+
+static int replay_probe(void *ctx, uint64_t granules)
+{
+    struct replay_probe *p = ctx;
+    return completes(p->t, p->c, granules * p->gran, p->f, NULL);
+}
+
 static void min_fit(const trace_reqs_t *t, const conf_t *c, uint64_t start, fit_t *f)
 {
     memset(f, 0, sizeof *f);
@@ -656,38 +671,13 @@ static void min_fit(const trace_reqs_t *t, const conf_t *c, uint64_t start, fit_
         lo = hi;
         hi = hi < REPLAY_MAX_MEMORY / 2 ? hi * 2 : REPLAY_MAX_MEMORY;
     }
-    /* Completion need not be monotone in capacity (a larger device changes when cache is released,
-     * and so what is split afterwards): bisection finds a capacity one granule above a failing
-     * one, not necessarily the smallest. So a few capacities below its answer are tried too; where
-     * one completes, the failing capacity above it is kept for the report and the search goes on
-     * under it. hi only decreases, so this ends. Invariant: hi completes, lo fails. */
-    f->monotone = true;
-    static const unsigned below[] = {2, 3, 4, 8, 16, 64};
-    for (;;) {
-        while (hi - lo > g) {
-            uint64_t mid = lo + (hi - lo) / g / 2 * g;
-            if (completes(t, c, mid, f, NULL))
-                hi = mid;
-            else
-                lo = mid;
-        }
-        uint64_t lower = 0;
-        for (size_t i = 0; i < sizeof below / sizeof below[0]; i++) {
-            if (hi - sure_fail <= (uint64_t)below[i] * g)
-                break; /* at or under a capacity smaller than the requests */
-            uint64_t cap = hi - (uint64_t)below[i] * g;
-            if (completes(t, c, cap, f, NULL)) {
-                lower = cap;
-                break;
-            }
-        }
-        if (!lower)
-            break;
-        f->monotone = false;
-        f->failed_above = lo; /* fails, above `lower`, which completes */
-        hi = lower;
-        lo = sure_fail;
-    }
+    /* Bisection, then a few capacities below its answer (min_fit_search.h says why). */
+    struct replay_probe ctx = {t, c, f, g};
+    min_fit_search_t s;
+    min_fit_search(sure_fail / g, lo / g, hi / g, UINT_MAX, replay_probe, &ctx, &s);
+    f->monotone = s.monotone;
+    f->failed_above = s.failed_above * g;
+    hi = s.units * g;
     f->found = true;
     f->bytes = hi;
     if (!completes(t, c, hi, f, &f->at)) { /* cannot happen: the run is deterministic */
