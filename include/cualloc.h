@@ -63,7 +63,8 @@ extern "C" {
 typedef struct cualloc_stats {
     CUALLOC_STATS_GAUGES(CUALLOC_STATS_GAUGE_FIELDS_)
     size_t largest_free_block;
-    size_t capacity_bytes; /* what the heap may reserve: the device, or the cap configured */
+    size_t capacity_bytes; /* what the heap may reserve: the device, or the cap configured; 0 until
+                              the device's heap exists (its first allocation) */
     CUALLOC_STATS_COUNTERS(CUALLOC_STATS_COUNTER_FIELDS_)
 } cualloc_stats;
 
@@ -79,7 +80,8 @@ CUALLOC_API void *cualloc_malloc(size_t size, int device, void *stream);
  * NULL ptr is ignored; a pointer cualloc does not own is reported on stderr and ignored. O(1). */
 CUALLOC_API void cualloc_free(void *ptr, void *stream);
 
-/* Copies `device`'s statistics into *out. Returns 0, or -1 for a device that is not valid. */
+/* Copies `device`'s statistics into *out (all zero before the device's first allocation, which
+ * creates its heap). Returns 0, or -1 for a device that is not valid. */
 CUALLOC_API int cualloc_get_stats(int device, cualloc_stats *out);
 
 /* The message for a request of `size` bytes on `device` that cualloc_malloc could not serve, as

@@ -138,6 +138,11 @@ static char *capture_stderr(void (*fn)(void *), void *arg) {
  * get, not "could not set up a heap" (which it said, with nothing on stderr to explain it). */
 static void test_oom_message_first(void) {
     char buf[2048];
+    /* Before the device's heap exists its statistics are all zero, capacity included (cualloc.h). */
+    cualloc_stats s, zero;
+    memset(&zero, 0, sizeof zero);
+    EXPECT(cualloc_get_stats(0, &s) == 0 && memcmp(&s, &zero, sizeof s) == 0 && s.capacity_bytes == 0,
+           "stats before any allocation: capacity %zu, reserved %zu", s.capacity_bytes, s.reserved_bytes);
     EXPECT(cualloc_oom_message(SIZE_MAX, 0, buf, sizeof buf) == 0, "cualloc_oom_message");
     EXPECT(strncmp(buf, "CUDA out of memory", 18) == 0 && strstr(buf, "genuine shortage") &&
                !strstr(buf, "could not set up"),
@@ -146,6 +151,8 @@ static void test_oom_message_first(void) {
     EXPECT(cualloc_oom_message(64 << 20, 0, buf, sizeof buf) == 0 && strstr(buf, "Diagnosis: none yet") &&
                !strstr(buf, "failed and the device"),
            "a request that would be served: %s", buf);
+    /* The message made the heap, as the request would have: the capacity is known now. */
+    EXPECT(cualloc_get_stats(0, &s) == 0 && s.capacity_bytes > 0, "stats after the heap is made: capacity 0");
 }
 
 static void test_round_trip(void) {
