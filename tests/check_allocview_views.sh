@@ -310,6 +310,20 @@ assert len(d["diagnosis"]) == 38 and d["num_leaks"] == 40, (len(d["diagnosis"]),
 ' || bad "leaks --json --top 38 (K) does not list 38 of 40"
 fi
 
+# 5c. A leak in a small trace without step marks (variant M: 100 allocations in a file of two 64 KiB
+#     blocks): judged over windows of allocations, counted, not guessed from the file's size (the
+#     guess made one window of a thousand allocations: no leak could show). A trace with too few
+#     allocations for any window says so rather than "none".
+"$sites" M "$tmp/m.trace" || bad "trace_sites_fixture M did not run"
+"$allocview" leaks --no-color "$tmp/m.trace" >"$tmp/m.txt" || bad "leaks (M) exited $?"
+grep -q '^  1\. Leak: call site keep (losses.py:7) grew from .* over [0-9]* time windows' "$tmp/m.txt" ||
+    bad "the leak without step marks is not found: $(cat "$tmp/m.txt")"
+"$allocview" --no-color "$tmp/m.trace" | grep -q 'Leak: call site keep (losses.py:7)' ||
+    bad "the report does not diagnose the leak without step marks"
+"$sites" X "$tmp/x1.trace" || bad "trace_sites_fixture X did not run"
+"$allocview" leaks --no-color "$tmp/x1.trace" | grep -q '^  none found: too few allocations to judge (1 allocation: 0 windows of 16;' ||
+    bad "leaks on one allocation: $("$allocview" leaks --no-color "$tmp/x1.trace")"
+
 # 5b'. sites --folded takes --no-color as the other views do, and a --top it cannot use is named as
 #      such, under the command typed (both were "allocview folded: unknown option").
 "$allocview" sites --folded --no-color "$tmp/k.trace" | grep -q '^main (train.py:10);keep_1 (leaks.py:1) 5242880$' ||

@@ -311,6 +311,34 @@ static void progress(const av_t *a, uint64_t off, uint64_t total, int *last)
     fprintf(stderr, "] %3d%%", pct);
 }
 
+/* Up to this size a trace's allocations are counted before it is analyzed (a second pass, a
+ * fraction of a second at most); a larger one's are estimated from its size. */
+#define WINDOW_COUNT_MAX_BYTES ((uint64_t)32 << 20)
+
+/* The allocations per leak window: a sixteenth of the trace's allocations in scope, at least 16.
+ * A small trace is counted: its size says little of its events (the recorder lays the file out in
+ * 64 KiB blocks, so a trace of a thousand events takes as much room as one of eight thousand, and
+ * deep stacks fill blocks of their own), and an estimate from it gave a short job one or two
+ * windows, too few for any leak to show. A large trace's blocks are nearly all full: a few bytes
+ * per event, about half of them allocations. */
+static uint64_t window_allocs(const char *path, uint64_t fsize, const dv_scope_t *scope)
+{
+    uint64_t allocs = fsize / 16;
+    if (fsize <= WINDOW_COUNT_MAX_BYTES) {
+        char err[256];
+        tr_reader_t *r = tr_open(path, err, sizeof err);
+        if (r) {
+            tr_record_t rec;
+            uint64_t n = 0;
+            while (tr_next(r, &rec) > 0)
+                n += rec.known && rec.type == CUA_TRACE_ALLOC && !dv_skips(scope, &rec);
+            tr_close(r);
+            allocs = n; /* up to a corrupt record, where the analysis stops too */
+        }
+    }
+    return allocs / 16 > 16 ? allocs / 16 : 16;
+}
+
 av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errlen)
 {
     tr_reader_t *r = tr_open(path, err, errlen);
@@ -324,11 +352,10 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
     devaddr_map_init(&a->live, sizeof(struct av_live));
     stack_get(a, 0);
     uint64_t fsize = tr_info(r)->file_size;
-    /* Without step marks, leaks are judged over ~16 windows of allocations (estimated from the
-     * file size: a few bytes per event). */
-    a->win_every = fsize / 8 / 16;
-    if (a->win_every < 16)
-        a->win_every = 16;
+    if (opts)
+        a->scope = opts->scope;
+    /* Without step marks, leaks are judged over ~16 windows of allocations. */
+    a->win_every = window_allocs(path, fsize, &a->scope);
     seg_open(a, NULL, -1, 0, 0);
     int last_pct = -1;
     bool prog = opts && opts->progress && fsize > ((uint64_t)64 << 20);
@@ -336,8 +363,6 @@ av_t *av_analyze(const char *path, const av_opts_t *opts, char *err, size_t errl
     int k;
     bool first_event = true;
     uint64_t first_time = 0;
-    if (opts)
-        a->scope = opts->scope;
     while ((k = tr_next(r, &rec)) > 0) {
         if (prog && (rec.seq & 0xffff) == 0)
             progress(a, rec.offset, fsize, &last_pct);

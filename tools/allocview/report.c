@@ -1583,8 +1583,20 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
         size_t all = count_leaks(a, sym);
         if (all > nl)
             fprintf(out, "  ... %zu more leaking call site%s (--top N lists more)\n", all - nl, all - nl == 1 ? "" : "s");
-        if (!nl)
+        uint64_t seen = a->win_bounds * a->win_every + a->win_allocs; /* allocations in scope */
+        if (nl)
+            ;
+        else if (use_step_leaks(a))
             fprintf(out, "  none: no call site's live bytes grew step after step without being freed\n");
+        else if (a->win_bounds < 3) /* av_leak_growing needs 3 boundaries */
+            fprintf(out,
+                    "  none found: too few allocations to judge (%" PRIu64 " allocation%s: %u window%s of %" PRIu64
+                    "; a leak shows over 3 windows or more).\n"
+                    "  Mark the steps (\"step N\", with cualloc_mark or cualloc_torch) to judge leaks step by step.\n",
+                    seen, seen == 1 ? "" : "s", a->win_bounds, a->win_bounds == 1 ? "" : "s", a->win_every);
+        else
+            fprintf(out, "  none: no call site's live bytes grew window after window (%u windows of %" PRIu64
+                         " allocations) without being freed\n", a->win_bounds, a->win_every);
     }
     free(ref_sites);
     ref_sites = NULL;
