@@ -640,6 +640,7 @@ const char *driver_error_name(cua_result r) {
     case 803: return "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH";
     case CUA_ERROR_STREAM_CAPTURE_UNSUPPORTED: return "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED";
     case 901: return "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED";
+    case CUA_ERROR_STREAM_CAPTURE_IMPLICIT: return "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT";
     case CUA_ERROR_UNKNOWN: return "CUDA_ERROR_UNKNOWN";
     case CUA_ERROR_HOST_MEMORY: return "host memory ran out (cualloc's own tables)";
     default: return "CUDA_ERROR_UNRECOGNIZED";

@@ -532,6 +532,51 @@ static void test_streams_events(void) {
     EXPECT(sim_calls(SIM_OP_DEVICE_SYNC) == 2 && sim_calls(SIM_OP_STREAM_SYNC) == 6, "sync counts");
 }
 
+/* The legacy stream (NULL or CU_STREAM_LEGACY) while a blocking stream of its device captures: its
+ * work would wait for the capturing stream's, which CUDA refuses (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
+ * and which invalidates that capture; a query only answers the error. A non-blocking stream's
+ * capture, or another device's, leaves the legacy stream alone. */
+static void test_legacy_during_capture(void) {
+    conf_t c = base_conf(64 * MiB, false);
+    c.sim_devices = 2;
+    configure(&c);
+    cua_stream blocking = sim_stream_create(0, false), nb = sim_stream_create(0, false);
+    cua_stream other = sim_stream_create(1, false);
+    sim_stream_set_blocking(blocking, true);
+    sim_stream_set_blocking(other, true);
+    cua_event e;
+    EXPECT_R(ops->event_create(0, &e), CUA_SUCCESS);
+    bool cap = true;
+    sim_stream_set_capturing(nb, true);
+    sim_stream_set_capturing(other, true);
+    uint64_t broken = sim_captures_broken();
+    EXPECT_R(ops->stream_is_capturing(0, NULL, &cap), CUA_SUCCESS);
+    EXPECT(!cap, "a non-blocking stream's capture does not involve the legacy stream");
+    EXPECT_R(ops->event_record(0, e, NULL), CUA_SUCCESS);
+    EXPECT_R(ops->stream_synchronize(0, NULL), CUA_SUCCESS);
+    EXPECT(sim_captures_broken() == broken, "no capture broken");
+    for (int named = 0; named < 2; named++) {
+        cua_stream legacy = named ? (cua_stream)1 : NULL;
+        sim_stream_set_capturing(blocking, true);
+        EXPECT_R(ops->stream_is_capturing(0, legacy, &cap), CUA_ERROR_STREAM_CAPTURE_IMPLICIT);
+        EXPECT(sim_captures_broken() == broken, "a query breaks no capture");
+        EXPECT_R(ops->event_record(0, e, legacy), CUA_ERROR_STREAM_CAPTURE_IMPLICIT);
+        EXPECT(sim_captures_broken() == broken + 1, "an event on the legacy stream broke the capture");
+        EXPECT_R(ops->stream_is_capturing(0, blocking, &cap), CUA_SUCCESS);
+        EXPECT(!cap, "the capture was invalidated");
+        sim_stream_set_capturing(blocking, true);
+        EXPECT_R(ops->stream_synchronize(0, legacy), CUA_ERROR_STREAM_CAPTURE_IMPLICIT);
+        EXPECT(sim_captures_broken() == broken + 2, "a legacy synchronize broke the capture");
+        broken += 2;
+    }
+    EXPECT_R(ops->stream_is_capturing(1, other, &cap), CUA_SUCCESS);
+    EXPECT(cap, "another device's capture was left alone");
+    EXPECT_R(ops->event_destroy(0, e), CUA_SUCCESS);
+    sim_stream_destroy(blocking);
+    sim_stream_destroy(nb);
+    sim_stream_destroy(other);
+}
+
 /* Runs fn in a child process; true when the child died of a signal (or failed). */
 static bool crashes(void (*fn)(void *), void *arg) {
     fflush(NULL);
@@ -841,6 +886,7 @@ int main(void) {
     test_failures_and_counts();
     test_latency();
     test_streams_events();
+    test_legacy_during_capture();
     test_host_backed();
     test_deterministic();
     test_devices();

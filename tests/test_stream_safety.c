@@ -93,9 +93,9 @@ typedef struct {
 typedef struct {
     cua_stream handle;
     int id;             /* incarnation; slot 0 (legacy) is always 0 */
-    bool blocking;      /* registered as a blocking stream (never captures here) */
+    bool blocking;      /* registered as a blocking stream */
     bool per_thread;    /* a thread's cudaStreamPerThread: allocations under a key, frees device-wide */
-    bool capturing;
+    bool capturing;     /* slot 0: while a blocking stream captures (the legacy stream's work would join it) */
     cua_event capture_ev; /* recorded when the capture began */
 } slot_t;
 
@@ -586,8 +586,14 @@ static void do_capture(const op_t *o) {
     bool begin = o->b & 1;
     if (begin == sl->capturing || sl->per_thread) return;
     if (begin) sl->capture_ev = event_on(sl->handle); /* the work before the capture */
+    /* As CUDA: while a blocking stream captures, the legacy stream takes no work (it would join the
+     * capture), so slot 0 is capturing too, its work being what was queued before. */
+    if (begin && sl->blocking && !W.slot[0].capturing) W.slot[0].capture_ev = event_on(W.slot[0].handle);
     sl->capturing = begin;
     sim_stream_set_capturing(sl->handle, begin);
+    W.slot[0].capturing = false;
+    for (int k = 1; k < W.nslot; k++)
+        if (W.slot[k].capturing && W.slot[k].blocking) W.slot[0].capturing = true;
 }
 
 static void run_op(const variant_t *v, const op_t *o) {
