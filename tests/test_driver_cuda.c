@@ -37,6 +37,8 @@ static struct {
     cua_pfn_cuGetProcAddress_v2 get_proc;
     cua_pfn_cuDevicePrimaryCtxReset_v2 ctx_reset;
     uint64_t (*entry_calls)(const char *name);
+    cua_pfn_cuStreamCreate stream_create_cuda;
+    void (*set_capturing)(cua_stream s, int capturing);
 } fake;
 
 static void *fake_sym(void *lib, const char *name) {
@@ -65,6 +67,8 @@ static void fake_bind(void) {
     BIND(get_proc, "cuGetProcAddress_v2")
     BIND(ctx_reset, "cuDevicePrimaryCtxReset_v2")
     BIND(entry_calls, "fakecuda_entry_calls")
+    BIND(stream_create_cuda, "cuStreamCreate")
+    BIND(set_capturing, "fakecuda_stream_set_capturing")
 #undef BIND
     dlclose(lib); /* drops only the reference taken here */
 }
@@ -178,6 +182,33 @@ static void test_events(void) {
     expect_no_ctx();
 }
 
+/* Captures: a stream made by cuStreamCreate without CU_STREAM_NON_BLOCKING synchronizes with the
+ * legacy stream, so while it captures, the legacy stream's query answers
+ * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (the heap then takes the legacy stream for capturing); a
+ * non-blocking stream's capture leaves the legacy stream alone. */
+static void test_capture_query(void) {
+    cua_ctx primary, cur;
+    EXPECT_R(fake.ctx_retain(&primary, 0), CUA_SUCCESS);
+    EXPECT_R(fake.ctx_push(primary), CUA_SUCCESS);
+    cua_stream blocking = NULL, nb = NULL;
+    EXPECT_R(fake.stream_create_cuda(&blocking, 0), CUA_SUCCESS);
+    EXPECT_R(fake.stream_create_cuda(&nb, CUA_STREAM_NON_BLOCKING), CUA_SUCCESS);
+    EXPECT_R(fake.ctx_pop(&cur), CUA_SUCCESS);
+    bool cap = true;
+    fake.set_capturing(nb, 1);
+    EXPECT_R(ops->stream_is_capturing(0, nb, &cap), CUA_SUCCESS);
+    EXPECT(cap, "the non-blocking stream captures");
+    EXPECT_R(ops->stream_is_capturing(0, NULL, &cap), CUA_SUCCESS);
+    EXPECT(!cap, "the legacy stream does not");
+    fake.set_capturing(nb, 0);
+    fake.set_capturing(blocking, 1);
+    EXPECT_R(ops->stream_is_capturing(0, NULL, &cap), CUA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    fake.set_capturing(blocking, 0);
+    EXPECT_R(ops->stream_is_capturing(0, NULL, &cap), CUA_SUCCESS);
+    EXPECT(!cap, "the capture ended");
+    expect_no_ctx();
+}
+
 /* The backend pushes its context and pops it: a context the caller made current stays current. */
 static void test_caller_context(void) {
     cua_ctx mine, cur = NULL;
@@ -270,6 +301,7 @@ int main(int argc, char **argv) {
     test_classic();
     test_events();
     test_caller_context();
+    test_capture_query();
     test_get_proc();
     test_context_current();
     printf("test_driver_cuda: ok\n");

@@ -672,6 +672,9 @@ cua_result cuStreamCreate(cua_stream *stream, unsigned int flags) {
     if (dev < 0) return CUA_ERROR_INVALID_CONTEXT;
     cua_stream s = sim_stream_create(dev, false);
     if (!s) return CUA_ERROR_OUT_OF_MEMORY;
+    /* As CUDA: without CU_STREAM_NON_BLOCKING the stream synchronizes with the legacy stream (which
+     * then may not be used while it captures). */
+    sim_stream_set_blocking(s, !(flags & CUA_STREAM_NON_BLOCKING));
     *stream = s;
     return CUA_SUCCESS;
 }
