@@ -155,7 +155,7 @@ static const opt_t opts[] = {
      "Number of sim devices (1 to 64).",
      OFF(sim_devices), 1, CUALLOC_MAX_DEVICES, 0},
     {"sim_latency_us", OPT_UINT, "0",
-     "Microseconds added to every sim map, unmap, create and release call (at most 10000000).",
+     "Microseconds added to every sim call that models a slow driver call: create, release, map, unmap and access (VMM), and a classic segment's allocation and free (at most 10000000).",
      OFF(sim_latency_us), 0, 10000000, 0},
     {"sim_va_base", OPT_ADDR, "0x7f0000000000",
      "First address the sim device hands out, hex or decimal: nonzero, below 2^56, a multiple of "
