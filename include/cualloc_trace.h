@@ -261,13 +261,17 @@ enum cua_trace_mode { CUA_TRACE_MODE_CLASSIC = 0, CUA_TRACE_MODE_VMM = 1 };
  * whatever the address space; the device refused them. WAITING, with either kind of segments (a
  * value added within format 1.1): memory freed on streams the heap could not synchronize (a CUDA
  * graph capture in progress, or a stream the driver would not synchronize) would have served the
- * request. A reader takes a value it does not know for "not recorded". */
+ * request. DRIVER_ERROR, with either kind (added within format 1.2): not a shortage at all — the
+ * driver failed the heap's last attempt to create or map memory with an error other than out of
+ * memory (a context a kernel's fault left unusable fails every call); device_free then reads 0. A
+ * reader takes a value it does not know for "not recorded". */
 enum cua_trace_vmm_failure {
     CUA_TRACE_VMM_NONE = 0,
     CUA_TRACE_VMM_ADDRESS_SPACE = 1,
     CUA_TRACE_VMM_CHUNKS = 2,
     CUA_TRACE_VMM_REFUSED = 3,
     CUA_TRACE_VMM_WAITING = 4,
+    CUA_TRACE_VMM_DRIVER_ERROR = 5,
 };
 
 /* LOST table: what the recorder could not keep. A reader names a value it does not know "table N". */

@@ -282,6 +282,12 @@ struct heap_s {
     unsigned host_refused_said; /* bit 1 << kind: each kind of host failure is reported once */
     uint64_t host_refusals;     /* allocations failed for want of host memory (heap_host_refusals) */
     bool no_slot_said;          /* alloc_fail_no_slot has reported once */
+    /* The driver's error from the latest attempt to create or map memory, when it was not out of
+     * memory (0 otherwise; each attempt clears it first). An allocation that then fails failed
+     * for it, not for want of memory: alloc_fail reports and returns it (a context that a kernel's
+     * fault left unusable fails every call so). */
+    cua_result grow_error;
+    cua_result grow_error_said; /* the last such error reported: each is said once, not per call */
 };
 
 static const char *const host_table_names[] = {
@@ -1362,6 +1368,7 @@ static cua_result chunks_map(heap_t *h, pool_t *p, uintptr_t addr, size_t len) {
         p->chunks[first + done] = handle;
     }
     if (r == CUA_SUCCESS) r = h->drv->set_access(h->dev, addr, len);
+    if (r != CUA_SUCCESS && r != CUA_ERROR_OUT_OF_MEMORY) h->grow_error = r;
     if (r == CUA_SUCCESS && p->id == POOL_SMALL && !granules_open(p, first, n)) {
         h->host_refused = HOST_LIVE_MAP;
         r = CUA_ERROR_OUT_OF_MEMORY;
@@ -1532,6 +1539,7 @@ static bool grow_plan(const pool_t *p, unsigned tag, size_t rsize, grow_plan_t *
  * the driver or the address space says no. */
 static block_t *vmm_grow(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
     grow_plan_t plan;
+    h->grow_error = CUA_SUCCESS;
     if (!grow_plan(p, tag, rsize, &plan) || h->stats.reserved_bytes + plan.len > h->cap) return NULL;
     block_t *u = plan.u, *m = u;
     sizeclass_remove(&p->unmapped, u);
@@ -1584,6 +1592,7 @@ static void segment_unlink(pool_t *p, block_t *head) {
 /* PyTorch's alloc_block: a new segment for the request, inserted FREE. */
 static block_t *classic_alloc_segment(heap_t *h, pool_t *p, unsigned tag, size_t rsize, bool retry) {
     if (retry) h->stats.num_alloc_retries++;
+    h->grow_error = CUA_SUCCESS;
     size_t size = classic_segment_size(rsize);
     if (h->stats.reserved_bytes + size > h->cap) return NULL;
     block_t *b = slab_alloc(&h->blocks);
@@ -1592,7 +1601,9 @@ static block_t *classic_alloc_segment(heap_t *h, pool_t *p, unsigned tag, size_t
         return NULL;
     }
     cua_devptr ptr = 0;
-    if (h->drv->mem_alloc(h->dev, size, &ptr) != CUA_SUCCESS) {
+    cua_result r = h->drv->mem_alloc(h->dev, size, &ptr);
+    if (r != CUA_SUCCESS) {
+        if (r != CUA_ERROR_OUT_OF_MEMORY) h->grow_error = r;
         slab_free(&h->blocks, b);
         return NULL;
     }
@@ -2120,6 +2131,9 @@ static void report_host_refused(heap_t *h, size_t size) {
     h->host_refused = HOST_NONE;
 }
 
+/* The failed allocation's result, for heap_alloc (the pointer alone cannot say it). */
+static _Thread_local cua_result alloc_fail_result;
+
 /* No tag could be had for `stream`, and not for want of host memory: every stream slot belongs to a
  * stream whose free blocks cannot settle now (capturing a CUDA graph, so nothing may synchronize
  * it, or its synchronize failed; in classic mode, free blocks in a segment shared with live ones).
@@ -2129,6 +2143,7 @@ static void report_host_refused(heap_t *h, size_t size) {
  * here. */
 static __attribute__((noinline, cold)) void alloc_fail_no_slot(heap_t *h, cua_stream stream, size_t size) {
     h->stats.num_ooms++;
+    alloc_fail_result = CUA_ERROR_OUT_OF_MEMORY;
     /* Classic mode keeps a segment to one stream, so there a stream holding part of a segment
      * keeps its slot; in VMM mode only a stream that cannot settle does. */
     const char *why = h->vmm ? "whose freed memory cannot be reused yet (they are capturing CUDA graphs, or could "
@@ -2152,9 +2167,39 @@ static __attribute__((noinline, cold)) void alloc_fail_no_slot(heap_t *h, cua_st
     cua_unlock(&h->lock);
 }
 
+/* The latest attempt to create or map memory failed with a driver error that is not out of
+ * memory (h->grow_error): the allocation failed for it. Said once per error, not per call (a
+ * context left unusable fails every later one the same way). Lock held; released here. */
+static __attribute__((noinline, cold)) cua_result alloc_fail_driver(heap_t *h, cua_stream stream, size_t size,
+                                                                    size_t rsize) {
+    cua_result r = h->grow_error;
+    h->grow_error = CUA_SUCCESS;
+    char req[32];
+    fmt_bytes(size, req, sizeof req);
+    snprintf(h->oom_text, sizeof h->oom_text,
+             "not a shortage of memory — the driver failed with %s (%d) while %s memory for this request. An "
+             "earlier error, such as a kernel's illegal memory access or a failed launch, leaves the CUDA "
+             "context unusable, and every later call fails with it: find the first failing call (run with "
+             "CUDA_LAUNCH_BLOCKING=1, or under compute-sanitizer). No memory setting applies.",
+             driver_error_name(r), (int)r, h->vmm ? "creating or mapping" : "allocating");
+    if (h->grow_error_said != r) {
+        h->grow_error_said = r;
+        cua_error("device %d: cannot allocate %s on stream %p: %s Later failures with this error are only counted "
+                  "in num_ooms", h->dev, req, (void *)stream, h->oom_text);
+    }
+    if (trace_enabled())
+        trace_on_oom(h->dev, stream, size, rsize, h->cap, h->stats.allocated_bytes, h->stats.reserved_bytes, 0,
+                     largest_free_locked(h), CUA_TRACE_VMM_DRIVER_ERROR);
+    update_inactive_split(h);
+    cua_unlock(&h->lock);
+    return alloc_fail_result = r;
+}
+
 /* Lock held; released here. */
 static cua_result alloc_fail(heap_t *h, cua_stream stream, size_t size, size_t rsize) {
     h->stats.num_ooms++;
+    alloc_fail_result = CUA_ERROR_OUT_OF_MEMORY;
+    if (h->grow_error != CUA_SUCCESS && h->host_refused == HOST_NONE) return alloc_fail_driver(h, stream, size, rsize);
     if (h->host_refused != HOST_NONE) {
         h->host_refusals++;
         report_host_refused(h, size);
@@ -2249,6 +2294,7 @@ static __attribute__((noinline)) void *alloc_locked(heap_t *h, size_t size, cua_
     }
     pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
     h->host_refused = HOST_NONE;
+    h->grow_error = CUA_SUCCESS;
     unsigned tag = tag_of(h, stream);
     if (__builtin_expect(tag >= HEAP_MAX_TAGS, 0)) {
         if (h->host_refused == HOST_NONE) alloc_fail_no_slot(h, stream, size);
@@ -2264,6 +2310,7 @@ static __attribute__((noinline)) void *alloc_locked(heap_t *h, size_t size, cua_
 static __attribute__((noinline)) void *alloc_after_miss(heap_t *h, pool_t *p, cua_stream stream, unsigned tag,
                                                         size_t size, size_t rsize) {
     h->host_refused = HOST_NONE;
+    h->grow_error = CUA_SUCCESS;
     block_t *b = alloc_miss(h, p, stream, tag, size, rsize);
     return b ? alloc_finish(h, p, b, stream, size) : NULL;
 }
@@ -2427,7 +2474,7 @@ void *heap_malloc(heap_t *h, size_t size, cua_stream stream) {
 
 cua_result heap_alloc(heap_t *h, size_t size, cua_stream stream, void **out) {
     *out = heap_malloc(h, size, stream);
-    return *out ? CUA_SUCCESS : CUA_ERROR_OUT_OF_MEMORY;
+    return *out ? CUA_SUCCESS : alloc_fail_result;
 }
 
 const char heap_device_wide_alloc_name;
@@ -2469,7 +2516,7 @@ cua_result heap_alloc_device_wide(heap_t *h, size_t size, void **out) {
         if (h->legacy_handed_out) as = DEVICE_WIDE_ALLOC_KEY;
     }
     *out = heap_malloc_locked(h, size, as);
-    return *out ? CUA_SUCCESS : CUA_ERROR_OUT_OF_MEMORY;
+    return *out ? CUA_SUCCESS : alloc_fail_result;
 }
 
 /* A just-freed block (tag final, no longer live_get's) goes into its index, merged with its

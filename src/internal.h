@@ -667,7 +667,7 @@ cua_result heap_alloc_device_wide(heap_t *h, size_t size, void **out);
 /* The key of heap_alloc_device_wide's allocations (stream_key_make of a fixed address). */
 extern const char heap_device_wide_alloc_name;
 #define DEVICE_WIDE_ALLOC_KEY stream_key_make(&heap_device_wide_alloc_name)
-/* heap_alloc returning the pointer, NULL on failure (heap_alloc fails only with out of memory). */
+/* heap_alloc returning the pointer, NULL on failure (whichever error heap_alloc would return). */
 void *heap_malloc(heap_t *h, size_t size, cua_stream stream);
 /* Frees ptr ordered on stream. Returns false (and does nothing) when h does not own ptr. */
 bool heap_free(heap_t *h, void *ptr, cua_stream stream);

@@ -769,6 +769,21 @@ static cudart_error runtime_failed(cudart_error e) {
     return e;
 }
 
+/* The runtime's error for an allocation the heap failed with r: out of memory, or the driver's
+ * error where the heap met one (heap_alloc). The errors that leave a context unusable (a kernel's
+ * fault, an uncorrectable ECC or NVLink error, an MPS client ended, an external device's error)
+ * have the same values in both APIs and are returned as they are, as cudaMalloc itself returns
+ * them; any other reads as out of memory, as before. */
+static cudart_error runtime_alloc_failed(cua_result r) {
+    switch ((int)r) {
+    case 214: case 220: case 700: case 702: case 710: case 714: case 715: case 716: case 717: case 718: case 719:
+    case 810: case 911: case 999:
+        return runtime_failed((cudart_error)r);
+    default:
+        return runtime_failed(CUDART_ERROR_MEMORY_ALLOCATION);
+    }
+}
+
 /* The last error: the runtime's own first (a sticky error it holds must not be hidden behind an
  * allocation's), else cualloc's. `take` clears both, as cudaGetLastError clears CUDA's one. */
 static cudart_error last_error(int next_idx, bool take) {
@@ -819,7 +834,7 @@ cudart_error cudaMalloc(void **ptr, size_t size) {
         passthrough_depth--;
         return e;
     }
-    if (r != CUA_SUCCESS) return runtime_failed(CUDART_ERROR_MEMORY_ALLOCATION);
+    if (r != CUA_SUCCESS) return runtime_alloc_failed(r);
     *ptr = p;
     return CUDART_SUCCESS;
 }
@@ -868,7 +883,7 @@ cudart_error cudaMallocAsync(void **ptr, size_t size, cudart_stream stream) {
         passthrough_depth--;
         return e;
     }
-    if (r != CUA_SUCCESS) return runtime_failed(CUDART_ERROR_MEMORY_ALLOCATION);
+    if (r != CUA_SUCCESS) return runtime_alloc_failed(r);
     *ptr = p;
     return CUDART_SUCCESS;
 }

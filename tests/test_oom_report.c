@@ -395,6 +395,43 @@ int main(int argc, char **argv) {
         heap_stream_destroyed(h, cap);
         heap_destroy(h);
     }
+    /* A driver error that is not out of memory (here CUDA_ERROR_ILLEGAL_ADDRESS, 700: a kernel's
+     * fault leaves the context failing every call with it) fails the allocation with that error,
+     * said once as a driver error and not diagnosed as a shortage; each op that creates or maps
+     * memory, in both modes. The next failure for want of memory is an OOM again. */
+    static const struct {
+        const char *conf;
+        sim_op_t op;
+    } driver_cases[] = {
+        {"sim_memory_mb:64", SIM_OP_PHYS_CREATE},
+        {"sim_memory_mb:64", SIM_OP_MAP},
+        {"sim_memory_mb:64", SIM_OP_SET_ACCESS},
+        {"sim_memory_mb:64,expandable_segments:0", SIM_OP_MEM_ALLOC},
+    };
+    for (size_t k = 0; k < sizeof driver_cases / sizeof driver_cases[0]; k++) {
+        h = open_heap(driver_cases[k].conf);
+        sim_fail(driver_cases[k].op, 0, 1000, (cua_result)700);
+        reset();
+        p = NULL;
+        EXPECT(heap_alloc(h, 4 << 20, NULL, &p) == (cua_result)700 && !p, "case %zu: not the driver's error", k);
+        EXPECT(strstr(captured.text, "not a shortage of memory — the driver failed with CUDA_ERROR_ILLEGAL_ADDRESS (700)") &&
+                   !strstr(captured.text, "diagnosis"),
+               "case %zu: %s", k, captured.text);
+        reset();
+        EXPECT(heap_alloc(h, 8 << 20, NULL, &p) == (cua_result)700 && !p, "case %zu: again", k);
+        EXPECT(captured.text[0] == 0, "case %zu: said twice: %s", k, captured.text);
+        cualloc_stats st;
+        heap_get_stats(h, &st);
+        EXPECT(st.num_ooms == 2, "case %zu: num_ooms %llu", k, (unsigned long long)st.num_ooms);
+        sim_fail(driver_cases[k].op, 0, 0, CUA_SUCCESS);
+        EXPECT(heap_alloc(h, 4 << 20, NULL, &p) == CUA_SUCCESS && p, "case %zu: after the error", k);
+        void *q = NULL;
+        EXPECT(heap_alloc(h, 128 << 20, NULL, &q) == CUA_ERROR_OUT_OF_MEMORY && !q, "case %zu: a shortage after", k);
+        EXPECT(heap_free(h, p, NULL), "free");
+        EXPECT(heap_check(h, stderr) == 0, "heap_check");
+        heap_destroy(h);
+    }
+
     /* The advice: twice the factor, up to the key's maximum; none past it. */
     EXPECT(oom_va_factor_next(2) == 4 && oom_va_factor_next(4) == 8 && oom_va_factor_next(300) == 600,
            "va_factor doubles");
