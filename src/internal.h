@@ -459,15 +459,20 @@ int ptrmap_check(const ptrmap_t *m, FILE *report);
  * head's is NULL); `count` and `bytes` equal the lists' totals. */
 #define SC_SL_LOG2 5
 #define SC_SL_COUNT (1u << SC_SL_LOG2)
-#define SC_FL_COUNT 40
+#define SC_UNIT_SHIFT 9 /* sizes are counted in 512 B units */
+/* First levels for every size a size_t holds (units below 2^(64 - SC_UNIT_SHIFT)), not only for
+ * requests: the large pool's first UNMAPPED block is its whole reservation, va_factor (up to
+ * 1024) times device memory, which reaches 2^53 B and more on a sim device of 1 PiB
+ * (sim_memory_mb's largest) with va_factor 8 or more. */
+#define SC_FL_COUNT (64 - SC_UNIT_SHIFT - SC_SL_LOG2 + 1)
 #define SC_BIN(fl, sl) ((fl) * SC_SL_COUNT + (sl))
+_Static_assert(SC_FL_COUNT <= 64, "sizeclass_t.fl_bitmap holds a bit per first level");
 typedef struct sizeclass_s {
     uint64_t fl_bitmap;
     uint32_t sl_bitmap[SC_FL_COUNT];
     block_t *bins[SC_FL_COUNT * SC_SL_COUNT]; /* bin SC_BIN(fl, sl), the number block_t.bin holds */
     size_t count, bytes;
 } sizeclass_t;
-#define SC_UNIT_SHIFT 9 /* sizes are counted in 512 B units */
 void sizeclass_init(sizeclass_t *sc);
 /* Bin of a size (also used by the tests). */
 static inline void sizeclass_mapping(size_t size, unsigned *fl, unsigned *sl) {

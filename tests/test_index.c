@@ -36,6 +36,27 @@ static void test_mapping(void) {
     EXPECT(fl == 0 && sl == 31, "small sizes have exact bins");
     sizeclass_mapping(512 * 32, &fl, &sl);
     EXPECT(fl == 1 && sl == 0, "first ranged bin");
+    /* Every size a size_t holds has a bin, not only requests: a VMM pool's UNMAPPED blocks are as
+     * large as its reservation (va_factor 1024 times a 1 PiB sim device is 2^60 B). */
+    for (unsigned shift = 44; shift < 64; shift++) {
+        size_t size = (size_t)1 << shift;
+        sizeclass_mapping(size, &fl, &sl);
+        EXPECT(fl < SC_FL_COUNT && sl < SC_SL_COUNT, "size 2^%u maps to (%u,%u)", shift, fl, sl);
+    }
+    sizeclass_mapping(SIZE_MAX & ~(size_t)511, &fl, &sl);
+    EXPECT(fl < SC_FL_COUNT && sl < SC_SL_COUNT, "the largest size maps to (%u,%u)", fl, sl);
+    EXPECT(fl > pfl, "mapping not monotone past 2^44");
+    /* An index holding such a block: found, the largest, and consistent. */
+    sizeclass_t sc;
+    sizeclass_init(&sc);
+    block_t huge = {.addr = (uintptr_t)1 << 40, .size = (size_t)1 << 60}, small = {.addr = 512, .size = 512};
+    sizeclass_insert(&sc, &small);
+    sizeclass_insert(&sc, &huge);
+    EXPECT(sizeclass_check(&sc, stderr) == 0, "an index with a 2^60 B block is damaged");
+    EXPECT(sizeclass_find(&sc, (size_t)1 << 59) == &huge && sizeclass_largest(&sc) == &huge, "2^60 B block not found");
+    EXPECT(sizeclass_find(&sc, 512) == &small, "the small block is not found beside the huge one");
+    sizeclass_remove(&sc, &huge);
+    EXPECT(sizeclass_check(&sc, stderr) == 0 && sc.count == 1 && sc.bytes == 512, "removing the 2^60 B block");
 }
 
 static void test_sizeclass(rng_t *r) {
