@@ -1312,6 +1312,17 @@ static void granules_close(pool_t *p, size_t first, size_t n) {
     mprotect((void *)lo, hi - lo, PROT_READ);
 }
 
+/* Releases the physical handle of a chunk of p that nothing maps (any longer). One the driver will
+ * not release yet is kept for a later try (pending_release), so that nothing leaks. */
+static void chunk_handle_release(heap_t *h, const pool_t *p, cua_memhandle handle) {
+    cua_result r = h->drv->phys_release(h->dev, handle);
+    if (r == CUA_SUCCESS) return;
+    if (h->npending < HEAP_PENDING_RELEASES)
+        h->pending_release[h->npending++] = handle;
+    else
+        cua_error("device %d: releasing a chunk failed (%s); %zu B are lost", h->dev, driver_error_name(r), p->chunk);
+}
+
 static size_t chunks_unmap(heap_t *h, pool_t *p, size_t first, size_t n) {
     size_t done = 0;
     for (; done < n; done++) {
@@ -1323,14 +1334,7 @@ static size_t chunks_unmap(heap_t *h, pool_t *p, size_t first, size_t n) {
                       driver_error_name(r));
             break;
         }
-        r = h->drv->phys_release(h->dev, p->chunks[i]);
-        if (r != CUA_SUCCESS) {
-            if (h->npending < HEAP_PENDING_RELEASES) {
-                h->pending_release[h->npending++] = p->chunks[i];
-            } else {
-                cua_error("device %d: releasing a chunk failed (%s); %zu B are lost", h->dev, driver_error_name(r), p->chunk);
-            }
-        }
+        chunk_handle_release(h, p, p->chunks[i]);
         p->chunks[i] = 0;
     }
     if (done && p->id == POOL_SMALL) granules_close(p, first, done);
@@ -1362,7 +1366,7 @@ static cua_result chunks_map(heap_t *h, pool_t *p, uintptr_t addr, size_t len) {
         if (r != CUA_SUCCESS) break;
         r = h->drv->map(h->dev, va, p->chunk, handle);
         if (r != CUA_SUCCESS) {
-            h->drv->phys_release(h->dev, handle);
+            chunk_handle_release(h, p, handle); /* (a refused release is kept and tried again) */
             break;
         }
         p->chunks[first + done] = handle;

@@ -395,8 +395,32 @@ static void run_faults(rng_t *r) {
     EXPECT(!never[0] || strcmp(never, " event_sync") == 0, "operations never called, so never failed:%s", never);
 }
 
+/* A map that fails, after which the driver also refuses to release the chunk's new handle: the
+ * handle is not lost. The heap keeps it for a later release (as an unmapped chunk's), so that once
+ * everything is freed, trimmed and the heap destroyed, the device holds nothing. */
+static void test_map_refused_release_refused(void) {
+    conf_t c;
+    heap_t *h = test_sim_heap("sim_memory_mb:64", &c);
+    sim_fail(SIM_OP_MAP, 0, 1, CUA_ERROR_UNKNOWN);
+    sim_fail(SIM_OP_PHYS_RELEASE, 0, 1, CUA_ERROR_UNKNOWN);
+    void *p = heap_malloc(h, 4 << 20, NULL); /* the retry maps it */
+    sim_fail(SIM_OP_MAP, 0, 0, CUA_SUCCESS);
+    sim_fail(SIM_OP_PHYS_RELEASE, 0, 0, CUA_SUCCESS);
+    EXPECT(heap_check(h, stderr) == 0, "heap inconsistent after a refused map and release");
+    if (p) heap_free(h, p, NULL);
+    heap_trim(h);
+    cualloc_stats s;
+    heap_get_stats(h, &s);
+    EXPECT(s.reserved_bytes == 0, "%zu B reserved after trim", s.reserved_bytes);
+    heap_destroy(h);
+    EXPECT(sim_live_handles(0) == 0 && sim_used_bytes(0) == 0, "%zu handles (%zu B) leaked on the device",
+           sim_live_handles(0), sim_used_bytes(0));
+    printf("  a refused map whose handle's release is refused too: nothing leaked\n");
+}
+
 int main(void) {
     rng_t r = {test_seed("test_heap_property")};
+    test_map_refused_release_refused();
     for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) run_variant(&variants[i], &r);
     run_faults(&r);
     printf("test_heap_property: ok\n");
