@@ -2290,6 +2290,10 @@ static inline void *alloc_finish(heap_t *h, pool_t *p, block_t *b, cua_stream st
 
 static __attribute__((noinline)) void *alloc_locked(heap_t *h, size_t size, cua_stream stream) {
     recording_check(h);
+    /* Before any failure: a trim or a free may have left host_refused set (a release or a stream's
+     * index refused host memory), which alloc_fail would blame for this request. */
+    h->host_refused = HOST_NONE;
+    h->grow_error = CUA_SUCCESS;
     size_t rsize = h->plain_rounding && size - 1 < HEAP_MAX_REQUEST ? (size + CUALLOC_ALIGN - 1) & ~(size_t)(CUALLOC_ALIGN - 1)
                                                                    : heap_round_size(&h->conf, size);
     if (__builtin_expect(rsize == 0 || rsize > HEAP_MAX_REQUEST, 0)) {
@@ -2297,8 +2301,6 @@ static __attribute__((noinline)) void *alloc_locked(heap_t *h, size_t size, cua_
         return NULL;
     }
     pool_t *p = &h->pools[rsize <= CUALLOC_SMALL_MAX ? POOL_SMALL : POOL_LARGE];
-    h->host_refused = HOST_NONE;
-    h->grow_error = CUA_SUCCESS;
     unsigned tag = tag_of(h, stream);
     if (__builtin_expect(tag >= HEAP_MAX_TAGS, 0)) {
         if (h->host_refused == HOST_NONE) alloc_fail_no_slot(h, stream, size);

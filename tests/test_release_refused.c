@@ -8,7 +8,8 @@
  * while the allocation runs (failing_mmap_armed). The allocation that needed the release must fail saying that host
  * memory ran out for the block records, count it in heap_host_refusals (and, as every failed
  * allocation, in num_ooms), leave every block as it was (heap_check, the cached bytes), and succeed once the
- * records are back. */
+ * records are back. A trim refused them leaves no trace that a later failure for another reason is told
+ * as. */
 #include <dlfcn.h>
 
 #include "internal.h"
@@ -71,13 +72,27 @@ int main(void) {
                !strstr(messages.text, "fragmented"),
            "the failure is told as the device's: %s", messages.text);
     EXPECT(heap_host_refusals(h) == 1, "heap_host_refusals %llu, want 1", (unsigned long long)heap_host_refusals(h));
+
+    /* A trim refused the same records releases nothing; a later request that no heap could serve
+     * (SIZE_MAX) fails as a shortage, not as the trim's host memory. */
+    refused0 = __atomic_load_n(refused, __ATOMIC_ACQUIRE);
+    __atomic_store_n(armed, 1, __ATOMIC_RELEASE);
+    heap_trim(h);
+    __atomic_store_n(armed, 0, __ATOMIC_RELEASE);
+    EXPECT(__atomic_load_n(refused, __ATOMIC_ACQUIRE) > refused0, "the trim asked for no mapping");
+    messages.len = 0;
+    messages.text[0] = '\0';
+    EXPECT(!heap_malloc(h, SIZE_MAX, NULL), "a request of SIZE_MAX bytes succeeded");
+    EXPECT(heap_host_refusals(h) == 1 && !strstr(messages.text, "host memory"),
+           "a request too large for any device is told as host memory (heap_host_refusals %llu): %s",
+           (unsigned long long)heap_host_refusals(h), messages.text);
     for (size_t i = 0; i < nheld; i++)
         slab_free(f.records, held[i]);
     EXPECT(heap_check(h, stderr) == 0, "heap after the refused release");
     cualloc_stats after;
     heap_get_stats(h, &after);
     EXPECT(after.reserved_bytes == before.reserved_bytes && after.allocated_bytes == before.allocated_bytes &&
-               after.num_ooms == before.num_ooms + 1,
+               after.num_ooms == before.num_ooms + 2,
            "the refused release changed the heap: reserved %llu -> %llu, allocated %llu -> %llu, OOMs %llu -> %llu",
            (unsigned long long)before.reserved_bytes, (unsigned long long)after.reserved_bytes,
            (unsigned long long)before.allocated_bytes, (unsigned long long)after.allocated_bytes,
