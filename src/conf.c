@@ -41,7 +41,7 @@ typedef enum {
     OPT_ADDR,     /* uint64_t address, hex (0x...) or decimal */
     OPT_ROUNDUP,  /* unsigned[CONF_ROUNDUP_INTERVALS]: one N, or PyTorch's [size_mb:N,...,>:N] */
     OPT_DRIVER,   /* driver_kind_t: cuda | sim */
-    OPT_SIM_FAIL, /* sim_fail_op/_after/_count: none | OP@AFTER | OP@AFTER*COUNT */
+    OPT_SIM_FAIL, /* sim_fail_op/_after/_count/_error: none | OP@AFTER[*COUNT][=ERROR] */
     OPT_PATH,     /* char[CONF_PATH_MAX]: a file path, may be empty; no ',', '[', ']' or controls */
 } opt_type_t;
 
@@ -165,7 +165,10 @@ static const opt_t opts[] = {
      "Inject a failure: `OP@N` fails call N+1 of OP (counting from 0) once, `OP@N*K` fails it and "
      "the K-1 calls after it. OP is one of va_reserve, va_free, phys_create, phys_release, map, "
      "unmap, set_access, mem_alloc, mem_free, event_create, event_record, event_query, "
-     "stream_sync, device_sync, event_sync. `none`: off.",
+     "stream_sync, device_sync, event_sync. The failures return CUDA_ERROR_OUT_OF_MEMORY (2) for "
+     "va_reserve, phys_create, mem_alloc and event_create, else CUDA_ERROR_UNKNOWN (999); "
+     "`=E` after it returns the CUresult E (1 to 999) instead, e.g. `phys_create@0*1000=700`, a "
+     "context a kernel's illegal address left failing. `none`: off.",
      OFF(sim_fail_op), 0, UINT_MAX, 0},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
@@ -587,11 +590,19 @@ static const char *opt_parse(const opt_t *o, const char *val, size_t len, conf_t
             c->sim_fail_op = SIM_OP_COUNT;
             c->sim_fail_after = 0;
             c->sim_fail_count = 0;
+            c->sim_fail_error = 0;
             return NULL;
         }
         const char *at = memchr(val, '@', len);
         if (!at)
-            return "expected OP@AFTER or OP@AFTER*COUNT (e.g. map@3), or none";
+            return "expected OP@AFTER, OP@AFTER*COUNT or either with =ERROR (e.g. map@3, phys_create@0*9=700), or none";
+        const char *eq = memchr(at, '=', (size_t)(val + len - at));
+        uint64_t error = 0;
+        if (eq) {
+            if (parse_u64(eq + 1, (size_t)(val + len - eq - 1), false, &error) != NULL || error == 0 || error > 999)
+                return "ERROR is not a CUresult from 1 to 999";
+            len = (size_t)(eq - val);
+        }
         size_t op_len = (size_t)(at - val);
         sim_op_t op = SIM_OP_COUNT;
         for (unsigned i = 0; i < SIM_OP_COUNT; i++)
@@ -619,6 +630,7 @@ static const char *opt_parse(const opt_t *o, const char *val, size_t len, conf_t
         c->sim_fail_op = op;
         c->sim_fail_after = (unsigned)after;
         c->sim_fail_count = (unsigned)count;
+        c->sim_fail_error = (unsigned)error;
         return NULL;
     }
     }
@@ -678,6 +690,9 @@ static int opt_format(const opt_t *o, const conf_t *c, char *buf, size_t len)
     case OPT_SIM_FAIL:
         if (c->sim_fail_op == SIM_OP_COUNT || (unsigned)c->sim_fail_op > SIM_OP_COUNT)
             return snprintf(buf, len, "none");
+        if (c->sim_fail_error)
+            return snprintf(buf, len, "%s@%u*%u=%u", sim_op_name(c->sim_fail_op), c->sim_fail_after,
+                            c->sim_fail_count, c->sim_fail_error);
         return snprintf(buf, len, "%s@%u*%u", sim_op_name(c->sim_fail_op), c->sim_fail_after,
                         c->sim_fail_count);
     }

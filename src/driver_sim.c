@@ -477,7 +477,8 @@ static void sim_configure_locked(const conf_t *c) {
 
     if ((int)c->sim_fail_op >= 0 && c->sim_fail_op < SIM_OP_COUNT && c->sim_fail_count > 0) {
         sim.fail[c->sim_fail_op] = (sim_failure_t){c->sim_fail_after, c->sim_fail_count,
-                                                    fail_default_error(c->sim_fail_op)};
+                                                    c->sim_fail_error ? (cua_result)c->sim_fail_error
+                                                                      : fail_default_error(c->sim_fail_op)};
     }
 
     size_t page = (size_t)sysconf(_SC_PAGESIZE);

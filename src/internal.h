@@ -106,6 +106,7 @@ typedef struct conf_s {
     sim_op_t sim_fail_op;
     unsigned sim_fail_after;
     unsigned sim_fail_count;
+    unsigned sim_fail_error; /* the CUresult the failures return; 0: the op's usual one */
 } conf_t;
 
 /* Fills *out with every default. */

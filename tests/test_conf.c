@@ -58,7 +58,7 @@ static bool conf_equal(const conf_t *a, const conf_t *b, const char **which)
     SAME(per_process_memory_fraction) SAME(max_memory) SAME(chunk_size) SAME(va_factor)
     SAME(summary) SAME(driver) SAME(sim_memory) SAME(sim_host_backed) SAME(sim_granularity)
     SAME(sim_vmm) SAME(sim_devices) SAME(sim_latency_us) SAME(sim_va_base) SAME(sim_fail_op)
-    SAME(sim_fail_after) SAME(sim_fail_count)
+    SAME(sim_fail_after) SAME(sim_fail_count) SAME(sim_fail_error)
     SAME(trace_stack_depth) SAME(trace_max) SAME(trace_ring)
     if (strcmp(a->trace, b->trace) != 0) {
         *which = "trace";
@@ -213,7 +213,13 @@ static void test_good_values(void)
     CHECK(c.sim_fail_op == SIM_OP_MAP && c.sim_fail_after == 3 && c.sim_fail_count == 1);
     c = good("sim_fail:phys_create@0*5");
     CHECK(c.sim_fail_op == SIM_OP_PHYS_CREATE && c.sim_fail_after == 0 && c.sim_fail_count == 5);
+    c = good("sim_fail:phys_create@0*5=700");
+    CHECK(c.sim_fail_op == SIM_OP_PHYS_CREATE && c.sim_fail_after == 0 && c.sim_fail_count == 5 &&
+          c.sim_fail_error == 700);
+    c = good("sim_fail:map@2=999");
+    CHECK(c.sim_fail_op == SIM_OP_MAP && c.sim_fail_after == 2 && c.sim_fail_count == 1 && c.sim_fail_error == 999);
     c = good("sim_fail:map@3,sim_fail:none");
+    CHECK(c.sim_fail_error == 0);
     CHECK(c.sim_fail_op == SIM_OP_COUNT && c.sim_fail_after == 0 && c.sim_fail_count == 0);
     for (int op = 0; op < SIM_OP_COUNT; op++) {
         char text[64];
@@ -326,6 +332,10 @@ static void test_bad_values(void)
         {"sim_fail:@1", "sim_fail"},
         {"sim_fail:map@", "sim_fail"},
         {"sim_fail:map@x", "sim_fail"},
+        {"sim_fail:map@1=0", "sim_fail"},
+        {"sim_fail:map@1*2=1000", "sim_fail"},
+        {"sim_fail:map@1=x", "sim_fail"},
+        {"sim_fail:map@1=", "sim_fail"},
         {"sim_fail:map@-1", "sim_fail"},
         {"sim_fail:map@1*0", "sim_fail"},
         {"sim_fail:map@1*", "sim_fail"},
