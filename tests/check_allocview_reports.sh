@@ -41,6 +41,9 @@ record leakoom leak sim_memory_mb:70
 record step2oom step2 sim_memory_mb:100
 record optoom optstep sim_memory_mb:80
 record longestoom longest sim_memory_mb:100
+# leak in a context a kernel's fault left failing: every chunk after the 20th is refused with
+# CUDA_ERROR_ILLEGAL_ADDRESS (700), not out of memory.
+record drivererror leak sim_memory_mb:256,sim_fail:phys_create@20*100000=700
 traces="leak shortage frag step2 longest varlen phase optstep twodev latepeak twoleaks evalstep addrspace chunks refused split manysteps cache"
 # Marks that start their steps: each names a step as a mark at a step's end does.
 "$allocview" --no-color "$tmp/startmarks.trace" >"$tmp/startmarks.txt" 2>&1
@@ -185,6 +188,18 @@ for t in $traces; do
 done
 want twoleaks leak
 want leak leak; wantnot leak oom-shortage; wantnot leak step2-jump; wantnot leak longest-batch
+# The driver's error is said as such, by the library (once) and by allocview, and no memory fix is
+# offered for it (it was diagnosed as a shortage or fragmentation from the figures).
+"$allocview" report --json "$tmp/drivererror.trace" >"$tmp/drivererror.json" 2>/dev/null
+want drivererror oom-driver-error
+for r in oom-shortage oom-fragmentation oom-cap oom-device-full oom-chunk-granularity oom-device-refused step2-jump longest-batch; do
+    wantnot drivererror "$r"
+done
+[ "$(grep -c 'the driver failed with CUDA_ERROR_ILLEGAL_ADDRESS (700)' "$tmp/drivererror.err")" = 1 ] ||
+    bad "drivererror: the library's stderr does not name the driver's error once: $(cat "$tmp/drivererror.err")"
+"$allocview" oom --no-color "$tmp/drivererror.trace" | grep -q '^  1\. Not out of memory: the request (8.00 MiB) failed because the driver refused' ||
+    bad "drivererror: oom does not say it was the driver: $("$allocview" oom --no-color "$tmp/drivererror.trace" 2>&1 | tail -4)"
+"$allocview" dump "$tmp/drivererror.trace" | grep -q 'vmm_failure=driver_error' || bad "drivererror: dump does not name the failure"
 # The OOM a leak brings about: the leak's blocks at the OOM (8 MiB) are more than the 2 MiB missing,
 # so the OOM's fix is the leak's, and names its call site (it named the parameters' 32 MiB as what
 # to shrink, after a smaller batch).

@@ -1221,7 +1221,8 @@ size_t tr_format(const tr_reader_t *r, const tr_record_t *rec, unsigned flags, c
         if (rec->u.oom.vmm_failure) {
             static const char *const why[] = {[CUA_TRACE_VMM_ADDRESS_SPACE] = "address_space",
                                               [CUA_TRACE_VMM_CHUNKS] = "chunks", [CUA_TRACE_VMM_REFUSED] = "refused",
-                                              [CUA_TRACE_VMM_WAITING] = "waiting"};
+                                              [CUA_TRACE_VMM_WAITING] = "waiting",
+                                              [CUA_TRACE_VMM_DRIVER_ERROR] = "driver_error"};
             uint64_t v = rec->u.oom.vmm_failure;
             if (v < sizeof why / sizeof *why && why[v])
                 put(&o, " vmm_failure=%s", why[v]);

@@ -251,7 +251,8 @@ static size_t label_sites(site_t *v, size_t n, size_t show)
 
 typedef struct diag {
     const char *rule;      /* "oom-fragmentation", "oom-shortage", "oom-cap", "oom-device-full", "oom-chunk-granularity",
-                              "oom-device-refused", "oom-frees-waiting", "leak", "step2-jump", "optimizer-step", "longest-batch", "phase",
+                              "oom-device-refused", "oom-frees-waiting", "oom-driver-error", "leak", "step2-jump", "optimizer-step",
+                              "longest-batch", "phase",
                               "phase-or-step" */
     /* Room for the longest figures and names a rule writes: a mark's name (AV_MARK_MAX) and a few
      * call-site labels of up to 1023 bytes each. */
@@ -568,7 +569,22 @@ static size_t diagnose(const av_t *a, sym_ctx_t *sym, diag_t *d, size_t maxd)
         site_t *v = collect_sites(a, sym, VIEW_OOM_DEV, NULL, &ns);
         ns = label_sites(v, ns, 8);
         diag_t *x = diag_add(d, &nd, NULL, NULL);
-        if (o->vmm_failure == CUA_TRACE_VMM_WAITING) {
+        if (o->vmm_failure == CUA_TRACE_VMM_DRIVER_ERROR) {
+            /* The heap's word (heap.c, alloc_fail_driver): the driver failed its last attempt to
+             * create or map memory with an error that is not out of memory. The trace does not
+             * hold the error; the heap's line on stderr names it. */
+            x->rule = "oom-driver-error";
+            snprintf(x->text, sizeof x->text,
+                     "Not out of memory: the request (%s) failed because the driver refused to create or map memory "
+                     "with an error other than out of memory (the job's stderr names it, on the line \"cualloc: "
+                     "device %u: cannot allocate\"). An earlier error, such as a kernel's illegal memory access or a "
+                     "failed launch, leaves the CUDA context unusable, and every later call fails with it; the "
+                     "figures then (%s live, %s reserved, under a capacity of %s) say nothing of the cause.",
+                     H(o->rounded), o->dev, H(o->allocated), H(o->reserved), H(o->capacity));
+            snprintf(x->fix, sizeof x->fix,
+                     "First fix: find the first CUDA call that failed: run the job with CUDA_LAUNCH_BLOCKING=1, or "
+                     "under compute-sanitizer. No memory setting applies.");
+        } else if (o->vmm_failure == CUA_TRACE_VMM_WAITING) {
             /* The heap's word (heap.c, oom_frees_waiting_text): memory freed on streams it could
              * not synchronize, a capture in progress or a stream the driver refused, would have
              * served the request. The trace holds no stream's capture state: both causes named. */
@@ -1692,8 +1708,8 @@ static void help(const char *cmd, FILE *out)
                 "  jump, the optimizer's step, the longest batch, a phase above training) with the fix to try\n"
                 "  first and what the trace says it saves. Several traces (one per rank): a table of ranks\n"
                 "  first. --json: \"diagnosis\" entries' \"rule\" is one of oom-fragmentation, oom-shortage, oom-cap,\n"
-                "  oom-device-full, oom-chunk-granularity, oom-device-refused, oom-frees-waiting, leak,\n"
-                "  step2-jump, optimizer-step, longest-batch, phase, phase-or-step.\n");
+                "  oom-device-full, oom-chunk-granularity, oom-device-refused, oom-frees-waiting,\n"
+                "  oom-driver-error, leak, step2-jump, optimizer-step, longest-batch, phase, phase-or-step.\n");
     else if (strcmp(cmd, "peak") == 0)
         fprintf(out, "usage: allocview peak [--at TIME|MARK] [--json] [--no-color] [--redact] [--top N] TRACE\n"
                      "  The peak of allocated bytes: when, in which step or phase, requested / allocated /\n"
