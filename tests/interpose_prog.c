@@ -9,6 +9,7 @@
  *   interpose_prog --disable  run under CUALLOC_DISABLE=1: everything reaches the stub
  *   interpose_prog --disable-late  CUALLOC_DISABLE set while it runs: one answer for the process
  *   interpose_prog --ipc-classic  classic mode: IPC only of a block at its segment's start
+ *   interpose_prog --driver-error  chunks refused with a driver error: cudaMalloc returns it
  *   interpose_prog --streams-first  100 non-blocking streams created before the first allocation
  *   interpose_prog --threads  eight threads allocate, free and make and destroy streams at once
  *   interpose_prog --fork-race  forks while another thread makes and destroys streams */
@@ -392,6 +393,21 @@ int main(int argc, char **argv) {
         CHECK_MSG(cudaSetDevice(0) == 0, "back to device 0");
         if (failures) return 1;
         printf("interpose_prog --meminfo-cap: all checks passed\n");
+        return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "--driver-error") == 0) {
+        /* Run with every chunk after the first refused with CUDA_ERROR_ILLEGAL_ADDRESS (sim_fail
+         * ...=700), as in a context a kernel's fault left failing: cudaMalloc returns that error,
+         * the same value in the runtime's API, and it is the thread's last error; not
+         * cudaErrorMemoryAllocation, which would send the user after memory. */
+        void *warm = NULL, *p = NULL;
+        CHECK_MSG(cudaMalloc(&warm, 4096) == 0 && warm, "the first chunk is mapped");
+        int r = cudaMalloc(&p, 64 << 20);
+        CHECK_MSG(r == 700 && !p, "cudaMalloc(64 MiB) = %d, want 700 (cudaErrorIllegalAddress)", r);
+        CHECK_MSG(cudaGetLastError() == 700 && cudaGetLastError() == 0, "the last error is 700, then cleared");
+        CHECK_MSG(cudaFree(warm) == 0, "free");
+        if (failures) return 1;
+        printf("interpose_prog --driver-error: all checks passed\n");
         return 0;
     }
     if (argc > 1 && strcmp(argv[1], "--ipc-classic") == 0) {
