@@ -3363,11 +3363,28 @@ typedef struct {
 
 typedef struct { check_ctx_t *c; pool_t *p; unsigned tag; } index_check_t;
 
+/* An index entry is a record of its pool's block list: its neighbours link back to it (a record
+ * the list no longer holds, such as a stale copy, has neighbours that name another). */
+static bool in_block_list(const block_t *b) {
+    return (!b->prev || b->prev->next == b) && (!b->next || b->next->prev == b);
+}
+
 static void check_index_entry(block_t *b, void *arg) {
     index_check_t *ic = arg;
     CHECK(ic->c, b->state == BLOCK_FREE && b->tag == ic->tag && b->pool == ic->p->id,
           "block %#lx in free index (pool %d, tag %u) is state %d tag %u pool %d", (unsigned long)b->addr,
           ic->p->id, ic->tag, b->state, b->tag, b->pool);
+    CHECK(ic->c, in_block_list(b), "block %#lx in free index (pool %d, tag %u) is not in the block list",
+          (unsigned long)b->addr, ic->p->id, ic->tag);
+}
+
+/* The unmapped index holds its pool's UNMAPPED blocks and nothing else: the grow path maps the
+ * chunks under what it finds there (count and bytes alone would pass another block of the size). */
+static void check_unmapped_entry(block_t *b, void *arg) {
+    index_check_t *ic = arg;
+    CHECK(ic->c, b->state == BLOCK_UNMAPPED && b->pool == ic->p->id && in_block_list(b),
+          "block %#lx in pool %d's unmapped index is state %d, pool %d%s", (unsigned long)b->addr, ic->p->id,
+          b->state, b->pool, in_block_list(b) ? "" : ", not in the block list");
 }
 
 static void check_live_entry(block_t *b, void *arg) {
@@ -3482,6 +3499,8 @@ static size_t check_pool(check_ctx_t *c, pool_t *p) {
               "pool %d: unmapped index holds %zu blocks / %zu B, the block list %zu / %zu", p->id, p->unmapped.count,
               p->unmapped.bytes, unmapped_count, unmapped_bytes);
         c->bad += sizeclass_check(&p->unmapped, c->report);
+        index_check_t ic = {c, p, TAG_ANY};
+        sizeclass_foreach(&p->unmapped, check_unmapped_entry, &ic);
     }
     CHECK(c, releasable == p->releasable, "pool %d: releasable %zu, accounting says %zu", p->id, releasable, p->releasable);
     CHECK(c, allocated + free_mapped == p->mapped, "pool %d: allocated blocks total %zu and free ones %zu, but %zu are mapped",
@@ -3707,6 +3726,8 @@ void heap_test_quick(heap_t *h, unsigned i, uint64_t **key, uint32_t **count, ui
 uint64_t heap_test_quick_handed_over(const heap_t *h) { return h->quick_handed_over; }
 
 block_t **heap_test_live_slot(heap_t *h, const void *ptr) { return h->vmm ? live_slot(h, (uintptr_t)ptr) : NULL; }
+
+sizeclass_t *heap_test_unmapped_index(heap_t *h, pool_id_t pool) { return &h->pools[pool].unmapped; }
 
 cua_memhandle *heap_test_chunk(heap_t *h, const void *ptr) {
     for (int pi = 0; pi < POOL_COUNT; pi++) {

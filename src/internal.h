@@ -760,6 +760,7 @@ void heap_dump(heap_t *h, FILE *out);
 block_t *heap_test_find_block(heap_t *h, const void *ptr);
 cualloc_stats *heap_test_stats(heap_t *h);               /* the heap's own counters */
 cua_memhandle *heap_test_chunk(heap_t *h, const void *ptr); /* chunk table entry under ptr (VMM) */
+sizeclass_t *heap_test_unmapped_index(heap_t *h, pool_id_t pool); /* the pool's index of UNMAPPED blocks */
 block_t **heap_test_live_slot(heap_t *h, const void *ptr); /* VMM: ptr's entry in its pool's live table */
 /* The fields of stream tag t's record that the stream-generation invariants bind. */
 void heap_test_tag_fields(heap_t *h, unsigned t, bool **closed, bool **in_flight, uint16_t **partner);

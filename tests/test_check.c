@@ -126,6 +126,20 @@ static void corrupt_unmapped(heap_t *h, void **ptrs, int n) {
     if (u->next) u->next->prev = u;
     EXPECT(heap_check(h, stderr) == 0, "restored heap not clean after: two adjacent unmapped blocks");
     corruptions++;
+    /* The index entry swapped for a copy of the record, the same size (so the same count and bytes):
+     * allocated, or unmapped but a record the block list does not hold. The grow path would map
+     * chunks under what the index names. */
+    sizeclass_t *ix = heap_test_unmapped_index(h, POOL_LARGE);
+    unsigned fl, sl;
+    sizeclass_mapping(u->size, &fl, &sl);
+    block_t **head = &ix->bins[SC_BIN(fl, sl)];
+    EXPECT(*head == u && !u->link.list.next_free, "the unmapped block alone in its bin");
+    static block_t copy;
+    copy = *u;
+    copy.state = BLOCK_ALLOCATED;
+    CORRUPT(h, *head, &copy, "an allocated block in the unmapped index");
+    copy.state = BLOCK_UNMAPPED;
+    CORRUPT(h, *head, &copy, "an unmapped record the block list does not hold in the unmapped index");
 }
 
 /* Records the slab hands out are the segments' blocks: one more is a leak. */
