@@ -659,8 +659,14 @@ __attribute__((noinline)) static cua_result serve(int dev, size_t size, cua_stre
     if (!h) return CUA_ERROR_NOT_FOUND;
     if (trace_enabled()) trace_capture_stack(1);
     if (__builtin_expect(atomic_load_explicit(&pending_any, memory_order_relaxed), 0)) pending_flush();
-    if (stream == ALLOC_DEVICE_WIDE) return heap_alloc_device_wide(h, size, out);
-    return heap_alloc(h, size, stream == CUA_STREAM_PER_THREAD ? per_thread_stream_key() : heap_stream_name(stream), out);
+    cua_result r = stream == ALLOC_DEVICE_WIDE
+                       ? heap_alloc_device_wide(h, size, out)
+                       : heap_alloc(h, size, stream == CUA_STREAM_PER_THREAD ? per_thread_stream_key() : heap_stream_name(stream),
+                                    out);
+    /* The heap passes the driver's errors on, and the driver's CUDA_ERROR_NOT_FOUND would read as
+     * "pass through" here: the request the heap failed (and reported) would go to CUDA's allocator.
+     * It fails as out of memory, as every heap failure did before driver errors were passed on. */
+    return r == CUA_ERROR_NOT_FOUND ? CUA_ERROR_OUT_OF_MEMORY : r;
 }
 
 /* What a free found: the pointer freed; not cualloc's (the caller passes it through); or in

@@ -10,6 +10,7 @@
  *   interpose_prog --disable-late  CUALLOC_DISABLE set while it runs: one answer for the process
  *   interpose_prog --ipc-classic  classic mode: IPC only of a block at its segment's start
  *   interpose_prog --driver-error  chunks refused with a driver error: cudaMalloc returns it
+ *   interpose_prog --driver-error-not-found  chunks refused with CUDA_ERROR_NOT_FOUND: still a failure
  *   interpose_prog --streams-first  100 non-blocking streams created before the first allocation
  *   interpose_prog --threads  eight threads allocate, free and make and destroy streams at once
  *   interpose_prog --fork-race  forks while another thread makes and destroys streams */
@@ -408,6 +409,23 @@ int main(int argc, char **argv) {
         CHECK_MSG(cudaFree(warm) == 0, "free");
         if (failures) return 1;
         printf("interpose_prog --driver-error: all checks passed\n");
+        return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "--driver-error-not-found") == 0) {
+        /* Run with every chunk after the first refused with CUDA_ERROR_NOT_FOUND (500), the value
+         * the front door's own code uses for "pass the request through": the heap failed (and
+         * reported) the request, so cudaMalloc fails too, as out of memory (500 has no
+         * context-fatal meaning), and CUDA's allocator is not asked for it. */
+        void *warm = NULL, *p = NULL;
+        CHECK_MSG(cudaMalloc(&warm, 4096) == 0 && warm, "the first chunk is mapped");
+        unsigned long before = stub_cudart_calls("cudaMalloc");
+        int r = cudaMalloc(&p, 64 << 20);
+        CHECK_MSG(r == 2 && !p, "cudaMalloc(64 MiB) = %d, want 2 (cudaErrorMemoryAllocation)", r);
+        CHECK_MSG(stub_cudart_calls("cudaMalloc") == before, "the failed request went to CUDA's allocator");
+        if (p) cudaFree(p);
+        CHECK_MSG(cudaFree(warm) == 0, "free");
+        if (failures) return 1;
+        printf("interpose_prog --driver-error-not-found: all checks passed\n");
         return 0;
     }
     if (argc > 1 && strcmp(argv[1], "--ipc-classic") == 0) {
