@@ -17,6 +17,9 @@ records it writes (`allocview dump`) and on the snapshot the export makes of the
   multidev        two devices whose events interleave in time, and an annotation between them: the
                   trace has every event at its own time, in time order, and the export gives each
                   device its events at their times
+  early_marks     annotations older than the first event (PyTorch keeps them in a ring of their own,
+                  which holds far more time than the events' ring): each keeps its time through
+                  import and export, and the starting state is written before the first of them
   blocksize       a block live at the end that is larger than its rounded request (PyTorch did not
                   split off a small remainder): its allocation has the block's size, not the rounding
   pending         a free completed at once (the adjacent free_requested/free_completed pair) is one
@@ -305,6 +308,25 @@ def multidev():
             check(c, back == [(e["action"], e["time_us"]) for e in orig], "device %d's events came back as %r" % (d, back))
         check(c, [a["time_us"] for a in out["external_annotations"]] == [150],
               "annotations %r" % out["external_annotations"])
+
+
+@case
+def early_marks():
+    c = "early_marks"
+    tr = [ev("alloc", B, M, 1000), ev("free_requested", B, M, 1100), ev("free_completed", B, M, 1100)]
+    ann = [{"stage": "START", "name": "fwd", "device": 0, "time_us": 500},
+           {"stage": "END", "name": "fwd", "device": 0, "time_us": 700},
+           {"stage": "START", "name": "bwd", "device": 0, "time_us": 1050}]
+    rc, err, trace = import_(c, snap([seg(B, 2 * M, [blk(B, 2 * M, "inactive", 0)])], [tr], ann))
+    if not check(c, rc == 0, "import exited %d: %s" % (rc, err)):
+        return
+    got = [(k, num(kv["t"]) // 1000) for k, kv, _ in records(trace) if k in ("init_map", "mark", "alloc")]
+    want = [("init_map", 500), ("mark", 500), ("mark", 700), ("alloc", 1000), ("mark", 1050)]
+    check(c, got == want, "records (kind, time_us) %r, want %r" % (got, want))
+    rc, err, out = export(c, trace)
+    if check(c, rc == 0, "export exited %d: %s" % (rc, err)):
+        check(c, [a["time_us"] for a in out["external_annotations"]] == [500, 700, 1050],
+              "annotations came back as %r" % out["external_annotations"])
 
 
 @case

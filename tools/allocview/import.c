@@ -881,13 +881,25 @@ int av_cmd_import(int argc, char **argv)
     /* A block freed in the window that it never saw allocated has the free's stack as its call
      * site only where that stack is its allocation's (frees_carry_alloc_stacks); else none. */
     bool free_stacks = frees_carry_alloc_stacks(&im, dp, ndev);
-    uint64_t t0 = UINT64_MAX; /* the first event's time: initial records get it */
+    /* The first event's or annotation's time: initial records get it. Annotations count: PyTorch
+     * keeps them in a ring of their own, which outlasts the events' ring by far, so a window that
+     * starts mid-run often has annotations older than its first event, and a trace's times never
+     * go backwards (a record before the initial ones would be moved to their time). */
+    uint64_t t0 = UINT64_MAX;
     for (int d = 0; d < ndev; d++) {
         for (size_t i = 0; i < dp[d].n; i++) {
             uint64_t t = (uint64_t)geti(dp[d].ev[i], "time_us") * 1000;
             if (t && t < t0)
                 t0 = t;
         }
+    }
+    const py_t *early = py_dict_get(root, "external_annotations");
+    for (size_t i = 0; i < py_len(early); i++) {
+        const py_t *tv = py_dict_get(py_item(early, i), "time_us");
+        /* as the annotation check below takes them: an integer in [0, IM_MAX_TIME_US] */
+        if (tv && tv->kind == PY_INT && tv->u.i > 0 && (uint64_t)tv->u.i <= IM_MAX_TIME_US &&
+            (uint64_t)tv->u.i * 1000 < t0)
+            t0 = (uint64_t)tv->u.i * 1000;
     }
     if (t0 == UINT64_MAX)
         t0 = 0;
