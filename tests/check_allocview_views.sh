@@ -323,6 +323,16 @@ grep -q '^  1\. Leak: call site keep (losses.py:7) grew from .* over [0-9]* time
 "$sites" X "$tmp/x1.trace" || bad "trace_sites_fixture X did not run"
 "$allocview" leaks --no-color "$tmp/x1.trace" | grep -q '^  none found: too few allocations to judge (1 allocation: 0 windows of 16;' ||
     bad "leaks on one allocation: $("$allocview" leaks --no-color "$tmp/x1.trace")"
+# One step mark (variant N, M with a mark at its end): a step's own build-up would read as a leak
+# over windows (a one-step PyTorch snapshot's activations and optimizer state did), so no leak is
+# judged. Memory kept only in the last quarter of the windows (F: an optimizer's state made late)
+# is not judged a leak without marks.
+"$sites" N "$tmp/n.trace" && "$sites" F "$tmp/f.trace" || bad "trace_sites_fixture N or F did not run"
+"$allocview" leaks --no-color "$tmp/n.trace" | grep -q '^  none judged: the trace has 1 step mark, and a leak shows over 3 steps or more\.$' ||
+    bad "leaks with one step mark: $("$allocview" leaks --no-color "$tmp/n.trace")"
+"$allocview" leaks --no-color "$tmp/f.trace" >"$tmp/f.txt"
+! grep -q 'Leak:' "$tmp/f.txt" && grep -q "^  none: no call site's live bytes grew window after window (16 windows of 21 allocations)" "$tmp/f.txt" ||
+    bad "memory kept in the last quarter taken for a leak: $(cat "$tmp/f.txt")"
 
 # 5b'. sites --folded takes --no-color as the other views do, and a --top it cannot use is named as
 #      such, under the command typed (both were "allocview folded: unknown option").

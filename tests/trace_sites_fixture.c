@@ -31,6 +31,9 @@
  *   trace_sites_fixture M TRACE   a job without step marks: 20 steps of four 8 MiB activations
  *                                 (act.py:5, freed in the step) and 1 MiB more kept every step
  *                                 (losses.py:7, keep): 100 allocations in a file of two blocks
+ *   trace_sites_fixture N TRACE   M with one "step 1" mark at its end
+ *   trace_sites_fixture F TRACE   M's activations for 80 steps, and 1 MiB kept every step only in
+ *                                 the last 20 (state.py:3, make_state): growth in the last quarter
  *   trace_sites_fixture X TRACE   a device no sim device can be, for replay: device 0 with a
  *                                 granularity of 3 bytes, holding a block
  *   trace_sites_fixture Y TRACE   the same with device 70 (past cualloc's 64) and a granularity
@@ -159,8 +162,9 @@ static int many_leaks(const char *trace)
     return 0;
 }
 
-/* Variant M: a leak with no step mark to judge it by: only windows of allocations can show it. */
-static int leak_without_marks(const char *trace)
+/* Variant M: a leak with no step mark to judge it by: only windows of allocations can show it.
+ * N: the same, one step mark at its end. F: 80 steps, memory kept only in the last 20. */
+static int leak_without_marks(const char *trace, char variant)
 {
     if (tw_open(&w, trace) != 0) {
         perror(trace);
@@ -170,15 +174,20 @@ static int leak_without_marks(const char *trace)
     tw_map(&w, tick(), 0, 0x7d0000000000ull, 512 * MIB, false);
     uint32_t main_st = tw_stack(&w, 0, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, 10, "main", "train.py"));
     uint32_t act = tw_stack(&w, main_st, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, 5, "forward", "act.py"));
-    uint32_t keep = tw_stack(&w, main_st, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, 7, "keep", "losses.py"));
-    for (int step = 1; step <= 20; step++) {
+    uint32_t keep = variant == 'F' ? tw_stack(&w, main_st, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, 3, "make_state", "state.py"))
+                                   : tw_stack(&w, main_st, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, 7, "keep", "losses.py"));
+    int steps = variant == 'F' ? 80 : 20, keep_from = variant == 'F' ? 61 : 1;
+    for (int step = 1; step <= steps; step++) {
         uint64_t a[4];
         for (int i = 0; i < 4; i++)
             a[i] = alloc(8 * MIB, act);
-        alloc(MIB, keep);
+        if (step >= keep_from)
+            alloc(MIB, keep);
         for (int i = 3; i >= 0; i--)
             tw_free(&w, tick(), 0, a[i], 8 * MIB);
     }
+    if (variant == 'N')
+        tw_mark(&w, tick(), "step 1");
     if (tw_close(&w, tick()) != 0) {
         fprintf(stderr, "trace_sites_fixture: writing %s failed\n", trace);
         return 2;
@@ -207,8 +216,8 @@ static int odd_device(const char *trace, bool past_last)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3 || strlen(argv[1]) != 1 || !strchr("ABGUJWLKMXY", argv[1][0])) {
-        fprintf(stderr, "usage: trace_sites_fixture A|B|G|U|J|W|L|K|M|X|Y TRACE\n");
+    if (argc != 3 || strlen(argv[1]) != 1 || !strchr("ABGUJWLKMNFXY", argv[1][0])) {
+        fprintf(stderr, "usage: trace_sites_fixture A|B|G|U|J|W|L|K|M|N|F|X|Y TRACE\n");
         return 1;
     }
     if (argv[1][0] == 'X' || argv[1][0] == 'Y')
@@ -217,8 +226,8 @@ int main(int argc, char **argv)
         return junk_sites(argv[2]);
     if (argv[1][0] == 'K')
         return many_leaks(argv[2]);
-    if (argv[1][0] == 'M')
-        return leak_without_marks(argv[2]);
+    if (argv[1][0] == 'M' || argv[1][0] == 'N' || argv[1][0] == 'F')
+        return leak_without_marks(argv[2], argv[1][0]);
     bool b = argv[1][0] == 'B', g = argv[1][0] == 'G', u = argv[1][0] == 'U', twins = argv[1][0] == 'W';
     bool callers = argv[1][0] == 'L';
     if (tw_open(&w, argv[2]) != 0) {

@@ -75,8 +75,10 @@ static void lk_catch(av_leak_t *l, uint32_t nb, uint64_t cur)
             l->first_b = l->last_b + 1;
         }
     } else {
-        if (cur > l->last_v)
+        if (cur > l->last_v) {
             l->inc++;
+            l->last_inc_b = nb;
+        }
         else if (cur < l->last_v)
             l->dec++;
         l->n += k;

@@ -307,7 +307,19 @@ static bool use_step_leaks(const av_t *a) { return a->step_bounds >= 3; }
 static bool is_leak(const av_t *a, uint32_t id)
 {
     const av_stack_t *s = &a->st[id];
-    return av_leak_growing(use_step_leaks(a) ? &s->lk_step : &s->lk_win, s->cur_bytes);
+    if (use_step_leaks(a))
+        return av_leak_growing(&s->lk_step, s->cur_bytes);
+    /* One or two step marks: the trace is a step or two, and what a step builds up (a forward
+     * pass's activations, an optimizer's state made in its first step) would read as a leak over
+     * windows; a leak shows over 3 steps. */
+    if (a->step_bounds > 0)
+        return false;
+    /* Without step marks a window is no step either, and a trace that ends inside a step still
+     * holds what the step built up. A leak keeps growing: over at least half of the trace's
+     * windows, and into their last quarter. */
+    const av_leak_t *l = &s->lk_win;
+    return av_leak_growing(l, s->cur_bytes) && (uint64_t)l->n * 2 >= a->win_bounds &&
+           (uint64_t)l->last_inc_b * 4 >= (uint64_t)a->win_bounds * 3;
 }
 
 /* First allocated inside the optimizer step that holds the peak (PyTorch's annotations). */
@@ -1590,8 +1602,10 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
         free(v);
     } else if (strcmp(cmd, "leaks") == 0) {
         size_t nl = 0;
-        fprintf(out, "%sLeaks%s (judged over %s)\n", C_B(), C_0(),
-                use_step_leaks(a) ? "step ends" : "windows of allocations: the trace has fewer than 3 step marks");
+        fprintf(out, "%sLeaks%s (%s)\n", C_B(), C_0(),
+                use_step_leaks(a)    ? "judged over step ends"
+                : a->step_bounds > 0 ? "not judged: the trace has fewer than 3 step marks"
+                                     : "judged over windows of allocations: the trace has no step marks");
         for (size_t i = 0; i < nd && nl < (size_t)o->top; i++)
             if (strcmp(d[i].rule, "leak") == 0) {
                 fprintf(out, "  %zu. %s\n     %s\n", ++nl, d[i].text, d[i].fix);
@@ -1604,6 +1618,9 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
             ;
         else if (use_step_leaks(a))
             fprintf(out, "  none: no call site's live bytes grew step after step without being freed\n");
+        else if (a->step_bounds > 0) /* is_leak judges no windows then */
+            fprintf(out, "  none judged: the trace has %u step mark%s, and a leak shows over 3 steps or more.\n",
+                    a->step_bounds, a->step_bounds == 1 ? "" : "s");
         else if (a->win_bounds < 3) /* av_leak_growing needs 3 boundaries */
             fprintf(out,
                     "  none found: too few allocations to judge (%" PRIu64 " allocation%s: %u window%s of %" PRIu64
@@ -1723,8 +1740,8 @@ static void help(const char *cmd, FILE *out)
                      "  (sites --folded [--device N|all] TRACE: the peak as folded stacks, allocview folded)\n");
     else if (strcmp(cmd, "leaks") == 0)
         fprintf(out, "usage: allocview leaks [--json] [--no-color] [--redact] [--top N] TRACE\n"
-                     "  Call sites whose live bytes grew step after step (\"step N\" marks; without them,\n"
-                     "  windows of allocations) and were never freed; the --top N holding most at the end.\n");
+                     "  Call sites whose live bytes grew step after step (3 \"step N\" marks or more; with none,\n"
+                     "  over windows of allocations) and were never freed; the --top N holding most at the end.\n");
     else if (strcmp(cmd, "oom") == 0)
         fprintf(out, "usage: allocview oom [--json] [--no-color] [--redact] [--top N] TRACE\n"
                      "  The first OOM: the request, the heap's state, where the request came from, what was\n"
