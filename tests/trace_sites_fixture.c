@@ -130,18 +130,28 @@ static int junk_sites(const char *trace)
     return 0;
 }
 
+/* The start of the leak variants: device 0 of 16 GiB with 512 MiB mapped, and the Python frame
+ * main (train.py:10) their sites are called from. False when the file cannot be written. */
+static bool leaks_open(const char *trace, uint32_t *main_st)
+{
+    if (tw_open(&w, trace) != 0) {
+        perror(trace);
+        return false;
+    }
+    tw_device(&w, 0, 16ull << 30, "sim device 0");
+    tw_map(&w, tick(), 0, 0x7d0000000000ull, 512 * MIB, false);
+    *main_st = tw_stack(&w, 0, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, 10, "main", "train.py"));
+    return true;
+}
+
 enum { MANY_LEAKS = 40 };
 
 /* Variant K: MANY_LEAKS call sites that each keep 1 MiB more every step. */
 static int many_leaks(const char *trace)
 {
-    if (tw_open(&w, trace) != 0) {
-        perror(trace);
+    uint32_t main_st;
+    if (!leaks_open(trace, &main_st))
         return 2;
-    }
-    tw_device(&w, 0, 16ull << 30, "sim device 0");
-    tw_map(&w, tick(), 0, 0x7d0000000000ull, 512 * MIB, false);
-    uint32_t main_st = tw_stack(&w, 0, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, 10, "main", "train.py"));
     uint32_t sites[MANY_LEAKS];
     for (int i = 0; i < MANY_LEAKS; i++) {
         char fn[32];
@@ -166,13 +176,9 @@ static int many_leaks(const char *trace)
  * N: the same, one step mark at its end. F: 80 steps, memory kept only in the last 20. */
 static int leak_without_marks(const char *trace, char variant)
 {
-    if (tw_open(&w, trace) != 0) {
-        perror(trace);
+    uint32_t main_st;
+    if (!leaks_open(trace, &main_st))
         return 2;
-    }
-    tw_device(&w, 0, 16ull << 30, "sim device 0");
-    tw_map(&w, tick(), 0, 0x7d0000000000ull, 512 * MIB, false);
-    uint32_t main_st = tw_stack(&w, 0, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, 10, "main", "train.py"));
     uint32_t act = tw_stack(&w, main_st, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, 5, "forward", "act.py"));
     uint32_t keep = variant == 'F' ? tw_stack(&w, main_st, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, 3, "make_state", "state.py"))
                                    : tw_stack(&w, main_st, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, 7, "keep", "losses.py"));
