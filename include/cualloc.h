@@ -93,7 +93,11 @@ CUALLOC_API int cualloc_get_stats(int device, cualloc_stats *out);
  * fragmentation (before any request has failed: what this one would be diagnosed as now, or "none yet"
  * when the heap would serve it). Under
  * CUALLOC_DISABLE it says that the driver refused the request and gives the device's free memory.
- * The exception cualloc_torch_malloc throws carries it. Returns 0, or -1 when buf is NULL or len 0. */
+ * The exception cualloc_torch_malloc throws carries it. Where the device's last failed request failed
+ * because the driver refused memory with an error that is not out of memory (a context a kernel's
+ * fault left unusable), the paragraph begins "CUDA error: " and that error's name instead, as
+ * PyTorch's own CUDA errors do, so that code retrying a smaller batch on an OOM does not take it for
+ * one. Returns 0, or -1 when buf is NULL or len 0. */
 CUALLOC_API int cualloc_oom_message(size_t size, int device, char *buf, size_t len);
 
 /* Sets every gauge's peak of `device` to the gauge's current value, so that later peaks are

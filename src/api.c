@@ -490,7 +490,17 @@ CUALLOC_API int cualloc_oom_message(size_t size, int device, char *buf, size_t l
     size_t dfree = 0;
     bool dknown = false;
     char diagnosis[1024], cap[32], alloc[32], resv[32], cached[32], largest[32], devfree[32];
-    heap_oom_facts(h, size, &s, &dfree, &dknown, diagnosis, sizeof diagnosis);
+    cua_result driver_error = heap_oom_facts(h, size, &s, &dfree, &dknown, diagnosis, sizeof diagnosis);
+    if (driver_error != CUA_SUCCESS) {
+        /* Not out of memory: a message that began as PyTorch's OutOfMemoryError does would send code
+         * that retries a smaller batch on it (Accelerate's find_executable_batch_size) into a context
+         * that fails every call. It begins as PyTorch's own CUDA errors do. */
+        snprintf(buf, len,
+                 "CUDA error: %s (%d) while cualloc allocated %s (%zu bytes) on device %d; not out of memory. "
+                 "Diagnosis: %s",
+                 driver_error_name(driver_error), (int)driver_error, req, size, device, diagnosis);
+        return 0;
+    }
     snprintf(buf, len,
              "CUDA out of memory. Tried to allocate %s (%zu bytes) on device %d. cualloc's heap on device "
              "%d has a capacity of %s; %s is allocated, %s reserved, of which %s is reserved but unallocated; the "

@@ -288,6 +288,7 @@ struct heap_s {
      * fault left unusable fails every call so). */
     cua_result grow_error;
     cua_result grow_error_said; /* the last such error reported: each is said once, not per call */
+    cua_result last_fail_error; /* the error of the last failed allocation when a driver error, else 0 */
 };
 
 static const char *const host_table_names[] = {
@@ -2148,6 +2149,7 @@ static _Thread_local cua_result alloc_fail_result;
 static __attribute__((noinline, cold)) void alloc_fail_no_slot(heap_t *h, cua_stream stream, size_t size) {
     h->stats.num_ooms++;
     alloc_fail_result = CUA_ERROR_OUT_OF_MEMORY;
+    h->last_fail_error = CUA_SUCCESS;
     /* Classic mode keeps a segment to one stream, so there a stream holding part of a segment
      * keeps its slot; in VMM mode only a stream that cannot settle does. */
     const char *why = h->vmm ? "whose freed memory cannot be reused yet (they are capturing CUDA graphs, or could "
@@ -2178,6 +2180,7 @@ static __attribute__((noinline, cold)) cua_result alloc_fail_driver(heap_t *h, c
                                                                     size_t rsize) {
     cua_result r = h->grow_error;
     h->grow_error = CUA_SUCCESS;
+    h->last_fail_error = r;
     char req[32];
     fmt_bytes(size, req, sizeof req);
     snprintf(h->oom_text, sizeof h->oom_text,
@@ -2204,6 +2207,7 @@ static cua_result alloc_fail(heap_t *h, cua_stream stream, size_t size, size_t r
     h->stats.num_ooms++;
     alloc_fail_result = CUA_ERROR_OUT_OF_MEMORY;
     if (h->grow_error != CUA_SUCCESS && h->host_refused == HOST_NONE) return alloc_fail_driver(h, stream, size, rsize);
+    h->last_fail_error = CUA_SUCCESS;
     if (h->host_refused != HOST_NONE) {
         h->host_refusals++;
         report_host_refused(h, size);
@@ -3179,8 +3183,8 @@ void heap_get_stats(heap_t *h, cualloc_stats *out) {
     heap_stats_release(h);
 }
 
-void heap_oom_facts(heap_t *h, size_t size, cualloc_stats *out, size_t *dfree, bool *dknown, char *diagnosis,
-                    size_t len) {
+cua_result heap_oom_facts(heap_t *h, size_t size, cualloc_stats *out, size_t *dfree, bool *dknown, char *diagnosis,
+                          size_t len) {
     size_t dtotal;
     heap_stats_hold(h, out);
     *dknown = device_free_now(h, dfree, &dtotal);
@@ -3202,7 +3206,9 @@ void heap_oom_facts(heap_t *h, size_t size, cualloc_stats *out, size_t *dfree, b
         oom_diagnose(h, rsize ? rsize : size /* 0: rounding would overflow */, *dfree, dtotal, *dknown, diagnosis,
                      len, NULL);
     }
+    cua_result driver_error = h->last_fail_error;
     heap_stats_release(h);
+    return driver_error;
 }
 
 void heap_trim(heap_t *h) {

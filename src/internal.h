@@ -717,9 +717,11 @@ void heap_stats_release(heap_t *h);
 void heap_reset_peaks(heap_t *h);
 /* For cualloc_oom_message, read together under the heap's lock: its statistics, the device's free
  * memory (*dknown false when the driver could not tell) and the diagnosis of its last failed
- * request, or, before any has failed, what a request of `size` bytes would be diagnosed as now. */
-void heap_oom_facts(heap_t *h, size_t size, cualloc_stats *out, size_t *dfree, bool *dknown, char *diagnosis,
-                    size_t len);
+ * request, or, before any has failed, what a request of `size` bytes would be diagnosed as now.
+ * Returns the driver's error where the last failed request failed for one that is not out of
+ * memory (heap_alloc returned it), else CUA_SUCCESS. */
+cua_result heap_oom_facts(heap_t *h, size_t size, cualloc_stats *out, size_t *dfree, bool *dknown, char *diagnosis,
+                          size_t len);
 void heap_trim(heap_t *h);
 /* The stream is being destroyed: settle its free blocks so its handle can be reused, and forget it
  * as a non-blocking stream. */

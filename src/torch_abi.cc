@@ -28,7 +28,8 @@ extern "C" {
 
 /* Allocates `size` bytes on `device`, ordered on `stream` (a cudaStream_t). Throws
  * std::runtime_error("CUDA out of memory. Tried to allocate ...") when cualloc cannot serve the request
- * even after releasing its cache. O(1) from cached memory. */
+ * even after releasing its cache ("CUDA error: ..." when the driver failed it with an error that is
+ * not out of memory: cualloc_oom_message). O(1) from cached memory. */
 CUALLOC_API void *cualloc_torch_malloc(size_t size, int device, void *stream) {
     void *p = cualloc_malloc(size, device, stream);
     if (p) return p;

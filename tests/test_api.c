@@ -552,6 +552,27 @@ static void test_peer_access_one_device(void) {
  * memory mapped on both devices before and after; the heaps stay consistent and keep serving.
  * Device 1's heap is made first, so the frees' list of heaps is not in device order: every free
  * must still reach its own device's heap (its counters say). */
+/* Run with every chunk after the first refused with CUDA_ERROR_ILLEGAL_ADDRESS (sim_fail ...=700):
+ * the failed request's message says it is a CUDA error, not out of memory, in the words PyTorch's own
+ * CUDA errors begin with, so that code retrying a smaller batch on an OOM does not take it for one. */
+static int run_driver_error(void) {
+    void *warm = cualloc_malloc(4096, DEV, NULL);
+    EXPECT(warm != NULL, "the first chunk is mapped");
+    EXPECT(cualloc_malloc(64 << 20, DEV, NULL) == NULL, "64 MiB with chunks refused");
+    char buf[2048];
+    EXPECT(cualloc_oom_message(64 << 20, DEV, buf, sizeof buf) == 0, "cualloc_oom_message");
+    EXPECT(strncmp(buf, "CUDA error: CUDA_ERROR_ILLEGAL_ADDRESS (700) while cualloc allocated 64.00 MiB", 78) == 0 &&
+               strstr(buf, "not out of memory") && strstr(buf, "Diagnosis: not a shortage of memory") &&
+               !strstr(buf, "CUDA out of memory"),
+           "the message: %s", buf);
+    cualloc_stats s;
+    EXPECT(cualloc_get_stats(DEV, &s) == 0 && s.num_ooms == 1, "num_ooms %llu", (unsigned long long)s.num_ooms);
+    cualloc_free(warm, NULL);
+    if (failures) return 1;
+    printf("test_api --driver-error: all checks passed\n");
+    return 0;
+}
+
 static int run_peers(void) {
     void *before[2], *after[2];
     for (int d = 1; d >= 0; d--) {
@@ -649,6 +670,7 @@ static int run_disabled(void) {
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--disable") == 0) return run_disabled();
     if (argc > 1 && strcmp(argv[1], "--peers") == 0) return run_peers();
+    if (argc > 1 && strcmp(argv[1], "--driver-error") == 0) return run_driver_error();
     const char *conf = getenv("CUALLOC_CONF");
     if (!conf || !strstr(conf, "sim_host_backed:1")) {
         fprintf(stderr, "test_api needs CUALLOC_CONF=driver:sim,sim_host_backed:1,sim_memory_mb:512 (got %s)\n",
