@@ -333,6 +333,12 @@ grep -q '^  1\. Leak: call site keep (losses.py:7) grew from .* over [0-9]* time
 "$allocview" leaks --no-color "$tmp/f.trace" >"$tmp/f.txt"
 ! grep -q 'Leak:' "$tmp/f.txt" && grep -q "^  none: no call site's live bytes grew window after window (16 windows of 21 allocations)" "$tmp/f.txt" ||
     bad "memory kept in the last quarter taken for a leak: $(cat "$tmp/f.txt")"
+# A site that grew over the first 48 of 80 steps and then held its memory to the end (E) stopped
+# growing before the last quarter of the windows: no leak.
+"$sites" E "$tmp/e.trace" || bad "trace_sites_fixture E did not run"
+"$allocview" leaks --no-color "$tmp/e.trace" >"$tmp/e.txt"
+! grep -q 'Leak:' "$tmp/e.txt" && grep -q "^  none: no call site's live bytes grew window after window" "$tmp/e.txt" ||
+    bad "growth that stopped before the last quarter taken for a leak: $(cat "$tmp/e.txt")"
 
 # 5b'. sites --folded takes --no-color as the other views do, and a --top it cannot use is named as
 #      such, under the command typed (both were "allocview folded: unknown option").

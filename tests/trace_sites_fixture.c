@@ -34,6 +34,8 @@
  *   trace_sites_fixture N TRACE   M with one "step 1" mark at its end
  *   trace_sites_fixture F TRACE   M's activations for 80 steps, and 1 MiB kept every step only in
  *                                 the last 20 (state.py:3, make_state): growth in the last quarter
+ *   trace_sites_fixture E TRACE   M's activations for 80 steps, and 1 MiB kept every step only in
+ *                                 the first 48 (losses.py:7): growth that stops before the last quarter
  *   trace_sites_fixture X TRACE   a device no sim device can be, for replay: device 0 with a
  *                                 granularity of 3 bytes, holding a block
  *   trace_sites_fixture Y TRACE   the same with device 70 (past cualloc's 64) and a granularity
@@ -173,7 +175,8 @@ static int many_leaks(const char *trace)
 }
 
 /* Variant M: a leak with no step mark to judge it by: only windows of allocations can show it.
- * N: the same, one step mark at its end. F: 80 steps, memory kept only in the last 20. */
+ * N: the same, one step mark at its end. F: 80 steps, memory kept only in the last 20. E: 80 steps,
+ * memory kept only in the first 48 (it stops growing well before the last quarter). */
 static int leak_without_marks(const char *trace, char variant)
 {
     uint32_t main_st;
@@ -182,12 +185,13 @@ static int leak_without_marks(const char *trace, char variant)
     uint32_t act = tw_stack(&w, main_st, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, 5, "forward", "act.py"));
     uint32_t keep = variant == 'F' ? tw_stack(&w, main_st, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, 3, "make_state", "state.py"))
                                    : tw_stack(&w, main_st, CUA_TRACE_FRAME_PYTHON, tw_pyframe(&w, 7, "keep", "losses.py"));
-    int steps = variant == 'F' ? 80 : 20, keep_from = variant == 'F' ? 61 : 1;
+    int steps = variant == 'F' || variant == 'E' ? 80 : 20, keep_from = variant == 'F' ? 61 : 1;
+    int keep_to = variant == 'E' ? 48 : steps;
     for (int step = 1; step <= steps; step++) {
         uint64_t a[4];
         for (int i = 0; i < 4; i++)
             a[i] = alloc(8 * MIB, act);
-        if (step >= keep_from)
+        if (step >= keep_from && step <= keep_to)
             alloc(MIB, keep);
         for (int i = 3; i >= 0; i--)
             tw_free(&w, tick(), 0, a[i], 8 * MIB);
@@ -222,8 +226,8 @@ static int odd_device(const char *trace, bool past_last)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3 || strlen(argv[1]) != 1 || !strchr("ABGUJWLKMNFXY", argv[1][0])) {
-        fprintf(stderr, "usage: trace_sites_fixture A|B|G|U|J|W|L|K|M|N|F|X|Y TRACE\n");
+    if (argc != 3 || strlen(argv[1]) != 1 || !strchr("ABGUJWLKMNFEXY", argv[1][0])) {
+        fprintf(stderr, "usage: trace_sites_fixture A|B|G|U|J|W|L|K|M|N|F|E|X|Y TRACE\n");
         return 1;
     }
     if (argv[1][0] == 'X' || argv[1][0] == 'Y')
@@ -232,7 +236,7 @@ int main(int argc, char **argv)
         return junk_sites(argv[2]);
     if (argv[1][0] == 'K')
         return many_leaks(argv[2]);
-    if (argv[1][0] == 'M' || argv[1][0] == 'N' || argv[1][0] == 'F')
+    if (argv[1][0] == 'M' || argv[1][0] == 'N' || argv[1][0] == 'F' || argv[1][0] == 'E')
         return leak_without_marks(argv[2], argv[1][0]);
     bool b = argv[1][0] == 'B', g = argv[1][0] == 'G', u = argv[1][0] == 'U', twins = argv[1][0] == 'W';
     bool callers = argv[1][0] == 'L';

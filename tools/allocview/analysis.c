@@ -77,7 +77,7 @@ static void lk_catch(av_leak_t *l, uint32_t nb, uint64_t cur)
     } else {
         if (cur > l->last_v) {
             l->inc++;
-            l->last_inc_b = nb;
+            l->last_inc_b = l->last_b + 1; /* the value rose before the first of the k boundaries */
         }
         else if (cur < l->last_v)
             l->dec++;

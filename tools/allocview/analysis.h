@@ -30,7 +30,7 @@ typedef struct av_leak {
     uint32_t n, inc, dec;       /* boundaries seen while live, rises, falls */
     uint64_t first_v, last_v;   /* live bytes at the first and last of them */
     uint32_t first_b;           /* boundary index of the first */
-    uint32_t last_inc_b;        /* boundary index of the last rise */
+    uint32_t last_inc_b;        /* boundary index of the last rise: the first boundary that saw it */
 } av_leak_t;
 
 typedef struct av_stack {
