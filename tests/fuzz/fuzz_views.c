@@ -9,7 +9,7 @@
  * (corpus_views links to corpus_report: real traces with 4 KiB blocks, an import of a PyTorch-
  * shaped snapshot).
  */
-// sources: tools/allocview/timeline.c tools/allocview/diff.c tools/allocview/replay.c tools/allocview/folded.c tools/allocview/analysis.c tools/allocview/devices.c tools/allocview/symbolize.c tools/allocview/report.c tools/allocview/reader.c tools/allocview/devaddr_map.c tools/allocview/lib_oom.c tools/allocview/text.c tools/allocview/ranges.c tools/allocview/u64map.c tools/allocview/pickle.c tools/allocview/pickle_writer.c tools/allocview/trace_writer.c tools/allocview/import.c tools/allocview/export.c tools/allocview/xalloc.c src/api.c src/conf.c src/driver_cuda.c src/driver_sim.c src/error.c src/grow_table.c src/heap.c src/oom.c src/ptrmap.c src/sizeclass.c src/slab.c src/stats.c src/trace.c src/tree.c
+// sources: tools/min_fit_search.c tools/allocview/timeline.c tools/allocview/diff.c tools/allocview/replay.c tools/allocview/folded.c tools/allocview/analysis.c tools/allocview/devices.c tools/allocview/symbolize.c tools/allocview/report.c tools/allocview/reader.c tools/allocview/devaddr_map.c tools/allocview/lib_oom.c tools/allocview/text.c tools/allocview/ranges.c tools/allocview/u64map.c tools/allocview/pickle.c tools/allocview/pickle_writer.c tools/allocview/trace_writer.c tools/allocview/import.c tools/allocview/export.c tools/allocview/xalloc.c src/api.c src/conf.c src/driver_cuda.c src/driver_sim.c src/error.c src/grow_table.c src/heap.c src/oom.c src/ptrmap.c src/sizeclass.c src/slab.c src/stats.c src/trace.c src/tree.c
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -47,7 +47,7 @@
 #include <time.h>
 
 #include "internal.h"
-#include "min_fit_search.h"
+#include "../min_fit_search.h"
 #include "reader.h"
 #include "replay.h"
 #include "text.h"
