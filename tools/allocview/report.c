@@ -302,21 +302,33 @@ static const av_seg_t *first_step(const av_t *a)
     return NULL;
 }
 
-static bool use_step_leaks(const av_t *a) { return a->step_bounds >= 3; }
+/* What leaks are judged over: step ends (3 step marks or more); nothing (one or two: the trace is a
+ * step or two, and what a step builds up, a forward pass's activations or an optimizer's state
+ * made in its first step, would read as a leak over windows, while a leak shows over 3 steps); or
+ * windows of allocations (no step mark). */
+typedef enum { LEAKS_BY_STEPS, LEAKS_NOT_JUDGED, LEAKS_BY_WINDOWS } leak_basis_t;
+
+static leak_basis_t leak_basis(const av_t *a)
+{
+    return a->step_bounds >= 3 ? LEAKS_BY_STEPS : a->step_bounds > 0 ? LEAKS_NOT_JUDGED : LEAKS_BY_WINDOWS;
+}
+
+static bool use_step_leaks(const av_t *a) { return leak_basis(a) == LEAKS_BY_STEPS; }
 
 static bool is_leak(const av_t *a, uint32_t id)
 {
     const av_stack_t *s = &a->st[id];
-    if (use_step_leaks(a))
+    switch (leak_basis(a)) {
+    case LEAKS_BY_STEPS:
         return av_leak_growing(&s->lk_step, s->cur_bytes);
-    /* One or two step marks: the trace is a step or two, and what a step builds up (a forward
-     * pass's activations, an optimizer's state made in its first step) would read as a leak over
-     * windows; a leak shows over 3 steps. */
-    if (a->step_bounds > 0)
+    case LEAKS_NOT_JUDGED:
         return false;
-    /* Without step marks a window is no step either, and a trace that ends inside a step still
-     * holds what the step built up. A leak keeps growing: over at least half of the trace's
-     * windows, and into their last quarter. */
+    case LEAKS_BY_WINDOWS:
+        break;
+    }
+    /* A window is no step either, and a trace that ends inside a step still holds what the step
+     * built up. A leak keeps growing: over at least half of the trace's windows, and into their
+     * last quarter. */
     const av_leak_t *l = &s->lk_win;
     return av_leak_growing(l, s->cur_bytes) && (uint64_t)l->n * 2 >= a->win_bounds &&
            (uint64_t)l->last_inc_b * 4 >= (uint64_t)a->win_bounds * 3;
@@ -1602,10 +1614,12 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
         free(v);
     } else if (strcmp(cmd, "leaks") == 0) {
         size_t nl = 0;
-        fprintf(out, "%sLeaks%s (%s)\n", C_B(), C_0(),
-                use_step_leaks(a)    ? "judged over step ends"
-                : a->step_bounds > 0 ? "not judged: the trace has fewer than 3 step marks"
-                                     : "judged over windows of allocations: the trace has no step marks");
+        leak_basis_t basis = leak_basis(a);
+        static const char *const basis_said[] = {
+            [LEAKS_BY_STEPS] = "judged over step ends",
+            [LEAKS_NOT_JUDGED] = "not judged: the trace has fewer than 3 step marks",
+            [LEAKS_BY_WINDOWS] = "judged over windows of allocations: the trace has no step marks"};
+        fprintf(out, "%sLeaks%s (%s)\n", C_B(), C_0(), basis_said[basis]);
         for (size_t i = 0; i < nd && nl < (size_t)o->top; i++)
             if (strcmp(d[i].rule, "leak") == 0) {
                 fprintf(out, "  %zu. %s\n     %s\n", ++nl, d[i].text, d[i].fix);
@@ -1615,10 +1629,10 @@ static void report_one(FILE *out, const char *cmd, av_t *a, const ropts_t *o)
             fprintf(out, "  ... %zu more leaking call site%s (--top N lists more)\n", all - nl, all - nl == 1 ? "" : "s");
         uint64_t seen = a->win_bounds * a->win_every + a->win_allocs; /* allocations in scope */
         if (nl)
-            ;
-        else if (use_step_leaks(a))
+            ; /* listed */
+        else if (basis == LEAKS_BY_STEPS)
             fprintf(out, "  none: no call site's live bytes grew step after step without being freed\n");
-        else if (a->step_bounds > 0) /* is_leak judges no windows then */
+        else if (basis == LEAKS_NOT_JUDGED)
             fprintf(out, "  none judged: the trace has %u step mark%s, and a leak shows over 3 steps or more.\n",
                     a->step_bounds, a->step_bounds == 1 ? "" : "s");
         else if (a->win_bounds < 3) /* av_leak_growing needs 3 boundaries */
