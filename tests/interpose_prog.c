@@ -19,6 +19,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -351,6 +352,32 @@ static void last_error_checks(void) {
               got);
 }
 
+/* --driver-error: run with every chunk after the first refused with CUDA_ERROR_ILLEGAL_ADDRESS
+ * (sim_fail ...=700), as in a context a kernel's fault left failing: cudaMalloc returns that error,
+ * the same value in the runtime's API, and it is the thread's last error; not
+ * cudaErrorMemoryAllocation, which would send the user after memory.
+ * --driver-error-not-found: refused with CUDA_ERROR_NOT_FOUND (500), the value the front door's own
+ * code uses for "pass the request through": the heap failed (and reported) the request, so
+ * cudaMalloc fails too, as out of memory (500 has no context-fatal meaning).
+ * Either way CUDA's allocator is not asked for the failed request. */
+static int driver_error_main(const char *mode) {
+    bool not_found = strcmp(mode, "--driver-error-not-found") == 0;
+    int want = not_found ? 2 : 700;
+    void *warm = NULL, *p = NULL;
+    CHECK_MSG(cudaMalloc(&warm, 4096) == 0 && warm, "the first chunk is mapped");
+    unsigned long before = stub_cudart_calls("cudaMalloc");
+    int r = cudaMalloc(&p, 64 << 20);
+    CHECK_MSG(r == want && !p, "cudaMalloc(64 MiB) = %d, want %d (%s)", r, want,
+              not_found ? "cudaErrorMemoryAllocation" : "cudaErrorIllegalAddress");
+    CHECK_MSG(stub_cudart_calls("cudaMalloc") == before, "the failed request went to CUDA's allocator");
+    if (p) cudaFree(p);
+    CHECK_MSG(cudaGetLastError() == want && cudaGetLastError() == 0, "the last error is %d, then cleared", want);
+    CHECK_MSG(cudaFree(warm) == 0, "free");
+    if (failures) return 1;
+    printf("interpose_prog %s: all checks passed\n", mode);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int disable = argc > 1 && strcmp(argv[1], "--disable") == 0;
     void *gs = dlsym(RTLD_DEFAULT, "cualloc_get_stats"); /* (a look-up starts nothing) */
@@ -396,38 +423,8 @@ int main(int argc, char **argv) {
         printf("interpose_prog --meminfo-cap: all checks passed\n");
         return 0;
     }
-    if (argc > 1 && strcmp(argv[1], "--driver-error") == 0) {
-        /* Run with every chunk after the first refused with CUDA_ERROR_ILLEGAL_ADDRESS (sim_fail
-         * ...=700), as in a context a kernel's fault left failing: cudaMalloc returns that error,
-         * the same value in the runtime's API, and it is the thread's last error; not
-         * cudaErrorMemoryAllocation, which would send the user after memory. */
-        void *warm = NULL, *p = NULL;
-        CHECK_MSG(cudaMalloc(&warm, 4096) == 0 && warm, "the first chunk is mapped");
-        int r = cudaMalloc(&p, 64 << 20);
-        CHECK_MSG(r == 700 && !p, "cudaMalloc(64 MiB) = %d, want 700 (cudaErrorIllegalAddress)", r);
-        CHECK_MSG(cudaGetLastError() == 700 && cudaGetLastError() == 0, "the last error is 700, then cleared");
-        CHECK_MSG(cudaFree(warm) == 0, "free");
-        if (failures) return 1;
-        printf("interpose_prog --driver-error: all checks passed\n");
-        return 0;
-    }
-    if (argc > 1 && strcmp(argv[1], "--driver-error-not-found") == 0) {
-        /* Run with every chunk after the first refused with CUDA_ERROR_NOT_FOUND (500), the value
-         * the front door's own code uses for "pass the request through": the heap failed (and
-         * reported) the request, so cudaMalloc fails too, as out of memory (500 has no
-         * context-fatal meaning), and CUDA's allocator is not asked for it. */
-        void *warm = NULL, *p = NULL;
-        CHECK_MSG(cudaMalloc(&warm, 4096) == 0 && warm, "the first chunk is mapped");
-        unsigned long before = stub_cudart_calls("cudaMalloc");
-        int r = cudaMalloc(&p, 64 << 20);
-        CHECK_MSG(r == 2 && !p, "cudaMalloc(64 MiB) = %d, want 2 (cudaErrorMemoryAllocation)", r);
-        CHECK_MSG(stub_cudart_calls("cudaMalloc") == before, "the failed request went to CUDA's allocator");
-        if (p) cudaFree(p);
-        CHECK_MSG(cudaFree(warm) == 0, "free");
-        if (failures) return 1;
-        printf("interpose_prog --driver-error-not-found: all checks passed\n");
-        return 0;
-    }
+    if (argc > 1 && (strcmp(argv[1], "--driver-error") == 0 || strcmp(argv[1], "--driver-error-not-found") == 0))
+        return driver_error_main(argv[1]);
     if (argc > 1 && strcmp(argv[1], "--ipc-classic") == 0) {
         /* Classic mode (expandable_segments:False): an IPC handle covers a whole segment and opens
          * at its start, so only a block at a segment's start may be shared; one inside is refused
