@@ -814,18 +814,19 @@ static bool is_legacy(cua_stream s) { return !s || (uintptr_t)s == 1; }
 static bool legacy_waits_for(const sim_stream_t *b, int dev) { return b && b->dev == dev && b->held && b->blocking; }
 
 /* As CUDA: work on dev's legacy stream waits for the work of dev's blocking streams, so while one
- * of them captures, an event recorded on the legacy stream or its synchronize would join that
- * capture. CUDA refuses (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) and invalidates the capture; the sim
- * counts it (sim_captures_broken). 0 when no blocking stream of dev captures. */
-static cua_result legacy_capture_check_locked(int dev) {
-    cua_result r = 0;
+ * of them captures, the legacy stream's work would join that capture: its capture query answers
+ * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, and an event recorded on it or its synchronize is refused
+ * with that error and invalidates the capture. Does a blocking stream of dev capture? With
+ * `invalidate`, each such capture is invalidated (counted in sim_captures_broken). */
+static bool legacy_joins_capture_locked(int dev, bool invalidate) {
+    bool joins = false;
     for (size_t i = 0; i < sim.streams.cap; i++) {
         sim_stream_t *b = sim.streams.obj[i];
         if (!b || b->dev != dev || !b->blocking || !b->capturing) continue;
-        (void)capture_broken_locked(b);
-        r = CUA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        if (invalidate) (void)capture_broken_locked(b);
+        joins = true;
     }
-    return r;
+    return joins;
 }
 
 static cua_result event_record_locked(int dev, cua_event e, cua_stream s) {
@@ -839,7 +840,7 @@ static cua_result event_record_locked(int dev, cua_event e, cua_stream s) {
     sim_stream_t *st = stream_get(s);
     if (st && st->dev != dev) return CUA_ERROR_INVALID_VALUE;
     bool legacy = is_legacy(s);
-    if (legacy && (r = legacy_capture_check_locked(dev)) != 0) return r;
+    if (legacy && legacy_joins_capture_locked(dev, true)) return CUA_ERROR_STREAM_CAPTURE_IMPLICIT;
     if (legacy) {
         /* More held blocking streams than an event can wait for is refused before anything
          * changes (a simulator's bound). */
@@ -909,7 +910,7 @@ static cua_result stream_sync_locked(int dev, cua_stream s) {
     sim_stream_t *st = stream_get(s);
     if (st && st->dev != dev) return CUA_ERROR_INVALID_VALUE;
     if (st && st->capturing) return capture_broken_locked(st);
-    if (is_legacy(s) && (r = legacy_capture_check_locked(dev)) != 0) return r;
+    if (is_legacy(s) && legacy_joins_capture_locked(dev, true)) return CUA_ERROR_STREAM_CAPTURE_IMPLICIT;
     if (st) st->completed = st->submitted;
     if (is_legacy(s)) /* its work waited for every blocking stream's */
         for (size_t i = 0; i < sim.streams.cap; i++) {
@@ -942,11 +943,7 @@ static cua_result simop_stream_is_capturing(int dev, cua_stream s, bool *capturi
     cua_result r = dev_get(dev, false, &d);
     sim_stream_t *st = r ? NULL : stream_get(s);
     *capturing = st && st->capturing; /* the legacy and unknown streams never capture */
-    if (!r && is_legacy(s)) /* as CUDA: the legacy stream, while a blocking stream of its device captures */
-        for (size_t i = 0; i < sim.streams.cap; i++) {
-            sim_stream_t *b = sim.streams.obj[i];
-            if (b && b->dev == dev && b->blocking && b->capturing) r = CUA_ERROR_STREAM_CAPTURE_IMPLICIT;
-        }
+    if (!r && is_legacy(s) && legacy_joins_capture_locked(dev, false)) r = CUA_ERROR_STREAM_CAPTURE_IMPLICIT;
     pthread_mutex_unlock(&sim_lock);
     return r;
 }
