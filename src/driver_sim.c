@@ -818,7 +818,7 @@ static bool legacy_waits_for(const sim_stream_t *b, int dev) { return b && b->de
  * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, and an event recorded on it or its synchronize is refused
  * with that error and invalidates the capture. Does a blocking stream of dev capture? With
  * `invalidate`, each such capture is invalidated (counted in sim_captures_broken). */
-static bool legacy_joins_capture_locked(int dev, bool invalidate) {
+static inline bool legacy_joins_capture_locked(int dev, bool invalidate) {
     bool joins = false;
     for (size_t i = 0; i < sim.streams.cap; i++) {
         sim_stream_t *b = sim.streams.obj[i];
