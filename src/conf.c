@@ -141,7 +141,7 @@ static const opt_t opts[] = {
      OFF(driver), 0, 0, 0},
     {"sim_memory_mb", OPT_MIB, "16384",
      "Memory of each sim device, in MiB.",
-     OFF(sim_memory), 1, (uint64_t)1 << 30, 0},
+     OFF(sim_memory), 1, CONF_SIM_MEMORY_MAX_MB, 0},
     {"sim_host_backed", OPT_BOOL, "False",
      "Sim device memory is real host memory, so tests can read and write through the pointers.",
      OFF(sim_host_backed), 0, 1, 0},

@@ -70,6 +70,9 @@ typedef enum {
 #define CONF_ROUNDUP_INTERVALS 16
 /* Longest path value (the trace file template) plus its NUL. */
 #define CONF_PATH_MAX 256
+/* The largest sim device, in MiB (2^30 MiB = 1 PiB): sim_memory_mb's bound, and what a replay may
+ * simulate (the sim's bookkeeping grows with the capacity). */
+#define CONF_SIM_MEMORY_MAX_MB ((uint64_t)1 << 30)
 
 /* The configuration in force. Built by conf_parse from CUALLOC_CONF; every field has its
  * descriptor in conf.c's table (key, type, default, doc), from which README's table is made. */
@@ -94,7 +97,7 @@ typedef struct conf_s {
     /* driver */
     driver_kind_t driver;
     /* sim device */
-    size_t sim_memory;                    /* bytes per sim device */
+    size_t sim_memory;                    /* bytes per sim device, up to CONF_SIM_MEMORY_MAX_MB MiB */
     bool sim_host_backed;                 /* pointers are real host memory */
     size_t sim_granularity;               /* bytes, power of two */
     bool sim_vmm;                         /* the sim device supports VMM */

@@ -57,10 +57,10 @@
 
 enum { RP_EXIT_USAGE = 1, RP_EXIT_UNREADABLE = 2, RP_EXIT_CORRUPT = 3 };
 
-/* The largest per-device capacity a replay simulates: the largest sim device (sim_memory_mb's
- * bound, 2^30 MiB = 1 PiB). The sim's bookkeeping grows with the capacity, so a larger one would
- * fail for want of host memory instead of saying what was wrong. --min-fit searches up to it. */
-#define REPLAY_MAX_MEMORY ((uint64_t)1 << 50)
+/* The largest per-device capacity a replay simulates: the largest sim device (1 PiB). The sim's
+ * bookkeeping grows with the capacity, so a larger one would fail for want of host memory instead
+ * of saying what was wrong. --min-fit searches up to it. */
+#define REPLAY_MAX_MEMORY (CONF_SIM_MEMORY_MAX_MB << 20)
 
 enum { EV_INIT = 1, EV_ALLOC, EV_FREE, EV_TRIM, EV_OOM };
 
