@@ -282,10 +282,12 @@ struct heap_s {
     unsigned host_refused_said; /* bit 1 << kind: each kind of host failure is reported once */
     uint64_t host_refusals;     /* allocations failed for want of host memory (heap_host_refusals) */
     bool no_slot_said;          /* alloc_fail_no_slot has reported once */
-    /* The driver's error from the latest attempt to create or map memory, when it was not out of
-     * memory (0 otherwise; each attempt clears it first). An allocation that then fails failed
-     * for it, not for want of memory: alloc_fail reports and returns it (a context that a kernel's
-     * fault left unusable fails every call so). */
+    /* The driver's last answer, in this allocation, to a call that creates or maps memory, when it
+     * was an error other than out of memory (0 otherwise: cleared when an allocation starts and
+     * by any answer that is not such an error). An allocation that then fails failed for it, not
+     * for want of memory: alloc_fail reports and returns it (a context that a kernel's fault left
+     * unusable fails every call so). An attempt that never reached the driver (the cap, host
+     * memory for the heap's records) leaves the earlier answer standing. */
     cua_result grow_error;
     cua_result grow_error_said; /* the last such error reported: each is said once, not per call */
     cua_result last_fail_error; /* the error of the last failed allocation when a driver error, else 0 */
@@ -1373,7 +1375,7 @@ static cua_result chunks_map(heap_t *h, pool_t *p, uintptr_t addr, size_t len) {
         p->chunks[first + done] = handle;
     }
     if (r == CUA_SUCCESS) r = h->drv->set_access(h->dev, addr, len);
-    if (r != CUA_SUCCESS && r != CUA_ERROR_OUT_OF_MEMORY) h->grow_error = r;
+    h->grow_error = r == CUA_ERROR_OUT_OF_MEMORY ? CUA_SUCCESS : r;
     if (r == CUA_SUCCESS && p->id == POOL_SMALL && !granules_open(p, first, n)) {
         h->host_refused = HOST_LIVE_MAP;
         r = CUA_ERROR_OUT_OF_MEMORY;
@@ -1544,7 +1546,6 @@ static bool grow_plan(const pool_t *p, unsigned tag, size_t rsize, grow_plan_t *
  * the driver or the address space says no. */
 static block_t *vmm_grow(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
     grow_plan_t plan;
-    h->grow_error = CUA_SUCCESS;
     if (!grow_plan(p, tag, rsize, &plan) || h->stats.reserved_bytes + plan.len > h->cap) return NULL;
     block_t *u = plan.u, *m = u;
     sizeclass_remove(&p->unmapped, u);
@@ -1597,7 +1598,6 @@ static void segment_unlink(pool_t *p, block_t *head) {
 /* PyTorch's alloc_block: a new segment for the request, inserted FREE. */
 static block_t *classic_alloc_segment(heap_t *h, pool_t *p, unsigned tag, size_t rsize, bool retry) {
     if (retry) h->stats.num_alloc_retries++;
-    h->grow_error = CUA_SUCCESS;
     size_t size = classic_segment_size(rsize);
     if (h->stats.reserved_bytes + size > h->cap) return NULL;
     block_t *b = slab_alloc(&h->blocks);
@@ -1607,8 +1607,8 @@ static block_t *classic_alloc_segment(heap_t *h, pool_t *p, unsigned tag, size_t
     }
     cua_devptr ptr = 0;
     cua_result r = h->drv->mem_alloc(h->dev, size, &ptr);
+    h->grow_error = r == CUA_ERROR_OUT_OF_MEMORY ? CUA_SUCCESS : r;
     if (r != CUA_SUCCESS) {
-        if (r != CUA_ERROR_OUT_OF_MEMORY) h->grow_error = r;
         slab_free(&h->blocks, b);
         return NULL;
     }
@@ -2180,6 +2180,7 @@ static __attribute__((noinline, cold)) cua_result alloc_fail_driver(heap_t *h, c
                                                                     size_t rsize) {
     cua_result r = h->grow_error;
     h->grow_error = CUA_SUCCESS;
+    h->host_refused = HOST_NONE;
     h->last_fail_error = r;
     char req[32];
     fmt_bytes(size, req, sizeof req);
@@ -2206,7 +2207,9 @@ static __attribute__((noinline, cold)) cua_result alloc_fail_driver(heap_t *h, c
 static cua_result alloc_fail(heap_t *h, cua_stream stream, size_t size, size_t rsize) {
     h->stats.num_ooms++;
     alloc_fail_result = CUA_ERROR_OUT_OF_MEMORY;
-    if (h->grow_error != CUA_SUCCESS && h->host_refused == HOST_NONE) return alloc_fail_driver(h, stream, size, rsize);
+    /* The driver's last answer to a growth was an error: that is the cause, even where a release
+     * or a later attempt was refused host memory, which would not have helped. */
+    if (h->grow_error != CUA_SUCCESS) return alloc_fail_driver(h, stream, size, rsize);
     h->last_fail_error = CUA_SUCCESS;
     if (h->host_refused != HOST_NONE) {
         h->host_refusals++;
@@ -2263,6 +2266,7 @@ static inline __attribute__((always_inline)) void free_tag(block_t *b, unsigned 
 static __attribute__((noinline, cold)) void alloc_untake(heap_t *h, pool_t *p, block_t *b, cua_stream stream, size_t size,
                                                          size_t rsize) {
     h->host_refused = HOST_LIVE_MAP;
+    h->grow_error = CUA_SUCCESS; /* the search found memory: a driver error on the way did not fail it */
     b->state = BLOCK_FREE;
     b = coalesce_free(h, p, b);
     free_insert(h, p, b);

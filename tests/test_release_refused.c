@@ -9,7 +9,9 @@
  * memory ran out for the block records, count it in heap_host_refusals (and, as every failed
  * allocation, in num_ooms), leave every block as it was (heap_check, the cached bytes), and succeed once the
  * records are back. A trim refused them leaves no trace that a later failure for another reason is told
- * as. */
+ * as. And when the driver also failed the growth with an error that is not out of memory (a context a
+ * faulting kernel left unusable), that error is what the failure says and returns: host memory would
+ * not have helped. */
 #include <dlfcn.h>
 
 #include "internal.h"
@@ -23,6 +25,53 @@ static size_t drain(slab_t *s, void **held, size_t max) {
     while (n < max && (s->free_list || (size_t)(s->end - s->cur) >= s->rec_size)) held[n++] = slab_alloc_uninit(s);
     EXPECT(!s->free_list && (size_t)(s->end - s->cur) < s->rec_size, "the slab still has records after %zu", n);
     return n;
+}
+
+/* Five 90 MiB blocks, the second and fourth freed: a 300 MiB request fits the 1 GiB device but no
+ * cached piece, so the heap tries to grow, and the driver fails every chunk with
+ * CUDA_ERROR_ILLEGAL_ADDRESS; the release of the cache between the two growths is refused its
+ * records. */
+static void driver_error_and_refused_release(const conf_t *c, int *armed) {
+    cua_result err = CUA_SUCCESS;
+    heap_t *h = heap_create(0, c, &driver_sim_ops, &err);
+    EXPECT(h && heap_is_vmm(h), "second heap: %d", err);
+    void *p[5];
+    for (int i = 0; i < 5; i++) {
+        p[i] = heap_malloc(h, 90 * MiB, NULL);
+        EXPECT(p[i], "block %d", i);
+    }
+    EXPECT(heap_free(h, p[1], NULL) && heap_free(h, p[3], NULL), "frees");
+    heap_test_fields_t f;
+    heap_test_fields(h, &f);
+    static void *held[1 << 16];
+    size_t nheld = drain(f.records, held, sizeof held / sizeof *held);
+    /* One record back: enough for the growth (it splits the unmapped range once, and gives the
+     * record back when the driver fails), one short of a release (two, taken first). */
+    slab_free(f.records, held[--nheld]);
+    unsigned long long refusals = heap_host_refusals(h);
+    messages.len = 0;
+    messages.text[0] = '\0';
+    sim_fail(SIM_OP_PHYS_CREATE, 0, 1000000, (cua_result)700); /* CUDA_ERROR_ILLEGAL_ADDRESS */
+    __atomic_store_n(armed, 1, __ATOMIC_RELEASE);
+    void *q = NULL;
+    cua_result r = heap_alloc(h, 300 * MiB, NULL, &q);
+    __atomic_store_n(armed, 0, __ATOMIC_RELEASE);
+    sim_fail(SIM_OP_PHYS_CREATE, 0, 0, CUA_SUCCESS);
+    EXPECT(!q && r == 700, "heap_alloc returned %d (%p), want CUDA_ERROR_ILLEGAL_ADDRESS: %s",
+           (int)r, q, messages.text);
+    EXPECT(strstr(messages.text, "CUDA_ERROR_ILLEGAL_ADDRESS") && !strstr(messages.text, "host memory ran out"),
+           "a driver error with a refused release is told as host memory: %s", messages.text);
+    EXPECT(heap_host_refusals(h) == refusals, "counted as a host refusal");
+    for (size_t i = 0; i < nheld; i++)
+        slab_free(f.records, held[i]);
+    EXPECT(heap_check(h, stderr) == 0, "heap after the driver error");
+    q = heap_malloc(h, 300 * MiB, NULL);
+    EXPECT(q, "the request failed with the driver working again: %s", messages.text);
+    heap_free(h, q, NULL);
+    for (int i = 0; i < 5; i += 2)
+        heap_free(h, p[i], NULL);
+    EXPECT(heap_check(h, stderr) == 0, "second heap at the end");
+    heap_destroy(h);
 }
 
 int main(void) {
@@ -107,6 +156,7 @@ int main(void) {
         heap_free(h, p[i], NULL);
     EXPECT(heap_check(h, stderr) == 0, "heap at the end");
     heap_destroy(h);
+    driver_error_and_refused_release(&c, armed);
     error_set_callback(NULL, NULL);
     printf("test_release_refused: a release refused its records failed as host memory (%zu records drained), "
            "and succeeded with them back\n",
