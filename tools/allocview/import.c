@@ -650,7 +650,10 @@ static bool import_event(imp_t *im, devpass_t *p, uint32_t d, size_t i, uint64_t
         }
         if (!requested && *pend) { /* its bytes left the allocated count at the request */
             *pend = 0;
-            im->ok &= tw_free_done(im->w, t, d, sid, addr, freed);
+            /* A block whose free was requested before the window has no known size: the event's
+             * own, PyTorch's requested size, is all there is (a rounding of it would be a guess,
+             * and what an export gives back). Nothing counts FREE_DONE's bytes. */
+            im->ok &= tw_free_done(im->w, t, d, sid, addr, *r ? freed : size);
             return true;
         }
         p->alloc_now = p->alloc_now > freed ? p->alloc_now - freed : 0;
