@@ -75,8 +75,9 @@
  *    after the reset the backend retains the context anew; the next allocation makes a new heap.
  *
  * dlsym. Every dlsym in the process reaches this one. The real one is libc's, found once through
- * dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34"), else "GLIBC_2.2.5" (also tried on libc.so.6 directly
- * when libcualloc.so was loaded after libc). On x86-64 and AArch64 the exported dlsym is
+ * dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34"), else "GLIBC_2.2.5" or "GLIBC_2.17" (glibc before 2.34,
+ * x86-64 and AArch64; also tried on libc.so.6 and libdl.so.2 directly when libcualloc.so was loaded
+ * after them). On x86-64 and AArch64 the exported dlsym is
  * dlsym_entry.S: it asks cualloc_dlsym_route and jumps, so that for every name cualloc does not
  * interpose the real dlsym answers with the caller's own return address (RTLD_DEFAULT and RTLD_NEXT
  * in the caller's scope, as without cualloc: a module loaded RTLD_LOCAL finds its own
@@ -183,14 +184,20 @@ static _Atomic(dlsym_fn) real_dlsym_fn;
 static dlsym_fn resolve_real_dlsym(void) {
     dlsym_fn f = atomic_load_explicit(&real_dlsym_fn, memory_order_acquire);
     if (__builtin_expect(f != NULL, 1)) return f;
-    static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5"};
+    /* glibc 2.34 and later define dlsym in libc at GLIBC_2.34 on every architecture; before, in
+     * libdl at the architecture's first version: GLIBC_2.2.5 on x86-64, GLIBC_2.17 on AArch64 (and
+     * ppc64le). Without the latter, every dlsym on an older AArch64 system (Ubuntu 20.04, Jetson's
+     * L4T, RHEL 8) would find nothing. */
+    static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
+    static const char *const libs[] = {"libc.so.6", "libdl.so.2"};
     void *p = NULL;
     for (size_t i = 0; !p && i < sizeof versions / sizeof versions[0]; i++) p = dlvsym(RTLD_NEXT, "dlsym", versions[i]);
-    if (!p) { /* libcualloc.so loaded after libc: RTLD_NEXT does not see it */
-        void *libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
-        for (size_t i = 0; libc && !p && i < sizeof versions / sizeof versions[0]; i++)
-            p = dlvsym(libc, "dlsym", versions[i]);
-        if (libc) dlclose(libc);
+    for (size_t l = 0; !p && l < sizeof libs / sizeof libs[0]; l++) {
+        /* libcualloc.so loaded after the library that defines it: RTLD_NEXT does not see it */
+        void *lib = dlopen(libs[l], RTLD_LAZY | RTLD_NOLOAD);
+        for (size_t i = 0; lib && !p && i < sizeof versions / sizeof versions[0]; i++)
+            p = dlvsym(lib, "dlsym", versions[i]);
+        if (lib) dlclose(lib);
     }
 #ifndef CUALLOC_NO_DLSYM_INTERPOSE
     if (p == (void *)dlsym) p = NULL; /* never ourselves (the library binds `dlsym` to its own) */
