@@ -288,7 +288,7 @@ enum cua_trace_frame_kind { CUA_TRACE_FRAME_NATIVE = 0, CUA_TRACE_FRAME_PYTHON =
 enum cua_trace_end_reason {
     CUA_TRACE_END_STOP = 0,  /* cualloc_trace_stop() or process exit */
     CUA_TRACE_END_LIMIT = 1, /* trace_max_mb reached (linear file): later events not recorded */
-    CUA_TRACE_END_ERROR = 2, /* the file could not grow (disk full, file size limit) */
+    CUA_TRACE_END_ERROR = 2, /* the file could not grow or be mapped (disk full, file size limit, address space) */
 };
 
 /* END record statistics, in this order (the fields of cualloc_stats). */

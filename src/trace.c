@@ -380,15 +380,18 @@ static bool block_reserve(uint64_t index)
 }
 
 /* Maps block `index` for cursor c and writes its header (recycled: invalidated and zeroed
- * first). Commits the magic last. */
+ * first). Commits the magic last. c's block stays mapped until the new one is: when the kernel
+ * refuses the mapping, the EVENT block still has room for the END that says tracing stopped. */
 static bool block_start(tcur_t *c, uint64_t index, bool recycled, uint64_t now)
 {
     void *m = mmap(NULL, T.block_size, PROT_READ | PROT_WRITE, MAP_SHARED, T.fd, (off_t)block_offset(index));
     if (m == MAP_FAILED) {
-        cua_error("trace %s: cannot map block %llu (%s); tracing stopped", T.path,
-                  (unsigned long long)index, strerror(errno));
+        cua_error("trace %s: cannot map block %llu (%s); tracing stopped. The records written so far are "
+                  "complete and readable.",
+                  T.path, (unsigned long long)index, strerror(errno));
         return false;
     }
+    cur_unmap(c);
     uint8_t *b = m;
     if (recycled) {
         /* The old magic is cleared before any byte of the old block is: a process killed while
@@ -447,9 +450,8 @@ static bool block_next(tcur_t *c, uint64_t now)
         /* Reuse the oldest EVENT block, which becomes the newest. */
         uint64_t victim = ring_take_oldest();
         ring_append(victim);
-        cur_unmap(c);
         if (!block_start(c, victim, true, now)) {
-            stop_locked(-1);
+            stop_locked(CUA_TRACE_END_ERROR);
             return false;
         }
         return true;
@@ -467,9 +469,8 @@ static bool block_next(tcur_t *c, uint64_t now)
          * Its events are the oldest, the ones a ring drops next anyway; the block being written
          * (the newest, ring_count >= 2 above) is never the one taken. */
         uint64_t victim = ring_take_oldest();
-        cur_unmap(c);
         if (!block_start(c, victim, true, now)) {
-            stop_locked(-1);
+            stop_locked(CUA_TRACE_END_ERROR);
             return false;
         }
         T.meta_blocks++;
@@ -488,9 +489,8 @@ static bool block_next(tcur_t *c, uint64_t now)
         return false;
     }
     T.nblocks++;
-    cur_unmap(c);
     if (!block_start(c, index, false, now)) {
-        stop_locked(-1);
+        stop_locked(CUA_TRACE_END_ERROR);
         return false;
     }
     if (is_meta) {

@@ -1642,6 +1642,70 @@ static void full_body(void)
     trace_free(&t);
 }
 
+/* The recorder's block mappings (shared mappings of the trace file) refused, as the kernel refuses
+ * them past vm.max_map_count or RLIMIT_AS, while map_refuse is set: this definition, exported by
+ * the executable, comes before the C library's. Anonymous mappings are left alone. */
+static atomic_int map_refuse;
+static atomic_int map_refused;
+
+EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off);
+void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+    if (fd >= 0 && (flags & MAP_SHARED) && atomic_load(&map_refuse)) {
+        atomic_fetch_add(&map_refused, 1);
+        errno = ENOMEM;
+        return MAP_FAILED;
+    }
+    static void *(*next)(void *, size_t, int, int, int, off_t);
+    if (!next) {
+        void *f = dlsym(RTLD_NEXT, "mmap64");
+        memcpy(&next, &f, sizeof next);
+    }
+    return next(addr, len, prot, flags, fd, off);
+}
+
+/* A block that cannot be mapped stops tracing as a full disk does: the trace ends with an END
+ * record (write_error), not as a process that died, since the process goes on. Both cursors: the
+ * events' next block (in a linear file and in a full ring), and the definitions'. */
+static void map_refused_body(void)
+{
+    for (int k = 0; k < 3; k++) {
+        bool meta = k == 1, ring = k == 2;
+        char path[300];
+        path_of(path, sizeof path,
+                meta ? "map-refused-meta.trace" : ring ? "map-refused-ring.trace" : "map-refused.trace");
+        conf_t c = base_conf();
+        c.trace_ring = ring;
+        c.trace_max = ring ? 4096 + 6 * (size_t)CUA_TRACE_BLOCK_SIZE : 0;
+        msgs_clear();
+        EXPECT(api_trace_start(path, &c) == 0, "start");
+        for (int i = 0; i < (ring ? 200000 : 20000); i++) /* a few event blocks (a full ring), one stack */
+            cualloc_free(site_alpha(512 + (size_t)(i % 64) * 512), NULL);
+        atomic_store(&map_refuse, 1);
+        if (meta) {
+            /* Definitions a reader skips (a type it does not know) until the META block is full. */
+            uint8_t payload[1000] = {0};
+            for (int i = 0; i < 200 && trace_active(); i++)
+                trace_test_raw(false, 30, payload, sizeof payload);
+        } else {
+            for (int i = 0; i < 100000 && trace_active(); i++)
+                cualloc_free(site_alpha(512 + (size_t)(i % 64) * 512), NULL);
+        }
+        atomic_store(&map_refuse, 0);
+        EXPECT(!trace_active() && atomic_load(&map_refused) > 0 && strstr(msgs, "cannot map block"),
+               "tracing stopped with a message: %s", msgs);
+        atomic_store(&map_refused, 0);
+        trace_t t;
+        trace_read(path, &t);
+        EXPECT(t.status == 0 && t.acct.end_seen && t.acct.end_reason == CUA_TRACE_END_ERROR,
+               "%s: END(write_error) (status %d, END %s): %s", path, t.status, t.acct.end_seen ? "seen" : "missing",
+               t.error);
+        EXPECT(ring ? t.info.overwritten : t.acct.unmatched_frees == 0 && t.acct.num_allocs >= 20000,
+               "a consistent prefix");
+        trace_free(&t);
+    }
+}
+
 /* ---- signal handlers that record while their thread is inside the recorder: a mark from a
  * handler that interrupted the recorder is dropped and counted, never deadlocked. (A handler may
  * not allocate: the heap lock is not signal-safe; the recorder's writing is.) */
@@ -1977,6 +2041,7 @@ int main(int argc, char **argv)
     in_child("fork: the child stops (%%p is not the pid)", sim, fork_escaped_body);
     in_child("fork: the child expands a template longer than 255 bytes", sim, fork_long_body);
     in_child("full file system (RLIMIT_FSIZE)", sim, full_body);
+    in_child("a block the kernel will not map", sim, map_refused_body);
     in_child("trace_ring: new definitions once the ring is full", sim, ring_definitions_body);
     in_child("trace_ring: new Python frames once the definitions fill half the file", sim, ring_pyframes_body);
     in_child("trace_ring: META blocks out of file order", sim, ring_meta_order_body);
