@@ -77,7 +77,9 @@ static void api_print_summary(void) {
  * device memory it cannot use. prepare takes the create lock (no heap is being made while the
  * process is copied), then the sim device's lock, which the child takes again when it configures
  * the sim afresh (no parent thread is inside a sim call at the copy; no sim call takes the create
- * lock, so the order cannot deadlock); the parent releases both; the child releases the sim's,
+ * lock, so the order cannot deadlock), then the recorder's (trace_fork_prepare: no thread is
+ * inside it at the copy; its holders take neither of the others); the parent releases them all;
+ * the child releases the sim's (and the recorder forgets its own, trace_after_fork_child),
  * forgets every heap (abandoned, not freed: their memory belongs to the parent's device context)
  * and resets the state, so its next call initializes afresh. A heap lock held by another parent
  * thread at the fork stays held in the child's copy of that abandoned heap, which is never touched
@@ -87,9 +89,11 @@ static bool api_atfork_registered; /* survives the child's reset: register once 
 static void api_atfork_prepare(void) {
     pthread_mutex_lock(&g.create_lock);
     sim_fork_prepare();
+    trace_fork_prepare();
 }
 
 static void api_atfork_parent(void) {
+    trace_fork_parent();
     sim_fork_release();
     pthread_mutex_unlock(&g.create_lock);
 }

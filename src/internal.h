@@ -864,6 +864,11 @@ void trace_on_initial_map(int dev, uintptr_t addr, size_t size);
 void trace_device_begin(int dev);
 bool trace_device_begun(int dev);
 void trace_mark(const char *label);
+/* fork's prepare and parent handlers (api.c): the fork waits until no thread is inside the
+ * recorder, so the child's copy of its tables is whole. Taken after every other lock of api.c's
+ * prepare handler. */
+void trace_fork_prepare(void);
+void trace_fork_parent(void);
 /* In a forked child: drops the parent's file (never writes to it). True, with the template in
  * tmpl_out, when the child should open its own (the template has %p). */
 bool trace_after_fork_child(char *tmpl_out, size_t len);

@@ -2117,10 +2117,26 @@ void trace_stop(const cualloc_stats *const *per_dev, int ndev)
     busy_leave();
 }
 
+/* A fork copies the recorder's tables as they are: one that another thread was moving to a larger
+ * mapping leaves the child a pointer to memory already returned, which its next trace_start would
+ * clear. So a fork waits for the module scan and the recorder's lock (in their order), and the
+ * child starts from tables no thread was changing. */
+void trace_fork_prepare(void)
+{
+    pthread_mutex_lock(&mod_lock);
+    lock();
+}
+
+void trace_fork_parent(void)
+{
+    unlock();
+    pthread_mutex_unlock(&mod_lock);
+}
+
 bool trace_after_fork_child(char *tmpl_out, size_t len)
 {
-    /* The child inherits the lock in any state and the parent's mappings: forget both. The
-     * parent's file stays the parent's. */
+    /* The child inherits both locks, taken by trace_fork_prepare (or in any state where no
+     * handler ran), and the parent's mappings: forget them. The parent's file stays the parent's. */
     atomic_flag_clear(&rec_lock);
     pthread_mutex_init(&mod_lock, NULL);
     tls.busy = 0;

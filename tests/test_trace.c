@@ -1602,6 +1602,91 @@ static void fork_case(const char *sub, const char *name, bool with_pid)
     EXPECT(files_in(subdir) == 1 + with_pid, "%s holds %d files, not %d", subdir, files_in(subdir), 1 + with_pid);
 }
 
+/* A fork while another thread moves one of the recorder's tables to a larger one: the old
+ * table is returned (munmap, intercepted below) before the recorder holds the new one. Thread B
+ * records ever new Python frames, whose stack nodes fill the table of stacks until it grows; at
+ * the growth's munmap it lets the main thread fork and waits for the fork (at most a second: a
+ * fork that waits for B's recorder lock cannot happen meanwhile). The child, whose template has
+ * %p, starts its own trace at its first allocation, on tables that must be whole. */
+static _Atomic(pthread_t) grow_thread;
+static atomic_int grow_stage; /* 1: B is inside the growth, 2: the main thread has forked */
+static atomic_bool grow_done;
+
+EXPORT int munmap(void *addr, size_t len);
+int munmap(void *addr, size_t len)
+{
+    static int (*next)(void *, size_t);
+    if (!next) {
+        void *f = dlsym(RTLD_NEXT, "munmap");
+        memcpy(&next, &f, sizeof next);
+    }
+    /* A table of the recorder: 64 KiB of anonymous memory, not a block (which starts "CUAB"). */
+    bool table = atomic_load(&grow_stage) == 0 && pthread_equal(pthread_self(), atomic_load(&grow_thread)) &&
+                 len == 65536 && memcmp(addr, "CUAB", 4) != 0;
+    int r = next(addr, len);
+    if (table) {
+        atomic_store(&grow_stage, 1);
+        for (int i = 0; i < 1000 && atomic_load(&grow_stage) != 2; i++)
+            usleep(1000);
+    }
+    return r;
+}
+
+static fobj_t grow_name = {F_STR, "layer", 0, 0, 0, 0, 0}, grow_file = {F_STR, "/job/model.py", 0, 0, 0, 0, 0};
+static fobj_t grow_code = {F_CODE, NULL, 0, 0, 0, &grow_name, &grow_file};
+static fobj_t grow_frame = {F_FRAME, NULL, 1, NULL, &grow_code, 0, 0};
+
+static void *grow_main(void *arg)
+{
+    (void)arg;
+    atomic_store(&grow_thread, pthread_self());
+    for (int line = 1; line < 4000 && atomic_load(&grow_stage) == 0; line++) {
+        grow_frame.line = line;
+        cualloc_free(site_alpha(4096), NULL);
+    }
+    atomic_store(&grow_done, true);
+    return NULL;
+}
+
+static void fork_table_growth_body(void)
+{
+    char tmpl[400];
+    path_of(tmpl, sizeof tmpl, "fork-growth-%p.trace");
+    EXPECT(cualloc_trace_start(tmpl) == 0, "start %s", tmpl);
+    fake_top = &grow_frame;
+    fake_gil = 1;
+    pthread_t b;
+    EXPECT(pthread_create(&b, NULL, grow_main, NULL) == 0, "pthread_create");
+    while (atomic_load(&grow_stage) == 0 && !atomic_load(&grow_done))
+        usleep(100);
+    EXPECT(atomic_load(&grow_stage) == 1, "no table grew");
+    fflush(stdout);
+    pid_t pid = fork();
+    EXPECT(pid >= 0, "fork");
+    if (pid == 0) {
+        fake_gil = 0;
+        for (int i = 0; i < 50; i++)
+            cualloc_free(cualloc_malloc(1000, 0, NULL), NULL);
+        EXPECT(trace_active(), "the child traces");
+        exit(0); /* atexit writes the child's END */
+    }
+    atomic_store(&grow_stage, 2);
+    pthread_join(b, NULL);
+    fake_gil = 0;
+    int st;
+    waitpid(pid, &st, 0);
+    EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child failed (status %d, signal %d)",
+           WIFEXITED(st) ? WEXITSTATUS(st) : -1, WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    cualloc_trace_stop();
+    char child[400];
+    snprintf(child, sizeof child, "%s/fork-growth-%d.trace", dir, (int)pid);
+    trace_t t;
+    trace_read(child, &t);
+    check_consistent(&t, "child");
+    EXPECT(t.acct.num_allocs == 50, "the child's file has its 50 allocs, got %llu", (unsigned long long)t.acct.num_allocs);
+    trace_free(&t);
+}
+
 static void fork_pid_body(void) { fork_case("fork-pid", "fork-%p.trace", true); }
 static void fork_nopid_body(void) { fork_case("fork-nopid", "fork-nopid.trace", false); }
 /* "%%p" is a literal "%p" in the name, not the pid: the child stops. */
@@ -2040,6 +2125,7 @@ int main(int argc, char **argv)
     in_child("fork: the child stops (no %p)", sim, fork_nopid_body);
     in_child("fork: the child stops (%%p is not the pid)", sim, fork_escaped_body);
     in_child("fork: the child expands a template longer than 255 bytes", sim, fork_long_body);
+    in_child("fork while another thread grows a recorder table", sim, fork_table_growth_body);
     in_child("full file system (RLIMIT_FSIZE)", sim, full_body);
     in_child("a block the kernel will not map", sim, map_refused_body);
     in_child("trace_ring: new definitions once the ring is full", sim, ring_definitions_body);
