@@ -2121,14 +2121,25 @@ void trace_stop(const cualloc_stats *const *per_dev, int ndev)
  * mapping leaves the child a pointer to memory already returned, which its next trace_start would
  * clear. So a fork waits for the module scan and the recorder's lock (in their order), and the
  * child starts from tables no thread was changing. */
+static __thread bool fork_locked; /* trace_fork_prepare took both locks (the forking thread's) */
+
 void trace_fork_prepare(void)
 {
+    /* A thread inside the recorder that forks (a signal handler that interrupted it: a crash
+     * reporter starting a debugger) holds, or may hold, the locks itself: waiting would never
+     * end, so that fork copies the tables as they are. */
+    fork_locked = !tls.busy;
+    if (!fork_locked)
+        return;
     pthread_mutex_lock(&mod_lock);
     lock();
 }
 
 void trace_fork_parent(void)
 {
+    if (!fork_locked)
+        return;
+    fork_locked = false;
     unlock();
     pthread_mutex_unlock(&mod_lock);
 }

@@ -1611,6 +1611,11 @@ static void fork_case(const char *sub, const char *name, bool with_pid)
 static _Atomic(pthread_t) grow_thread;
 static atomic_int grow_stage; /* 1: B is inside the growth, 2: the main thread has forked */
 static atomic_bool grow_done;
+/* Set: the growing thread forks itself at the munmap, as a signal handler that forks (a crash
+ * reporter starting a debugger) does on a thread interrupted inside the recorder; the child exits
+ * at once with 7 and the hook keeps its status here. */
+static atomic_bool fork_inside;
+static atomic_int fork_inside_status = -1;
 
 EXPORT int munmap(void *addr, size_t len);
 int munmap(void *addr, size_t len)
@@ -1624,7 +1629,15 @@ int munmap(void *addr, size_t len)
     bool table = atomic_load(&grow_stage) == 0 && pthread_equal(pthread_self(), atomic_load(&grow_thread)) &&
                  len == 65536 && memcmp(addr, "CUAB", 4) != 0;
     int r = next(addr, len);
-    if (table) {
+    if (table && atomic_load(&fork_inside)) {
+        atomic_store(&grow_stage, 1);
+        pid_t pid = fork();
+        if (pid == 0)
+            _exit(7);
+        int st = 0;
+        if (pid > 0 && waitpid(pid, &st, 0) == pid)
+            atomic_store(&fork_inside_status, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    } else if (table) {
         atomic_store(&grow_stage, 1);
         for (int i = 0; i < 1000 && atomic_load(&grow_stage) != 2; i++)
             usleep(1000);
@@ -1684,6 +1697,30 @@ static void fork_table_growth_body(void)
     trace_read(child, &t);
     check_consistent(&t, "child");
     EXPECT(t.acct.num_allocs == 50, "the child's file has its 50 allocs, got %llu", (unsigned long long)t.acct.num_allocs);
+    trace_free(&t);
+}
+
+/* A thread inside the recorder (here: moving a table) forks, as from a signal handler: the fork
+ * must not wait for the recorder lock its own thread holds. (alarm: a wait would never end.) */
+static void fork_inside_recorder_body(void)
+{
+    char path[400];
+    path_of(path, sizeof path, "fork-inside.trace");
+    EXPECT(cualloc_trace_start(path) == 0, "start %s", path);
+    fake_top = &grow_frame;
+    fake_gil = 1;
+    atomic_store(&fork_inside, true);
+    alarm(20);
+    grow_main(NULL);
+    alarm(0);
+    fake_gil = 0;
+    EXPECT(atomic_load(&grow_stage) == 1, "no table grew");
+    EXPECT(atomic_load(&fork_inside_status) == 7, "the child forked inside the recorder exited with %d, not 7",
+           atomic_load(&fork_inside_status));
+    cualloc_trace_stop();
+    trace_t t;
+    trace_read(path, &t);
+    check_consistent(&t, "parent");
     trace_free(&t);
 }
 
@@ -2126,6 +2163,7 @@ int main(int argc, char **argv)
     in_child("fork: the child stops (%%p is not the pid)", sim, fork_escaped_body);
     in_child("fork: the child expands a template longer than 255 bytes", sim, fork_long_body);
     in_child("fork while another thread grows a recorder table", sim, fork_table_growth_body);
+    in_child("fork from inside the recorder (a signal handler's)", sim, fork_inside_recorder_body);
     in_child("full file system (RLIMIT_FSIZE)", sim, full_body);
     in_child("a block the kernel will not map", sim, map_refused_body);
     in_child("trace_ring: new definitions once the ring is full", sim, ring_definitions_body);
