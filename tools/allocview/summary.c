@@ -168,7 +168,7 @@ static void summary_text(FILE *out, const char *path, const tr_reader_t *r, cons
     if (a->end_seen)
         fprintf(out, "ended      %s%s\n", tr_end_reason_name(a->end_reason),
                 a->end_reason == CUA_TRACE_END_LIMIT ? " (trace_max_mb reached: later events were not recorded)" :
-                a->end_reason == CUA_TRACE_END_ERROR ? " (the file could not grow: later events were not recorded)" :
+                a->end_reason == CUA_TRACE_END_ERROR ? " (the file could not grow or be mapped: later events were not recorded)" :
                                                       " (complete)");
     else
         fprintf(out, "ended      TRUNCATED: no end record (the process died, or is still running); the last "
