@@ -13,7 +13,9 @@
  *           `allocview import`), replayed pass after pass: see "the trace program" below.
  * The size sequence (period 16384) and the slot choices are generated once from the seed, so every
  * allocator sees the same requests in the same order. Threads each run their own slots from their
- * own offset in the sequence; for cualloc each thread uses its own stream handle (t + 1).
+ * own offset in the sequence; for cualloc each thread uses its own stream handle, 0x100 * (t + 1)
+ * (clear of CUDA's special handles: 0x1, the legacy stream, and 0x2, cudaStreamPerThread, whose
+ * frees the heap makes device-wide).
  *
  * Usage: fastpath [--pairs N] [--threads T] [--allocator cualloc|jemalloc|all]
  *                 [--pattern random|stack|repeat|trace|all] [--trace FILE] [--seed S] [--turns]
@@ -642,7 +644,7 @@ static void run_one(run_t *r) {
     for (int t = 0; t < r->threads; t++) {
         worker_t *w = &r->workers[t];
         w->id = t;
-        w->stream = (void *)(uintptr_t)(t + 1);
+        w->stream = (void *)(0x100 * (uintptr_t)(t + 1));
         w->pattern = r->pattern;
         w->pos = (size_t)t * (SEQ_LEN / (size_t)r->threads); /* threads start apart in the sequence */
         if (r->pattern == P_TRACE) {

@@ -69,15 +69,18 @@ typedef struct cualloc_stats {
 } cualloc_stats;
 
 /* Allocates `size` bytes of device memory on `device` (an ordinal), ordered on `stream` (a
- * CUstream / cudaStream_t; NULL is the legacy default stream). The pointer is 256-byte aligned.
+ * CUstream / cudaStream_t; NULL is the legacy default stream; cudaStreamPerThread, a different
+ * stream in each thread, orders the block by the calling thread's). The pointer is 256-byte aligned.
  * size 0 returns a unique pointer. Returns NULL when the request cannot be served even after
  * releasing cached memory; the failure is counted in num_ooms and reported on stderr.
  * Cost: O(1) when served from cached memory; driver calls when the heap grows. */
 CUALLOC_API void *cualloc_malloc(size_t size, int device, void *stream);
 
 /* Frees `ptr` (from cualloc_malloc), ordered on `stream`: the memory is reusable at once by work on
- * that stream, by other streams only once the stream's work up to this free has completed.
- * NULL ptr is ignored; a pointer cualloc does not own is reported on stderr and ignored. O(1). */
+ * that stream, by other streams only once the stream's work up to this free has completed. A free
+ * on cudaStreamPerThread (a different stream in each thread) waits for the whole device instead, as
+ * cudaFree does. NULL ptr is ignored; a pointer cualloc does not own is reported on stderr and
+ * ignored. O(1). */
 CUALLOC_API void cualloc_free(void *ptr, void *stream);
 
 /* Copies `device`'s statistics into *out (all zero before the device's first allocation, which

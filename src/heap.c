@@ -2296,8 +2296,20 @@ static inline __attribute__((always_inline)) block_t *alloc_miss(heap_t *h, pool
 static void *alloc_after_miss(heap_t *h, pool_t *p, cua_stream stream, unsigned tag, size_t size, size_t rsize);
 static inline void *alloc_finish(heap_t *h, pool_t *p, block_t *b, cua_stream stream, size_t size);
 
+/* cudaStreamPerThread (CU_STREAM_PER_THREAD) names the calling thread's own default stream, a
+ * different stream in each thread: the heap cannot order blocks by the handle as one stream (a block
+ * one thread freed on it would go at once to another thread's allocation on it, whose work does not
+ * follow the first's). As the LD_PRELOAD front door does for cudaMalloc's callers (interpose.c), an
+ * allocation on it takes a key of the calling thread's (no driver call is ever made on it), and a
+ * free on it is device-wide: reused once an event on the legacy stream, which every thread's
+ * default stream (a blocking stream) precedes, has completed. The handle never enters tag_of's
+ * cache, so the fast paths, which serve only the cached stream, send it here and to free_locked. */
+#define STREAM_PER_THREAD_HANDLE ((cua_stream)(uintptr_t)0x2)
+static __thread char per_thread_stream_name;
+
 static __attribute__((noinline)) void *alloc_locked(heap_t *h, size_t size, cua_stream stream) {
     recording_check(h);
+    if (__builtin_expect(stream == STREAM_PER_THREAD_HANDLE, 0)) stream = stream_key_make(&per_thread_stream_name);
     /* Before any failure: a trim or a free may have left host_refused set (a release or a stream's
      * index refused host memory), which alloc_fail would blame for this request. */
     h->host_refused = HOST_NONE;
@@ -2632,6 +2644,10 @@ static __attribute__((noinline)) bool free_locked(heap_t *h, block_t *b, cua_str
     if (!b || b->state != BLOCK_ALLOCATED) { /* not ours, or parked (freed already) */
         cua_unlock(&h->lock);
         return false;
+    }
+    if (__builtin_expect(stream == STREAM_PER_THREAD_HANDLE, 0)) { /* (see alloc_locked) */
+        stream = NULL;
+        device_wide = true;
     }
     pool_t *p = &h->pools[b->pool];
     account_free(h, b, b->size);

@@ -2,9 +2,9 @@
  * the sim device with host backing (CUALLOC_CONF=driver:sim,sim_host_backed:1,sim_memory_mb:512),
  * so patterns can be written and read back through the returned pointers.
  *
- *   test_api            the caching allocator: round trips, alignment, size 0, stats, trim,
- *                       check, OOM and recovery, free(NULL), foreign pointers, invalid devices,
- *                       and a fork while other threads map and unmap.
+ *   test_api            the caching allocator: round trips, alignment, size 0, cudaStreamPerThread,
+ *                       stats, trim, check, OOM and recovery, free(NULL), foreign pointers, invalid
+ *                       devices, and a fork while other threads map and unmap.
  *   test_api --disable  run with CUALLOC_DISABLE=1: allocations pass straight to the driver, so
  *                       they still work but no statistics move; a foreign pointer, a double
  *                       free and an invalid device are still reported.
@@ -225,6 +225,34 @@ static void test_size_zero(void) {
     EXPECT(after.allocated_bytes == before.allocated_bytes, "allocated %zu after freeing size-0 blocks, was %zu",
            after.allocated_bytes, before.allocated_bytes);
     check_gauges("size 0");
+}
+
+/* cudaStreamPerThread (0x2) names the calling thread's own default stream, a different stream in
+ * every thread: a block one thread freed on it must not go at once to another thread's, whose work
+ * is not ordered after the first thread's (nothing short of memory here, so no event has shown the
+ * device past the free). */
+#define STREAM_PER_THREAD ((void *)(uintptr_t)0x2)
+
+static void *per_thread_alloc_free(void *arg) {
+    (void)arg;
+    void *p = cualloc_malloc(MIB, DEV, STREAM_PER_THREAD);
+    if (p) memset(p, 0x5a, MIB);
+    cualloc_free(p, STREAM_PER_THREAD);
+    return p;
+}
+
+static void test_per_thread_stream(void) {
+    pthread_t t;
+    void *freed = NULL;
+    EXPECT(pthread_create(&t, NULL, per_thread_alloc_free, NULL) == 0 && pthread_join(t, &freed) == 0 && freed,
+           "another thread's allocation on cudaStreamPerThread");
+    void *mine = cualloc_malloc(MIB, DEV, STREAM_PER_THREAD);
+    EXPECT(mine && mine != freed,
+           "cualloc_malloc(cudaStreamPerThread) = %p: the block another thread freed on its own per-thread stream "
+           "(%p), handed out at once", mine, freed);
+    cualloc_free(mine, STREAM_PER_THREAD);
+    CHECK_HEAP("per-thread stream");
+    check_gauges("per-thread stream");
 }
 
 static void test_stats(void) {
@@ -683,6 +711,7 @@ int main(int argc, char **argv) {
         {"round trip", test_round_trip},
         {"alignment", test_alignment},
         {"size 0", test_size_zero},
+        {"per-thread stream", test_per_thread_stream},
         {"reset peaks", test_reset_peaks},
         {"trim", test_trim},
         {"oom", test_oom},
