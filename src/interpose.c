@@ -11,6 +11,7 @@
  *   driver   cuMemAlloc_v2 cuMemFree_v2 cuMemAllocAsync cuMemFreeAsync (+ _ptsz) cuStreamDestroy_v2
  *            cuStreamCreate cuStreamCreateWithPriority cuGreenCtxStreamCreate cuCtxEnablePeerAccess
  *            cuMemGetAddressRange_v2 cuMemGetInfo_v2 cuDevicePrimaryCtxReset cuDevicePrimaryCtxReset_v2
+ *            cuDeviceSetMemPool
  *   lookup   dlsym cuGetProcAddress cuGetProcAddress_v2
  *
  * Rules:
@@ -157,6 +158,7 @@ CUALLOC_API cua_result cuMemGetAddressRange_v2(cua_devptr *base, size_t *size, c
 CUALLOC_API cua_result cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
 CUALLOC_API cua_result cuDevicePrimaryCtxReset_v2(cua_device dev);
 CUALLOC_API cua_result cuDevicePrimaryCtxReset(cua_device dev);
+CUALLOC_API cua_result cuDeviceSetMemPool(cua_device dev, void *pool);
 CUALLOC_API cua_result cuMemAlloc_v2(cua_devptr *dptr, size_t size);
 CUALLOC_API cua_result cuMemFree_v2(cua_devptr dptr);
 CUALLOC_API cua_result cuMemAllocAsync(cua_devptr *dptr, size_t size, cua_stream stream);
@@ -248,9 +250,9 @@ enum {
     N_cuMemFreeAsync_ptsz, N_cuStreamDestroy_v2, N_cuGetProcAddress_v2, N_cuGetProcAddress,
     N_cuStreamCreate, N_cuStreamCreateWithPriority, N_cuGreenCtxStreamCreate, N_cuCtxEnablePeerAccess,
     N_cuMemGetAddressRange_v2,
-    N_cuMemGetInfo_v2, N_cuDevicePrimaryCtxReset_v2, N_cuDevicePrimaryCtxReset,
+    N_cuMemGetInfo_v2, N_cuDevicePrimaryCtxReset_v2, N_cuDevicePrimaryCtxReset, N_cuDeviceSetMemPool,
     /* driver names looked up, never interposed */
-    N_cuCtxPushCurrent_v2, N_cuCtxPopCurrent_v2, N_cuCtxGetDevice, N_COUNT
+    N_cuCtxPushCurrent_v2, N_cuCtxPopCurrent_v2, N_cuCtxGetDevice, N_cuDeviceGetDefaultMemPool, N_COUNT
 };
 
 static next_t nexts[N_COUNT] = {
@@ -286,9 +288,11 @@ static next_t nexts[N_COUNT] = {
     [N_cuMemGetInfo_v2] = {"cuMemGetInfo_v2", true, NULL},
     [N_cuDevicePrimaryCtxReset_v2] = {"cuDevicePrimaryCtxReset_v2", true, NULL},
     [N_cuDevicePrimaryCtxReset] = {"cuDevicePrimaryCtxReset", true, NULL},
+    [N_cuDeviceSetMemPool] = {"cuDeviceSetMemPool", true, NULL},
     [N_cuCtxPushCurrent_v2] = {"cuCtxPushCurrent_v2", true, NULL},
     [N_cuCtxPopCurrent_v2] = {"cuCtxPopCurrent_v2", true, NULL},
     [N_cuCtxGetDevice] = {"cuCtxGetDevice", true, NULL},
+    [N_cuDeviceGetDefaultMemPool] = {"cuDeviceGetDefaultMemPool", true, NULL},
 };
 
 /* cualloc's own definition of each interposed name (for "is this ourselves?"). */
@@ -324,6 +328,7 @@ static void *own_fn(int i) {
     case N_cuMemGetInfo_v2: return (void *)cuMemGetInfo_v2;
     case N_cuDevicePrimaryCtxReset_v2: return (void *)cuDevicePrimaryCtxReset_v2;
     case N_cuDevicePrimaryCtxReset: return (void *)cuDevicePrimaryCtxReset;
+    case N_cuDeviceSetMemPool: return (void *)cuDeviceSetMemPool;
     default: return NULL;
     }
 }
@@ -657,11 +662,23 @@ static __thread int passthrough_depth;
 static __thread char per_thread_stream;
 static cua_stream per_thread_stream_key(void) { return stream_key_make(&per_thread_stream); }
 
+/* The devices (a bit each) whose current memory pool the program made one other than the device's
+ * default (cuDeviceSetMemPool, which cudaDeviceSetMemPool reaches through the runtime's driver
+ * table): CUDA takes their stream-ordered allocations from that pool, with its attributes (IPC
+ * export, other devices' access, its release threshold), so cualloc passes them through. */
+static _Atomic uint64_t custom_pool_devices;
+
+static inline bool custom_pool_on(int dev) {
+    return (unsigned)dev < 64 && (atomic_load_explicit(&custom_pool_devices, memory_order_relaxed) >> dev & 1);
+}
+
 /* Serves a request from dev's heap. CUA_SUCCESS, an error, or CUA_ERROR_NOT_FOUND when the heap
- * cannot serve at all (no such device, the driver is unusable): the caller passes through.
+ * cannot serve at all (no such device, the driver is unusable) or must not (a stream-ordered one on a
+ * device whose current pool the program set: custom_pool_devices): the caller passes through.
  * noinline: the trace recorder drops this frame and the entry point that called it (skip 1), so
  * the first frame of a recorded stack is the application's. */
 __attribute__((noinline)) static cua_result serve(int dev, size_t size, cua_stream stream, void **out) {
+    if (stream != ALLOC_DEVICE_WIDE && custom_pool_on(dev)) return CUA_ERROR_NOT_FOUND;
     heap_t *h = api_heap(dev);
     if (!h) return CUA_ERROR_NOT_FOUND;
     if (trace_enabled()) trace_capture_stack(1);
@@ -1216,6 +1233,28 @@ static cua_result primary_ctx_reset(int next_idx, cua_device dev) {
 cua_result cuDevicePrimaryCtxReset_v2(cua_device dev) { return primary_ctx_reset(N_cuDevicePrimaryCtxReset_v2, dev); }
 cua_result cuDevicePrimaryCtxReset(cua_device dev) { return primary_ctx_reset(N_cuDevicePrimaryCtxReset, dev); }
 
+/* ------------------------------------------------------------------ memory pools */
+
+typedef cua_result (*cuDeviceSetMemPool_fn)(cua_device, void *);
+typedef cua_result (*cuDeviceGetDefaultMemPool_fn)(void **, cua_device);
+
+/* After the driver made `pool` device dev's current one: the device's stream-ordered allocations
+ * pass through while it is not the default pool (custom_pool_devices). A pool the driver cannot
+ * compare with the default counts as set. Only the stream-ordered entry points read the pool, as
+ * in CUDA (cudaMalloc never did). */
+cua_result cuDeviceSetMemPool(cua_device dev, void *pool) {
+    cuDeviceSetMemPool_fn next = NEXT(N_cuDeviceSetMemPool, cuDeviceSetMemPool_fn);
+    cua_result r = next ? next(dev, pool) : CUA_ERROR_NOT_INITIALIZED;
+    if (r != CUA_SUCCESS || dev < 0 || dev >= 64) return r;
+    cuDeviceGetDefaultMemPool_fn get_default = NEXT(N_cuDeviceGetDefaultMemPool, cuDeviceGetDefaultMemPool_fn);
+    void *def = NULL;
+    bool is_default = get_default && get_default(&def, dev) == CUA_SUCCESS && def == pool;
+    uint64_t bit = (uint64_t)1 << dev;
+    if (is_default) atomic_fetch_and_explicit(&custom_pool_devices, ~bit, memory_order_relaxed);
+    else atomic_fetch_or_explicit(&custom_pool_devices, bit, memory_order_relaxed);
+    return r;
+}
+
 /* ------------------------------------------------------------------ cuGetProcAddress */
 
 /* Which of cualloc's functions answers a cuGetProcAddress look-up (NULL: pass through), and the
@@ -1273,6 +1312,10 @@ static void *proc_substitute(const char *symbol, int version, unsigned long long
     if (strcmp(symbol, "cuMemGetAddressRange") == 0 && version >= 3020) {
         *slot = N_cuMemGetAddressRange_v2, *ours = "cuMemGetAddressRange_v2";
         return (void *)cuMemGetAddressRange_v2;
+    }
+    if (strcmp(symbol, "cuDeviceSetMemPool") == 0) {
+        *slot = N_cuDeviceSetMemPool, *ours = "cuDeviceSetMemPool";
+        return (void *)cuDeviceSetMemPool;
     }
     if (strcmp(symbol, "cuDevicePrimaryCtxReset") == 0) {
         if (version >= 11000) {

@@ -18,7 +18,7 @@ cuMemAllocAsync cuMemFreeAsync cuGetProcAddress cuGetProcAddress_v2 dlsym cudaSt
 cudaStreamCreateWithFlags cudaStreamCreateWithPriority cudaStreamDestroy cudaMemGetInfo
 cuMemAllocAsync_ptsz cuMemFreeAsync_ptsz cuStreamDestroy_v2 cuStreamCreate cuStreamCreateWithPriority
 cudaDeviceEnablePeerAccess cuCtxEnablePeerAccess cudaIpcGetMemHandle cuMemGetAddressRange_v2 cuMemGetInfo_v2
-cudaGetLastError cudaPeekAtLastError cuDevicePrimaryCtxReset cuDevicePrimaryCtxReset_v2 cuGreenCtxStreamCreate"
+cudaGetLastError cudaPeekAtLastError cuDevicePrimaryCtxReset cuDevicePrimaryCtxReset_v2 cuGreenCtxStreamCreate cuDeviceSetMemPool"
 # Linker-defined symbols that may show as defined.
 ignore="_init _fini _edata _end __bss_start __end__ _DYNAMIC _GLOBAL_OFFSET_TABLE_"
 # The public API of include/cualloc.h must be there.

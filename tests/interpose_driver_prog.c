@@ -20,7 +20,10 @@
  *                      the program frees on two other streams, trims and misses the cache: cualloc's
  *                      event queries and synchronizes must not invalidate the capture
  *   --host-oom         a training-shaped mix whose every allocation is usable memory or an out-of-
- *                      memory error (tests/check_library_host_oom.sh refuses cualloc's host memory) */
+ *                      memory error (tests/check_library_host_oom.sh refuses cualloc's host memory)
+ *   --mem-pool         stream-ordered allocations pass through to CUDA while the program has made
+ *                      another pool than the default the device's current one (cuDeviceSetMemPool,
+ *                      cudaMallocAsync alike), and cualloc serves them again once the default is back */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -489,6 +492,57 @@ static int green_ctx_main(gpa_fn gpa, void *lib) {
     return failures != 0;
 }
 
+/* --mem-pool: which allocator served a stream-ordered allocation, told by the fake's cuMemAlloc
+ * count (the sim's mem_alloc op, which CUDA's pools reach here; cualloc maps chunks instead). */
+static int mem_pool_main(gpa_fn gpa, void *lib) {
+    basics_t api;
+    CUcontext ctx;
+    if (!basics_on_device0(gpa, &api, &ctx)) return 1;
+    void *q;
+    free_async_fn free_async;
+    alloc_async_fn alloc_async;
+    CUresult (*set_pool)(int, void *), (*default_pool)(void **, int);
+    LOOKUP(free_async, "cuMemFreeAsync", 11020);
+    LOOKUP(alloc_async, "cuMemAllocAsync", 11020);
+    LOOKUP(set_pool, "cuDeviceSetMemPool", 11020);
+    LOOKUP(default_pool, "cuDeviceGetDefaultMemPool", 11020);
+    calls_fn fake_calls;
+    void *p = dlsym(lib, "fakecuda_calls");
+    AS(fake_calls, p);
+    CHECK_MSG(fake_calls != NULL, "fakecuda_calls");
+    if (failures) return 1;
+    CHECK_MSG(from_cualloc((void *)set_pool), "cuDeviceSetMemPool is not cualloc's");
+    void *def = NULL;
+    CHECK_MSG(default_pool(&def, 0) == 0 && def, "cuDeviceGetDefaultMemPool");
+    static char pool_stand_in;
+    struct { const char *what; void *pool; bool cuda; } steps[] = {
+        {"the default pool", NULL, false},
+        {"a pool set with cuDeviceSetMemPool", &pool_stand_in, true},
+        {"the default pool set back", def, false},
+    };
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        if (steps[i].pool) CHECK_MSG(set_pool(0, steps[i].pool) == 0, "cuDeviceSetMemPool: %s", steps[i].what);
+        uint64_t allocs = fake_calls(OP_MEM_ALLOC), frees = fake_calls(OP_MEM_FREE), ours = allocs_now();
+        CUdeviceptr d = 0;
+        void *r = NULL;
+        CHECK_MSG(alloc_async(&d, 1 << 20, NULL) == 0 && d && free_async(d, NULL) == 0, "cuMemAllocAsync: %s",
+                  steps[i].what);
+        CHECK_MSG(cudaMallocAsync(&r, 1 << 20, NULL) == 0 && r && cudaFreeAsync(r, NULL) == 0, "cudaMallocAsync: %s",
+                  steps[i].what);
+        bool by_cuda = fake_calls(OP_MEM_ALLOC) == allocs + 2 && fake_calls(OP_MEM_FREE) == frees + 2 &&
+                       allocs_now() == ours;
+        bool by_cualloc = fake_calls(OP_MEM_ALLOC) == allocs && allocs_now() == ours + 2;
+        CHECK_MSG(steps[i].cuda ? by_cuda : by_cualloc, "with %s, the two allocations went to %s, not %s", steps[i].what,
+                  steps[i].cuda ? "cualloc" : "CUDA", steps[i].cuda ? "CUDA's pool" : "cualloc");
+        void *w = NULL;
+        CHECK_MSG(cudaMalloc(&w, 1 << 20) == 0 && w && cudaFree(w) == 0 && fake_calls(OP_MEM_ALLOC) == allocs + 2 * steps[i].cuda,
+                  "cudaMalloc, which no pool serves, passed through with %s", steps[i].what);
+    }
+    if (failures) return 1;
+    printf("interpose_driver_prog --mem-pool: all checks passed\n");
+    return 0;
+}
+
 /* The fake driver's capture controls (tests/fakecuda): a stream's capture flag, and the captures
  * invalidated so far. False when lib lacks them. */
 typedef struct {
@@ -840,6 +894,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--host-oom") == 0) return host_oom_main(gpa);
     if (argc > 1 && strcmp(argv[1], "--classic-legacy-free") == 0) return classic_legacy_free_main(gpa, lib);
     if (argc > 1 && strcmp(argv[1], "--green-ctx") == 0) return green_ctx_main(gpa, lib);
+    if (argc > 1 && strcmp(argv[1], "--mem-pool") == 0) return mem_pool_main(gpa, lib);
 
     void *q;
     init_fn cuInit;

@@ -64,6 +64,11 @@ FAKE_API cua_result cuMemAllocAsync(cua_devptr *dptr, size_t bytes, cua_stream s
 FAKE_API cua_result cuMemFreeAsync(cua_devptr dptr, cua_stream stream);
 FAKE_API cua_result cuMemAllocAsync_ptsz(cua_devptr *dptr, size_t bytes, cua_stream stream);
 FAKE_API cua_result cuMemFreeAsync_ptsz(cua_devptr dptr, cua_stream stream);
+/* A device's current memory pool: its default one (a fixed stand-in per device) until set; the
+ * sim serves stream-ordered allocations alike from any. */
+FAKE_API cua_result cuDeviceGetDefaultMemPool(void **pool, cua_device dev);
+FAKE_API cua_result cuDeviceSetMemPool(cua_device dev, void *pool);
+FAKE_API cua_result cuDeviceGetMemPool(void **pool, cua_device dev);
 FAKE_API cua_result cuGetErrorName(cua_result r, const char **str);
 FAKE_API cua_result cuGetErrorString(cua_result r, const char **str);
 FAKE_DECLARE(cuMemGetAddressRange_v2)
@@ -249,6 +254,9 @@ static const struct {
     {"cuMemFree", (void *)cuMemFree_v2},
     {"cuMemAllocAsync", (void *)cuMemAllocAsync},
     {"cuMemFreeAsync", (void *)cuMemFreeAsync},
+    {"cuDeviceGetDefaultMemPool", (void *)cuDeviceGetDefaultMemPool},
+    {"cuDeviceSetMemPool", (void *)cuDeviceSetMemPool},
+    {"cuDeviceGetMemPool", (void *)cuDeviceGetMemPool},
     {"cuMemGetAllocationGranularity", (void *)cuMemGetAllocationGranularity},
     {"cuMemAddressReserve", (void *)cuMemAddressReserve},
     {"cuMemAddressFree", (void *)cuMemAddressFree},
@@ -506,6 +514,33 @@ cua_result cuMemFreeAsync(cua_devptr dptr, cua_stream stream) {
 
 cua_result cuMemAllocAsync_ptsz(cua_devptr *dptr, size_t bytes, cua_stream stream) {
     return cuMemAllocAsync(dptr, bytes, stream);
+}
+
+static char default_pool[CUALLOC_MAX_DEVICES];
+static void *current_pool[CUALLOC_MAX_DEVICES];
+
+cua_result cuDeviceGetDefaultMemPool(void **pool, cua_device dev) {
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
+    if (!pool) return CUA_ERROR_INVALID_VALUE;
+    if (!device_valid(dev)) return CUA_ERROR_INVALID_DEVICE;
+    *pool = &default_pool[dev];
+    return CUA_SUCCESS;
+}
+
+cua_result cuDeviceSetMemPool(cua_device dev, void *pool) {
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
+    if (!device_valid(dev)) return CUA_ERROR_INVALID_DEVICE;
+    if (!pool) return CUA_ERROR_INVALID_VALUE;
+    current_pool[dev] = pool;
+    return CUA_SUCCESS;
+}
+
+cua_result cuDeviceGetMemPool(void **pool, cua_device dev) {
+    if (!entry_ready(__func__)) return CUA_ERROR_NOT_INITIALIZED;
+    if (!pool) return CUA_ERROR_INVALID_VALUE;
+    if (!device_valid(dev)) return CUA_ERROR_INVALID_DEVICE;
+    *pool = current_pool[dev] ? current_pool[dev] : &default_pool[dev];
+    return CUA_SUCCESS;
 }
 
 cua_result cuMemFreeAsync_ptsz(cua_devptr dptr, cua_stream stream) { return cuMemFreeAsync(dptr, stream); }
