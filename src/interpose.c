@@ -745,16 +745,23 @@ static release_t release(const void *ptr, cua_stream stream) {
     if (!h) return RELEASE_FOREIGN;
     flush_before_free();
     if (free_captured(h, ptr, stream)) return RELEASED;
-    if (stream == CUA_STREAM_PER_THREAD) return heap_free_device_wide(h, (void *)ptr) ? RELEASED : RELEASE_INVALID;
-    /* Freed on another device's stream (CUDA allows it): the heap could record no event of its
-     * own on that stream, so the block would wait for good. The stream is waited for here (rare:
-     * the host blocks until its work is done), and the block goes back on the legacy stream. */
+    /* Freed on another device's stream (CUDA allows it; the legacy and per-thread handles name the
+     * current device's): the heap could record no event of its own on that stream, so the block
+     * would wait for good, or (those handles) be taken at once by its own device's stream of the
+     * same name. The stream is waited for here (rare: the host blocks until its work is done), and
+     * the block goes back on the legacy stream. */
     int dev = heap_device(h), sdev = stream_alloc_device(stream, dev);
+    if (!real_stream(stream) && api_device_count() > 1) {
+        int current = driver_device();
+        if (current >= 0) sdev = current;
+    }
     const driver_ops_t *drv = sdev != dev ? api_driver() : NULL;
     bool cap = true; /* (a synchronize would invalidate a capture: only a stream known not to capture) */
     if (drv && drv->stream_synchronize && drv_capture_status(sdev, stream, &cap) == CUA_SUCCESS && !cap &&
         drv->stream_synchronize(sdev, stream) == CUA_SUCCESS)
         stream = NULL; /* its work is done: no legacy-stream work can still use the block */
+    else if (stream == CUA_STREAM_PER_THREAD)
+        return heap_free_device_wide(h, (void *)ptr) ? RELEASED : RELEASE_INVALID;
     else if (heap_stream_name(stream) == NULL)
         return heap_free_on_legacy(h, (void *)ptr) ? RELEASED : RELEASE_INVALID; /* cudaMalloc may take it */
     bool ok = heap_free(h, (void *)ptr, heap_stream_name(stream));

@@ -142,7 +142,7 @@ static uint64_t allocs_now(void) { return allocs_on(0); }
 
 /* --stream-device (two devices): an allocation on a stream of device 1 while device 0's context is
  * current comes from device 1, as CUDA serves it from the stream's device. */
-static int stream_device_main(gpa_fn gpa) {
+static int stream_device_main(gpa_fn gpa, void *lib) {
     void *q;
     init_fn cu_init;
     retain_fn retain;
@@ -178,6 +178,24 @@ static int stream_device_main(gpa_fn gpa) {
     CHECK_MSG(alloc_async(&y, 3 << 20, NULL) == 0 && y == x, "device 0's next request got %#llx, not the block %#llx "
               "freed on device 1's stream", (unsigned long long)y, (unsigned long long)x);
     if (y) CHECK_MSG(free_async(y, NULL) == 0, "free");
+    /* A block of device 1 freed on the legacy stream while device 0's context is current: the
+     * handle names the current device's legacy stream, whose work device 1's heap cannot see, so
+     * device 1's next allocation may take the block only after that stream was waited for. */
+    calls_fn fake_calls;
+    void *f = dlsym(lib, "fakecuda_calls");
+    AS(fake_calls, f);
+    CHECK_MSG(fake_calls != NULL, "fakecuda_calls");
+    if (failures) return 1;
+    CUdeviceptr a = 0, b = 0;
+    CHECK_MSG(setcur(c1) == 0 && alloc_async(&a, 3 << 20, NULL) == 0 && a && setcur(c0) == 0,
+              "cuMemAllocAsync on device 1's legacy stream");
+    uint64_t syncs = fake_calls(OP_STREAM_SYNC) + fake_calls(OP_DEVICE_SYNC);
+    CHECK_MSG(free_async(a, NULL) == 0, "cuMemFreeAsync of device 1's block on the legacy stream, device 0 current");
+    CHECK_MSG(setcur(c1) == 0 && alloc_async(&b, 3 << 20, NULL) == 0 && b, "device 1's next allocation");
+    CHECK_MSG(b != a || fake_calls(OP_STREAM_SYNC) + fake_calls(OP_DEVICE_SYNC) > syncs,
+              "device 1's next allocation took the block freed on device 0's legacy stream without waiting for it");
+    if (b) CHECK_MSG(free_async(b, NULL) == 0, "free");
+    CHECK_MSG(setcur(c0) == 0, "device 0 current again");
     if (failures) return 1;
     printf("interpose_driver_prog --stream-device: all checks passed\n");
     return 0;
@@ -885,7 +903,7 @@ int main(int argc, char **argv) {
     if (gpa && get_stats && argc > 1 && strcmp(argv[1], "--runtime-calls") == 0) return runtime_calls_main(gpa, lib);
     CHECK_MSG(gpa && from_cualloc(p), "dlsym(libcuda, cuGetProcAddress_v2) did not give cualloc's wrapper");
     if (!gpa || !get_stats) return 1;
-    if (argc > 1 && strcmp(argv[1], "--stream-device") == 0) return stream_device_main(gpa);
+    if (argc > 1 && strcmp(argv[1], "--stream-device") == 0) return stream_device_main(gpa, lib);
     if (argc > 1 && strcmp(argv[1], "--device-reset") == 0) return device_reset_main(gpa, lib);
     if (argc > 1 && strcmp(argv[1], "--address-range") == 0) return address_range_main(gpa, lib);
     if (argc > 1 && strcmp(argv[1], "--streams-first") == 0) return streams_first_main(gpa, lib, NULL);
