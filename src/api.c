@@ -460,11 +460,13 @@ CUALLOC_API int cualloc_oom_message(size_t size, int device, char *buf, size_t l
     char req[32];
     torch_size(size, req, sizeof req);
     if (g.init_error != CUA_SUCCESS || !api_device_valid(device)) {
+        /* Not out of memory either: as after a driver error (below), the message begins as
+         * PyTorch's own CUDA errors do, so that code retrying a smaller batch on an OOM does not. */
         snprintf(buf, len,
-                 "CUDA out of memory. Tried to allocate %s (%zu bytes) on device %d, but device %d is not "
-                 "a device cualloc can use (no such device, or the CUDA driver is not usable; see the \"cualloc:\" "
-                 "messages on stderr).",
-                 req, size, device, device);
+                 "CUDA error: device %d is not a device cualloc can use (no such device, or the CUDA driver is "
+                 "not usable; see the \"cualloc:\" messages on stderr) while allocating %s (%zu bytes); not out of "
+                 "memory.",
+                 device, req, size);
         return 0;
     }
     /* Disabled: the request went to the driver itself (api_malloc_slow), past every heap, so a
