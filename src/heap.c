@@ -2115,7 +2115,9 @@ static block_t *alloc_search(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
     }
     if (!b) b = h->vmm ? alloc_slow_vmm(h, p, tag, rsize) : alloc_slow_classic(h, p, tag, rsize);
     if (!b) return NULL;
-    return block_take(h, p, b, rsize, h->vmm);
+    block_t *t = block_take(h, p, b, rsize, h->vmm);
+    if (!t) h->grow_error = CUA_SUCCESS; /* the search found memory: a driver error on the way did not fail it */
+    return t;
 }
 
 /* An allocation failed because host memory was refused for h->host_refused: said once per kind of

@@ -74,6 +74,55 @@ static void driver_error_and_refused_release(const conf_t *c, int *armed) {
     heap_destroy(h);
 }
 
+/* A growth the driver fails (CUDA_ERROR_ILLEGAL_ADDRESS), after which the search finds a block
+ * (another stream's, settled by the synchronize that follows) that no record can be had to split:
+ * the memory was there, host memory was not, so the failure is host memory's, not the driver's.
+ * Chunk-sized blocks A, B, C on the legacy stream and a larger D on a held stream; B freed and
+ * trimmed leaves an unmapped hole between live blocks that a request of B's size fills exactly
+ * (its growth splits no record), and D, freed on its stream, is what the search finds after it. */
+static void driver_error_then_split_refused(const conf_t *c, int *armed) {
+    cua_result err = CUA_SUCCESS;
+    heap_t *h = heap_create(0, c, &driver_sim_ops, &err);
+    EXPECT(h && heap_is_vmm(h), "third heap: %d", err);
+    size_t chunk = heap_chunk_size(h, POOL_LARGE);
+    cua_stream s = sim_stream_create(0, true);
+    void *a = heap_malloc(h, chunk, NULL), *b = heap_malloc(h, 2 * chunk, NULL), *k = heap_malloc(h, chunk, NULL);
+    void *d = heap_malloc(h, 4 * chunk, s);
+    EXPECT(a && b && k && d, "blocks of %zu bytes", chunk);
+    EXPECT(heap_free(h, b, NULL), "free B");
+    heap_trim(h);
+    EXPECT(heap_free(h, d, s), "free D");
+    heap_test_fields_t f;
+    heap_test_fields(h, &f);
+    static void *held[1 << 16];
+    size_t nheld = drain(f.records, held, sizeof held / sizeof *held);
+    unsigned long long refusals = heap_host_refusals(h);
+    messages.len = 0;
+    messages.text[0] = '\0';
+    sim_fail(SIM_OP_PHYS_CREATE, 0, 1000000, (cua_result)700); /* CUDA_ERROR_ILLEGAL_ADDRESS */
+    __atomic_store_n(armed, 1, __ATOMIC_RELEASE);
+    void *q = NULL;
+    cua_result r = heap_alloc(h, 2 * chunk, NULL, &q);
+    __atomic_store_n(armed, 0, __ATOMIC_RELEASE);
+    sim_fail(SIM_OP_PHYS_CREATE, 0, 0, CUA_SUCCESS);
+    EXPECT(!q && r == CUA_ERROR_OUT_OF_MEMORY, "heap_alloc returned %d (%p), want out of memory: %s", (int)r, q,
+           messages.text);
+    EXPECT(strstr(messages.text, "host memory ran out") && !strstr(messages.text, "CUDA_ERROR"),
+           "a block found but not split for want of a record is told as the driver's error: %s", messages.text);
+    EXPECT(heap_host_refusals(h) == refusals + 1, "not counted as a host refusal");
+    for (size_t i = 0; i < nheld; i++)
+        slab_free(f.records, held[i]);
+    EXPECT(heap_check(h, stderr) == 0, "third heap after the refusal");
+    q = heap_malloc(h, 2 * chunk, NULL);
+    EXPECT(q, "the request failed with its records back: %s", messages.text);
+    heap_free(h, q, NULL);
+    heap_free(h, a, NULL);
+    heap_free(h, k, NULL);
+    EXPECT(heap_check(h, stderr) == 0, "third heap at the end");
+    heap_destroy(h);
+    sim_stream_destroy(s);
+}
+
 int main(void) {
     int *armed = dlsym(RTLD_DEFAULT, "failing_mmap_armed");
     unsigned long *refused = dlsym(RTLD_DEFAULT, "failing_mmap_refused");
@@ -157,6 +206,7 @@ int main(void) {
     EXPECT(heap_check(h, stderr) == 0, "heap at the end");
     heap_destroy(h);
     driver_error_and_refused_release(&c, armed);
+    driver_error_then_split_refused(&c, armed);
     error_set_callback(NULL, NULL);
     printf("test_release_refused: a release refused its records failed as host memory (%zu records drained), "
            "and succeeded with them back\n",
