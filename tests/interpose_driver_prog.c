@@ -59,6 +59,8 @@ typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
 typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
 typedef CUresult (*direct_fn)(int, size_t, CUdeviceptr *);
 typedef uint64_t (*calls_fn)(int);
+/* The fake driver's call counter by operation (fakecuda_calls); NULL, a failure counted, without it. */
+#define FAKE_CALLS(lib) fake_calls_of(lib, __FILE__, __LINE__)
 typedef struct {
     size_t gauges[10];
     size_t largest_free_block, capacity_bytes;
@@ -75,6 +77,17 @@ typedef int (*get_stats_fn)(int, stats_mirror *);
 
 
 #define AS(fnptr, p) memcpy(&(fnptr), &(p), sizeof(p))
+
+static calls_fn fake_calls_of(void *lib, const char *file, int line) {
+    calls_fn f;
+    void *p = dlsym(lib, "fakecuda_calls");
+    AS(f, p);
+    if (!f) {
+        fprintf(stderr, "%s:%d: the fake driver has no fakecuda_calls\n", file, line);
+        failures++;
+    }
+    return f;
+}
 /* fnptr = the entry point cuGetProcAddress (gpa) gives for name at CUDA version `version` */
 #define LOOKUP(fnptr, name, version)                                                      \
     do {                                                                                  \
@@ -181,10 +194,7 @@ static int stream_device_main(gpa_fn gpa, void *lib) {
     /* A block of device 1 freed on the legacy stream while device 0's context is current: the
      * handle names the current device's legacy stream, whose work device 1's heap cannot see, so
      * device 1's next allocation may take the block only after that stream was waited for. */
-    calls_fn fake_calls;
-    void *f = dlsym(lib, "fakecuda_calls");
-    AS(fake_calls, f);
-    CHECK_MSG(fake_calls != NULL, "fakecuda_calls");
+    calls_fn fake_calls = FAKE_CALLS(lib);
     if (failures) return 1;
     CUdeviceptr a = 0, b = 0;
     CHECK_MSG(setcur(c1) == 0 && alloc_async(&a, 3 << 20, NULL) == 0 && a && setcur(c0) == 0,
@@ -488,10 +498,8 @@ static int green_ctx_main(gpa_fn gpa, void *lib) {
     LOOKUP(free_async, "cuMemFreeAsync", 11020);
     LOOKUP(alloc_async, "cuMemAllocAsync", 11020);
     LOOKUP(green_create, "cuGreenCtxStreamCreate", 12040);
-    calls_fn fake_calls;
-    void *p = dlsym(lib, "fakecuda_calls");
-    AS(fake_calls, p);
-    CHECK_MSG(fake_calls && green_create, "fake helpers and cuGreenCtxStreamCreate");
+    calls_fn fake_calls = FAKE_CALLS(lib);
+    CHECK_MSG(green_create != NULL, "cuGreenCtxStreamCreate");
     if (failures) return 1;
     CHECK_MSG(from_cualloc((void *)green_create), "cuGreenCtxStreamCreate is not cualloc's");
     CUstream legacy = (CUstream)(uintptr_t)1, green = NULL;
@@ -524,10 +532,7 @@ static int mem_pool_main(gpa_fn gpa, void *lib) {
     LOOKUP(alloc_async, "cuMemAllocAsync", 11020);
     LOOKUP(set_pool, "cuDeviceSetMemPool", 11020);
     LOOKUP(default_pool, "cuDeviceGetDefaultMemPool", 11020);
-    calls_fn fake_calls;
-    void *p = dlsym(lib, "fakecuda_calls");
-    AS(fake_calls, p);
-    CHECK_MSG(fake_calls != NULL, "fakecuda_calls");
+    calls_fn fake_calls = FAKE_CALLS(lib);
     if (failures) return 1;
     CHECK_MSG(from_cualloc((void *)set_pool), "cuDeviceSetMemPool is not cualloc's");
     void *def = NULL;

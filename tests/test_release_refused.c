@@ -27,6 +27,19 @@ static size_t drain(slab_t *s, void **held, size_t max) {
     return n;
 }
 
+/* heap_alloc of `size` on the legacy stream while the driver fails every chunk with
+ * CUDA_ERROR_ILLEGAL_ADDRESS (700) and every new slab mapping is refused; messages cleared first. */
+static cua_result alloc_driver_failing(heap_t *h, int *armed, size_t size, void **q) {
+    messages.len = 0;
+    messages.text[0] = '\0';
+    sim_fail(SIM_OP_PHYS_CREATE, 0, 1000000, (cua_result)700);
+    __atomic_store_n(armed, 1, __ATOMIC_RELEASE);
+    cua_result r = heap_alloc(h, size, NULL, q);
+    __atomic_store_n(armed, 0, __ATOMIC_RELEASE);
+    sim_fail(SIM_OP_PHYS_CREATE, 0, 0, CUA_SUCCESS);
+    return r;
+}
+
 /* Five 90 MiB blocks, the second and fourth freed: a 300 MiB request fits the 1 GiB device but no
  * cached piece, so the heap tries to grow, and the driver fails every chunk with
  * CUDA_ERROR_ILLEGAL_ADDRESS; the release of the cache between the two growths is refused its
@@ -49,14 +62,8 @@ static void driver_error_and_refused_release(const conf_t *c, int *armed) {
      * record back when the driver fails), one short of a release (two, taken first). */
     slab_free(f.records, held[--nheld]);
     unsigned long long refusals = heap_host_refusals(h);
-    messages.len = 0;
-    messages.text[0] = '\0';
-    sim_fail(SIM_OP_PHYS_CREATE, 0, 1000000, (cua_result)700); /* CUDA_ERROR_ILLEGAL_ADDRESS */
-    __atomic_store_n(armed, 1, __ATOMIC_RELEASE);
     void *q = NULL;
-    cua_result r = heap_alloc(h, 300 * MiB, NULL, &q);
-    __atomic_store_n(armed, 0, __ATOMIC_RELEASE);
-    sim_fail(SIM_OP_PHYS_CREATE, 0, 0, CUA_SUCCESS);
+    cua_result r = alloc_driver_failing(h, armed, 300 * MiB, &q);
     EXPECT(!q && r == 700, "heap_alloc returned %d (%p), want CUDA_ERROR_ILLEGAL_ADDRESS: %s",
            (int)r, q, messages.text);
     EXPECT(strstr(messages.text, "CUDA_ERROR_ILLEGAL_ADDRESS") && !strstr(messages.text, "host memory ran out"),
@@ -97,14 +104,8 @@ static void driver_error_then_split_refused(const conf_t *c, int *armed) {
     static void *held[1 << 16];
     size_t nheld = drain(f.records, held, sizeof held / sizeof *held);
     unsigned long long refusals = heap_host_refusals(h);
-    messages.len = 0;
-    messages.text[0] = '\0';
-    sim_fail(SIM_OP_PHYS_CREATE, 0, 1000000, (cua_result)700); /* CUDA_ERROR_ILLEGAL_ADDRESS */
-    __atomic_store_n(armed, 1, __ATOMIC_RELEASE);
     void *q = NULL;
-    cua_result r = heap_alloc(h, 2 * chunk, NULL, &q);
-    __atomic_store_n(armed, 0, __ATOMIC_RELEASE);
-    sim_fail(SIM_OP_PHYS_CREATE, 0, 0, CUA_SUCCESS);
+    cua_result r = alloc_driver_failing(h, armed, 2 * chunk, &q);
     EXPECT(!q && r == CUA_ERROR_OUT_OF_MEMORY, "heap_alloc returned %d (%p), want out of memory: %s", (int)r, q,
            messages.text);
     EXPECT(strstr(messages.text, "host memory ran out") && !strstr(messages.text, "CUDA_ERROR"),

@@ -1661,13 +1661,20 @@ static void *grow_main(void *arg)
     return NULL;
 }
 
+/* Starts tracing to `name` (under the test folder, in path) with grow_frame as every allocation's
+ * Python frame, its line changed by grow_main. */
+static void grow_trace_start(char *path, size_t len, const char *name)
+{
+    path_of(path, len, name);
+    EXPECT(cualloc_trace_start(path) == 0, "start %s", path);
+    fake_top = &grow_frame;
+    fake_gil = 1;
+}
+
 static void fork_table_growth_body(void)
 {
     char tmpl[400];
-    path_of(tmpl, sizeof tmpl, "fork-growth-%p.trace");
-    EXPECT(cualloc_trace_start(tmpl) == 0, "start %s", tmpl);
-    fake_top = &grow_frame;
-    fake_gil = 1;
+    grow_trace_start(tmpl, sizeof tmpl, "fork-growth-%p.trace");
     pthread_t b;
     EXPECT(pthread_create(&b, NULL, grow_main, NULL) == 0, "pthread_create");
     while (atomic_load(&grow_stage) == 0 && !atomic_load(&grow_done))
@@ -1705,10 +1712,7 @@ static void fork_table_growth_body(void)
 static void fork_inside_recorder_body(void)
 {
     char path[400];
-    path_of(path, sizeof path, "fork-inside.trace");
-    EXPECT(cualloc_trace_start(path) == 0, "start %s", path);
-    fake_top = &grow_frame;
-    fake_gil = 1;
+    grow_trace_start(path, sizeof path, "fork-inside.trace");
     atomic_store(&fork_inside, true);
     alarm(20);
     grow_main(NULL);
