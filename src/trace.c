@@ -2146,10 +2146,18 @@ void trace_fork_parent(void)
 
 bool trace_after_fork_child(char *tmpl_out, size_t len)
 {
-    /* The child inherits both locks, taken by trace_fork_prepare (or in any state where no
-     * handler ran), and the parent's mappings: forget them. The parent's file stays the parent's. */
-    atomic_flag_clear(&rec_lock);
-    pthread_mutex_init(&mod_lock, NULL);
+    /* The child inherits both locks and the parent's mappings. Locks trace_fork_prepare took in
+     * this thread are released as the parent releases them; otherwise (a fork from inside the
+     * recorder) they are in any state and are made anew. The mappings are forgotten; the parent's
+     * file stays the parent's. */
+    if (fork_locked) {
+        fork_locked = false;
+        unlock();
+        pthread_mutex_unlock(&mod_lock);
+    } else {
+        atomic_flag_clear(&rec_lock);
+        pthread_mutex_init(&mod_lock, NULL);
+    }
     tls.busy = 0;
     /* A fork while another thread was resolving CPython's API: that thread is gone. */
     int resolving = PY_RESOLVING;
