@@ -2151,9 +2151,7 @@ bool trace_after_fork_child(char *tmpl_out, size_t len)
      * recorder) they are in any state and are made anew. The mappings are forgotten; the parent's
      * file stays the parent's. */
     if (fork_locked) {
-        fork_locked = false;
-        unlock();
-        pthread_mutex_unlock(&mod_lock);
+        trace_fork_parent();
     } else {
         atomic_flag_clear(&rec_lock);
         pthread_mutex_init(&mod_lock, NULL);
