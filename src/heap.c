@@ -1356,6 +1356,11 @@ static void retry_pending_releases(heap_t *h) {
     h->npending = keep;
 }
 
+/* The driver answered r to a call that creates or maps memory: grow_error's rule. */
+static inline void grow_answer(heap_t *h, cua_result r) {
+    h->grow_error = r == CUA_ERROR_OUT_OF_MEMORY ? CUA_SUCCESS : r;
+}
+
 /* Maps [addr, addr+len) (chunk-aligned, nothing mapped there) chunk by chunk, then grants access
  * with one call. All or nothing: on failure everything mapped here is undone and the driver's error
  * returned. */
@@ -1375,7 +1380,7 @@ static cua_result chunks_map(heap_t *h, pool_t *p, uintptr_t addr, size_t len) {
         p->chunks[first + done] = handle;
     }
     if (r == CUA_SUCCESS) r = h->drv->set_access(h->dev, addr, len);
-    h->grow_error = r == CUA_ERROR_OUT_OF_MEMORY ? CUA_SUCCESS : r;
+    grow_answer(h, r);
     if (r == CUA_SUCCESS && p->id == POOL_SMALL && !granules_open(p, first, n)) {
         h->host_refused = HOST_LIVE_MAP;
         r = CUA_ERROR_OUT_OF_MEMORY;
@@ -1607,7 +1612,7 @@ static block_t *classic_alloc_segment(heap_t *h, pool_t *p, unsigned tag, size_t
     }
     cua_devptr ptr = 0;
     cua_result r = h->drv->mem_alloc(h->dev, size, &ptr);
-    h->grow_error = r == CUA_ERROR_OUT_OF_MEMORY ? CUA_SUCCESS : r;
+    grow_answer(h, r);
     if (r != CUA_SUCCESS) {
         slab_free(&h->blocks, b);
         return NULL;
@@ -2113,11 +2118,14 @@ static block_t *alloc_search(heap_t *h, pool_t *p, unsigned tag, size_t rsize) {
         if (quick_flush_small(h, tag, rsize, true)) b = find_free(h, p, tag, rsize);
         if (!b && quick_flush_small(h, tag, rsize, false)) b = find_free(h, p, tag, rsize);
     }
-    if (!b) b = h->vmm ? alloc_slow_vmm(h, p, tag, rsize) : alloc_slow_classic(h, p, tag, rsize);
-    if (!b) return NULL;
-    block_t *t = block_take(h, p, b, rsize, h->vmm);
-    if (!t) h->grow_error = CUA_SUCCESS; /* the search found memory: a driver error on the way did not fail it */
-    return t;
+    if (!b) {
+        b = h->vmm ? alloc_slow_vmm(h, p, tag, rsize) : alloc_slow_classic(h, p, tag, rsize);
+        if (!b) return NULL;
+        /* Memory was found: a driver error on the way fails nothing (where the block then cannot
+         * be carved or entered, host memory is what failed). */
+        h->grow_error = CUA_SUCCESS;
+    }
+    return block_take(h, p, b, rsize, h->vmm);
 }
 
 /* An allocation failed because host memory was refused for h->host_refused: said once per kind of
@@ -2268,7 +2276,6 @@ static inline __attribute__((always_inline)) void free_tag(block_t *b, unsigned 
 static __attribute__((noinline, cold)) void alloc_untake(heap_t *h, pool_t *p, block_t *b, cua_stream stream, size_t size,
                                                          size_t rsize) {
     h->host_refused = HOST_LIVE_MAP;
-    h->grow_error = CUA_SUCCESS; /* the search found memory: a driver error on the way did not fail it */
     b->state = BLOCK_FREE;
     b = coalesce_free(h, p, b);
     free_insert(h, p, b);
