@@ -667,9 +667,11 @@ static cua_stream per_thread_stream_key(void) { return stream_key_make(&per_thre
  * table): CUDA takes their stream-ordered allocations from that pool, with its attributes (IPC
  * export, other devices' access, its release threshold), so cualloc passes them through. */
 static _Atomic uint64_t custom_pool_devices;
+_Static_assert(CUALLOC_MAX_DEVICES <= 64, "custom_pool_devices has a bit per device");
 
 static inline bool custom_pool_on(int dev) {
-    return (unsigned)dev < 64 && (atomic_load_explicit(&custom_pool_devices, memory_order_relaxed) >> dev & 1);
+    return (unsigned)dev < CUALLOC_MAX_DEVICES &&
+           (atomic_load_explicit(&custom_pool_devices, memory_order_relaxed) >> dev & 1);
 }
 
 /* Serves a request from dev's heap. CUA_SUCCESS, an error, or CUA_ERROR_NOT_FOUND when the heap
@@ -1252,7 +1254,7 @@ typedef cua_result (*cuDeviceGetDefaultMemPool_fn)(void **, cua_device);
 cua_result cuDeviceSetMemPool(cua_device dev, void *pool) {
     cuDeviceSetMemPool_fn next = NEXT(N_cuDeviceSetMemPool, cuDeviceSetMemPool_fn);
     cua_result r = next ? next(dev, pool) : CUA_ERROR_NOT_INITIALIZED;
-    if (r != CUA_SUCCESS || dev < 0 || dev >= 64) return r;
+    if (r != CUA_SUCCESS || dev < 0 || dev >= CUALLOC_MAX_DEVICES) return r;
     cuDeviceGetDefaultMemPool_fn get_default = NEXT(N_cuDeviceGetDefaultMemPool, cuDeviceGetDefaultMemPool_fn);
     void *def = NULL;
     bool is_default = get_default && get_default(&def, dev) == CUA_SUCCESS && def == pool;
