@@ -279,6 +279,8 @@ typedef struct {
     setcur_fn setcur;
     alloc_fn mem_alloc;
     free_fn mem_free;
+    alloc_async_fn alloc_async; /* cuMemAllocAsync and cuMemFreeAsync (flags 0) */
+    free_async_fn free_async;
 } basics_t;
 
 /* Looks the basics up, then cuInit and device 0's primary context made current: *ctx. False when a
@@ -290,6 +292,8 @@ static bool basics_on_device0(gpa_fn gpa, basics_t *b, CUcontext *ctx) {
     LOOKUP(b->setcur, "cuCtxSetCurrent", 4000);
     LOOKUP(b->mem_alloc, "cuMemAlloc", 3020);
     LOOKUP(b->mem_free, "cuMemFree", 3020);
+    LOOKUP(b->alloc_async, "cuMemAllocAsync", 11020);
+    LOOKUP(b->free_async, "cuMemFreeAsync", 11020);
     if (failures) return false;
     *ctx = NULL;
     CHECK_MSG(b->cu_init(0) == 0 && b->retain(ctx, 0) == 0 && b->setcur(*ctx) == 0, "device 0's primary context");
@@ -452,14 +456,9 @@ static int classic_legacy_free_main(gpa_fn gpa, void *lib) {
     CUcontext ctx;
     stream_fns_t sf;
     if (!basics_on_device0(gpa, &api, &ctx) || !stream_fns(gpa, &sf)) return 1;
-    void *q;
-    free_async_fn free_async;
-    alloc_async_fn alloc_async;
-    LOOKUP(free_async, "cuMemFreeAsync", 11020);
-    LOOKUP(alloc_async, "cuMemAllocAsync", 11020);
-    calls_fn fake_calls;
-    void *p = dlsym(lib, "fakecuda_calls");
-    AS(fake_calls, p);
+    free_async_fn free_async = api.free_async;
+    alloc_async_fn alloc_async = api.alloc_async;
+    calls_fn fake_calls = FAKE_CALLS(lib);
     CHECK_MSG(fake_calls && from_cualloc((void *)free_async) && from_cualloc((void *)alloc_async) &&
                   from_cualloc((void *)api.mem_alloc), "cualloc's entry points");
     if (failures) return 1;
@@ -492,11 +491,9 @@ static int green_ctx_main(gpa_fn gpa, void *lib) {
     CUcontext ctx;
     if (!basics_on_device0(gpa, &api, &ctx)) return 1;
     void *q;
-    free_async_fn free_async;
-    alloc_async_fn alloc_async;
+    free_async_fn free_async = api.free_async;
+    alloc_async_fn alloc_async = api.alloc_async;
     CUresult (*green_create)(CUstream *, void *, unsigned, int);
-    LOOKUP(free_async, "cuMemFreeAsync", 11020);
-    LOOKUP(alloc_async, "cuMemAllocAsync", 11020);
     LOOKUP(green_create, "cuGreenCtxStreamCreate", 12040);
     calls_fn fake_calls = FAKE_CALLS(lib);
     CHECK_MSG(green_create != NULL, "cuGreenCtxStreamCreate");
@@ -525,11 +522,9 @@ static int mem_pool_main(gpa_fn gpa, void *lib) {
     CUcontext ctx;
     if (!basics_on_device0(gpa, &api, &ctx)) return 1;
     void *q;
-    free_async_fn free_async;
-    alloc_async_fn alloc_async;
+    free_async_fn free_async = api.free_async;
+    alloc_async_fn alloc_async = api.alloc_async;
     CUresult (*set_pool)(int, void *), (*default_pool)(void **, int);
-    LOOKUP(free_async, "cuMemFreeAsync", 11020);
-    LOOKUP(alloc_async, "cuMemAllocAsync", 11020);
     LOOKUP(set_pool, "cuDeviceSetMemPool", 11020);
     LOOKUP(default_pool, "cuDeviceGetDefaultMemPool", 11020);
     calls_fn fake_calls = FAKE_CALLS(lib);
@@ -672,11 +667,9 @@ static int capture_elsewhere_main(gpa_fn gpa, void *lib) {
     if (!basics_on_device0(gpa, &api, &ctx) || !stream_fns(gpa, &sf)) return 1;
     void *q;
     CUresult (*stream_sync)(CUstream);
-    CUresult (*alloc_async)(CUdeviceptr *, size_t, CUstream);
-    CUresult (*free_async)(CUdeviceptr, CUstream);
+    alloc_async_fn alloc_async = api.alloc_async;
+    free_async_fn free_async = api.free_async;
     LOOKUP(stream_sync, "cuStreamSynchronize", 12000);
-    LOOKUP(alloc_async, "cuMemAllocAsync", 11020);
-    LOOKUP(free_async, "cuMemFreeAsync", 11020);
     capture_fns_t cap;
     void (*trim)(size_t);
     void *p = dlsym(RTLD_DEFAULT, "cualloc_trim");
@@ -843,13 +836,11 @@ static int host_oom_main(gpa_fn gpa) {
     CUcontext ctx;
     if (!basics_on_device0(gpa, &api, &ctx)) return 1;
     void *q;
-    alloc_async_fn alloc_async;
-    free_async_fn free_async;
+    alloc_async_fn alloc_async = api.alloc_async;
+    free_async_fn free_async = api.free_async;
     stream_fns_t sf;
     LOOKUP(rs_memset, "cuMemsetD8", 3020);
     LOOKUP(rs_dtoh, "cuMemcpyDtoH", 3020);
-    LOOKUP(alloc_async, "cuMemAllocAsync", 11020);
-    LOOKUP(free_async, "cuMemFreeAsync", 11020);
     if (!stream_fns(gpa, &sf)) return 1;
     CUstream streams[2] = {NULL, NULL};
     CHECK_MSG(sf.create(&streams[0], 1) == 0 && sf.create(&streams[1], 1) == 0, "cuStreamCreate");
